@@ -1,0 +1,50 @@
+package engine
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/google/uuid"
+
+	"github.com/pgdurable/pgdurable/engine/internal/store"
+)
+
+// Context is what workflow code receives: the delivery's context.Context
+// (cancelled when the lease is lost or the engine shuts down) plus the
+// run's replay state. Pass it to Step; step functions get a plain
+// context.Context so they cannot start steps themselves.
+//
+// A Context belongs to one delivery and one goroutine: do not keep it after
+// the workflow function returns or share it between goroutines.
+type Context struct {
+	context.Context
+	cancel context.CancelCauseFunc
+
+	e          *Engine
+	wf         registered
+	runID      uuid.UUID
+	workflowID string
+	token      uuid.UUID // the lease's fencing token
+	log        *slog.Logger
+
+	steps   []store.StepRecord // recorded before this delivery, by seq
+	seq     int                // the next step's position
+	pending *store.StepRecord  // a finished step not yet written (see flush)
+	inStep  bool
+
+	ended  bool  // this delivery has handed the run back; no more writes
+	endErr error // what Step returns from now on
+}
+
+// RunID returns the run's ID.
+func (c *Context) RunID() uuid.UUID { return c.runID }
+
+// WorkflowID returns the run's workflow ID (the start's idempotency key).
+func (c *Context) WorkflowID() string { return c.workflowID }
+
+// Logger returns the engine's logger with run_id, workflow and workflow_id set.
+func (c *Context) Logger() *slog.Logger { return c.log }
+
+// IsReplaying reports whether the next step is already recorded, so its
+// function will not run. Use it to skip logging on replay.
+func (c *Context) IsReplaying() bool { return c.seq < len(c.steps) }

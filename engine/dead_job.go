@@ -1,0 +1,180 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdurable/pgdurable/engine/internal/store"
+)
+
+// Dead-job reasons, as stored in dead_jobs.reason.
+const (
+	ReasonRetriesExhausted   = "retries_exhausted"   // a step failed MaximumAttempts times
+	ReasonPermanentError     = "permanent_error"     // an unrecoverable error outside a step (an output that does not encode)
+	ReasonPanic              = "panic"               // a step or the workflow function panicked
+	ReasonNonDeterminism     = "nondeterminism"      // the code no longer replays the recorded steps
+	ReasonPoisonInput        = "poison_input"        // the stored input does not decode as the workflow's input type
+	ReasonCrashLoop          = "crash_loop"          // MaxDeliveries deliveries in a row crashed without progress
+	ReasonCompensationFailed = "compensation_failed" // an undo step failed (compensation package)
+)
+
+// DeadJob is a run parked for an operator, with what they need to decide:
+// the original input, where and how it failed, and how it was resolved.
+type DeadJob struct {
+	ID              uuid.UUID
+	RunID           uuid.UUID
+	WorkflowName    string
+	WorkflowID      string
+	WorkflowVersion int
+	Input           json.RawMessage // the run's original input
+	Reason          string          // one of the Reason... constants
+	StepName        string          // the failing step, "" when not in a step
+	Seq             *int
+	Attempts        int // attempts of the failing step
+	FirstFailedAt   time.Time
+	LastFailedAt    time.Time
+	ErrorClass      string
+	ErrorMessage    string
+	Stack           string
+	ParkedAt        time.Time
+	ResolvedAt      *time.Time
+	Resolution      string // "", "replayed" or "discarded"
+	ResolvedBy      string
+	Note            string
+}
+
+func deadJobFromRow(d *store.DeadJobRow) *DeadJob {
+	return &DeadJob{
+		ID: d.ID, RunID: d.RunID, WorkflowName: d.WorkflowName, WorkflowID: d.WorkflowID,
+		WorkflowVersion: d.WorkflowVersion, Input: d.Input, Reason: d.Reason, StepName: deref(d.StepName),
+		Seq: d.Seq, Attempts: d.Attempts, FirstFailedAt: d.FirstFailedAt, LastFailedAt: d.LastFailedAt,
+		ErrorClass: d.ErrorClass, ErrorMessage: d.ErrorMessage, Stack: deref(d.Stack), ParkedAt: d.ParkedAt,
+		ResolvedAt: d.ResolvedAt, Resolution: deref(d.Resolution), ResolvedBy: deref(d.ResolvedBy), Note: deref(d.Note),
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// ListDeadJobsParams filters ListDeadJobs. Zero fields match everything.
+type ListDeadJobsParams struct {
+	Workflow string
+	Reason   string
+	OpenOnly bool   // only jobs not yet replayed or discarded
+	Limit    int    // 1..1000, default 50
+	Cursor   string // NextCursor of the previous page
+}
+
+// ListDeadJobs returns dead jobs newest first, and the next page's cursor
+// ("" on the last page).
+func (e *Engine) ListDeadJobs(ctx context.Context, p ListDeadJobsParams) (jobs []*DeadJob, nextCursor string, err error) {
+	limit, before, err := pageParams(p.Limit, p.Cursor)
+	if err != nil {
+		return nil, "", err
+	}
+	rows, err := store.ListDeadJobs(ctx, e.pool, store.DeadJobFilter{
+		Workflow: p.Workflow, Reason: p.Reason, OpenOnly: p.OpenOnly, Before: before, Limit: limit + 1,
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("pgdurable: %w", err)
+	}
+	for i, r := range rows {
+		if i == limit {
+			nextCursor = jobs[limit-1].ID.String()
+			break
+		}
+		jobs = append(jobs, deadJobFromRow(r))
+	}
+	return jobs, nextCursor, nil
+}
+
+// GetDeadJob reads one dead job; ErrNotFound when there is none.
+func (e *Engine) GetDeadJob(ctx context.Context, id uuid.UUID) (*DeadJob, error) {
+	d, err := store.GetDeadJob(ctx, e.pool, id, false)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("%w: dead job %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pgdurable: reading dead job %s: %w", id, err)
+	}
+	return deadJobFromRow(d), nil
+}
+
+// ResolveOpts records who resolved a dead job and why (both optional).
+type ResolveOpts struct {
+	By   string // an operator's name or a tool's
+	Note string
+}
+
+// ReplayDeadJob re-enqueues a dead run: every recorded step stays recorded
+// (their functions do not run again), and the step that failed gets a
+// fresh retry budget. The dead job is closed as replayed, with by and note.
+//
+// Replay is idempotent: replaying an already replayed job changes nothing
+// and enqueues nothing. It returns ErrNotFound for an unknown ID and
+// ErrDeadJobResolved for a discarded job.
+func (e *Engine) ReplayDeadJob(ctx context.Context, id uuid.UUID, opts *ResolveOpts) (*DeadJob, error) {
+	return e.resolveDeadJob(ctx, id, "replayed", opts, func(ctx context.Context, tx pgx.Tx, d *store.DeadJobRow) error {
+		if _, err := store.ReplayRun(ctx, tx, d.RunID); err != nil {
+			return fmt.Errorf("reopening run %s: %w", d.RunID, err)
+		}
+		return e.queue.Enqueue(ctx, tx, d.RunID, time.Time{})
+	})
+}
+
+// DiscardDeadJob closes a dead job without running it again; the run stays
+// dead. Idempotent like ReplayDeadJob; ErrDeadJobResolved for a replayed job.
+func (e *Engine) DiscardDeadJob(ctx context.Context, id uuid.UUID, opts *ResolveOpts) (*DeadJob, error) {
+	return e.resolveDeadJob(ctx, id, "discarded", opts, func(ctx context.Context, tx pgx.Tx, d *store.DeadJobRow) error {
+		return store.MarkRunDiscarded(ctx, tx, d.RunID)
+	})
+}
+
+func (e *Engine) resolveDeadJob(ctx context.Context, id uuid.UUID, resolution string, opts *ResolveOpts,
+	apply func(context.Context, pgx.Tx, *store.DeadJobRow) error) (*DeadJob, error) {
+	if opts == nil {
+		opts = &ResolveOpts{}
+	}
+	var out *store.DeadJobRow
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		d, err := store.GetDeadJob(ctx, tx, id, true) // locks the row: concurrent resolves serialise
+		if err != nil {
+			return err
+		}
+		if d.Resolution != nil {
+			out = d
+			if *d.Resolution != resolution {
+				return fmt.Errorf("%w: dead job %s was %s", ErrDeadJobResolved, id, *d.Resolution)
+			}
+			return nil
+		}
+		if _, err := store.ResolveDeadJob(ctx, tx, id, resolution, opts.By, opts.Note); err != nil {
+			return err
+		}
+		if err := apply(ctx, tx, d); err != nil {
+			return err
+		}
+		out, err = store.GetDeadJob(ctx, tx, id, false)
+		return err
+	})
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil, fmt.Errorf("%w: dead job %s", ErrNotFound, id)
+	case errors.Is(err, ErrDeadJobResolved):
+		return deadJobFromRow(out), err
+	case err != nil:
+		return nil, fmt.Errorf("pgdurable: %s dead job %s: %w", map[string]string{"replayed": "replaying", "discarded": "discarding"}[resolution], id, err)
+	}
+	e.log.Info("dead job resolved", "dead_job_id", id, "run_id", out.RunID, "resolution", resolution, "resolved_by", opts.By)
+	return deadJobFromRow(out), nil
+}

@@ -1,0 +1,252 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgdurable/pgdurable/engine/internal/queue"
+)
+
+// Config tunes an Engine. A nil *Config takes every default; zero fields
+// take their documented default.
+type Config struct {
+	// Logger receives structured logs with snake_case keys (run_id,
+	// workflow, workflow_id, step, seq, attempt, error_class). Default:
+	// discard.
+	Logger *slog.Logger
+
+	// Queue is the River queue the engine's deliveries use. Default "pgdurable".
+	Queue string
+	// MaxWorkers is how many deliveries this process runs at once. Default
+	// 100. Size the pgx pool to match: each running step holds no
+	// connection, but each record write needs one briefly.
+	MaxWorkers int
+	// FetchCooldown and FetchPollInterval are River's fetch knobs. River's
+	// defaults (100ms, 1s) cap a queue near 1,000 jobs/s and add up to 1 s
+	// of latency to bursts; ours default to 2ms and 50ms (notes/river.md).
+	FetchCooldown     time.Duration
+	FetchPollInterval time.Duration
+
+	// LeaseDuration is how long a delivery owns a run without writing or
+	// heartbeating. A crashed worker's run is picked up again about this
+	// long after its last write. Default 10s; minimum 1s.
+	LeaseDuration time.Duration
+	// HeartbeatInterval is how often a delivery extends its lease while a
+	// step runs. Default LeaseDuration/3.
+	HeartbeatInterval time.Duration
+	// SweepInterval is how often each engine looks for expired leases.
+	// Default 1s.
+	SweepInterval time.Duration
+	// DeliveryTimeout bounds one delivery (River's job timeout). Default 1h.
+	DeliveryTimeout time.Duration
+
+	// MaxDeliveries is how many consecutive deliveries of a run may end
+	// without recording anything (a worker crash, an OOM kill) before the
+	// run is parked as dead with reason crash_loop. Default 10.
+	MaxDeliveries int
+	// MaxInlineBackoff is the longest retry backoff a delivery waits out
+	// in place; longer ones end the delivery and free the worker until the
+	// retry is due. Default 1s.
+	MaxInlineBackoff time.Duration
+	// RetryPolicy fills fields that steps and workflows leave zero;
+	// DefaultRetryPolicy fills the rest.
+	RetryPolicy *RetryPolicy
+	// MaxPayloadBytes bounds a run's encoded input. Default 1 MiB.
+	MaxPayloadBytes int
+}
+
+const (
+	defaultQueue           = "pgdurable"
+	defaultMaxWorkers      = 100
+	defaultFetchCooldown   = 2 * time.Millisecond
+	defaultFetchPoll       = 50 * time.Millisecond
+	defaultLease           = 10 * time.Second
+	defaultSweepInterval   = time.Second
+	defaultDeliveryTimeout = time.Hour
+	defaultMaxDeliveries   = 10
+	defaultInlineBackoff   = time.Second
+	defaultMaxPayload      = 1 << 20
+)
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	c.Queue = orDefault(c.Queue, defaultQueue)
+	c.MaxWorkers = orDefault(c.MaxWorkers, defaultMaxWorkers)
+	c.FetchCooldown = orDefault(c.FetchCooldown, defaultFetchCooldown)
+	c.FetchPollInterval = orDefault(c.FetchPollInterval, max(defaultFetchPoll, c.FetchCooldown))
+	c.LeaseDuration = orDefault(c.LeaseDuration, defaultLease)
+	c.HeartbeatInterval = orDefault(c.HeartbeatInterval, c.LeaseDuration/3)
+	c.SweepInterval = orDefault(c.SweepInterval, defaultSweepInterval)
+	c.DeliveryTimeout = orDefault(c.DeliveryTimeout, defaultDeliveryTimeout)
+	c.MaxDeliveries = orDefault(c.MaxDeliveries, defaultMaxDeliveries)
+	c.MaxInlineBackoff = orDefault(c.MaxInlineBackoff, defaultInlineBackoff)
+	c.MaxPayloadBytes = orDefault(c.MaxPayloadBytes, defaultMaxPayload)
+	switch {
+	case c.LeaseDuration < time.Second:
+		return c, fmt.Errorf("pgdurable: LeaseDuration %s is below the 1s minimum", c.LeaseDuration)
+	case c.HeartbeatInterval >= c.LeaseDuration:
+		return c, fmt.Errorf("pgdurable: HeartbeatInterval %s must be shorter than LeaseDuration %s", c.HeartbeatInterval, c.LeaseDuration)
+	case c.MaxWorkers < 0 || c.MaxDeliveries < 0 || c.MaxPayloadBytes < 0:
+		return c, errors.New("pgdurable: MaxWorkers, MaxDeliveries and MaxPayloadBytes cannot be negative")
+	}
+	return c, nil
+}
+
+func orDefault[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// Engine starts runs and, once started, delivers them to their workflow
+// functions. One Engine per process; any number of processes may share a
+// database. Safe for concurrent use.
+type Engine struct {
+	pool   *pgxpool.Pool
+	cfg    Config
+	log    *slog.Logger
+	queue  *queue.Queue
+	now    func() time.Time
+	retry  RetryPolicy // cfg.RetryPolicy merged over DefaultRetryPolicy
+	active sync.WaitGroup
+
+	mu        sync.Mutex
+	workflows map[string]registered
+	started   bool
+	stopSweep context.CancelFunc
+}
+
+// New builds an Engine over pool, which must point at a database migrated
+// with storage/migrations. It validates cfg and never touches the schema.
+// Register workflows, then call Start to work runs; an Engine that is never
+// started can still start and inspect runs.
+func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
+	if pool == nil {
+		return nil, errors.New("pgdurable: New needs a non-nil pool")
+	}
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{
+		pool:      pool,
+		cfg:       c,
+		log:       c.Logger,
+		now:       time.Now,
+		workflows: map[string]registered{},
+	}
+	e.retry = (RetryPolicy{}).merge(c.RetryPolicy, &DefaultRetryPolicy)
+	e.queue, err = queue.New(pool, queue.Config{
+		Queue:             c.Queue,
+		MaxWorkers:        c.MaxWorkers,
+		FetchCooldown:     c.FetchCooldown,
+		FetchPollInterval: c.FetchPollInterval,
+		JobTimeout:        c.DeliveryTimeout,
+		Logger:            riverLogger(c.Logger),
+	}, e.deliver)
+	if err != nil {
+		return nil, fmt.Errorf("pgdurable: %w", err)
+	}
+	return e, nil
+}
+
+// riverLogger passes on River's warnings and errors only: its info logs
+// repeat what the engine logs with run context.
+func riverLogger(l *slog.Logger) *slog.Logger {
+	return slog.New(levelFilter{l.Handler(), slog.LevelWarn}).With("component", "river")
+}
+
+type levelFilter struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (f levelFilter) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= f.min && f.Handler.Enabled(ctx, l)
+}
+
+// Register adds workflows built with Define. Names must be unique; register
+// every workflow in every process that shares a database, before Start.
+func (e *Engine) Register(workflows ...Registration) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, w := range workflows {
+		r := w.registration()
+		if _, dup := e.workflows[r.name]; dup {
+			return fmt.Errorf("pgdurable: workflow %q registered twice", r.name)
+		}
+		e.workflows[r.name] = r
+	}
+	return nil
+}
+
+func (e *Engine) workflow(name string) (registered, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	r, ok := e.workflows[name]
+	return r, ok
+}
+
+// Start begins working runs: River fetches deliveries and the lease sweeper
+// runs every Config.SweepInterval. ctx bounds startup only; stop with Stop
+// or StopAndCancel.
+func (e *Engine) Start(ctx context.Context) error {
+	e.mu.Lock()
+	if e.started {
+		e.mu.Unlock()
+		return errors.New("pgdurable: engine already started")
+	}
+	e.started = true
+	e.mu.Unlock()
+	if err := e.queue.Start(context.WithoutCancel(ctx)); err != nil {
+		return fmt.Errorf("pgdurable: starting workers: %w", err)
+	}
+	sweepCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	e.stopSweep = cancel
+	e.active.Add(1)
+	go e.sweepLoop(sweepCtx)
+	return nil
+}
+
+// Stop stops fetching new deliveries and waits, until ctx is done, for
+// running deliveries to finish or reach their next step boundary.
+func (e *Engine) Stop(ctx context.Context) error {
+	return e.stop(ctx, e.queue.Stop)
+}
+
+// StopAndCancel cancels running deliveries' contexts, hands their runs back
+// (released for another worker at once, not after the lease expires) and
+// waits until ctx is done.
+func (e *Engine) StopAndCancel(ctx context.Context) error {
+	return e.stop(ctx, e.queue.StopAndCancel)
+}
+
+func (e *Engine) stop(ctx context.Context, stopQueue func(context.Context) error) error {
+	e.mu.Lock()
+	started := e.started
+	e.mu.Unlock()
+	if !started {
+		return nil
+	}
+	err := stopQueue(ctx)
+	e.stopSweep()
+	e.active.Wait()
+	if err != nil {
+		return fmt.Errorf("pgdurable: stopping workers: %w", err)
+	}
+	return nil
+}

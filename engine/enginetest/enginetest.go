@@ -1,0 +1,199 @@
+// Package enginetest gives each test its own PostgreSQL database, cloned
+// from a template that storage/migrations has migrated, so tests run in
+// parallel against a real Postgres and never see each other's rows.
+//
+// It reads TEST_DATABASE_URL (any database on the server; the role must be
+// allowed to create databases). When the variable is unset the test is
+// skipped, except under CI=true, where it fails.
+package enginetest
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgdurable/pgdurable/storage/migrations"
+)
+
+// EnvURL names the variable holding the server's connection URL.
+const EnvURL = "TEST_DATABASE_URL"
+
+// DB is one test's database.
+type DB struct {
+	Pool *pgxpool.Pool // MaxConns 20; closed when the test ends
+	URL  string        // for child processes and extra pools
+	Name string
+}
+
+var (
+	templateOnce sync.Once
+	templateName string
+	templateErr  error
+)
+
+// NewDB creates a fresh migrated database for t and drops it when t ends.
+func NewDB(t testing.TB) *DB {
+	t.Helper()
+	base := os.Getenv(EnvURL)
+	if base == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s is not set; CI must provide a PostgreSQL server", EnvURL)
+		}
+		t.Skipf("%s is not set; skipping a test that needs PostgreSQL", EnvURL)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	templateOnce.Do(func() { templateName, templateErr = ensureTemplate(ctx, base) })
+	if templateErr != nil {
+		t.Fatalf("preparing template database: %v", templateErr)
+	}
+
+	name := "pgdurable_t_" + randomHex(8)
+	admin, err := pgx.Connect(ctx, base)
+	if err != nil {
+		t.Fatalf("connecting to %s: %v", EnvURL, err)
+	}
+	defer admin.Close(ctx)
+	if err := createFromTemplate(ctx, admin, name, templateName); err != nil {
+		t.Fatalf("creating test database: %v", err)
+	}
+	dbURL, err := withDatabase(base, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("connecting to test database: %v", err)
+	}
+	t.Cleanup(func() {
+		pool.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, base)
+		if err != nil {
+			t.Logf("dropping test database %s: %v", name, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Logf("dropping test database %s: %v", name, err)
+		}
+	})
+	return &DB{Pool: pool, URL: dbURL, Name: name}
+}
+
+// createFromTemplate retries while another session briefly holds the
+// template (SQLSTATE 55006).
+func createFromTemplate(ctx context.Context, admin *pgx.Conn, name, template string) error {
+	sql := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() + " TEMPLATE " + pgx.Identifier{template}.Sanitize()
+	for {
+		_, err := admin.Exec(ctx, sql)
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "55006" {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// ensureTemplate builds the migrated template once per schema version:
+// its name carries a hash of the migration files, so a changed migration
+// gets a new template and an unchanged one is reused across test runs.
+func ensureTemplate(ctx context.Context, base string) (string, error) {
+	h := sha256.New()
+	err := fs.WalkDir(migrations.FS(), ".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := fs.ReadFile(migrations.FS(), path)
+		h.Write([]byte(path))
+		h.Write(b)
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	name := "pgdurable_tmpl_" + hex.EncodeToString(h.Sum(nil))[:16]
+
+	admin, err := pgx.Connect(ctx, base)
+	if err != nil {
+		return "", fmt.Errorf("connecting to %s: %w", EnvURL, err)
+	}
+	defer admin.Close(ctx)
+	// Test binaries of several packages start at once: one builds the
+	// template while the others wait on this lock.
+	if _, err := admin.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", name); err != nil {
+		return "", err
+	}
+	defer admin.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(hashtext($1))", name) //nolint:errcheck
+	var exists bool
+	if err := admin.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
+		return "", err
+	}
+	if exists {
+		return name, nil
+	}
+	build := name + "_build"
+	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{build}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return "", err
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{build}.Sanitize()); err != nil {
+		return "", err
+	}
+	buildURL, err := withDatabase(base, build)
+	if err != nil {
+		return "", err
+	}
+	pool, err := pgxpool.New(ctx, buildURL)
+	if err != nil {
+		return "", err
+	}
+	_, err = migrations.Migrate(ctx, pool, migrations.Up, nil)
+	pool.Close()
+	if err != nil {
+		return "", fmt.Errorf("migrating template: %w", err)
+	}
+	// Renamed only once complete, so a crash mid-build never leaves a
+	// half-migrated template behind under the final name.
+	if _, err := admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{build}.Sanitize()+" RENAME TO "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return "", err
+	}
+	return name, nil
+}
+
+func withDatabase(base, name string) (string, error) {
+	u, err := url.Parse(base)
+	if err != nil {
+		return "", fmt.Errorf("parsing %s: %w", EnvURL, err)
+	}
+	u.Path = "/" + name
+	return u.String(), nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

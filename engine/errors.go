@@ -1,0 +1,143 @@
+package engine
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Conditions callers test with errors.Is.
+var (
+	// ErrWorkflowIDConflict: a run with this workflow ID exists with a
+	// different input. Same ID and same input returns the existing run
+	// instead (Stripe's rule for reused idempotency keys).
+	ErrWorkflowIDConflict = errors.New("pgdurable: workflow ID already used with a different input")
+	// ErrLeaseLost: another delivery took over the run; this delivery stopped
+	// writing and started no further step.
+	ErrLeaseLost = errors.New("pgdurable: lease lost to another delivery")
+	// ErrNotFound: no run or dead job with that ID.
+	ErrNotFound = errors.New("pgdurable: not found")
+	// ErrUnknownWorkflow: no workflow with that name is registered.
+	ErrUnknownWorkflow = errors.New("pgdurable: unknown workflow")
+	// ErrInvalidInput: the input does not encode or decode as the workflow's
+	// input type, or is larger than Config.MaxPayloadBytes.
+	ErrInvalidInput = errors.New("pgdurable: invalid input")
+	// ErrDeadJobResolved: the dead job was already resolved another way
+	// (replaying a discarded job, or discarding a replayed one).
+	ErrDeadJobResolved = errors.New("pgdurable: dead job already resolved")
+	// ErrRunNotFinished is returned by Workflow.Result for a run that has
+	// not reached a terminal status.
+	ErrRunNotFinished = errors.New("pgdurable: run not finished")
+)
+
+// errDeliveryEnded is what Step returns once the engine has ended this
+// delivery (the run waits for a retry, was parked, or lost its lease).
+// Workflow code should return it; whatever it returns is ignored.
+var errDeliveryEnded = errors.New("pgdurable: delivery ended; return this error from the workflow")
+
+// Error classes, recorded in step and run errors and in dead_jobs.error_class.
+const (
+	ClassTransient      = "transient"
+	ClassPermanent      = "permanent"
+	ClassPanic          = "panic"
+	ClassNonDeterminism = "nondeterminism"
+	ClassPoisonInput    = "poison_input"
+	ClassCrashLoop      = "crash_loop"
+	ClassUnserializable = "unserializable"
+	ClassWorkflow       = "workflow" // the workflow function returned an error
+)
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// Permanent marks err as not worth retrying: the step fails on this attempt
+// and its error is recorded and returned to the workflow. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err: err}
+}
+
+// IsPermanent reports whether err or anything it wraps was marked Permanent.
+func IsPermanent(err error) bool {
+	var p *permanentError
+	return errors.As(err, &p)
+}
+
+type retryAfterError struct {
+	err   error
+	delay time.Duration
+}
+
+func (e *retryAfterError) Error() string { return e.err.Error() }
+func (e *retryAfterError) Unwrap() error { return e.err }
+
+// RetryAfter marks err as transient and asks for the next attempt no sooner
+// than d from now (an HTTP Retry-After, say). The policy's backoff still
+// applies when it is longer. RetryAfter(nil, d) is nil.
+func RetryAfter(err error, d time.Duration) error {
+	if err == nil {
+		return nil
+	}
+	return &retryAfterError{err: err, delay: d}
+}
+
+// StepError is what a step that failed permanently returns to workflow code,
+// live and on replay. On replay Err is rebuilt from the recorded message, so
+// branch on Class or Message, not on the wrapped error's identity.
+type StepError struct {
+	Step    string // the step's name
+	Seq     int    // its position in the run, from 0
+	Attempt int    // the attempt that failed, from 1
+	Class   string // ClassPermanent, ClassUnserializable, ...
+	Message string // the error's text
+	Err     error  // the original error (live) or one rebuilt from Message (replay)
+}
+
+func (e *StepError) Error() string {
+	return fmt.Sprintf("step %q (seq %d, attempt %d): %s", e.Step, e.Seq, e.Attempt, e.Message)
+}
+
+// Unwrap returns the step's error.
+func (e *StepError) Unwrap() error { return e.Err }
+
+// ErrorInfo is a recorded failure as stored in the error column of runs and
+// steps (JSON, the fields below with snake_case names).
+type ErrorInfo struct {
+	Class   string `json:"class"`
+	Message string `json:"message"`
+	Step    string `json:"step,omitempty"`
+	Seq     *int   `json:"seq,omitempty"`
+	Attempt int    `json:"attempt,omitempty"`
+	Stack   string `json:"stack,omitempty"`
+}
+
+func (e *ErrorInfo) json() []byte {
+	b, _ := json.Marshal(e) // only strings and ints: cannot fail
+	return b
+}
+
+func decodeErrorInfo(b []byte) *ErrorInfo {
+	if len(b) == 0 {
+		return nil
+	}
+	var e ErrorInfo
+	if err := json.Unmarshal(b, &e); err != nil {
+		return &ErrorInfo{Class: "unknown", Message: string(b)}
+	}
+	return &e
+}
+
+// maxStackBytes bounds a recorded stack trace.
+const maxStackBytes = 16 << 10
+
+func truncateStack(s []byte) string {
+	if len(s) > maxStackBytes {
+		s = s[:maxStackBytes]
+	}
+	return string(s)
+}

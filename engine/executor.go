@@ -1,0 +1,285 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdurable/pgdurable/engine/internal/queue"
+	"github.com/pgdurable/pgdurable/engine/internal/store"
+)
+
+// writeTimeout bounds a record write. Writes use a context detached from
+// the delivery's, so a shutdown does not lose a finished step's record.
+const writeTimeout = 15 * time.Second
+
+// unknownWorkflowRetry is how long a ticket for a workflow this process does
+// not register waits before another try (a rolling deploy may add it).
+const unknownWorkflowRetry = 30 * time.Second
+
+// deliver is one delivery of a run: River calls it for each ticket.
+func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
+	token := uuid.New()
+	claimed, miss, err := store.Claim(ctx, e.pool, runID, token, e.cfg.LeaseDuration, e.now())
+	if err != nil {
+		return err // the database failed: River retries the ticket
+	}
+	if miss != nil {
+		return e.missed(runID, miss)
+	}
+	log := e.log.With("run_id", runID, "workflow", claimed.WorkflowName, "workflow_id", claimed.WorkflowID)
+	wf, ok := e.workflow(claimed.WorkflowName)
+	if !ok {
+		log.Error("workflow not registered in this process; handing the run back", "retry_in", unknownWorkflowRetry)
+		if err := store.ReleaseUnclaimed(context.WithoutCancel(ctx), e.pool, runID, token); err != nil {
+			return err
+		}
+		return queue.Snooze(unknownWorkflowRetry)
+	}
+
+	dctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	c := &Context{
+		Context: dctx, cancel: cancel, e: e, wf: wf, runID: runID, workflowID: claimed.WorkflowID,
+		token: token, log: log, steps: claimed.Steps,
+	}
+	stopHeartbeat := e.heartbeat(c)
+	defer stopHeartbeat()
+
+	if claimed.StalledDeliveries > e.cfg.MaxDeliveries {
+		c.park(nil, &parkReason{reason: "crash_loop", info: &ErrorInfo{
+			Class: ClassCrashLoop,
+			Message: fmt.Sprintf("%d consecutive deliveries ended without recording progress (worker crashed or was killed); MaxDeliveries is %d",
+				claimed.StalledDeliveries-1, e.cfg.MaxDeliveries),
+		}})
+		return nil
+	}
+	out, err, p := c.runWorkflow(claimed.Input)
+	c.finish(out, err, p)
+	return nil
+}
+
+// missed handles a ticket that found the run not claimable.
+func (e *Engine) missed(runID uuid.UUID, m *store.ClaimMiss) error {
+	switch {
+	case m.NotExists, m.Leased:
+		// Finished tickets and duplicates end here; a live lease holder that
+		// dies is covered by the sweeper, which enqueues a new ticket.
+		return nil
+	case m.WakeAt != nil && isActive(m.Status):
+		// An early ticket (clock skew, a duplicate): wait until due rather
+		// than drop it, so no waiting run is ever left without a ticket.
+		return queue.Snooze(max(m.WakeAt.Sub(e.now()), 10*time.Millisecond))
+	}
+	return nil
+}
+
+func isActive(status string) bool {
+	switch status {
+	case store.RunPending, store.RunRunning, store.RunWaiting, store.RunCompensating:
+		return true
+	}
+	return false
+}
+
+// runWorkflow calls the workflow function, recovering a panic.
+func (c *Context) runWorkflow(input []byte) (out []byte, err error, p *panicInfo) {
+	defer func() {
+		if r := recover(); r != nil {
+			p = &panicInfo{value: r, stack: debug.Stack()}
+		}
+	}()
+	out, err = c.wf.run(c, input)
+	return out, err, nil
+}
+
+// finish records how the workflow function ended, unless the delivery has
+// already handed the run back.
+func (c *Context) finish(out []byte, err error, p *panicInfo) {
+	if c.ended {
+		return
+	}
+	var poison *errPoisonInput
+	var unserializable *errUnserializableOutput
+	switch {
+	case p != nil:
+		msg := fmt.Sprintf("panic in workflow code: %v", p.value)
+		c.log.Error("workflow panicked", "error_class", ClassPanic, "panic", msg)
+		c.park(nil, &parkReason{reason: "panic", info: &ErrorInfo{Class: ClassPanic, Message: msg, Stack: truncateStack(p.stack)}})
+	case c.Err() != nil:
+		c.interrupted()
+	case errors.As(err, &poison):
+		c.park(nil, &parkReason{reason: "poison_input", info: &ErrorInfo{Class: ClassPoisonInput, Message: err.Error()}})
+	case errors.As(err, &unserializable):
+		c.park(nil, &parkReason{reason: "permanent_error", info: &ErrorInfo{Class: ClassUnserializable, Message: err.Error()}})
+	case err == nil && c.seq < len(c.steps):
+		c.park(nil, &parkReason{reason: "nondeterminism", info: &ErrorInfo{Class: ClassNonDeterminism,
+			Message: fmt.Sprintf("workflow returned after %d steps but %d are recorded", c.seq, len(c.steps))}})
+	case err == nil:
+		c.end(c.do(func(ctx context.Context) error {
+			return store.FinishRun(ctx, c.e.pool, c.runID, c.token, c.pending, store.RunCompleted, out, nil)
+		}))
+		c.log.Debug("run completed")
+	default:
+		info := &ErrorInfo{Class: ClassWorkflow, Message: err.Error()}
+		var se *StepError
+		if errors.As(err, &se) {
+			info.Class, info.Step, info.Seq, info.Attempt = se.Class, se.Step, &se.Seq, se.Attempt
+		}
+		c.end(c.do(func(ctx context.Context) error {
+			return store.FinishRun(ctx, c.e.pool, c.runID, c.token, c.pending, store.RunFailed, nil, info.json())
+		}))
+		c.log.Info("run failed", "error_class", info.Class, "error", info.Message)
+	}
+}
+
+// do runs a store write on a context detached from the delivery's, so a
+// shutdown does not lose a finished step's record, bounded by writeTimeout.
+func (c *Context) do(write func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Context), writeTimeout)
+	defer cancel()
+	return write(ctx)
+}
+
+// end marks the delivery over after a terminal write returned err.
+func (c *Context) end(err error) {
+	c.ended = true
+	c.endErr = errDeliveryEnded
+	switch {
+	case errors.Is(err, store.ErrLeaseLost):
+		c.endErr = ErrLeaseLost
+		c.log.Warn("lease lost; this delivery stops", "error_class", "lease_lost")
+	case err != nil:
+		// The record is not written; the lease expires and the sweeper
+		// hands the run to another delivery, which replays from the records.
+		c.endErr = fmt.Errorf("pgdurable: writing records of run %s: %w", c.runID, err)
+		c.log.Error("write failed; run will be redelivered after its lease expires", "error", err)
+	}
+	c.cancel(c.endErr)
+}
+
+// write records rec now (fenced, extending the lease). False when the
+// delivery ended.
+func (c *Context) write(rec *store.StepRecord) bool {
+	err := c.do(func(ctx context.Context) error {
+		return store.WriteStep(ctx, c.e.pool, c.runID, c.token, c.e.cfg.LeaseDuration, rec)
+	})
+	if err != nil {
+		c.end(err)
+		return false
+	}
+	return true
+}
+
+// flush writes the pending record of the previous step. Recording lazily
+// lets the last step's record share the run's completion statement, which
+// saves one commit per run; nothing runs between a step and its record
+// except deterministic workflow code.
+func (c *Context) flush() bool {
+	if c.pending == nil {
+		return true
+	}
+	rec := c.pending
+	c.pending = nil
+	return c.write(rec)
+}
+
+// suspend hands the run back until wakeAt, writing rec (may be nil) and the
+// next delivery's ticket in one transaction.
+func (c *Context) suspend(rec *store.StepRecord, wakeAt time.Time) {
+	if rec != nil && c.pending != nil && !c.flush() {
+		return
+	}
+	if rec == nil {
+		rec, c.pending = c.pending, nil
+	}
+	c.end(c.handBack(rec, store.RunWaiting, wakeAt, true))
+}
+
+// interrupted ends a delivery whose context was cancelled: after a lost
+// lease nothing more is written; after a shutdown the run is released at
+// once for another worker instead of waiting for its lease to expire.
+func (c *Context) interrupted() {
+	if c.ended {
+		return
+	}
+	if errors.Is(context.Cause(c.Context), ErrLeaseLost) {
+		c.end(store.ErrLeaseLost)
+		return
+	}
+	rec := c.pending
+	c.pending = nil
+	c.log.Info("delivery interrupted; run handed back", "cause", context.Cause(c.Context))
+	c.end(c.handBack(rec, store.RunPending, time.Time{}, rec != nil))
+}
+
+// handBack gives up the lease with status (waiting or pending), writing rec
+// (may be nil) and the next delivery's ticket, due at wakeAt (zero: now),
+// in one transaction.
+func (c *Context) handBack(rec *store.StepRecord, status string, wakeAt time.Time, progress bool) error {
+	var wake *time.Time
+	if !wakeAt.IsZero() {
+		wake = &wakeAt
+	}
+	return c.do(func(ctx context.Context) error {
+		return pgx.BeginFunc(ctx, c.e.pool, func(tx pgx.Tx) error {
+			if err := store.SuspendRun(ctx, tx, c.runID, c.token, rec, status, wake, progress); err != nil {
+				return err
+			}
+			return c.e.queue.Enqueue(ctx, tx, c.runID, wakeAt)
+		})
+	})
+}
+
+// parkReason is why a run is parked, with the step record to write.
+type parkReason struct {
+	reason string
+	info   *ErrorInfo
+	rec    *store.StepRecord // the failing step, if any
+}
+
+func parkNonDeterminism(seq int, name, kind string, rec *store.StepRecord) *parkReason {
+	return &parkReason{reason: "nondeterminism", info: &ErrorInfo{
+		Class: ClassNonDeterminism, Step: name, Seq: &seq,
+		Message: fmt.Sprintf("step %d is recorded as %s %q but the workflow now calls %s %q; the code changed under a running workflow",
+			seq, rec.Kind, rec.Name, kind, name),
+	}}
+}
+
+// park marks the run dead with a dead_jobs row, writing rec (the failing
+// step) or else the pending record in the same statement.
+func (c *Context) park(rec *store.StepRecord, why *parkReason) {
+	if rec != nil && c.pending != nil && !c.flush() {
+		return
+	}
+	if rec == nil {
+		rec, c.pending = c.pending, nil
+	}
+	now := c.e.now()
+	p := &store.Park{
+		ID: uuid.Must(uuid.NewV7()), Reason: why.reason, FirstFailedAt: now, LastFailedAt: now,
+		ErrorClass: why.info.Class, ErrorMessage: why.info.Message, RunError: why.info.json(),
+	}
+	if why.info.Stack != "" {
+		p.Stack = &why.info.Stack
+	}
+	if why.info.Step != "" {
+		p.StepName = &why.info.Step
+	}
+	p.Seq = why.info.Seq
+	if why.rec != nil {
+		p.Attempts = why.rec.Attempts
+		if why.rec.FirstFailedAt != nil {
+			p.FirstFailedAt = *why.rec.FirstFailedAt
+		}
+	}
+	c.log.Warn("run parked as dead", "reason", why.reason, "error_class", why.info.Class, "error", why.info.Message)
+	c.end(c.do(func(ctx context.Context) error {
+		return store.ParkRun(ctx, c.e.pool, c.runID, c.token, rec, p)
+	}))
+}

@@ -1,0 +1,137 @@
+// Package queue is the engine's only River code. A River job here is a
+// delivery ticket for one run: it carries the run ID and nothing else, and
+// any number of tickets for one run are safe because the run's lease, not
+// the ticket, decides who executes it.
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+)
+
+// Kind is the River job kind of a run delivery. Every engine process
+// registers it (River's rescuer discards kinds its leader does not know).
+const Kind = "pgdurable.run"
+
+// Args are a delivery ticket's arguments.
+type Args struct {
+	RunID uuid.UUID `json:"run_id"`
+}
+
+// Kind implements river.JobArgs.
+func (Args) Kind() string { return Kind }
+
+// Handler runs one delivery of a run. A nil result completes the ticket;
+// Snooze defers it.
+type Handler func(ctx context.Context, runID uuid.UUID) error
+
+// Snooze asks River to deliver the same ticket again after d without using
+// one of its attempts.
+func Snooze(d time.Duration) error { return river.JobSnooze(d) }
+
+// Config holds River's knobs as the engine sets them.
+type Config struct {
+	Queue             string
+	MaxWorkers        int
+	FetchCooldown     time.Duration
+	FetchPollInterval time.Duration
+	JobTimeout        time.Duration
+	Logger            *slog.Logger
+}
+
+// Queue wraps one River client.
+type Queue struct {
+	client *river.Client[pgx.Tx]
+	queue  string
+}
+
+type worker struct {
+	river.WorkerDefaults[Args]
+	handle Handler
+}
+
+func (w *worker) Work(ctx context.Context, job *river.Job[Args]) error {
+	return w.handle(ctx, job.Args.RunID)
+}
+
+// ticketMaxAttempts is high because a ticket only fails when the database
+// does; River must not discard it while the run still needs a delivery.
+const ticketMaxAttempts = 1000
+
+// New builds a River client over pool that delivers tickets to handle.
+func New(pool *pgxpool.Pool, cfg Config, handle Handler) (*Queue, error) {
+	workers := river.NewWorkers()
+	if err := river.AddWorkerSafely(workers, &worker{handle: handle}); err != nil {
+		return nil, fmt.Errorf("registering river worker: %w", err)
+	}
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+		Queues: map[string]river.QueueConfig{
+			cfg.Queue: {MaxWorkers: cfg.MaxWorkers},
+		},
+		Workers:           workers,
+		FetchCooldown:     cfg.FetchCooldown,
+		FetchPollInterval: cfg.FetchPollInterval,
+		JobTimeout:        cfg.JobTimeout,
+		MaxAttempts:       ticketMaxAttempts,
+		Logger:            cfg.Logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating river client: %w", err)
+	}
+	return &Queue{client: client, queue: cfg.Queue}, nil
+}
+
+// Enqueue inserts a ticket for runID in tx, due at at (zero: now).
+func (q *Queue) Enqueue(ctx context.Context, tx pgx.Tx, runID uuid.UUID, at time.Time) error {
+	_, err := q.client.InsertTx(ctx, tx, Args{RunID: runID}, q.opts(at))
+	if err != nil {
+		return fmt.Errorf("enqueueing delivery of run %s: %w", runID, err)
+	}
+	return nil
+}
+
+// EnqueueMany inserts one ticket per run ID in tx, due now.
+func (q *Queue) EnqueueMany(ctx context.Context, tx pgx.Tx, runIDs []uuid.UUID) error {
+	if len(runIDs) == 0 {
+		return nil
+	}
+	params := make([]river.InsertManyParams, len(runIDs))
+	for i, id := range runIDs {
+		params[i] = river.InsertManyParams{Args: Args{RunID: id}, InsertOpts: q.opts(time.Time{})}
+	}
+	if _, err := q.client.InsertManyTx(ctx, tx, params); err != nil {
+		return fmt.Errorf("enqueueing %d deliveries: %w", len(runIDs), err)
+	}
+	return nil
+}
+
+func (q *Queue) opts(at time.Time) *river.InsertOpts {
+	return &river.InsertOpts{Queue: q.queue, ScheduledAt: at, MaxAttempts: ticketMaxAttempts}
+}
+
+// Start starts fetching and working tickets.
+func (q *Queue) Start(ctx context.Context) error { return q.client.Start(ctx) }
+
+// Stop stops fetching and waits for running deliveries to finish.
+func (q *Queue) Stop(ctx context.Context) error { return ignoreNotStarted(q.client.Stop(ctx)) }
+
+// StopAndCancel stops fetching and cancels running deliveries' contexts.
+func (q *Queue) StopAndCancel(ctx context.Context) error {
+	return ignoreNotStarted(q.client.StopAndCancel(ctx))
+}
+
+func ignoreNotStarted(err error) error {
+	if err != nil && errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,99 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// RunRow is one row of workflow_runs.
+type RunRow struct {
+	RunID           uuid.UUID
+	WorkflowName    string
+	WorkflowVersion int
+	WorkflowID      string
+	Status          string
+	Input           []byte
+	Output          []byte
+	Error           []byte
+	Deliveries      int
+	OwnerToken      *uuid.UUID
+	LeaseExpiresAt  *time.Time
+	WakeAt          *time.Time
+	Queue           string
+	CreatedAt       time.Time
+	StartedAt       *time.Time
+	CompletedAt     *time.Time
+}
+
+const runColumns = `run_id, workflow_name, workflow_version, workflow_id, status, input, output, error,
+    deliveries, owner_token, lease_expires_at, wake_at, queue, created_at, started_at, completed_at`
+
+func scanRun(row pgx.Row) (*RunRow, error) {
+	var r RunRow
+	err := row.Scan(&r.RunID, &r.WorkflowName, &r.WorkflowVersion, &r.WorkflowID, &r.Status, &r.Input, &r.Output,
+		&r.Error, &r.Deliveries, &r.OwnerToken, &r.LeaseExpiresAt, &r.WakeAt, &r.Queue, &r.CreatedAt,
+		&r.StartedAt, &r.CompletedAt)
+	if err != nil {
+		return nil, translate(err)
+	}
+	return &r, nil
+}
+
+// GetRun reads a run and its steps in one round trip; ErrNotFound when absent.
+func GetRun(ctx context.Context, db DBTX, runID uuid.UUID) (*RunRow, []StepRecord, error) {
+	b := &pgx.Batch{}
+	b.Queue(`SELECT `+runColumns+` FROM workflow_runs WHERE run_id = $1`, runID)
+	b.Queue(loadSteps, runID)
+	br := db.SendBatch(ctx, b)
+	defer br.Close()
+	run, err := scanRun(br.QueryRow())
+	if err != nil {
+		return nil, nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, nil, fmt.Errorf("loading steps of run %s: %w", runID, err)
+	}
+	steps, err := scanSteps(rows)
+	if err != nil {
+		return nil, nil, fmt.Errorf("loading steps of run %s: %w", runID, err)
+	}
+	return run, steps, br.Close()
+}
+
+// RunFilter selects runs for ListRuns; zero fields match all.
+type RunFilter struct {
+	Workflow string
+	Status   string
+	Before   *uuid.UUID // keyset cursor: run IDs older than this (UUID v7 order)
+	Limit    int
+}
+
+const listRuns = `SELECT ` + runColumns + ` FROM workflow_runs
+WHERE ($1::text = '' OR workflow_name = $1)
+  AND ($2::text = '' OR status = $2)
+  AND ($3::uuid IS NULL OR run_id < $3)
+ORDER BY run_id DESC
+LIMIT $4`
+
+// ListRuns returns runs newest first.
+func ListRuns(ctx context.Context, db DBTX, f RunFilter) ([]*RunRow, error) {
+	rows, err := db.Query(ctx, listRuns, f.Workflow, f.Status, f.Before, f.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("listing runs: %w", err)
+	}
+	defer rows.Close()
+	var out []*RunRow
+	for rows.Next() {
+		r, err := scanRun(rows)
+		if err != nil {
+			return nil, fmt.Errorf("listing runs: %w", err)
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,317 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// NewRun is what Start inserts.
+type NewRun struct {
+	RunID           uuid.UUID
+	WorkflowName    string
+	WorkflowVersion int
+	WorkflowID      string
+	Input           []byte
+	Queue           string
+}
+
+// InsertedRun reports the outcome of InsertRun.
+type InsertedRun struct {
+	RunID    uuid.UUID
+	Existing bool // a run with this workflow ID already existed
+	Status   string
+}
+
+const insertRun = `
+INSERT INTO workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue)
+VALUES ($1, $2, $3, $4, $5::jsonb, $6)
+ON CONFLICT (workflow_name, workflow_id) DO NOTHING
+RETURNING run_id`
+
+// existingRun compares inputs as jsonb, so key order and whitespace do not
+// matter (Stripe's rule: same key + same parameters is the same request).
+const existingRun = `
+SELECT run_id, input = $3::jsonb, status FROM workflow_runs
+WHERE workflow_name = $1 AND workflow_id = $2`
+
+// InsertRun inserts r unless a run with its workflow ID exists. An existing
+// run with the same input is returned with Existing set; one with another
+// input returns ErrConflict. Concurrent inserts of one workflow ID serialise
+// on the unique index, so exactly one wins.
+func InsertRun(ctx context.Context, db DBTX, r NewRun) (*InsertedRun, error) {
+	var id uuid.UUID
+	err := db.QueryRow(ctx, insertRun, r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID, r.Input, r.Queue).Scan(&id)
+	if err == nil {
+		return &InsertedRun{RunID: id, Status: RunPending}, nil
+	}
+	if err = translate(err); err != ErrNotFound {
+		return nil, err
+	}
+	out := &InsertedRun{Existing: true}
+	var same bool
+	if err := db.QueryRow(ctx, existingRun, r.WorkflowName, r.WorkflowID, r.Input).Scan(&out.RunID, &same, &out.Status); err != nil {
+		// The conflicting row is invisible to this snapshot (a caller's
+		// REPEATABLE READ transaction): let the caller retry.
+		return nil, fmt.Errorf("reading existing run for workflow ID %q: %w", r.WorkflowID, translate(err))
+	}
+	if !same {
+		return out, ErrConflict
+	}
+	return out, nil
+}
+
+// ClaimedRun is a run whose lease this delivery holds.
+type ClaimedRun struct {
+	RunID             uuid.UUID
+	WorkflowName      string
+	WorkflowVersion   int
+	WorkflowID        string
+	Input             []byte
+	Deliveries        int
+	StalledDeliveries int
+	Steps             []StepRecord
+}
+
+// ClaimMiss says why a delivery did not get the lease.
+type ClaimMiss struct {
+	Status    string     // the run's status ("" when the run does not exist)
+	Leased    bool       // another delivery holds a live lease
+	WakeAt    *time.Time // the run waits until then
+	NotExists bool
+}
+
+// The claim takes the lease with a new owner token, counts the delivery
+// before any workflow code runs (so a crash still counts), and is sent in one
+// batch with the step load: one round trip, one transaction.
+const claimRun = `
+UPDATE workflow_runs SET
+    owner_token = $2,
+    lease_expires_at = now() + $3::bigint * interval '1 millisecond',
+    status = CASE WHEN status = 'compensating' THEN status ELSE 'running' END,
+    deliveries = deliveries + 1,
+    stalled_deliveries = stalled_deliveries + 1,
+    started_at = coalesce(started_at, now()),
+    wake_at = NULL
+WHERE run_id = $1
+  AND status IN ('pending', 'running', 'waiting', 'compensating')
+  AND (owner_token IS NULL OR lease_expires_at < now())
+  AND (wake_at IS NULL OR wake_at <= $4)
+RETURNING workflow_name, workflow_version, workflow_id, input, deliveries, stalled_deliveries`
+
+const loadSteps = `
+SELECT seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
+       first_failed_at, started_at, completed_at
+FROM workflow_steps WHERE run_id = $1 ORDER BY seq`
+
+const claimMiss = `
+SELECT status, owner_token IS NOT NULL AND lease_expires_at >= now(), wake_at
+FROM workflow_runs WHERE run_id = $1`
+
+// Claim takes the lease on runID for lease and loads all its steps in one
+// round trip. It returns (nil, miss, nil) when the run is finished, leased
+// by a live delivery, or not due before now.
+func Claim(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.Duration, now time.Time) (*ClaimedRun, *ClaimMiss, error) {
+	b := &pgx.Batch{}
+	b.Queue(claimRun, runID, token, ms(lease), now)
+	b.Queue(loadSteps, runID)
+	br := db.SendBatch(ctx, b)
+	defer br.Close()
+
+	c := &ClaimedRun{RunID: runID}
+	err := br.QueryRow().Scan(&c.WorkflowName, &c.WorkflowVersion, &c.WorkflowID, &c.Input, &c.Deliveries, &c.StalledDeliveries)
+	claimed := err == nil
+	if err != nil && translate(err) != ErrNotFound {
+		return nil, nil, fmt.Errorf("claiming run %s: %w", runID, err)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, nil, fmt.Errorf("loading steps of run %s: %w", runID, err)
+	}
+	steps, err := scanSteps(rows)
+	if err != nil {
+		return nil, nil, fmt.Errorf("loading steps of run %s: %w", runID, err)
+	}
+	if err := br.Close(); err != nil {
+		return nil, nil, fmt.Errorf("claiming run %s: %w", runID, err)
+	}
+	if claimed {
+		c.Steps = steps
+		return c, nil, nil
+	}
+	miss := &ClaimMiss{}
+	err = db.QueryRow(ctx, claimMiss, runID).Scan(&miss.Status, &miss.Leased, &miss.WakeAt)
+	if translate(err) == ErrNotFound {
+		miss.NotExists = true
+		return nil, miss, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading run %s: %w", runID, err)
+	}
+	return nil, miss, nil
+}
+
+func scanSteps(rows pgx.Rows) ([]StepRecord, error) {
+	defer rows.Close()
+	var out []StepRecord
+	for rows.Next() {
+		var s StepRecord
+		if err := rows.Scan(&s.Seq, &s.Name, &s.Kind, &s.Status, &s.Attempts, &s.RequestID, &s.Output, &s.Error,
+			&s.NextAttemptAt, &s.FirstFailedAt, &s.StartedAt, &s.CompletedAt); err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}
+
+// stepUpsert is a CTE that writes one step record ($4..$15) for the run the
+// preceding "run" CTE returned; it writes nothing when that CTE returned no
+// row (the fence failed) or when $4 is NULL (no record to write).
+const stepUpsert = `
+step AS (
+    INSERT INTO workflow_steps AS s (run_id, seq, name, kind, status, attempts, request_id, output, error,
+                                     next_attempt_at, first_failed_at, started_at, completed_at)
+    SELECT run.run_id, $4::int, $5::text, $6::text, $7::text, $8::int, $9::uuid, $10::jsonb, $11::jsonb,
+           $12::timestamptz, $13::timestamptz, $14::timestamptz, $15::timestamptz
+    FROM run WHERE $4::int IS NOT NULL
+    ON CONFLICT (run_id, seq) DO UPDATE SET
+        status = excluded.status,
+        attempts = excluded.attempts,
+        request_id = coalesce(excluded.request_id, s.request_id),
+        output = excluded.output,
+        error = excluded.error,
+        next_attempt_at = excluded.next_attempt_at,
+        first_failed_at = coalesce(s.first_failed_at, excluded.first_failed_at),
+        completed_at = excluded.completed_at
+)`
+
+const writeStep = `
+WITH run AS (
+    UPDATE workflow_runs SET lease_expires_at = now() + $3::bigint * interval '1 millisecond', stalled_deliveries = 0
+    WHERE run_id = $1 AND owner_token = $2
+    RETURNING run_id
+), ` + stepUpsert + `
+SELECT count(*) FROM run`
+
+// WriteStep records rec and extends the lease, fenced by token: one
+// statement, one round trip. It returns ErrLeaseLost when token no longer
+// owns the run.
+func WriteStep(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.Duration, rec *StepRecord) error {
+	args := append([]any{runID, token, ms(lease)}, stepArgs(rec)...)
+	return fenced(db.QueryRow(ctx, writeStep, args...), "recording step of run %s", runID)
+}
+
+func fenced(row pgx.Row, format string, runID uuid.UUID) error {
+	var n int
+	if err := row.Scan(&n); err != nil {
+		return fmt.Errorf(format+": %w", runID, translate(err))
+	}
+	if n == 0 {
+		return ErrLeaseLost
+	}
+	return nil
+}
+
+const heartbeat = `
+UPDATE workflow_runs SET lease_expires_at = now() + $3::bigint * interval '1 millisecond'
+WHERE run_id = $1 AND owner_token = $2`
+
+// Heartbeat extends the lease; ErrLeaseLost when token no longer owns it.
+func Heartbeat(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.Duration) error {
+	tag, err := db.Exec(ctx, heartbeat, runID, token, ms(lease))
+	if err != nil {
+		return fmt.Errorf("extending lease of run %s: %w", runID, translate(err))
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrLeaseLost
+	}
+	return nil
+}
+
+const finishRun = `
+WITH run AS (
+    UPDATE workflow_runs SET status = $16, output = $17::jsonb, error = $18::jsonb, completed_at = now(),
+        owner_token = NULL, lease_expires_at = NULL, wake_at = NULL, stalled_deliveries = 0
+    WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0
+    RETURNING run_id
+), ` + stepUpsert + `
+SELECT count(*) FROM run`
+
+// FinishRun ends the run with a terminal status, writing the pending step
+// record (may be nil) in the same statement. ErrLeaseLost when fenced out.
+func FinishRun(ctx context.Context, db DBTX, runID, token uuid.UUID, pending *StepRecord, status string, output, errJSON []byte) error {
+	args := append([]any{runID, token, 0}, stepArgs(pending)...)
+	args = append(args, status, output, errJSON)
+	return fenced(db.QueryRow(ctx, finishRun, args...), "finishing run %s", runID)
+}
+
+const suspendRun = `
+WITH run AS (
+    UPDATE workflow_runs SET status = $16, wake_at = $17, owner_token = NULL, lease_expires_at = NULL,
+        stalled_deliveries = CASE WHEN $18::bool THEN 0 ELSE greatest(stalled_deliveries - 1, 0) END
+    WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0
+    RETURNING run_id
+), ` + stepUpsert + `
+SELECT count(*) FROM run`
+
+// SuspendRun hands the run back without finishing it: status waiting until
+// wakeAt (a retry backoff, later a timer), or pending when a shutdown
+// interrupted the delivery (progress=false does not count it as progress).
+// The caller enqueues the next delivery in the same transaction.
+func SuspendRun(ctx context.Context, db DBTX, runID, token uuid.UUID, pending *StepRecord, status string, wakeAt *time.Time, progress bool) error {
+	args := append([]any{runID, token, 0}, stepArgs(pending)...)
+	args = append(args, status, wakeAt, progress)
+	return fenced(db.QueryRow(ctx, suspendRun, args...), "suspending run %s", runID)
+}
+
+// ReleaseUnclaimed gives back a lease this delivery took but cannot use (the
+// workflow is not registered in this process), without counting a delivery.
+const releaseUnclaimed = `
+UPDATE workflow_runs SET owner_token = NULL, lease_expires_at = NULL,
+    status = CASE WHEN status = 'running' THEN 'pending' ELSE status END,
+    deliveries = deliveries - 1, stalled_deliveries = greatest(stalled_deliveries - 1, 0)
+WHERE run_id = $1 AND owner_token = $2`
+
+// ReleaseUnclaimed undoes Claim for a delivery that cannot run the workflow.
+func ReleaseUnclaimed(ctx context.Context, db DBTX, runID, token uuid.UUID) error {
+	_, err := db.Exec(ctx, releaseUnclaimed, runID, token)
+	return translate(err)
+}
+
+// SweptRun is a run whose lease expired and was cleared by the sweeper.
+type SweptRun struct {
+	RunID uuid.UUID
+	Queue string
+}
+
+// The sweeper locks expired rows with SKIP LOCKED, so any number of engine
+// processes can sweep at once without blocking each other or a live writer.
+const sweepExpired = `
+WITH expired AS (
+    SELECT run_id FROM workflow_runs
+    WHERE status IN ('running', 'compensating') AND lease_expires_at < now() AND queue = $2
+    ORDER BY lease_expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE workflow_runs r SET owner_token = NULL, lease_expires_at = NULL
+FROM expired WHERE r.run_id = expired.run_id
+RETURNING r.run_id, r.queue`
+
+// SweepExpired clears up to limit expired leases of runs on queue; the
+// caller enqueues a delivery for each in the same transaction.
+func SweepExpired(ctx context.Context, tx DBTX, queue string, limit int) ([]SweptRun, error) {
+	rows, err := tx.Query(ctx, sweepExpired, limit, queue)
+	if err != nil {
+		return nil, fmt.Errorf("sweeping expired leases: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (SweptRun, error) {
+		var s SweptRun
+		err := r.Scan(&s.RunID, &s.Queue)
+		return s, err
+	})
+}

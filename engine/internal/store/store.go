@@ -1,0 +1,106 @@
+// Package store holds every SQL statement the engine runs at runtime, and
+// translates Postgres errors into the engine's conditions once, here.
+//
+// Writes that belong to a run's lease holder are fenced: each statement
+// checks the owner token in its WHERE clause and the caller treats zero rows
+// as a lost lease. Row types never leave this package's callers in engine.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DBTX is the store's one seam: a pool, a connection or a transaction.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// Conditions the store reports; the engine maps them onto its public errors.
+var (
+	ErrNotFound   = errors.New("not found")
+	ErrLeaseLost  = errors.New("lease lost")
+	ErrConflict   = errors.New("conflict")
+	ErrBadPayload = errors.New("payload rejected by postgres")
+)
+
+// translate maps Postgres error codes onto the store's conditions, never by
+// matching message text.
+func translate(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrNotFound
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "23505": // unique_violation
+			return errors.Join(ErrConflict, err)
+		case "22P05", "22P02", "54000": // untranslatable character, invalid text, program limit
+			return errors.Join(ErrBadPayload, err)
+		}
+	}
+	return err
+}
+
+// ms renders a duration as the bigint milliseconds our SQL multiplies by
+// interval '1 millisecond'.
+func ms(d time.Duration) int64 { return d.Milliseconds() }
+
+// StepRecord is one row of workflow_steps as the executor reads and writes it.
+type StepRecord struct {
+	Seq           int
+	Name          string
+	Kind          string
+	Status        string
+	Attempts      int
+	RequestID     *uuid.UUID
+	Output        []byte
+	Error         []byte
+	NextAttemptAt *time.Time
+	FirstFailedAt *time.Time
+	StartedAt     time.Time
+	CompletedAt   *time.Time
+}
+
+// Step statuses (the CHECK constraint in 00001_runs.sql).
+const (
+	StepStarted   = "started"
+	StepCompleted = "completed"
+	StepFailed    = "failed"
+	StepRetrying  = "retrying"
+	StepParked    = "parked"
+)
+
+// Run statuses (the CHECK constraint in 00001_runs.sql).
+const (
+	RunPending      = "pending"
+	RunRunning      = "running"
+	RunWaiting      = "waiting"
+	RunCompleted    = "completed"
+	RunFailed       = "failed"
+	RunCompensating = "compensating"
+	RunCompensated  = "compensated"
+	RunCancelled    = "cancelled"
+	RunDead         = "dead"
+)
+
+// stepArgs returns the positional arguments for stepUpsert's $n.. placeholders,
+// or nulls when rec is nil so the CTE inserts nothing.
+func stepArgs(rec *StepRecord) []any {
+	if rec == nil {
+		return []any{nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+	}
+	return []any{rec.Seq, rec.Name, rec.Kind, rec.Status, rec.Attempts, rec.RequestID,
+		rec.Output, rec.Error, rec.NextAttemptAt, rec.FirstFailedAt, rec.StartedAt, rec.CompletedAt}
+}

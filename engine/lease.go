@@ -1,0 +1,105 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdurable/pgdurable/engine/internal/store"
+)
+
+// heartbeat extends c's lease every Config.HeartbeatInterval while the
+// delivery runs, and cancels the delivery with ErrLeaseLost once another
+// delivery owns the run. The returned func stops it.
+func (e *Engine) heartbeat(c *Context) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(e.cfg.HeartbeatInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-c.Done():
+				return
+			case <-t.C:
+				ctx, cancel := context.WithTimeout(context.WithoutCancel(c), e.cfg.HeartbeatInterval)
+				err := store.Heartbeat(ctx, e.pool, c.runID, c.token, e.cfg.LeaseDuration)
+				cancel()
+				if errors.Is(err, store.ErrLeaseLost) {
+					c.cancel(ErrLeaseLost)
+					return
+				}
+				if err != nil {
+					c.log.Warn("lease heartbeat failed", "error", err)
+				}
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		wg.Wait()
+	}
+}
+
+// sweepBatch bounds the runs one sweep re-enqueues.
+const sweepBatch = 500
+
+// sweepLoop re-enqueues runs whose lease expired (their worker died) every
+// SweepInterval, with jitter so several engines do not sweep in lockstep.
+// Every engine sweeps, not only River's leader: a dead leader would delay
+// crash recovery by River's leader TTL, and SKIP LOCKED keeps concurrent
+// sweeps from touching the same run.
+func (e *Engine) sweepLoop(ctx context.Context) {
+	defer e.active.Done()
+	for {
+		wait := e.cfg.SweepInterval/2 + rand.N(e.cfg.SweepInterval)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		for {
+			n, err := e.sweep(ctx)
+			if err != nil && ctx.Err() == nil {
+				e.log.Warn("lease sweep failed", "error", err)
+			}
+			if n < sweepBatch {
+				break
+			}
+		}
+	}
+}
+
+// sweep clears expired leases and enqueues a delivery for each such run, in
+// one transaction. It returns how many runs it re-enqueued.
+func (e *Engine) sweep(ctx context.Context) (int, error) {
+	var swept []store.SweptRun
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		var err error
+		swept, err = store.SweepExpired(ctx, tx, e.cfg.Queue, sweepBatch)
+		if err != nil {
+			return err
+		}
+		ids := make([]uuid.UUID, len(swept))
+		for i, s := range swept {
+			ids[i] = s.RunID
+		}
+		return e.queue.EnqueueMany(ctx, tx, ids)
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, s := range swept {
+		e.log.Warn("lease expired; run re-enqueued for another delivery", "run_id", s.RunID)
+	}
+	return len(swept), nil
+}

@@ -1,0 +1,240 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdurable/pgdurable/engine/internal/store"
+)
+
+// Run statuses, as stored in workflow_runs.status.
+const (
+	StatusPending      = store.RunPending      // started, not yet delivered
+	StatusRunning      = store.RunRunning      // a delivery holds (or held) the lease
+	StatusWaiting      = store.RunWaiting      // waiting for a retry backoff (later: a timer or signal)
+	StatusCompleted    = store.RunCompleted    // terminal: output recorded
+	StatusFailed       = store.RunFailed       // terminal: the workflow returned an error
+	StatusCompensating = store.RunCompensating // undoing completed steps
+	StatusCompensated  = store.RunCompensated  // terminal: failed, and its steps were undone
+	StatusCancelled    = store.RunCancelled    // terminal: cancelled
+	StatusDead         = store.RunDead         // parked in dead_jobs for an operator
+)
+
+// StartOpts are per-start options. A nil *StartOpts starts a run with a new
+// UUID v7 as its workflow ID.
+type StartOpts struct {
+	// WorkflowID is the start's idempotency key (1 to 400 bytes): starting
+	// the same workflow with the same ID and the same input returns the
+	// existing run; with a different input, ErrWorkflowIDConflict.
+	// Default: the new run's ID.
+	WorkflowID string
+}
+
+// StartResult identifies the run a start created or found.
+type StartResult struct {
+	RunID      uuid.UUID
+	WorkflowID string
+	// Existing is true when a run with this workflow ID and input already
+	// existed; no new run was created.
+	Existing bool
+	// Status is the run's status when the start returned.
+	Status string
+}
+
+// StartJSON starts a run of the registered workflow name with a JSON input,
+// which must decode as the workflow's input type (ErrInvalidInput
+// otherwise; ErrUnknownWorkflow for an unregistered name). It is what
+// services use; Go callers use Workflow.Start.
+//
+// The run and its first delivery are inserted in one transaction. Twenty
+// concurrent starts with one workflow ID give one run.
+func (e *Engine) StartJSON(ctx context.Context, name string, input json.RawMessage, opts *StartOpts) (*StartResult, error) {
+	return e.startRegistered(ctx, nil, name, input, opts)
+}
+
+// StartJSONTx is StartJSON inside the caller's transaction.
+func (e *Engine) StartJSONTx(ctx context.Context, tx pgx.Tx, name string, input json.RawMessage, opts *StartOpts) (*StartResult, error) {
+	return e.startRegistered(ctx, tx, name, input, opts)
+}
+
+func (e *Engine) startRegistered(ctx context.Context, tx pgx.Tx, name string, input json.RawMessage, opts *StartOpts) (*StartResult, error) {
+	r, ok := e.workflow(name)
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownWorkflow, name)
+	}
+	if len(input) == 0 {
+		input = json.RawMessage("null")
+	}
+	if err := r.decode(input); err != nil {
+		return nil, fmt.Errorf("%w: input of workflow %q: %v", ErrInvalidInput, name, err)
+	}
+	return e.startJSON(ctx, tx, name, r.version, input, opts)
+}
+
+// startJSON is the one start path. With tx nil it runs its own transaction.
+func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version int, input []byte, opts *StartOpts) (*StartResult, error) {
+	if len(input) > e.cfg.MaxPayloadBytes {
+		return nil, fmt.Errorf("%w: input of workflow %q is %d bytes, over the %d-byte limit",
+			ErrInvalidInput, name, len(input), e.cfg.MaxPayloadBytes)
+	}
+	runID, err := uuid.NewV7()
+	if err != nil {
+		return nil, fmt.Errorf("pgdurable: generating run ID: %w", err)
+	}
+	workflowID := runID.String()
+	if opts != nil && opts.WorkflowID != "" {
+		workflowID = opts.WorkflowID
+	}
+	if len(workflowID) > 400 {
+		return nil, fmt.Errorf("%w: workflow ID is %d bytes, over the 400-byte limit", ErrInvalidInput, len(workflowID))
+	}
+	var res *StartResult
+	err = e.inTx(ctx, tx, func(tx pgx.Tx) error {
+		ins, err := store.InsertRun(ctx, tx, store.NewRun{
+			RunID: runID, WorkflowName: name, WorkflowVersion: version,
+			WorkflowID: workflowID, Input: input, Queue: e.cfg.Queue,
+		})
+		switch {
+		case errors.Is(err, store.ErrConflict):
+			return fmt.Errorf("%w: workflow %q, ID %q (run %s)", ErrWorkflowIDConflict, name, workflowID, ins.RunID)
+		case errors.Is(err, store.ErrBadPayload):
+			return fmt.Errorf("%w: %v", ErrInvalidInput, err)
+		case err != nil:
+			return fmt.Errorf("pgdurable: starting workflow %q: %w", name, err)
+		}
+		res = &StartResult{RunID: ins.RunID, WorkflowID: workflowID, Existing: ins.Existing, Status: ins.Status}
+		if ins.Existing {
+			return nil
+		}
+		return e.queue.Enqueue(ctx, tx, ins.RunID, time.Time{})
+	})
+	if err != nil {
+		return nil, err
+	}
+	if !res.Existing {
+		e.log.DebugContext(ctx, "run started", "run_id", res.RunID, "workflow", name, "workflow_id", workflowID)
+	}
+	return res, nil
+}
+
+// inTx runs fn in tx when it is non-nil (the caller commits), otherwise in a
+// new transaction that it commits.
+func (e *Engine) inTx(ctx context.Context, tx pgx.Tx, fn func(pgx.Tx) error) error {
+	if tx != nil {
+		return fn(tx)
+	}
+	return pgx.BeginFunc(ctx, e.pool, fn)
+}
+
+// Run is a run as GetRun and ListRuns report it.
+type Run struct {
+	RunID           uuid.UUID
+	WorkflowName    string
+	WorkflowVersion int
+	WorkflowID      string
+	Status          string
+	Input           json.RawMessage
+	Output          json.RawMessage // set when completed
+	Error           *ErrorInfo      // set when failed or dead
+	Deliveries      int             // how many times a worker picked it up
+	WakeAt          *time.Time      // when a waiting run is next due
+	CreatedAt       time.Time
+	StartedAt       *time.Time
+	CompletedAt     *time.Time
+	Steps           []StepInfo // filled by GetRun only
+}
+
+// StepInfo is one recorded step of a run.
+type StepInfo struct {
+	Seq           int
+	Name          string
+	Kind          string // step (later: tx, activity, sleep, signal, compensation)
+	Status        string // completed, failed, retrying, parked
+	Attempts      int
+	RequestID     *uuid.UUID
+	Output        json.RawMessage
+	Error         *ErrorInfo
+	NextAttemptAt *time.Time
+	StartedAt     time.Time
+	CompletedAt   *time.Time
+}
+
+func runFromRow(r *store.RunRow) *Run {
+	return &Run{
+		RunID: r.RunID, WorkflowName: r.WorkflowName, WorkflowVersion: r.WorkflowVersion,
+		WorkflowID: r.WorkflowID, Status: r.Status, Input: r.Input, Output: r.Output,
+		Error: decodeErrorInfo(r.Error), Deliveries: r.Deliveries, WakeAt: r.WakeAt,
+		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, CompletedAt: r.CompletedAt,
+	}
+}
+
+// GetRun reads a run with its steps; ErrNotFound when there is none.
+func (e *Engine) GetRun(ctx context.Context, runID uuid.UUID) (*Run, error) {
+	row, steps, err := store.GetRun(ctx, e.pool, runID)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("%w: run %s", ErrNotFound, runID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pgdurable: reading run %s: %w", runID, err)
+	}
+	run := runFromRow(row)
+	for _, s := range steps {
+		run.Steps = append(run.Steps, StepInfo{
+			Seq: s.Seq, Name: s.Name, Kind: s.Kind, Status: s.Status, Attempts: s.Attempts,
+			RequestID: s.RequestID, Output: s.Output, Error: decodeErrorInfo(s.Error),
+			NextAttemptAt: s.NextAttemptAt, StartedAt: s.StartedAt, CompletedAt: s.CompletedAt,
+		})
+	}
+	return run, nil
+}
+
+// ListRunsParams filters ListRuns. Zero fields match everything.
+type ListRunsParams struct {
+	Workflow string
+	Status   string
+	Limit    int    // 1..1000, default 50
+	Cursor   string // NextCursor of the previous page
+}
+
+// ListRuns returns runs newest first, and a cursor for the next page ("" on
+// the last page).
+func (e *Engine) ListRuns(ctx context.Context, p ListRunsParams) (runs []*Run, nextCursor string, err error) {
+	limit, before, err := pageParams(p.Limit, p.Cursor)
+	if err != nil {
+		return nil, "", err
+	}
+	rows, err := store.ListRuns(ctx, e.pool, store.RunFilter{Workflow: p.Workflow, Status: p.Status, Before: before, Limit: limit + 1})
+	if err != nil {
+		return nil, "", fmt.Errorf("pgdurable: %w", err)
+	}
+	for i, r := range rows {
+		if i == limit {
+			nextCursor = runs[limit-1].RunID.String()
+			break
+		}
+		runs = append(runs, runFromRow(r))
+	}
+	return runs, nextCursor, nil
+}
+
+// pageParams validates a page size and an opaque cursor (an ID).
+func pageParams(limit int, cursor string) (int, *uuid.UUID, error) {
+	limit = orDefault(limit, 50)
+	if limit < 1 || limit > 1000 {
+		return 0, nil, fmt.Errorf("pgdurable: limit %d is outside 1..1000", limit)
+	}
+	if cursor == "" {
+		return limit, nil, nil
+	}
+	id, err := uuid.Parse(cursor)
+	if err != nil {
+		return 0, nil, fmt.Errorf("pgdurable: invalid cursor %q", cursor)
+	}
+	return limit, &id, nil
+}

@@ -1,0 +1,210 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// WorkflowOpts tunes a workflow. A nil *WorkflowOpts takes the defaults.
+type WorkflowOpts struct {
+	// Version is recorded on each run and in dead jobs so operators can
+	// tell which code a run started under. Default 1.
+	Version int
+	// RetryPolicy fills fields its steps leave zero, before the engine's.
+	RetryPolicy *RetryPolicy
+}
+
+// Workflow is a registered-by-name Go function, defined with Define. In and
+// Out are encoded as JSON: the input when the run starts, the output when
+// it completes.
+type Workflow[In, Out any] struct {
+	name string
+	fn   func(*Context, In) (Out, error)
+	opts WorkflowOpts
+	err  error // a definition error, reported by Register and Start
+}
+
+// Define names fn as a workflow. The name is what the database stores, so
+// it must stay stable across deploys (1 to 200 bytes); change the code
+// behind a name only in ways that replay the same steps in the same order,
+// or bump WorkflowOpts.Version and keep old runs' steps intact.
+//
+// fn receives a *Context and must be deterministic apart from its steps:
+// anything that reads the clock, randomness or the outside world belongs in
+// a Step.
+func Define[In, Out any](name string, fn func(ctx *Context, in In) (Out, error), opts *WorkflowOpts) *Workflow[In, Out] {
+	w := &Workflow[In, Out]{name: name, fn: fn}
+	if opts != nil {
+		w.opts = *opts
+	}
+	w.opts.Version = orDefault(w.opts.Version, 1)
+	switch {
+	case len(name) == 0 || len(name) > 200:
+		w.err = fmt.Errorf("pgdurable: workflow name %q must be 1 to 200 bytes", name)
+	case fn == nil:
+		w.err = fmt.Errorf("pgdurable: workflow %q has a nil function", name)
+	}
+	return w
+}
+
+// Name returns the workflow's stored name.
+func (w *Workflow[In, Out]) Name() string { return w.name }
+
+// Registration is a workflow that Engine.Register accepts (a *Workflow).
+type Registration interface {
+	registration() registered
+}
+
+// registered is a workflow with its types erased, as the executor runs it.
+type registered struct {
+	name    string
+	version int
+	retry   *RetryPolicy
+	err     error
+	// decode checks that input decodes as In.
+	decode func(input []byte) error
+	// run decodes input, calls the function and encodes its output.
+	run func(ctx *Context, input []byte) ([]byte, error)
+}
+
+// errPoisonInput wraps an input that does not decode as the workflow's In.
+type errPoisonInput struct{ err error }
+
+func (e *errPoisonInput) Error() string { return "input does not decode: " + e.err.Error() }
+
+// errUnserializableOutput wraps an output that json.Marshal rejects.
+type errUnserializableOutput struct{ err error }
+
+func (e *errUnserializableOutput) Error() string { return "output does not encode: " + e.err.Error() }
+
+func (w *Workflow[In, Out]) registration() registered {
+	return registered{
+		name:    w.name,
+		version: w.opts.Version,
+		retry:   w.opts.RetryPolicy,
+		err:     w.err,
+		decode: func(input []byte) error {
+			_, err := decodeStrict[In](input)
+			return err
+		},
+		run: func(ctx *Context, input []byte) ([]byte, error) {
+			in, err := decodeStrict[In](input)
+			if err != nil {
+				return nil, &errPoisonInput{err: err}
+			}
+			out, err := w.fn(ctx, in)
+			if err != nil {
+				return nil, err
+			}
+			b, err := json.Marshal(out)
+			if err != nil {
+				return nil, &errUnserializableOutput{err: err}
+			}
+			return b, nil
+		},
+	}
+}
+
+// decodeStrict decodes JSON that must hold exactly one value of type T.
+func decodeStrict[T any](b []byte) (T, error) {
+	var v T
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(&v); err != nil {
+		return v, err
+	}
+	if dec.More() {
+		return v, errors.New("unexpected data after the JSON value")
+	}
+	return v, nil
+}
+
+// Start starts a run of w with input in (see Engine.StartJSON for the
+// workflow-ID rules). e need not have w registered: any process may start
+// runs that other processes work.
+func (w *Workflow[In, Out]) Start(ctx context.Context, e *Engine, in In, opts *StartOpts) (*StartResult, error) {
+	input, err := w.encode(in)
+	if err != nil {
+		return nil, err
+	}
+	return e.startJSON(ctx, nil, w.name, w.opts.Version, input, opts)
+}
+
+// StartTx is Start inside the caller's transaction: the run exists, and will
+// be delivered, only if tx commits (the outbox pattern).
+func (w *Workflow[In, Out]) StartTx(ctx context.Context, e *Engine, tx pgx.Tx, in In, opts *StartOpts) (*StartResult, error) {
+	input, err := w.encode(in)
+	if err != nil {
+		return nil, err
+	}
+	return e.startJSON(ctx, tx, w.name, w.opts.Version, input, opts)
+}
+
+func (w *Workflow[In, Out]) encode(in In) ([]byte, error) {
+	if w.err != nil {
+		return nil, w.err
+	}
+	b, err := json.Marshal(in)
+	if err != nil {
+		return nil, fmt.Errorf("%w: encoding input of workflow %q: %v", ErrInvalidInput, w.name, err)
+	}
+	return b, nil
+}
+
+// RunError is the error Result returns for a run that ended without output.
+type RunError struct {
+	RunID  uuid.UUID
+	Status string     // failed, dead, cancelled, compensated
+	Info   *ErrorInfo // the recorded error, if any
+}
+
+func (e *RunError) Error() string {
+	msg := "no error recorded"
+	if e.Info != nil {
+		msg = e.Info.Message
+	}
+	return fmt.Sprintf("run %s ended %s: %s", e.RunID, e.Status, msg)
+}
+
+// Result returns a finished run's output, a *RunError when it ended any
+// other way than completed, or ErrRunNotFinished.
+func (w *Workflow[In, Out]) Result(ctx context.Context, e *Engine, runID uuid.UUID) (Out, error) {
+	var out Out
+	run, err := e.GetRun(ctx, runID)
+	if err != nil {
+		return out, err
+	}
+	switch run.Status {
+	case StatusCompleted:
+		if err := json.Unmarshal(run.Output, &out); err != nil {
+			return out, fmt.Errorf("decoding output of run %s: %w", runID, err)
+		}
+		return out, nil
+	case StatusFailed, StatusDead, StatusCancelled, StatusCompensated:
+		return out, &RunError{RunID: runID, Status: run.Status, Info: run.Error}
+	}
+	return out, ErrRunNotFinished
+}
+
+// Wait polls every poll (default 50ms) until the run finishes or ctx is
+// done, and returns what Result returns.
+func (w *Workflow[In, Out]) Wait(ctx context.Context, e *Engine, runID uuid.UUID, poll time.Duration) (Out, error) {
+	poll = orDefault(poll, 50*time.Millisecond)
+	for {
+		out, err := w.Result(ctx, e, runID)
+		if !errors.Is(err, ErrRunNotFinished) {
+			return out, err
+		}
+		select {
+		case <-ctx.Done():
+			return out, ctx.Err()
+		case <-time.After(poll):
+		}
+	}
+}
