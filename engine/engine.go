@@ -41,8 +41,9 @@ type Config struct {
 	// HeartbeatInterval is how often a delivery extends its lease while a
 	// step runs. Default LeaseDuration/3.
 	HeartbeatInterval time.Duration
-	// SweepInterval is how often each engine looks for expired leases.
-	// Default 1s.
+	// SweepInterval is how often (on average) each engine looks for runs
+	// whose lease expired and waiting runs that are due. It bounds how late
+	// a retry or timer fires. Default 250ms.
 	SweepInterval time.Duration
 	// DeliveryTimeout bounds one delivery (River's job timeout). Default 1h.
 	DeliveryTimeout time.Duration
@@ -68,7 +69,7 @@ const (
 	defaultFetchCooldown   = 2 * time.Millisecond
 	defaultFetchPoll       = 50 * time.Millisecond
 	defaultLease           = 10 * time.Second
-	defaultSweepInterval   = time.Second
+	defaultSweepInterval   = 250 * time.Millisecond
 	defaultDeliveryTimeout = time.Hour
 	defaultMaxDeliveries   = 10
 	defaultInlineBackoff   = time.Second

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -124,6 +125,134 @@ func TestThreeStepWorkflowCompletes(t *testing.T) {
 	require.ErrorIs(t, err, engine.ErrWorkflowIDConflict)
 }
 
-var _ = errors.New
-var _ = atomic.Int64{}
-var _ = uuid.Nil
+func TestConcurrentStartsWithOneWorkflowIDGiveOneRun(t *testing.T) {
+	t.Parallel()
+	var bodies atomic.Int64
+	wf := engine.Define("provision", func(ctx *engine.Context, in order) (int, error) {
+		return engine.Step(ctx, "charge", func(context.Context) (int, error) { bodies.Add(1); return in.Amount, nil }, nil)
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+
+	const n = 20
+	ids := make([]uuid.UUID, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			res, err := wf.Start(ctx, b.engine, order{ID: "42", Amount: 5}, &engine.StartOpts{WorkflowID: "order-42"})
+			errs[i] = err
+			if err == nil {
+				ids[i] = res.RunID
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i := range n {
+		require.NoError(t, errs[i])
+		require.Equal(t, ids[0], ids[i])
+	}
+	// The same ID with another input is a conflict, never a second run.
+	_, err := wf.Start(ctx, b.engine, order{ID: "42", Amount: 6}, &engine.StartOpts{WorkflowID: "order-42"})
+	require.ErrorIs(t, err, engine.ErrWorkflowIDConflict)
+
+	out, err := wf.Wait(ctx, b.engine, ids[0], 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 5, out)
+	var runs int
+	require.NoError(t, b.db.Pool.QueryRow(ctx, "SELECT count(*) FROM workflow_runs WHERE workflow_id = 'order-42'").Scan(&runs))
+	require.Equal(t, 1, runs)
+	require.EqualValues(t, 1, bodies.Load())
+}
+
+func TestStartRejectsBadInput(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("typed", func(ctx *engine.Context, in order) (int, error) { return in.Amount, nil }, nil)
+	b := setup(t, &engine.Config{MaxPayloadBytes: 1024}, wf)
+	ctx := testCtx(t)
+
+	_, err := b.engine.StartJSON(ctx, "nope", []byte(`{}`), nil)
+	require.ErrorIs(t, err, engine.ErrUnknownWorkflow)
+	_, err = b.engine.StartJSON(ctx, "typed", []byte(`{"amount": "ten"}`), nil)
+	require.ErrorIs(t, err, engine.ErrInvalidInput)
+	require.ErrorContains(t, err, "amount")
+	_, err = b.engine.StartJSON(ctx, "typed", []byte(`{"amount": 1`), nil)
+	require.ErrorIs(t, err, engine.ErrInvalidInput)
+	big := fmt.Appendf(nil, `{"id": %q}`, strings.Repeat("a", 2000))
+	_, err = b.engine.StartJSON(ctx, "typed", big, nil)
+	require.ErrorIs(t, err, engine.ErrInvalidInput)
+	require.ErrorContains(t, err, "limit")
+
+	res, err := b.engine.StartJSON(ctx, "typed", []byte(`{"id": "x", "amount": 7}`), nil)
+	require.NoError(t, err)
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 7, out)
+}
+
+func TestPermanentErrorFailsRunAfterOneAttempt(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	wf := engine.Define("perm", func(ctx *engine.Context, in order) (int, error) {
+		return engine.Step(ctx, "validate", func(context.Context) (int, error) {
+			calls.Add(1)
+			return 0, engine.Permanent(errors.New("card number is invalid"))
+		}, nil)
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+
+	res, err := wf.Start(ctx, b.engine, order{ID: "p"}, nil)
+	require.NoError(t, err)
+	_, err = wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	var runErr *engine.RunError
+	require.ErrorAs(t, err, &runErr)
+	require.Equal(t, engine.StatusFailed, runErr.Status)
+	require.Equal(t, engine.ClassPermanent, runErr.Info.Class)
+	require.Contains(t, runErr.Info.Message, "card number is invalid")
+	require.EqualValues(t, 1, calls.Load())
+
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Len(t, run.Steps, 1)
+	require.Equal(t, "failed", run.Steps[0].Status)
+	require.Equal(t, 1, run.Steps[0].Attempts)
+	jobs, _, err := b.engine.ListDeadJobs(ctx, engine.ListDeadJobsParams{})
+	require.NoError(t, err)
+	require.Empty(t, jobs, "a permanent error with nothing to compensate fails the run; it is not dead")
+}
+
+func TestListRunsPaginates(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("noop", func(ctx *engine.Context, in int) (int, error) { return in, nil }, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	var started []uuid.UUID
+	for i := range 5 {
+		res, err := wf.Start(ctx, b.engine, i, nil)
+		require.NoError(t, err)
+		started = append(started, res.RunID)
+	}
+	var seen []uuid.UUID
+	cursor := ""
+	for {
+		runs, next, err := b.engine.ListRuns(ctx, engine.ListRunsParams{Workflow: "noop", Limit: 2, Cursor: cursor})
+		require.NoError(t, err)
+		for _, r := range runs {
+			seen = append(seen, r.RunID)
+		}
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	require.Len(t, seen, 5)
+	for i := range started {
+		require.Equal(t, started[len(started)-1-i], seen[i], "newest first")
+	}
+	_, _, err := b.engine.ListRuns(ctx, engine.ListRunsParams{Cursor: "garbage"})
+	require.ErrorContains(t, err, "invalid cursor")
+}

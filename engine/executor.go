@@ -218,20 +218,20 @@ func (c *Context) interrupted() {
 	c.end(c.handBack(rec, store.RunPending, time.Time{}, rec != nil))
 }
 
-// handBack gives up the lease with status (waiting or pending), writing rec
-// (may be nil) and the next delivery's ticket, due at wakeAt (zero: now),
-// in one transaction.
+// handBack gives up the lease with status, writing rec (may be nil). A
+// waiting run gets no ticket now: the sweep enqueues one when wakeAt comes,
+// so a waiting run holds no River job. A pending run (a shutdown handed it
+// back) gets its ticket in the same transaction.
 func (c *Context) handBack(rec *store.StepRecord, status string, wakeAt time.Time, progress bool) error {
-	var wake *time.Time
-	if !wakeAt.IsZero() {
-		wake = &wakeAt
-	}
 	return c.do(func(ctx context.Context) error {
+		if status == store.RunWaiting {
+			return store.SuspendRun(ctx, c.e.pool, c.runID, c.token, rec, status, &wakeAt, progress)
+		}
 		return pgx.BeginFunc(ctx, c.e.pool, func(tx pgx.Tx) error {
-			if err := store.SuspendRun(ctx, tx, c.runID, c.token, rec, status, wake, progress); err != nil {
+			if err := store.SuspendRun(ctx, tx, c.runID, c.token, rec, status, nil, progress); err != nil {
 				return err
 			}
-			return c.e.queue.Enqueue(ctx, tx, c.runID, wakeAt)
+			return c.e.queue.Enqueue(ctx, tx, c.runID, time.Time{})
 		})
 	})
 }

@@ -50,14 +50,13 @@ func (e *Engine) heartbeat(c *Context) (stop func()) {
 	}
 }
 
-// sweepBatch bounds the runs one sweep re-enqueues.
+// sweepBatch bounds the runs of each kind one sweep re-enqueues.
 const sweepBatch = 500
 
-// sweepLoop re-enqueues runs whose lease expired (their worker died) every
-// SweepInterval, with jitter so several engines do not sweep in lockstep.
-// Every engine sweeps, not only River's leader: a dead leader would delay
-// crash recovery by River's leader TTL, and SKIP LOCKED keeps concurrent
-// sweeps from touching the same run.
+// sweepLoop runs sweep every SweepInterval, with jitter so several engines
+// do not sweep in lockstep. Every engine sweeps, not only River's leader: a
+// dead leader would delay crash recovery by River's leader TTL, and SKIP
+// LOCKED keeps concurrent sweeps off each other's rows.
 func (e *Engine) sweepLoop(ctx context.Context) {
 	defer e.active.Done()
 	for {
@@ -70,7 +69,7 @@ func (e *Engine) sweepLoop(ctx context.Context) {
 		for {
 			n, err := e.sweep(ctx)
 			if err != nil && ctx.Err() == nil {
-				e.log.Warn("lease sweep failed", "error", err)
+				e.log.Warn("sweep failed", "error", err)
 			}
 			if n < sweepBatch {
 				break
@@ -79,13 +78,13 @@ func (e *Engine) sweepLoop(ctx context.Context) {
 	}
 }
 
-// sweep clears expired leases and enqueues a delivery for each such run, in
-// one transaction. It returns how many runs it re-enqueued.
+// sweep enqueues a delivery for each run whose lease expired and each
+// waiting run that is due, in one transaction, and returns how many.
 func (e *Engine) sweep(ctx context.Context) (int, error) {
 	var swept []store.SweptRun
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		var err error
-		swept, err = store.SweepExpired(ctx, tx, e.cfg.Queue, sweepBatch)
+		swept, err = store.Sweep(ctx, tx, e.cfg.Queue, e.now(), sweepBatch)
 		if err != nil {
 			return err
 		}
@@ -99,7 +98,9 @@ func (e *Engine) sweep(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	for _, s := range swept {
-		e.log.Warn("lease expired; run re-enqueued for another delivery", "run_id", s.RunID)
+		if s.Cause == "lease_expired" {
+			e.log.Warn("lease expired; run re-enqueued for another delivery", "run_id", s.RunID)
+		}
 	}
 	return len(swept), nil
 }

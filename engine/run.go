@@ -71,6 +71,9 @@ func (e *Engine) startRegistered(ctx context.Context, tx pgx.Tx, name string, in
 	if len(input) == 0 {
 		input = json.RawMessage("null")
 	}
+	if len(input) > e.cfg.MaxPayloadBytes {
+		return nil, e.tooLarge(name, len(input))
+	}
 	if err := r.decode(input); err != nil {
 		return nil, fmt.Errorf("%w: input of workflow %q: %v", ErrInvalidInput, name, err)
 	}
@@ -80,8 +83,7 @@ func (e *Engine) startRegistered(ctx context.Context, tx pgx.Tx, name string, in
 // startJSON is the one start path. With tx nil it runs its own transaction.
 func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version int, input []byte, opts *StartOpts) (*StartResult, error) {
 	if len(input) > e.cfg.MaxPayloadBytes {
-		return nil, fmt.Errorf("%w: input of workflow %q is %d bytes, over the %d-byte limit",
-			ErrInvalidInput, name, len(input), e.cfg.MaxPayloadBytes)
+		return nil, e.tooLarge(name, len(input))
 	}
 	runID, err := uuid.NewV7()
 	if err != nil {
@@ -121,6 +123,11 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		e.log.DebugContext(ctx, "run started", "run_id", res.RunID, "workflow", name, "workflow_id", workflowID)
 	}
 	return res, nil
+}
+
+func (e *Engine) tooLarge(name string, n int) error {
+	return fmt.Errorf("%w: input of workflow %q is %d bytes, over the %d-byte limit",
+		ErrInvalidInput, name, n, e.cfg.MaxPayloadBytes)
 }
 
 // inTx runs fn in tx when it is non-nil (the caller commits), otherwise in a

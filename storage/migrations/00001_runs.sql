@@ -36,6 +36,9 @@ CREATE TABLE workflow_runs (
 -- The crash sweeper: running runs whose lease has expired.
 CREATE INDEX workflow_runs_lease_sweep_idx ON workflow_runs (queue, lease_expires_at)
     WHERE status IN ('running', 'compensating');
+-- The timer sweep: waiting runs whose wake time has come.
+CREATE INDEX workflow_runs_wake_sweep_idx ON workflow_runs (queue, wake_at)
+    WHERE status = 'waiting';
 -- Listing runs newest first, optionally by workflow and status (run_id is a UUID v7: time ordered).
 CREATE INDEX workflow_runs_workflow_status_idx ON workflow_runs (workflow_name, status, run_id DESC);
 CREATE INDEX workflow_runs_status_idx ON workflow_runs (status, run_id DESC);

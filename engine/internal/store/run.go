@@ -282,36 +282,53 @@ func ReleaseUnclaimed(ctx context.Context, db DBTX, runID, token uuid.UUID) erro
 	return translate(err)
 }
 
-// SweptRun is a run whose lease expired and was cleared by the sweeper.
+// SweptRun is a run the sweep handed a new delivery.
 type SweptRun struct {
 	RunID uuid.UUID
-	Queue string
+	Cause string // "lease_expired" or "wake"
 }
 
-// The sweeper locks expired rows with SKIP LOCKED, so any number of engine
-// processes can sweep at once without blocking each other or a live writer.
-const sweepExpired = `
+// One statement finds runs whose lease expired (their worker died) and
+// waiting runs whose wake time has come. SKIP LOCKED lets any number of
+// engine processes sweep at once without blocking each other or a live
+// writer. Woken runs become pending with no wake time, so the next sweep
+// does not enqueue them again.
+const sweep = `
 WITH expired AS (
     SELECT run_id FROM workflow_runs
-    WHERE status IN ('running', 'compensating') AND lease_expires_at < now() AND queue = $2
+    WHERE status IN ('running', 'compensating') AND queue = $2 AND lease_expires_at < now()
     ORDER BY lease_expires_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
+), due AS (
+    SELECT run_id FROM workflow_runs
+    WHERE status = 'waiting' AND queue = $2 AND wake_at <= $3
+    ORDER BY wake_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+), swept AS (
+    UPDATE workflow_runs r SET owner_token = NULL, lease_expires_at = NULL
+    FROM expired WHERE r.run_id = expired.run_id
+    RETURNING r.run_id
+), woken AS (
+    UPDATE workflow_runs r SET status = 'pending', wake_at = NULL
+    FROM due WHERE r.run_id = due.run_id
+    RETURNING r.run_id
 )
-UPDATE workflow_runs r SET owner_token = NULL, lease_expires_at = NULL
-FROM expired WHERE r.run_id = expired.run_id
-RETURNING r.run_id, r.queue`
+SELECT run_id, 'lease_expired' FROM swept
+UNION ALL
+SELECT run_id, 'wake' FROM woken`
 
-// SweepExpired clears up to limit expired leases of runs on queue; the
-// caller enqueues a delivery for each in the same transaction.
-func SweepExpired(ctx context.Context, tx DBTX, queue string, limit int) ([]SweptRun, error) {
-	rows, err := tx.Query(ctx, sweepExpired, limit, queue)
+// Sweep hands up to limit runs of each kind on queue back for delivery; the
+// caller enqueues a ticket for each in the same transaction.
+func Sweep(ctx context.Context, tx DBTX, queue string, now time.Time, limit int) ([]SweptRun, error) {
+	rows, err := tx.Query(ctx, sweep, limit, queue, now)
 	if err != nil {
-		return nil, fmt.Errorf("sweeping expired leases: %w", err)
+		return nil, fmt.Errorf("sweeping runs: %w", err)
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (SweptRun, error) {
 		var s SweptRun
-		err := r.Scan(&s.RunID, &s.Queue)
+		err := r.Scan(&s.RunID, &s.Cause)
 		return s, err
 	})
 }
