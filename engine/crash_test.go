@@ -1,0 +1,277 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
+)
+
+// Crash tests run workers as child processes (this test binary re-executed
+// with envChild set) and SIGKILL them: a real crash, not a cancelled context.
+const (
+	envChild      = "PGDURABLE_TEST_CHILD"
+	envChildDB    = "PGDURABLE_TEST_CHILD_DB"
+	envBlockStep3 = "PGDURABLE_TEST_BLOCK_STEP3"
+	envLeaseMS    = "PGDURABLE_TEST_LEASE_MS"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envChild) != "" {
+		os.Exit(runChild())
+	}
+	os.Exit(m.Run())
+}
+
+// runChild is a worker process: an engine with crashWorkflows, working
+// until it is killed (or for 3 minutes, should its parent vanish).
+func runChild() int {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv(envChildDB))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 1
+	}
+	cfg := &engine.Config{SweepInterval: 100 * time.Millisecond}
+	if ms, _ := strconv.Atoi(os.Getenv(envLeaseMS)); ms > 0 {
+		cfg.LeaseDuration = time.Duration(ms) * time.Millisecond
+	}
+	e, err := engine.New(pool, cfg)
+	if err == nil {
+		err = e.Register(crashWorkflows(pool)...)
+	}
+	if err == nil {
+		err = e.Start(ctx)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 1
+	}
+	time.Sleep(3 * time.Minute)
+	return 0
+}
+
+type crashIn struct {
+	Poison bool `json:"poison"`
+}
+
+// crashWorkflows are shared by the test and its child workers. Each step
+// bumps an invocation counter in the step_calls table on entry.
+func crashWorkflows(pool *pgxpool.Pool) []engine.Registration {
+	three := engine.Define("crash-three", func(ctx *engine.Context, in crashIn) (int, error) {
+		total := 0
+		for _, name := range []string{"s1", "s2", "s3"} {
+			n, err := engine.Step(ctx, name, func(sctx context.Context) (int, error) {
+				if name == "s3" && os.Getenv(envBlockStep3) == "1" {
+					select {} // hold the worker here until the test kills it
+				}
+				if in.Poison && name == "s1" {
+					time.Sleep(300 * time.Millisecond)
+					os.Exit(3) // the poison run takes its worker down on every delivery
+				}
+				return 1, bumpCalls(sctx, pool, ctx.RunID(), name)
+			}, nil)
+			if err != nil {
+				return 0, err
+			}
+			total += n
+		}
+		return total, nil
+	}, nil)
+	return []engine.Registration{three}
+}
+
+func createCallsTable(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(),
+		`CREATE TABLE step_calls (run_id uuid, step text, n int NOT NULL, PRIMARY KEY (run_id, step))`)
+	require.NoError(t, err)
+}
+
+func bumpCalls(ctx context.Context, pool *pgxpool.Pool, runID uuid.UUID, step string) error {
+	_, err := pool.Exec(ctx, `INSERT INTO step_calls VALUES ($1, $2, 1)
+		ON CONFLICT (run_id, step) DO UPDATE SET n = step_calls.n + 1`, runID, step)
+	return err
+}
+
+func calls(t *testing.T, pool *pgxpool.Pool, runID uuid.UUID, step string) int {
+	t.Helper()
+	var n int
+	err := pool.QueryRow(context.Background(), `SELECT coalesce(max(n), 0) FROM step_calls WHERE run_id = $1 AND step = $2`, runID, step).Scan(&n)
+	require.NoError(t, err)
+	return n
+}
+
+// startChild starts a worker process; it dies with the test at the latest.
+func startChild(t *testing.T, db *enginetest.DB, env ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envChild+"=1", envChildDB+"="+db.URL)
+	cmd.Env = append(cmd.Env, env...)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_, _ = cmd.Process.Wait()
+	})
+	return cmd
+}
+
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestKilledWorkerRunFinishesOnAnotherWorker(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	createCallsTable(t, db.Pool)
+	wfs := crashWorkflows(db.Pool)
+	client := newEngine(t, db, nil, false, wfs...)
+	ctx := testCtx(t)
+	res, err := client.StartJSON(ctx, "crash-three", []byte(`{}`), nil)
+	require.NoError(t, err)
+
+	child := startChild(t, db, envBlockStep3+"=1") // default lease: 10 s
+	eventually(t, 30*time.Second, "step 2 to be recorded", func() bool {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_steps WHERE run_id = $1 AND seq = 1 AND status = 'completed'`, res.RunID).Scan(&n))
+		return n == 1
+	})
+	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
+	_, _ = child.Process.Wait()
+	killedAt := time.Now()
+
+	// Another worker, with default settings, takes the run over once the
+	// dead worker's lease expires.
+	worker := newEngine(t, db, nil, true, wfs...)
+	run := waitStatus(t, worker, res.RunID, engine.StatusCompleted, 30*time.Second)
+	took := time.Since(killedAt)
+	t.Logf("run completed %s after the kill", took.Round(time.Millisecond))
+	require.Less(t, took, 15*time.Second)
+	require.Equal(t, 1, calls(t, db.Pool, res.RunID, "s1"))
+	require.Equal(t, 1, calls(t, db.Pool, res.RunID, "s2"))
+	require.Equal(t, 1, calls(t, db.Pool, res.RunID, "s3"))
+	require.Equal(t, 2, run.Deliveries)
+	require.JSONEq(t, `3`, string(run.Output))
+}
+
+func TestCrashLoopingRunIsParkedAndHealthyRunsComplete(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	createCallsTable(t, db.Pool)
+	wfs := crashWorkflows(db.Pool)
+	client := newEngine(t, db, nil, false, wfs...)
+	ctx := testCtx(t)
+
+	poison, err := client.StartJSON(ctx, "crash-three", []byte(`{"poison": true}`), nil)
+	require.NoError(t, err)
+	var healthy []uuid.UUID
+	for range 100 {
+		res, err := client.StartJSON(ctx, "crash-three", []byte(`{}`), nil)
+		require.NoError(t, err)
+		healthy = append(healthy, res.RunID)
+	}
+
+	// A supervisor restarts the worker each time the poison run kills it.
+	var crashes atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			child := startChild(t, db, envLeaseMS+"=1000")
+			exited := make(chan struct{})
+			go func() { _, _ = child.Process.Wait(); close(exited) }()
+			select {
+			case <-exited:
+				crashes.Add(1)
+			case <-stop:
+				_ = child.Process.Kill()
+				<-exited
+				return
+			}
+		}
+	})
+	defer func() { close(stop); wg.Wait() }()
+
+	run := waitStatus(t, client, poison.RunID, engine.StatusDead, 90*time.Second)
+	require.Equal(t, engine.ClassCrashLoop, run.Error.Class)
+	dj := openDeadJob(t, client, poison.RunID)
+	require.Equal(t, "crash_loop", dj.Reason)
+	require.Equal(t, 11, run.Deliveries, "10 crashed deliveries, then the 11th parks it")
+	for _, id := range healthy {
+		waitStatus(t, client, id, engine.StatusCompleted, 30*time.Second)
+	}
+	crashesAtPark := crashes.Load()
+	require.EqualValues(t, 10, crashesAtPark)
+	time.Sleep(2 * time.Second)
+	require.Equal(t, crashesAtPark, crashes.Load(), "no crashes once the poison run is parked")
+}
+
+func TestOnlyTheLeaseHolderRecordsAndTheLoserStops(t *testing.T) {
+	t.Parallel()
+	var bCalls, cCalls atomic.Int64
+	inB := make(chan struct{})
+	releaseA := make(chan struct{})
+	wf := engine.Define("raced", func(ctx *engine.Context, in int) (string, error) {
+		if _, err := engine.Step(ctx, "a", func(context.Context) (int, error) { return 1, nil }, nil); err != nil {
+			return "", err
+		}
+		b, err := engine.Step(ctx, "b", func(context.Context) (string, error) {
+			if bCalls.Add(1) == 1 {
+				close(inB)
+				<-releaseA // delivery A is stuck (a GC pause, a partition) and ignores its context
+				return "from-A", nil
+			}
+			return "from-B", nil
+		}, nil)
+		if err != nil {
+			return "", err
+		}
+		return engine.Step(ctx, "c", func(context.Context) (string, error) { cCalls.Add(1); return b, nil }, nil)
+	}, nil)
+	// A long lease so only the test's expiry hands the run to delivery B.
+	b := setup(t, &engine.Config{LeaseDuration: time.Hour, SweepInterval: 50 * time.Millisecond}, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 1, nil)
+	require.NoError(t, err)
+	<-inB
+
+	// A's lease expires; the sweep gives the run to delivery B, which runs
+	// b and c and completes it while A is still inside b.
+	_, err = b.db.Pool.Exec(ctx, `UPDATE workflow_runs SET lease_expires_at = now() - interval '1 second' WHERE run_id = $1`, res.RunID)
+	require.NoError(t, err)
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, "from-B", out)
+
+	close(releaseA)
+	time.Sleep(300 * time.Millisecond) // A returns from b, tries to record it, and must stop
+	require.EqualValues(t, 2, bCalls.Load())
+	require.EqualValues(t, 1, cCalls.Load(), "the loser never starts a further step")
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, run.Status)
+	require.JSONEq(t, `"from-B"`, string(run.Steps[1].Output), "only the lease holder's record lands")
+	require.Equal(t, 2, run.Deliveries)
+}
