@@ -1,0 +1,52 @@
+package pgdurable_test
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestDependencyRule enforces DESIGN §2: imports only point down, only
+// engine/internal/queue and storage/migrations import River, and the
+// public engine package never mentions River.
+func TestDependencyRule(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}:{{join .Imports " "}}`, "./...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	const mod = "github.com/pgdurable/pgdurable/"
+	// rank: a package may import only module packages of a lower rank.
+	rank := func(pkg string) int {
+		p := strings.TrimPrefix(pkg, mod)
+		switch {
+		case strings.HasPrefix(p, "storage/"):
+			return 0
+		case strings.HasPrefix(p, "engine/internal/"):
+			return 1
+		case p == "engine":
+			return 2
+		case strings.HasPrefix(p, "engine/"): // enginetest and friends
+			return 3
+		case strings.HasPrefix(p, "activities"):
+			return 4
+		case strings.HasPrefix(p, "compensation"):
+			return 5
+		default: // cmd, examples
+			return 6
+		}
+	}
+	riverAllowed := map[string]bool{mod + "engine/internal/queue": true, mod + "storage/migrations": true}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		pkg, imports, _ := strings.Cut(line, ":")
+		for _, imp := range strings.Fields(imports) {
+			if strings.HasPrefix(imp, "github.com/riverqueue/") && !riverAllowed[pkg] {
+				t.Errorf("%s imports %s; only engine/internal/queue and storage/migrations may import River", pkg, imp)
+			}
+			if strings.HasPrefix(imp, mod) && rank(imp) >= rank(pkg) && !strings.HasPrefix(imp, pkg) {
+				if !(rank(imp) == rank(pkg) && rank(pkg) != 2) {
+					t.Errorf("%s imports %s: imports must point down the layers of DESIGN §2", pkg, imp)
+				}
+			}
+		}
+	}
+}

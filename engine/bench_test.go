@@ -1,0 +1,199 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
+)
+
+// roundTrips counts client round trips: each query (BEGIN and COMMIT
+// included) and each batch counts one. lastBatch is the latest batch's
+// duration in ns.
+type roundTrips struct {
+	n          atomic.Int64
+	lastBatch  atomic.Int64
+	batchStart sync.Map // *pgx.Conn -> time.Time
+}
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *roundTrips) TraceBatchStart(ctx context.Context, c *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	r.n.Add(1)
+	r.batchStart.Store(c, time.Now())
+	return ctx
+}
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *roundTrips) TraceBatchEnd(_ context.Context, c *pgx.Conn, _ pgx.TraceBatchEndData) {
+	if t, ok := r.batchStart.Load(c); ok {
+		r.lastBatch.Store(int64(time.Since(t.(time.Time))))
+	}
+}
+
+func tracedPool(tb testing.TB, db *enginetest.DB, rt *roundTrips) *pgxpool.Pool {
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(tb, err)
+	cfg.MaxConns = 20
+	cfg.ConnConfig.Tracer = rt
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(tb, err)
+	tb.Cleanup(pool.Close)
+	return pool
+}
+
+// xactCommits reads the database's committed-transaction counter. Backends
+// flush their statistics at most once a second, so callers wait first.
+func xactCommits(tb testing.TB, db *enginetest.DB) int64 {
+	var n int64
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, "SELECT pg_stat_clear_snapshot()")
+	require.NoError(tb, err)
+	require.NoError(tb, db.Pool.QueryRow(ctx, "SELECT xact_commit FROM pg_stat_database WHERE datname = $1", db.Name).Scan(&n))
+	return n
+}
+
+func noopWorkflow(steps int, done *atomic.Int64) *engine.Workflow[int, int] {
+	return engine.Define(fmt.Sprintf("noop-%d", steps), func(ctx *engine.Context, in int) (int, error) {
+		for i := range steps {
+			if _, err := engine.Step(ctx, fmt.Sprintf("s%d", i), func(context.Context) (int, error) { return i, nil }, nil); err != nil {
+				return 0, err
+			}
+		}
+		done.Add(1)
+		return in, nil
+	}, nil)
+}
+
+// BenchmarkWorkflow runs b.N no-op workflows of 3 and 10 steps, start
+// included, through one engine with default settings, and reports
+// throughput, commits and round trips per workflow. The marginal cost of a
+// new step is (10-step - 3-step) / 7.
+func BenchmarkWorkflow(b *testing.B) {
+	for _, steps := range []int{3, 10} {
+		b.Run(fmt.Sprintf("steps=%d", steps), func(b *testing.B) {
+			db := enginetest.NewDB(b)
+			var rt roundTrips
+			pool := tracedPool(b, db, &rt)
+			var done atomic.Int64
+			wf := noopWorkflow(steps, &done)
+			e, err := engine.New(pool, nil)
+			require.NoError(b, err)
+			require.NoError(b, e.Register(wf))
+			ctx := context.Background()
+			commits0 := xactCommits(b, db)
+			require.NoError(b, e.Start(ctx))
+			rt0 := rt.n.Load()
+			b.ResetTimer()
+			start := time.Now()
+			var wg sync.WaitGroup
+			var next atomic.Int64
+			for range 8 {
+				wg.Go(func() {
+					for next.Add(1) <= int64(b.N) {
+						if _, err := wf.Start(ctx, e, 1, nil); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			for done.Load() < int64(b.N) {
+				time.Sleep(time.Millisecond)
+			}
+			elapsed := time.Since(start)
+			b.StopTimer()
+			rtUsed := rt.n.Load() - rt0
+			// Backends flush statistics when they exit: stop the engine and
+			// close its pool before reading the counter.
+			require.NoError(b, e.Stop(ctx))
+			pool.Close()
+			time.Sleep(200 * time.Millisecond)
+			commits := xactCommits(b, db) - commits0
+			var completed int
+			require.NoError(b, db.Pool.QueryRow(ctx, "SELECT count(*) FROM workflow_runs WHERE status = 'completed'").Scan(&completed))
+			require.Equal(b, b.N, completed)
+
+			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "workflows/s")
+			b.ReportMetric(float64(b.N*steps)/elapsed.Seconds(), "steps/s")
+			b.ReportMetric(float64(commits)/float64(b.N), "commits/workflow")
+			b.ReportMetric(float64(rtUsed)/float64(b.N), "roundtrips/workflow")
+		})
+	}
+}
+
+// BenchmarkReplay1000Steps measures the delivery of a run with 1,000
+// recorded steps: the claim (one batch: lease + all steps) and the replay
+// up to the first new step, in time and in round trips.
+func BenchmarkReplay1000Steps(b *testing.B) {
+	db := enginetest.NewDB(b)
+	var rt roundTrips
+	pool := tracedPool(b, db, &rt)
+	ctx := context.Background()
+	const recorded = 1000
+	var gate atomic.Bool // false on the first delivery: the last step waits
+	var entry, last time.Time
+	var claimTook time.Duration
+	var rtEntry, rtLast int64
+	wf := engine.Define("long-history", func(ctx *engine.Context, in int) (int, error) {
+		if gate.Load() {
+			entry, rtEntry, claimTook = time.Now(), rt.n.Load(), time.Duration(rt.lastBatch.Load())
+		}
+		for i := range recorded {
+			if _, err := engine.Step(ctx, fmt.Sprintf("s%d", i), func(context.Context) (int, error) { return i, nil }, nil); err != nil {
+				return 0, err
+			}
+		}
+		return engine.Step(ctx, "last", func(context.Context) (int, error) {
+			if !gate.Load() {
+				return 0, fmt.Errorf("not yet") // retried after 1.5 s: that delivery replays 1,000 steps
+			}
+			last, rtLast = time.Now(), rt.n.Load()
+			return 1, nil
+		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: 1500 * time.Millisecond, DisableJitter: true}})
+	}, nil)
+	e, err := engine.New(pool, &engine.Config{MaxWorkers: 1})
+	require.NoError(b, err)
+	require.NoError(b, e.Register(wf))
+	require.NoError(b, e.Start(ctx))
+	defer e.Stop(ctx) //nolint:errcheck
+	status := func(id any) string {
+		var s string
+		require.NoError(b, db.Pool.QueryRow(ctx, "SELECT status FROM workflow_runs WHERE run_id = $1", id).Scan(&s))
+		return s
+	}
+
+	var replay, claim time.Duration
+	var replayRT int64
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		gate.Store(false)
+		res, err := wf.Start(ctx, e, i, nil)
+		require.NoError(b, err)
+		for status(res.RunID) != engine.StatusWaiting {
+			time.Sleep(5 * time.Millisecond)
+		}
+		gate.Store(true)
+		for status(res.RunID) != engine.StatusCompleted {
+			time.Sleep(5 * time.Millisecond)
+		}
+		replay += last.Sub(entry)
+		claim += claimTook
+		replayRT += rtLast - rtEntry
+	}
+	b.ReportMetric(float64(claim.Microseconds())/1000/float64(b.N), "ms/claim+load")
+	b.ReportMetric(float64(replay.Microseconds())/1000/float64(b.N), "ms/replay")
+	b.ReportMetric(float64(replayRT)/float64(b.N*recorded), "roundtrips/replayed-step")
+}

@@ -1,0 +1,55 @@
+package migrations_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/storage/migrations"
+)
+
+func TestMigrateIsIdempotentAndReversible(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t) // already migrated up
+	ctx := context.Background()
+
+	res, err := migrations.Migrate(ctx, db.Pool, migrations.Up, nil)
+	require.NoError(t, err)
+	require.Empty(t, res.Applied, "a second Up applies nothing")
+	require.Empty(t, res.River)
+
+	st, err := migrations.GetStatus(ctx, db.Pool)
+	require.NoError(t, err)
+	require.NotEmpty(t, st.Migrations)
+	for _, m := range st.Migrations {
+		require.True(t, m.Applied, m.Name)
+	}
+	require.Positive(t, st.RiverVersion)
+
+	res, err = migrations.Migrate(ctx, db.Pool, migrations.Down, &migrations.Opts{IncludeRiver: true})
+	require.NoError(t, err)
+	require.Equal(t, []int64{1}, res.Applied)
+	require.NotEmpty(t, res.River)
+	var tables int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = 'public'
+		AND tablename IN ('workflow_runs', 'workflow_steps', 'dead_jobs', 'river_job')`).Scan(&tables))
+	require.Zero(t, tables)
+
+	res, err = migrations.Migrate(ctx, db.Pool, migrations.Up, nil)
+	require.NoError(t, err)
+	require.Equal(t, []int64{1}, res.Applied)
+	require.NotEmpty(t, res.River)
+
+	_, err = migrations.Migrate(ctx, db.Pool, "sideways", nil)
+	require.ErrorContains(t, err, "unknown migration direction")
+}
+
+func TestSchemaRejectsInvalidStatus(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	_, err := db.Pool.Exec(context.Background(), `INSERT INTO workflow_runs (run_id, workflow_name, workflow_id, status, input)
+		VALUES (gen_random_uuid(), 'w', 'id', 'bogus', '{}')`)
+	require.ErrorContains(t, err, "workflow_runs_status_check")
+}
