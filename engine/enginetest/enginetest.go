@@ -47,57 +47,75 @@ var (
 // NewDB creates a fresh migrated database for t and drops it when t ends.
 func NewDB(t testing.TB) *DB {
 	t.Helper()
-	base := os.Getenv(EnvURL)
-	if base == "" {
+	if os.Getenv(EnvURL) == "" {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("%s is not set; CI must provide a PostgreSQL server", EnvURL)
 		}
 		t.Skipf("%s is not set; skipping a test that needs PostgreSQL", EnvURL)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	db, drop, err := Open(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := drop(); err != nil {
+			t.Log(err)
+		}
+	})
+	return db
+}
+
+// Open creates a fresh migrated database outside a test (runnable examples,
+// benchmarks' helpers); drop closes its pool and drops it.
+func Open(ctx context.Context) (db *DB, drop func() error, err error) {
+	base := os.Getenv(EnvURL)
+	if base == "" {
+		return nil, nil, fmt.Errorf("%s is not set", EnvURL)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	templateOnce.Do(func() { templateName, templateErr = ensureTemplate(ctx, base) })
 	if templateErr != nil {
-		t.Fatalf("preparing template database: %v", templateErr)
+		return nil, nil, fmt.Errorf("preparing template database: %w", templateErr)
 	}
 
 	name := "pgdurable_t_" + randomHex(8)
 	admin, err := pgx.Connect(ctx, base)
 	if err != nil {
-		t.Fatalf("connecting to %s: %v", EnvURL, err)
+		return nil, nil, fmt.Errorf("connecting to %s: %w", EnvURL, err)
 	}
 	defer admin.Close(ctx)
 	if err := createFromTemplate(ctx, admin, name, templateName); err != nil {
-		t.Fatalf("creating test database: %v", err)
+		return nil, nil, fmt.Errorf("creating test database: %w", err)
 	}
 	dbURL, err := withDatabase(base, name)
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
 	cfg.MaxConns = 20
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		t.Fatalf("connecting to test database: %v", err)
+		return nil, nil, fmt.Errorf("connecting to test database: %w", err)
 	}
-	t.Cleanup(func() {
+	drop = func() error {
 		pool.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		conn, err := pgx.Connect(ctx, base)
 		if err != nil {
-			t.Logf("dropping test database %s: %v", name, err)
-			return
+			return fmt.Errorf("dropping test database %s: %w", name, err)
 		}
 		defer conn.Close(ctx)
 		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			t.Logf("dropping test database %s: %v", name, err)
+			return fmt.Errorf("dropping test database %s: %w", name, err)
 		}
-	})
-	return &DB{Pool: pool, URL: dbURL, Name: name}
+		return nil
+	}
+	return &DB{Pool: pool, URL: dbURL, Name: name}, drop, nil
 }
 
 // createFromTemplate retries while another session briefly holds the
@@ -179,6 +197,15 @@ func ensureTemplate(ctx context.Context, base string) (string, error) {
 	// half-migrated template behind under the final name.
 	if _, err := admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{build}.Sanitize()+" RENAME TO "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return "", err
+	}
+	// Templates of older schemas are garbage now; one still in use (a
+	// concurrent run on an older checkout) refuses the drop and stays.
+	rows, err := admin.Query(ctx, "SELECT datname FROM pg_database WHERE datname LIKE 'pgdurable_tmpl_%' AND datname <> $1", name)
+	if err == nil {
+		old, _ := pgx.CollectRows(rows, pgx.RowTo[string])
+		for _, o := range old {
+			_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{o}.Sanitize())
+		}
 	}
 	return name, nil
 }

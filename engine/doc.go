@@ -1,0 +1,51 @@
+// Package engine is pgdurable's durable workflow engine: workflows are plain
+// Go functions whose steps record their outcome in PostgreSQL, so a run that
+// is delivered again (a crash, a lost lease, a deploy, a retry) replays its
+// completed steps from their records instead of running them again.
+//
+// # Defining and starting
+//
+// A workflow is defined once, by a stable name, and registered with every
+// engine process that shares the database:
+//
+//	wf := engine.Define("greet", func(ctx *engine.Context, name string) (string, error) {
+//		return engine.Step(ctx, "format", func(context.Context) (string, error) {
+//			return "hello " + name, nil
+//		}, nil)
+//	}, nil)
+//	e, _ := engine.New(pool, nil)
+//	_ = e.Register(wf)
+//	_ = e.Start(ctx)
+//	res, _ := wf.Start(ctx, e, "ada", &engine.StartOpts{WorkflowID: "greet-ada"})
+//
+// The workflow ID is the start's idempotency key: the same ID with the same
+// input returns the same run, with another input ErrWorkflowIDConflict.
+//
+// # Delivery and leases
+//
+// Runs are delivered by River (at least once). A delivery takes the run's
+// lease, a fencing token on the run row that every record write checks in
+// the same statement, so a delivery that lost its lease (a paused process, a
+// duplicate ticket) stops with ErrLeaseLost and never starts another step.
+// Deliveries heartbeat the lease during long steps; a sweeper in every
+// engine hands runs whose lease expired to another delivery within about
+// Config.LeaseDuration (default 10s) of the crash.
+//
+// # Failures
+//
+// A step error is transient unless wrapped with Permanent. Transient errors
+// retry per RetryPolicy (exponential backoff, jitter, attempts counted in
+// Postgres). A permanent error is recorded and returned to the workflow as a
+// *StepError; a workflow that returns an error ends the run failed. What
+// needs an operator parks the run as dead with a dead_jobs row: retries
+// exhausted, a panic, non-determinism, poison input, or a run that crashed
+// its worker Config.MaxDeliveries times in a row. Operators list, replay and
+// discard dead jobs with ListDeadJobs, ReplayDeadJob and DiscardDeadJob.
+//
+// # Determinism
+//
+// Steps are numbered in call order. Workflow code between steps must be
+// deterministic: the same input and the same step results must lead to the
+// same step calls. A different step name at a recorded position parks the
+// run as dead with reason nondeterminism rather than guessing.
+package engine
