@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 
 	"github.com/google/uuid"
 
@@ -30,7 +31,7 @@ type Context struct {
 	steps   []store.StepRecord // recorded before this delivery, by seq
 	seq     int                // the next step's position
 	pending *store.StepRecord  // a finished step not yet written (see flush)
-	inStep  bool
+	inStep  atomic.Bool        // a step is running: guards nested and concurrent Step calls
 
 	ended  bool  // this delivery has handed the run back; no more writes
 	endErr error // what Step returns from now on

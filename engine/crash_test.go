@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
@@ -33,7 +34,8 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envChild) != "" {
 		os.Exit(runChild())
 	}
-	os.Exit(m.Run())
+	// Every engine a test starts is stopped by then: no goroutine may remain.
+	goleak.VerifyTestMain(m)
 }
 
 // runChild is a worker process: an engine with crashWorkflows, working

@@ -3,6 +3,9 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -306,4 +309,76 @@ func TestRenamedStepParksAsNonDeterministic(t *testing.T) {
 	require.Equal(t, 0, *dj.Seq)
 	require.Contains(t, dj.ErrorMessage, `"reserve"`)
 	require.Contains(t, dj.ErrorMessage, `"reserve_inventory"`)
+}
+
+func TestUnserializableStepOutputFailsOnceAndIsCatchable(t *testing.T) {
+	t.Parallel()
+	var charges, nested atomic.Int64
+	wf := engine.Define("unserializable", func(ctx *engine.Context, in int) (string, error) {
+		_, err := engine.Step(ctx, "charge", func(context.Context) (float64, error) {
+			charges.Add(1) // the side effect happened; it must not be repeated
+			return math.NaN(), nil
+		}, nil)
+		var se *engine.StepError
+		if !errors.As(err, &se) || se.Class != engine.ClassUnserializable {
+			return "", fmt.Errorf("want an unserializable StepError, got %v", err)
+		}
+		_, err = engine.Step(ctx, "nul", func(context.Context) (string, error) { return "a\x00b", nil }, nil)
+		if !errors.As(err, &se) || se.Class != engine.ClassUnserializable {
+			return "", fmt.Errorf("want an unserializable StepError for NUL, got %v", err)
+		}
+		_, err = engine.Step(ctx, "outer", func(context.Context) (int, error) {
+			_, err := engine.Step(ctx, "inner", func(context.Context) (int, error) { nested.Add(1); return 1, nil }, nil)
+			return 0, engine.Permanent(err)
+		}, nil)
+		if err == nil || !strings.Contains(err.Error(), "cannot nest") {
+			return "", fmt.Errorf("want a nesting error, got %v", err)
+		}
+		return "fallback", nil
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 1, nil)
+	require.NoError(t, err)
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, "fallback", out)
+	require.EqualValues(t, 1, charges.Load())
+	require.Zero(t, nested.Load())
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, "failed", run.Steps[0].Status)
+	require.Equal(t, engine.ClassUnserializable, run.Steps[0].Error.Class)
+	require.Equal(t, 1, run.Deliveries)
+
+	_, err = b.engine.StartJSON(ctx, "unserializable", []byte(`"x\u0000"`), nil)
+	require.ErrorIs(t, err, engine.ErrInvalidInput)
+}
+
+func TestDiscardDeadJobClosesItAndKeepsRunDead(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("always-fails", func(ctx *engine.Context, in int) (int, error) {
+		return engine.Step(ctx, "x", func(context.Context) (int, error) { return 0, errors.New("nope") },
+			&engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: time.Millisecond, MaximumAttempts: 1}})
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 1, nil)
+	require.NoError(t, err)
+	waitStatus(t, b.engine, res.RunID, engine.StatusDead, 10*time.Second)
+	dj := openDeadJob(t, b.engine, res.RunID)
+	got, err := b.engine.DiscardDeadJob(ctx, dj.ID, &engine.ResolveOpts{By: "bob", Note: "duplicate order"})
+	require.NoError(t, err)
+	require.Equal(t, "discarded", got.Resolution)
+	again, err := b.engine.DiscardDeadJob(ctx, dj.ID, nil)
+	require.NoError(t, err, "discarding twice is idempotent")
+	require.Equal(t, "bob", again.ResolvedBy)
+	_, err = b.engine.ReplayDeadJob(ctx, dj.ID, nil)
+	require.ErrorIs(t, err, engine.ErrDeadJobResolved)
+	open, _, err := b.engine.ListDeadJobs(ctx, engine.ListDeadJobsParams{OpenOnly: true})
+	require.NoError(t, err)
+	require.Empty(t, open)
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusDead, run.Status)
 }

@@ -45,6 +45,9 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 			return nil, err
 		}
 		b, err := json.Marshal(v)
+		if err == nil {
+			err = checkStorable(b)
+		}
 		if err != nil {
 			return nil, &errUnserializableOutput{err: err}
 		}
@@ -72,9 +75,10 @@ func (c *Context) runStep(name, kind string, opts *StepOpts, body func(context.C
 	if c.ended {
 		return nil, c.endErr
 	}
-	if c.inStep {
-		return nil, fmt.Errorf("pgdurable: step %q called inside another step; steps cannot nest", name)
+	if !c.inStep.CompareAndSwap(false, true) {
+		return nil, fmt.Errorf("pgdurable: step %q called while another step runs; steps cannot nest or run concurrently", name)
 	}
+	defer c.inStep.Store(false)
 	seq := c.seq
 	c.seq++
 	log := c.log.With("step", name, "seq", seq)
@@ -175,9 +179,7 @@ func (c *Context) runStep(name, kind string, opts *StepOpts, body func(context.C
 
 // attempt runs body once, recovering a panic with its stack.
 func (c *Context) attempt(body func(context.Context) ([]byte, error)) (out []byte, err error, p *panicInfo) {
-	c.inStep = true
 	defer func() {
-		c.inStep = false
 		if r := recover(); r != nil {
 			p = &panicInfo{value: r, stack: debug.Stack()}
 		}

@@ -104,6 +104,9 @@ func (w *Workflow[In, Out]) registration() registered {
 				return nil, err
 			}
 			b, err := json.Marshal(out)
+			if err == nil {
+				err = checkStorable(b)
+			}
 			if err != nil {
 				return nil, &errUnserializableOutput{err: err}
 			}
@@ -151,6 +154,9 @@ func (w *Workflow[In, Out]) encode(in In) ([]byte, error) {
 		return nil, w.err
 	}
 	b, err := json.Marshal(in)
+	if err == nil {
+		err = checkStorable(b)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: encoding input of workflow %q: %v", ErrInvalidInput, w.name, err)
 	}
