@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -196,4 +197,42 @@ func BenchmarkReplay1000Steps(b *testing.B) {
 	b.ReportMetric(float64(claim.Microseconds())/1000/float64(b.N), "ms/claim+load")
 	b.ReportMetric(float64(replay.Microseconds())/1000/float64(b.N), "ms/replay")
 	b.ReportMetric(float64(replayRT)/float64(b.N*recorded), "roundtrips/replayed-step")
+}
+
+// BenchmarkStartToCompletion starts 3-step no-op workflows one at a time
+// (low load) and reports start-to-completion latency percentiles, polling
+// the run's status every 100µs.
+func BenchmarkStartToCompletion(b *testing.B) {
+	db := enginetest.NewDB(b)
+	var done atomic.Int64
+	wf := noopWorkflow(3, &done)
+	e, err := engine.New(db.Pool, nil)
+	require.NoError(b, err)
+	require.NoError(b, e.Register(wf))
+	ctx := context.Background()
+	require.NoError(b, e.Start(ctx))
+	defer e.Stop(ctx) //nolint:errcheck
+	time.Sleep(500 * time.Millisecond) // River's producer is listening
+
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		res, err := wf.Start(ctx, e, i, nil)
+		require.NoError(b, err)
+		for {
+			var status string
+			require.NoError(b, db.Pool.QueryRow(ctx, "SELECT status FROM workflow_runs WHERE run_id = $1", res.RunID).Scan(&status))
+			if status == engine.StatusCompleted {
+				break
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		lat = append(lat, time.Since(start))
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	pct := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) / 1000 }
+	b.ReportMetric(pct(0.50), "p50-ms")
+	b.ReportMetric(pct(0.99), "p99-ms")
 }
