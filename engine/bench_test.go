@@ -211,7 +211,7 @@ func BenchmarkStartToCompletion(b *testing.B) {
 	require.NoError(b, e.Register(wf))
 	ctx := context.Background()
 	require.NoError(b, e.Start(ctx))
-	defer e.Stop(ctx) //nolint:errcheck
+	defer e.Stop(ctx)                  //nolint:errcheck
 	time.Sleep(500 * time.Millisecond) // River's producer is listening
 
 	lat := make([]time.Duration, 0, b.N)
