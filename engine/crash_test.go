@@ -93,7 +93,27 @@ func crashWorkflows(pool *pgxpool.Pool) []engine.Registration {
 		}
 		return total, nil
 	}, nil)
-	return []engine.Registration{three}
+	// flaky fails its first two attempts; in a child with envBlockStep3 its
+	// third attempt hangs until the test kills the worker.
+	flaky := engine.Define("crash-flaky", func(ctx *engine.Context, in crashIn) (int, error) {
+		return engine.Step(ctx, "flaky", func(sctx context.Context) (int, error) {
+			if err := bumpCalls(sctx, pool, ctx.RunID(), "flaky"); err != nil {
+				return 0, err
+			}
+			var n int
+			if err := pool.QueryRow(sctx, `SELECT n FROM step_calls WHERE run_id = $1 AND step = 'flaky'`, ctx.RunID()).Scan(&n); err != nil {
+				return 0, err
+			}
+			switch {
+			case n <= 2:
+				return 0, fmt.Errorf("attempt %d: 503", n)
+			case n == 3 && os.Getenv(envBlockStep3) == "1":
+				select {}
+			}
+			return n, nil
+		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: 50 * time.Millisecond, MaximumAttempts: 4}})
+	}, nil)
+	return []engine.Registration{three, flaky}
 }
 
 func createCallsTable(t *testing.T, pool *pgxpool.Pool) {
@@ -276,4 +296,28 @@ func TestOnlyTheLeaseHolderRecordsAndTheLoserStops(t *testing.T) {
 	require.Equal(t, engine.StatusCompleted, run.Status)
 	require.JSONEq(t, `"from-B"`, string(run.Steps[1].Output), "only the lease holder's record lands")
 	require.Equal(t, 2, run.Deliveries)
+}
+
+func TestAttemptsSurviveAWorkerCrash(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	createCallsTable(t, db.Pool)
+	wfs := crashWorkflows(db.Pool)
+	client := newEngine(t, db, nil, false, wfs...)
+	ctx := testCtx(t)
+	res, err := client.StartJSON(ctx, "crash-flaky", []byte(`{}`), nil)
+	require.NoError(t, err)
+
+	child := startChild(t, db, envBlockStep3+"=1", envLeaseMS+"=1000")
+	eventually(t, 30*time.Second, "the third attempt to start", func() bool { return calls(t, db.Pool, res.RunID, "flaky") == 3 })
+	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
+	_, _ = child.Process.Wait()
+
+	worker := newEngine(t, db, &engine.Config{LeaseDuration: time.Second}, true, wfs...)
+	run := waitStatus(t, worker, res.RunID, engine.StatusCompleted, 30*time.Second)
+	// Two failed attempts were recorded before the crash; the crashed one is
+	// not (no outcome), so the retry after it is attempt 3 of 4, not 1.
+	require.Equal(t, 3, run.Steps[0].Attempts)
+	require.Equal(t, 4, calls(t, db.Pool, res.RunID, "flaky"))
+	require.JSONEq(t, `4`, string(run.Output))
 }

@@ -38,14 +38,14 @@ var errDeliveryEnded = errors.New("pgdurable: delivery ended; return this error 
 
 // Error classes, recorded in step and run errors and in dead_jobs.error_class.
 const (
-	ClassTransient      = "transient"
-	ClassPermanent      = "permanent"
-	ClassPanic          = "panic"
-	ClassNonDeterminism = "nondeterminism"
-	ClassPoisonInput    = "poison_input"
-	ClassCrashLoop      = "crash_loop"
-	ClassUnserializable = "unserializable"
-	ClassWorkflow       = "workflow" // the workflow function returned an error
+	ClassTransient      = "transient"      // any step error not marked otherwise: retried
+	ClassPermanent      = "permanent"      // Permanent(err): recorded, not retried
+	ClassPanic          = "panic"          // a recovered panic, with its stack
+	ClassNonDeterminism = "nondeterminism" // the code no longer replays the recorded steps
+	ClassPoisonInput    = "poison_input"   // the stored input does not decode as the workflow's input type
+	ClassCrashLoop      = "crash_loop"     // deliveries kept dying without recording progress
+	ClassUnserializable = "unserializable" // a value json.Marshal rejects, or one holding a NUL character
+	ClassWorkflow       = "workflow"       // the workflow function returned an error of its own
 )
 
 type permanentError struct{ err error }
@@ -98,6 +98,7 @@ type StepError struct {
 	Err     error  // the original error (live) or one rebuilt from Message (replay)
 }
 
+// Error renders the step, its position and attempt, and the message.
 func (e *StepError) Error() string {
 	return fmt.Sprintf("step %q (seq %d, attempt %d): %s", e.Step, e.Seq, e.Attempt, e.Message)
 }

@@ -170,6 +170,7 @@ type RunError struct {
 	Info   *ErrorInfo // the recorded error, if any
 }
 
+// Error renders the run, its final status and its recorded message.
 func (e *RunError) Error() string {
 	msg := "no error recorded"
 	if e.Info != nil {
