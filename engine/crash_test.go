@@ -42,7 +42,13 @@ func TestMain(m *testing.M) {
 // until it is killed (or for 3 minutes, should its parent vanish).
 func runChild() int {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv(envChildDB))
+	pcfg, err := pgxpool.ParseConfig(os.Getenv(envChildDB))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 1
+	}
+	pcfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 1

@@ -21,7 +21,7 @@ const (
 	ReasonNonDeterminism     = "nondeterminism"      // the code no longer replays the recorded steps
 	ReasonPoisonInput        = "poison_input"        // the stored input does not decode as the workflow's input type
 	ReasonCrashLoop          = "crash_loop"          // MaxDeliveries deliveries in a row crashed without progress
-	ReasonCompensationFailed = "compensation_failed" // an undo step failed (compensation package)
+	ReasonCompensationFailed = "compensation_failed" // an undo step failed (reserved for compensations)
 )
 
 // DeadJob is a run parked for an operator, with what they need to decide:
@@ -70,6 +70,7 @@ func deref(s *string) string {
 type ListDeadJobsParams struct {
 	Workflow string
 	Reason   string
+	RunID    uuid.UUID // uuid.Nil: any run
 	OpenOnly bool   // only jobs not yet replayed or discarded
 	Limit    int    // 1..1000, default 50
 	Cursor   string // NextCursor of the previous page
@@ -82,9 +83,11 @@ func (e *Engine) ListDeadJobs(ctx context.Context, p ListDeadJobsParams) (jobs [
 	if err != nil {
 		return nil, "", err
 	}
-	rows, err := store.ListDeadJobs(ctx, e.pool, store.DeadJobFilter{
-		Workflow: p.Workflow, Reason: p.Reason, OpenOnly: p.OpenOnly, Before: before, Limit: limit + 1,
-	})
+	f := store.DeadJobFilter{Workflow: p.Workflow, Reason: p.Reason, OpenOnly: p.OpenOnly, Before: before, Limit: limit + 1}
+	if p.RunID != uuid.Nil {
+		f.RunID = &p.RunID
+	}
+	rows, err := store.ListDeadJobs(ctx, e.pool, f)
 	if err != nil {
 		return nil, "", fmt.Errorf("pgdurable: %w", err)
 	}

@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,19 +18,20 @@ import (
 // take their documented default.
 type Config struct {
 	// Logger receives structured logs with snake_case keys (run_id,
-	// workflow, workflow_id, step, seq, attempt, error_class). Default:
-	// discard.
+	// workflow, workflow_id, step, seq, attempt, error_class). River's own
+	// logs pass through at warning level and above. Default slog.Default().
 	Logger *slog.Logger
 
 	// Queue is the River queue the engine's deliveries use. Default "pgdurable".
 	Queue string
 	// MaxWorkers is how many deliveries this process runs at once. Default
-	// 100. Size the pgx pool to match: each running step holds no
-	// connection, but each record write needs one briefly.
+	// 100. Size the pgx pool to match (pool_max_conns in the URL; pgxpool's
+	// default is max(4, CPUs)): a running step holds no connection, but each
+	// record write needs one briefly, and River keeps one for LISTEN.
 	MaxWorkers int
 	// FetchCooldown and FetchPollInterval are River's fetch knobs. River's
 	// defaults (100ms, 1s) cap a queue near 1,000 jobs/s and add up to 1 s
-	// of latency to bursts; ours default to 2ms and 50ms (notes/river.md).
+	// of latency to bursts; ours default to 2ms and 50ms.
 	FetchCooldown     time.Duration
 	FetchPollInterval time.Duration
 
@@ -45,8 +46,6 @@ type Config struct {
 	// whose lease expired and waiting runs that are due. It bounds how late
 	// a retry or timer fires. Default 250ms.
 	SweepInterval time.Duration
-	// DeliveryTimeout bounds one delivery (River's job timeout). Default 1h.
-	DeliveryTimeout time.Duration
 
 	// MaxDeliveries is how many consecutive deliveries of a run may end
 	// without recording anything (a worker crash, an OOM kill) before the
@@ -64,21 +63,20 @@ type Config struct {
 }
 
 const (
-	defaultQueue           = "pgdurable"
-	defaultMaxWorkers      = 100
-	defaultFetchCooldown   = 2 * time.Millisecond
-	defaultFetchPoll       = 50 * time.Millisecond
-	defaultLease           = 10 * time.Second
-	defaultSweepInterval   = 250 * time.Millisecond
-	defaultDeliveryTimeout = time.Hour
-	defaultMaxDeliveries   = 10
-	defaultInlineBackoff   = time.Second
-	defaultMaxPayload      = 1 << 20
+	defaultQueue         = "pgdurable"
+	defaultMaxWorkers    = 100
+	defaultFetchCooldown = 2 * time.Millisecond
+	defaultFetchPoll     = 50 * time.Millisecond
+	defaultLease         = 10 * time.Second
+	defaultSweepInterval = 250 * time.Millisecond
+	defaultMaxDeliveries = 10
+	defaultInlineBackoff = time.Second
+	defaultMaxPayload    = 1 << 20
 )
 
 func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		c.Logger = slog.Default()
 	}
 	c.Queue = orDefault(c.Queue, defaultQueue)
 	c.MaxWorkers = orDefault(c.MaxWorkers, defaultMaxWorkers)
@@ -87,7 +85,6 @@ func (c Config) withDefaults() (Config, error) {
 	c.LeaseDuration = orDefault(c.LeaseDuration, defaultLease)
 	c.HeartbeatInterval = orDefault(c.HeartbeatInterval, c.LeaseDuration/3)
 	c.SweepInterval = orDefault(c.SweepInterval, defaultSweepInterval)
-	c.DeliveryTimeout = orDefault(c.DeliveryTimeout, defaultDeliveryTimeout)
 	c.MaxDeliveries = orDefault(c.MaxDeliveries, defaultMaxDeliveries)
 	c.MaxInlineBackoff = orDefault(c.MaxInlineBackoff, defaultInlineBackoff)
 	c.MaxPayloadBytes = orDefault(c.MaxPayloadBytes, defaultMaxPayload)
@@ -156,7 +153,6 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		MaxWorkers:        c.MaxWorkers,
 		FetchCooldown:     c.FetchCooldown,
 		FetchPollInterval: c.FetchPollInterval,
-		JobTimeout:        c.DeliveryTimeout,
 		Logger:            riverLogger(c.Logger),
 	}, e.deliver)
 	if err != nil {
@@ -171,6 +167,9 @@ func riverLogger(l *slog.Logger) *slog.Logger {
 	return slog.New(levelFilter{l.Handler(), slog.LevelWarn}).With("component", "river")
 }
 
+// levelFilter drops records below min, and River's stuck-job warnings: a
+// delivery legitimately runs longer than River's job timeout, which only
+// times River's rescue of tickets whose process died before the claim.
 type levelFilter struct {
 	slog.Handler
 	min slog.Level
@@ -178,6 +177,21 @@ type levelFilter struct {
 
 func (f levelFilter) Enabled(ctx context.Context, l slog.Level) bool {
 	return l >= f.min && f.Handler.Enabled(ctx, l)
+}
+
+func (f levelFilter) Handle(ctx context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, "Job appears to be stuck") || strings.Contains(r.Message, "Job became unstuck") {
+		return nil
+	}
+	return f.Handler.Handle(ctx, r)
+}
+
+func (f levelFilter) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return levelFilter{f.Handler.WithAttrs(attrs), f.min}
+}
+
+func (f levelFilter) WithGroup(name string) slog.Handler {
+	return levelFilter{f.Handler.WithGroup(name), f.min}
 }
 
 // Register adds workflows built with Define. Names must be unique; register
@@ -202,10 +216,17 @@ func (e *Engine) workflow(name string) (registered, bool) {
 	return r, ok
 }
 
-// Start begins working runs: River fetches deliveries and the lease sweeper
-// runs every Config.SweepInterval. ctx bounds startup only; stop with Stop
-// or StopAndCancel.
+// minPoolConns is the pool size below which Start warns: River holds one
+// connection for LISTEN and deliveries starve on the rest.
+const minPoolConns = 8
+
+// Start begins working runs: River fetches deliveries and the sweeper runs
+// every Config.SweepInterval. ctx bounds startup only; stop with Stop or
+// StopAndCancel.
 func (e *Engine) Start(ctx context.Context) error {
+	if n := e.pool.Config().MaxConns; n < minPoolConns {
+		e.log.Warn("pgx pool is small for a worker; set pool_max_conns", "max_conns", n, "max_workers", e.cfg.MaxWorkers, "recommended_min", minPoolConns)
+	}
 	e.mu.Lock()
 	if e.started {
 		e.mu.Unlock()

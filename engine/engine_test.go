@@ -255,4 +255,9 @@ func TestListRunsPaginates(t *testing.T) {
 	}
 	_, _, err := b.engine.ListRuns(ctx, engine.ListRunsParams{Cursor: "garbage"})
 	require.ErrorContains(t, err, "invalid cursor")
+	_, _, err = b.engine.ListRuns(ctx, engine.ListRunsParams{Status: "bogus"})
+	require.ErrorContains(t, err, `unknown run status "bogus"`)
+	done, _, err := b.engine.ListRuns(ctx, engine.ListRunsParams{Status: engine.StatusPending, Limit: 1000})
+	require.NoError(t, err)
+	require.LessOrEqual(t, len(done), 5)
 }

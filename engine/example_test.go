@@ -41,7 +41,7 @@ func Example() {
 			return "", err
 		}
 		return engine.Step(ctx, "charge", func(context.Context) (string, error) {
-			return "ch_" + o.ID, nil // a real charge is an activity (package activities)
+			return "ch_" + o.ID, nil // a real charge calls a payment API with an idempotency key
 		}, nil)
 	}, nil)
 

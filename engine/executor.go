@@ -261,9 +261,11 @@ func (c *Context) park(rec *store.StepRecord, why *parkReason) {
 		rec, c.pending = c.pending, nil
 	}
 	now := c.e.now()
+	runErr := *why.info
+	runErr.Stack = "" // the stack lives in dead_jobs; keep the run's error short
 	p := &store.Park{
 		ID: uuid.Must(uuid.NewV7()), Reason: why.reason, FirstFailedAt: now, LastFailedAt: now,
-		ErrorClass: why.info.Class, ErrorMessage: why.info.Message, RunError: why.info.json(),
+		ErrorClass: why.info.Class, ErrorMessage: why.info.Message, RunError: runErr.json(),
 	}
 	if why.info.Stack != "" {
 		p.Stack = &why.info.Stack

@@ -36,15 +36,11 @@ func waitStatus(t *testing.T, e *engine.Engine, runID uuid.UUID, status string, 
 
 func openDeadJob(t *testing.T, e *engine.Engine, runID uuid.UUID) *engine.DeadJob {
 	t.Helper()
-	jobs, _, err := e.ListDeadJobs(context.Background(), engine.ListDeadJobsParams{OpenOnly: true, Limit: 1000})
+	jobs, _, err := e.ListDeadJobs(context.Background(), engine.ListDeadJobsParams{OpenOnly: true, RunID: runID})
 	require.NoError(t, err)
-	for _, j := range jobs {
-		if j.RunID == runID {
-			return j
-		}
-	}
-	t.Fatalf("no open dead job for run %s", runID)
-	return nil
+	require.Len(t, jobs, 1, "open dead jobs of run %s", runID)
+	require.Equal(t, runID, jobs[0].RunID)
+	return jobs[0]
 }
 
 // attemptLog records when each attempt of a step started.

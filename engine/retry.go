@@ -19,7 +19,7 @@ type RetryPolicy struct {
 	BackoffCoefficient float64       // growth per attempt, >= 1; default 2
 	MaximumInterval    time.Duration // cap on d; default 1m
 	MaximumAttempts    int           // attempts in all, including the first; default 5; 1 = no retry
-	DisableJitter      bool          // wait exactly d (tests, C11)
+	DisableJitter      bool          // wait exactly d: a predictable schedule
 }
 
 // DefaultRetryPolicy is used where neither the step, the workflow nor the

@@ -26,12 +26,18 @@ const (
 	StatusDead         = store.RunDead         // parked in dead_jobs for an operator
 )
 
+var validStatus = map[string]bool{
+	StatusPending: true, StatusRunning: true, StatusWaiting: true, StatusCompleted: true, StatusFailed: true,
+	StatusCompensating: true, StatusCompensated: true, StatusCancelled: true, StatusDead: true,
+}
+
 // StartOpts are per-start options. A nil *StartOpts starts a run with a new
 // UUID v7 as its workflow ID.
 type StartOpts struct {
-	// WorkflowID is the start's idempotency key (1 to 400 bytes): starting
-	// the same workflow with the same ID and the same input returns the
-	// existing run; with a different input, ErrWorkflowIDConflict.
+	// WorkflowID is the start's idempotency key (1 to 400 bytes), unique
+	// per workflow name: starting the same workflow with the same ID and the
+	// same input returns the existing run; with a different input,
+	// ErrWorkflowIDConflict.
 	// Default: the new run's ID.
 	WorkflowID string
 }
@@ -218,6 +224,9 @@ func (e *Engine) ListRuns(ctx context.Context, p ListRunsParams) (runs []*Run, n
 	limit, before, err := pageParams(p.Limit, p.Cursor)
 	if err != nil {
 		return nil, "", err
+	}
+	if p.Status != "" && !validStatus[p.Status] {
+		return nil, "", fmt.Errorf("pgdurable: unknown run status %q", p.Status)
 	}
 	rows, err := store.ListRuns(ctx, e.pool, store.RunFilter{Workflow: p.Workflow, Status: p.Status, Before: before, Limit: limit + 1})
 	if err != nil {

@@ -199,8 +199,11 @@ func (w *Workflow[In, Out]) Result(ctx context.Context, e *Engine, runID uuid.UU
 	return out, ErrRunNotFinished
 }
 
-// Wait polls every poll (default 50ms) until the run finishes or ctx is
-// done, and returns what Result returns.
+// Wait polls every poll (default 50ms) until the run reaches a terminal
+// status (completed, failed, dead, cancelled, compensated) or ctx is done,
+// and returns what Result returns. A dead run returns a *RunError with
+// Status "dead" at once; it does not wait for an operator's replay. A run
+// of a workflow that no running engine registers stays pending: bound ctx.
 func (w *Workflow[In, Out]) Wait(ctx context.Context, e *Engine, runID uuid.UUID, poll time.Duration) (Out, error) {
 	poll = orDefault(poll, 50*time.Millisecond)
 	for {

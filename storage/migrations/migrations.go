@@ -3,7 +3,7 @@
 // together by [Migrate].
 //
 // Migrate never runs implicitly: engine.New does not touch the schema. Run it
-// from a deploy step (`engine migrate up`) or from tests (enginetest does).
+// from a deploy step or at program start-up; enginetest runs it for tests.
 package migrations
 
 import (

@@ -44,7 +44,6 @@ type Config struct {
 	MaxWorkers        int
 	FetchCooldown     time.Duration
 	FetchPollInterval time.Duration
-	JobTimeout        time.Duration
 	Logger            *slog.Logger
 }
 
@@ -59,9 +58,27 @@ type worker struct {
 	handle Handler
 }
 
+// Work hands the ticket to the engine with a context that River's job
+// timeout does not cancel (a delivery may run a long step; its run's lease,
+// not River, bounds it) but that a StopAndCancel still does.
 func (w *worker) Work(ctx context.Context, job *river.Job[Args]) error {
-	return w.handle(ctx, job.Args.RunID)
+	dctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancel(nil)
+	stop := context.AfterFunc(ctx, func() {
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			cancel(context.Cause(ctx))
+		}
+	})
+	defer stop()
+	return w.handle(dctx, job.Args.RunID)
 }
+
+// ticketRescueAfter is River's job timeout and rescue horizon. Our sweeper
+// recovers runs whose delivery died after claiming the lease; River's
+// rescuer (a 30 s tick on the leader) covers the narrow window between
+// River's fetch and the claim. Rescuing a ticket whose delivery is alive is
+// harmless: the retried ticket finds the live lease and completes.
+const ticketRescueAfter = time.Minute
 
 // ticketMaxAttempts is high because a ticket only fails when the database
 // does; River must not discard it while the run still needs a delivery.
@@ -77,12 +94,13 @@ func New(pool *pgxpool.Pool, cfg Config, handle Handler) (*Queue, error) {
 		Queues: map[string]river.QueueConfig{
 			cfg.Queue: {MaxWorkers: cfg.MaxWorkers},
 		},
-		Workers:           workers,
-		FetchCooldown:     cfg.FetchCooldown,
-		FetchPollInterval: cfg.FetchPollInterval,
-		JobTimeout:        cfg.JobTimeout,
-		MaxAttempts:       ticketMaxAttempts,
-		Logger:            cfg.Logger,
+		Workers:              workers,
+		FetchCooldown:        cfg.FetchCooldown,
+		FetchPollInterval:    cfg.FetchPollInterval,
+		JobTimeout:           ticketRescueAfter,
+		RescueStuckJobsAfter: ticketRescueAfter,
+		MaxAttempts:          ticketMaxAttempts,
+		Logger:               cfg.Logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating river client: %w", err)

@@ -102,6 +102,7 @@ func GetDeadJob(ctx context.Context, db DBTX, id uuid.UUID, forUpdate bool) (*De
 type DeadJobFilter struct {
 	Workflow string
 	Reason   string
+	RunID    *uuid.UUID
 	OpenOnly bool
 	Before   *uuid.UUID // keyset cursor: ids older than this
 	Limit    int
@@ -112,12 +113,13 @@ WHERE ($1::text = '' OR workflow_name = $1)
   AND ($2::text = '' OR reason = $2)
   AND (NOT $3::bool OR resolved_at IS NULL)
   AND ($4::uuid IS NULL OR id < $4)
+  AND ($6::uuid IS NULL OR run_id = $6)
 ORDER BY id DESC
 LIMIT $5`
 
 // ListDeadJobs returns dead jobs newest first.
 func ListDeadJobs(ctx context.Context, db DBTX, f DeadJobFilter) ([]*DeadJobRow, error) {
-	rows, err := db.Query(ctx, listDeadJobs, f.Workflow, f.Reason, f.OpenOnly, f.Before, f.Limit)
+	rows, err := db.Query(ctx, listDeadJobs, f.Workflow, f.Reason, f.OpenOnly, f.Before, f.Limit, f.RunID)
 	if err != nil {
 		return nil, fmt.Errorf("listing dead jobs: %w", err)
 	}
