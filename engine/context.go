@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync/atomic"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -35,6 +36,12 @@ type Context struct {
 
 	ended  bool  // this delivery has handed the run back; no more writes
 	endErr error // what Step returns from now on
+
+	// leaseUntil is a conservative local view of the lease's expiry: the
+	// monotonic time a fenced write that extended it was sent, plus
+	// LeaseDuration. The database set a later expiry, so until then no other
+	// delivery can hold the run.
+	leaseUntil atomic.Pointer[time.Time]
 }
 
 // RunID returns the run's ID.
@@ -49,3 +56,12 @@ func (c *Context) Logger() *slog.Logger { return c.log }
 // IsReplaying reports whether the next step is already recorded, so its
 // function will not run. Use it to skip logging on replay.
 func (c *Context) IsReplaying() bool { return c.seq < len(c.steps) }
+
+// extendedAt records that a fenced write sent at sent extended the lease.
+func (c *Context) extendedAt(sent time.Time) {
+	until := sent.Add(c.e.cfg.LeaseDuration)
+	c.leaseUntil.Store(&until)
+}
+
+// leaseLeft is how much of the lease this delivery can count on.
+func (c *Context) leaseLeft() time.Duration { return time.Until(*c.leaseUntil.Load()) }

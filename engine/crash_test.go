@@ -28,6 +28,7 @@ const (
 	envChildDB    = "PGDURABLE_TEST_CHILD_DB"
 	envBlockStep3 = "PGDURABLE_TEST_BLOCK_STEP3"
 	envLeaseMS    = "PGDURABLE_TEST_LEASE_MS"
+	envPauseFirst = "PGDURABLE_TEST_PAUSE_BEFORE_S1" // workflow code idles 2 s before s1
 )
 
 func TestMain(m *testing.M) {
@@ -80,6 +81,9 @@ type crashIn struct {
 // bumps an invocation counter in the step_calls table on entry.
 func crashWorkflows(pool *pgxpool.Pool) []engine.Registration {
 	three := engine.Define("crash-three", func(ctx *engine.Context, in crashIn) (int, error) {
+		if os.Getenv(envPauseFirst) == "1" {
+			time.Sleep(2 * time.Second) // deterministic workflow code that takes a while
+		}
 		total := 0
 		for _, name := range []string{"s1", "s2", "s3"} {
 			n, err := engine.Step(ctx, name, func(sctx context.Context) (int, error) {

@@ -71,9 +71,9 @@ type ListDeadJobsParams struct {
 	Workflow string
 	Reason   string
 	RunID    uuid.UUID // uuid.Nil: any run
-	OpenOnly bool   // only jobs not yet replayed or discarded
-	Limit    int    // 1..1000, default 50
-	Cursor   string // NextCursor of the previous page
+	OpenOnly bool      // only jobs not yet replayed or discarded
+	Limit    int       // 1..1000, default 50
+	Cursor   string    // NextCursor of the previous page
 }
 
 // ListDeadJobs returns dead jobs newest first, and the next page's cursor

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -119,6 +120,8 @@ type Engine struct {
 	retry  RetryPolicy // cfg.RetryPolicy merged over DefaultRetryPolicy
 	active sync.WaitGroup
 
+	draining atomic.Bool // Stop was called: deliveries hand runs back at the next step
+
 	mu        sync.Mutex
 	workflows map[string]registered
 	started   bool
@@ -201,6 +204,9 @@ func (e *Engine) Register(workflows ...Registration) error {
 	defer e.mu.Unlock()
 	for _, w := range workflows {
 		r := w.registration()
+		if r.err != nil {
+			return r.err
+		}
 		if _, dup := e.workflows[r.name]; dup {
 			return fmt.Errorf("pgdurable: workflow %q registered twice", r.name)
 		}
@@ -245,8 +251,12 @@ func (e *Engine) Start(ctx context.Context) error {
 }
 
 // Stop stops fetching new deliveries and waits, until ctx is done, for
-// running deliveries to finish or reach their next step boundary.
+// running deliveries to reach their next step boundary: a running step
+// finishes and is recorded, then the run is handed back (pending, with a
+// new delivery enqueued) for another worker instead of waiting for its
+// lease to expire. Use StopAndCancel when steps must not finish.
 func (e *Engine) Stop(ctx context.Context) error {
+	e.draining.Store(true)
 	return e.stop(ctx, e.queue.Stop)
 }
 

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Conditions callers test with errors.Is.
@@ -118,8 +120,19 @@ type ErrorInfo struct {
 }
 
 func (e *ErrorInfo) json() []byte {
-	b, _ := json.Marshal(e) // only strings and ints: cannot fail
+	c := *e
+	c.Message, c.Step, c.Stack = storableText(c.Message), storableText(c.Step), storableText(c.Stack)
+	b, _ := json.Marshal(c) // only strings and ints: cannot fail
 	return b
+}
+
+// storableText makes an error's text storable in Postgres text and jsonb:
+// invalid UTF-8 and NUL characters (which Postgres rejects) become U+FFFD,
+// so a strange error message can never turn a recorded failure into a
+// failed write.
+func storableText(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	return strings.ReplaceAll(s, "\x00", "\uFFFD")
 }
 
 func decodeErrorInfo(b []byte) *ErrorInfo {
@@ -141,4 +154,18 @@ func truncateStack(s []byte) string {
 		s = s[:maxStackBytes]
 	}
 	return string(s)
+}
+
+// checkName validates a name stored as text (a workflow or step name, a
+// workflow ID): 1 to max bytes of UTF-8 without NUL.
+func checkName(kind, name string, max int) error {
+	switch {
+	case len(name) == 0 || len(name) > max:
+		return fmt.Errorf("%s %q must be 1 to %d bytes", kind, name, max)
+	case !utf8.ValidString(name):
+		return fmt.Errorf("%s %q is not valid UTF-8", kind, name)
+	case strings.ContainsRune(name, 0):
+		return fmt.Errorf("%s %q contains a NUL character", kind, name)
+	}
+	return nil
 }

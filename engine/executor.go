@@ -25,6 +25,7 @@ const unknownWorkflowRetry = 30 * time.Second
 // deliver is one delivery of a run: River calls it for each ticket.
 func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
 	token := uuid.New()
+	sent := time.Now()
 	claimed, miss, err := store.Claim(ctx, e.pool, runID, token, e.cfg.LeaseDuration, e.now())
 	if err != nil {
 		return err // the database failed: River retries the ticket
@@ -48,6 +49,7 @@ func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
 		Context: dctx, cancel: cancel, e: e, wf: wf, runID: runID, workflowID: claimed.WorkflowID,
 		token: token, log: log, steps: claimed.Steps,
 	}
+	c.extendedAt(sent)
 	stopHeartbeat := e.heartbeat(c)
 	defer stopHeartbeat()
 
@@ -166,6 +168,7 @@ func (c *Context) end(err error) {
 // write records rec now (fenced, extending the lease). False when the
 // delivery ended.
 func (c *Context) write(rec *store.StepRecord) bool {
+	sent := time.Now()
 	err := c.do(func(ctx context.Context) error {
 		return store.WriteStep(ctx, c.e.pool, c.runID, c.token, c.e.cfg.LeaseDuration, rec)
 	})
@@ -173,6 +176,41 @@ func (c *Context) write(rec *store.StepRecord) bool {
 		c.end(err)
 		return false
 	}
+	c.extendedAt(sent)
+	return true
+}
+
+// mayStartStep is the check before a step's function runs: the delivery
+// must not be interrupted and must still hold the lease. A flushed record
+// proves the lease; without one (the first step of a delivery, after a
+// replayed step, after a retry's record) the local lease view does, and
+// when less than half of it is left (a paused process, a long stretch of
+// workflow code) a fenced renewal settles it: one round trip, rare.
+func (c *Context) mayStartStep() bool {
+	if c.ended {
+		return false
+	}
+	if c.Err() != nil {
+		c.interrupted()
+		return false
+	}
+	if c.leaseLeft() > c.e.cfg.LeaseDuration/2 {
+		return true
+	}
+	return c.renew()
+}
+
+// renew extends the lease with a fenced heartbeat; false when lost.
+func (c *Context) renew() bool {
+	sent := time.Now()
+	err := c.do(func(ctx context.Context) error {
+		return store.Heartbeat(ctx, c.e.pool, c.runID, c.token, c.e.cfg.LeaseDuration)
+	})
+	if err != nil {
+		c.end(err)
+		return false
+	}
+	c.extendedAt(sent)
 	return true
 }
 
@@ -265,13 +303,15 @@ func (c *Context) park(rec *store.StepRecord, why *parkReason) {
 	runErr.Stack = "" // the stack lives in dead_jobs; keep the run's error short
 	p := &store.Park{
 		ID: uuid.Must(uuid.NewV7()), Reason: why.reason, FirstFailedAt: now, LastFailedAt: now,
-		ErrorClass: why.info.Class, ErrorMessage: why.info.Message, RunError: runErr.json(),
+		ErrorClass: why.info.Class, ErrorMessage: storableText(why.info.Message), RunError: runErr.json(),
 	}
 	if why.info.Stack != "" {
-		p.Stack = &why.info.Stack
+		stack := storableText(why.info.Stack)
+		p.Stack = &stack
 	}
 	if why.info.Step != "" {
-		p.StepName = &why.info.Step
+		step := storableText(why.info.Step)
+		p.StepName = &step
 	}
 	p.Seq = why.info.Seq
 	if why.rec != nil {

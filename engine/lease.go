@@ -14,8 +14,11 @@ import (
 )
 
 // heartbeat extends c's lease every Config.HeartbeatInterval while the
-// delivery runs, and cancels the delivery with ErrLeaseLost once another
-// delivery owns the run. The returned func stops it.
+// delivery runs. It cancels the delivery with ErrLeaseLost once another
+// delivery owns the run, and also once the local lease view runs out
+// without a successful renewal (a partition, a paused process): past that
+// point another delivery may hold the run, so this one must stop even
+// before it can ask. The returned func stops it.
 func (e *Engine) heartbeat(c *Context) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -31,15 +34,22 @@ func (e *Engine) heartbeat(c *Context) (stop func()) {
 			case <-c.Done():
 				return
 			case <-t.C:
-				ctx, cancel := context.WithTimeout(context.WithoutCancel(c), e.cfg.HeartbeatInterval)
-				err := store.Heartbeat(ctx, e.pool, c.runID, c.token, e.cfg.LeaseDuration)
-				cancel()
-				if errors.Is(err, store.ErrLeaseLost) {
+				if c.leaseLeft() <= 0 {
 					c.cancel(ErrLeaseLost)
 					return
 				}
-				if err != nil {
+				sent := time.Now()
+				ctx, cancel := context.WithTimeout(context.WithoutCancel(c), e.cfg.HeartbeatInterval)
+				err := store.Heartbeat(ctx, e.pool, c.runID, c.token, e.cfg.LeaseDuration)
+				cancel()
+				switch {
+				case errors.Is(err, store.ErrLeaseLost):
+					c.cancel(ErrLeaseLost)
+					return
+				case err != nil:
 					c.log.Warn("lease heartbeat failed", "error", err)
+				default:
+					c.extendedAt(sent)
 				}
 			}
 		}
@@ -59,6 +69,7 @@ const sweepBatch = 500
 // LOCKED keeps concurrent sweeps off each other's rows.
 func (e *Engine) sweepLoop(ctx context.Context) {
 	defer e.active.Done()
+	var lastOrphanCheck time.Time
 	for {
 		wait := e.cfg.SweepInterval/2 + rand.N(e.cfg.SweepInterval)
 		select {
@@ -75,7 +86,37 @@ func (e *Engine) sweepLoop(ctx context.Context) {
 				break
 			}
 		}
+		if time.Since(lastOrphanCheck) >= orphanCheckInterval(e.cfg.LeaseDuration) {
+			lastOrphanCheck = time.Now()
+			if err := e.sweepOrphans(ctx); err != nil && ctx.Err() == nil {
+				e.log.Warn("orphaned delivery sweep failed", "error", err)
+			}
+		}
 	}
+}
+
+func orphanCheckInterval(lease time.Duration) time.Duration { return min(lease/2, 5*time.Second) }
+
+// sweepOrphans re-enqueues runs whose ticket River fetched more than a
+// lease ago without the run ever being claimed: the process died between
+// River's fetch and the claim. River's rescuer would take minutes.
+func (e *Engine) sweepOrphans(ctx context.Context) error {
+	stale, err := e.queue.StaleTickets(ctx, e.cfg.LeaseDuration)
+	if err != nil || len(stale) == 0 {
+		return err
+	}
+	var ids []uuid.UUID
+	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		ids, err = store.ReenqueueOrphans(ctx, tx, stale, e.cfg.LeaseDuration)
+		if err != nil {
+			return err
+		}
+		return e.queue.EnqueueMany(ctx, tx, ids)
+	})
+	for _, id := range ids {
+		e.log.Warn("delivery died before claiming the run; run re-enqueued", "run_id", id)
+	}
+	return err
 }
 
 // sweep enqueues a delivery for each run whose lease expired and each

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -80,6 +81,9 @@ func (e *Engine) startRegistered(ctx context.Context, tx pgx.Tx, name string, in
 	if len(input) > e.cfg.MaxPayloadBytes {
 		return nil, e.tooLarge(name, len(input))
 	}
+	if !utf8.Valid(input) {
+		return nil, fmt.Errorf("%w: input of workflow %q is not valid UTF-8", ErrInvalidInput, name)
+	}
 	if err := r.decode(input); err != nil {
 		return nil, fmt.Errorf("%w: input of workflow %q: %v", ErrInvalidInput, name, err)
 	}
@@ -102,8 +106,8 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	if opts != nil && opts.WorkflowID != "" {
 		workflowID = opts.WorkflowID
 	}
-	if len(workflowID) > 400 {
-		return nil, fmt.Errorf("%w: workflow ID is %d bytes, over the 400-byte limit", ErrInvalidInput, len(workflowID))
+	if err := checkName("workflow ID", workflowID, 400); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidInput, err)
 	}
 	var res *StartResult
 	err = e.inTx(ctx, tx, func(tx pgx.Tx) error {

@@ -75,6 +75,10 @@ func (c *Context) runStep(name, kind string, opts *StepOpts, body func(context.C
 	if c.ended {
 		return nil, c.endErr
 	}
+	if err := checkName("step name", name, 200); err != nil {
+		// Not recorded and no position used: it fails the same way on replay.
+		return nil, fmt.Errorf("pgdurable: %w", err)
+	}
 	if !c.inStep.CompareAndSwap(false, true) {
 		return nil, fmt.Errorf("pgdurable: step %q called while another step runs; steps cannot nest or run concurrently", name)
 	}
@@ -106,6 +110,11 @@ func (c *Context) runStep(name, kind string, opts *StepOpts, body func(context.C
 	if nextAttempt != nil && !c.waitUntil(*nextAttempt) {
 		return nil, c.endErr
 	}
+	if c.e.draining.Load() {
+		// Stop: hand the run back at this step boundary.
+		c.interrupted()
+		return nil, c.endErr
+	}
 
 	policy := RetryPolicy{}
 	if opts != nil && opts.RetryPolicy != nil {
@@ -114,6 +123,9 @@ func (c *Context) runStep(name, kind string, opts *StepOpts, body func(context.C
 	policy = policy.merge(c.wf.retry, &c.e.retry)
 	startedAt := c.e.now()
 	for {
+		if !c.mayStartStep() {
+			return nil, c.endErr
+		}
 		attempt := attempts + 1
 		out, err, p := c.attempt(body)
 		now := c.e.now()

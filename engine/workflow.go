@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -45,9 +44,10 @@ func Define[In, Out any](name string, fn func(ctx *Context, in In) (Out, error),
 		w.opts = *opts
 	}
 	w.opts.Version = orDefault(w.opts.Version, 1)
+	if err := checkName("workflow name", name, 200); err != nil {
+		w.err = fmt.Errorf("pgdurable: %w", err)
+	}
 	switch {
-	case len(name) == 0 || len(name) > 200:
-		w.err = fmt.Errorf("pgdurable: workflow name %q must be 1 to 200 bytes", name)
 	case fn == nil:
 		w.err = fmt.Errorf("pgdurable: workflow %q has a nil function", name)
 	}
@@ -118,14 +118,15 @@ func (w *Workflow[In, Out]) registration() registered {
 // decodeStrict decodes JSON that must hold exactly one value of type T.
 func decodeStrict[T any](b []byte) (T, error) {
 	var v T
-	dec := json.NewDecoder(bytes.NewReader(b))
-	if err := dec.Decode(&v); err != nil {
+	if !json.Valid(b) {
+		// Unmarshal's own error, which says where the JSON breaks.
+		err := json.Unmarshal(b, &v)
+		if err == nil {
+			err = errors.New("invalid JSON")
+		}
 		return v, err
 	}
-	if dec.More() {
-		return v, errors.New("unexpected data after the JSON value")
-	}
-	return v, nil
+	return v, json.Unmarshal(b, &v)
 }
 
 // Start starts a run of w with input in (see Engine.StartJSON for the

@@ -19,6 +19,7 @@ CREATE TABLE workflow_runs (
     parent_run_id      uuid,
     schedule_name      text,
     queue              text        NOT NULL DEFAULT 'pgdurable',
+    enqueued_at        timestamptz NOT NULL DEFAULT now(), -- when its latest delivery ticket was enqueued
     created_at         timestamptz NOT NULL DEFAULT now(),
     started_at         timestamptz,
     completed_at       timestamptz,

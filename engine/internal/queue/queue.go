@@ -6,6 +6,7 @@ package queue
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
 )
 
 // Kind is the River job kind of a run delivery. Every engine process
@@ -153,3 +155,30 @@ func ignoreNotStarted(err error) error {
 	}
 	return err
 }
+
+// StaleTickets returns the run IDs of tickets River has had running for
+// longer than olderThan (by their attempted_at): either a long delivery
+// that is alive, or one whose process died after River's fetch. The engine
+// tells them apart by the run's lease.
+func (q *Queue) StaleTickets(ctx context.Context, olderThan time.Duration) ([]uuid.UUID, error) {
+	res, err := q.client.JobList(ctx, river.NewJobListParams().
+		Kinds(Kind).Queues(q.queue).States(rivertype.JobStateRunning).First(staleTicketBatch))
+	if err != nil {
+		return nil, fmt.Errorf("listing running deliveries: %w", err)
+	}
+	horizon := time.Now().Add(-olderThan)
+	var ids []uuid.UUID
+	for _, j := range res.Jobs {
+		if j.AttemptedAt == nil || j.AttemptedAt.After(horizon) {
+			continue
+		}
+		var a Args
+		if err := json.Unmarshal(j.EncodedArgs, &a); err != nil {
+			continue // not ours to judge; River's rescuer handles it
+		}
+		ids = append(ids, a.RunID)
+	}
+	return ids, nil
+}
+
+const staleTicketBatch = 1000

@@ -252,6 +252,7 @@ func FinishRun(ctx context.Context, db DBTX, runID, token uuid.UUID, pending *St
 const suspendRun = `
 WITH run AS (
     UPDATE workflow_runs SET status = $16, wake_at = $17, owner_token = NULL, lease_expires_at = NULL,
+        enqueued_at = CASE WHEN $16 = 'pending' THEN now() ELSE enqueued_at END,
         stalled_deliveries = CASE WHEN $18::bool THEN 0 ELSE greatest(stalled_deliveries - 1, 0) END
     WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0
     RETURNING run_id
@@ -307,11 +308,11 @@ WITH expired AS (
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ), swept AS (
-    UPDATE workflow_runs r SET owner_token = NULL, lease_expires_at = NULL
+    UPDATE workflow_runs r SET owner_token = NULL, lease_expires_at = NULL, enqueued_at = now()
     FROM expired WHERE r.run_id = expired.run_id
     RETURNING r.run_id
 ), woken AS (
-    UPDATE workflow_runs r SET status = 'pending', wake_at = NULL
+    UPDATE workflow_runs r SET status = 'pending', wake_at = NULL, enqueued_at = now()
     FROM due WHERE r.run_id = due.run_id
     RETURNING r.run_id
 )
@@ -331,4 +332,27 @@ func Sweep(ctx context.Context, tx DBTX, queue string, now time.Time, limit int)
 		err := r.Scan(&s.RunID, &s.Cause)
 		return s, err
 	})
+}
+
+// An orphaned ticket is one River fetched (it is running) whose process
+// died before claiming the run: the run has no lease, so the lease sweep
+// cannot see it. Given the run IDs of tickets running for longer than
+// olderThan, this re-enqueues those runs that are still unclaimed and whose
+// latest ticket is older than that, and stamps enqueued_at so a run is
+// re-enqueued at most once per olderThan.
+const reenqueueOrphans = `
+UPDATE workflow_runs SET enqueued_at = now()
+WHERE run_id = ANY($1) AND owner_token IS NULL
+  AND status IN ('pending', 'running', 'compensating')
+  AND enqueued_at < now() - $2::bigint * interval '1 millisecond'
+RETURNING run_id`
+
+// ReenqueueOrphans marks which of runIDs need a new ticket; the caller
+// enqueues them in the same transaction.
+func ReenqueueOrphans(ctx context.Context, tx DBTX, runIDs []uuid.UUID, olderThan time.Duration) ([]uuid.UUID, error) {
+	rows, err := tx.Query(ctx, reenqueueOrphans, runIDs, ms(olderThan))
+	if err != nil {
+		return nil, fmt.Errorf("re-enqueueing orphaned runs: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 }

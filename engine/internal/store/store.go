@@ -46,7 +46,7 @@ func translate(err error) error {
 		switch pgErr.Code {
 		case "23505": // unique_violation
 			return errors.Join(ErrConflict, err)
-		case "22P05", "22P02", "54000": // untranslatable character, invalid text, program limit
+		case "22P05", "22P02", "22021", "54000": // untranslatable character, invalid text, bad encoding, program limit
 			return errors.Join(ErrBadPayload, err)
 		}
 	}
