@@ -78,7 +78,9 @@ type crashIn struct {
 }
 
 // crashWorkflows are shared by the test and its child workers. Each step
-// bumps an invocation counter in the step_calls table on entry.
+// bumps an invocation counter in the step_calls table on entry, on a
+// context that cancellation cannot stop: the counter records that the
+// function started, which is what "never runs twice" is about.
 func crashWorkflows(pool *pgxpool.Pool) []engine.Registration {
 	three := engine.Define("crash-three", func(ctx *engine.Context, in crashIn) (int, error) {
 		if os.Getenv(envPauseFirst) == "1" {
@@ -94,7 +96,7 @@ func crashWorkflows(pool *pgxpool.Pool) []engine.Registration {
 					time.Sleep(300 * time.Millisecond)
 					os.Exit(3) // the poison run takes its worker down on every delivery
 				}
-				return 1, bumpCalls(sctx, pool, ctx.RunID(), name)
+				return 1, bumpCalls(context.WithoutCancel(sctx), pool, ctx.RunID(), name)
 			}, nil)
 			if err != nil {
 				return 0, err
@@ -107,7 +109,7 @@ func crashWorkflows(pool *pgxpool.Pool) []engine.Registration {
 	// third attempt hangs until the test kills the worker.
 	flaky := engine.Define("crash-flaky", func(ctx *engine.Context, in crashIn) (int, error) {
 		return engine.Step(ctx, "flaky", func(sctx context.Context) (int, error) {
-			if err := bumpCalls(sctx, pool, ctx.RunID(), "flaky"); err != nil {
+			if err := bumpCalls(context.WithoutCancel(sctx), pool, ctx.RunID(), "flaky"); err != nil {
 				return 0, err
 			}
 			var n int
