@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,9 @@ import (
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
 )
+
+// quiet keeps benchmark output to the results.
+var quiet = slog.New(slog.DiscardHandler)
 
 // roundTrips counts client round trips: each query (BEGIN and COMMIT
 // included) and each batch counts one. lastBatch is the latest batch's
@@ -89,7 +93,7 @@ func BenchmarkWorkflow(b *testing.B) {
 			pool := tracedPool(b, db, &rt)
 			var done atomic.Int64
 			wf := noopWorkflow(steps, &done)
-			e, err := engine.New(pool, nil)
+			e, err := engine.New(pool, &engine.Config{Logger: quiet})
 			require.NoError(b, err)
 			require.NoError(b, e.Register(wf))
 			ctx := context.Background()
@@ -165,7 +169,7 @@ func BenchmarkReplay1000Steps(b *testing.B) {
 			return 1, nil
 		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: 1500 * time.Millisecond, DisableJitter: true}})
 	}, nil)
-	e, err := engine.New(pool, &engine.Config{MaxWorkers: 1})
+	e, err := engine.New(pool, &engine.Config{MaxWorkers: 1, Logger: quiet})
 	require.NoError(b, err)
 	require.NoError(b, e.Register(wf))
 	require.NoError(b, e.Start(ctx))
@@ -206,7 +210,7 @@ func BenchmarkStartToCompletion(b *testing.B) {
 	db := enginetest.NewDB(b)
 	var done atomic.Int64
 	wf := noopWorkflow(3, &done)
-	e, err := engine.New(db.Pool, nil)
+	e, err := engine.New(db.Pool, &engine.Config{Logger: quiet})
 	require.NoError(b, err)
 	require.NoError(b, e.Register(wf))
 	ctx := context.Background()
