@@ -169,3 +169,36 @@ func checkName(kind, name string, max int) error {
 	}
 	return nil
 }
+
+// classed is implemented by errors that name their own class, such as the
+// HTTP errors of package activities ("http_503", "timeout"); the class is
+// recorded in error_class.
+type classed interface{ ErrorClass() string }
+
+// classOf returns err's own class, or def.
+func classOf(err error, def string) string {
+	var c classed
+	if errors.As(err, &c) && c.ErrorClass() != "" {
+		return c.ErrorClass()
+	}
+	return def
+}
+
+type classedError struct {
+	err   error
+	class string
+}
+
+func (e *classedError) Error() string      { return e.err.Error() }
+func (e *classedError) Unwrap() error      { return e.err }
+func (e *classedError) ErrorClass() string { return e.class }
+
+// WithClass labels err with an error class for records, logs and metrics
+// (snake_case, e.g. "http_429", "timeout"). Retry behaviour is unchanged:
+// combine with Permanent or RetryAfter. WithClass(nil, c) is nil.
+func WithClass(err error, class string) error {
+	if err == nil {
+		return nil
+	}
+	return &classedError{err: err, class: class}
+}

@@ -165,12 +165,12 @@ func (c *Context) end(err error) {
 	c.cancel(c.endErr)
 }
 
-// write records rec now (fenced, extending the lease). False when the
-// delivery ended.
-func (c *Context) write(rec *store.StepRecord) bool {
+// write records recs now (fenced, extending the lease, one round trip).
+// False when the delivery ended.
+func (c *Context) write(recs ...*store.StepRecord) bool {
 	sent := time.Now()
 	err := c.do(func(ctx context.Context) error {
-		return store.WriteStep(ctx, c.e.pool, c.runID, c.token, c.e.cfg.LeaseDuration, rec)
+		return store.WriteSteps(ctx, c.e.pool, c.runID, c.token, c.e.cfg.LeaseDuration, recs...)
 	})
 	if err != nil {
 		c.end(err)

@@ -8,6 +8,8 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
@@ -38,32 +40,67 @@ type StepOpts struct {
 // After the delivery ends (parked, waiting for a retry, lease lost), Step
 // returns an error without running fn; the workflow should return it.
 func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error), opts *StepOpts) (T, error) {
-	var zero T
-	raw, err := ctx.runStep(name, kindStep, opts, func(sctx context.Context) ([]byte, error) {
-		v, err := fn(sctx)
-		if err != nil {
-			return nil, err
-		}
-		b, err := json.Marshal(v)
-		if err == nil {
-			err = checkStorable(b)
-		}
-		if err != nil {
-			return nil, &errUnserializableOutput{err: err}
-		}
-		return b, nil
-	})
-	if err != nil {
-		return zero, err
+	raw, err := ctx.runStep(&stepCall{name: name, kind: kindStep, opts: opts,
+		body: func(sctx context.Context, _ *attemptState) ([]byte, error) {
+			v, err := fn(sctx)
+			if err != nil {
+				return nil, err
+			}
+			return encodeOutput(v)
+		}})
+	return decodeOutput[T](name, raw, err)
+}
+
+// Step kinds, as stored in workflow_steps.kind.
+const (
+	kindStep     = "step"
+	kindTx       = "tx"
+	kindActivity = "activity"
+)
+
+// encodeOutput encodes a step's result for its record.
+func encodeOutput(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err == nil {
+		err = checkStorable(b)
 	}
+	if err != nil {
+		return nil, &errUnserializableOutput{err: err}
+	}
+	return b, nil
+}
+
+// decodeOutput decodes a step's recorded (or just recorded) result.
+func decodeOutput[T any](name string, raw []byte, err error) (T, error) {
 	var out T
+	if err != nil {
+		return out, err
+	}
 	if err := json.Unmarshal(raw, &out); err != nil {
-		return zero, fmt.Errorf("pgdurable: decoding recorded output of step %q: %w", name, err)
+		return out, fmt.Errorf("pgdurable: decoding recorded output of step %q: %w", name, err)
 	}
 	return out, nil
 }
 
-const kindStep = "step"
+// stepCall is one call of a step of any kind, as runStep executes it.
+type stepCall struct {
+	name, kind string
+	opts       *StepOpts
+	// requestID: store a request ID before the first attempt (activities).
+	requestID bool
+	// body runs one attempt.
+	body func(ctx context.Context, a *attemptState) ([]byte, error)
+}
+
+// attemptState is what one attempt knows about itself.
+type attemptState struct {
+	seq, attempt int
+	requestID    uuid.UUID
+	// completed builds the record of a successful attempt; a body that
+	// writes it in its own transaction (a tx step) sets recorded.
+	completed func(out []byte) *store.StepRecord
+	recorded  bool
+}
 
 type panicInfo struct {
 	value any
@@ -71,7 +108,8 @@ type panicInfo struct {
 }
 
 // runStep is the replay logic shared by every kind of step.
-func (c *Context) runStep(name, kind string, opts *StepOpts, body func(context.Context) ([]byte, error)) ([]byte, error) {
+func (c *Context) runStep(call *stepCall) ([]byte, error) {
+	name, kind, opts := call.name, call.kind, call.opts
 	if c.ended {
 		return nil, c.endErr
 	}
@@ -89,6 +127,7 @@ func (c *Context) runStep(name, kind string, opts *StepOpts, body func(context.C
 
 	attempts := 0
 	var firstFailed, nextAttempt *time.Time
+	var requestID *uuid.UUID
 	if seq < len(c.steps) {
 		rec := &c.steps[seq]
 		if rec.Name != name || rec.Kind != kind {
@@ -101,7 +140,25 @@ func (c *Context) runStep(name, kind string, opts *StepOpts, body func(context.C
 		case store.StepFailed:
 			return nil, stepErrorFromRecord(rec)
 		}
-		attempts, firstFailed, nextAttempt = rec.Attempts, rec.FirstFailedAt, rec.NextAttemptAt
+		attempts, firstFailed, nextAttempt, requestID = rec.Attempts, rec.FirstFailedAt, rec.NextAttemptAt, rec.RequestID
+	}
+	startedAt := c.e.now()
+	if call.requestID && requestID == nil {
+		// The request ID is stored before the first call, with the previous
+		// step's record, in one round trip: every later attempt, after any
+		// crash or replay, sends this same ID.
+		id := uuid.Must(uuid.NewV7())
+		requestID = &id
+		intent := &store.StepRecord{Seq: seq, Name: name, Kind: kind, Status: store.StepStarted,
+			RequestID: requestID, StartedAt: startedAt}
+		recs := []*store.StepRecord{intent}
+		if c.pending != nil {
+			recs = []*store.StepRecord{c.pending, intent}
+			c.pending = nil
+		}
+		if !c.write(recs...) {
+			return nil, c.endErr
+		}
 	}
 	// Everything before this step is recorded before it runs.
 	if !c.flush() {
@@ -121,18 +178,31 @@ func (c *Context) runStep(name, kind string, opts *StepOpts, body func(context.C
 		policy = *opts.RetryPolicy
 	}
 	policy = policy.merge(c.wf.retry, &c.e.retry)
-	startedAt := c.e.now()
 	for {
 		if !c.mayStartStep() {
 			return nil, c.endErr
 		}
 		attempt := attempts + 1
-		out, err, p := c.attempt(body)
+		a := &attemptState{seq: seq, attempt: attempt}
+		if requestID != nil {
+			a.requestID = *requestID
+		}
+		a.completed = func(out []byte) *store.StepRecord {
+			now := c.e.now()
+			return &store.StepRecord{Seq: seq, Name: name, Kind: kind, Status: store.StepCompleted, Attempts: attempt,
+				RequestID: requestID, Output: out, FirstFailedAt: firstFailed, StartedAt: startedAt, CompletedAt: &now}
+		}
+		out, err, p := c.attempt(call.body, a)
 		now := c.e.now()
 		if err == nil && p == nil {
-			c.pending = &store.StepRecord{Seq: seq, Name: name, Kind: kind, Status: store.StepCompleted,
-				Attempts: attempt, Output: out, FirstFailedAt: firstFailed, StartedAt: startedAt, CompletedAt: &now}
+			if !a.recorded {
+				c.pending = a.completed(out)
+			}
 			return out, nil
+		}
+		if errors.Is(err, store.ErrLeaseLost) {
+			c.end(err)
+			return nil, c.endErr
 		}
 		if c.Err() != nil {
 			// Shutdown or a lost lease interrupted the attempt: it does not count.
@@ -142,8 +212,8 @@ func (c *Context) runStep(name, kind string, opts *StepOpts, body func(context.C
 		if firstFailed == nil {
 			firstFailed = &now
 		}
-		info := &ErrorInfo{Class: ClassTransient, Step: name, Seq: &seq, Attempt: attempt}
-		rec := &store.StepRecord{Seq: seq, Name: name, Kind: kind, Attempts: attempt,
+		info := &ErrorInfo{Class: classOf(err, ClassTransient), Step: name, Seq: &seq, Attempt: attempt}
+		rec := &store.StepRecord{Seq: seq, Name: name, Kind: kind, Attempts: attempt, RequestID: requestID,
 			FirstFailedAt: firstFailed, StartedAt: startedAt}
 		var unserializable *errUnserializableOutput
 		switch {
@@ -154,7 +224,7 @@ func (c *Context) runStep(name, kind string, opts *StepOpts, body func(context.C
 			c.park(rec, &parkReason{reason: "panic", info: info, rec: rec})
 			return nil, c.endErr
 		case errors.As(err, &unserializable), IsPermanent(err):
-			info.Class, info.Message = ClassPermanent, err.Error()
+			info.Class, info.Message = classOf(err, ClassPermanent), err.Error()
 			if unserializable != nil {
 				info.Class = ClassUnserializable
 			}
@@ -189,16 +259,26 @@ func (c *Context) runStep(name, kind string, opts *StepOpts, body func(context.C
 	}
 }
 
-// attempt runs body once, recovering a panic with its stack.
-func (c *Context) attempt(body func(context.Context) ([]byte, error)) (out []byte, err error, p *panicInfo) {
+// attempt runs body once, recovering a panic with its stack (a body that
+// runs user code on another goroutine returns its panic as *panicError).
+func (c *Context) attempt(body func(context.Context, *attemptState) ([]byte, error), a *attemptState) (out []byte, err error, p *panicInfo) {
 	defer func() {
 		if r := recover(); r != nil {
 			p = &panicInfo{value: r, stack: debug.Stack()}
 		}
 	}()
-	out, err = body(c.Context)
+	out, err = body(c.Context, a)
+	var pe *panicError
+	if errors.As(err, &pe) {
+		return nil, nil, pe.p
+	}
 	return out, err, nil
 }
+
+// panicError carries a panic recovered on another goroutine.
+type panicError struct{ p *panicInfo }
+
+func (e *panicError) Error() string { return fmt.Sprintf("panic: %v", e.p.value) }
 
 // waitUntil waits for a retry that is due at t: in place when it is close,
 // otherwise by ending the delivery until then. False when the delivery ended.

@@ -189,20 +189,62 @@ step AS (
         completed_at = excluded.completed_at
 )`
 
-const writeStep = `
+// writeSteps upserts any number of step records ($4.. as parallel arrays)
+// for a run whose lease $2 holds, extending the lease: one statement.
+const writeSteps = `
 WITH run AS (
     UPDATE workflow_runs SET lease_expires_at = now() + $3::bigint * interval '1 millisecond', stalled_deliveries = 0
     WHERE run_id = $1 AND owner_token = $2
     RETURNING run_id
-), ` + stepUpsert + `
+), step AS (
+    INSERT INTO workflow_steps AS s (run_id, seq, name, kind, status, attempts, request_id, output, error,
+                                     next_attempt_at, first_failed_at, started_at, completed_at)
+    SELECT run.run_id, u.seq, u.name, u.kind, u.status, u.attempts, u.request_id, u.output::jsonb, u.error::jsonb,
+           u.next_attempt_at, u.first_failed_at, u.started_at, u.completed_at
+    FROM run, unnest($4::int[], $5::text[], $6::text[], $7::text[], $8::int[], $9::uuid[], $10::text[], $11::text[],
+                     $12::timestamptz[], $13::timestamptz[], $14::timestamptz[], $15::timestamptz[])
+        AS u(seq, name, kind, status, attempts, request_id, output, error, next_attempt_at, first_failed_at,
+             started_at, completed_at)
+    ON CONFLICT (run_id, seq) DO UPDATE SET
+        status = excluded.status,
+        attempts = excluded.attempts,
+        request_id = coalesce(excluded.request_id, s.request_id),
+        output = excluded.output,
+        error = excluded.error,
+        next_attempt_at = excluded.next_attempt_at,
+        first_failed_at = coalesce(s.first_failed_at, excluded.first_failed_at),
+        completed_at = excluded.completed_at
+)
 SELECT count(*) FROM run`
 
-// WriteStep records rec and extends the lease, fenced by token: one
+// WriteSteps records recs and extends the lease, fenced by token: one
 // statement, one round trip. It returns ErrLeaseLost when token no longer
 // owns the run.
-func WriteStep(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.Duration, rec *StepRecord) error {
-	args := append([]any{runID, token, ms(lease)}, stepArgs(rec)...)
-	return fenced(db.QueryRow(ctx, writeStep, args...), "recording step of run %s", runID)
+func WriteSteps(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.Duration, recs ...*StepRecord) error {
+	n := len(recs)
+	var (
+		seq, attempts                         = make([]int32, n), make([]int32, n)
+		name, kind, status                    = make([]string, n), make([]string, n), make([]string, n)
+		requestID                             = make([]*uuid.UUID, n)
+		output, errs                          = make([]*string, n), make([]*string, n)
+		next, firstFailed, started, completed = make([]*time.Time, n), make([]*time.Time, n), make([]time.Time, n), make([]*time.Time, n)
+	)
+	for i, r := range recs {
+		seq[i], attempts[i] = int32(r.Seq), int32(r.Attempts)
+		name[i], kind[i], status[i] = r.Name, r.Kind, r.Status
+		requestID[i], next[i], firstFailed[i], started[i], completed[i] = r.RequestID, r.NextAttemptAt, r.FirstFailedAt, r.StartedAt, r.CompletedAt
+		output[i], errs[i] = jsonText(r.Output), jsonText(r.Error)
+	}
+	return fenced(db.QueryRow(ctx, writeSteps, runID, token, ms(lease), seq, name, kind, status, attempts,
+		requestID, output, errs, next, firstFailed, started, completed), "recording steps of run %s", runID)
+}
+
+func jsonText(b []byte) *string {
+	if b == nil {
+		return nil
+	}
+	s := string(b)
+	return &s
 }
 
 func fenced(row pgx.Row, format string, runID uuid.UUID) error {
