@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -29,6 +30,8 @@ const (
 	envBlockStep3 = "PGDURABLE_TEST_BLOCK_STEP3"
 	envLeaseMS    = "PGDURABLE_TEST_LEASE_MS"
 	envPauseFirst = "PGDURABLE_TEST_PAUSE_BEFORE_S1" // workflow code idles 2 s before s1
+	envBlockInTx  = "PGDURABLE_TEST_BLOCK_IN_TX"     // crash-tx: hang inside the tx step, before commit
+	envBlockAfter = "PGDURABLE_TEST_BLOCK_AFTER_TX"  // crash-tx: hang in the step after the tx step
 )
 
 func TestMain(m *testing.M) {
@@ -125,13 +128,38 @@ func crashWorkflows(pool *pgxpool.Pool) []engine.Registration {
 			return n, nil
 		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: 50 * time.Millisecond, MaximumAttempts: 4}})
 	}, nil)
-	return []engine.Registration{three, flaky}
+	// tx writes a business row in a tx step, then runs one more step.
+	tx := engine.Define("crash-tx", func(ctx *engine.Context, in crashIn) (int, error) {
+		n, err := engine.TxStep(ctx, "reserve", func(sctx context.Context, tx pgx.Tx) (int, error) {
+			if _, err := tx.Exec(sctx, `INSERT INTO reservations (run_id) VALUES ($1)`, ctx.RunID()); err != nil {
+				return 0, err
+			}
+			if err := bumpCalls(context.WithoutCancel(sctx), pool, ctx.RunID(), "reserve"); err != nil {
+				return 0, err
+			}
+			if os.Getenv(envBlockInTx) == "1" {
+				select {} // killed with the insert uncommitted
+			}
+			return 1, nil
+		}, nil)
+		if err != nil {
+			return 0, err
+		}
+		return engine.Step(ctx, "after", func(sctx context.Context) (int, error) {
+			if os.Getenv(envBlockAfter) == "1" {
+				select {} // killed after the tx step committed
+			}
+			return n + 1, bumpCalls(context.WithoutCancel(sctx), pool, ctx.RunID(), "after")
+		}, nil)
+	}, nil)
+	return []engine.Registration{three, flaky, tx}
 }
 
 func createCallsTable(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
 	_, err := pool.Exec(context.Background(),
-		`CREATE TABLE step_calls (run_id uuid, step text, n int NOT NULL, PRIMARY KEY (run_id, step))`)
+		`CREATE TABLE step_calls (run_id uuid, step text, n int NOT NULL, PRIMARY KEY (run_id, step));
+		 CREATE TABLE reservations (run_id uuid NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`)
 	require.NoError(t, err)
 }
 
@@ -332,4 +360,50 @@ func TestAttemptsSurviveAWorkerCrash(t *testing.T) {
 	require.Equal(t, 3, run.Steps[0].Attempts)
 	require.Equal(t, 4, calls(t, db.Pool, res.RunID, "flaky"))
 	require.JSONEq(t, `4`, string(run.Output))
+}
+
+// A process killed around a tx step's transaction — before its commit, or
+// after it and before the next step — leaves the step's business row
+// exactly once after another worker finishes the run.
+func TestTxStepIsExactlyOnceAcrossKills(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, env string
+		// killWhen: the state to wait for before the SIGKILL.
+		killWhen         string
+		wantReserveCalls int
+	}{
+		{"before-commit", envBlockInTx, `SELECT count(*) FROM step_calls WHERE run_id = $1 AND step = 'reserve'`, 2},
+		{"after-commit", envBlockAfter, `SELECT count(*) FROM workflow_steps WHERE run_id = $1 AND seq = 0 AND status = 'completed'`, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db := enginetest.NewDB(t)
+			createCallsTable(t, db.Pool)
+			wfs := crashWorkflows(db.Pool)
+			client := newEngine(t, db, nil, false, wfs...)
+			ctx := testCtx(t)
+			res, err := client.StartJSON(ctx, "crash-tx", []byte(`{}`), nil)
+			require.NoError(t, err)
+
+			child := startChild(t, db, tc.env+"=1", envLeaseMS+"=1000")
+			eventually(t, 30*time.Second, "the kill point", func() bool {
+				var n int
+				require.NoError(t, db.Pool.QueryRow(ctx, tc.killWhen, res.RunID).Scan(&n))
+				return n == 1
+			})
+			require.NoError(t, child.Process.Signal(syscall.SIGKILL))
+			_, _ = child.Process.Wait()
+
+			worker := newEngine(t, db, &engine.Config{LeaseDuration: time.Second}, true, wfs...)
+			run := waitStatus(t, worker, res.RunID, engine.StatusCompleted, 30*time.Second)
+			var rows int
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM reservations WHERE run_id = $1`, res.RunID).Scan(&rows))
+			require.Equal(t, 1, rows, "the business row exists exactly once")
+			require.Equal(t, tc.wantReserveCalls, calls(t, db.Pool, res.RunID, "reserve"))
+			require.Equal(t, 1, calls(t, db.Pool, res.RunID, "after"))
+			require.Equal(t, "tx", run.Steps[0].Kind)
+			require.JSONEq(t, `2`, string(run.Output))
+		})
+	}
 }

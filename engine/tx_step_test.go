@@ -1,0 +1,134 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine"
+)
+
+func createReservations(t *testing.T, b *bundle) {
+	t.Helper()
+	_, err := b.db.Pool.Exec(context.Background(), `CREATE TABLE reservations (run_id uuid NOT NULL, note text)`)
+	require.NoError(t, err)
+}
+
+func reservations(t *testing.T, b *bundle, runID any) []string {
+	t.Helper()
+	rows, err := b.db.Pool.Query(context.Background(), `SELECT coalesce(note, '') FROM reservations WHERE run_id = $1`, runID)
+	require.NoError(t, err)
+	notes, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return notes
+}
+
+func TestTxStepRollsBackFailedAttemptsAndReplaysRecord(t *testing.T) {
+	t.Parallel()
+	var calls, after atomic.Int64
+	wf := engine.Define("tx-retry", func(ctx *engine.Context, in int) (string, error) {
+		note, err := engine.TxStep(ctx, "reserve", func(sctx context.Context, tx pgx.Tx) (string, error) {
+			n := calls.Add(1)
+			if _, err := tx.Exec(sctx, `INSERT INTO reservations VALUES ($1, $2)`, ctx.RunID(), "attempt"); err != nil {
+				return "", err
+			}
+			if n == 1 {
+				return "", errors.New("deadlock detected") // rolled back, retried
+			}
+			return "reserved", nil
+		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: 10 * time.Millisecond}})
+		if err != nil {
+			return "", err
+		}
+		// Fails once with a long backoff: the next delivery replays "reserve".
+		_, err = engine.Step(ctx, "later", func(context.Context) (int, error) {
+			if after.Add(1) == 1 {
+				return 0, engine.RetryAfter(errors.New("not yet"), 1200*time.Millisecond)
+			}
+			return 1, nil
+		}, nil)
+		return note, err
+	}, nil)
+	b := setup(t, nil, wf)
+	createReservations(t, b)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 1, nil)
+	require.NoError(t, err)
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, "reserved", out)
+	require.EqualValues(t, 2, calls.Load(), "one rolled-back attempt, one committed; not re-run on replay")
+	require.Len(t, reservations(t, b, res.RunID), 1)
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, 2, run.Deliveries)
+	require.Equal(t, 2, run.Steps[0].Attempts)
+}
+
+func TestTxStepPermanentErrorRollsBack(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("tx-perm", func(ctx *engine.Context, in int) (int, error) {
+		return engine.TxStep(ctx, "reserve", func(sctx context.Context, tx pgx.Tx) (int, error) {
+			if _, err := tx.Exec(sctx, `INSERT INTO reservations VALUES ($1, 'x')`, ctx.RunID()); err != nil {
+				return 0, err
+			}
+			return 0, engine.Permanent(errors.New("out of stock"))
+		}, nil)
+	}, nil)
+	b := setup(t, nil, wf)
+	createReservations(t, b)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 1, nil)
+	require.NoError(t, err)
+	run := waitStatus(t, b.engine, res.RunID, engine.StatusFailed, 10*time.Second)
+	require.Contains(t, run.Error.Message, "out of stock")
+	require.Empty(t, reservations(t, b, res.RunID))
+}
+
+// A delivery that lost its lease while inside a tx step cannot commit it:
+// its record's fenced write fails and the whole transaction rolls back.
+func TestTxStepOfLeaseLoserRollsBack(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	inA := make(chan struct{})
+	releaseA := make(chan struct{})
+	wf := engine.Define("tx-race", func(ctx *engine.Context, in int) (string, error) {
+		return engine.TxStep(ctx, "reserve", func(sctx context.Context, tx pgx.Tx) (string, error) {
+			who := "B"
+			if calls.Add(1) == 1 {
+				who = "A"
+			}
+			if _, err := tx.Exec(sctx, `INSERT INTO reservations VALUES ($1, $2)`, ctx.RunID(), who); err != nil {
+				return "", err
+			}
+			if who == "A" {
+				close(inA)
+				<-releaseA // stalls with its insert uncommitted
+			}
+			return who, nil
+		}, nil)
+	}, nil)
+	b := setup(t, &engine.Config{LeaseDuration: time.Hour, SweepInterval: 50 * time.Millisecond}, wf)
+	createReservations(t, b)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 1, nil)
+	require.NoError(t, err)
+	<-inA
+	_, err = b.db.Pool.Exec(ctx, `UPDATE workflow_runs SET lease_expires_at = now() - interval '1 second' WHERE run_id = $1`, res.RunID)
+	require.NoError(t, err)
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, "B", out)
+	close(releaseA)
+	eventually(t, 5*time.Second, "A's transaction to end", func() bool {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%'`).Scan(&n))
+		return n == 0
+	})
+	require.Equal(t, []string{"B"}, reservations(t, b, res.RunID))
+}
