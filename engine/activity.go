@@ -1,0 +1,167 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// ActivityOpts tunes an activity: a step that calls something outside the
+// engine's database. A nil *ActivityOpts takes the defaults. Package
+// activities fills these from an Activity's fields.
+type ActivityOpts struct {
+	// RetryPolicy fills the fields it sets; the workflow's, the engine's
+	// and DefaultRetryPolicy fill the rest.
+	RetryPolicy *RetryPolicy
+	// StartToCloseTimeout bounds each attempt (not the activity as a whole):
+	// past it the attempt's context is cancelled and the attempt fails with
+	// class "timeout", transient. 0 means no limit.
+	StartToCloseTimeout time.Duration
+	// HeartbeatTimeout is how long an attempt may go without calling
+	// ActivityAttempt.Heartbeat before it is treated as stuck: its context
+	// is cancelled, it is abandoned and retried with the same request ID
+	// (class "heartbeat_timeout"). 0 means attempts need not heartbeat.
+	HeartbeatTimeout time.Duration
+}
+
+// ActivityAttempt is one attempt of an activity, as its function sees it.
+type ActivityAttempt struct {
+	// RequestID is stored before the first attempt and is the same on
+	// every attempt, after crashes and after an operator's replay: send it
+	// as the idempotency key (Stripe's Idempotency-Key header).
+	RequestID uuid.UUID
+	// Attempt counts from 1.
+	Attempt int
+
+	lastBeat atomic.Int64 // unix nanoseconds of the latest Heartbeat
+}
+
+// Heartbeat tells the engine the attempt is alive (see
+// ActivityOpts.HeartbeatTimeout). It returns ctx's error once the attempt
+// should stop: the run was cancelled, the engine is shutting down, the
+// lease was lost or the attempt timed out. Safe for concurrent use.
+func (a *ActivityAttempt) Heartbeat(ctx context.Context) error {
+	a.lastBeat.Store(time.Now().UnixNano())
+	return ctx.Err()
+}
+
+type activityKey struct{}
+
+// ActivityFromContext returns the attempt whose context ctx is (or derives
+// from), so helpers such as an HTTP transport can read its request ID.
+func ActivityFromContext(ctx context.Context) (*ActivityAttempt, bool) {
+	a, ok := ctx.Value(activityKey{}).(*ActivityAttempt)
+	return a, ok
+}
+
+// abandonGrace is how long an attempt whose context is done gets to return
+// before the engine stops waiting for it and moves on.
+const abandonGrace = 100 * time.Millisecond
+
+// RunActivity runs fn as the run's next step, of kind activity: a request
+// ID is stored (with the previous step's record, one round trip) before the
+// first attempt, every attempt receives it, and the outcome is recorded
+// like a Step's (the second round trip). Replay returns the recorded
+// outcome; a replay that finds the request ID stored but no outcome (a
+// crash between the call and its record) calls fn again with the same ID,
+// so an idempotent API applies the effect once.
+//
+// Each attempt runs on its own goroutine so a stuck call can be abandoned
+// (StartToCloseTimeout, HeartbeatTimeout); fn must honour its context.
+// Most code uses package activities, which wraps this with typed requests
+// and HTTP helpers.
+func RunActivity[T any](ctx *Context, name string, opts *ActivityOpts, fn func(ctx context.Context, a *ActivityAttempt) (T, error)) (T, error) {
+	if opts == nil {
+		opts = &ActivityOpts{}
+	}
+	raw, err := ctx.runStep(&stepCall{name: name, kind: kindActivity, opts: &StepOpts{RetryPolicy: opts.RetryPolicy}, requestID: true,
+		body: func(sctx context.Context, st *attemptState) ([]byte, error) {
+			return runAttempt(sctx, name, opts, &ActivityAttempt{RequestID: st.requestID, Attempt: st.attempt}, fn)
+		}})
+	return decodeOutput[T](name, raw, err)
+}
+
+var (
+	errStartToClose = errors.New("start-to-close timeout")
+	errNoHeartbeat  = errors.New("heartbeat timeout")
+)
+
+func runAttempt[T any](sctx context.Context, name string, opts *ActivityOpts, a *ActivityAttempt, fn func(context.Context, *ActivityAttempt) (T, error)) ([]byte, error) {
+	a.lastBeat.Store(time.Now().UnixNano())
+	actx, cancel := context.WithCancelCause(context.WithValue(sctx, activityKey{}, a))
+	defer cancel(nil)
+	if opts.StartToCloseTimeout > 0 {
+		var stop context.CancelFunc
+		actx, stop = context.WithTimeoutCause(actx, opts.StartToCloseTimeout, errStartToClose)
+		defer stop()
+	}
+	type result struct {
+		out []byte
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				done <- result{err: &panicError{&panicInfo{value: r, stack: debug.Stack()}}}
+			}
+		}()
+		v, err := fn(actx, a)
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		out, err := encodeOutput(v)
+		done <- result{out: out, err: err}
+	}()
+
+	var beats <-chan time.Time
+	if opts.HeartbeatTimeout > 0 {
+		t := time.NewTicker(max(opts.HeartbeatTimeout/4, time.Millisecond))
+		defer t.Stop()
+		beats = t.C
+	}
+	for {
+		select {
+		case r := <-done:
+			if r.err != nil && sctx.Err() == nil && actx.Err() != nil {
+				return nil, attemptTimeout(name, a, context.Cause(actx), r.err)
+			}
+			return r.out, r.err
+		case <-beats:
+			if since := time.Since(time.Unix(0, a.lastBeat.Load())); since > opts.HeartbeatTimeout {
+				cancel(errNoHeartbeat)
+			}
+		case <-actx.Done():
+			if sctx.Err() != nil {
+				return nil, sctx.Err() // the delivery is interrupted; runStep hands the run back
+			}
+			select {
+			case r := <-done:
+				if r.err == nil {
+					return r.out, nil // finished just in time
+				}
+			case <-time.After(abandonGrace):
+			}
+			return nil, attemptTimeout(name, a, context.Cause(actx), nil)
+		}
+	}
+}
+
+// attemptTimeout is a transient error classed "timeout" or "heartbeat_timeout".
+func attemptTimeout(name string, a *ActivityAttempt, cause, err error) error {
+	class := "timeout"
+	if errors.Is(cause, errNoHeartbeat) {
+		class = "heartbeat_timeout"
+	}
+	msg := fmt.Errorf("activity %q attempt %d: %w", name, a.Attempt, cause)
+	if err != nil {
+		msg = fmt.Errorf("%w (the call returned: %v)", msg, err)
+	}
+	return WithClass(msg, class)
+}
