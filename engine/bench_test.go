@@ -240,3 +240,65 @@ func BenchmarkStartToCompletion(b *testing.B) {
 	b.ReportMetric(pct(0.50), "p50-ms")
 	b.ReportMetric(pct(0.99), "p99-ms")
 }
+
+// BenchmarkStepKinds runs b.N workflows of n steps of one kind and reports
+// the marginal round trips and commits of one step of that kind as
+// (per-workflow cost at n=10 − at n=3) / 7.
+func BenchmarkStepKinds(b *testing.B) {
+	kinds := map[string]func(ctx *engine.Context, i int) error{
+		"step": func(ctx *engine.Context, i int) error {
+			_, err := engine.Step(ctx, fmt.Sprint("s", i), func(context.Context) (int, error) { return i, nil }, nil)
+			return err
+		},
+		"tx": func(ctx *engine.Context, i int) error {
+			_, err := engine.TxStep(ctx, fmt.Sprint("t", i), func(context.Context, pgx.Tx) (int, error) { return i, nil }, nil)
+			return err
+		},
+		"activity": func(ctx *engine.Context, i int) error {
+			_, err := engine.RunActivity(ctx, fmt.Sprint("a", i), nil, func(context.Context, *engine.ActivityAttempt) (int, error) { return i, nil })
+			return err
+		},
+	}
+	for _, kind := range []string{"step", "tx", "activity"} {
+		b.Run("kind="+kind, func(b *testing.B) {
+			var perWF [2]struct{ rt, commits float64 }
+			for j, n := range []int{3, 10} {
+				db := enginetest.NewDB(b)
+				var rt roundTrips
+				pool := tracedPool(b, db, &rt)
+				var done atomic.Int64
+				wf := engine.Define("kinds", func(ctx *engine.Context, in int) (int, error) {
+					for i := range n {
+						if err := kinds[kind](ctx, i); err != nil {
+							return 0, err
+						}
+					}
+					done.Add(1)
+					return in, nil
+				}, nil)
+				e, err := engine.New(pool, &engine.Config{Logger: quiet})
+				require.NoError(b, err)
+				require.NoError(b, e.Register(wf))
+				ctx := context.Background()
+				commits0 := xactCommits(b, db)
+				require.NoError(b, e.Start(ctx))
+				rt0 := rt.n.Load()
+				for i := 0; i < b.N; i++ {
+					_, err := wf.Start(ctx, e, i, nil)
+					require.NoError(b, err)
+				}
+				for done.Load() < int64(b.N) {
+					time.Sleep(time.Millisecond)
+				}
+				rtUsed := rt.n.Load() - rt0
+				require.NoError(b, e.Stop(ctx))
+				pool.Close()
+				time.Sleep(200 * time.Millisecond)
+				perWF[j].rt = float64(rtUsed) / float64(b.N)
+				perWF[j].commits = float64(xactCommits(b, db)-commits0) / float64(b.N)
+			}
+			b.ReportMetric((perWF[1].rt-perWF[0].rt)/7, "roundtrips/"+kind)
+			b.ReportMetric((perWF[1].commits-perWF[0].commits)/7, "commits/"+kind)
+		})
+	}
+}
