@@ -38,15 +38,31 @@ type ActivityAttempt struct {
 	// Attempt counts from 1.
 	Attempt int
 
-	lastBeat atomic.Int64 // unix nanoseconds of the latest Heartbeat
+	lastBeat  atomic.Int64 // unix nanoseconds of the latest Heartbeat
+	lastCheck atomic.Int64 // unix nanoseconds of the latest heartbeat sent to the database
+	c         *Context
 }
+
+// heartbeatCheckEvery throttles the database heartbeats that activity
+// heartbeats trigger: often enough that a cancellation reaches a
+// heartbeating activity within about a second.
+func (c *Context) heartbeatCheckEvery() time.Duration { return min(c.e.cfg.HeartbeatInterval, time.Second) }
 
 // Heartbeat tells the engine the attempt is alive (see
 // ActivityOpts.HeartbeatTimeout). It returns ctx's error once the attempt
 // should stop: the run was cancelled, the engine is shutting down, the
 // lease was lost or the attempt timed out. Safe for concurrent use.
 func (a *ActivityAttempt) Heartbeat(ctx context.Context) error {
-	a.lastBeat.Store(time.Now().UnixNano())
+	now := time.Now().UnixNano()
+	a.lastBeat.Store(now)
+	if c := a.c; c != nil {
+		last := a.lastCheck.Load()
+		if time.Duration(now-last) >= c.heartbeatCheckEvery() && a.lastCheck.CompareAndSwap(last, now) {
+			// Renews the lease and learns of a cancellation; a failure here
+			// is the lease heartbeat's to report.
+			_ = c.beat()
+		}
+	}
 	return ctx.Err()
 }
 
@@ -81,7 +97,7 @@ func RunActivity[T any](ctx *Context, name string, opts *ActivityOpts, fn func(c
 	}
 	raw, err := ctx.runStep(&stepCall{name: name, kind: kindActivity, opts: &StepOpts{RetryPolicy: opts.RetryPolicy}, requestID: true,
 		body: func(sctx context.Context, st *attemptState) ([]byte, error) {
-			return runAttempt(sctx, name, opts, &ActivityAttempt{RequestID: st.requestID, Attempt: st.attempt}, fn)
+			return runAttempt(sctx, st.c, name, opts, &ActivityAttempt{RequestID: st.requestID, Attempt: st.attempt}, fn)
 		}})
 	return decodeOutput[T](name, raw, err)
 }
@@ -91,8 +107,9 @@ var (
 	errNoHeartbeat  = errors.New("heartbeat timeout")
 )
 
-func runAttempt[T any](sctx context.Context, name string, opts *ActivityOpts, a *ActivityAttempt, fn func(context.Context, *ActivityAttempt) (T, error)) ([]byte, error) {
+func runAttempt[T any](sctx context.Context, c *Context, name string, opts *ActivityOpts, a *ActivityAttempt, fn func(context.Context, *ActivityAttempt) (T, error)) ([]byte, error) {
 	a.lastBeat.Store(time.Now().UnixNano())
+	a.c = c
 	actx, cancel := context.WithCancelCause(context.WithValue(sctx, activityKey{}, a))
 	defer cancel(nil)
 	if opts.StartToCloseTimeout > 0 {

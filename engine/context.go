@@ -22,6 +22,14 @@ type Context struct {
 	context.Context
 	cancel context.CancelCauseFunc
 
+	// fwd is the context forward steps run in: the delivery's, also
+	// cancelled (cause ErrCancelled) once the run's cancellation is
+	// requested. Compensations run in the delivery's own context.
+	fwd             context.Context
+	cancelFwd       context.CancelCauseFunc
+	cancelRequested atomic.Bool
+	compensations   []*compensation // registered undos, oldest first
+
 	e          *Engine
 	wf         registered
 	runID      uuid.UUID
@@ -32,6 +40,9 @@ type Context struct {
 	steps   []store.StepRecord // recorded before this delivery, by seq
 	seq     int                // the next step's position
 	pending *store.StepRecord  // a finished step not yet written (see flush)
+	// lastRecorded is the seq of the latest step that wrote its own record
+	// (a tx step), -1 for none.
+	lastRecorded int
 	inStep  atomic.Bool        // a step is running: guards nested and concurrent Step calls
 
 	ended  bool  // this delivery has handed the run back; no more writes

@@ -48,6 +48,7 @@ const (
 	ClassCrashLoop      = "crash_loop"     // deliveries kept dying without recording progress
 	ClassUnserializable = "unserializable" // a value json.Marshal rejects, or one holding a NUL character
 	ClassWorkflow       = "workflow"       // the workflow function returned an error of its own
+	ClassCancelled      = "cancelled"      // the run was cancelled (Engine.Cancel)
 )
 
 type permanentError struct{ err error }

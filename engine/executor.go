@@ -45,11 +45,14 @@ func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
 
 	dctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	fwd, cancelFwd := context.WithCancelCause(dctx)
+	defer cancelFwd(nil)
 	c := &Context{
-		Context: dctx, cancel: cancel, e: e, wf: wf, runID: runID, workflowID: claimed.WorkflowID,
-		token: token, log: log, steps: claimed.Steps,
+		Context: dctx, cancel: cancel, fwd: fwd, cancelFwd: cancelFwd, e: e, wf: wf, runID: runID,
+		workflowID: claimed.WorkflowID, token: token, log: log, steps: claimed.Steps, lastRecorded: -1,
 	}
 	c.extendedAt(sent)
+	c.noteCancel(claimed.CancelRequested)
 	stopHeartbeat := e.heartbeat(c)
 	defer stopHeartbeat()
 
@@ -119,6 +122,8 @@ func (c *Context) finish(out []byte, err error, p *panicInfo) {
 		c.park(nil, &parkReason{reason: "poison_input", info: &ErrorInfo{Class: ClassPoisonInput, Message: err.Error()}})
 	case errors.As(err, &unserializable):
 		c.park(nil, &parkReason{reason: "permanent_error", info: &ErrorInfo{Class: ClassUnserializable, Message: err.Error()}})
+	case c.cancelRequested.Load():
+		c.compensate(store.RunCancelled, &ErrorInfo{Class: ClassCancelled, Message: "run cancelled"})
 	case err == nil && c.seq < len(c.steps):
 		c.park(nil, &parkReason{reason: "nondeterminism", info: &ErrorInfo{Class: ClassNonDeterminism,
 			Message: fmt.Sprintf("workflow returned after %d steps but %d are recorded", c.seq, len(c.steps))}})
@@ -132,6 +137,10 @@ func (c *Context) finish(out []byte, err error, p *panicInfo) {
 		var se *StepError
 		if errors.As(err, &se) {
 			info.Class, info.Step, info.Seq, info.Attempt = se.Class, se.Step, &se.Seq, se.Attempt
+		}
+		if len(c.compensations) > 0 {
+			c.compensate(store.RunCompensated, info)
+			return
 		}
 		c.end(c.do(func(ctx context.Context) error {
 			return store.FinishRun(ctx, c.e.pool, c.runID, c.token, c.pending, store.RunFailed, nil, info.json())
@@ -167,16 +176,22 @@ func (c *Context) end(err error) {
 
 // write records recs now (fenced, extending the lease, one round trip).
 // False when the delivery ended.
-func (c *Context) write(recs ...*store.StepRecord) bool {
+func (c *Context) write(recs ...*store.StepRecord) bool { return c.writeStatus("", recs...) }
+
+// writeStatus is write that also moves the run to status ("" unchanged).
+func (c *Context) writeStatus(status string, recs ...*store.StepRecord) bool {
 	sent := time.Now()
-	err := c.do(func(ctx context.Context) error {
-		return store.WriteSteps(ctx, c.e.pool, c.runID, c.token, c.e.cfg.LeaseDuration, recs...)
+	var cancel bool
+	err := c.do(func(ctx context.Context) (err error) {
+		cancel, err = store.WriteSteps(ctx, c.e.pool, c.runID, c.token, c.e.cfg.LeaseDuration, status, recs...)
+		return err
 	})
 	if err != nil {
 		c.end(err)
 		return false
 	}
 	c.extendedAt(sent)
+	c.noteCancel(cancel)
 	return true
 }
 
@@ -202,16 +217,40 @@ func (c *Context) mayStartStep() bool {
 
 // renew extends the lease with a fenced heartbeat; false when lost.
 func (c *Context) renew() bool {
-	sent := time.Now()
-	err := c.do(func(ctx context.Context) error {
-		return store.Heartbeat(ctx, c.e.pool, c.runID, c.token, c.e.cfg.LeaseDuration)
-	})
-	if err != nil {
+	if err := c.beat(); err != nil {
 		c.end(err)
 		return false
 	}
-	c.extendedAt(sent)
 	return true
+}
+
+// beat is one fenced heartbeat: it extends the lease and picks up a
+// cancellation request. Safe on any goroutine (the lease heartbeat, an
+// activity's Heartbeat): on a lost lease it cancels the delivery's context
+// and leaves ending the delivery to the workflow's goroutine.
+func (c *Context) beat() error {
+	sent := time.Now()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Context), writeTimeout)
+	defer cancel()
+	cancelRequested, err := store.Heartbeat(ctx, c.e.pool, c.runID, c.token, c.e.cfg.LeaseDuration)
+	switch {
+	case errors.Is(err, store.ErrLeaseLost):
+		c.cancel(ErrLeaseLost)
+		return err
+	case err != nil:
+		return err
+	}
+	c.extendedAt(sent)
+	c.noteCancel(cancelRequested)
+	return nil
+}
+
+// noteCancel cancels forward work once the run's cancellation is requested.
+func (c *Context) noteCancel(requested bool) {
+	if requested && c.cancelRequested.CompareAndSwap(false, true) {
+		c.cancelFwd(ErrCancelled)
+		c.log.Info("run cancellation requested; forward steps stop, compensations run")
+	}
 }
 
 // flush writes the pending record of the previous step. Recording lazily

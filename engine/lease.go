@@ -38,18 +38,12 @@ func (e *Engine) heartbeat(c *Context) (stop func()) {
 					c.cancel(ErrLeaseLost)
 					return
 				}
-				sent := time.Now()
-				ctx, cancel := context.WithTimeout(context.WithoutCancel(c), e.cfg.HeartbeatInterval)
-				err := store.Heartbeat(ctx, e.pool, c.runID, c.token, e.cfg.LeaseDuration)
-				cancel()
+				err := c.beat()
 				switch {
 				case errors.Is(err, store.ErrLeaseLost):
-					c.cancel(ErrLeaseLost)
 					return
 				case err != nil:
 					c.log.Warn("lease heartbeat failed", "error", err)
-				default:
-					c.extendedAt(sent)
 				}
 			}
 		}

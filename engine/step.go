@@ -88,12 +88,21 @@ type stepCall struct {
 	opts       *StepOpts
 	// requestID: store a request ID before the first attempt (activities).
 	requestID bool
+	// tx: the body writes its completed record in its own transaction.
+	tx bool
+	// compensationOf is the forward step an undo step compensates.
+	compensationOf *int
+	// parkAs, when set, parks the run with this reason on a permanent
+	// failure or exhausted retries instead of returning the error
+	// (compensation steps: compensation_failed).
+	parkAs string
 	// body runs one attempt.
 	body func(ctx context.Context, a *attemptState) ([]byte, error)
 }
 
 // attemptState is what one attempt knows about itself.
 type attemptState struct {
+	c            *Context
 	seq, attempt int
 	requestID    uuid.UUID
 	// completed builds the record of a successful attempt; a body that
@@ -124,6 +133,7 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 	seq := c.seq
 	c.seq++
 	log := c.log.With("step", name, "seq", seq)
+	forward := call.compensationOf == nil
 
 	attempts := 0
 	var firstFailed, nextAttempt *time.Time
@@ -141,6 +151,16 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 			return nil, stepErrorFromRecord(rec)
 		}
 		attempts, firstFailed, nextAttempt, requestID = rec.Attempts, rec.FirstFailedAt, rec.NextAttemptAt, rec.RequestID
+	} else if forward && c.cancelRequested.Load() {
+		c.seq-- // not started, not recorded: replays the same way
+		return nil, ErrCancelled
+	}
+	if forward && c.cancelRequested.Load() {
+		return nil, ErrCancelled // begun before the cancellation (a request ID stored): it stays unfinished
+	}
+	stepCtx := c.fwd
+	if !forward {
+		stepCtx = c.Context // compensations are not cancelled by the run's cancellation
 	}
 	startedAt := c.e.now()
 	if call.requestID && requestID == nil {
@@ -150,7 +170,7 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		id := uuid.Must(uuid.NewV7())
 		requestID = &id
 		intent := &store.StepRecord{Seq: seq, Name: name, Kind: kind, Status: store.StepStarted,
-			RequestID: requestID, StartedAt: startedAt}
+			RequestID: requestID, StartedAt: startedAt, CompensationOf: call.compensationOf}
 		recs := []*store.StepRecord{intent}
 		if c.pending != nil {
 			recs = []*store.StepRecord{c.pending, intent}
@@ -183,19 +203,22 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 			return nil, c.endErr
 		}
 		attempt := attempts + 1
-		a := &attemptState{seq: seq, attempt: attempt}
+		a := &attemptState{c: c, seq: seq, attempt: attempt}
 		if requestID != nil {
 			a.requestID = *requestID
 		}
 		a.completed = func(out []byte) *store.StepRecord {
 			now := c.e.now()
 			return &store.StepRecord{Seq: seq, Name: name, Kind: kind, Status: store.StepCompleted, Attempts: attempt,
-				RequestID: requestID, Output: out, FirstFailedAt: firstFailed, StartedAt: startedAt, CompletedAt: &now}
+				RequestID: requestID, Output: out, FirstFailedAt: firstFailed, StartedAt: startedAt, CompletedAt: &now,
+				CompensationOf: call.compensationOf}
 		}
-		out, err, p := c.attempt(call.body, a)
+		out, err, p := c.attempt(stepCtx, call.body, a)
 		now := c.e.now()
 		if err == nil && p == nil {
-			if !a.recorded {
+			if a.recorded {
+				c.lastRecorded = seq
+			} else {
 				c.pending = a.completed(out)
 			}
 			return out, nil
@@ -209,35 +232,55 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 			c.interrupted()
 			return nil, c.endErr
 		}
+		if forward && c.fwd.Err() != nil {
+			// The run was cancelled under this attempt: no outcome, no record.
+			log.Info("step stopped by the run's cancellation", "attempt", attempt)
+			return nil, ErrCancelled
+		}
 		if firstFailed == nil {
 			firstFailed = &now
 		}
 		info := &ErrorInfo{Class: classOf(err, ClassTransient), Step: name, Seq: &seq, Attempt: attempt}
 		rec := &store.StepRecord{Seq: seq, Name: name, Kind: kind, Attempts: attempt, RequestID: requestID,
-			FirstFailedAt: firstFailed, StartedAt: startedAt}
+			FirstFailedAt: firstFailed, StartedAt: startedAt, CompensationOf: call.compensationOf}
 		var unserializable *errUnserializableOutput
 		switch {
 		case p != nil:
 			info.Class, info.Message, info.Stack = ClassPanic, fmt.Sprintf("panic: %v", p.value), truncateStack(p.stack)
 			rec.Status, rec.Error = store.StepParked, info.json()
 			log.Error("step panicked", "attempt", attempt, "error_class", info.Class, "panic", info.Message)
-			c.park(rec, &parkReason{reason: "panic", info: info, rec: rec})
-			return nil, c.endErr
-		case errors.As(err, &unserializable), IsPermanent(err):
-			info.Class, info.Message = classOf(err, ClassPermanent), err.Error()
-			if unserializable != nil {
-				info.Class = ClassUnserializable
+			reason := ReasonPanic
+			if call.parkAs != "" {
+				reason = call.parkAs
 			}
+			c.park(rec, &parkReason{reason: reason, info: info, rec: rec})
+			return nil, c.endErr
+		case errors.As(err, &unserializable), IsPermanent(err), attempt >= policy.MaximumAttempts:
+			info.Message = err.Error()
+			exhausted := !IsPermanent(err) && unserializable == nil
+			switch {
+			case unserializable != nil:
+				info.Class = ClassUnserializable
+			case !exhausted:
+				info.Class = classOf(err, ClassPermanent)
+			}
+			reason := ReasonRetriesExhausted
+			if call.parkAs != "" {
+				reason = call.parkAs
+			}
+			if call.parkAs != "" || (exhausted && len(c.compensations) == 0) {
+				// Nothing can undo this automatically: an operator must act.
+				rec.Status, rec.Error = store.StepParked, info.json()
+				log.Warn("step failed; parking the run", "reason", reason, "attempt", attempt, "error_class", info.Class, "error", info.Message)
+				c.park(rec, &parkReason{reason: reason, info: info, rec: rec})
+				return nil, c.endErr
+			}
+			// Recorded and returned: the workflow decides, and a run that
+			// returns it runs its compensations.
 			rec.Status, rec.Error, rec.CompletedAt = store.StepFailed, info.json(), &now
 			c.pending = rec
-			log.Info("step failed permanently", "attempt", attempt, "error_class", info.Class, "error", info.Message)
+			log.Info("step failed", "attempt", attempt, "retries_exhausted", exhausted, "error_class", info.Class, "error", info.Message)
 			return nil, &StepError{Step: name, Seq: seq, Attempt: attempt, Class: info.Class, Message: info.Message, Err: err}
-		case attempt >= policy.MaximumAttempts:
-			info.Message = err.Error()
-			rec.Status, rec.Error = store.StepParked, info.json()
-			log.Warn("step retries exhausted", "attempt", attempt, "error_class", info.Class, "error", info.Message)
-			c.park(rec, &parkReason{reason: "retries_exhausted", info: info, rec: rec})
-			return nil, c.endErr
 		}
 		delay := policy.backoff(attempt)
 		var ra *retryAfterError
@@ -261,13 +304,13 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 
 // attempt runs body once, recovering a panic with its stack (a body that
 // runs user code on another goroutine returns its panic as *panicError).
-func (c *Context) attempt(body func(context.Context, *attemptState) ([]byte, error), a *attemptState) (out []byte, err error, p *panicInfo) {
+func (c *Context) attempt(ctx context.Context, body func(context.Context, *attemptState) ([]byte, error), a *attemptState) (out []byte, err error, p *panicInfo) {
 	defer func() {
 		if r := recover(); r != nil {
 			p = &panicInfo{value: r, stack: debug.Stack()}
 		}
 	}()
-	out, err = body(c.Context, a)
+	out, err = body(ctx, a)
 	var pe *panicError
 	if errors.As(err, &pe) {
 		return nil, nil, pe.p

@@ -24,26 +24,34 @@ import (
 //
 // Cost: one transaction (BEGIN, fn's statements, the fenced record, COMMIT).
 func TxStep[T any](ctx *Context, name string, fn func(ctx context.Context, tx pgx.Tx) (T, error), opts *StepOpts) (T, error) {
-	raw, err := ctx.runStep(&stepCall{name: name, kind: kindTx, opts: opts,
-		body: func(sctx context.Context, a *attemptState) ([]byte, error) {
-			var out []byte
-			sent := time.Now()
-			err := pgx.BeginFunc(sctx, ctx.e.pool, func(tx pgx.Tx) error {
-				v, err := fn(sctx, tx)
-				if err != nil {
-					return err
-				}
-				if out, err = encodeOutput(v); err != nil {
-					return err
-				}
-				return store.WriteSteps(sctx, tx, ctx.runID, ctx.token, ctx.e.cfg.LeaseDuration, a.completed(out))
-			})
-			if err != nil {
-				return nil, err // ErrLeaseLost ends the delivery; others follow the retry rules
-			}
-			a.recorded = true
-			ctx.extendedAt(sent)
-			return out, nil
-		}})
+	raw, err := ctx.runStep(&stepCall{name: name, kind: kindTx, opts: opts, tx: true, body: txBody(fn)})
 	return decodeOutput[T](name, raw, err)
+}
+
+// txBody runs fn and writes the step's record in one transaction, fenced by
+// the lease: exactly once.
+func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(context.Context, *attemptState) ([]byte, error) {
+	return func(sctx context.Context, a *attemptState) ([]byte, error) {
+		c := a.c
+		var out []byte
+		sent := time.Now()
+		err := pgx.BeginFunc(sctx, c.e.pool, func(tx pgx.Tx) error {
+			v, err := fn(sctx, tx)
+			if err != nil {
+				return err
+			}
+			if out, err = encodeOutput(v); err != nil {
+				return err
+			}
+			cancel, err := store.WriteSteps(sctx, tx, c.runID, c.token, c.e.cfg.LeaseDuration, "", a.completed(out))
+			c.noteCancel(cancel)
+			return err
+		})
+		if err != nil {
+			return nil, err // ErrLeaseLost ends the delivery; others follow the retry rules
+		}
+		a.recorded = true
+		c.extendedAt(sent)
+		return out, nil
+	}
 }

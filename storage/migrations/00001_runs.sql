@@ -16,6 +16,7 @@ CREATE TABLE workflow_runs (
     owner_token        uuid,
     lease_expires_at   timestamptz,
     wake_at            timestamptz,
+    cancel_requested_at timestamptz,
     parent_run_id      uuid,
     schedule_name      text,
     queue              text        NOT NULL DEFAULT 'pgdurable',
@@ -62,7 +63,8 @@ CREATE TABLE workflow_steps (
     first_failed_at timestamptz,
     started_at      timestamptz NOT NULL DEFAULT now(),
     completed_at    timestamptz,
-    compensation_of integer,
+    compensation    text,    -- forward steps: the name of the undo registered with them
+    compensation_of integer, -- compensation steps: the seq of the forward step they undo
     CONSTRAINT workflow_steps_pkey PRIMARY KEY (run_id, seq),
     CONSTRAINT workflow_steps_run_id_fkey FOREIGN KEY (run_id) REFERENCES workflow_runs (run_id) ON DELETE CASCADE,
     CONSTRAINT workflow_steps_kind_check CHECK (kind IN (

@@ -26,7 +26,7 @@ type Park struct {
 
 const parkRun = `
 WITH run AS (
-    UPDATE workflow_runs SET status = 'dead', error = $16::jsonb, completed_at = now(),
+    UPDATE workflow_runs SET status = 'dead', error = $18::jsonb, completed_at = now(),
         owner_token = NULL, lease_expires_at = NULL, wake_at = NULL
     WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0
     RETURNING run_id, workflow_name, workflow_id, workflow_version, input
@@ -34,8 +34,8 @@ WITH run AS (
 dead AS (
     INSERT INTO dead_jobs (id, run_id, workflow_name, workflow_id, workflow_version, input, reason, step_name, seq,
                            attempts, first_failed_at, last_failed_at, error_class, error_message, stack)
-    SELECT $17, run_id, workflow_name, workflow_id, workflow_version, input, $18, $19, $20,
-           $21, $22, $23, $24, $25, $26
+    SELECT $19, run_id, workflow_name, workflow_id, workflow_version, input, $20, $21, $22,
+           $23, $24, $25, $26, $27, $28
     FROM run
 )
 SELECT count(*) FROM run`

@@ -73,6 +73,8 @@ type ClaimedRun struct {
 	Input             []byte
 	Deliveries        int
 	StalledDeliveries int
+	Status            string // running, or compensating
+	CancelRequested   bool
 	Steps             []StepRecord
 }
 
@@ -100,11 +102,12 @@ WHERE run_id = $1
   AND status IN ('pending', 'running', 'waiting', 'compensating')
   AND (owner_token IS NULL OR lease_expires_at < now())
   AND (wake_at IS NULL OR wake_at <= $4)
-RETURNING workflow_name, workflow_version, workflow_id, input, deliveries, stalled_deliveries`
+RETURNING workflow_name, workflow_version, workflow_id, input, deliveries, stalled_deliveries, status,
+          cancel_requested_at IS NOT NULL`
 
 const loadSteps = `
 SELECT seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
-       first_failed_at, started_at, completed_at
+       first_failed_at, started_at, completed_at, compensation, compensation_of
 FROM workflow_steps WHERE run_id = $1 ORDER BY seq`
 
 const claimMiss = `
@@ -122,7 +125,8 @@ func Claim(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.Dura
 	defer br.Close()
 
 	c := &ClaimedRun{RunID: runID}
-	err := br.QueryRow().Scan(&c.WorkflowName, &c.WorkflowVersion, &c.WorkflowID, &c.Input, &c.Deliveries, &c.StalledDeliveries)
+	err := br.QueryRow().Scan(&c.WorkflowName, &c.WorkflowVersion, &c.WorkflowID, &c.Input, &c.Deliveries,
+		&c.StalledDeliveries, &c.Status, &c.CancelRequested)
 	claimed := err == nil
 	if err != nil && translate(err) != ErrNotFound {
 		return nil, nil, fmt.Errorf("claiming run %s: %w", runID, err)
@@ -160,7 +164,7 @@ func scanSteps(rows pgx.Rows) ([]StepRecord, error) {
 	for rows.Next() {
 		var s StepRecord
 		if err := rows.Scan(&s.Seq, &s.Name, &s.Kind, &s.Status, &s.Attempts, &s.RequestID, &s.Output, &s.Error,
-			&s.NextAttemptAt, &s.FirstFailedAt, &s.StartedAt, &s.CompletedAt); err != nil {
+			&s.NextAttemptAt, &s.FirstFailedAt, &s.StartedAt, &s.CompletedAt, &s.Compensation, &s.CompensationOf); err != nil {
 			return nil, err
 		}
 		out = append(out, s)
@@ -174,9 +178,10 @@ func scanSteps(rows pgx.Rows) ([]StepRecord, error) {
 const stepUpsert = `
 step AS (
     INSERT INTO workflow_steps AS s (run_id, seq, name, kind, status, attempts, request_id, output, error,
-                                     next_attempt_at, first_failed_at, started_at, completed_at)
+                                     next_attempt_at, first_failed_at, started_at, completed_at,
+                                     compensation, compensation_of)
     SELECT run.run_id, $4::int, $5::text, $6::text, $7::text, $8::int, $9::uuid, $10::jsonb, $11::jsonb,
-           $12::timestamptz, $13::timestamptz, $14::timestamptz, $15::timestamptz
+           $12::timestamptz, $13::timestamptz, $14::timestamptz, $15::timestamptz, $16::text, $17::int
     FROM run WHERE $4::int IS NOT NULL
     ON CONFLICT (run_id, seq) DO UPDATE SET
         status = excluded.status,
@@ -186,25 +191,32 @@ step AS (
         error = excluded.error,
         next_attempt_at = excluded.next_attempt_at,
         first_failed_at = coalesce(s.first_failed_at, excluded.first_failed_at),
-        completed_at = excluded.completed_at
+        completed_at = excluded.completed_at,
+        compensation = coalesce(excluded.compensation, s.compensation),
+        compensation_of = coalesce(excluded.compensation_of, s.compensation_of)
 )`
 
 // writeSteps upserts any number of step records ($4.. as parallel arrays)
-// for a run whose lease $2 holds, extending the lease: one statement.
+// for a run whose lease $2 holds, extending the lease and optionally moving
+// its status ($18): one statement. It reports whether the run's
+// cancellation was requested, so a delivery learns of it at every write.
 const writeSteps = `
 WITH run AS (
-    UPDATE workflow_runs SET lease_expires_at = now() + $3::bigint * interval '1 millisecond', stalled_deliveries = 0
+    UPDATE workflow_runs SET lease_expires_at = now() + $3::bigint * interval '1 millisecond',
+        stalled_deliveries = 0, status = coalesce($18::text, status)
     WHERE run_id = $1 AND owner_token = $2
-    RETURNING run_id
+    RETURNING run_id, cancel_requested_at IS NOT NULL AS cancel
 ), step AS (
     INSERT INTO workflow_steps AS s (run_id, seq, name, kind, status, attempts, request_id, output, error,
-                                     next_attempt_at, first_failed_at, started_at, completed_at)
+                                     next_attempt_at, first_failed_at, started_at, completed_at,
+                                     compensation, compensation_of)
     SELECT run.run_id, u.seq, u.name, u.kind, u.status, u.attempts, u.request_id, u.output::jsonb, u.error::jsonb,
-           u.next_attempt_at, u.first_failed_at, u.started_at, u.completed_at
+           u.next_attempt_at, u.first_failed_at, u.started_at, u.completed_at, u.compensation, u.compensation_of
     FROM run, unnest($4::int[], $5::text[], $6::text[], $7::text[], $8::int[], $9::uuid[], $10::text[], $11::text[],
-                     $12::timestamptz[], $13::timestamptz[], $14::timestamptz[], $15::timestamptz[])
+                     $12::timestamptz[], $13::timestamptz[], $14::timestamptz[], $15::timestamptz[],
+                     $16::text[], $17::int[])
         AS u(seq, name, kind, status, attempts, request_id, output, error, next_attempt_at, first_failed_at,
-             started_at, completed_at)
+             started_at, completed_at, compensation, compensation_of)
     ON CONFLICT (run_id, seq) DO UPDATE SET
         status = excluded.status,
         attempts = excluded.attempts,
@@ -213,30 +225,50 @@ WITH run AS (
         error = excluded.error,
         next_attempt_at = excluded.next_attempt_at,
         first_failed_at = coalesce(s.first_failed_at, excluded.first_failed_at),
-        completed_at = excluded.completed_at
+        completed_at = excluded.completed_at,
+        compensation = coalesce(excluded.compensation, s.compensation),
+        compensation_of = coalesce(excluded.compensation_of, s.compensation_of)
 )
-SELECT count(*) FROM run`
+SELECT count(*), coalesce(bool_or(cancel), false) FROM run`
 
-// WriteSteps records recs and extends the lease, fenced by token: one
-// statement, one round trip. It returns ErrLeaseLost when token no longer
-// owns the run.
-func WriteSteps(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.Duration, recs ...*StepRecord) error {
+// WriteSteps records recs and extends the lease, fenced by token (one
+// statement, one round trip), moving the run to status unless it is "".
+// It reports whether cancellation was requested, and returns ErrLeaseLost
+// when token no longer owns the run.
+func WriteSteps(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.Duration, status string, recs ...*StepRecord) (cancel bool, err error) {
 	n := len(recs)
 	var (
 		seq, attempts                         = make([]int32, n), make([]int32, n)
-		name, kind, status                    = make([]string, n), make([]string, n), make([]string, n)
+		name, kind, stat                      = make([]string, n), make([]string, n), make([]string, n)
 		requestID                             = make([]*uuid.UUID, n)
-		output, errs                          = make([]*string, n), make([]*string, n)
+		output, errs, comp                    = make([]*string, n), make([]*string, n), make([]*string, n)
+		compOf                                = make([]*int32, n)
 		next, firstFailed, started, completed = make([]*time.Time, n), make([]*time.Time, n), make([]time.Time, n), make([]*time.Time, n)
 	)
 	for i, r := range recs {
 		seq[i], attempts[i] = int32(r.Seq), int32(r.Attempts)
-		name[i], kind[i], status[i] = r.Name, r.Kind, r.Status
+		name[i], kind[i], stat[i] = r.Name, r.Kind, r.Status
 		requestID[i], next[i], firstFailed[i], started[i], completed[i] = r.RequestID, r.NextAttemptAt, r.FirstFailedAt, r.StartedAt, r.CompletedAt
-		output[i], errs[i] = jsonText(r.Output), jsonText(r.Error)
+		output[i], errs[i], comp[i] = jsonText(r.Output), jsonText(r.Error), r.Compensation
+		if r.CompensationOf != nil {
+			v := int32(*r.CompensationOf)
+			compOf[i] = &v
+		}
 	}
-	return fenced(db.QueryRow(ctx, writeSteps, runID, token, ms(lease), seq, name, kind, status, attempts,
-		requestID, output, errs, next, firstFailed, started, completed), "recording steps of run %s", runID)
+	var statusArg *string
+	if status != "" {
+		statusArg = &status
+	}
+	var found int
+	err = db.QueryRow(ctx, writeSteps, runID, token, ms(lease), seq, name, kind, stat, attempts,
+		requestID, output, errs, next, firstFailed, started, completed, comp, compOf, statusArg).Scan(&found, &cancel)
+	if err != nil {
+		return false, fmt.Errorf("recording steps of run %s: %w", runID, translate(err))
+	}
+	if found == 0 {
+		return false, ErrLeaseLost
+	}
+	return cancel, nil
 }
 
 func jsonText(b []byte) *string {
@@ -260,23 +292,52 @@ func fenced(row pgx.Row, format string, runID uuid.UUID) error {
 
 const heartbeat = `
 UPDATE workflow_runs SET lease_expires_at = now() + $3::bigint * interval '1 millisecond'
-WHERE run_id = $1 AND owner_token = $2`
+WHERE run_id = $1 AND owner_token = $2
+RETURNING cancel_requested_at IS NOT NULL`
 
-// Heartbeat extends the lease; ErrLeaseLost when token no longer owns it.
-func Heartbeat(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.Duration) error {
-	tag, err := db.Exec(ctx, heartbeat, runID, token, ms(lease))
+// Heartbeat extends the lease and reports whether cancellation was
+// requested; ErrLeaseLost when token no longer owns the run.
+func Heartbeat(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.Duration) (cancel bool, err error) {
+	err = db.QueryRow(ctx, heartbeat, runID, token, ms(lease)).Scan(&cancel)
+	if translate(err) == ErrNotFound {
+		return false, ErrLeaseLost
+	}
 	if err != nil {
-		return fmt.Errorf("extending lease of run %s: %w", runID, translate(err))
+		return false, fmt.Errorf("extending lease of run %s: %w", runID, translate(err))
 	}
-	if tag.RowsAffected() == 0 {
-		return ErrLeaseLost
-	}
-	return nil
+	return cancel, nil
 }
+
+// CancelRun requests cancellation of an active run and returns its status
+// before the request. A waiting run becomes pending (wakeUp true): the
+// caller enqueues a delivery in the same transaction so compensations run
+// now. ErrNotFound when there is no such run; a finished run is returned
+// unchanged (the caller reports it closed).
+func CancelRun(ctx context.Context, db DBTX, runID uuid.UUID) (status string, wakeUp bool, err error) {
+	err = db.QueryRow(ctx, cancelRun, runID).Scan(&status)
+	if err != nil {
+		return "", false, translate(err)
+	}
+	return status, status == RunWaiting, nil
+}
+
+const cancelRun = `
+WITH target AS (
+    SELECT run_id, status FROM workflow_runs WHERE run_id = $1 FOR UPDATE
+), upd AS (
+    UPDATE workflow_runs r SET
+        cancel_requested_at = coalesce(r.cancel_requested_at, now()),
+        status = CASE WHEN target.status = 'waiting' THEN 'pending' ELSE r.status END,
+        wake_at = CASE WHEN target.status = 'waiting' THEN NULL ELSE r.wake_at END,
+        enqueued_at = CASE WHEN target.status = 'waiting' THEN now() ELSE r.enqueued_at END
+    FROM target
+    WHERE r.run_id = target.run_id AND target.status IN ('pending', 'running', 'waiting', 'compensating')
+)
+SELECT status FROM target`
 
 const finishRun = `
 WITH run AS (
-    UPDATE workflow_runs SET status = $16, output = $17::jsonb, error = $18::jsonb, completed_at = now(),
+    UPDATE workflow_runs SET status = $18, output = $19::jsonb, error = $20::jsonb, completed_at = now(),
         owner_token = NULL, lease_expires_at = NULL, wake_at = NULL, stalled_deliveries = 0
     WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0
     RETURNING run_id
@@ -293,9 +354,9 @@ func FinishRun(ctx context.Context, db DBTX, runID, token uuid.UUID, pending *St
 
 const suspendRun = `
 WITH run AS (
-    UPDATE workflow_runs SET status = $16, wake_at = $17, owner_token = NULL, lease_expires_at = NULL,
-        enqueued_at = CASE WHEN $16 = 'pending' THEN now() ELSE enqueued_at END,
-        stalled_deliveries = CASE WHEN $18::bool THEN 0 ELSE greatest(stalled_deliveries - 1, 0) END
+    UPDATE workflow_runs SET status = $18, wake_at = $19, owner_token = NULL, lease_expires_at = NULL,
+        enqueued_at = CASE WHEN $18 = 'pending' THEN now() ELSE enqueued_at END,
+        stalled_deliveries = CASE WHEN $20::bool THEN 0 ELSE greatest(stalled_deliveries - 1, 0) END
     WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0
     RETURNING run_id
 ), ` + stepUpsert + `

@@ -71,6 +71,10 @@ type StepRecord struct {
 	FirstFailedAt *time.Time
 	StartedAt     time.Time
 	CompletedAt   *time.Time
+	// Compensation names the undo registered with a forward step;
+	// CompensationOf is the forward step's seq on a compensation step.
+	Compensation   *string
+	CompensationOf *int
 }
 
 // Step statuses (the CHECK constraint in 00001_runs.sql).
@@ -99,8 +103,9 @@ const (
 // or nulls when rec is nil so the CTE inserts nothing.
 func stepArgs(rec *StepRecord) []any {
 	if rec == nil {
-		return []any{nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+		return []any{nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
 	}
 	return []any{rec.Seq, rec.Name, rec.Kind, rec.Status, rec.Attempts, rec.RequestID,
-		rec.Output, rec.Error, rec.NextAttemptAt, rec.FirstFailedAt, rec.StartedAt, rec.CompletedAt}
+		rec.Output, rec.Error, rec.NextAttemptAt, rec.FirstFailedAt, rec.StartedAt, rec.CompletedAt,
+		rec.Compensation, rec.CompensationOf}
 }

@@ -1,0 +1,164 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdurable/pgdurable/engine/internal/store"
+)
+
+// Undo is the compensation of a forward step: what to run, newest first,
+// if the run fails permanently, exhausts a step's retries, or is cancelled
+// (a saga). Exactly one of Fn and Tx is set. Package compensation builds
+// these; most code does not use Undo directly.
+type Undo struct {
+	// Name is the undo step's stored name ("refund", "release_inventory").
+	Name string
+	// Fn undoes an effect outside the database. It gets a request ID stored
+	// before its first attempt, like an activity: send it as the
+	// idempotency key of the undo call (a refund has its own key).
+	Fn func(ctx context.Context, a *ActivityAttempt) error
+	// Tx undoes an effect in the engine's database, in one transaction with
+	// its record: exactly once.
+	Tx func(ctx context.Context, tx pgx.Tx) error
+	// RetryPolicy and StartToCloseTimeout as for activities. An undo that
+	// fails permanently or exhausts its retries parks the run as dead with
+	// reason compensation_failed; an operator's replay runs the remaining
+	// undos only.
+	RetryPolicy         *RetryPolicy
+	StartToCloseTimeout time.Duration
+}
+
+// compensation is an undo registered for the forward step at seq.
+type compensation struct {
+	seq  int
+	undo Undo
+}
+
+const kindCompensation = "compensation"
+
+// Compensate registers u as the compensation of the step that just
+// returned successfully (the latest step this workflow called). Call it
+// right after that step, on every replay too: workflow code stays
+// deterministic, and the undo's name is stored with the forward step's
+// record. It returns an error (and registers nothing) when the latest step
+// did not succeed or u is malformed.
+func (c *Context) Compensate(u Undo) error {
+	if err := checkName("undo name", u.Name, 200); err != nil {
+		return fmt.Errorf("pgdurable: %w", err)
+	}
+	if (u.Fn == nil) == (u.Tx == nil) {
+		return fmt.Errorf("pgdurable: undo %q needs exactly one of Fn and Tx", u.Name)
+	}
+	seq := c.seq - 1
+	switch {
+	case c.pending != nil && c.pending.Seq == seq && c.pending.Status == store.StepCompleted:
+		c.pending.Compensation = &u.Name
+	case seq >= 0 && seq < len(c.steps) && c.steps[seq].Status == store.StepCompleted:
+		// replayed: the undo's name was stored with the record
+	case seq >= 0 && c.lastRecorded == seq:
+		// a tx step, recorded in its own transaction: name it with the undo's record
+	default:
+		return fmt.Errorf("pgdurable: undo %q must be registered right after a step that succeeded", u.Name)
+	}
+	c.compensations = append(c.compensations, &compensation{seq: seq, undo: u})
+	return nil
+}
+
+// compensate runs the registered undos newest first, each a durable step,
+// then ends the run with status (compensated or cancelled) and info, the
+// error that caused it. A crash in the middle resumes with the next undo.
+func (c *Context) compensate(status string, info *ErrorInfo) {
+	rec := c.pending
+	c.pending = nil
+	var recs []*store.StepRecord
+	if rec != nil {
+		recs = append(recs, rec)
+	}
+	if !c.writeStatus(store.RunCompensating, recs...) {
+		return
+	}
+	c.log.Info("compensating", "undos", len(c.compensations), "error_class", info.Class)
+	for i := len(c.compensations) - 1; i >= 0; i-- {
+		comp := c.compensations[i]
+		if _, err := c.runStep(undoCall(comp)); err != nil {
+			return // parked (compensation_failed) or interrupted: the delivery ended
+		}
+	}
+	if c.seq < len(c.steps) {
+		c.park(nil, &parkReason{reason: "nondeterminism", info: &ErrorInfo{Class: ClassNonDeterminism,
+			Message: fmt.Sprintf("compensation ended after %d steps but %d are recorded", c.seq, len(c.steps))}})
+		return
+	}
+	c.end(c.do(func(ctx context.Context) error {
+		return store.FinishRun(ctx, c.e.pool, c.runID, c.token, c.pending, status, nil, info.json())
+	}))
+	c.log.Info("run "+status, "error_class", info.Class)
+}
+
+func undoCall(comp *compensation) *stepCall {
+	u := comp.undo
+	seq := comp.seq
+	call := &stepCall{name: u.Name, kind: kindCompensation, compensationOf: &seq,
+		opts: &StepOpts{RetryPolicy: u.RetryPolicy}, parkAs: ReasonCompensationFailed}
+	if u.Tx != nil {
+		call.body = txBody(func(ctx context.Context, tx pgx.Tx) (struct{}, error) { return struct{}{}, u.Tx(ctx, tx) })
+		call.tx = true
+		return call
+	}
+	call.requestID = true
+	opts := &ActivityOpts{StartToCloseTimeout: u.StartToCloseTimeout}
+	call.body = func(ctx context.Context, st *attemptState) ([]byte, error) {
+		return runAttempt(ctx, st.c, u.Name, opts, &ActivityAttempt{RequestID: st.requestID, Attempt: st.attempt},
+			func(ctx context.Context, a *ActivityAttempt) (struct{}, error) { return struct{}{}, u.Fn(ctx, a) })
+	}
+	return call
+}
+
+// ErrCancelled is what forward steps return once the run's cancellation is
+// requested; the workflow should return it. The run then compensates and
+// ends cancelled.
+var ErrCancelled = errors.New("pgdurable: run cancelled")
+
+// ErrRunClosed: the run already finished (completed, failed, compensated,
+// cancelled or dead); it cannot be cancelled or signalled.
+var ErrRunClosed = errors.New("pgdurable: run already finished")
+
+// Cancel requests cancellation of a run. A running delivery notices at its
+// next heartbeat, step write or activity heartbeat: the running forward
+// step's context is cancelled (cause ErrCancelled), no new forward step
+// starts, registered compensations run newest first in a context that is
+// not cancelled, and the run ends cancelled. A waiting run is delivered at
+// once to do so. Cancelling again, even during compensation, changes
+// nothing. Returns ErrNotFound for an unknown run and ErrRunClosed for a
+// finished one.
+func (e *Engine) Cancel(ctx context.Context, runID uuid.UUID) error {
+	return e.cancel(ctx, nil, runID)
+}
+
+// CancelTx is Cancel inside the caller's transaction.
+func (e *Engine) CancelTx(ctx context.Context, tx pgx.Tx, runID uuid.UUID) error {
+	return e.cancel(ctx, tx, runID)
+}
+
+func (e *Engine) cancel(ctx context.Context, tx pgx.Tx, runID uuid.UUID) error {
+	return e.inTx(ctx, tx, func(tx pgx.Tx) error {
+		status, wake, err := store.CancelRun(ctx, tx, runID)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return fmt.Errorf("%w: run %s", ErrNotFound, runID)
+		case err != nil:
+			return fmt.Errorf("pgdurable: cancelling run %s: %w", runID, err)
+		case !isActive(status):
+			return fmt.Errorf("%w: run %s is %s", ErrRunClosed, runID, status)
+		case wake:
+			return e.queue.Enqueue(ctx, tx, runID, time.Time{})
+		}
+		return nil
+	})
+}
