@@ -44,9 +44,12 @@ type ActivityAttempt struct {
 }
 
 // heartbeatCheckEvery throttles the database heartbeats that activity
-// heartbeats trigger: often enough that a cancellation reaches a
-// heartbeating activity within about a second.
-func (c *Context) heartbeatCheckEvery() time.Duration { return min(c.e.cfg.HeartbeatInterval, time.Second) }
+// heartbeats send (synchronously, so the Heartbeat that learns of a
+// cancellation returns it): an activity heartbeating every 250ms or slower
+// hears of its run's cancellation at its next heartbeat.
+func (c *Context) heartbeatCheckEvery() time.Duration {
+	return min(c.e.cfg.HeartbeatInterval, 250*time.Millisecond)
+}
 
 // Heartbeat tells the engine the attempt is alive (see
 // ActivityOpts.HeartbeatTimeout). It returns ctx's error once the attempt

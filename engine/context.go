@@ -43,7 +43,7 @@ type Context struct {
 	// lastRecorded is the seq of the latest step that wrote its own record
 	// (a tx step), -1 for none.
 	lastRecorded int
-	inStep  atomic.Bool        // a step is running: guards nested and concurrent Step calls
+	inStep       atomic.Bool // a step is running: guards nested and concurrent Step calls
 
 	ended  bool  // this delivery has handed the run back; no more writes
 	endErr error // what Step returns from now on

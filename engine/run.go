@@ -174,8 +174,8 @@ type Run struct {
 type StepInfo struct {
 	Seq           int
 	Name          string
-	Kind          string // step (later: tx, activity, sleep, signal, compensation)
-	Status        string // completed, failed, retrying, parked
+	Kind          string // step, tx, activity, compensation
+	Status        string // started (an activity's request ID is stored), completed, failed, retrying, parked
 	Attempts      int
 	RequestID     *uuid.UUID
 	Output        json.RawMessage
@@ -183,6 +183,10 @@ type StepInfo struct {
 	NextAttemptAt *time.Time
 	StartedAt     time.Time
 	CompletedAt   *time.Time
+	// Compensation names the undo registered with a forward step;
+	// CompensationOf is the seq of the forward step a compensation undoes.
+	Compensation   *string
+	CompensationOf *int
 }
 
 func runFromRow(r *store.RunRow) *Run {
@@ -209,6 +213,7 @@ func (e *Engine) GetRun(ctx context.Context, runID uuid.UUID) (*Run, error) {
 			Seq: s.Seq, Name: s.Name, Kind: s.Kind, Status: s.Status, Attempts: s.Attempts,
 			RequestID: s.RequestID, Output: s.Output, Error: decodeErrorInfo(s.Error),
 			NextAttemptAt: s.NextAttemptAt, StartedAt: s.StartedAt, CompletedAt: s.CompletedAt,
+			Compensation: s.Compensation, CompensationOf: s.CompensationOf,
 		})
 	}
 	return run, nil

@@ -1,0 +1,101 @@
+package enginetest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgdurable/pgdurable/engine"
+)
+
+// Worker processes for crash tests: the test binary re-executes itself as
+// an engine worker that a test can SIGKILL or SIGSTOP — a real crash, not a
+// cancelled context.
+const (
+	envWorker      = "PGDURABLE_ENGINETEST_WORKER"
+	envWorkerDB    = "PGDURABLE_ENGINETEST_WORKER_DB"
+	envWorkerLease = "PGDURABLE_ENGINETEST_WORKER_LEASE_MS"
+)
+
+// RunWorkerIfChild turns this process into a worker when StartWorker
+// started it: it builds a pool on the test's database (20 connections), an
+// engine with the lease StartWorker asked for, registers what register
+// returns, works until killed (3 minutes at most) and exits. Otherwise it
+// returns at once. Call it first in TestMain.
+func RunWorkerIfChild(register func(pool *pgxpool.Pool) []engine.Registration) {
+	if os.Getenv(envWorker) == "" {
+		return
+	}
+	if err := runWorker(register); err != nil {
+		fmt.Fprintln(os.Stderr, "enginetest worker:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+func runWorker(register func(pool *pgxpool.Pool) []engine.Registration) error {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(os.Getenv(envWorkerDB))
+	if err != nil {
+		return err
+	}
+	cfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	ecfg := &engine.Config{SweepInterval: 100 * time.Millisecond}
+	if ms, _ := strconv.Atoi(os.Getenv(envWorkerLease)); ms > 0 {
+		ecfg.LeaseDuration = time.Duration(ms) * time.Millisecond
+	}
+	e, err := engine.New(pool, ecfg)
+	if err != nil {
+		return err
+	}
+	if err := e.Register(register(pool)...); err != nil {
+		return err
+	}
+	if err := e.Start(ctx); err != nil {
+		return err
+	}
+	time.Sleep(3 * time.Minute)
+	return nil
+}
+
+// StartWorker starts a worker process on db with the given lease (0: the
+// engine's default) and extra environment ("NAME=value"), which the
+// workflows the worker registers may read. The worker dies with the test,
+// or with this process.
+func StartWorker(t testing.TB, db *DB, lease time.Duration, env ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envWorker+"=1", envWorkerDB+"="+db.URL,
+		envWorkerLease+"="+strconv.FormatInt(lease.Milliseconds(), 10))
+	cmd.Env = append(cmd.Env, env...)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting worker process: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_, _ = cmd.Process.Wait()
+	})
+	return cmd
+}
+
+// Kill SIGKILLs a worker and waits for it to die.
+func Kill(t testing.TB, cmd *exec.Cmd) {
+	t.Helper()
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatalf("killing worker: %v", err)
+	}
+	_, _ = cmd.Process.Wait()
+}
