@@ -21,44 +21,14 @@ import (
 	"github.com/pgdurable/pgdurable/engine/enginetest"
 )
 
-const (
-	envChild    = "PGDURABLE_ACTIVITIES_CHILD"
-	envChildDB  = "PGDURABLE_ACTIVITIES_CHILD_DB"
-	envChildAPI = "PGDURABLE_ACTIVITIES_CHILD_API"
-)
+// envChildAPI passes the fake API's URL to worker processes.
+const envChildAPI = "PGDURABLE_ACTIVITIES_CHILD_API"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(envChild) != "" {
-		os.Exit(runChild())
-	}
+	enginetest.RunWorkerIfChild(func(*pgxpool.Pool) []engine.Registration {
+		return []engine.Registration{chargeWorkflow(os.Getenv(envChildAPI))}
+	})
 	goleak.VerifyTestMain(m)
-}
-
-// runChild is a worker process for the crash test; it works until killed.
-func runChild() int {
-	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(os.Getenv(envChildDB))
-	if err != nil {
-		return 1
-	}
-	cfg.MaxConns = 20
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return 1
-	}
-	e, err := engine.New(pool, &engine.Config{LeaseDuration: time.Second})
-	if err == nil {
-		err = e.Register(chargeWorkflow(os.Getenv(envChildAPI)))
-	}
-	if err == nil {
-		err = e.Start(ctx)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		return 1
-	}
-	time.Sleep(3 * time.Minute)
-	return 0
 }
 
 // fakeAPI is a payment API with Stripe's idempotency rule: the first
@@ -209,18 +179,7 @@ func chargeWorkflow(base string, opts ...func(*activities.Activity[chargeReq, ch
 
 func newEngine(t *testing.T, db *enginetest.DB, cfg *engine.Config, start bool, wfs ...engine.Registration) *engine.Engine {
 	t.Helper()
-	e, err := engine.New(db.Pool, cfg)
-	require.NoError(t, err)
-	require.NoError(t, e.Register(wfs...))
-	if start {
-		require.NoError(t, e.Start(context.Background()))
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			require.NoError(t, e.StopAndCancel(ctx))
-		})
-	}
-	return e
+	return enginetest.NewEngine(t, db, cfg, start, wfs...)
 }
 
 func testCtx(t *testing.T) context.Context {

@@ -4,11 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"os"
-	"os/exec"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -103,19 +100,13 @@ func TestCrashBetweenCallAndRecordReusesTheKey(t *testing.T) {
 	res, err := wf.Start(ctx, client, chargeReq{OrderID: "ord_4", Amount: 4999}, nil)
 	require.NoError(t, err)
 
-	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), envChild+"=1", envChildDB+"="+db.URL, envChildAPI+"="+srv.URL)
-	child.Stderr = os.Stderr
-	child.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	require.NoError(t, child.Start())
-	t.Cleanup(func() { _ = child.Process.Kill(); _, _ = child.Process.Wait() })
+	child := enginetest.StartWorker(t, db, time.Second, envChildAPI+"="+srv.URL)
 	select {
 	case <-api.processed:
 	case <-ctx.Done():
 		t.Fatal("the child never called the API")
 	}
-	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
-	_, _ = child.Process.Wait()
+	enginetest.Kill(t, child)
 
 	worker := newEngine(t, db, &engine.Config{LeaseDuration: time.Second}, true, wf)
 	out, err := wf.Wait(ctx, worker, res.RunID, 10*time.Millisecond)

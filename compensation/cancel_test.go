@@ -70,17 +70,7 @@ func newTrip(t *testing.T, flightRetry *engine.RetryPolicy) *tripFixture {
 		}
 		return "booked", nil
 	}, nil)
-	db := enginetest.NewDB(t)
-	e, err := engine.New(db.Pool, nil)
-	require.NoError(t, err)
-	require.NoError(t, e.Register(f.wf))
-	require.NoError(t, e.Start(context.Background()))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, e.StopAndCancel(ctx))
-	})
-	f.e = e
+	f.e = enginetest.NewEngine(t, enginetest.NewDB(t), nil, true, f.wf)
 	return f
 }
 

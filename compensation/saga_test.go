@@ -120,18 +120,7 @@ func workflows(pool *pgxpool.Pool) []engine.Registration {
 
 func newEngine(t *testing.T, db *enginetest.DB, cfg *engine.Config, start bool) *engine.Engine {
 	t.Helper()
-	e, err := engine.New(db.Pool, cfg)
-	require.NoError(t, err)
-	require.NoError(t, e.Register(workflows(db.Pool)...))
-	if start {
-		require.NoError(t, e.Start(context.Background()))
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			require.NoError(t, e.StopAndCancel(ctx))
-		})
-	}
-	return e
+	return enginetest.NewEngine(t, db, cfg, start, workflows(db.Pool)...)
 }
 
 func waitStatus(t *testing.T, e *engine.Engine, runID uuid.UUID, status string) *engine.Run {

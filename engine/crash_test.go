@@ -4,11 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,58 +19,20 @@ import (
 	"github.com/pgdurable/pgdurable/engine/enginetest"
 )
 
-// Crash tests run workers as child processes (this test binary re-executed
-// with envChild set) and SIGKILL them: a real crash, not a cancelled context.
+// Crash tests run workers as child processes (enginetest.StartWorker
+// re-executes this test binary) and SIGKILL them: a real crash, not a
+// cancelled context. These variables steer the children's workflows.
 const (
-	envChild      = "PGDURABLE_TEST_CHILD"
-	envChildDB    = "PGDURABLE_TEST_CHILD_DB"
 	envBlockStep3 = "PGDURABLE_TEST_BLOCK_STEP3"
-	envLeaseMS    = "PGDURABLE_TEST_LEASE_MS"
 	envPauseFirst = "PGDURABLE_TEST_PAUSE_BEFORE_S1" // workflow code idles 2 s before s1
 	envBlockInTx  = "PGDURABLE_TEST_BLOCK_IN_TX"     // crash-tx: hang inside the tx step, before commit
 	envBlockAfter = "PGDURABLE_TEST_BLOCK_AFTER_TX"  // crash-tx: hang in the step after the tx step
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(envChild) != "" {
-		os.Exit(runChild())
-	}
+	enginetest.RunWorkerIfChild(crashWorkflows)
 	// Every engine a test starts is stopped by then: no goroutine may remain.
 	goleak.VerifyTestMain(m)
-}
-
-// runChild is a worker process: an engine with crashWorkflows, working
-// until it is killed (or for 3 minutes, should its parent vanish).
-func runChild() int {
-	ctx := context.Background()
-	pcfg, err := pgxpool.ParseConfig(os.Getenv(envChildDB))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		return 1
-	}
-	pcfg.MaxConns = 20
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		return 1
-	}
-	cfg := &engine.Config{SweepInterval: 100 * time.Millisecond}
-	if ms, _ := strconv.Atoi(os.Getenv(envLeaseMS)); ms > 0 {
-		cfg.LeaseDuration = time.Duration(ms) * time.Millisecond
-	}
-	e, err := engine.New(pool, cfg)
-	if err == nil {
-		err = e.Register(crashWorkflows(pool)...)
-	}
-	if err == nil {
-		err = e.Start(ctx)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		return 1
-	}
-	time.Sleep(3 * time.Minute)
-	return 0
 }
 
 type crashIn struct {
@@ -177,22 +136,6 @@ func calls(t *testing.T, pool *pgxpool.Pool, runID uuid.UUID, step string) int {
 	return n
 }
 
-// startChild starts a worker process; it dies with the test at the latest.
-func startChild(t *testing.T, db *enginetest.DB, env ...string) *exec.Cmd {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envChild+"=1", envChildDB+"="+db.URL)
-	cmd.Env = append(cmd.Env, env...)
-	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_, _ = cmd.Process.Wait()
-	})
-	return cmd
-}
-
 func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(within)
@@ -214,14 +157,13 @@ func TestKilledWorkerRunFinishesOnAnotherWorker(t *testing.T) {
 	res, err := client.StartJSON(ctx, "crash-three", []byte(`{}`), nil)
 	require.NoError(t, err)
 
-	child := startChild(t, db, envBlockStep3+"=1") // default lease: 10 s
+	child := enginetest.StartWorker(t, db, 0, envBlockStep3+"=1") // default lease: 10 s
 	eventually(t, 30*time.Second, "step 2 to be recorded", func() bool {
 		var n int
 		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_steps WHERE run_id = $1 AND seq = 1 AND status = 'completed'`, res.RunID).Scan(&n))
 		return n == 1
 	})
-	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
-	_, _ = child.Process.Wait()
+	enginetest.Kill(t, child)
 	killedAt := time.Now()
 
 	// Another worker, with default settings, takes the run over once the
@@ -261,7 +203,7 @@ func TestCrashLoopingRunIsParkedAndHealthyRunsComplete(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for {
-			child := startChild(t, db, envLeaseMS+"=1000")
+			child := enginetest.StartWorker(t, db, time.Second)
 			exited := make(chan struct{})
 			go func() { _, _ = child.Process.Wait(); close(exited) }()
 			select {
@@ -348,10 +290,9 @@ func TestAttemptsSurviveAWorkerCrash(t *testing.T) {
 	res, err := client.StartJSON(ctx, "crash-flaky", []byte(`{}`), nil)
 	require.NoError(t, err)
 
-	child := startChild(t, db, envBlockStep3+"=1", envLeaseMS+"=1000")
+	child := enginetest.StartWorker(t, db, time.Second, envBlockStep3+"=1")
 	eventually(t, 30*time.Second, "the third attempt to start", func() bool { return calls(t, db.Pool, res.RunID, "flaky") == 3 })
-	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
-	_, _ = child.Process.Wait()
+	enginetest.Kill(t, child)
 
 	worker := newEngine(t, db, &engine.Config{LeaseDuration: time.Second}, true, wfs...)
 	run := waitStatus(t, worker, res.RunID, engine.StatusCompleted, 30*time.Second)
@@ -386,14 +327,13 @@ func TestTxStepIsExactlyOnceAcrossKills(t *testing.T) {
 			res, err := client.StartJSON(ctx, "crash-tx", []byte(`{}`), nil)
 			require.NoError(t, err)
 
-			child := startChild(t, db, tc.env+"=1", envLeaseMS+"=1000")
+			child := enginetest.StartWorker(t, db, time.Second, tc.env+"=1")
 			eventually(t, 30*time.Second, "the kill point", func() bool {
 				var n int
 				require.NoError(t, db.Pool.QueryRow(ctx, tc.killWhen, res.RunID).Scan(&n))
 				return n == 1
 			})
-			require.NoError(t, child.Process.Signal(syscall.SIGKILL))
-			_, _ = child.Process.Wait()
+			enginetest.Kill(t, child)
 
 			worker := newEngine(t, db, &engine.Config{LeaseDuration: time.Second}, true, wfs...)
 			run := waitStatus(t, worker, res.RunID, engine.StatusCompleted, 30*time.Second)

@@ -32,21 +32,7 @@ func setup(t *testing.T, cfg *engine.Config, wfs ...engine.Registration) *bundle
 
 func newEngine(t *testing.T, db *enginetest.DB, cfg *engine.Config, start bool, wfs ...engine.Registration) *engine.Engine {
 	t.Helper()
-	if cfg == nil {
-		cfg = &engine.Config{}
-	}
-	e, err := engine.New(db.Pool, cfg)
-	require.NoError(t, err)
-	require.NoError(t, e.Register(wfs...))
-	if start {
-		require.NoError(t, e.Start(context.Background()))
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			require.NoError(t, e.StopAndCancel(ctx))
-		})
-	}
-	return e
+	return enginetest.NewEngine(t, db, cfg, start, wfs...)
 }
 
 func testCtx(t *testing.T) context.Context {

@@ -34,7 +34,7 @@ func TestPausedWorkerDoesNotStartStepsAfterTakeover(t *testing.T) {
 	res, err := client.StartJSON(ctx, "crash-three", []byte(`{}`), nil)
 	require.NoError(t, err)
 
-	child := startChild(t, db, envPauseFirst+"=1", envLeaseMS+"=1000")
+	child := enginetest.StartWorker(t, db, time.Second, envPauseFirst+"=1")
 	eventually(t, 30*time.Second, "the child to claim the run", func() bool {
 		run, err := client.GetRun(ctx, res.RunID)
 		require.NoError(t, err)
