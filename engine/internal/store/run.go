@@ -172,6 +172,20 @@ func scanSteps(rows pgx.Rows) ([]StepRecord, error) {
 	return out, rows.Err()
 }
 
+// stepConflict updates a step record in place: a retry's attempts, an
+// activity's outcome after its stored request ID (kept), a replay's reset.
+const stepConflict = `    ON CONFLICT (run_id, seq) DO UPDATE SET
+        status = excluded.status,
+        attempts = excluded.attempts,
+        request_id = coalesce(excluded.request_id, s.request_id),
+        output = excluded.output,
+        error = excluded.error,
+        next_attempt_at = excluded.next_attempt_at,
+        first_failed_at = coalesce(s.first_failed_at, excluded.first_failed_at),
+        completed_at = excluded.completed_at,
+        compensation = coalesce(excluded.compensation, s.compensation),
+        compensation_of = coalesce(excluded.compensation_of, s.compensation_of)`
+
 // stepUpsert is a CTE that writes one step record ($4..$15) for the run the
 // preceding "run" CTE returned; it writes nothing when that CTE returned no
 // row (the fence failed) or when $4 is NULL (no record to write).
@@ -183,17 +197,7 @@ step AS (
     SELECT run.run_id, $4::int, $5::text, $6::text, $7::text, $8::int, $9::uuid, $10::jsonb, $11::jsonb,
            $12::timestamptz, $13::timestamptz, $14::timestamptz, $15::timestamptz, $16::text, $17::int
     FROM run WHERE $4::int IS NOT NULL
-    ON CONFLICT (run_id, seq) DO UPDATE SET
-        status = excluded.status,
-        attempts = excluded.attempts,
-        request_id = coalesce(excluded.request_id, s.request_id),
-        output = excluded.output,
-        error = excluded.error,
-        next_attempt_at = excluded.next_attempt_at,
-        first_failed_at = coalesce(s.first_failed_at, excluded.first_failed_at),
-        completed_at = excluded.completed_at,
-        compensation = coalesce(excluded.compensation, s.compensation),
-        compensation_of = coalesce(excluded.compensation_of, s.compensation_of)
+` + stepConflict + `
 )`
 
 // writeSteps upserts any number of step records ($4.. as parallel arrays)
@@ -217,17 +221,7 @@ WITH run AS (
                      $16::text[], $17::int[])
         AS u(seq, name, kind, status, attempts, request_id, output, error, next_attempt_at, first_failed_at,
              started_at, completed_at, compensation, compensation_of)
-    ON CONFLICT (run_id, seq) DO UPDATE SET
-        status = excluded.status,
-        attempts = excluded.attempts,
-        request_id = coalesce(excluded.request_id, s.request_id),
-        output = excluded.output,
-        error = excluded.error,
-        next_attempt_at = excluded.next_attempt_at,
-        first_failed_at = coalesce(s.first_failed_at, excluded.first_failed_at),
-        completed_at = excluded.completed_at,
-        compensation = coalesce(excluded.compensation, s.compensation),
-        compensation_of = coalesce(excluded.compensation_of, s.compensation_of)
+` + stepConflict + `
 )
 SELECT count(*), coalesce(bool_or(cancel), false) FROM run`
 
