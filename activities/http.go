@@ -65,6 +65,7 @@ type HTTPError struct {
 	RetryAfter time.Duration
 }
 
+// Error renders the status and the start of the body.
 func (e *HTTPError) Error() string {
 	msg := "HTTP " + e.Status
 	if e.Body != "" {
