@@ -26,6 +26,11 @@ type ActivityOpts struct {
 	// ActivityAttempt.Heartbeat before it is treated as stuck: its context
 	// is cancelled, it is abandoned and retried with the same request ID
 	// (class "heartbeat_timeout"). 0 means attempts need not heartbeat.
+	//
+	// It also decides what a run's cancellation does to a running attempt:
+	// one that heartbeats has its context cancelled (Heartbeat returns the
+	// error) and should stop without effect; one that does not is left to
+	// finish its call, and when that succeeded its undo runs.
 	HeartbeatTimeout time.Duration
 }
 
@@ -100,6 +105,13 @@ func RunActivity[T any](ctx *Context, name string, opts *ActivityOpts, fn func(c
 	}
 	raw, err := ctx.runStep(&stepCall{name: name, kind: kindActivity, opts: &StepOpts{RetryPolicy: opts.RetryPolicy}, requestID: true,
 		body: func(sctx context.Context, st *attemptState) ([]byte, error) {
+			if opts.HeartbeatTimeout <= 0 {
+				// An activity that does not heartbeat is not interrupted by
+				// the run's cancellation: its call finishes, and if it took
+				// effect its undo runs. Cutting it short would leave an
+				// effect (a charge) that no one knows to undo.
+				sctx = st.c.Context
+			}
 			return runAttempt(sctx, st.c, name, opts, &ActivityAttempt{RequestID: st.requestID, Attempt: st.attempt}, fn)
 		}})
 	return decodeOutput[T](name, raw, err)

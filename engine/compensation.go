@@ -56,6 +56,9 @@ func (c *Context) Compensate(u Undo) error {
 		return fmt.Errorf("pgdurable: undo %q needs exactly one of Fn and Tx", u.Name)
 	}
 	seq := c.seq - 1
+	if n := len(c.compensations); n > 0 && c.compensations[n-1].seq == seq {
+		return fmt.Errorf("pgdurable: step %d already has an undo (%q); register one undo per step", seq, c.compensations[n-1].undo.Name)
+	}
 	switch {
 	case c.pending != nil && c.pending.Seq == seq && c.pending.Status == store.StepCompleted:
 		c.pending.Compensation = &u.Name

@@ -122,7 +122,7 @@ type ErrorInfo struct {
 
 func (e *ErrorInfo) json() []byte {
 	c := *e
-	c.Message, c.Step, c.Stack = storableText(c.Message), storableText(c.Step), storableText(c.Stack)
+	c.Class, c.Message, c.Step, c.Stack = storableText(c.Class), storableText(c.Message), storableText(c.Step), storableText(c.Stack)
 	b, _ := json.Marshal(c) // only strings and ints: cannot fail
 	return b
 }

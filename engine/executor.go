@@ -183,7 +183,7 @@ func (c *Context) writeStatus(status string, recs ...*store.StepRecord) bool {
 	sent := time.Now()
 	var cancel bool
 	err := c.do(func(ctx context.Context) (err error) {
-		cancel, err = store.WriteSteps(ctx, c.e.pool, c.runID, c.token, c.e.cfg.LeaseDuration, status, recs...)
+		cancel, _, err = store.WriteSteps(ctx, c.e.pool, c.runID, c.token, c.e.cfg.LeaseDuration, status, recs...)
 		return err
 	})
 	if err != nil {
@@ -342,7 +342,7 @@ func (c *Context) park(rec *store.StepRecord, why *parkReason) {
 	runErr.Stack = "" // the stack lives in dead_jobs; keep the run's error short
 	p := &store.Park{
 		ID: uuid.Must(uuid.NewV7()), Reason: why.reason, FirstFailedAt: now, LastFailedAt: now,
-		ErrorClass: why.info.Class, ErrorMessage: storableText(why.info.Message), RunError: runErr.json(),
+		ErrorClass: storableText(why.info.Class), ErrorMessage: storableText(why.info.Message), RunError: runErr.json(),
 	}
 	if why.info.Stack != "" {
 		stack := storableText(why.info.Stack)

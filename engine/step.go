@@ -138,7 +138,21 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 	attempts := 0
 	var firstFailed, nextAttempt *time.Time
 	var requestID *uuid.UUID
+	// written: a record of this step exists, so its position stays used
+	// even if the run's cancellation stops it; a forward step stopped
+	// before anything was written gives its position back to the undos.
+	written := false
+	cancelled := func() ([]byte, error) {
+		if !written {
+			c.seq--
+		}
+		return nil, ErrCancelled
+	}
+	if forward && c.cancelRequested.Load() && (seq >= len(c.steps) || c.steps[seq].Kind == kindCompensation) {
+		return cancelled() // never started: the undos took its place
+	}
 	if seq < len(c.steps) {
+		written = true
 		rec := &c.steps[seq]
 		if rec.Name != name || rec.Kind != kind {
 			c.park(nil, parkNonDeterminism(seq, name, kind, rec))
@@ -151,12 +165,9 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 			return nil, stepErrorFromRecord(rec)
 		}
 		attempts, firstFailed, nextAttempt, requestID = rec.Attempts, rec.FirstFailedAt, rec.NextAttemptAt, rec.RequestID
-	} else if forward && c.cancelRequested.Load() {
-		c.seq-- // not started, not recorded: replays the same way
-		return nil, ErrCancelled
 	}
 	if forward && c.cancelRequested.Load() {
-		return nil, ErrCancelled // begun before the cancellation (a request ID stored): it stays unfinished
+		return cancelled() // begun before the cancellation (a request ID stored): it stays unfinished
 	}
 	stepCtx := c.fwd
 	if !forward {
@@ -179,6 +190,7 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		if !c.write(recs...) {
 			return nil, c.endErr
 		}
+		written = true
 	}
 	// Everything before this step is recorded before it runs.
 	if !c.flush() {
@@ -202,6 +214,9 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		if !c.mayStartStep() {
 			return nil, c.endErr
 		}
+		if forward && c.cancelRequested.Load() {
+			return cancelled() // no further attempt once the cancellation is known
+		}
 		attempt := attempts + 1
 		a := &attemptState{c: c, seq: seq, attempt: attempt}
 		if requestID != nil {
@@ -223,7 +238,8 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 			}
 			return out, nil
 		}
-		if errors.Is(err, store.ErrLeaseLost) {
+		var unknown *outcomeUnknownError
+		if errors.Is(err, store.ErrLeaseLost) || errors.As(err, &unknown) {
 			c.end(err)
 			return nil, c.endErr
 		}
@@ -235,7 +251,7 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		if forward && c.fwd.Err() != nil {
 			// The run was cancelled under this attempt: no outcome, no record.
 			log.Info("step stopped by the run's cancellation", "attempt", attempt)
-			return nil, ErrCancelled
+			return cancelled()
 		}
 		if firstFailed == nil {
 			firstFailed = &now
@@ -291,11 +307,23 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		info.Message = err.Error()
 		rec.Status, rec.Error, rec.NextAttemptAt = store.StepRetrying, info.json(), &next
 		log.Info("step failed; will retry", "attempt", attempt, "error_class", info.Class, "error", info.Message, "backoff", delay)
+		if forward && c.cancelRequested.Load() {
+			// Cancelled meanwhile: record the failed attempt, retry no more.
+			if !c.write(rec) {
+				return nil, c.endErr
+			}
+			written = true
+			return cancelled()
+		}
 		if delay > c.e.cfg.MaxInlineBackoff {
 			c.suspend(rec, next)
 			return nil, c.endErr
 		}
-		if !c.write(rec) || !c.sleep(delay) {
+		if !c.write(rec) {
+			return nil, c.endErr
+		}
+		written = true
+		if !c.sleep(delay) {
 			return nil, c.endErr
 		}
 		attempts = attempt

@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -29,13 +31,22 @@ func TxStep[T any](ctx *Context, name string, fn func(ctx context.Context, tx pg
 }
 
 // txBody runs fn and writes the step's record in one transaction, fenced by
-// the lease: exactly once.
+// the lease: exactly once. fn runs in ctx (a forward step's context, which
+// a cancellation cancels); BEGIN and COMMIT run in the delivery's, so a
+// cancellation never cuts a commit short.
+//
+// When the commit's outcome is unknown (its reply was lost with the
+// connection), the record decides: a completed record is never
+// overwritten, so a retry whose own record write finds it rolls back and
+// returns the recorded result. A transaction of an earlier attempt still
+// committing holds the record's row lock; the retry waits for it.
 func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(context.Context, *attemptState) ([]byte, error) {
 	return func(sctx context.Context, a *attemptState) ([]byte, error) {
 		c := a.c
 		var out []byte
+		var fnDone, already bool
 		sent := time.Now()
-		err := pgx.BeginFunc(sctx, c.e.pool, func(tx pgx.Tx) error {
+		err := pgx.BeginFunc(c.Context, c.e.pool, func(tx pgx.Tx) error {
 			v, err := fn(sctx, tx)
 			if err != nil {
 				return err
@@ -43,15 +54,46 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			if out, err = encodeOutput(v); err != nil {
 				return err
 			}
-			cancel, err := store.WriteSteps(sctx, tx, c.runID, c.token, c.e.cfg.LeaseDuration, "", a.completed(out))
+			cancel, written, err := store.WriteSteps(c.Context, tx, c.runID, c.token, c.e.cfg.LeaseDuration, "", a.completed(out))
 			c.noteCancel(cancel)
-			return err
+			if err != nil {
+				return err
+			}
+			if written == 0 {
+				already = true
+				return errAlreadyRecorded // roll this attempt's writes back
+			}
+			fnDone = true
+			return nil
 		})
-		if err != nil {
-			return nil, err // ErrLeaseLost ends the delivery; others follow the retry rules
+		switch {
+		case err == nil:
+			a.recorded = true
+			c.extendedAt(sent)
+			return out, nil
+		case errors.Is(err, store.ErrLeaseLost):
+			return nil, err
+		case already || fnDone:
+			rec, gerr := store.GetStep(c.Context, c.e.pool, c.runID, a.seq)
+			switch {
+			case gerr == nil && rec.Status == store.StepCompleted:
+				a.recorded = true
+				return rec.Output, nil
+			case gerr != nil && !errors.Is(gerr, store.ErrNotFound):
+				// Cannot tell whether the commit landed: end this delivery
+				// like a crash; the next one reads the records.
+				return nil, &outcomeUnknownError{err: fmt.Errorf("commit of tx step: %w; reading its record: %v", err, gerr)}
+			}
 		}
-		a.recorded = true
-		c.extendedAt(sent)
-		return out, nil
+		return nil, err
 	}
 }
+
+var errAlreadyRecorded = errors.New("step already recorded")
+
+// outcomeUnknownError ends a delivery that cannot learn whether its last
+// write committed.
+type outcomeUnknownError struct{ err error }
+
+func (e *outcomeUnknownError) Error() string { return e.err.Error() }
+func (e *outcomeUnknownError) Unwrap() error { return e.err }

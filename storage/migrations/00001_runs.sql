@@ -45,6 +45,10 @@ CREATE INDEX workflow_runs_lease_sweep_idx ON workflow_runs (queue)
 -- The timer sweep: waiting runs whose wake time has come.
 CREATE INDEX workflow_runs_wake_sweep_idx ON workflow_runs (queue, wake_at)
     WHERE status = 'waiting';
+-- The sweep also wakes waiting runs whose cancellation was requested (a
+-- cancel that raced the run's suspension).
+CREATE INDEX workflow_runs_cancel_sweep_idx ON workflow_runs (queue)
+    WHERE status = 'waiting' AND cancel_requested_at IS NOT NULL;
 -- Listing runs newest first, optionally by workflow and status (run_id is a UUID v7: time ordered).
 CREATE INDEX workflow_runs_workflow_status_idx ON workflow_runs (workflow_name, status, run_id DESC);
 CREATE INDEX workflow_runs_status_idx ON workflow_runs (status, run_id DESC);

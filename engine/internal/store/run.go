@@ -222,14 +222,16 @@ WITH run AS (
         AS u(seq, name, kind, status, attempts, request_id, output, error, next_attempt_at, first_failed_at,
              started_at, completed_at, compensation, compensation_of)
 ` + stepConflict + `
+    RETURNING 1
 )
-SELECT count(*), coalesce(bool_or(cancel), false) FROM run`
+SELECT (SELECT count(*) FROM run), coalesce((SELECT bool_or(cancel) FROM run), false), (SELECT count(*) FROM step)`
 
 // WriteSteps records recs and extends the lease, fenced by token (one
 // statement, one round trip), moving the run to status unless it is "".
-// It reports whether cancellation was requested, and returns ErrLeaseLost
+// A completed record is never overwritten. It reports whether cancellation
+// was requested and how many records it wrote, and returns ErrLeaseLost
 // when token no longer owns the run.
-func WriteSteps(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.Duration, status string, recs ...*StepRecord) (cancel bool, err error) {
+func WriteSteps(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.Duration, status string, recs ...*StepRecord) (cancel bool, written int, err error) {
 	n := len(recs)
 	var (
 		seq, attempts                         = make([]int32, n), make([]int32, n)
@@ -255,14 +257,32 @@ func WriteSteps(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time
 	}
 	var found int
 	err = db.QueryRow(ctx, writeSteps, runID, token, ms(lease), seq, name, kind, stat, attempts,
-		requestID, output, errs, next, firstFailed, started, completed, comp, compOf, statusArg).Scan(&found, &cancel)
+		requestID, output, errs, next, firstFailed, started, completed, comp, compOf, statusArg).Scan(&found, &cancel, &written)
 	if err != nil {
-		return false, fmt.Errorf("recording steps of run %s: %w", runID, translate(err))
+		return false, 0, fmt.Errorf("recording steps of run %s: %w", runID, translate(err))
 	}
 	if found == 0 {
-		return false, ErrLeaseLost
+		return false, 0, ErrLeaseLost
 	}
-	return cancel, nil
+	return cancel, written, nil
+}
+
+// GetStep reads one step record; ErrNotFound when there is none.
+func GetStep(ctx context.Context, db DBTX, runID uuid.UUID, seq int) (*StepRecord, error) {
+	rows, err := db.Query(ctx, `SELECT seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
+       first_failed_at, started_at, completed_at, compensation, compensation_of
+FROM workflow_steps WHERE run_id = $1 AND seq = $2`, runID, seq)
+	if err != nil {
+		return nil, fmt.Errorf("reading step %d of run %s: %w", seq, runID, err)
+	}
+	steps, err := scanSteps(rows)
+	if err != nil {
+		return nil, fmt.Errorf("reading step %d of run %s: %w", seq, runID, err)
+	}
+	if len(steps) == 0 {
+		return nil, ErrNotFound
+	}
+	return &steps[0], nil
 }
 
 func jsonText(b []byte) *string {
@@ -303,7 +323,8 @@ func Heartbeat(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.
 }
 
 // CancelRun requests cancellation of an active run and returns its status
-// before the request. A waiting run becomes pending (wakeUp true): the
+// before the request. A compensating run is left alone: it is already
+// undoing its steps, and its outcome (compensated, with its error) stands. A waiting run becomes pending (wakeUp true): the
 // caller enqueues a delivery in the same transaction so compensations run
 // now. ErrNotFound when there is no such run; a finished run is returned
 // unchanged (the caller reports it closed).
@@ -325,7 +346,7 @@ WITH target AS (
         wake_at = CASE WHEN target.status = 'waiting' THEN NULL ELSE r.wake_at END,
         enqueued_at = CASE WHEN target.status = 'waiting' THEN now() ELSE r.enqueued_at END
     FROM target
-    WHERE r.run_id = target.run_id AND target.status IN ('pending', 'running', 'waiting', 'compensating')
+    WHERE r.run_id = target.run_id AND target.status IN ('pending', 'running', 'waiting')
 )
 SELECT status FROM target`
 
@@ -404,13 +425,18 @@ WITH expired AS (
     ORDER BY wake_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
+), cancelled AS (
+    SELECT run_id FROM workflow_runs
+    WHERE status = 'waiting' AND queue = $2 AND cancel_requested_at IS NOT NULL
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
 ), swept AS (
     UPDATE workflow_runs r SET owner_token = NULL, lease_expires_at = NULL, enqueued_at = now()
     FROM expired WHERE r.run_id = expired.run_id
     RETURNING r.run_id
 ), woken AS (
     UPDATE workflow_runs r SET status = 'pending', wake_at = NULL, enqueued_at = now()
-    FROM due WHERE r.run_id = due.run_id
+    WHERE r.run_id IN (SELECT run_id FROM due UNION SELECT run_id FROM cancelled)
     RETURNING r.run_id
 )
 SELECT run_id, 'lease_expired' FROM swept
