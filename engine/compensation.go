@@ -86,6 +86,7 @@ func (c *Context) compensate(status string, info *ErrorInfo) {
 	if !c.writeStatus(store.RunCompensating, recs...) {
 		return
 	}
+	c.compensating = true
 	c.log.Info("compensating", "undos", len(c.compensations), "error_class", info.Class)
 	for i := len(c.compensations) - 1; i >= 0; i-- {
 		comp := c.compensations[i]

@@ -29,6 +29,7 @@ type Context struct {
 	cancelFwd       context.CancelCauseFunc
 	cancelRequested atomic.Bool
 	compensations   []*compensation // registered undos, oldest first
+	compensating    bool            // the undos are running
 
 	e          *Engine
 	wf         registered

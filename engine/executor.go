@@ -275,7 +275,11 @@ func (c *Context) suspend(rec *store.StepRecord, wakeAt time.Time) {
 	if rec == nil {
 		rec, c.pending = c.pending, nil
 	}
-	c.end(c.handBack(rec, store.RunWaiting, wakeAt, true))
+	status := store.RunWaiting
+	if c.compensating {
+		status = store.RunCompensating // an undo waits for its retry; the run stays compensating
+	}
+	c.end(c.handBack(rec, status, wakeAt, true))
 }
 
 // interrupted ends a delivery whose context was cancelled: after a lost
@@ -292,7 +296,11 @@ func (c *Context) interrupted() {
 	rec := c.pending
 	c.pending = nil
 	c.log.Info("delivery interrupted; run handed back", "cause", context.Cause(c.Context))
-	c.end(c.handBack(rec, store.RunPending, time.Time{}, rec != nil))
+	status := store.RunPending
+	if c.compensating {
+		status = store.RunCompensating
+	}
+	c.end(c.handBack(rec, status, time.Time{}, rec != nil))
 }
 
 // handBack gives up the lease with status, writing rec (may be nil). A
@@ -301,7 +309,7 @@ func (c *Context) interrupted() {
 // back) gets its ticket in the same transaction.
 func (c *Context) handBack(rec *store.StepRecord, status string, wakeAt time.Time, progress bool) error {
 	return c.do(func(ctx context.Context) error {
-		if status == store.RunWaiting {
+		if !wakeAt.IsZero() {
 			return store.SuspendRun(ctx, c.e.pool, c.runID, c.token, rec, status, &wakeAt, progress)
 		}
 		return pgx.BeginFunc(ctx, c.e.pool, func(tx pgx.Tx) error {

@@ -42,9 +42,9 @@ CREATE TABLE workflow_runs (
 -- writes heap-only (HOT) updates.
 CREATE INDEX workflow_runs_lease_sweep_idx ON workflow_runs (queue)
     WHERE status IN ('running', 'compensating');
--- The timer sweep: waiting runs whose wake time has come.
+-- The timer sweep: waiting (or compensating) runs whose wake time has come.
 CREATE INDEX workflow_runs_wake_sweep_idx ON workflow_runs (queue, wake_at)
-    WHERE status = 'waiting';
+    WHERE wake_at IS NOT NULL;
 -- The sweep also wakes waiting runs whose cancellation was requested (a
 -- cancel that raced the run's suspension).
 CREATE INDEX workflow_runs_cancel_sweep_idx ON workflow_runs (queue)

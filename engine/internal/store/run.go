@@ -370,7 +370,7 @@ func FinishRun(ctx context.Context, db DBTX, runID, token uuid.UUID, pending *St
 const suspendRun = `
 WITH run AS (
     UPDATE workflow_runs SET status = $18, wake_at = $19, owner_token = NULL, lease_expires_at = NULL,
-        enqueued_at = CASE WHEN $18 = 'pending' THEN now() ELSE enqueued_at END,
+        enqueued_at = CASE WHEN $19::timestamptz IS NULL THEN now() ELSE enqueued_at END,
         stalled_deliveries = CASE WHEN $20::bool THEN 0 ELSE greatest(stalled_deliveries - 1, 0) END
     WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0
     RETURNING run_id
@@ -421,7 +421,7 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 ), due AS (
     SELECT run_id FROM workflow_runs
-    WHERE status = 'waiting' AND queue = $2 AND wake_at <= $3
+    WHERE wake_at <= $3 AND queue = $2 AND status IN ('waiting', 'compensating')
     ORDER BY wake_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
@@ -435,7 +435,8 @@ WITH expired AS (
     FROM expired WHERE r.run_id = expired.run_id
     RETURNING r.run_id
 ), woken AS (
-    UPDATE workflow_runs r SET status = 'pending', wake_at = NULL, enqueued_at = now()
+    UPDATE workflow_runs r SET status = CASE WHEN r.status = 'waiting' THEN 'pending' ELSE r.status END,
+        wake_at = NULL, enqueued_at = now()
     WHERE r.run_id IN (SELECT run_id FROM due UNION SELECT run_id FROM cancelled)
     RETURNING r.run_id
 )
