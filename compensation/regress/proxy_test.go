@@ -1,0 +1,170 @@
+package regress_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// pgProxy is a loopback TCP proxy in front of Postgres that can, once, act
+// on the COMMIT of a transaction that ran a marker statement
+// (SELECT 'attack_marker'): drop the commit's acknowledgement (forward the
+// COMMIT, swallow the answer, cut the connection), or delay the answer.
+type pgProxy struct {
+	ln       net.Listener
+	target   string
+	mode     string // "dropack" or "delay"
+	delay    time.Duration
+	fired    atomic.Bool
+	markSeen chan struct{}
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	conns    []net.Conn
+}
+
+func startProxy(t *testing.T, mode string, delay time.Duration) *pgProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &pgProxy{ln: ln, target: "127.0.0.1:5432", mode: mode, delay: delay, markSeen: make(chan struct{}, 16)}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.close)
+	return p
+}
+
+func (p *pgProxy) port() uint16 { return uint16(p.ln.Addr().(*net.TCPAddr).Port) }
+
+func (p *pgProxy) close() {
+	p.ln.Close()
+	p.mu.Lock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+func (p *pgProxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, s)
+		p.mu.Unlock()
+		pc := &proxConn{c: c, s: s}
+		p.wg.Add(2)
+		go func() { defer p.wg.Done(); p.clientToServer(pc) }()
+		go func() { defer p.wg.Done(); p.serverToClient(pc) }()
+	}
+}
+
+type proxConn struct {
+	c, s       net.Conn
+	blackhole  atomic.Bool
+	delayUntil atomic.Int64
+	marked     bool
+}
+
+func (p *pgProxy) serverToClient(pc *proxConn) {
+	defer pc.c.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := pc.s.Read(buf)
+		if n > 0 {
+			if d := time.Until(time.Unix(0, pc.delayUntil.Load())); d > 0 {
+				time.Sleep(d)
+			}
+			if !pc.blackhole.Load() {
+				if _, werr := pc.c.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *pgProxy) clientToServer(pc *proxConn) {
+	defer pc.s.Close()
+	// Untyped startup-phase messages until the protocol 3.0 StartupMessage.
+	for {
+		var hdr [8]byte
+		if _, err := io.ReadFull(pc.c, hdr[:]); err != nil {
+			return
+		}
+		n := binary.BigEndian.Uint32(hdr[:4])
+		code := binary.BigEndian.Uint32(hdr[4:8])
+		rest := make([]byte, n-8)
+		if _, err := io.ReadFull(pc.c, rest); err != nil {
+			return
+		}
+		if _, err := pc.s.Write(append(hdr[:], rest...)); err != nil {
+			return
+		}
+		if code == 196608 {
+			break
+		}
+	}
+	for {
+		var hdr [5]byte
+		if _, err := io.ReadFull(pc.c, hdr[:]); err != nil {
+			return
+		}
+		n := binary.BigEndian.Uint32(hdr[1:5])
+		body := make([]byte, n-4)
+		if _, err := io.ReadFull(pc.c, body); err != nil {
+			return
+		}
+		msg := append(hdr[:], body...)
+		if hdr[0] == 'Q' {
+			q := strings.ToLower(strings.TrimSpace(string(bytes.TrimRight(body, "\x00"))))
+			if strings.Contains(q, "attack_marker") {
+				pc.marked = true
+				select {
+				case p.markSeen <- struct{}{}:
+				default:
+				}
+			}
+			if q == "commit" || q == "rollback" {
+				act := q == "commit" && pc.marked && p.fired.CompareAndSwap(false, true)
+				pc.marked = false
+				if act {
+					switch p.mode {
+					case "dropack":
+						pc.blackhole.Store(true)
+						if _, err := pc.s.Write(msg); err != nil {
+							return
+						}
+						time.Sleep(300 * time.Millisecond) // the server commits
+						pc.c.Close()
+						pc.s.Close()
+						return
+					case "delay":
+						pc.delayUntil.Store(time.Now().Add(p.delay).UnixNano())
+					}
+				}
+			}
+		}
+		if _, err := pc.s.Write(msg); err != nil {
+			return
+		}
+	}
+}
