@@ -28,6 +28,9 @@ var (
 	// ErrDeadJobResolved: the dead job was already resolved another way
 	// (replaying a discarded job, or discarding a replayed one).
 	ErrDeadJobResolved = errors.New("pgdurable: dead job already resolved")
+	// ErrInvalidArgument: a listing parameter (limit, cursor, status) is
+	// out of range or malformed.
+	ErrInvalidArgument = errors.New("pgdurable: invalid argument")
 	// ErrRunNotFinished is returned by Workflow.Result for a run that has
 	// not reached a terminal status.
 	ErrRunNotFinished = errors.New("pgdurable: run not finished")

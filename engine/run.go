@@ -235,7 +235,7 @@ func (e *Engine) ListRuns(ctx context.Context, p ListRunsParams) (runs []*Run, n
 		return nil, "", err
 	}
 	if p.Status != "" && !validStatus[p.Status] {
-		return nil, "", fmt.Errorf("pgdurable: unknown run status %q", p.Status)
+		return nil, "", fmt.Errorf("%w: unknown run status %q", ErrInvalidArgument, p.Status)
 	}
 	rows, err := store.ListRuns(ctx, e.pool, store.RunFilter{Workflow: p.Workflow, Status: p.Status, Before: before, Limit: limit + 1})
 	if err != nil {
@@ -255,14 +255,14 @@ func (e *Engine) ListRuns(ctx context.Context, p ListRunsParams) (runs []*Run, n
 func pageParams(limit int, cursor string) (int, *uuid.UUID, error) {
 	limit = orDefault(limit, 50)
 	if limit < 1 || limit > 1000 {
-		return 0, nil, fmt.Errorf("pgdurable: limit %d is outside 1..1000", limit)
+		return 0, nil, fmt.Errorf("%w: limit %d is outside 1..1000", ErrInvalidArgument, limit)
 	}
 	if cursor == "" {
 		return limit, nil, nil
 	}
 	id, err := uuid.Parse(cursor)
 	if err != nil {
-		return 0, nil, fmt.Errorf("pgdurable: invalid cursor %q", cursor)
+		return 0, nil, fmt.Errorf("%w: invalid cursor %q", ErrInvalidArgument, cursor)
 	}
 	return limit, &id, nil
 }

@@ -1,0 +1,182 @@
+// Package httpapi serves the engine's HTTP API (DESIGN §7): start runs,
+// read and cancel them, and inspect, replay and discard dead jobs. Outside
+// tools depend on its routes, fields and status codes; keep them stable.
+//
+// Routes (JSON in and out; errors are {"error": {"code", "message"}}):
+//
+//	POST /v1/workflows/{name}/runs        {"id": "...", "input": {...}} → 201 new, 200 same ID + same input,
+//	                                      409 same ID + other input, 404 unknown workflow, 400 bad input
+//	GET  /v1/runs/{run_id}                the run with steps[]
+//	GET  /v1/runs?workflow=&status=&limit=&cursor=
+//	POST /v1/runs/{run_id}/signals/{name} (signals arrive with timers; 501 until then)
+//	POST /v1/runs/{run_id}/cancel         202 accepted, 409 already finished
+//	GET  /v1/dead-jobs?workflow=&reason=&limit=&cursor=
+//	GET  /v1/dead-jobs/{id}
+//	POST /v1/dead-jobs/{id}/replay        {"by": "...", "note": "..."} (optional)
+//	POST /v1/dead-jobs/{id}/discard
+//	GET  /healthz, GET /readyz, GET /metrics
+//
+// With Options.Token set, /v1 and /metrics require "Authorization: Bearer
+// <token>"; the service refuses to listen beyond loopback without one.
+package httpapi
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgdurable/pgdurable/engine"
+)
+
+// Options configures the handler.
+type Options struct {
+	// Token, when set, is the bearer token /v1 and /metrics require.
+	Token string
+	// MaxBodyBytes bounds request bodies. Default 1 MiB + 4 KiB (a run's
+	// largest input plus its envelope).
+	MaxBodyBytes int64
+	// Metrics serves /metrics; nil serves 404 there.
+	Metrics http.Handler
+	// Pool is pinged by /readyz; nil means always ready.
+	Pool *pgxpool.Pool
+	// Logger logs request failures (5xx). Default slog.Default().
+	Logger *slog.Logger
+}
+
+// New returns the API's handler over e.
+func New(e *engine.Engine, opts *Options) http.Handler {
+	o := Options{}
+	if opts != nil {
+		o = *opts
+	}
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = 1<<20 + 4<<10
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	a := &api{e: e, opts: o}
+	mux := http.NewServeMux()
+	v1 := http.NewServeMux()
+	v1.HandleFunc("POST /v1/workflows/{name}/runs", a.startRun)
+	v1.HandleFunc("GET /v1/runs/{run_id}", a.getRun)
+	v1.HandleFunc("GET /v1/runs", a.listRuns)
+	v1.HandleFunc("POST /v1/runs/{run_id}/cancel", a.cancelRun)
+	v1.HandleFunc("POST /v1/runs/{run_id}/signals/{name}", a.signal)
+	v1.HandleFunc("GET /v1/dead-jobs", a.listDeadJobs)
+	v1.HandleFunc("GET /v1/dead-jobs/{id}", a.getDeadJob)
+	v1.HandleFunc("POST /v1/dead-jobs/{id}/replay", a.resolveDeadJob(e.ReplayDeadJob))
+	v1.HandleFunc("POST /v1/dead-jobs/{id}/discard", a.resolveDeadJob(e.DiscardDeadJob))
+	v1.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
+	})
+	mux.Handle("/v1/", a.auth(a.limitBody(v1)))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", a.ready)
+	if o.Metrics != nil {
+		mux.Handle("GET /metrics", a.auth(o.Metrics))
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
+	})
+	return mux
+}
+
+type api struct {
+	e    *engine.Engine
+	opts Options
+}
+
+func (a *api) auth(next http.Handler) http.Handler {
+	if a.opts.Token == "" {
+		return next
+	}
+	want := []byte("Bearer " + a.opts.Token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got := []byte(r.Header.Get("Authorization"))
+		if subtle.ConstantTimeCompare(got, want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="pgdurable"`)
+			writeError(w, http.StatusUnauthorized, "unauthorized", "a valid bearer token is required")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (a *api) limitBody(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, a.opts.MaxBodyBytes)
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (a *api) ready(w http.ResponseWriter, r *http.Request) {
+	if a.opts.Pool != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := a.opts.Pool.Ping(ctx); err != nil {
+			writeError(w, http.StatusServiceUnavailable, "not_ready", "database unreachable: "+err.Error())
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// errorBody is every error response.
+type errorBody struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, status int, code, message string) {
+	var b errorBody
+	b.Error.Code, b.Error.Message = code, message
+	writeJSON(w, status, b)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// engineError maps the engine's conditions onto HTTP statuses and codes.
+func (a *api) engineError(w http.ResponseWriter, r *http.Request, err error) {
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		writeError(w, http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("request body is over %d bytes", tooBig.Limit))
+	case errors.Is(err, engine.ErrUnknownWorkflow):
+		writeError(w, http.StatusNotFound, "unknown_workflow", err.Error())
+	case errors.Is(err, engine.ErrNotFound):
+		writeError(w, http.StatusNotFound, "not_found", err.Error())
+	case errors.Is(err, engine.ErrInvalidInput):
+		writeError(w, http.StatusBadRequest, "invalid_input", err.Error())
+	case errors.Is(err, engine.ErrWorkflowIDConflict):
+		writeError(w, http.StatusConflict, "workflow_id_conflict", err.Error())
+	case errors.Is(err, engine.ErrRunClosed):
+		writeError(w, http.StatusConflict, "run_closed", err.Error())
+	case errors.Is(err, engine.ErrDeadJobResolved):
+		writeError(w, http.StatusConflict, "dead_job_resolved", err.Error())
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		writeError(w, http.StatusServiceUnavailable, "unavailable", "the request was cancelled or timed out")
+	case errors.Is(err, engine.ErrInvalidArgument):
+		writeError(w, http.StatusBadRequest, "invalid_parameter", err.Error())
+	default:
+		a.opts.Logger.Error("http api request failed", "method", r.Method, "path", r.URL.Path, "error", err)
+		writeError(w, http.StatusInternalServerError, "internal", "internal error; see the service's logs")
+	}
+}

@@ -1,0 +1,248 @@
+package httpapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/engine/httpapi"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type order struct {
+	OrderID string `json:"order_id"`
+	Amount  int    `json:"amount"`
+}
+
+type bundle struct {
+	srv *httptest.Server
+	e   *engine.Engine
+}
+
+func setup(t *testing.T, opts *httpapi.Options) *bundle {
+	t.Helper()
+	wf := engine.Define("payment", func(ctx *engine.Context, o order) (string, error) {
+		return engine.Step(ctx, "charge", func(sctx context.Context) (string, error) {
+			if o.Amount < 0 {
+				return "", engine.Permanent(errors.New("negative amount"))
+			}
+			if o.Amount == 13 {
+				return "", errors.New("gateway down") // retried, then dead
+			}
+			if o.Amount == 7 {
+				<-sctx.Done() // runs until cancelled
+				return "", sctx.Err()
+			}
+			return "ch_" + o.OrderID, nil
+		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: time.Millisecond, MaximumAttempts: 2}})
+	}, nil)
+	db := enginetest.NewDB(t)
+	e := enginetest.NewEngine(t, db, nil, true, wf)
+	if opts == nil {
+		opts = &httpapi.Options{}
+	}
+	opts.Pool = db.Pool
+	srv := httptest.NewServer(httpapi.New(e, opts))
+	t.Cleanup(srv.Close)
+	return &bundle{srv: srv, e: e}
+}
+
+type reply struct {
+	status int
+	body   map[string]any
+	raw    string
+}
+
+func (b *bundle) do(t *testing.T, method, path, body string, header ...string) reply {
+	t.Helper()
+	req, err := http.NewRequest(method, b.srv.URL+path, strings.NewReader(body))
+	require.NoError(t, err)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	out := reply{status: resp.StatusCode, raw: string(raw)}
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		require.NoError(t, json.Unmarshal(raw, &out.body), string(raw))
+	}
+	return out
+}
+
+func errCode(r reply) string {
+	e, _ := r.body["error"].(map[string]any)
+	code, _ := e["code"].(string)
+	return code
+}
+
+func (b *bundle) waitStatus(t *testing.T, runID, status string) reply {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		r := b.do(t, "GET", "/v1/runs/"+runID, "")
+		require.Equal(t, http.StatusOK, r.status)
+		if r.body["status"] == status {
+			return r
+		}
+		require.True(t, time.Now().Before(deadline), "run %s is %v, want %s", runID, r.body["status"], status)
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestStartAndReadRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	r := b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": "ord_1", "input": {"order_id": "ord_1", "amount": 4999}}`)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	runID := r.body["run_id"].(string)
+	require.Equal(t, "ord_1", r.body["workflow_id"])
+	require.Equal(t, false, r.body["existing"])
+
+	again := b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": "ord_1", "input": {"amount": 4999, "order_id": "ord_1"}}`)
+	require.Equal(t, http.StatusOK, again.status, "same ID, same input (key order aside)")
+	require.Equal(t, runID, again.body["run_id"])
+	require.Equal(t, true, again.body["existing"])
+
+	conflict := b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": "ord_1", "input": {"order_id": "ord_1", "amount": 1}}`)
+	require.Equal(t, http.StatusConflict, conflict.status)
+	require.Equal(t, "workflow_id_conflict", errCode(conflict))
+
+	run := b.waitStatus(t, runID, "completed")
+	require.Equal(t, "ch_ord_1", run.body["output"])
+	steps := run.body["steps"].([]any)
+	require.Len(t, steps, 1)
+	step := steps[0].(map[string]any)
+	require.Equal(t, "charge", step["name"])
+	require.EqualValues(t, 1, step["attempts"])
+	require.Contains(t, step, "duration_ms")
+
+	list := b.do(t, "GET", "/v1/runs?workflow=payment&status=completed&limit=10", "")
+	require.Equal(t, http.StatusOK, list.status)
+	require.Len(t, list.body["runs"].([]any), 1)
+}
+
+func TestStartErrors(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &httpapi.Options{MaxBodyBytes: 4096})
+	for _, tc := range []struct {
+		name, path, body string
+		status           int
+		code             string
+	}{
+		{"unknown workflow", "/v1/workflows/nope/runs", `{"input": {}}`, 404, "unknown_workflow"},
+		{"invalid json", "/v1/workflows/payment/runs", `{"input": `, 400, "invalid_json"},
+		{"unknown field", "/v1/workflows/payment/runs", `{"inputs": {}}`, 400, "invalid_json"},
+		{"wrong type", "/v1/workflows/payment/runs", `{"input": {"amount": "ten"}}`, 400, "invalid_input"},
+		{"trailing data", "/v1/workflows/payment/runs", `{"input": {}} {}`, 400, "invalid_json"},
+		{"NUL in input", "/v1/workflows/payment/runs", `{"input": {"order_id": "a\u0000"}}`, 400, "invalid_input"},
+		{"long workflow ID", "/v1/workflows/payment/runs", fmt.Sprintf(`{"id": %q, "input": {}}`, strings.Repeat("x", 401)), 400, "invalid_input"},
+		{"oversize body", "/v1/workflows/payment/runs", fmt.Sprintf(`{"input": {"order_id": %q}}`, strings.Repeat("x", 5000)), 413, "payload_too_large"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := b.do(t, "POST", tc.path, tc.body)
+			require.Equal(t, tc.status, r.status, r.raw)
+			require.Equal(t, tc.code, errCode(r), r.raw)
+			require.NotEmpty(t, r.body["error"].(map[string]any)["message"])
+		})
+	}
+	runs := b.do(t, "GET", "/v1/runs", "")
+	require.Empty(t, runs.body["runs"], "nothing was accepted, nothing was started")
+}
+
+func TestRunRouteErrors(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		code         string
+	}{
+		{"GET", "/v1/runs/not-a-uuid", 400, "invalid_parameter"},
+		{"GET", "/v1/runs/" + "01a22c00-0000-7000-8000-000000000000", 404, "not_found"},
+		{"GET", "/v1/runs?limit=abc", 400, "invalid_parameter"},
+		{"GET", "/v1/runs?limit=5000", 400, "invalid_parameter"},
+		{"GET", "/v1/runs?status=bogus", 400, "invalid_parameter"},
+		{"GET", "/v1/runs?cursor=garbage", 400, "invalid_parameter"},
+		{"POST", "/v1/runs/01a22c00-0000-7000-8000-000000000000/cancel", 404, "not_found"},
+		{"POST", "/v1/runs/01a22c00-0000-7000-8000-000000000000/signals/approve", 501, "not_implemented"},
+		{"GET", "/v1/dead-jobs/01a22c00-0000-7000-8000-000000000000", 404, "not_found"},
+		{"POST", "/v1/dead-jobs/01a22c00-0000-7000-8000-000000000000/replay", 404, "not_found"},
+		{"DELETE", "/v1/runs", 404, "not_found"},
+		{"GET", "/v2/anything", 404, "not_found"},
+	} {
+		r := b.do(t, tc.method, tc.path, "")
+		require.Equal(t, tc.status, r.status, "%s %s: %s", tc.method, tc.path, r.raw)
+		require.Equal(t, tc.code, errCode(r), "%s %s", tc.method, tc.path)
+	}
+}
+
+func TestCancelAndDeadJobRoutes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	slow := b.do(t, "POST", "/v1/workflows/payment/runs", `{"input": {"order_id": "slow", "amount": 7}}`)
+	require.Equal(t, http.StatusCreated, slow.status)
+	slowID := slow.body["run_id"].(string)
+	b.waitStatus(t, slowID, "running")
+	c := b.do(t, "POST", "/v1/runs/"+slowID+"/cancel", "")
+	require.Equal(t, http.StatusAccepted, c.status, c.raw)
+	b.waitStatus(t, slowID, "cancelled")
+	closed := b.do(t, "POST", "/v1/runs/"+slowID+"/cancel", "")
+	require.Equal(t, http.StatusConflict, closed.status)
+	require.Equal(t, "run_closed", errCode(closed))
+
+	dead := b.do(t, "POST", "/v1/workflows/payment/runs", `{"input": {"order_id": "bad", "amount": 13}}`)
+	deadID := dead.body["run_id"].(string)
+	b.waitStatus(t, deadID, "dead")
+	list := b.do(t, "GET", "/v1/dead-jobs?workflow=payment&reason=retries_exhausted", "")
+	require.Equal(t, http.StatusOK, list.status)
+	jobs := list.body["dead_jobs"].([]any)
+	require.Len(t, jobs, 1)
+	job := jobs[0].(map[string]any)
+	require.Equal(t, deadID, job["run_id"])
+	jobID := job["id"].(string)
+
+	got := b.do(t, "GET", "/v1/dead-jobs/"+jobID, "")
+	require.Equal(t, http.StatusOK, got.status)
+	require.Equal(t, "charge", got.body["step"])
+	require.Contains(t, got.body["error_message"], "gateway down")
+
+	bad := b.do(t, "POST", "/v1/dead-jobs/"+jobID+"/replay", `{"who": "x"}`)
+	require.Equal(t, http.StatusBadRequest, bad.status)
+	disc := b.do(t, "POST", "/v1/dead-jobs/"+jobID+"/discard", `{"by": "ops", "note": "test order"}`)
+	require.Equal(t, http.StatusOK, disc.status, disc.raw)
+	require.Equal(t, "discarded", disc.body["resolution"])
+	require.Equal(t, "ops", disc.body["resolved_by"])
+	replay := b.do(t, "POST", "/v1/dead-jobs/"+jobID+"/replay", "")
+	require.Equal(t, http.StatusConflict, replay.status)
+	require.Equal(t, "dead_job_resolved", errCode(replay))
+}
+
+func TestBearerToken(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &httpapi.Options{Token: "s3cret", Metrics: http.NotFoundHandler()})
+	for _, auth := range []string{"", "Bearer wrong", "s3cret", "Basic s3cret"} {
+		r := b.do(t, "GET", "/v1/runs", "", "Authorization", auth)
+		require.Equal(t, http.StatusUnauthorized, r.status, "%q", auth)
+		require.Equal(t, "unauthorized", errCode(r))
+	}
+	require.Equal(t, http.StatusUnauthorized, b.do(t, "GET", "/metrics", "").status)
+	require.Equal(t, http.StatusOK, b.do(t, "GET", "/v1/runs", "", "Authorization", "Bearer s3cret").status)
+	require.Equal(t, http.StatusOK, b.do(t, "GET", "/healthz", "").status, "probes stay open")
+	require.Equal(t, http.StatusOK, b.do(t, "GET", "/readyz", "").status)
+}

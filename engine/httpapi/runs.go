@@ -1,0 +1,204 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/pgdurable/pgdurable/engine"
+)
+
+// startRequest is the body of POST /v1/workflows/{name}/runs.
+type startRequest struct {
+	ID    string          `json:"id"`
+	Input json.RawMessage `json:"input"`
+}
+
+// runJSON is a run as the API shows it.
+type runJSON struct {
+	RunID           uuid.UUID         `json:"run_id"`
+	Workflow        string            `json:"workflow"`
+	WorkflowVersion int               `json:"workflow_version"`
+	WorkflowID      string            `json:"workflow_id"`
+	Status          string            `json:"status"`
+	Input           json.RawMessage   `json:"input,omitempty"`
+	Output          json.RawMessage   `json:"output,omitempty"`
+	Error           *engine.ErrorInfo `json:"error,omitempty"`
+	Deliveries      int               `json:"deliveries"`
+	WakeAt          *time.Time        `json:"wake_at,omitempty"`
+	CreatedAt       time.Time         `json:"created_at"`
+	StartedAt       *time.Time        `json:"started_at,omitempty"`
+	CompletedAt     *time.Time        `json:"completed_at,omitempty"`
+	Steps           []stepJSON        `json:"steps,omitempty"`
+}
+
+type stepJSON struct {
+	Seq            int               `json:"seq"`
+	Name           string            `json:"name"`
+	Kind           string            `json:"kind"`
+	Status         string            `json:"status"`
+	Attempts       int               `json:"attempts"`
+	RequestID      *uuid.UUID        `json:"request_id,omitempty"`
+	Output         json.RawMessage   `json:"output,omitempty"`
+	Error          *engine.ErrorInfo `json:"error,omitempty"`
+	NextAttemptAt  *time.Time        `json:"next_attempt_at,omitempty"`
+	StartedAt      time.Time         `json:"started_at"`
+	CompletedAt    *time.Time        `json:"completed_at,omitempty"`
+	DurationMS     *int64            `json:"duration_ms,omitempty"`
+	Compensation   *string           `json:"compensation,omitempty"`
+	CompensationOf *int              `json:"compensation_of,omitempty"`
+}
+
+func toRunJSON(r *engine.Run) runJSON {
+	out := runJSON{
+		RunID: r.RunID, Workflow: r.WorkflowName, WorkflowVersion: r.WorkflowVersion, WorkflowID: r.WorkflowID,
+		Status: r.Status, Input: r.Input, Output: r.Output, Error: r.Error, Deliveries: r.Deliveries,
+		WakeAt: r.WakeAt, CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, CompletedAt: r.CompletedAt,
+	}
+	for _, s := range r.Steps {
+		sj := stepJSON{
+			Seq: s.Seq, Name: s.Name, Kind: s.Kind, Status: s.Status, Attempts: s.Attempts, RequestID: s.RequestID,
+			Output: s.Output, Error: s.Error, NextAttemptAt: s.NextAttemptAt, StartedAt: s.StartedAt,
+			CompletedAt: s.CompletedAt, Compensation: s.Compensation, CompensationOf: s.CompensationOf,
+		}
+		if s.CompletedAt != nil {
+			d := s.CompletedAt.Sub(s.StartedAt).Milliseconds()
+			sj.DurationMS = &d
+		}
+		out.Steps = append(out.Steps, sj)
+	}
+	return out
+}
+
+// startResponse answers a start: the run it created or found.
+type startResponse struct {
+	RunID      uuid.UUID `json:"run_id"`
+	Workflow   string    `json:"workflow"`
+	WorkflowID string    `json:"workflow_id"`
+	Status     string    `json:"status"`
+	Existing   bool      `json:"existing"`
+}
+
+func (a *api) startRun(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		a.engineError(w, r, err)
+		return
+	}
+	var req startRequest
+	dec := json.NewDecoder(bytesReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_json", "request body must be {\"id\": string, \"input\": any JSON}: "+err.Error())
+		return
+	}
+	if dec.More() {
+		writeError(w, http.StatusBadRequest, "invalid_json", "request body holds more than one JSON value")
+		return
+	}
+	res, err := a.e.StartJSON(r.Context(), name, req.Input, &engine.StartOpts{WorkflowID: req.ID})
+	if err != nil {
+		a.engineError(w, r, err)
+		return
+	}
+	status := http.StatusCreated
+	if res.Existing {
+		status = http.StatusOK
+	}
+	writeJSON(w, status, startResponse{RunID: res.RunID, Workflow: name, WorkflowID: res.WorkflowID, Status: res.Status, Existing: res.Existing})
+}
+
+func (a *api) getRun(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathUUID(w, r, "run_id")
+	if !ok {
+		return
+	}
+	run, err := a.e.GetRun(r.Context(), id)
+	if err != nil {
+		a.engineError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toRunJSON(run))
+}
+
+// runList is GET /v1/runs's answer.
+type runList struct {
+	Runs       []runJSON `json:"runs"`
+	NextCursor string    `json:"next_cursor,omitempty"`
+}
+
+func (a *api) listRuns(w http.ResponseWriter, r *http.Request) {
+	limit, ok := queryLimit(w, r)
+	if !ok {
+		return
+	}
+	q := r.URL.Query()
+	runs, next, err := a.e.ListRuns(r.Context(), engine.ListRunsParams{
+		Workflow: q.Get("workflow"), Status: q.Get("status"), Limit: limit, Cursor: q.Get("cursor"),
+	})
+	if err != nil {
+		a.engineError(w, r, err)
+		return
+	}
+	out := runList{Runs: []runJSON{}, NextCursor: next}
+	for _, run := range runs {
+		rj := toRunJSON(run)
+		rj.Input = nil // lists stay small; GET /v1/runs/{id} has it
+		out.Runs = append(out.Runs, rj)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (a *api) cancelRun(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathUUID(w, r, "run_id")
+	if !ok {
+		return
+	}
+	if err := a.e.Cancel(r.Context(), id); err != nil {
+		a.engineError(w, r, err)
+		return
+	}
+	run, err := a.e.GetRun(r.Context(), id)
+	if err != nil {
+		a.engineError(w, r, err)
+		return
+	}
+	rj := toRunJSON(run)
+	rj.Steps = nil
+	writeJSON(w, http.StatusAccepted, rj)
+}
+
+func (a *api) signal(w http.ResponseWriter, r *http.Request) {
+	if _, ok := pathUUID(w, r, "run_id"); !ok {
+		return
+	}
+	writeError(w, http.StatusNotImplemented, "not_implemented", "signals are not available in this version")
+}
+
+func pathUUID(w http.ResponseWriter, r *http.Request, key string) (uuid.UUID, bool) {
+	id, err := uuid.Parse(r.PathValue(key))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_parameter", fmt.Sprintf("%s %q is not a UUID", key, r.PathValue(key)))
+		return uuid.Nil, false
+	}
+	return id, true
+}
+
+func queryLimit(w http.ResponseWriter, r *http.Request) (int, bool) {
+	v := r.URL.Query().Get("limit")
+	if v == "" {
+		return 0, true
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_parameter", fmt.Sprintf("limit %q is not an integer", v))
+		return 0, false
+	}
+	return n, true
+}
