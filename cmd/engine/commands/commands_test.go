@@ -1,0 +1,184 @@
+package commands_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/pgdurable/pgdurable/cmd/engine/commands"
+	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type in struct {
+	N int `json:"n"`
+}
+
+func workflows() []engine.Registration {
+	return []engine.Registration{
+		engine.Define("double", func(ctx *engine.Context, in in) (int, error) {
+			return engine.Step(ctx, "double", func(context.Context) (int, error) {
+				if in.N < 0 {
+					return 0, errors.New("negative: upstream refused")
+				}
+				return in.N * 2, nil
+			}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: time.Millisecond, MaximumAttempts: 2}})
+		}, nil),
+	}
+}
+
+// run executes the CLI in-process and returns its exit code and output.
+func run(t *testing.T, db *enginetest.DB, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := commands.Execute(context.Background(), append([]string{"--database-url", db.URL}, args...), commands.Options{
+		Workflows: workflows(), Stdout: &out, Stderr: &errOut, Getenv: func(string) string { return "" },
+	})
+	return code, out.String(), errOut.String()
+}
+
+func freePort(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func TestCLIRunsAndDeadJobs(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	code, out, _ := run(t, db, "migrate", "status")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "00001_runs.sql  true")
+
+	code, out, _ = run(t, db, "start", "double", "--id", "d-1", "--input", `{"n": 21}`)
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "started")
+	code, out, _ = run(t, db, "start", "double", "--id", "d-1", "--input", `{"n": 21}`)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "already exists")
+	code, _, errOut := run(t, db, "start", "double", "--id", "d-1", "--input", `{"n": 22}`)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "workflow ID already used")
+	code, _, errOut = run(t, db, "start", "double", "--input", `{"n":`)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "not valid JSON")
+	code, _, errOut = run(t, db, "start", "nope", "--input", `{}`)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "unknown workflow")
+	_, _, _ = run(t, db, "start", "double", "--id", "d-neg", "--input", `{"n": -1}`)
+
+	// A worker: engine serve in-process, stopped by cancelling its context.
+	ctx, cancel := context.WithCancel(context.Background())
+	listen := freePort(t)
+	served := make(chan int, 1)
+	var serveErr bytes.Buffer
+	go func() {
+		served <- commands.Execute(ctx, []string{"--database-url", db.URL, "serve", "--listen", listen, "--shutdown-timeout", "5s"},
+			commands.Options{Workflows: workflows(), Stdout: &bytes.Buffer{}, Stderr: &serveErr, Getenv: func(string) string { return "" }})
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, out, _ = run(t, db, "runs", "list", "--json")
+		var page struct{ Runs []engine.Run }
+		require.NoError(t, json.Unmarshal([]byte(out), &page))
+		done := 0
+		for _, r := range page.Runs {
+			if r.Status == engine.StatusCompleted || r.Status == engine.StatusDead {
+				done++
+			}
+		}
+		if done == 2 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "runs did not finish: %s", out)
+		time.Sleep(50 * time.Millisecond)
+	}
+	resp, err := http.Get("http://" + listen + "/healthz")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	cancel()
+	select {
+	case code := <-served:
+		require.Equal(t, 0, code, serveErr.String())
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+	require.Contains(t, serveErr.String(), `"msg":"stopped"`)
+
+	code, out, _ = run(t, db, "runs", "list", "--status", "completed")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "d-1")
+	require.Contains(t, out, "RUN ID")
+	var runID string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "d-1") {
+			runID = strings.Fields(line)[0]
+		}
+	}
+	code, out, _ = run(t, db, "runs", "show", runID)
+	require.Equal(t, 0, code)
+	for _, want := range []string{"SEQ", "ATTEMPTS", "REQUEST ID", "DURATION", "double", "completed", "output       42"} {
+		require.Contains(t, out, want)
+	}
+	code, _, errOut = run(t, db, "runs", "show", "nope")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "not a UUID")
+
+	code, out, _ = run(t, db, "dead", "list", "--json")
+	require.Equal(t, 0, code)
+	var dead struct {
+		DeadJobs []engine.DeadJob `json:"dead_jobs"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &dead))
+	require.Len(t, dead.DeadJobs, 1)
+	id := dead.DeadJobs[0].ID.String()
+	code, out, _ = run(t, db, "dead", "show", id)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "retries_exhausted")
+	require.Contains(t, out, "upstream refused")
+	code, out, _ = run(t, db, "dead", "discard", id, "--by", "ops", "--note", "test data")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "discarded by ops")
+	code, _, errOut = run(t, db, "dead", "replay", id)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "already resolved")
+	code, _, errOut = run(t, db, "cancel", runID)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "already finished")
+}
+
+func TestServeRefusesPublicListenWithoutToken(t *testing.T) {
+	t.Parallel()
+	var errOut bytes.Buffer
+	code := commands.Execute(context.Background(), []string{"serve", "--listen", "0.0.0.0:0"},
+		commands.Options{Stdout: &bytes.Buffer{}, Stderr: &errOut, Getenv: func(string) string { return "" }})
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut.String(), "not a loopback address")
+}
+
+func TestServeNeedsMigratedSchema(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	code, _, _ := run(t, db, "migrate", "down", "--include-river")
+	require.Equal(t, 0, code)
+	code, _, errOut := run(t, db, "serve", "--listen", freePort(t))
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "engine migrate up")
+	code, out, _ := run(t, db, "migrate", "up")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, fmt.Sprint("pgdurable versions [1]"))
+}

@@ -1,0 +1,113 @@
+package commands
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/spf13/cobra"
+
+	"github.com/pgdurable/pgdurable/engine"
+)
+
+func (g *global) deadCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "dead", Short: "Inspect, replay and discard dead jobs"}
+	var p engine.ListDeadJobsParams
+	list := &cobra.Command{
+		Use: "list", Short: "List dead jobs, newest first", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			e, pool, err := g.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			jobs, next, err := e.ListDeadJobs(cmd.Context(), p)
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return writeJSON(g.opts.Stdout, map[string]any{"dead_jobs": jobs, "next_cursor": next})
+			}
+			t := newTable(g.opts.Stdout, "ID", "RUN ID", "WORKFLOW", "REASON", "STEP", "ATTEMPTS", "PARKED", "RESOLUTION", "ERROR")
+			for _, j := range jobs {
+				t.row(j.ID, j.RunID, j.WorkflowName, j.Reason, j.StepName, j.Attempts, j.ParkedAt, j.Resolution, j.ErrorClass+": "+j.ErrorMessage)
+			}
+			t.flush()
+			if next != "" {
+				fmt.Fprintf(g.opts.Stdout, "more: --cursor %s\n", next)
+			}
+			return nil
+		},
+	}
+	list.Flags().StringVar(&p.Workflow, "workflow", "", "only this workflow")
+	list.Flags().StringVar(&p.Reason, "reason", "", "only this reason")
+	list.Flags().BoolVar(&p.OpenOnly, "open", false, "only jobs not yet replayed or discarded")
+	list.Flags().IntVar(&p.Limit, "limit", 50, "page size (1..1000)")
+	list.Flags().StringVar(&p.Cursor, "cursor", "", "the next page's cursor")
+
+	show := &cobra.Command{
+		Use: "show ID", Short: "Show a dead job with its input, error and stack", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return g.withDeadJob(cmd.Context(), args[0], func(e *engine.Engine, id uuid.UUID) (*engine.DeadJob, error) {
+				return e.GetDeadJob(cmd.Context(), id)
+			})
+		},
+	}
+	var by, note string
+	replay := &cobra.Command{
+		Use: "replay ID", Short: "Run a dead job's run again: recorded steps stay, the failed step retries", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return g.withDeadJob(cmd.Context(), args[0], func(e *engine.Engine, id uuid.UUID) (*engine.DeadJob, error) {
+				return e.ReplayDeadJob(cmd.Context(), id, &engine.ResolveOpts{By: by, Note: note})
+			})
+		},
+	}
+	discard := &cobra.Command{
+		Use: "discard ID", Short: "Close a dead job without running it again", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return g.withDeadJob(cmd.Context(), args[0], func(e *engine.Engine, id uuid.UUID) (*engine.DeadJob, error) {
+				return e.DiscardDeadJob(cmd.Context(), id, &engine.ResolveOpts{By: by, Note: note})
+			})
+		},
+	}
+	for _, c := range []*cobra.Command{replay, discard} {
+		c.Flags().StringVar(&by, "by", "", "who resolves it (recorded)")
+		c.Flags().StringVar(&note, "note", "", "why (recorded)")
+	}
+	cmd.AddCommand(list, show, replay, discard)
+	return cmd
+}
+
+func (g *global) withDeadJob(ctx context.Context, arg string, do func(*engine.Engine, uuid.UUID) (*engine.DeadJob, error)) error {
+	id, err := parseID("dead job ID", arg)
+	if err != nil {
+		return err
+	}
+	e, pool, err := g.client(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	j, err := do(e, id)
+	if err != nil {
+		return err
+	}
+	if g.jsonOut {
+		return writeJSON(g.opts.Stdout, j)
+	}
+	w := g.opts.Stdout
+	fmt.Fprintf(w, "dead job %s\n  run          %s (engine runs show %s)\n  workflow     %s (version %d), workflow id %s\n  reason       %s\n",
+		j.ID, j.RunID, j.RunID, j.WorkflowName, j.WorkflowVersion, j.WorkflowID, j.Reason)
+	if j.StepName != "" {
+		fmt.Fprintf(w, "  step         %s (seq %d), %d attempts\n", j.StepName, *j.Seq, j.Attempts)
+	}
+	fmt.Fprintf(w, "  failed       %s .. %s\n  error        %s: %s\n  input        %s\n  parked       %s\n",
+		cell(j.FirstFailedAt), cell(j.LastFailedAt), j.ErrorClass, j.ErrorMessage, oneLine(string(j.Input), 400), cell(j.ParkedAt))
+	if j.Resolution != "" {
+		fmt.Fprintf(w, "  resolution   %s by %s at %s: %s\n", j.Resolution, cell(j.ResolvedBy), cell(j.ResolvedAt), cell(j.Note))
+	}
+	if j.Stack != "" {
+		fmt.Fprintf(w, "\n%s\n", j.Stack)
+	}
+	return nil
+}

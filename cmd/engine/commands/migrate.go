@@ -1,0 +1,89 @@
+package commands
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/pgdurable/pgdurable/storage/migrations"
+)
+
+func (g *global) migrateCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "migrate", Short: "Apply, roll back or show the schema (pgdurable's and River's)"}
+	var steps int
+	var river bool
+	up := &cobra.Command{
+		Use: "up", Short: "Apply every pending migration (idempotent)", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return g.migrate(cmd.Context(), migrations.Up, nil) },
+	}
+	down := &cobra.Command{
+		Use: "down", Short: "Roll back pgdurable's migrations (all, or --steps)", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return g.migrate(cmd.Context(), migrations.Down, &migrations.Opts{Steps: steps, IncludeRiver: river})
+		},
+	}
+	down.Flags().IntVar(&steps, "steps", 0, "how many versions to roll back (0: all)")
+	down.Flags().BoolVar(&river, "include-river", false, "also drop River's tables once pgdurable's are gone")
+	status := &cobra.Command{
+		Use: "status", Short: "Show which migrations are applied", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			pool, err := g.pool(cmd.Context(), 2)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			st, err := migrations.GetStatus(cmd.Context(), pool)
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return writeJSON(g.opts.Stdout, st)
+			}
+			t := newTable(g.opts.Stdout, "VERSION", "NAME", "APPLIED")
+			for _, m := range st.Migrations {
+				t.row(m.Version, m.Name, m.Applied)
+			}
+			t.flush()
+			fmt.Fprintf(g.opts.Stdout, "river schema version: %d\n", st.RiverVersion)
+			return nil
+		},
+	}
+	cmd.AddCommand(up, down, status)
+	return cmd
+}
+
+func (g *global) migrate(ctx context.Context, dir migrations.Direction, opts *migrations.Opts) error {
+	pool, err := g.pool(ctx, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	res, err := migrations.Migrate(ctx, pool, dir, opts)
+	if err != nil {
+		return err
+	}
+	if g.jsonOut {
+		return writeJSON(g.opts.Stdout, res)
+	}
+	fmt.Fprintf(g.opts.Stdout, "migrate %s: pgdurable versions %v, river versions %v\n", dir, res.Applied, res.River)
+	return nil
+}
+
+// checkSchema fails with a clear message when migrations are pending.
+func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	st, err := migrations.GetStatus(ctx, pool)
+	if err != nil {
+		return fmt.Errorf("reading the schema version: %w (run `engine migrate up`)", err)
+	}
+	for _, m := range st.Migrations {
+		if !m.Applied {
+			return fmt.Errorf("migration %d (%s) is not applied: run `engine migrate up` or pass --migrate", m.Version, m.Name)
+		}
+	}
+	if st.RiverVersion == 0 {
+		return fmt.Errorf("River's tables are missing: run `engine migrate up` or pass --migrate")
+	}
+	return nil
+}

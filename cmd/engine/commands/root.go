@@ -1,0 +1,144 @@
+// Package commands holds the engine binary's commands (cobra). It has no
+// globals: Execute takes the arguments, the workflows to register and the
+// output streams, so programs that define their own workflows build their
+// own `engine` with one call:
+//
+//	os.Exit(commands.Execute(ctx, os.Args[1:], commands.Options{Workflows: []engine.Registration{myWorkflow}}))
+package commands
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/pgdurable/pgdurable/engine"
+)
+
+// Options configures the commands.
+type Options struct {
+	// Workflows are registered by every command that runs or starts runs.
+	Workflows []engine.Registration
+	// Stdout and Stderr default to the process's.
+	Stdout, Stderr io.Writer
+	// Getenv defaults to os.Getenv (tests inject their own).
+	Getenv func(string) string
+}
+
+// DefaultDatabaseURL is used when neither --database-url nor DATABASE_URL is set.
+const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+// Execute runs the command line args and returns the exit code: 0 on
+// success, 1 on failure (the error is printed to Stderr), 2 on misuse.
+func Execute(ctx context.Context, args []string, opts Options) int {
+	opts = opts.withDefaults()
+	root := NewRoot(opts)
+	root.SetArgs(args)
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(opts.Stderr, "error:", err)
+		var usage *usageError
+		if errors.As(err, &usage) {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+func (o Options) withDefaults() Options {
+	if o.Stdout == nil {
+		o.Stdout = os.Stdout
+	}
+	if o.Stderr == nil {
+		o.Stderr = os.Stderr
+	}
+	if o.Getenv == nil {
+		o.Getenv = os.Getenv
+	}
+	return o
+}
+
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+
+// global holds the flags every command shares.
+type global struct {
+	opts        Options
+	databaseURL string
+	jsonOut     bool
+}
+
+// NewRoot builds the command tree.
+func NewRoot(opts Options) *cobra.Command {
+	opts = opts.withDefaults()
+	g := &global{opts: opts}
+	root := &cobra.Command{
+		Use:           "engine",
+		Short:         "pgdurable: durable workflows on PostgreSQL",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(opts.Stdout)
+	root.SetErr(opts.Stderr)
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
+	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL, else "+DefaultDatabaseURL+")")
+	root.PersistentFlags().BoolVar(&g.jsonOut, "json", false, "print JSON instead of tables")
+	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.cancelCmd())
+	return root
+}
+
+func (g *global) dbURL() string {
+	if g.databaseURL != "" {
+		return g.databaseURL
+	}
+	if v := g.opts.Getenv("DATABASE_URL"); v != "" {
+		return v
+	}
+	return DefaultDatabaseURL
+}
+
+// pool connects with size connections (0: pgx's default).
+func (g *global) pool(ctx context.Context, size int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(g.dbURL())
+	if err != nil {
+		return nil, fmt.Errorf("parsing the database URL: %w", err)
+	}
+	if size > 0 {
+		cfg.MaxConns = size
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to PostgreSQL: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connecting to PostgreSQL at %s: %w", redact(g.dbURL()), err)
+	}
+	return pool, nil
+}
+
+// client is an engine that starts and inspects runs without working them.
+func (g *global) client(ctx context.Context) (*engine.Engine, *pgxpool.Pool, error) {
+	pool, err := g.pool(ctx, 4)
+	if err != nil {
+		return nil, nil, err
+	}
+	e, err := engine.New(pool, &engine.Config{Logger: slog.New(slog.NewTextHandler(g.opts.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err == nil {
+		err = e.Register(g.opts.Workflows...)
+	}
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return e, pool, nil
+}

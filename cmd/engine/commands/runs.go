@@ -1,0 +1,180 @@
+package commands
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/spf13/cobra"
+
+	"github.com/pgdurable/pgdurable/engine"
+)
+
+func (g *global) runsCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "runs", Short: "List and inspect runs"}
+	var p engine.ListRunsParams
+	list := &cobra.Command{
+		Use: "list", Short: "List runs, newest first", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			e, pool, err := g.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			runs, next, err := e.ListRuns(cmd.Context(), p)
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return writeJSON(g.opts.Stdout, map[string]any{"runs": runs, "next_cursor": next})
+			}
+			t := newTable(g.opts.Stdout, "RUN ID", "WORKFLOW", "WORKFLOW ID", "STATUS", "DELIVERIES", "CREATED", "ERROR")
+			for _, r := range runs {
+				msg := ""
+				if r.Error != nil {
+					msg = r.Error.Class + ": " + r.Error.Message
+				}
+				t.row(r.RunID, r.WorkflowName, r.WorkflowID, r.Status, r.Deliveries, r.CreatedAt, msg)
+			}
+			t.flush()
+			if next != "" {
+				fmt.Fprintf(g.opts.Stdout, "more: --cursor %s\n", next)
+			}
+			return nil
+		},
+	}
+	list.Flags().StringVar(&p.Workflow, "workflow", "", "only this workflow")
+	list.Flags().StringVar(&p.Status, "status", "", "only this status")
+	list.Flags().IntVar(&p.Limit, "limit", 50, "page size (1..1000)")
+	list.Flags().StringVar(&p.Cursor, "cursor", "", "the next page's cursor")
+
+	show := &cobra.Command{
+		Use: "show RUN_ID", Short: "Show a run and its step timeline", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseID("run ID", args[0])
+			if err != nil {
+				return err
+			}
+			e, pool, err := g.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			run, err := e.GetRun(cmd.Context(), id)
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return writeJSON(g.opts.Stdout, run)
+			}
+			g.printRun(run)
+			return nil
+		},
+	}
+	cmd.AddCommand(list, show)
+	return cmd
+}
+
+func (g *global) printRun(run *engine.Run) {
+	w := g.opts.Stdout
+	fmt.Fprintf(w, "run %s\n  workflow     %s (version %d)\n  workflow id  %s\n  status       %s\n  deliveries   %d\n  created      %s\n",
+		run.RunID, run.WorkflowName, run.WorkflowVersion, run.WorkflowID, run.Status, run.Deliveries, cell(run.CreatedAt))
+	if run.CompletedAt != nil {
+		fmt.Fprintf(w, "  finished     %s\n", cell(run.CompletedAt))
+	}
+	fmt.Fprintf(w, "  input        %s\n", oneLine(string(run.Input), 200))
+	if len(run.Output) > 0 {
+		fmt.Fprintf(w, "  output       %s\n", oneLine(string(run.Output), 200))
+	}
+	if run.Error != nil {
+		fmt.Fprintf(w, "  error        %s: %s\n", run.Error.Class, oneLine(run.Error.Message, 200))
+	}
+	fmt.Fprintln(w)
+	t := newTable(w, "SEQ", "NAME", "KIND", "STATUS", "ATTEMPTS", "REQUEST ID", "DURATION", "ERROR")
+	for _, s := range run.Steps {
+		dur := "-"
+		if s.CompletedAt != nil {
+			dur = s.CompletedAt.Sub(s.StartedAt).Round(time.Millisecond).String()
+		}
+		msg := ""
+		if s.Error != nil {
+			msg = s.Error.Class + ": " + s.Error.Message
+		}
+		var req any
+		if s.RequestID != nil {
+			req = *s.RequestID
+		}
+		name := s.Name
+		if s.CompensationOf != nil {
+			name = fmt.Sprintf("%s (undoes %d)", s.Name, *s.CompensationOf)
+		}
+		t.row(s.Seq, name, s.Kind, s.Status, s.Attempts, req, dur, msg)
+	}
+	t.flush()
+}
+
+func (g *global) startCmd() *cobra.Command {
+	var id, input string
+	cmd := &cobra.Command{
+		Use:   "start WORKFLOW",
+		Short: "Start a run of a workflow this binary registers",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !json.Valid([]byte(input)) {
+				return &usageError{fmt.Errorf("--input is not valid JSON: %q", input)}
+			}
+			e, pool, err := g.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			res, err := e.StartJSON(cmd.Context(), args[0], json.RawMessage(input), &engine.StartOpts{WorkflowID: id})
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return writeJSON(g.opts.Stdout, res)
+			}
+			verb := "started"
+			if res.Existing {
+				verb = "already exists"
+			}
+			fmt.Fprintf(g.opts.Stdout, "run %s %s (workflow id %s, status %s)\n", res.RunID, verb, res.WorkflowID, res.Status)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&id, "id", "", "workflow ID: the start's idempotency key (default: the run ID)")
+	cmd.Flags().StringVar(&input, "input", "null", "the run's input, as JSON")
+	return cmd
+}
+
+func (g *global) cancelCmd() *cobra.Command {
+	return &cobra.Command{
+		Use: "cancel RUN_ID", Short: "Cancel a run: compensations run, it ends cancelled", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseID("run ID", args[0])
+			if err != nil {
+				return err
+			}
+			e, pool, err := g.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			if err := e.Cancel(cmd.Context(), id); err != nil {
+				return err
+			}
+			fmt.Fprintf(g.opts.Stdout, "run %s: cancellation requested\n", id)
+			return nil
+		},
+	}
+}
+
+func parseID(what, s string) (uuid.UUID, error) {
+	id, err := uuid.Parse(s)
+	if err != nil {
+		return uuid.Nil, &usageError{fmt.Errorf("%s %q is not a UUID", what, s)}
+	}
+	return id, nil
+}

@@ -1,0 +1,146 @@
+package commands
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/httpapi"
+	"github.com/pgdurable/pgdurable/storage/migrations"
+)
+
+type serveFlags struct {
+	listen          string
+	apiToken        string
+	maxWorkers      int
+	poolSize        int32
+	shutdownTimeout time.Duration
+	migrate         bool
+	logLevel        string
+}
+
+func (g *global) serveCmd() *cobra.Command {
+	f := &serveFlags{}
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run workers and the HTTP API until SIGTERM or SIGINT",
+		Long: `Runs this binary's workflows (every registered workflow, on River queue "pgdurable"),
+the HTTP API (DESIGN §7), /metrics, /healthz and /readyz. Several serve processes on one
+database cooperate. On SIGTERM or SIGINT it stops claiming runs, lets running steps finish
+and hands their runs back within --shutdown-timeout, then exits 0.
+
+The API requires a bearer token (--api-token or ENGINE_API_TOKEN) unless it listens on loopback.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return g.serve(cmd.Context(), f) },
+	}
+	cmd.Flags().StringVar(&f.listen, "listen", "127.0.0.1:8080", "HTTP listen address")
+	cmd.Flags().StringVar(&f.apiToken, "api-token", "", "bearer token for /v1 and /metrics (default $ENGINE_API_TOKEN)")
+	cmd.Flags().IntVar(&f.maxWorkers, "max-workers", 100, "concurrent deliveries in this process")
+	cmd.Flags().Int32Var(&f.poolSize, "pool-size", 20, "PostgreSQL connections")
+	cmd.Flags().DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long running steps get to finish on shutdown")
+	cmd.Flags().BoolVar(&f.migrate, "migrate", false, "apply migrations before starting")
+	cmd.Flags().StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	return cmd
+}
+
+func (g *global) serve(ctx context.Context, f *serveFlags) error {
+	if f.apiToken == "" {
+		f.apiToken = g.opts.Getenv("ENGINE_API_TOKEN")
+	}
+	if f.apiToken == "" && !loopback(f.listen) {
+		return &usageError{fmt.Errorf("--listen %s is not a loopback address: set --api-token or ENGINE_API_TOKEN", f.listen)}
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return &usageError{fmt.Errorf("--log-level: %w", err)}
+	}
+	log := slog.New(slog.NewJSONHandler(g.opts.Stderr, &slog.HandlerOptions{Level: level}))
+
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	pool, err := g.pool(ctx, f.poolSize)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if f.migrate {
+		if _, err := migrations.Migrate(ctx, pool, migrations.Up, nil); err != nil {
+			return err
+		}
+	} else if err := checkSchema(ctx, pool); err != nil {
+		return err
+	}
+
+	e, err := engine.New(pool, &engine.Config{Logger: log, MaxWorkers: f.maxWorkers})
+	if err != nil {
+		return err
+	}
+	if err := e.Register(g.opts.Workflows...); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", f.listen, err)
+	}
+	srv := &http.Server{
+		Handler:           httpapi.New(e, &httpapi.Options{Token: f.apiToken, Metrics: promhttp.Handler(), Pool: pool, Logger: log}),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	if err := e.Start(ctx); err != nil {
+		ln.Close()
+		return err
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	log.Info("engine serving", "listen", ln.Addr().String(), "workflows", len(g.opts.Workflows), "max_workers", f.maxWorkers)
+
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "timeout", f.shutdownTimeout.String())
+	case err := <-serveErr:
+		log.Error("http server stopped", "error", err)
+	}
+	return shutdown(srv, e, f.shutdownTimeout, log)
+}
+
+// shutdown stops the API, then the workers: running steps get the timeout
+// to finish and be recorded (their runs are handed back); whatever is still
+// running then is cancelled and handed back too.
+func shutdown(srv *http.Server, e *engine.Engine, timeout time.Duration, log *slog.Logger) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	_ = srv.Shutdown(ctx)
+	if err := e.Stop(ctx); err != nil {
+		log.Warn("running steps did not finish in time; cancelling them", "error", err)
+		hard, cancelHard := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancelHard()
+		if err := e.StopAndCancel(hard); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// loopback reports whether addr (host:port) only listens on loopback.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
