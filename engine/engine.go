@@ -61,6 +61,9 @@ type Config struct {
 	RetryPolicy *RetryPolicy
 	// MaxPayloadBytes bounds a run's encoded input. Default 1 MiB.
 	MaxPayloadBytes int
+	// Observer receives run and step events for metrics or tracing
+	// (engine/enginemetrics). Default: none.
+	Observer Observer
 }
 
 const (
@@ -89,6 +92,9 @@ func (c Config) withDefaults() (Config, error) {
 	c.MaxDeliveries = orDefault(c.MaxDeliveries, defaultMaxDeliveries)
 	c.MaxInlineBackoff = orDefault(c.MaxInlineBackoff, defaultInlineBackoff)
 	c.MaxPayloadBytes = orDefault(c.MaxPayloadBytes, defaultMaxPayload)
+	if c.Observer == nil {
+		c.Observer = nopObserver{}
+	}
 	switch {
 	case c.LeaseDuration < time.Second:
 		return c, fmt.Errorf("pgdurable: LeaseDuration %s is below the 1s minimum", c.LeaseDuration)
@@ -115,6 +121,7 @@ type Engine struct {
 	pool   *pgxpool.Pool
 	cfg    Config
 	log    *slog.Logger
+	obs    Observer
 	queue  *queue.Queue
 	now    func() time.Time
 	retry  RetryPolicy // cfg.RetryPolicy merged over DefaultRetryPolicy
@@ -147,6 +154,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		pool:      pool,
 		cfg:       c,
 		log:       c.Logger,
+		obs:       c.Observer,
 		now:       time.Now,
 		workflows: map[string]registered{},
 	}

@@ -128,7 +128,7 @@ func (c *Context) finish(out []byte, err error, p *panicInfo) {
 		c.park(nil, &parkReason{reason: "nondeterminism", info: &ErrorInfo{Class: ClassNonDeterminism,
 			Message: fmt.Sprintf("workflow returned after %d steps but %d are recorded", c.seq, len(c.steps))}})
 	case err == nil:
-		c.end(c.do(func(ctx context.Context) error {
+		c.close(store.RunCompleted, c.do(func(ctx context.Context) error {
 			return store.FinishRun(ctx, c.e.pool, c.runID, c.token, c.pending, store.RunCompleted, out, nil)
 		}))
 		c.log.Debug("run completed")
@@ -142,7 +142,7 @@ func (c *Context) finish(out []byte, err error, p *panicInfo) {
 			c.compensate(store.RunCompensated, info)
 			return
 		}
-		c.end(c.do(func(ctx context.Context) error {
+		c.close(store.RunFailed, c.do(func(ctx context.Context) error {
 			return store.FinishRun(ctx, c.e.pool, c.runID, c.token, c.pending, store.RunFailed, nil, info.json())
 		}))
 		c.log.Info("run failed", "error_class", info.Class, "error", info.Message)
@@ -164,6 +164,7 @@ func (c *Context) end(err error) {
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
 		c.endErr = ErrLeaseLost
+		c.e.obs.LeaseLost(c.wf.name)
 		c.log.Warn("lease lost; this delivery stops", "error_class", "lease_lost")
 	case err != nil:
 		// The record is not written; the lease expires and the sweeper
@@ -172,6 +173,15 @@ func (c *Context) end(err error) {
 		c.log.Error("write failed; run will be redelivered after its lease expires", "error", err)
 	}
 	c.cancel(c.endErr)
+}
+
+// close ends the delivery after the run's terminal write, which returned
+// err; the run ended with status when err is nil.
+func (c *Context) close(status string, err error) {
+	c.end(err)
+	if err == nil {
+		c.e.obs.RunEnded(c.wf.name, status)
+	}
 }
 
 // write records recs now (fenced, extending the lease, one round trip).
@@ -368,7 +378,7 @@ func (c *Context) park(rec *store.StepRecord, why *parkReason) {
 		}
 	}
 	c.log.Warn("run parked as dead", "reason", why.reason, "error_class", why.info.Class, "error", why.info.Message)
-	c.end(c.do(func(ctx context.Context) error {
+	c.close(store.RunDead, c.do(func(ctx context.Context) error {
 		return store.ParkRun(ctx, c.e.pool, c.runID, c.token, rec, p)
 	}))
 }

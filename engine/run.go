@@ -132,6 +132,7 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	if err != nil {
 		return nil, err
 	}
+	e.obs.RunStarted(name, res.Existing)
 	if !res.Existing {
 		e.log.DebugContext(ctx, "run started", "run_id", res.RunID, "workflow", name, "workflow_id", workflowID)
 	}

@@ -160,6 +160,7 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		}
 		switch rec.Status {
 		case store.StepCompleted:
+			c.e.obs.StepReplayed(c.wf.name, kind)
 			return rec.Output, nil
 		case store.StepFailed:
 			return nil, stepErrorFromRecord(rec)
@@ -228,9 +229,14 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 				RequestID: requestID, Output: out, FirstFailedAt: firstFailed, StartedAt: startedAt, CompletedAt: &now,
 				CompensationOf: call.compensationOf}
 		}
+		attemptStart := time.Now()
 		out, err, p := c.attempt(stepCtx, call.body, a)
 		now := c.e.now()
+		observe := func(outcome string) {
+			c.e.obs.StepAttempt(c.wf.name, name, kind, attempt, outcome, time.Since(attemptStart))
+		}
 		if err == nil && p == nil {
+			observe("completed")
 			if a.recorded {
 				c.lastRecorded = seq
 			} else {
@@ -240,16 +246,19 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		}
 		var unknown *outcomeUnknownError
 		if errors.Is(err, store.ErrLeaseLost) || errors.As(err, &unknown) {
+			observe("interrupted")
 			c.end(err)
 			return nil, c.endErr
 		}
 		if c.Err() != nil {
 			// Shutdown or a lost lease interrupted the attempt: it does not count.
+			observe("interrupted")
 			c.interrupted()
 			return nil, c.endErr
 		}
 		if forward && c.fwd.Err() != nil {
 			// The run was cancelled under this attempt: no outcome, no record.
+			observe("cancelled")
 			log.Info("step stopped by the run's cancellation", "attempt", attempt)
 			return cancelled()
 		}
@@ -264,6 +273,7 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		case p != nil:
 			info.Class, info.Message, info.Stack = ClassPanic, fmt.Sprintf("panic: %v", p.value), truncateStack(p.stack)
 			rec.Status, rec.Error = store.StepParked, info.json()
+			observe("parked")
 			log.Error("step panicked", "attempt", attempt, "error_class", info.Class, "panic", info.Message)
 			reason := ReasonPanic
 			if call.parkAs != "" {
@@ -287,6 +297,7 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 			if call.parkAs != "" || (exhausted && len(c.compensations) == 0) {
 				// Nothing can undo this automatically: an operator must act.
 				rec.Status, rec.Error = store.StepParked, info.json()
+				observe("parked")
 				log.Warn("step failed; parking the run", "reason", reason, "attempt", attempt, "error_class", info.Class, "error", info.Message)
 				c.park(rec, &parkReason{reason: reason, info: info, rec: rec})
 				return nil, c.endErr
@@ -295,6 +306,7 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 			// returns it runs its compensations.
 			rec.Status, rec.Error, rec.CompletedAt = store.StepFailed, info.json(), &now
 			c.pending = rec
+			observe("failed")
 			log.Info("step failed", "attempt", attempt, "retries_exhausted", exhausted, "error_class", info.Class, "error", info.Message)
 			return nil, &StepError{Step: name, Seq: seq, Attempt: attempt, Class: info.Class, Message: info.Message, Err: err}
 		}
@@ -306,6 +318,7 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		next := now.Add(delay)
 		info.Message = err.Error()
 		rec.Status, rec.Error, rec.NextAttemptAt = store.StepRetrying, info.json(), &next
+		observe("retry")
 		log.Info("step failed; will retry", "attempt", attempt, "error_class", info.Class, "error", info.Message, "backoff", delay)
 		if forward && c.cancelRequested.Load() {
 			// Cancelled meanwhile: record the failed attempt, retry no more.

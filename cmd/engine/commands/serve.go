@@ -11,10 +11,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
 	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginemetrics"
 	"github.com/pgdurable/pgdurable/engine/httpapi"
 	"github.com/pgdurable/pgdurable/storage/migrations"
 )
@@ -81,10 +84,14 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 		return err
 	}
 
-	e, err := engine.New(pool, &engine.Config{Logger: log, MaxWorkers: f.maxWorkers})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := enginemetrics.New(reg)
+	e, err := engine.New(pool, &engine.Config{Logger: log, MaxWorkers: f.maxWorkers, Observer: metrics})
 	if err != nil {
 		return err
 	}
+	metrics.WatchQueue(e)
 	if err := e.Register(g.opts.Workflows...); err != nil {
 		return err
 	}
@@ -93,7 +100,7 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 		return fmt.Errorf("listening on %s: %w", f.listen, err)
 	}
 	srv := &http.Server{
-		Handler:           httpapi.New(e, &httpapi.Options{Token: f.apiToken, Metrics: promhttp.Handler(), Pool: pool, Logger: log}),
+		Handler:           httpapi.New(e, &httpapi.Options{Token: f.apiToken, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Pool: pool, Logger: log}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	if err := e.Start(ctx); err != nil {

@@ -97,3 +97,30 @@ func ListRuns(ctx context.Context, db DBTX, f RunFilter) ([]*RunRow, error) {
 	}
 	return out, rows.Err()
 }
+
+// Stats is the queue's state.
+type Stats struct {
+	Pending, Running, Waiting, OpenDeadJobs int64
+	OldestPendingAge                        time.Duration
+}
+
+const stats = `
+SELECT
+    count(*) FILTER (WHERE status = 'pending'),
+    count(*) FILTER (WHERE status IN ('running', 'compensating') AND wake_at IS NULL),
+    count(*) FILTER (WHERE status = 'waiting' OR (status = 'compensating' AND wake_at IS NOT NULL)),
+    coalesce(extract(epoch FROM now() - min(enqueued_at) FILTER (WHERE status = 'pending')), 0)::float8,
+    (SELECT count(*) FROM dead_jobs WHERE resolved_at IS NULL)
+FROM workflow_runs
+WHERE queue = $1 AND status IN ('pending', 'running', 'waiting', 'compensating')`
+
+// GetStats reads the queue's state.
+func GetStats(ctx context.Context, db DBTX, queue string) (*Stats, error) {
+	var s Stats
+	var oldest float64
+	if err := db.QueryRow(ctx, stats, queue).Scan(&s.Pending, &s.Running, &s.Waiting, &oldest, &s.OpenDeadJobs); err != nil {
+		return nil, err
+	}
+	s.OldestPendingAge = time.Duration(oldest * float64(time.Second))
+	return &s, nil
+}

@@ -1,0 +1,140 @@
+// Package enginemetrics exports the engine's events and queue state as
+// Prometheus metrics (prometheus/client_golang). Wire it in with
+//
+//	m := enginemetrics.New(prometheus.DefaultRegisterer)
+//	e, _ := engine.New(pool, &engine.Config{Observer: m})
+//	m.WatchQueue(e) // queue depth, oldest pending age, open dead jobs, read at scrape time
+//
+// Metric names carry the pgdurable_ prefix; labels are bounded (workflow
+// and step names, statuses, outcomes), never run IDs.
+package enginemetrics
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pgdurable/pgdurable/engine"
+)
+
+// Metrics implements engine.Observer with Prometheus collectors.
+type Metrics struct {
+	reg          prometheus.Registerer
+	runsStarted  *prometheus.CounterVec
+	startHits    *prometheus.CounterVec
+	runsEnded    *prometheus.CounterVec
+	stepDuration *prometheus.HistogramVec
+	attempts     *prometheus.CounterVec
+	retries      *prometheus.CounterVec
+	replays      *prometheus.CounterVec
+	leaseLosses  *prometheus.CounterVec
+}
+
+var _ engine.Observer = (*Metrics)(nil)
+
+// New builds the collectors and registers them with reg. It panics only if
+// reg already holds collectors of the same names (a programming error, as
+// with prometheus.MustRegister).
+func New(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		reg: reg,
+		runsStarted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pgdurable_runs_started_total", Help: "Runs created by a start.",
+		}, []string{"workflow"}),
+		startHits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pgdurable_start_idempotent_hits_total", Help: "Starts that found an existing run with the same workflow ID and input.",
+		}, []string{"workflow"}),
+		runsEnded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pgdurable_runs_finished_total", Help: "Runs that reached a terminal status (completed, failed, compensated, cancelled, dead).",
+		}, []string{"workflow", "status"}),
+		stepDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "pgdurable_step_attempt_duration_seconds", Help: "Duration of step attempts, by outcome.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10), // 0.5 ms .. 131 s
+		}, []string{"workflow", "kind", "outcome"}),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pgdurable_step_attempts_total", Help: "Step attempts, by outcome (completed, retry, failed, parked, cancelled, interrupted).",
+		}, []string{"workflow", "step", "outcome"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pgdurable_step_retries_total", Help: "Step attempts that failed transiently and will be retried.",
+		}, []string{"workflow", "step"}),
+		replays: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pgdurable_step_replays_total", Help: "Recorded steps returned from their record instead of running again: duplicates avoided.",
+		}, []string{"workflow", "kind"}),
+		leaseLosses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pgdurable_lease_losses_total", Help: "Deliveries that found another delivery owns their run and stopped.",
+		}, []string{"workflow"}),
+	}
+	reg.MustRegister(m.runsStarted, m.startHits, m.runsEnded, m.stepDuration, m.attempts, m.retries, m.replays, m.leaseLosses)
+	return m
+}
+
+// RunStarted implements engine.Observer.
+func (m *Metrics) RunStarted(workflow string, existing bool) {
+	if existing {
+		m.startHits.WithLabelValues(workflow).Inc()
+		return
+	}
+	m.runsStarted.WithLabelValues(workflow).Inc()
+}
+
+// RunEnded implements engine.Observer.
+func (m *Metrics) RunEnded(workflow, status string) {
+	m.runsEnded.WithLabelValues(workflow, status).Inc()
+}
+
+// StepAttempt implements engine.Observer.
+func (m *Metrics) StepAttempt(workflow, step, kind string, _ int, outcome string, d time.Duration) {
+	m.stepDuration.WithLabelValues(workflow, kind, outcome).Observe(d.Seconds())
+	m.attempts.WithLabelValues(workflow, step, outcome).Inc()
+	if outcome == "retry" {
+		m.retries.WithLabelValues(workflow, step).Inc()
+	}
+}
+
+// StepReplayed implements engine.Observer.
+func (m *Metrics) StepReplayed(workflow, kind string) {
+	m.replays.WithLabelValues(workflow, kind).Inc()
+}
+
+// LeaseLost implements engine.Observer.
+func (m *Metrics) LeaseLost(workflow string) { m.leaseLosses.WithLabelValues(workflow).Inc() }
+
+// WatchQueue registers gauges read from e.Stats at scrape time: pending
+// runs (queue depth), the oldest pending run's age, running and waiting
+// runs, and open dead jobs. A scrape that cannot reach the database
+// reports no values for them.
+func (m *Metrics) WatchQueue(e *engine.Engine) {
+	m.reg.MustRegister(&queueCollector{e: e})
+}
+
+var (
+	descPending = prometheus.NewDesc("pgdurable_runs_pending", "Runs ready for a delivery (queue depth).", nil, nil)
+	descOldest  = prometheus.NewDesc("pgdurable_oldest_pending_run_age_seconds", "How long the oldest pending run has waited for a delivery.", nil, nil)
+	descRunning = prometheus.NewDesc("pgdurable_runs_running", "Runs a delivery holds.", nil, nil)
+	descWaiting = prometheus.NewDesc("pgdurable_runs_waiting", "Runs waiting for a retry or a timer.", nil, nil)
+	descDead    = prometheus.NewDesc("pgdurable_dead_jobs_open", "Dead jobs neither replayed nor discarded.", nil, nil)
+)
+
+type queueCollector struct{ e *engine.Engine }
+
+func (q *queueCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descPending, descOldest, descRunning, descWaiting, descDead} {
+		ch <- d
+	}
+}
+
+func (q *queueCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := q.e.Stats(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(descPending, err)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(s.PendingRuns))
+	ch <- prometheus.MustNewConstMetric(descOldest, prometheus.GaugeValue, s.OldestPendingAge.Seconds())
+	ch <- prometheus.MustNewConstMetric(descRunning, prometheus.GaugeValue, float64(s.RunningRuns))
+	ch <- prometheus.MustNewConstMetric(descWaiting, prometheus.GaugeValue, float64(s.WaitingRuns))
+	ch <- prometheus.MustNewConstMetric(descDead, prometheus.GaugeValue, float64(s.OpenDeadJobs))
+}

@@ -1,0 +1,82 @@
+package enginemetrics_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginemetrics"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestMetricsCountRunsStepsAndQueue(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	wf := engine.Define("metered", func(ctx *engine.Context, n int) (int, error) {
+		return engine.Step(ctx, "flaky", func(context.Context) (int, error) {
+			if n < 0 {
+				return 0, errors.New("always down")
+			}
+			if calls.Add(1) == 1 {
+				return 0, errors.New("503")
+			}
+			return n, nil
+		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: time.Millisecond, MaximumAttempts: 2}})
+	}, nil)
+	db := enginetest.NewDB(t)
+	reg := prometheus.NewRegistry()
+	m := enginemetrics.New(reg)
+	e := enginetest.NewEngine(t, db, &engine.Config{Observer: m}, true, wf)
+	m.WatchQueue(e)
+	ctx := context.Background()
+
+	res, err := wf.Start(ctx, e, 5, &engine.StartOpts{WorkflowID: "w-1"})
+	require.NoError(t, err)
+	_, err = wf.Start(ctx, e, 5, &engine.StartOpts{WorkflowID: "w-1"})
+	require.NoError(t, err)
+	_, err = wf.Wait(ctx, e, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	dead, err := wf.Start(ctx, e, -1, nil)
+	require.NoError(t, err)
+	_, err = wf.Wait(ctx, e, dead.RunID, 10*time.Millisecond)
+	require.Error(t, err)
+
+	expected := `
+# HELP pgdurable_runs_finished_total Runs that reached a terminal status (completed, failed, compensated, cancelled, dead).
+# TYPE pgdurable_runs_finished_total counter
+pgdurable_runs_finished_total{status="completed",workflow="metered"} 1
+pgdurable_runs_finished_total{status="dead",workflow="metered"} 1
+# HELP pgdurable_runs_started_total Runs created by a start.
+# TYPE pgdurable_runs_started_total counter
+pgdurable_runs_started_total{workflow="metered"} 2
+# HELP pgdurable_start_idempotent_hits_total Starts that found an existing run with the same workflow ID and input.
+# TYPE pgdurable_start_idempotent_hits_total counter
+pgdurable_start_idempotent_hits_total{workflow="metered"} 1
+# HELP pgdurable_step_retries_total Step attempts that failed transiently and will be retried.
+# TYPE pgdurable_step_retries_total counter
+pgdurable_step_retries_total{step="flaky",workflow="metered"} 2
+# HELP pgdurable_dead_jobs_open Dead jobs neither replayed nor discarded.
+# TYPE pgdurable_dead_jobs_open gauge
+pgdurable_dead_jobs_open 1
+# HELP pgdurable_runs_pending Runs ready for a delivery (queue depth).
+# TYPE pgdurable_runs_pending gauge
+pgdurable_runs_pending 0
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(expected),
+		"pgdurable_runs_finished_total", "pgdurable_runs_started_total", "pgdurable_start_idempotent_hits_total",
+		"pgdurable_step_retries_total", "pgdurable_dead_jobs_open", "pgdurable_runs_pending"))
+	n, err := testutil.GatherAndCount(reg, "pgdurable_step_attempt_duration_seconds")
+	require.NoError(t, err)
+	require.Positive(t, n)
+}

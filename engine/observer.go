@@ -1,0 +1,59 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/pgdurable/pgdurable/engine/internal/store"
+)
+
+// Observer receives the engine's events, for metrics (package
+// engine/enginemetrics implements it with Prometheus) or tracing. Methods
+// are called on the engine's goroutines: keep them fast, never block, and
+// make them safe for concurrent use.
+type Observer interface {
+	// RunStarted: a start created a run, or found one (existing: an
+	// idempotent start hit).
+	RunStarted(workflow string, existing bool)
+	// RunEnded: a run reached status (completed, failed, compensated,
+	// cancelled, dead) and the record is committed.
+	RunEnded(workflow, status string)
+	// StepAttempt: one attempt of a step ended. outcome is completed,
+	// retry, failed (recorded and returned), parked, cancelled or
+	// interrupted (shutdown or lost lease); d is the attempt's duration.
+	StepAttempt(workflow, step, kind string, attempt int, outcome string, d time.Duration)
+	// StepReplayed: a recorded step returned its record instead of running
+	// again (a duplicate execution avoided).
+	StepReplayed(workflow, kind string)
+	// LeaseLost: a delivery found another owns its run and stopped.
+	LeaseLost(workflow string)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) RunStarted(string, bool)                                        {}
+func (nopObserver) RunEnded(string, string)                                        {}
+func (nopObserver) StepAttempt(string, string, string, int, string, time.Duration) {}
+func (nopObserver) StepReplayed(string, string)                                    {}
+func (nopObserver) LeaseLost(string)                                               {}
+
+// Stats is a snapshot of the engine's queue, for gauges.
+type Stats struct {
+	PendingRuns      int64         // runs ready for a delivery
+	OldestPendingAge time.Duration // how long the oldest of them has waited (0: none)
+	RunningRuns      int64         // runs a delivery holds, or held when its worker died
+	WaitingRuns      int64         // runs waiting for a retry or timer
+	OpenDeadJobs     int64         // dead jobs neither replayed nor discarded
+}
+
+// Stats reads the queue's state on this engine's queue: a few index scans,
+// fine for a scrape every few seconds.
+func (e *Engine) Stats(ctx context.Context) (*Stats, error) {
+	s, err := store.GetStats(ctx, e.pool, e.cfg.Queue)
+	if err != nil {
+		return nil, fmt.Errorf("pgdurable: reading stats: %w", err)
+	}
+	return &Stats{PendingRuns: s.Pending, OldestPendingAge: s.OldestPendingAge, RunningRuns: s.Running,
+		WaitingRuns: s.Waiting, OpenDeadJobs: s.OpenDeadJobs}, nil
+}
