@@ -115,7 +115,17 @@ func (w *Workflow[In, Out]) registration() registered {
 	}
 }
 
-// decodeStrict decodes JSON that must hold exactly one value of type T.
+// Validator is implemented by workflow inputs that check themselves. The
+// engine calls Validate when a run starts (an error there is
+// ErrInvalidInput: the HTTP API answers 400 and no run exists) and again
+// when a delivery decodes the input (an error there parks the run as
+// poison_input: the rules changed under a stored run).
+type Validator interface {
+	Validate() error
+}
+
+// decodeStrict decodes JSON that must hold exactly one value of type T, and
+// validates it when T is a Validator.
 func decodeStrict[T any](b []byte) (T, error) {
 	var v T
 	if !json.Valid(b) {
@@ -126,7 +136,19 @@ func decodeStrict[T any](b []byte) (T, error) {
 		}
 		return v, err
 	}
-	return v, json.Unmarshal(b, &v)
+	if err := json.Unmarshal(b, &v); err != nil {
+		return v, err
+	}
+	if val, ok := any(v).(Validator); ok {
+		if err := val.Validate(); err != nil {
+			return v, err
+		}
+	} else if val, ok := any(&v).(Validator); ok {
+		if err := val.Validate(); err != nil {
+			return v, err
+		}
+	}
+	return v, nil
 }
 
 // Start starts a run of w with input in (see Engine.StartJSON for the
@@ -153,6 +175,11 @@ func (w *Workflow[In, Out]) StartTx(ctx context.Context, e *Engine, tx pgx.Tx, i
 func (w *Workflow[In, Out]) encode(in In) ([]byte, error) {
 	if w.err != nil {
 		return nil, w.err
+	}
+	if val, ok := any(in).(Validator); ok {
+		if err := val.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: input of workflow %q: %v", ErrInvalidInput, w.name, err)
+		}
 	}
 	b, err := json.Marshal(in)
 	if err == nil {

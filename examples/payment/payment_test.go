@@ -1,0 +1,159 @@
+package payment_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/examples/payment"
+	"github.com/pgdurable/pgdurable/examples/payment/fakegateway"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type fixture struct {
+	e   *engine.Engine
+	gw  *fakegateway.Gateway
+	db  *enginetest.DB
+	wf  *engine.Workflow[payment.Order, payment.Receipt]
+	ctx context.Context
+}
+
+func setup(t *testing.T, faults fakegateway.Faults) *fixture {
+	t.Helper()
+	db := enginetest.NewDB(t)
+	ctx := context.Background()
+	require.NoError(t, payment.Migrate(ctx, db.Pool))
+	require.NoError(t, payment.Seed(ctx, db.Pool))
+	gw := fakegateway.New(faults)
+	srv := httptest.NewServer(gw)
+	t.Cleanup(srv.Close)
+	client, err := payment.NewGateway(payment.GatewayConfig{BaseURL: srv.URL, APIKey: "sk_test_fake", Timeout: 5 * time.Second}, func(string) string { return "" })
+	require.NoError(t, err)
+	wf := payment.New(client)
+	e := enginetest.NewEngine(t, db, &engine.Config{RetryPolicy: &engine.RetryPolicy{InitialInterval: 20 * time.Millisecond, MaximumInterval: 200 * time.Millisecond}}, true, wf)
+	return &fixture{e: e, gw: gw, db: db, wf: wf, ctx: ctx}
+}
+
+func order(id string, amount int64, method string, items ...payment.Item) payment.Order {
+	if len(items) == 0 {
+		items = []payment.Item{{SKU: "sku_tee", Qty: 2}}
+	}
+	return payment.Order{OrderID: id, CustomerID: "cus_1", Amount: amount, Currency: "usd", PaymentMethod: method, Items: items}
+}
+
+func TestPaymentCompletesAndRecordsOnce(t *testing.T) {
+	t.Parallel()
+	f := setup(t, fakegateway.Faults{})
+	res, err := f.wf.Start(f.ctx, f.e, order("ord_1", 4999, "pm_card_visa"), &engine.StartOpts{WorkflowID: "ord_1"})
+	require.NoError(t, err)
+	rcpt, err := f.wf.Wait(f.ctx, f.e, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, int64(4999), rcpt.Amount)
+	require.True(t, rcpt.ReceiptSent)
+	l := f.gw.Ledger()
+	require.Equal(t, int64(4999), l.NetByOrder()["ord_1"])
+	var rows int
+	require.NoError(t, f.db.Pool.QueryRow(f.ctx, `SELECT count(*) FROM payment_ledger WHERE order_id = 'ord_1'`).Scan(&rows))
+	require.Equal(t, 1, rows)
+}
+
+func TestDeclineCompensates(t *testing.T) {
+	t.Parallel()
+	f := setup(t, fakegateway.Faults{})
+	res, err := f.wf.Start(f.ctx, f.e, order("ord_2", 1500, fakegateway.DeclineMethod), nil)
+	require.NoError(t, err)
+	_, err = f.wf.Wait(f.ctx, f.e, res.RunID, 10*time.Millisecond)
+	var runErr *engine.RunError
+	require.ErrorAs(t, err, &runErr)
+	require.Equal(t, engine.StatusCompensated, runErr.Status)
+	require.Contains(t, runErr.Info.Message, "declined")
+	require.Equal(t, "card_declined_generic_decline", runErr.Info.Class)
+	var reserved int
+	require.NoError(t, f.db.Pool.QueryRow(f.ctx, `SELECT reserved FROM payment_inventory WHERE sku = 'sku_tee'`).Scan(&reserved))
+	require.Zero(t, reserved, "the reservation was released")
+	require.Zero(t, f.gw.Ledger().NetByOrder()["ord_2"])
+}
+
+func TestSoldOutCompensatesWithoutCharging(t *testing.T) {
+	t.Parallel()
+	f := setup(t, fakegateway.Faults{})
+	res, err := f.wf.Start(f.ctx, f.e, order("ord_3", 100, "pm_card_visa", payment.Item{SKU: "sku_limited", Qty: 5}), nil)
+	require.NoError(t, err)
+	_, err = f.wf.Wait(f.ctx, f.e, res.RunID, 10*time.Millisecond)
+	var runErr *engine.RunError
+	require.ErrorAs(t, err, &runErr)
+	require.Equal(t, engine.StatusFailed, runErr.Status, "nothing to undo yet: the reservation itself failed")
+	require.Equal(t, "out_of_stock", runErr.Info.Class)
+	require.Empty(t, f.gw.Ledger().Charges)
+}
+
+func TestInvalidOrderIsRejectedAtStart(t *testing.T) {
+	t.Parallel()
+	f := setup(t, fakegateway.Faults{})
+	_, err := f.wf.Start(f.ctx, f.e, order("bad id!", -5, "visa"), nil)
+	require.ErrorIs(t, err, engine.ErrInvalidInput)
+	require.ErrorContains(t, err, "order_id")
+	require.ErrorContains(t, err, "amount -5")
+	_, err = f.e.StartJSON(f.ctx, payment.WorkflowName, []byte(`{"order_id": "o", "amount": "12"}`), nil)
+	require.ErrorIs(t, err, engine.ErrInvalidInput)
+}
+
+// Every order under faults (10% 5xx, 5% 429, 5% drop after processing,
+// declines): a completed run's net charge is its amount, a compensated
+// one's is 0, nobody is charged twice.
+func TestPaymentsUnderGatewayFaults(t *testing.T) {
+	t.Parallel()
+	f := setup(t, fakegateway.Faults{ServerError: 0.10, RateLimit: 0.05, DropAfter: 0.05, RandomSource: rand.New(rand.NewPCG(7, 7))})
+	const n = 60
+	orders := map[string]payment.Order{}
+	runs := map[string]engine.StartResult{}
+	for i := range n {
+		method := "pm_card_visa"
+		if i%7 == 3 {
+			method = fakegateway.DeclineMethod
+		}
+		o := order(fmt.Sprintf("ord_%03d", i), int64(1000+i), method)
+		res, err := f.wf.Start(f.ctx, f.e, o, &engine.StartOpts{WorkflowID: o.OrderID})
+		require.NoError(t, err)
+		orders[o.OrderID], runs[o.OrderID] = o, *res
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	net := map[string]int64{}
+	for id, res := range runs {
+		var run *engine.Run
+		for {
+			var err error
+			run, err = f.e.GetRun(f.ctx, res.RunID)
+			require.NoError(t, err)
+			if run.Status == engine.StatusCompleted || run.Status == engine.StatusCompensated || run.Status == engine.StatusDead || run.Status == engine.StatusFailed {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "%s still %s", id, run.Status)
+			time.Sleep(20 * time.Millisecond)
+		}
+		net = f.gw.Ledger().NetByOrder()
+		switch run.Status {
+		case engine.StatusCompleted:
+			require.Equal(t, orders[id].Amount, net[id], "%s completed", id)
+			var r payment.Receipt
+			require.NoError(t, json.Unmarshal(run.Output, &r))
+		case engine.StatusCompensated:
+			require.Zero(t, net[id], "%s compensated: %+v", id, run.Error)
+		default:
+			t.Errorf("%s ended %s: %+v", id, run.Status, run.Error)
+		}
+	}
+	l := f.gw.Ledger()
+	require.Zero(t, l.DoubleCharges())
+	t.Logf("gateway: %d charges, %d refunds, requests %v", len(l.Charges), len(l.Refunds), l.Requests)
+}

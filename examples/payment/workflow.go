@@ -1,0 +1,109 @@
+package payment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdurable/pgdurable/activities"
+	"github.com/pgdurable/pgdurable/compensation"
+	"github.com/pgdurable/pgdurable/engine"
+)
+
+// WorkflowName is the payment workflow's stored name.
+const WorkflowName = "payment"
+
+// New defines the payment workflow (DESIGN §8) over gateway g:
+//
+//	validate → reserve inventory (tx step; undo: release) → charge (activity; undo: refund)
+//	→ record payment in the ledger (tx step, one row per order) → send receipt (activity)
+//
+// A decline (402) or a sold-out item fails permanently and the completed
+// steps are undone: the run ends compensated with the decline in its error.
+// A receipt that cannot be sent does not undo a paid order: the receipt is
+// reported as not sent.
+func New(g *Gateway) *engine.Workflow[Order, Receipt] {
+	retry := &engine.RetryPolicy{InitialInterval: 200 * time.Millisecond, BackoffCoefficient: 2, MaximumInterval: 10 * time.Second, MaximumAttempts: 8}
+	charge := &activities.Activity[Order, Charge]{Name: "charge", Fn: g.Charge, RetryPolicy: retry, StartToCloseTimeout: 30 * time.Second}
+	receipt := &activities.Activity[receiptReq, bool]{
+		Name: "send_receipt",
+		Fn: func(ctx context.Context, call activities.Call, r receiptReq) (bool, error) {
+			return true, g.SendReceipt(ctx, call, r.Order, r.Charge)
+		},
+		RetryPolicy: retry, StartToCloseTimeout: 30 * time.Second,
+	}
+	return engine.Define(WorkflowName, func(ctx *engine.Context, o Order) (Receipt, error) {
+		if _, err := engine.Step(ctx, "validate", func(context.Context) (bool, error) {
+			return true, engine.Permanent(o.Validate()) // also checked at start; here for runs stored before a rule changed
+		}, nil); err != nil {
+			return Receipt{}, err
+		}
+		saga := compensation.New(ctx)
+		if _, err := compensation.TxStep(saga, "reserve_inventory", func(sctx context.Context, tx pgx.Tx) (int, error) {
+			return reserve(sctx, tx, ctx, o)
+		}, compensation.TxUndo[int]{Name: "release_inventory", Fn: func(sctx context.Context, tx pgx.Tx, _ int) error {
+			return release(sctx, tx, o.OrderID)
+		}}, nil); err != nil {
+			return Receipt{}, err
+		}
+		ch, err := compensation.Activity(saga, charge, o, compensation.Undo[Charge]{
+			Name: "refund", Fn: g.Refund, RetryPolicy: retry, StartToCloseTimeout: 30 * time.Second,
+		})
+		if err != nil {
+			return Receipt{}, err
+		}
+		if _, err := engine.TxStep(ctx, "record_payment", func(sctx context.Context, tx pgx.Tx) (bool, error) {
+			_, err := tx.Exec(sctx, `INSERT INTO payment_ledger (order_id, payment_intent, amount, currency, run_id)
+				VALUES ($1, $2, $3, $4, $5)`, o.OrderID, ch.PaymentIntent, ch.Amount, ch.Currency, ctx.RunID())
+			if isUniqueViolation(err) {
+				return false, engine.Permanent(fmt.Errorf("order %s is already paid by another run", o.OrderID))
+			}
+			return err == nil, err
+		}, nil); err != nil {
+			return Receipt{}, err
+		}
+		sent, err := activities.Execute(ctx, receipt, receiptReq{Order: o, Charge: ch})
+		if err != nil && !errors.Is(err, engine.ErrCancelled) {
+			ctx.Logger().Warn("receipt not sent; the order stays paid", "error", err)
+			err = nil
+		}
+		return Receipt{OrderID: o.OrderID, PaymentIntent: ch.PaymentIntent, Amount: ch.Amount, Currency: ch.Currency, ReceiptSent: sent}, err
+	}, &engine.WorkflowOpts{Version: 1})
+}
+
+type receiptReq struct {
+	Order  Order
+	Charge Charge
+}
+
+// reserve takes the order's items from stock: all or nothing.
+func reserve(ctx context.Context, tx pgx.Tx, wctx *engine.Context, o Order) (int, error) {
+	units := 0
+	for _, it := range o.Items {
+		tag, err := tx.Exec(ctx, `UPDATE payment_inventory SET reserved = reserved + $2
+			WHERE sku = $1 AND stock - reserved >= $2`, it.SKU, it.Qty)
+		if err != nil {
+			return 0, err
+		}
+		if tag.RowsAffected() == 0 {
+			return 0, engine.WithClass(engine.Permanent(fmt.Errorf("%s: unknown SKU or not enough stock for %d", it.SKU, it.Qty)), "out_of_stock")
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO payment_reservations (order_id, sku, qty, run_id) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (order_id, sku) DO UPDATE SET qty = payment_reservations.qty + excluded.qty`,
+			o.OrderID, it.SKU, it.Qty, wctx.RunID()); err != nil {
+			return 0, err
+		}
+		units += it.Qty
+	}
+	return units, nil
+}
+
+// release returns an order's reserved items to stock.
+func release(ctx context.Context, tx pgx.Tx, orderID string) error {
+	_, err := tx.Exec(ctx, `WITH gone AS (DELETE FROM payment_reservations WHERE order_id = $1 RETURNING sku, qty)
+		UPDATE payment_inventory i SET reserved = i.reserved - gone.qty FROM gone WHERE i.sku = gone.sku`, orderID)
+	return err
+}
