@@ -1,14 +1,29 @@
 // Command engine runs pgdurable as a service (engine serve) and operates it
-// from the shell: migrations, runs, dead jobs. See README.md.
+// from the shell: migrations, runs, dead jobs, and the payment demo. This
+// build registers the payment example's workflow when STRIPE_API_KEY is set
+// (PAYMENT_GATEWAY_URL points it at Stripe test mode, stripe-mock or the
+// fake gateway). See README.md.
 package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 
 	"github.com/pgdurable/pgdurable/cmd/engine/commands"
+	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/examples/payment"
 )
 
 func main() {
-	os.Exit(commands.Execute(context.Background(), os.Args[1:], commands.Options{}))
+	opts := commands.Options{Migrate: payment.Migrate}
+	if os.Getenv("STRIPE_API_KEY") != "" {
+		gw, err := payment.NewGateway(payment.GatewayConfig{}, os.Getenv)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "error:", err)
+			os.Exit(1)
+		}
+		opts.Workflows = []engine.Registration{payment.New(gw)}
+	}
+	os.Exit(commands.Execute(context.Background(), os.Args[1:], opts))
 }

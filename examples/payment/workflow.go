@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -79,10 +81,13 @@ type receiptReq struct {
 	Charge Charge
 }
 
-// reserve takes the order's items from stock: all or nothing.
+// reserve takes the order's items from stock: all or nothing. Rows are
+// locked in SKU order, so concurrent orders never deadlock.
 func reserve(ctx context.Context, tx pgx.Tx, wctx *engine.Context, o Order) (int, error) {
+	items := slices.Clone(o.Items)
+	slices.SortFunc(items, func(a, b Item) int { return strings.Compare(a.SKU, b.SKU) })
 	units := 0
-	for _, it := range o.Items {
+	for _, it := range items {
 		tag, err := tx.Exec(ctx, `UPDATE payment_inventory SET reserved = reserved + $2
 			WHERE sku = $1 AND stock - reserved >= $2`, it.SKU, it.Qty)
 		if err != nil {

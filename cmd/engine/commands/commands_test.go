@@ -182,3 +182,18 @@ func TestServeNeedsMigratedSchema(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.Contains(t, out, fmt.Sprint("pgdurable versions [1]"))
 }
+
+// The demo runs the payment story end to end and must report 0 double
+// charges and every run finished.
+func TestDemo(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	code, out, errOut := run(t, db, "demo", "--timeout", "90s")
+	require.Equal(t, 0, code, "%s\n%s", out, errOut)
+	require.Contains(t, out, "double charges: 0")
+	require.Contains(t, out, "net charge mismatches (completed ≠ charged, compensated ≠ 0): 0")
+	require.Contains(t, out, "201/201 finished")
+	require.Contains(t, out, "9 rejected (400)")
+	require.Contains(t, out, "2 conflicting reuses")
+	require.Contains(t, out, "engine --database-url")
+}

@@ -64,6 +64,11 @@ func (g *global) migrate(ctx context.Context, dir migrations.Direction, opts *mi
 	if err != nil {
 		return err
 	}
+	if dir == migrations.Up && g.opts.Migrate != nil {
+		if err := g.opts.Migrate(ctx, pool); err != nil {
+			return err
+		}
+	}
 	if g.jsonOut {
 		return writeJSON(g.opts.Stdout, res)
 	}

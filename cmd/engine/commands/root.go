@@ -25,6 +25,9 @@ import (
 type Options struct {
 	// Workflows are registered by every command that runs or starts runs.
 	Workflows []engine.Registration
+	// Migrate applies the application's own migrations (its business
+	// tables), after pgdurable's, in `migrate up` and `serve --migrate`.
+	Migrate func(ctx context.Context, pool *pgxpool.Pool) error
 	// Stdout and Stderr default to the process's.
 	Stdout, Stderr io.Writer
 	// Getenv defaults to os.Getenv (tests inject their own).
@@ -90,7 +93,7 @@ func NewRoot(opts Options) *cobra.Command {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
 	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL, else "+DefaultDatabaseURL+")")
 	root.PersistentFlags().BoolVar(&g.jsonOut, "json", false, "print JSON instead of tables")
-	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.cancelCmd())
+	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.cancelCmd(), g.demoCmd())
 	return root
 }
 

@@ -80,6 +80,11 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 		if _, err := migrations.Migrate(ctx, pool, migrations.Up, nil); err != nil {
 			return err
 		}
+		if g.opts.Migrate != nil {
+			if err := g.opts.Migrate(ctx, pool); err != nil {
+				return err
+			}
+		}
 	} else if err := checkSchema(ctx, pool); err != nil {
 		return err
 	}
