@@ -75,8 +75,21 @@ type Charge struct {
 
 // Charge creates and confirms a payment intent for o (POST
 // /v1/payment_intents, confirm=true), with call's request ID as the
-// Idempotency-Key.
+// Idempotency-Key, and requires it to have succeeded.
 func (g *Gateway) Charge(ctx context.Context, call activities.Call, o Order) (Charge, error) {
+	pi, err := g.CreatePaymentIntent(ctx, call, o)
+	if err != nil {
+		return Charge{}, err
+	}
+	if pi.Status != stripe.PaymentIntentStatusSucceeded {
+		return Charge{}, engine.WithClass(engine.Permanent(fmt.Errorf("payment intent %s is %s, not succeeded", pi.ID, pi.Status)), "payment_incomplete")
+	}
+	return Charge{PaymentIntent: pi.ID, Amount: pi.Amount, Currency: string(pi.Currency)}, nil
+}
+
+// CreatePaymentIntent is Charge's API call, returning Stripe's object
+// whatever its status; errors are classified for the engine.
+func (g *Gateway) CreatePaymentIntent(ctx context.Context, call activities.Call, o Order) (*stripe.PaymentIntent, error) {
 	params := &stripe.PaymentIntentCreateParams{
 		Amount:        stripe.Int64(o.Amount),
 		Currency:      stripe.String(o.Currency),
@@ -89,12 +102,9 @@ func (g *Gateway) Charge(ctx context.Context, call activities.Call, o Order) (Ch
 	params.Context = ctx
 	pi, err := g.sc.V1PaymentIntents.Create(ctx, params)
 	if err != nil {
-		return Charge{}, classify(err)
+		return nil, classify(err)
 	}
-	if pi.Status != stripe.PaymentIntentStatusSucceeded {
-		return Charge{}, engine.WithClass(engine.Permanent(fmt.Errorf("payment intent %s is %s, not succeeded", pi.ID, pi.Status)), "payment_incomplete")
-	}
-	return Charge{PaymentIntent: pi.ID, Amount: pi.Amount, Currency: string(pi.Currency)}, nil
+	return pi, nil
 }
 
 // Refund refunds a charge in full (POST /v1/refunds) with call's request ID
