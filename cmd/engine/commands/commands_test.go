@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -20,7 +21,12 @@ import (
 	"github.com/pgdurable/pgdurable/engine/enginetest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(envServeChild) != "" {
+		os.Exit(serveChild())
+	}
+	goleak.VerifyTestMain(m)
+}
 
 type in struct {
 	N int `json:"n"`

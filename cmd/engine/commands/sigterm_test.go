@@ -1,0 +1,122 @@
+package commands_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/cmd/engine/commands"
+	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/examples/payment"
+	"github.com/pgdurable/pgdurable/examples/payment/fakegateway"
+)
+
+const (
+	envServeChild = "PGDURABLE_CMD_SERVE_ARGS" // JSON list of args: this process is `engine <args>`
+	envGateway    = "PGDURABLE_CMD_GATEWAY"
+)
+
+// serveChild runs the engine CLI with the payment workflow in this test
+// binary, re-executed: a real process for real signals.
+func serveChild() int {
+	var args []string
+	if err := json.Unmarshal([]byte(os.Getenv(envServeChild)), &args); err != nil {
+		return 2
+	}
+	gw, err := payment.NewGateway(payment.GatewayConfig{BaseURL: os.Getenv(envGateway), APIKey: "sk_test_x"}, os.Getenv)
+	if err != nil {
+		return 2
+	}
+	return commands.Execute(context.Background(), args, commands.Options{Workflows: []engine.Registration{payment.New(gw)}, Migrate: payment.Migrate})
+}
+
+func startServe(t *testing.T, db *enginetest.DB, gateway, listen string) *exec.Cmd {
+	t.Helper()
+	args, _ := json.Marshal([]string{"--database-url", db.URL, "serve", "--listen", listen, "--shutdown-timeout", "5s", "--log-level", "warn"})
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envServeChild+"="+string(args), envGateway+"="+gateway)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _, _ = cmd.Process.Wait() })
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + listen + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return cmd
+			}
+		}
+		require.True(t, time.Now().Before(deadline), "serve never became ready")
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// SIGTERM with payments in flight: serve exits 0 within its shutdown
+// timeout; after a restart every run finishes and nobody is charged twice.
+func TestSIGTERMDuringPayments(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := context.Background()
+	require.NoError(t, payment.Migrate(ctx, db.Pool))
+	require.NoError(t, payment.Seed(ctx, db.Pool))
+	gw := fakegateway.New(fakegateway.Faults{Latency: 30 * time.Millisecond, ServerError: 0.1, DropAfter: 0.05})
+	gsrv := httptest.NewServer(gw)
+	t.Cleanup(gsrv.Close)
+	listen := freePort(t)
+	serve := startServe(t, db, gsrv.URL, listen)
+
+	const n = 100
+	for i := range n {
+		body := fmt.Sprintf(`{"id": "o%03d", "input": {"order_id": "o%03d", "customer_id": "c1", "amount": %d, "currency": "usd",
+			"payment_method": "pm_card_visa", "items": [{"sku": "sku_tee", "qty": 1}]}}`, i, i, 1000+i)
+		resp, err := http.Post("http://"+listen+"/v1/workflows/payment/runs", "application/json", strings.NewReader(body))
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusCreated, resp.StatusCode)
+	}
+	time.Sleep(300 * time.Millisecond) // payments in flight
+	start := time.Now()
+	require.NoError(t, serve.Process.Signal(syscall.SIGTERM))
+	err := serve.Wait()
+	took := time.Since(start)
+	t.Logf("serve exited %v after SIGTERM in %s", err, took.Round(time.Millisecond))
+	require.NoError(t, err, "exit code 0")
+	require.Less(t, took, 8*time.Second, "within --shutdown-timeout (5s) plus the cancel grace")
+
+	listen2 := freePort(t)
+	startServe(t, db, gsrv.URL, listen2)
+	var out bytes.Buffer
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var open int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE status NOT IN ('completed', 'failed', 'compensated', 'cancelled', 'dead')`).Scan(&open))
+		if open == 0 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "%d runs unfinished", open)
+		time.Sleep(100 * time.Millisecond)
+	}
+	var completed int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE status = 'completed'`).Scan(&completed))
+	require.Equal(t, n, completed, out.String())
+	l := gw.Ledger()
+	require.Zero(t, l.DoubleCharges())
+	net := l.NetByOrder()
+	for i := range n {
+		require.Equal(t, int64(1000+i), net[fmt.Sprintf("o%03d", i)])
+	}
+}
