@@ -203,3 +203,38 @@ func TestDemo(t *testing.T) {
 	require.Contains(t, out, "2 conflicting reuses")
 	require.Contains(t, out, "engine --database-url")
 }
+
+// engine dev with --throwaway starts its own PostgreSQL from the local
+// installation, serves, and removes it all on exit.
+func TestDevThrowawayPostgres(t *testing.T) {
+	t.Parallel()
+	if _, err := os.Stat("/usr/lib/postgresql"); err != nil {
+		t.Skip("no local PostgreSQL installation")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	listen := freePort(t)
+	var errOut bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- commands.Execute(ctx, []string{"dev", "--throwaway", "--listen", listen, "--log-level", "warn"},
+			commands.Options{Workflows: workflows(), Stdout: &bytes.Buffer{}, Stderr: &errOut, Getenv: func(string) string { return "" }})
+	}()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		resp, err := http.Post("http://"+listen+"/v1/workflows/double/runs", "application/json", strings.NewReader(`{"input": {"n": 4}}`))
+		if err == nil {
+			resp.Body.Close()
+			require.Equal(t, http.StatusCreated, resp.StatusCode)
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "dev never served: %s", errOut.String())
+		time.Sleep(100 * time.Millisecond)
+	}
+	cancel()
+	require.Equal(t, 0, <-done, errOut.String())
+	out := errOut.String()
+	require.Contains(t, out, "started a throwaway PostgreSQL in ")
+	dir := strings.Fields(out[strings.Index(out, "throwaway PostgreSQL in ")+len("throwaway PostgreSQL in "):])[0]
+	_, err := os.Stat(dir)
+	require.True(t, os.IsNotExist(err), "the throwaway directory %s is removed", dir)
+}
