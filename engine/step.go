@@ -206,6 +206,9 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		return nil, c.endErr
 	}
 
+	if requestID != nil {
+		log = log.With("request_id", requestID.String())
+	}
 	policy := RetryPolicy{}
 	if opts != nil && opts.RetryPolicy != nil {
 		policy = *opts.RetryPolicy
