@@ -104,6 +104,7 @@ func RunActivity[T any](ctx *Context, name string, opts *ActivityOpts, fn func(c
 		opts = &ActivityOpts{}
 	}
 	raw, err := ctx.runStep(&stepCall{name: name, kind: kindActivity, opts: &StepOpts{RetryPolicy: opts.RetryPolicy}, requestID: true,
+		settle: opts.HeartbeatTimeout <= 0,
 		body: func(sctx context.Context, st *attemptState) ([]byte, error) {
 			if opts.HeartbeatTimeout <= 0 {
 				// An activity that does not heartbeat is not interrupted by

@@ -92,6 +92,11 @@ type stepCall struct {
 	tx bool
 	// compensationOf is the forward step an undo step compensates.
 	compensationOf *int
+	// settle: once begun (its request ID stored), the step runs to a
+	// definite outcome even if the run is cancelled — an activity that
+	// does not heartbeat may already have taken effect, and only its
+	// outcome tells whether there is something to undo.
+	settle bool
 	// parkAs, when set, parks the run with this reason on a permanent
 	// failure or exhausted retries instead of returning the error
 	// (compensation steps: compensation_failed).
@@ -167,7 +172,10 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		}
 		attempts, firstFailed, nextAttempt, requestID = rec.Attempts, rec.FirstFailedAt, rec.NextAttemptAt, rec.RequestID
 	}
-	if forward && c.cancelRequested.Load() {
+	// stoppable: the run's cancellation stops this step now (a step that
+	// settles stops only if it has not begun).
+	stoppable := func() bool { return forward && c.cancelRequested.Load() && !(call.settle && written) }
+	if stoppable() {
 		return cancelled() // begun before the cancellation (a request ID stored): it stays unfinished
 	}
 	stepCtx := c.fwd
@@ -218,7 +226,7 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		if !c.mayStartStep() {
 			return nil, c.endErr
 		}
-		if forward && c.cancelRequested.Load() {
+		if stoppable() {
 			return cancelled() // no further attempt once the cancellation is known
 		}
 		attempt := attempts + 1
@@ -259,7 +267,7 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 			c.interrupted()
 			return nil, c.endErr
 		}
-		if forward && c.fwd.Err() != nil {
+		if forward && !call.settle && c.fwd.Err() != nil {
 			// The run was cancelled under this attempt: no outcome, no record.
 			observe("cancelled")
 			log.Info("step stopped by the run's cancellation", "attempt", attempt)
@@ -297,8 +305,12 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 			if call.parkAs != "" {
 				reason = call.parkAs
 			}
-			if call.parkAs != "" || (exhausted && len(c.compensations) == 0) {
+			if call.parkAs != "" || (exhausted && (len(c.compensations) == 0 || call.requestID)) {
 				// Nothing can undo this automatically: an operator must act.
+				// An activity that ran out of retries may have taken effect
+				// on an attempt whose answer was lost; compensating now would
+				// skip its undo. Parked, a replay settles it with the same
+				// request ID.
 				rec.Status, rec.Error = store.StepParked, info.json()
 				observe("parked")
 				log.Warn("step failed; parking the run", "reason", reason, "attempt", attempt, "error_class", info.Class, "error", info.Message)
@@ -323,7 +335,7 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		rec.Status, rec.Error, rec.NextAttemptAt = store.StepRetrying, info.json(), &next
 		observe("retry")
 		log.Info("step failed; will retry", "attempt", attempt, "error_class", info.Class, "error", info.Message, "backoff", delay)
-		if forward && c.cancelRequested.Load() {
+		if stoppable() {
 			// Cancelled meanwhile: record the failed attempt, retry no more.
 			if !c.write(rec) {
 				return nil, c.endErr

@@ -23,7 +23,7 @@ func main() {
 			fmt.Fprintln(os.Stderr, "error:", err)
 			os.Exit(1)
 		}
-		opts.Workflows = []engine.Registration{payment.New(gw)}
+		opts.Workflows = []engine.Registration{payment.New(gw, nil)}
 	}
 	os.Exit(commands.Execute(context.Background(), os.Args[1:], opts))
 }

@@ -29,6 +29,10 @@ type fixture struct {
 }
 
 func setup(t *testing.T, faults fakegateway.Faults) *fixture {
+	return setupWith(t, faults, nil)
+}
+
+func setupWith(t *testing.T, faults fakegateway.Faults, cfg *payment.Config) *fixture {
 	t.Helper()
 	db := enginetest.NewDB(t)
 	ctx := context.Background()
@@ -39,7 +43,7 @@ func setup(t *testing.T, faults fakegateway.Faults) *fixture {
 	t.Cleanup(srv.Close)
 	client, err := payment.NewGateway(payment.GatewayConfig{BaseURL: srv.URL, APIKey: "sk_test_fake", Timeout: 5 * time.Second}, func(string) string { return "" })
 	require.NoError(t, err)
-	wf := payment.New(client)
+	wf := payment.New(client, cfg)
 	e := enginetest.NewEngine(t, db, &engine.Config{RetryPolicy: &engine.RetryPolicy{InitialInterval: 20 * time.Millisecond, MaximumInterval: 200 * time.Millisecond}}, true, wf)
 	return &fixture{e: e, gw: gw, db: db, wf: wf, ctx: ctx}
 }
@@ -156,4 +160,70 @@ func TestPaymentsUnderGatewayFaults(t *testing.T) {
 	l := f.gw.Ledger()
 	require.Zero(t, l.DoubleCharges())
 	t.Logf("gateway: %d charges, %d refunds, requests %v", len(l.Charges), len(l.Refunds), l.Requests)
+}
+
+// fastRetry exhausts a gateway call in well under a second.
+var fastRetry = &payment.Config{Retry: &engine.RetryPolicy{InitialInterval: 10 * time.Millisecond, MaximumInterval: 20 * time.Millisecond, MaximumAttempts: 4}}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		require.True(t, time.Now().Before(deadline), "timed out waiting for %s", what)
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// The charge is made but its answer is lost, then the gateway fails every
+// retry: the charge's outcome is unknown, so the run must not compensate
+// (it would skip the refund of a charge it cannot see). It parks, and an
+// operator's replay settles it with the same key.
+func TestLostChargeAnswerThenExhaustedRetriesParks(t *testing.T) {
+	t.Parallel()
+	f := setupWith(t, fakegateway.Faults{DropAfter: 1}, fastRetry)
+	res, err := f.wf.Start(f.ctx, f.e, order("amb1", 100, "pm_card_visa"), &engine.StartOpts{WorkflowID: "amb1"})
+	require.NoError(t, err)
+	waitFor(t, "the dropped charge", func() bool { return len(f.gw.Ledger().Charges) == 1 })
+	f.gw.SetFaults(fakegateway.Faults{ServerError: 1})
+	_, err = f.wf.Wait(f.ctx, f.e, res.RunID, 10*time.Millisecond)
+	var runErr *engine.RunError
+	require.ErrorAs(t, err, &runErr)
+	require.Equal(t, engine.StatusDead, runErr.Status, "not compensated: the charge may have happened")
+	require.Equal(t, int64(100), f.gw.Ledger().NetByOrder()["amb1"], "the customer is charged; the run is parked for that")
+
+	f.gw.SetFaults(fakegateway.Faults{})
+	jobs, _, err := f.e.ListDeadJobs(f.ctx, engine.ListDeadJobsParams{RunID: res.RunID})
+	require.NoError(t, err)
+	require.Len(t, jobs, 1)
+	require.Equal(t, "charge", jobs[0].StepName)
+	_, err = f.e.ReplayDeadJob(f.ctx, jobs[0].ID, nil)
+	require.NoError(t, err)
+	rcpt, err := f.wf.Wait(f.ctx, f.e, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, int64(100), rcpt.Amount)
+	l := f.gw.Ledger()
+	require.Len(t, l.Charges, 1, "the replay got the stored answer for the same key")
+	require.Equal(t, int64(100), l.NetByOrder()["amb1"])
+}
+
+// Cancelled while the charge retries after a lost answer: the charge runs
+// to a definite outcome (it succeeded), its refund runs, the run ends
+// cancelled with nothing kept.
+func TestCancelWhileChargeRetriesRefundsIt(t *testing.T) {
+	t.Parallel()
+	f := setupWith(t, fakegateway.Faults{DropAfter: 1}, &payment.Config{Retry: &engine.RetryPolicy{InitialInterval: 50 * time.Millisecond, MaximumInterval: 100 * time.Millisecond, MaximumAttempts: 50}})
+	res, err := f.wf.Start(f.ctx, f.e, order("amb2", 555, "pm_card_visa"), &engine.StartOpts{WorkflowID: "amb2"})
+	require.NoError(t, err)
+	waitFor(t, "the dropped charge", func() bool { return len(f.gw.Ledger().Charges) == 1 })
+	f.gw.SetFaults(fakegateway.Faults{ServerError: 1})
+	require.NoError(t, f.e.Cancel(f.ctx, res.RunID))
+	time.Sleep(300 * time.Millisecond) // the charge keeps retrying, cancelled or not
+	f.gw.SetFaults(fakegateway.Faults{})
+	_, err = f.wf.Wait(f.ctx, f.e, res.RunID, 10*time.Millisecond)
+	var runErr *engine.RunError
+	require.ErrorAs(t, err, &runErr)
+	require.Equal(t, engine.StatusCancelled, runErr.Status)
+	l := f.gw.Ledger()
+	require.Zero(t, l.NetByOrder()["amb2"], "charged once, refunded once")
+	require.Len(t, l.Refunds, 1)
 }

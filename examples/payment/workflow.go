@@ -27,8 +27,11 @@ const WorkflowName = "payment"
 // steps are undone: the run ends compensated with the decline in its error.
 // A receipt that cannot be sent does not undo a paid order: the receipt is
 // reported as not sent.
-func New(g *Gateway) *engine.Workflow[Order, Receipt] {
+func New(g *Gateway, cfg *Config) *engine.Workflow[Order, Receipt] {
 	retry := &engine.RetryPolicy{InitialInterval: 200 * time.Millisecond, BackoffCoefficient: 2, MaximumInterval: 10 * time.Second, MaximumAttempts: 8}
+	if cfg != nil && cfg.Retry != nil {
+		retry = cfg.Retry
+	}
 	charge := &activities.Activity[Order, Charge]{Name: "charge", Fn: g.Charge, RetryPolicy: retry, StartToCloseTimeout: 30 * time.Second}
 	receipt := &activities.Activity[receiptReq, bool]{
 		Name: "send_receipt",
@@ -68,12 +71,21 @@ func New(g *Gateway) *engine.Workflow[Order, Receipt] {
 			return Receipt{}, err
 		}
 		sent, err := activities.Execute(ctx, receipt, receiptReq{Order: o, Charge: ch})
-		if err != nil && !errors.Is(err, engine.ErrCancelled) {
+		var failed *engine.StepError
+		if errors.As(err, &failed) {
+			// A receipt that could not be sent does not undo a paid order.
 			ctx.Logger().Warn("receipt not sent; the order stays paid", "error", err)
 			err = nil
 		}
 		return Receipt{OrderID: o.OrderID, PaymentIntent: ch.PaymentIntent, Amount: ch.Amount, Currency: ch.Currency, ReceiptSent: sent}, err
 	}, &engine.WorkflowOpts{Version: 1})
+}
+
+// Config tunes the workflow. A nil *Config takes the defaults.
+type Config struct {
+	// Retry is the gateway calls' retry policy. Default: 200ms doubling to
+	// 10s, 8 attempts.
+	Retry *engine.RetryPolicy
 }
 
 type receiptReq struct {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -213,11 +214,11 @@ func TestDevThrowawayPostgres(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	listen := freePort(t)
-	var errOut bytes.Buffer
+	errOut := &syncBuffer{}
 	done := make(chan int, 1)
 	go func() {
 		done <- commands.Execute(ctx, []string{"dev", "--throwaway", "--listen", listen, "--log-level", "warn"},
-			commands.Options{Workflows: workflows(), Stdout: &bytes.Buffer{}, Stderr: &errOut, Getenv: func(string) string { return "" }})
+			commands.Options{Workflows: workflows(), Stdout: &bytes.Buffer{}, Stderr: errOut, Getenv: func(string) string { return "" }})
 	}()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -237,4 +238,22 @@ func TestDevThrowawayPostgres(t *testing.T) {
 	dir := strings.Fields(out[strings.Index(out, "throwaway PostgreSQL in ")+len("throwaway PostgreSQL in "):])[0]
 	_, err := os.Stat(dir)
 	require.True(t, os.IsNotExist(err), "the throwaway directory %s is removed", dir)
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -105,7 +105,7 @@ func (g *global) demo(ctx context.Context, f *demoFlags) error {
 	if err != nil {
 		return err
 	}
-	if err := e.Register(payment.New(client)); err != nil {
+	if err := e.Register(payment.New(client, nil)); err != nil {
 		return err
 	}
 	if err := e.Start(ctx); err != nil {

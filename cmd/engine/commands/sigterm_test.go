@@ -39,7 +39,7 @@ func serveChild() int {
 	if err != nil {
 		return 2
 	}
-	return commands.Execute(context.Background(), args, commands.Options{Workflows: []engine.Registration{payment.New(gw)}, Migrate: payment.Migrate})
+	return commands.Execute(context.Background(), args, commands.Options{Workflows: []engine.Registration{payment.New(gw, nil)}, Migrate: payment.Migrate})
 }
 
 func startServe(t *testing.T, db *enginetest.DB, gateway, listen string) *exec.Cmd {
