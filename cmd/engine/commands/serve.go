@@ -107,6 +107,9 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 	srv := &http.Server{
 		Handler:           httpapi.New(e, &httpapi.Options{Token: f.apiToken, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Pool: pool, Logger: log}),
 		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second, // a slowly sent body cannot hold a connection (or a shutdown)
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       2 * time.Minute,
 	}
 	if err := e.Start(ctx); err != nil {
 		ln.Close()
@@ -125,13 +128,21 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 	return shutdown(srv, e, f.shutdownTimeout, log)
 }
 
-// shutdown stops the API, then the workers: running steps get the timeout
-// to finish and be recorded (their runs are handed back); whatever is still
-// running then is cancelled and handed back too.
+// shutdown stops the workers and the API at once: workers stop claiming
+// runs immediately and running steps get the timeout to finish and be
+// recorded (their runs are handed back); what still runs then is cancelled
+// and handed back too. In-flight API requests get the same timeout.
 func shutdown(srv *http.Server, e *engine.Engine, timeout time.Duration, log *slog.Logger) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	_ = srv.Shutdown(ctx)
+	httpDone := make(chan struct{})
+	go func() {
+		if err := srv.Shutdown(ctx); err != nil {
+			_ = srv.Close() // a client still sending when time ran out
+		}
+		close(httpDone)
+	}()
+	defer func() { <-httpDone }()
 	if err := e.Stop(ctx); err != nil {
 		log.Warn("running steps did not finish in time; cancelling them", "error", err)
 		hard, cancelHard := context.WithTimeout(context.Background(), 5*time.Second)
