@@ -27,26 +27,26 @@ const (
 // DeadJob is a run parked for an operator, with what they need to decide:
 // the original input, where and how it failed, and how it was resolved.
 type DeadJob struct {
-	ID              uuid.UUID
-	RunID           uuid.UUID
-	WorkflowName    string
-	WorkflowID      string
-	WorkflowVersion int
-	Input           json.RawMessage // the run's original input
-	Reason          string          // one of the Reason... constants
-	StepName        string          // the failing step, "" when not in a step
-	Seq             *int
-	Attempts        int // attempts of the failing step
-	FirstFailedAt   time.Time
-	LastFailedAt    time.Time
-	ErrorClass      string
-	ErrorMessage    string
-	Stack           string
-	ParkedAt        time.Time
-	ResolvedAt      *time.Time
-	Resolution      string // "", "replayed" or "discarded"
-	ResolvedBy      string
-	Note            string
+	ID              uuid.UUID       `json:"id"`
+	RunID           uuid.UUID       `json:"run_id"`
+	WorkflowName    string          `json:"workflow_name"`
+	WorkflowID      string          `json:"workflow_id"`
+	WorkflowVersion int             `json:"workflow_version"`
+	Input           json.RawMessage `json:"input,omitempty"` // the run's original input
+	Reason          string          `json:"reason"`          // one of the Reason... constants
+	StepName        string          `json:"step_name"`       // the failing step, "" when not in a step
+	Seq             *int            `json:"seq,omitempty"`
+	Attempts        int             `json:"attempts"` // attempts of the failing step
+	FirstFailedAt   time.Time       `json:"first_failed_at"`
+	LastFailedAt    time.Time       `json:"last_failed_at"`
+	ErrorClass      string          `json:"error_class"`
+	ErrorMessage    string          `json:"error_message"`
+	Stack           string          `json:"stack"`
+	ParkedAt        time.Time       `json:"parked_at"`
+	ResolvedAt      *time.Time      `json:"resolved_at,omitempty"`
+	Resolution      string          `json:"resolution"` // "", "replayed" or "discarded"
+	ResolvedBy      string          `json:"resolved_by"`
+	Note            string          `json:"note"`
 }
 
 func deadJobFromRow(d *store.DeadJobRow) *DeadJob {

@@ -45,13 +45,13 @@ type StartOpts struct {
 
 // StartResult identifies the run a start created or found.
 type StartResult struct {
-	RunID      uuid.UUID
-	WorkflowID string
+	RunID      uuid.UUID `json:"run_id"`
+	WorkflowID string    `json:"workflow_id"`
 	// Existing is true when a run with this workflow ID and input already
 	// existed; no new run was created.
-	Existing bool
+	Existing bool `json:"existing"`
 	// Status is the run's status when the start returned.
-	Status string
+	Status string `json:"status"`
 }
 
 // StartJSON starts a run of the registered workflow name with a JSON input,
@@ -155,39 +155,39 @@ func (e *Engine) inTx(ctx context.Context, tx pgx.Tx, fn func(pgx.Tx) error) err
 
 // Run is a run as GetRun and ListRuns report it.
 type Run struct {
-	RunID           uuid.UUID
-	WorkflowName    string
-	WorkflowVersion int
-	WorkflowID      string
-	Status          string
-	Input           json.RawMessage
-	Output          json.RawMessage // set when completed
-	Error           *ErrorInfo      // set when failed or dead
-	Deliveries      int             // how many times a worker picked it up
-	WakeAt          *time.Time      // when a waiting run is next due
-	CreatedAt       time.Time
-	StartedAt       *time.Time
-	CompletedAt     *time.Time
-	Steps           []StepInfo // filled by GetRun only
+	RunID           uuid.UUID       `json:"run_id"`
+	WorkflowName    string          `json:"workflow_name"`
+	WorkflowVersion int             `json:"workflow_version"`
+	WorkflowID      string          `json:"workflow_id"`
+	Status          string          `json:"status"`
+	Input           json.RawMessage `json:"input,omitempty"`
+	Output          json.RawMessage `json:"output,omitempty"`  // set when completed
+	Error           *ErrorInfo      `json:"error,omitempty"`   // set when failed or dead
+	Deliveries      int             `json:"deliveries"`        // how many times a worker picked it up
+	WakeAt          *time.Time      `json:"wake_at,omitempty"` // when a waiting run is next due
+	CreatedAt       time.Time       `json:"created_at"`
+	StartedAt       *time.Time      `json:"started_at,omitempty"`
+	CompletedAt     *time.Time      `json:"completed_at,omitempty"`
+	Steps           []StepInfo      `json:"steps,omitempty"` // filled by GetRun only
 }
 
 // StepInfo is one recorded step of a run.
 type StepInfo struct {
-	Seq           int
-	Name          string
-	Kind          string // step, tx, activity, compensation
-	Status        string // started (an activity's request ID is stored), completed, failed, retrying, parked
-	Attempts      int
-	RequestID     *uuid.UUID
-	Output        json.RawMessage
-	Error         *ErrorInfo
-	NextAttemptAt *time.Time
-	StartedAt     time.Time
-	CompletedAt   *time.Time
+	Seq           int             `json:"seq"`
+	Name          string          `json:"name"`
+	Kind          string          `json:"kind"`   // step, tx, activity, compensation
+	Status        string          `json:"status"` // started (an activity's request ID is stored), completed, failed, retrying, parked
+	Attempts      int             `json:"attempts"`
+	RequestID     *uuid.UUID      `json:"request_id,omitempty"`
+	Output        json.RawMessage `json:"output,omitempty"`
+	Error         *ErrorInfo      `json:"error,omitempty"`
+	NextAttemptAt *time.Time      `json:"next_attempt_at,omitempty"`
+	StartedAt     time.Time       `json:"started_at"`
+	CompletedAt   *time.Time      `json:"completed_at,omitempty"`
 	// Compensation names the undo registered with a forward step;
 	// CompensationOf is the seq of the forward step a compensation undoes.
-	Compensation   *string
-	CompensationOf *int
+	Compensation   *string `json:"compensation,omitempty"`
+	CompensationOf *int    `json:"compensation_of,omitempty"`
 }
 
 func runFromRow(r *store.RunRow) *Run {

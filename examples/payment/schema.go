@@ -15,7 +15,8 @@ import (
 var migrationFiles embed.FS
 
 // Migrate applies the example's own migrations (inventory, reservations,
-// ledger), tracked in payment_schema_migrations. Idempotent.
+// ledger), tracked in payment_schema_migrations, and adds the Catalog's
+// SKUs that are missing. Idempotent.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
@@ -35,6 +36,12 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if _, err := p.Up(ctx); err != nil {
 		return fmt.Errorf("applying payment migrations: %w", err)
 	}
+	// Seed data: the catalog's SKUs, added once, never reset here.
+	for sku, stock := range Catalog {
+		if _, err := pool.Exec(ctx, `INSERT INTO payment_inventory (sku, stock) VALUES ($1, $2) ON CONFLICT (sku) DO NOTHING`, sku, stock); err != nil {
+			return fmt.Errorf("seeding inventory: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -44,7 +51,8 @@ var Catalog = map[string]int{
 	"sku_limited": 3, // sells out during the demo
 }
 
-// Seed sets the inventory to Catalog (stock and no reservations).
+// Seed resets the inventory to Catalog: full stock, no reservations (the
+// demo starts from it).
 func Seed(ctx context.Context, pool *pgxpool.Pool) error {
 	for sku, stock := range Catalog {
 		if _, err := pool.Exec(ctx, `INSERT INTO payment_inventory (sku, stock) VALUES ($1, $2)
