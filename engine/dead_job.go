@@ -24,6 +24,11 @@ const (
 	ReasonCompensationFailed = "compensation_failed" // an undo step failed (reserved for compensations)
 )
 
+var validReason = map[string]bool{
+	ReasonRetriesExhausted: true, ReasonPermanentError: true, ReasonPanic: true, ReasonNonDeterminism: true,
+	ReasonPoisonInput: true, ReasonCrashLoop: true, ReasonCompensationFailed: true, "timeout": true,
+}
+
 // DeadJob is a run parked for an operator, with what they need to decide:
 // the original input, where and how it failed, and how it was resolved.
 type DeadJob struct {
@@ -82,6 +87,9 @@ func (e *Engine) ListDeadJobs(ctx context.Context, p ListDeadJobsParams) (jobs [
 	limit, before, err := pageParams(p.Limit, p.Cursor)
 	if err != nil {
 		return nil, "", err
+	}
+	if p.Reason != "" && !validReason[p.Reason] {
+		return nil, "", fmt.Errorf("%w: unknown dead-job reason %q", ErrInvalidArgument, p.Reason)
 	}
 	f := store.DeadJobFilter{Workflow: p.Workflow, Reason: p.Reason, OpenOnly: p.OpenOnly, Before: before, Limit: limit + 1}
 	if p.RunID != uuid.Nil {

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -58,8 +60,16 @@ func (a *api) listDeadJobs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
+	open := false
+	if v := q.Get("open"); v != "" {
+		var err error
+		if open, err = strconv.ParseBool(v); err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_parameter", fmt.Sprintf("open %q is not true or false", v))
+			return
+		}
+	}
 	jobs, next, err := a.e.ListDeadJobs(r.Context(), engine.ListDeadJobsParams{
-		Workflow: q.Get("workflow"), Reason: q.Get("reason"), OpenOnly: q.Get("open") == "true",
+		Workflow: q.Get("workflow"), Reason: q.Get("reason"), OpenOnly: open,
 		Limit: limit, Cursor: q.Get("cursor"),
 	})
 	if err != nil {

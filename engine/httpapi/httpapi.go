@@ -74,10 +74,7 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	v1.HandleFunc("GET /v1/dead-jobs/{id}", a.getDeadJob)
 	v1.HandleFunc("POST /v1/dead-jobs/{id}/replay", a.resolveDeadJob(e.ReplayDeadJob))
 	v1.HandleFunc("POST /v1/dead-jobs/{id}/discard", a.resolveDeadJob(e.DiscardDeadJob))
-	v1.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
-	})
-	mux.Handle("/v1/", a.auth(a.limitBody(v1)))
+	mux.Handle("/v1/", a.auth(a.limitBody(jsonMisses(v1))))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -90,6 +87,37 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	})
 	return mux
 }
+
+// jsonMisses answers requests mux has no route for in the API's JSON
+// error shape: 404, or 405 with the Allow header when only the method is
+// wrong (Go's mux knows which).
+func jsonMisses(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h, pattern := mux.Handler(r)
+		if pattern != "" {
+			mux.ServeHTTP(w, r) // sets the path values that Handler does not
+			return
+		}
+		probe := &statusProbe{header: http.Header{}}
+		h.ServeHTTP(probe, r)
+		if allow := probe.header.Get("Allow"); probe.status == http.StatusMethodNotAllowed && allow != "" {
+			w.Header().Set("Allow", allow)
+			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow))
+			return
+		}
+		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
+	})
+}
+
+// statusProbe records what a mux's own 404/405 handler would answer.
+type statusProbe struct {
+	header http.Header
+	status int
+}
+
+func (p *statusProbe) Header() http.Header         { return p.header }
+func (p *statusProbe) Write(b []byte) (int, error) { return len(b), nil }
+func (p *statusProbe) WriteHeader(code int)        { p.status = code }
 
 type api struct {
 	e    *engine.Engine

@@ -180,10 +180,14 @@ func TestRunRouteErrors(t *testing.T) {
 		{"GET", "/v1/runs?status=bogus", 400, "invalid_parameter"},
 		{"GET", "/v1/runs?cursor=garbage", 400, "invalid_parameter"},
 		{"POST", "/v1/runs/01a22c00-0000-7000-8000-000000000000/cancel", 404, "not_found"},
-		{"POST", "/v1/runs/01a22c00-0000-7000-8000-000000000000/signals/approve", 501, "not_implemented"},
+		{"POST", "/v1/runs/01a22c00-0000-7000-8000-000000000000/signals/approve", 404, "not_found"},
+		{"GET", "/v1/dead-jobs?reason=bogus", 400, "invalid_parameter"},
+		{"GET", "/v1/dead-jobs?open=maybe", 400, "invalid_parameter"},
+		{"GET", "/v1/workflows/payment/runs", 405, "method_not_allowed"},
 		{"GET", "/v1/dead-jobs/01a22c00-0000-7000-8000-000000000000", 404, "not_found"},
 		{"POST", "/v1/dead-jobs/01a22c00-0000-7000-8000-000000000000/replay", 404, "not_found"},
-		{"DELETE", "/v1/runs", 404, "not_found"},
+		{"DELETE", "/v1/runs", 405, "method_not_allowed"},
+		{"GET", "/v1/nothing/here", 404, "not_found"},
 		{"GET", "/v2/anything", 404, "not_found"},
 	} {
 		r := b.do(t, tc.method, tc.path, "")

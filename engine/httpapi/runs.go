@@ -175,7 +175,12 @@ func (a *api) cancelRun(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) signal(w http.ResponseWriter, r *http.Request) {
-	if _, ok := pathUUID(w, r, "run_id"); !ok {
+	id, ok := pathUUID(w, r, "run_id")
+	if !ok {
+		return
+	}
+	if _, err := a.e.GetRun(r.Context(), id); err != nil {
+		a.engineError(w, r, err)
 		return
 	}
 	writeError(w, http.StatusNotImplemented, "not_implemented", "signals are not available in this version")

@@ -56,10 +56,17 @@ func (g *global) demo(ctx context.Context, f *demoFlags) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if g.databaseURL == "" && g.opts.Getenv("DATABASE_URL") == "" {
-		// Keep the demo's tables out of the server's default database.
+		// Keep the demo's tables out of the server's default database; with
+		// no local server, start a throwaway one as engine dev does.
 		url, err := ensureDatabase(ctx, DefaultDatabaseURL, "pgdurable_demo")
 		if err != nil {
-			return fmt.Errorf("%w\n(engine demo needs PostgreSQL: set DATABASE_URL or --database-url)", err)
+			pg, perr := startThrowaway(ctx)
+			if perr != nil {
+				return fmt.Errorf("no PostgreSQL at %s (%v) and none to start: %w\n(set DATABASE_URL or --database-url)", redact(DefaultDatabaseURL), err, perr)
+			}
+			defer pg.stop()
+			fmt.Fprintf(out, "started a throwaway PostgreSQL in %s (removed on exit)\n", pg.dir)
+			url = pg.url
 		}
 		g.databaseURL = url
 	}
