@@ -202,7 +202,7 @@ func TestDemo(t *testing.T) {
 	require.Contains(t, out, "201/201 finished")
 	require.Contains(t, out, "9 rejected (400)")
 	require.Contains(t, out, "2 conflicting reuses")
-	require.Contains(t, out, "engine --database-url")
+	require.Contains(t, out, "go run ./cmd/engine --database-url")
 }
 
 // engine dev with --throwaway starts its own PostgreSQL from the local

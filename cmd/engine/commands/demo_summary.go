@@ -69,12 +69,12 @@ func printSummary(ctx context.Context, out io.Writer, g *global, pool *pgxpool.P
 		db = " --database-url '" + g.databaseURL + "'"
 	}
 	if len(compensated) > 0 {
-		fmt.Fprintf(out, "a compensated run:  engine%s runs show %s\n", db, compensated[0].RunID)
+		fmt.Fprintf(out, "a compensated run:  go run ./cmd/engine%s runs show %s\n", db, compensated[0].RunID)
 	}
 	if len(dead) > 0 {
-		fmt.Fprintf(out, "a dead run:         engine%s runs show %s\n", db, dead[0].RunID)
+		fmt.Fprintf(out, "a dead run:         go run ./cmd/engine%s runs show %s\n", db, dead[0].RunID)
 	} else {
-		fmt.Fprintf(out, "no dead runs (see them with: engine%s dead list)\n", db)
+		fmt.Fprintf(out, "no dead runs (see them with: go run ./cmd/engine%s dead list)\n", db)
 	}
 	if ledger.DoubleCharges() != 0 || mismatches != 0 {
 		return fmt.Errorf("the demo found %d double charges and %d net charge mismatches", ledger.DoubleCharges(), mismatches)

@@ -47,7 +47,8 @@ charged and refunded, net per order and the double-charge count (JSON).`,
 			}
 			srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 			go func() { _ = srv.Serve(ln) }()
-			fmt.Fprintf(g.opts.Stdout, "fake gateway on http://%s (faults: %+v); Ctrl-C stops it\n", ln.Addr(), f)
+			fmt.Fprintf(g.opts.Stdout, "fake gateway on http://%s (faults: %.0f%% 5xx, %.0f%% 429, %.0f%% dropped after processing, latency %s); Ctrl-C stops it\n",
+				ln.Addr(), f.ServerError*100, f.RateLimit*100, f.DropAfter*100, f.Latency)
 			<-ctx.Done()
 			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
