@@ -64,7 +64,7 @@ func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
 		}})
 		return nil
 	}
-	out, err, p := c.runWorkflow(claimed.Input)
+	out, p, err := c.runWorkflow(claimed.Input)
 	c.finish(out, err, p)
 	return nil
 }
@@ -93,14 +93,14 @@ func isActive(status string) bool {
 }
 
 // runWorkflow calls the workflow function, recovering a panic.
-func (c *Context) runWorkflow(input []byte) (out []byte, err error, p *panicInfo) {
+func (c *Context) runWorkflow(input []byte) (out []byte, p *panicInfo, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			p = &panicInfo{value: r, stack: debug.Stack()}
 		}
 	}()
 	out, err = c.wf.run(c, input)
-	return out, err, nil
+	return out, nil, err
 }
 
 // finish records how the workflow function ended, unless the delivery has

@@ -205,6 +205,7 @@ func TestPanicParksRunWhileOthersComplete(t *testing.T) {
 		return engine.Step(ctx, "work", func(context.Context) (int, error) {
 			if in.Poison {
 				var m map[string]int
+				//lint:ignore SA5000 the test needs a runtime panic
 				m["boom"] = 1 // nil map write: a runtime panic
 			}
 			return in.N, nil

@@ -241,7 +241,7 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 				CompensationOf: call.compensationOf}
 		}
 		attemptStart := time.Now()
-		out, err, p := c.attempt(stepCtx, call.body, a)
+		out, p, err := c.attempt(stepCtx, call.body, a)
 		now := c.e.now()
 		observe := func(outcome string) {
 			c.e.obs.StepAttempt(c.wf.name, name, kind, attempt, outcome, time.Since(attemptStart))
@@ -360,7 +360,7 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 
 // attempt runs body once, recovering a panic with its stack (a body that
 // runs user code on another goroutine returns its panic as *panicError).
-func (c *Context) attempt(ctx context.Context, body func(context.Context, *attemptState) ([]byte, error), a *attemptState) (out []byte, err error, p *panicInfo) {
+func (c *Context) attempt(ctx context.Context, body func(context.Context, *attemptState) ([]byte, error), a *attemptState) (out []byte, p *panicInfo, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			p = &panicInfo{value: r, stack: debug.Stack()}
@@ -369,9 +369,9 @@ func (c *Context) attempt(ctx context.Context, body func(context.Context, *attem
 	out, err = body(ctx, a)
 	var pe *panicError
 	if errors.As(err, &pe) {
-		return nil, nil, pe.p
+		return nil, pe.p, nil
 	}
-	return out, err, nil
+	return out, nil, err
 }
 
 // panicError carries a panic recovered on another goroutine.

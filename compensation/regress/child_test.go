@@ -141,7 +141,7 @@ func (s *stripe) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		if rand.IntN(6) == 0 { // flaky API
 			s.mu.Unlock()
-			http.Error(w, "overloaded", 503)
+			http.Error(w, "overloaded", http.StatusServiceUnavailable)
 			return
 		}
 		resp = chargeResp{ID: "ch_" + uuid.NewString()[:8]}

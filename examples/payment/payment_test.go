@@ -132,7 +132,7 @@ func TestPaymentsUnderGatewayFaults(t *testing.T) {
 		orders[o.OrderID], runs[o.OrderID] = o, *res
 	}
 	deadline := time.Now().Add(60 * time.Second)
-	net := map[string]int64{}
+	var net map[string]int64
 	for id, res := range runs {
 		var run *engine.Run
 		for {

@@ -88,7 +88,7 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 	}
 	if st.RiverVersion == 0 {
-		return fmt.Errorf("River's tables are missing: run `engine migrate up` or pass --migrate")
+		return fmt.Errorf("the River tables are missing: run `engine migrate up` or pass --migrate")
 	}
 	return nil
 }
