@@ -1,0 +1,58 @@
+package commands
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgdurable/pgdurable/engine/enginebench"
+	"github.com/pgdurable/pgdurable/storage/migrations"
+)
+
+func (g *global) benchCmd() *cobra.Command {
+	var opts enginebench.Options
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure the engine next to hand-written River on this database",
+		Long: `Runs, in one process against one database: River no-op jobs and 3-rows-in-3-transactions
+jobs (the references), 3- and 10-step no-op workflows with their starts (workflows/s, steps/s,
+the ratio to River, commits and round trips per workflow), one-at-a-time latency, and the cost
+of replaying 1,000 recorded steps. Use a database of its own: it adds tables and jobs.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			pool, err := g.pool(cmd.Context(), 4)
+			if err != nil {
+				return err
+			}
+			if _, err := migrations.Migrate(cmd.Context(), pool, migrations.Up, nil); err != nil {
+				pool.Close()
+				return err
+			}
+			pool.Close()
+			if !g.jsonOut {
+				opts.Progress = g.opts.Stdout
+				fmt.Fprintf(g.opts.Stdout, "engine bench on %s (%d workflows per row)\n", redact(g.dbURL()), opts.Workflows)
+			}
+			rep, err := enginebench.Run(cmd.Context(), g.dbURL(), opts)
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return writeJSON(g.opts.Stdout, rep)
+			}
+			t := newTable(g.opts.Stdout, "ROW", "VALUE", "UNIT", "NOTE")
+			for _, r := range rep.Rows {
+				v := fmt.Sprintf("%.2f", r.Value)
+				if r.Skipped {
+					v = "-"
+				}
+				t.row(r.Name, v, r.Unit, r.Note)
+			}
+			t.flush()
+			return nil
+		},
+	}
+	cmd.Flags().IntVar(&opts.Workflows, "workflows", 2000, "workflows (and reference jobs) per throughput row")
+	cmd.Flags().IntVar(&opts.LatencySamples, "latency-samples", 200, "one-at-a-time starts for the latency rows")
+	return cmd
+}

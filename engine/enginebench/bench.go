@@ -1,0 +1,274 @@
+// Package enginebench measures the engine side by side with hand-written
+// River in one process, on one database: throughput, commits and round
+// trips per workflow, latency, and replay cost. `engine bench` prints its
+// Report; run it on a database of its own (it creates tables and jobs).
+package enginebench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/internal/queue"
+)
+
+// Options sizes the benchmark.
+type Options struct {
+	// Workflows per throughput row; default 2000.
+	Workflows int
+	// LatencySamples for the one-at-a-time latency rows; default 200.
+	LatencySamples int
+	// Progress receives a line per finished row; nil: none.
+	Progress io.Writer
+}
+
+// Row is one measurement.
+type Row struct {
+	Name  string  `json:"name"`
+	Value float64 `json:"value"`
+	Unit  string  `json:"unit"`
+	Note  string  `json:"note,omitempty"`
+	// Skipped rows have no value (what they measure does not exist yet).
+	Skipped bool `json:"skipped,omitempty"`
+}
+
+// Report is every row, in order.
+type Report struct {
+	Rows []Row `json:"rows"`
+}
+
+func (r *Report) add(opts Options, name string, value float64, unit, note string) {
+	r.Rows = append(r.Rows, Row{Name: name, Value: value, Unit: unit, Note: note})
+	if opts.Progress != nil {
+		fmt.Fprintf(opts.Progress, "  %-48s %12.2f %s\n", name, value, unit)
+	}
+}
+
+// Run measures against the database behind url, which must be migrated.
+func Run(ctx context.Context, url string, opts Options) (*Report, error) {
+	if opts.Workflows <= 0 {
+		opts.Workflows = 2000
+	}
+	if opts.LatencySamples <= 0 {
+		opts.LatencySamples = 200
+	}
+	quiet := slog.New(slog.DiscardHandler)
+	rt := &roundTrips{}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = 20
+	cfg.ConnConfig.Tracer = rt
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	rep := &Report{}
+	n := opts.Workflows
+
+	// The references: River alone, with the engine's queue settings.
+	qcfg := queue.Config{MaxWorkers: 100, FetchCooldown: 2 * time.Millisecond, FetchPollInterval: 50 * time.Millisecond, Logger: quiet}
+	noop, err := queue.RunReference(ctx, pool, qcfg, "noop", n)
+	if err != nil {
+		return nil, err
+	}
+	rep.add(opts, "river no-op jobs", float64(n)/noop.Elapsed.Seconds(), "jobs/s", "reference")
+	three, err := queue.RunReference(ctx, pool, qcfg, "three_tx", n)
+	if err != nil {
+		return nil, err
+	}
+	threeRate := float64(n) / three.Elapsed.Seconds()
+	rep.add(opts, "river 3 rows in 3 transactions per job", threeRate, "jobs/s", "reference: a 3-step workflow by hand")
+
+	var rt3 float64
+	for _, steps := range []int{3, 10} {
+		res, err := throughput(ctx, pool, rt, url, steps, n, quiet)
+		if err != nil {
+			return nil, err
+		}
+		name := fmt.Sprintf("%d-step no-op workflow, start included", steps)
+		rep.add(opts, name, res.perSec, "workflows/s", "")
+		rep.add(opts, name+": steps", res.perSec*float64(steps), "steps/s", "")
+		if steps == 3 {
+			rep.add(opts, "3-step workflow / hand-written River", res.perSec/threeRate, "ratio", "target >= 0.6")
+		}
+		rep.add(opts, name+": commits", res.commits, "commits/workflow", "pg_stat_database xact_commit delta")
+		rep.add(opts, name+": round trips", res.roundTrips, "round trips/workflow", "")
+		if steps == 3 {
+			rt3 = res.roundTrips
+		} else {
+			rep.add(opts, "round trips per new step", (res.roundTrips-rt3)/7, "round trips/step", "(10-step − 3-step) / 7")
+		}
+	}
+
+	first, done, err := latency(ctx, pool, opts.LatencySamples, quiet)
+	if err != nil {
+		return nil, err
+	}
+	rep.add(opts, "start to first step, p50", pct(first, 0.5), "ms", "one at a time")
+	rep.add(opts, "start to first step, p99", pct(first, 0.99), "ms", "")
+	rep.add(opts, "start to completion (3 steps), p50", pct(done, 0.5), "ms", "target < 3")
+	rep.add(opts, "start to completion (3 steps), p99", pct(done, 0.99), "ms", "target < 20")
+
+	claim, replay, perStep, err := replayCost(ctx, pool, rt, quiet)
+	if err != nil {
+		return nil, err
+	}
+	rep.add(opts, "replay 1,000 recorded steps: claim + load", claim, "ms", "one batch")
+	rep.add(opts, "replay 1,000 recorded steps: replay", replay, "ms", "")
+	rep.add(opts, "round trips per replayed step", perStep, "round trips/step", "target 0")
+	rep.Rows = append(rep.Rows, Row{Name: "RSS with 10,000 waiting runs", Unit: "MiB", Note: "skipped: timers do not exist yet", Skipped: true})
+	return rep, nil
+}
+
+type throughputResult struct{ perSec, commits, roundTrips float64 }
+
+func noopWorkflow(name string, steps int, done *atomic.Int64, stepOne chan<- time.Time) *engine.Workflow[int, int] {
+	return engine.Define(name, func(ctx *engine.Context, in int) (int, error) {
+		for i := range steps {
+			if _, err := engine.Step(ctx, fmt.Sprint("s", i), func(context.Context) (int, error) {
+				if i == 0 && stepOne != nil {
+					stepOne <- time.Now()
+				}
+				return i, nil
+			}, nil); err != nil {
+				return 0, err
+			}
+		}
+		done.Add(1)
+		return in, nil
+	}, nil)
+}
+
+func throughput(ctx context.Context, pool *pgxpool.Pool, rt *roundTrips, url string, steps, n int, log *slog.Logger) (*throughputResult, error) {
+	var done atomic.Int64
+	wf := noopWorkflow(fmt.Sprintf("bench-%d-steps", steps), steps, &done, nil)
+	e, err := engine.New(pool, &engine.Config{Logger: log, Queue: fmt.Sprintf("bench_%d", steps)})
+	if err != nil {
+		return nil, err
+	}
+	if err := e.Register(wf); err != nil {
+		return nil, err
+	}
+	// Earlier rows' backends flush their statistics when they end: end them
+	// now, so their commits are not counted here.
+	pool.Reset()
+	time.Sleep(300 * time.Millisecond)
+	commits0, err := xactCommits(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.Start(ctx); err != nil {
+		return nil, err
+	}
+	rt0 := rt.n.Load()
+	start := time.Now()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var startErr atomic.Pointer[error]
+	for range 8 {
+		wg.Go(func() {
+			for next.Add(1) <= int64(n) {
+				if _, err := wf.Start(ctx, e, 1, nil); err != nil {
+					startErr.Store(&err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if p := startErr.Load(); p != nil {
+		return nil, *p
+	}
+	for done.Load() < int64(n) {
+		time.Sleep(time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	used := rt.n.Load() - rt0
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.Stop(sctx); err != nil {
+		return nil, err
+	}
+	// Backends flush their statistics when they end: recycle the pool's
+	// connections before reading the counter.
+	pool.Reset()
+	time.Sleep(300 * time.Millisecond)
+	commits1, err := xactCommits(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	return &throughputResult{perSec: float64(n) / elapsed.Seconds(), commits: float64(commits1-commits0) / float64(n),
+		roundTrips: float64(used) / float64(n)}, nil
+}
+
+// xactCommits reads the database's commit counter on a connection of its own.
+func xactCommits(ctx context.Context, url string) (int64, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(ctx)
+	var n int64
+	err = conn.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&n)
+	return n, err
+}
+
+func latency(ctx context.Context, pool *pgxpool.Pool, samples int, log *slog.Logger) (first, done []time.Duration, err error) {
+	var finished atomic.Int64
+	stepOne := make(chan time.Time, 1)
+	wf := noopWorkflow("bench-latency", 3, &finished, stepOne)
+	e, err := engine.New(pool, &engine.Config{Logger: log, Queue: "bench_latency"})
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := e.Register(wf); err != nil {
+		return nil, nil, err
+	}
+	if err := e.Start(ctx); err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = e.Stop(sctx)
+	}()
+	time.Sleep(300 * time.Millisecond) // River listens
+	for i := range samples {
+		start := time.Now()
+		res, err := wf.Start(ctx, e, i, nil)
+		if err != nil {
+			return nil, nil, err
+		}
+		first = append(first, (<-stepOne).Sub(start))
+		for {
+			var status string
+			if err := pool.QueryRow(ctx, `SELECT status FROM workflow_runs WHERE run_id = $1`, res.RunID).Scan(&status); err != nil {
+				return nil, nil, err
+			}
+			if status == engine.StatusCompleted {
+				break
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		done = append(done, time.Since(start))
+	}
+	return first, done, nil
+}
+
+func pct(d []time.Duration, p float64) float64 {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return float64(s[int(p*float64(len(s)-1))].Microseconds()) / 1000
+}

@@ -1,0 +1,37 @@
+package enginebench_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/pgdurable/pgdurable/engine/enginebench"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// A small run produces every row with plausible values; the numbers that
+// matter come from `engine bench` on a quiet machine.
+func TestBenchReportsEveryRow(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	rep, err := enginebench.Run(context.Background(), db.URL, enginebench.Options{Workflows: 60, LatencySamples: 10})
+	require.NoError(t, err)
+	byName := map[string]enginebench.Row{}
+	for _, r := range rep.Rows {
+		byName[r.Name] = r
+	}
+	for _, name := range []string{"river no-op jobs", "river 3 rows in 3 transactions per job", "3-step no-op workflow, start included",
+		"3-step workflow / hand-written River", "round trips per new step", "start to completion (3 steps), p50",
+		"replay 1,000 recorded steps: claim + load", "round trips per replayed step"} {
+		require.Contains(t, byName, name)
+	}
+	require.Positive(t, byName["3-step no-op workflow, start included"].Value)
+	require.InDelta(t, 1, byName["round trips per new step"].Value, 0.5)
+	// Background sweeps share the pool: allow a stray round trip or two.
+	require.Less(t, byName["round trips per replayed step"].Value, 0.01)
+	require.True(t, byName["RSS with 10,000 waiting runs"].Skipped)
+}

@@ -1,0 +1,120 @@
+package enginebench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgdurable/pgdurable/engine"
+)
+
+// replayCost runs a workflow that records 1,000 steps and then waits for a
+// retry; its next delivery replays them. It returns that delivery's claim
+// (one batch) and replay times in ms, and the round trips per replayed step.
+func replayCost(ctx context.Context, pool *pgxpool.Pool, rt *roundTrips, log *slog.Logger) (claimMS, replayMS, perStep float64, err error) {
+	const recorded = 1000
+	var gate atomic.Bool
+	var mu sync.Mutex
+	var entry, last time.Time
+	var rtEntry, rtLast int64
+	var claim time.Duration
+	wf := engine.Define("bench-replay", func(ctx *engine.Context, in int) (int, error) {
+		if gate.Load() {
+			mu.Lock()
+			entry, rtEntry, claim = time.Now(), rt.n.Load(), time.Duration(rt.lastBatch.Load())
+			mu.Unlock()
+		}
+		for i := range recorded {
+			if _, err := engine.Step(ctx, fmt.Sprint("s", i), func(context.Context) (int, error) { return i, nil }, nil); err != nil {
+				return 0, err
+			}
+		}
+		return engine.Step(ctx, "last", func(context.Context) (int, error) {
+			if !gate.Load() {
+				return 0, errors.New("not yet")
+			}
+			mu.Lock()
+			last, rtLast = time.Now(), rt.n.Load()
+			mu.Unlock()
+			return 1, nil
+		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: 1500 * time.Millisecond, DisableJitter: true}})
+	}, nil)
+	e, err := engine.New(pool, &engine.Config{Logger: log, Queue: "bench_replay", MaxWorkers: 1})
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	if err := e.Register(wf); err != nil {
+		return 0, 0, 0, err
+	}
+	if err := e.Start(ctx); err != nil {
+		return 0, 0, 0, err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = e.Stop(sctx)
+	}()
+	res, err := wf.Start(ctx, e, 1, nil)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	if err := waitStatus(ctx, pool, res.RunID.String(), engine.StatusWaiting); err != nil {
+		return 0, 0, 0, err
+	}
+	gate.Store(true)
+	if err := waitStatus(ctx, pool, res.RunID.String(), engine.StatusCompleted); err != nil {
+		return 0, 0, 0, err
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return float64(claim.Microseconds()) / 1000, float64(last.Sub(entry).Microseconds()) / 1000, float64(rtLast-rtEntry) / recorded, nil
+}
+
+func waitStatus(ctx context.Context, pool *pgxpool.Pool, runID, status string) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var s string
+		if err := pool.QueryRow(ctx, `SELECT status FROM workflow_runs WHERE run_id = $1`, runID).Scan(&s); err != nil {
+			return err
+		}
+		if s == status {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("run %s is %s, not %s, after 60s", runID, s, status)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// roundTrips counts client round trips (each query, BEGIN and COMMIT
+// included, and each batch) and remembers the latest batch's duration.
+type roundTrips struct {
+	n          atomic.Int64
+	lastBatch  atomic.Int64
+	batchStart sync.Map
+}
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *roundTrips) TraceBatchStart(ctx context.Context, c *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	r.n.Add(1)
+	r.batchStart.Store(c, time.Now())
+	return ctx
+}
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *roundTrips) TraceBatchEnd(_ context.Context, c *pgx.Conn, _ pgx.TraceBatchEndData) {
+	if t, ok := r.batchStart.Load(c); ok {
+		r.lastBatch.Store(int64(time.Since(t.(time.Time))))
+	}
+}

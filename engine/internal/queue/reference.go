@@ -1,0 +1,127 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+)
+
+// Reference workloads written directly on River, for the benchmark to put
+// the engine's numbers next to: the same queue settings, no engine.
+
+type noopArgs struct{}
+
+func (noopArgs) Kind() string { return "pgdurable.bench.noop" }
+
+type noopWorker struct {
+	river.WorkerDefaults[noopArgs]
+	done *atomic.Int64
+}
+
+func (w *noopWorker) Work(context.Context, *river.Job[noopArgs]) error {
+	w.done.Add(1)
+	return nil
+}
+
+type threeArgs struct {
+	N int `json:"n"`
+}
+
+func (threeArgs) Kind() string { return "pgdurable.bench.three_tx" }
+
+// threeWorker writes three rows in three transactions: the same work as a
+// 3-step workflow, by hand.
+type threeWorker struct {
+	river.WorkerDefaults[threeArgs]
+	pool *pgxpool.Pool
+	done *atomic.Int64
+}
+
+func (w *threeWorker) Work(ctx context.Context, job *river.Job[threeArgs]) error {
+	for step := range 3 {
+		if _, err := w.pool.Exec(ctx, `INSERT INTO pgdurable_bench_rows (job_id, step) VALUES ($1, $2)`, job.ID, step); err != nil {
+			return err
+		}
+	}
+	w.done.Add(1)
+	return nil
+}
+
+// ReferenceResult is one reference workload's outcome.
+type ReferenceResult struct {
+	Jobs    int
+	Elapsed time.Duration
+}
+
+// RunReference inserts n jobs of kind "noop" or "three_tx" on a fresh
+// queue with cfg's fetch settings, works them with one River client, and
+// returns how long that took from the insert to the last completion.
+func RunReference(ctx context.Context, pool *pgxpool.Pool, cfg Config, kind string, n int) (*ReferenceResult, error) {
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS pgdurable_bench_rows (job_id bigint, step int)`); err != nil {
+		return nil, err
+	}
+	var done atomic.Int64
+	workers := river.NewWorkers()
+	river.AddWorker(workers, &noopWorker{done: &done})
+	river.AddWorker(workers, &threeWorker{pool: pool, done: &done})
+	queueName := "pgdurable_bench_" + kind
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+		Queues:            map[string]river.QueueConfig{queueName: {MaxWorkers: cfg.MaxWorkers}},
+		Workers:           workers,
+		FetchCooldown:     cfg.FetchCooldown,
+		FetchPollInterval: cfg.FetchPollInterval,
+		Logger:            cfg.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	params := make([]river.InsertManyParams, n)
+	for i := range params {
+		var args river.JobArgs = noopArgs{}
+		if kind == "three_tx" {
+			args = threeArgs{N: i}
+		}
+		params[i] = river.InsertManyParams{Args: args, InsertOpts: &river.InsertOpts{Queue: queueName}}
+	}
+	start := time.Now()
+	if err := client.Start(ctx); err != nil {
+		return nil, err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = client.Stop(sctx)
+	}()
+	// One insert per job from 8 goroutines, as workflows are started.
+	var next atomic.Int64
+	errs := make(chan error, 8)
+	for range 8 {
+		go func() {
+			for i := next.Add(1) - 1; i < int64(n); i = next.Add(1) - 1 {
+				if _, err := client.Insert(ctx, params[i].Args, params[i].InsertOpts); err != nil {
+					errs <- fmt.Errorf("inserting reference jobs: %w", err)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
+			return nil, err
+		}
+	}
+	for done.Load() < int64(n) {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+	return &ReferenceResult{Jobs: n, Elapsed: time.Since(start)}, nil
+}
