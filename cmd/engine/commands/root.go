@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -32,6 +33,9 @@ type Options struct {
 	Stdout, Stderr io.Writer
 	// Getenv defaults to os.Getenv (tests inject their own).
 	Getenv func(string) string
+	// ServeCommand builds the command that runs `engine <args>` as a child
+	// process (engine chaos); default: this executable.
+	ServeCommand func(args ...string) *exec.Cmd
 }
 
 // DefaultDatabaseURL is used when neither --database-url nor DATABASE_URL is set.
@@ -93,7 +97,7 @@ func NewRoot(opts Options) *cobra.Command {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
 	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL, else "+DefaultDatabaseURL+")")
 	root.PersistentFlags().BoolVar(&g.jsonOut, "json", false, "print JSON instead of tables")
-	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.cancelCmd(), g.demoCmd(), g.devCmd(), g.gatewayCmd(), g.benchCmd())
+	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.cancelCmd(), g.demoCmd(), g.devCmd(), g.gatewayCmd(), g.benchCmd(), g.chaosCmd())
 	return root
 }
 

@@ -35,7 +35,11 @@ func serveChild() int {
 	if err := json.Unmarshal([]byte(os.Getenv(envServeChild)), &args); err != nil {
 		return 2
 	}
-	gw, err := payment.NewGateway(payment.GatewayConfig{BaseURL: os.Getenv(envGateway), APIKey: "sk_test_x"}, os.Getenv)
+	base := os.Getenv(envGateway)
+	if base == "" {
+		base = os.Getenv("PAYMENT_GATEWAY_URL") // engine chaos passes it so
+	}
+	gw, err := payment.NewGateway(payment.GatewayConfig{BaseURL: base, APIKey: "sk_test_x"}, os.Getenv)
 	if err != nil {
 		return 2
 	}
@@ -119,4 +123,26 @@ func TestSIGTERMDuringPayments(t *testing.T) {
 	for i := range n {
 		require.Equal(t, int64(1000+i), net[fmt.Sprintf("o%03d", i)])
 	}
+}
+
+// The chaos suite's short form: 200 payments through 2 engine processes
+// that get SIGKILLed every 2-5 s, backends terminated every 10 s.
+func TestChaosShort(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	var out, errOut syncBuffer
+	code := commands.Execute(context.Background(), []string{"--database-url", db.URL, "chaos", "--workflows", "200",
+		"--gateway-latency", "150ms", "--engine-workers", "8", "--deadline", "90s"}, commands.Options{
+		Stdout: &out, Stderr: &errOut, Getenv: func(string) string { return "" },
+		ServeCommand: func(args ...string) *exec.Cmd {
+			a, _ := json.Marshal(args)
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), envServeChild+"="+string(a))
+			return cmd
+		},
+	})
+	t.Log(out.String())
+	require.Equal(t, 0, code, "%s\n%s", out.String(), errOut.String())
+	require.Contains(t, out.String(), "chaos: no violations")
+	require.Contains(t, out.String(), "double charges 0")
 }

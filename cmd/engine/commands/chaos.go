@@ -1,0 +1,283 @@
+package commands
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgdurable/pgdurable/examples/payment"
+	"github.com/pgdurable/pgdurable/examples/payment/fakegateway"
+	"github.com/pgdurable/pgdurable/storage/migrations"
+)
+
+type chaosFlags struct {
+	workflows       int
+	latency         time.Duration
+	engineWorkers   int
+	engines         int
+	deadline        time.Duration
+	restartPostgres bool
+	pgRestartCmd    string
+}
+
+func (g *global) chaosCmd() *cobra.Command {
+	f := &chaosFlags{}
+	cmd := &cobra.Command{
+		Use:   "chaos",
+		Short: "Run payments through engines that keep getting killed, then check every effect",
+		Long: `Starts --engines engine serve processes on one database and the fake gateway with faults
+(10% 5xx, 5% 429, 5% "charge made, connection cut"), submits --workflows payment runs (normal
+orders and declines), and meanwhile SIGKILLs a random engine every 2-5 s and restarts it,
+terminates the engines' PostgreSQL backends every ~10 s and, with --restart-postgres, restarts
+PostgreSQL once. Then it checks: every run finished; no order charged twice; completed orders
+charged exactly their amount with one ledger row; compensated ones charged nothing in the end
+with their inventory released; every dead job complete. It exits 1 on any violation.
+Use a database of its own.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return g.chaos(cmd.Context(), f) },
+	}
+	cmd.Flags().IntVar(&f.workflows, "workflows", 2000, "payment runs to submit")
+	cmd.Flags().DurationVar(&f.latency, "gateway-latency", 50*time.Millisecond, "the fake gateway's latency per request (keeps runs in flight while engines die)")
+	cmd.Flags().IntVar(&f.engines, "engines", 2, "engine serve processes")
+	cmd.Flags().IntVar(&f.engineWorkers, "engine-workers", 100, "each engine's --max-workers")
+	cmd.Flags().DurationVar(&f.deadline, "deadline", 5*time.Minute, "every run must finish within this")
+	cmd.Flags().BoolVar(&f.restartPostgres, "restart-postgres", false, "restart PostgreSQL once, mid-run (needs --pg-restart)")
+	cmd.Flags().StringVar(&f.pgRestartCmd, "pg-restart", "pg_ctlcluster --skip-systemctl-redirect 15 main restart", "the command that restarts PostgreSQL")
+	return cmd
+}
+
+// engineProc is one engine serve process under chaos.
+type engineProc struct {
+	listen string
+	cmd    *exec.Cmd
+}
+
+func (g *global) chaos(ctx context.Context, f *chaosFlags) error {
+	out := g.opts.Stdout
+	dbURL := g.dbURL()
+	pool, err := g.pool(ctx, 8)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if _, err := migrations.Migrate(ctx, pool, migrations.Up, nil); err != nil {
+		return err
+	}
+	if err := payment.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	if err := payment.Seed(ctx, pool); err != nil {
+		return err
+	}
+	gw := fakegateway.New(fakegateway.Faults{ServerError: 0.10, RateLimit: 0.05, DropAfter: 0.05, Latency: f.latency})
+	gwURL, stopGW, err := serveLoopback(gw)
+	if err != nil {
+		return err
+	}
+	defer stopGW()
+
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return err
+	}
+	q := u.Query()
+	q.Set("application_name", "pgdurable-chaos")
+	u.RawQuery = q.Encode()
+	engineURL := u.String()
+	spawn := func(listen string) (*exec.Cmd, error) {
+		cmd := g.opts.serveCommand("--database-url", engineURL, "serve", "--listen", listen, "--shutdown-timeout", "5s",
+			"--log-level", "error", "--max-workers", fmt.Sprint(f.engineWorkers))
+		if cmd.Env == nil {
+			cmd.Env = os.Environ()
+		}
+		cmd.Env = append(cmd.Env, "PAYMENT_GATEWAY_URL="+gwURL, "STRIPE_API_KEY=sk_test_chaos")
+		cmd.Stderr = g.opts.Stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		return cmd, cmd.Start()
+	}
+	procs := make([]*engineProc, f.engines)
+	for i := range procs {
+		port, err := freeLoopbackPort()
+		if err != nil {
+			return err
+		}
+		procs[i] = &engineProc{listen: fmt.Sprintf("127.0.0.1:%d", port)}
+		if procs[i].cmd, err = spawn(procs[i].listen); err != nil {
+			return err
+		}
+	}
+	defer func() {
+		for _, p := range procs {
+			_ = p.cmd.Process.Kill()
+			_, _ = p.cmd.Process.Wait()
+		}
+	}()
+	for _, p := range procs {
+		if err := waitReady(ctx, p.listen); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(out, "chaos: %d engines, gateway %s, %d workflows\n", f.engines, gwURL, f.workflows)
+
+	tag := "chaos" + time.Now().UTC().Format("20060102T150405")
+	orders := chaosOrders(tag, f.workflows)
+	start := time.Now()
+	var mu sync.Mutex // guards procs' cmd fields during restarts
+	alive := func(i int) string { mu.Lock(); defer mu.Unlock(); return procs[i%len(procs)].listen }
+	// Orders go in while the chaos runs.
+	submitted := make(chan error, 1)
+	go func() { submitted <- submitChaos(ctx, orders, alive) }()
+	submitting := true
+
+	// The chaos, until every run is finished or the deadline passes.
+	var kills, terminations, pgRestarts int
+	nextKill := time.Now().Add(time.Duration(1000+rand.IntN(1000)) * time.Millisecond)
+	nextTerminate := time.Now().Add(10 * time.Second)
+	pgRestartAt := time.Now().Add(15 * time.Second)
+	deadline := start.Add(f.deadline)
+	for {
+		if submitting {
+			select {
+			case err := <-submitted:
+				if err != nil {
+					return err
+				}
+				submitting = false
+				fmt.Fprintf(out, "submitted %d runs in %s\n", len(orders), time.Since(start).Round(time.Millisecond))
+			default:
+			}
+		}
+		open, err := openRuns(ctx, pool, tag)
+		if err != nil {
+			return err
+		}
+		if open == 0 && !submitting {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("chaos: %d runs unfinished after %s", open, f.deadline)
+		}
+		now := time.Now()
+		if now.After(nextKill) {
+			i := rand.IntN(len(procs))
+			mu.Lock()
+			p := procs[i]
+			_ = p.cmd.Process.Signal(syscall.SIGKILL)
+			_, _ = p.cmd.Process.Wait()
+			p.cmd, err = spawn(p.listen)
+			mu.Unlock()
+			if err != nil {
+				return err
+			}
+			kills++
+			nextKill = now.Add(time.Duration(2000+rand.IntN(3000)) * time.Millisecond)
+		}
+		if now.After(nextTerminate) {
+			var n int
+			_ = pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = 'pgdurable-chaos'`).Scan(&n)
+			terminations += n
+			nextTerminate = now.Add(10 * time.Second)
+		}
+		if f.restartPostgres && pgRestarts == 0 && now.After(pgRestartAt) {
+			if out, err := exec.Command("sh", "-c", f.pgRestartCmd).CombinedOutput(); err != nil {
+				return fmt.Errorf("restarting PostgreSQL: %w\n%s", err, out)
+			}
+			pgRestarts++
+		}
+		fmt.Fprintf(out, "  %5.1fs: %d runs open, %d kills, %d backends terminated, %d PostgreSQL restarts\n",
+			time.Since(start).Seconds(), open, kills, terminations, pgRestarts)
+		time.Sleep(time.Second)
+	}
+	elapsed := time.Since(start)
+	fmt.Fprintf(out, "all %d runs finished in %s: %d engine kills, %d backends terminated, %d PostgreSQL restarts\n",
+		len(orders), elapsed.Round(time.Millisecond), kills, terminations, pgRestarts)
+	return verifyChaos(ctx, out, pool, gw, tag, orders)
+}
+
+func (o Options) serveCommand(args ...string) *exec.Cmd {
+	if o.ServeCommand != nil {
+		return o.ServeCommand(args...)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		self = os.Args[0]
+	}
+	return exec.Command(self, args...)
+}
+
+func waitReady(ctx context.Context, listen string) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + listen + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("engine on %s never became ready", listen)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// chaosOrders: normal orders and about 1 in 8 declined.
+func chaosOrders(tag string, n int) []payment.Order {
+	out := make([]payment.Order, n)
+	for i := range out {
+		method := "pm_card_visa"
+		if i%8 == 5 {
+			method = fakegateway.DeclineMethod
+		}
+		out[i] = payment.Order{OrderID: fmt.Sprintf("%s_%05d", tag, i), CustomerID: "cus_chaos", Amount: int64(500 + i%1000),
+			Currency: "usd", PaymentMethod: method, Items: []payment.Item{{SKU: "sku_tee", Qty: 1 + i%3}}}
+	}
+	return out
+}
+
+// submitChaos starts every order through the API, retrying on another
+// engine when one is down; a retry of an accepted start answers 200.
+func submitChaos(ctx context.Context, orders []payment.Order, engineAt func(int) string) error {
+	hc := &http.Client{Timeout: 10 * time.Second}
+	for i, o := range orders {
+		body, _ := json.Marshal(map[string]any{"id": o.OrderID, "input": o})
+		for try := 0; ; try++ {
+			resp, err := hc.Post("http://"+engineAt(i+try)+"/v1/workflows/"+payment.WorkflowName+"/runs", "application/json", bytes.NewReader(body))
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusCreated || resp.StatusCode == http.StatusOK {
+					break
+				}
+				err = fmt.Errorf("status %d", resp.StatusCode)
+			}
+			if try > 50 {
+				return fmt.Errorf("submitting %s: %w", o.OrderID, err)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
+var errViolations = errors.New("chaos found violations")
