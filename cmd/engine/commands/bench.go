@@ -37,6 +37,14 @@ of replaying 1,000 recorded steps. Use a database of its own: it adds tables and
 			if err != nil {
 				return err
 			}
+			pay, err := benchPayment(cmd.Context(), g.dbURL(), max(opts.Workflows/4, 10))
+			if err != nil {
+				return err
+			}
+			if opts.Progress != nil {
+				fmt.Fprintf(opts.Progress, "  %-48s %12.2f %s\n", pay.Name, pay.Value, pay.Unit)
+			}
+			rep.Rows = append(rep.Rows[:len(rep.Rows)-1], pay, rep.Rows[len(rep.Rows)-1])
 			if g.jsonOut {
 				return writeJSON(g.opts.Stdout, rep)
 			}

@@ -256,3 +256,25 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+func TestBenchCommandPrintsEveryRow(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	code, out, errOut := run(t, db, "bench", "--workflows", "40", "--latency-samples", "5", "--json")
+	require.Equal(t, 0, code, errOut)
+	var rep struct {
+		Rows []struct {
+			Name    string  `json:"name"`
+			Value   float64 `json:"value"`
+			Skipped bool    `json:"skipped"`
+		} `json:"rows"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	names := map[string]float64{}
+	for _, r := range rep.Rows {
+		names[r.Name] = r.Value
+	}
+	require.Positive(t, names["payment workflow, fake gateway without faults"])
+	require.Positive(t, names["river 3 rows in 3 transactions per job"])
+	require.Contains(t, names, "RSS with 10,000 waiting runs")
+}

@@ -1,0 +1,96 @@
+package commands
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginebench"
+	"github.com/pgdurable/pgdurable/examples/payment"
+	"github.com/pgdurable/pgdurable/examples/payment/fakegateway"
+)
+
+// benchPayment measures the payment workflow against the fake gateway with
+// its faults off: n runs, started from 8 goroutines, start to the last
+// completion. It lives here, not in enginebench, because the engine must
+// not import the example.
+func benchPayment(ctx context.Context, url string, n int) (enginebench.Row, error) {
+	row := enginebench.Row{Name: "payment workflow, fake gateway without faults", Unit: "workflows/s"}
+	pool, err := pgxpool.New(ctx, url+"&pool_max_conns=20")
+	if err != nil {
+		return row, err
+	}
+	defer pool.Close()
+	if err := payment.Migrate(ctx, pool); err != nil {
+		return row, err
+	}
+	if err := payment.Seed(ctx, pool); err != nil {
+		return row, err
+	}
+	gwURL, stop, err := serveLoopback(fakegateway.New(fakegateway.Faults{}))
+	if err != nil {
+		return row, err
+	}
+	defer stop()
+	client, err := payment.NewGateway(payment.GatewayConfig{BaseURL: gwURL, APIKey: "sk_test_bench"}, func(string) string { return "" })
+	if err != nil {
+		return row, err
+	}
+	wf := payment.New(client, nil)
+	e, err := engine.New(pool, &engine.Config{Logger: slog.New(slog.DiscardHandler), Queue: "bench_payment"})
+	if err != nil {
+		return row, err
+	}
+	if err := e.Register(wf); err != nil {
+		return row, err
+	}
+	if err := e.Start(ctx); err != nil {
+		return row, err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = e.Stop(sctx)
+	}()
+	tag := "bench" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	start := time.Now()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var firstErr atomic.Pointer[error]
+	for range 8 {
+		wg.Go(func() {
+			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+				o := payment.Order{OrderID: fmt.Sprintf("%s_%d", tag, i), CustomerID: "cus_bench", Amount: 1000, Currency: "usd",
+					PaymentMethod: "pm_card_visa", Items: []payment.Item{{SKU: "sku_mug", Qty: 1}}}
+				if _, err := wf.Start(ctx, e, o, &engine.StartOpts{WorkflowID: o.OrderID}); err != nil {
+					firstErr.Store(&err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if p := firstErr.Load(); p != nil {
+		return row, *p
+	}
+	for {
+		var open int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE starts_with(workflow_id, $1) AND status NOT IN ('completed','failed','compensated','dead','cancelled')`, tag+"_").Scan(&open); err != nil {
+			return row, err
+		}
+		if open == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	row.Value = float64(n) / time.Since(start).Seconds()
+	row.Note = fmt.Sprintf("%d runs: validate, 2 tx steps, 2 HTTP activities", n)
+	return row, nil
+}
