@@ -2,6 +2,7 @@ package commands
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -76,6 +77,9 @@ func (g *global) migrate(ctx context.Context, dir migrations.Direction, opts *mi
 	return nil
 }
 
+// errNotMigrated: the database answers but lacks the schema.
+var errNotMigrated = errors.New("schema not migrated")
+
 // checkSchema fails with a clear message when migrations are pending.
 func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	st, err := migrations.GetStatus(ctx, pool)
@@ -84,11 +88,11 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	for _, m := range st.Migrations {
 		if !m.Applied {
-			return fmt.Errorf("migration %d (%s) is not applied: run `engine migrate up` or pass --migrate", m.Version, m.Name)
+			return fmt.Errorf("%w: migration %d (%s) is not applied: run `engine migrate up` or pass --migrate", errNotMigrated, m.Version, m.Name)
 		}
 	}
 	if st.RiverVersion == 0 {
-		return fmt.Errorf("the River tables are missing: run `engine migrate up` or pass --migrate")
+		return fmt.Errorf("%w: the River tables are missing: run `engine migrate up` or pass --migrate", errNotMigrated)
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -71,7 +72,13 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	pool, err := g.pool(ctx, f.poolSize)
+	// PostgreSQL may be restarting (a deploy, a failover): keep trying for
+	// a while before giving up.
+	var pool *pgxpool.Pool
+	err := retryStartup(ctx, log, func() (err error) {
+		pool, err = g.pool(ctx, f.poolSize)
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -85,7 +92,7 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 				return err
 			}
 		}
-	} else if err := checkSchema(ctx, pool); err != nil {
+	} else if err := retryStartup(ctx, log, func() error { return checkSchema(ctx, pool) }); err != nil {
 		return err
 	}
 
@@ -153,6 +160,27 @@ func shutdown(srv *http.Server, e *engine.Engine, timeout time.Duration, log *sl
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// startupRetryFor bounds how long serve waits for PostgreSQL at start.
+const startupRetryFor = 30 * time.Second
+
+// retryStartup retries fn every second for startupRetryFor while it fails
+// for want of a database; a schema that is simply not migrated fails at once.
+func retryStartup(ctx context.Context, log *slog.Logger, fn func() error) error {
+	deadline := time.Now().Add(startupRetryFor)
+	for {
+		err := fn()
+		if err == nil || errors.Is(err, errNotMigrated) || time.Now().After(deadline) {
+			return err
+		}
+		log.Warn("database not ready; retrying", "error", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // loopback reports whether addr (host:port) only listens on loopback.
