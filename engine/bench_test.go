@@ -15,39 +15,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginebench"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
 )
 
 // quiet keeps benchmark output to the results.
 var quiet = slog.New(slog.DiscardHandler)
 
-// roundTrips counts client round trips: each query (BEGIN and COMMIT
-// included) and each batch counts one. lastBatch is the latest batch's
-// duration in ns.
-type roundTrips struct {
-	n          atomic.Int64
-	lastBatch  atomic.Int64
-	batchStart sync.Map // *pgx.Conn -> time.Time
-}
-
-func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	r.n.Add(1)
-	return ctx
-}
-func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (r *roundTrips) TraceBatchStart(ctx context.Context, c *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	r.n.Add(1)
-	r.batchStart.Store(c, time.Now())
-	return ctx
-}
-func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (r *roundTrips) TraceBatchEnd(_ context.Context, c *pgx.Conn, _ pgx.TraceBatchEndData) {
-	if t, ok := r.batchStart.Load(c); ok {
-		r.lastBatch.Store(int64(time.Since(t.(time.Time))))
-	}
-}
-
-func tracedPool(tb testing.TB, db *enginetest.DB, rt *roundTrips) *pgxpool.Pool {
+func tracedPool(tb testing.TB, db *enginetest.DB, rt *enginebench.RoundTrips) *pgxpool.Pool {
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	require.NoError(tb, err)
 	cfg.MaxConns = 20
@@ -89,7 +64,7 @@ func BenchmarkWorkflow(b *testing.B) {
 	for _, steps := range []int{3, 10} {
 		b.Run(fmt.Sprintf("steps=%d", steps), func(b *testing.B) {
 			db := enginetest.NewDB(b)
-			var rt roundTrips
+			var rt enginebench.RoundTrips
 			pool := tracedPool(b, db, &rt)
 			var done atomic.Int64
 			wf := noopWorkflow(steps, &done)
@@ -99,7 +74,7 @@ func BenchmarkWorkflow(b *testing.B) {
 			ctx := context.Background()
 			commits0 := xactCommits(b, db)
 			require.NoError(b, e.Start(ctx))
-			rt0 := rt.n.Load()
+			rt0 := rt.Count()
 			b.ResetTimer()
 			start := time.Now()
 			var wg sync.WaitGroup
@@ -120,7 +95,7 @@ func BenchmarkWorkflow(b *testing.B) {
 			}
 			elapsed := time.Since(start)
 			b.StopTimer()
-			rtUsed := rt.n.Load() - rt0
+			rtUsed := rt.Count() - rt0
 			// Backends flush statistics when they exit: stop the engine and
 			// close its pool before reading the counter.
 			require.NoError(b, e.Stop(ctx))
@@ -144,7 +119,7 @@ func BenchmarkWorkflow(b *testing.B) {
 // up to the first new step, in time and in round trips.
 func BenchmarkReplay1000Steps(b *testing.B) {
 	db := enginetest.NewDB(b)
-	var rt roundTrips
+	var rt enginebench.RoundTrips
 	pool := tracedPool(b, db, &rt)
 	ctx := context.Background()
 	const recorded = 1000
@@ -154,7 +129,7 @@ func BenchmarkReplay1000Steps(b *testing.B) {
 	var rtEntry, rtLast int64
 	wf := engine.Define("long-history", func(ctx *engine.Context, in int) (int, error) {
 		if gate.Load() {
-			entry, rtEntry, claimTook = time.Now(), rt.n.Load(), time.Duration(rt.lastBatch.Load())
+			entry, rtEntry, claimTook = time.Now(), rt.Count(), rt.LastBatch()
 		}
 		for i := range recorded {
 			if _, err := engine.Step(ctx, fmt.Sprintf("s%d", i), func(context.Context) (int, error) { return i, nil }, nil); err != nil {
@@ -165,7 +140,7 @@ func BenchmarkReplay1000Steps(b *testing.B) {
 			if !gate.Load() {
 				return 0, fmt.Errorf("not yet") // retried after 1.5 s: that delivery replays 1,000 steps
 			}
-			last, rtLast = time.Now(), rt.n.Load()
+			last, rtLast = time.Now(), rt.Count()
 			return 1, nil
 		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: 1500 * time.Millisecond, DisableJitter: true}})
 	}, nil)
@@ -264,7 +239,7 @@ func BenchmarkStepKinds(b *testing.B) {
 			var perWF [2]struct{ rt, commits float64 }
 			for j, n := range []int{3, 10} {
 				db := enginetest.NewDB(b)
-				var rt roundTrips
+				var rt enginebench.RoundTrips
 				pool := tracedPool(b, db, &rt)
 				var done atomic.Int64
 				wf := engine.Define("kinds", func(ctx *engine.Context, in int) (int, error) {
@@ -282,7 +257,7 @@ func BenchmarkStepKinds(b *testing.B) {
 				ctx := context.Background()
 				commits0 := xactCommits(b, db)
 				require.NoError(b, e.Start(ctx))
-				rt0 := rt.n.Load()
+				rt0 := rt.Count()
 				for i := 0; i < b.N; i++ {
 					_, err := wf.Start(ctx, e, i, nil)
 					require.NoError(b, err)
@@ -290,7 +265,7 @@ func BenchmarkStepKinds(b *testing.B) {
 				for done.Load() < int64(b.N) {
 					time.Sleep(time.Millisecond)
 				}
-				rtUsed := rt.n.Load() - rt0
+				rtUsed := rt.Count() - rt0
 				require.NoError(b, e.Stop(ctx))
 				pool.Close()
 				time.Sleep(200 * time.Millisecond)

@@ -62,7 +62,7 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 		opts.LatencySamples = 200
 	}
 	quiet := slog.New(slog.DiscardHandler)
-	rt := &roundTrips{}
+	rt := &RoundTrips{}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, err
@@ -151,7 +151,7 @@ func noopWorkflow(name string, steps int, done *atomic.Int64, stepOne chan<- tim
 	}, nil)
 }
 
-func throughput(ctx context.Context, pool *pgxpool.Pool, rt *roundTrips, url string, steps, n int, log *slog.Logger) (*throughputResult, error) {
+func throughput(ctx context.Context, pool *pgxpool.Pool, rt *RoundTrips, url string, steps, n int, log *slog.Logger) (*throughputResult, error) {
 	var done atomic.Int64
 	wf := noopWorkflow(fmt.Sprintf("bench-%d-steps", steps), steps, &done, nil)
 	e, err := engine.New(pool, &engine.Config{Logger: log, Queue: fmt.Sprintf("bench_%d", steps)})
@@ -172,7 +172,7 @@ func throughput(ctx context.Context, pool *pgxpool.Pool, rt *roundTrips, url str
 	if err := e.Start(ctx); err != nil {
 		return nil, err
 	}
-	rt0 := rt.n.Load()
+	rt0 := rt.Count()
 	start := time.Now()
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -195,7 +195,7 @@ func throughput(ctx context.Context, pool *pgxpool.Pool, rt *roundTrips, url str
 		time.Sleep(time.Millisecond)
 	}
 	elapsed := time.Since(start)
-	used := rt.n.Load() - rt0
+	used := rt.Count() - rt0
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := e.Stop(sctx); err != nil {

@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdurable/pgdurable/engine"
@@ -18,7 +17,7 @@ import (
 // replayCost runs a workflow that records 1,000 steps and then waits for a
 // retry; its next delivery replays them. It returns that delivery's claim
 // (one batch) and replay times in ms, and the round trips per replayed step.
-func replayCost(ctx context.Context, pool *pgxpool.Pool, rt *roundTrips, log *slog.Logger) (claimMS, replayMS, perStep float64, err error) {
+func replayCost(ctx context.Context, pool *pgxpool.Pool, rt *RoundTrips, log *slog.Logger) (claimMS, replayMS, perStep float64, err error) {
 	const recorded = 1000
 	var gate atomic.Bool
 	var mu sync.Mutex
@@ -28,7 +27,7 @@ func replayCost(ctx context.Context, pool *pgxpool.Pool, rt *roundTrips, log *sl
 	wf := engine.Define("bench-replay", func(ctx *engine.Context, in int) (int, error) {
 		if gate.Load() {
 			mu.Lock()
-			entry, rtEntry, claim = time.Now(), rt.n.Load(), time.Duration(rt.lastBatch.Load())
+			entry, rtEntry, claim = time.Now(), rt.Count(), rt.LastBatch()
 			mu.Unlock()
 		}
 		for i := range recorded {
@@ -41,7 +40,7 @@ func replayCost(ctx context.Context, pool *pgxpool.Pool, rt *roundTrips, log *sl
 				return 0, errors.New("not yet")
 			}
 			mu.Lock()
-			last, rtLast = time.Now(), rt.n.Load()
+			last, rtLast = time.Now(), rt.Count()
 			mu.Unlock()
 			return 1, nil
 		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: 1500 * time.Millisecond, DisableJitter: true}})
@@ -91,30 +90,5 @@ func waitStatus(ctx context.Context, pool *pgxpool.Pool, runID, status string) e
 			return fmt.Errorf("run %s is %s, not %s, after 60s", runID, s, status)
 		}
 		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// roundTrips counts client round trips (each query, BEGIN and COMMIT
-// included, and each batch) and remembers the latest batch's duration.
-type roundTrips struct {
-	n          atomic.Int64
-	lastBatch  atomic.Int64
-	batchStart sync.Map
-}
-
-func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	r.n.Add(1)
-	return ctx
-}
-func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (r *roundTrips) TraceBatchStart(ctx context.Context, c *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	r.n.Add(1)
-	r.batchStart.Store(c, time.Now())
-	return ctx
-}
-func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (r *roundTrips) TraceBatchEnd(_ context.Context, c *pgx.Conn, _ pgx.TraceBatchEndData) {
-	if t, ok := r.batchStart.Load(c); ok {
-		r.lastBatch.Store(int64(time.Since(t.(time.Time))))
 	}
 }
