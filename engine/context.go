@@ -48,6 +48,9 @@ type Context struct {
 
 	ended  bool  // this delivery has handed the run back; no more writes
 	endErr error // what Step returns from now on
+	// ticketErr fails the delivery's ticket so River retries it: set when
+	// an unowned run could not be re-enqueued (see rescueUnowned).
+	ticketErr error
 
 	// leaseUntil is a conservative local view of the lease's expiry: the
 	// monotonic time a fenced write that extended it was sent, plus

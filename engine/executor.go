@@ -66,7 +66,7 @@ func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
 	}
 	out, p, err := c.runWorkflow(claimed.Input)
 	c.finish(out, err, p)
-	return nil
+	return c.ticketErr
 }
 
 // missed handles a ticket that found the run not claimable.
@@ -166,6 +166,7 @@ func (c *Context) end(err error) {
 		c.endErr = ErrLeaseLost
 		c.e.obs.LeaseLost(c.wf.name)
 		c.log.Warn("lease lost; this delivery stops", "error_class", "lease_lost")
+		c.rescueUnowned()
 	case err != nil:
 		// The record is not written; the lease expires and the sweeper
 		// hands the run to another delivery, which replays from the records.
@@ -173,6 +174,30 @@ func (c *Context) end(err error) {
 		c.log.Error("write failed; run will be redelivered after its lease expires", "error", err)
 	}
 	c.cancel(c.endErr)
+}
+
+// rescueUnowned gives the run a new ticket when the lost lease belongs to
+// nobody: the claim was lost in a PostgreSQL crash (it commits
+// asynchronously), so no other delivery holds the run and the ticket that
+// brought this one is about to complete. Usually another delivery holds the
+// run and nothing is written.
+func (c *Context) rescueUnowned() {
+	err := c.do(func(ctx context.Context) error {
+		return pgx.BeginFunc(ctx, c.e.pool, func(tx pgx.Tx) error {
+			unowned, err := store.ReenqueueUnowned(ctx, tx, c.runID)
+			if err != nil || !unowned {
+				return err
+			}
+			c.log.Warn("run held by no delivery after a lost lease (a claim lost in a database crash); re-enqueued")
+			return c.e.queue.Enqueue(ctx, tx, c.runID, time.Time{})
+		})
+	})
+	if err != nil {
+		// Neither sweep sees an unowned run whose ticket completed: fail
+		// the ticket so River retries it.
+		c.log.Error("re-enqueueing an unowned run failed; River retries its ticket", "error", err)
+		c.ticketErr = err
+	}
 }
 
 // close ends the delivery after the run's terminal write, which returned

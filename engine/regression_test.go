@@ -216,3 +216,44 @@ func TestStopHandsBackAtStepBoundary(t *testing.T) {
 }
 
 var _ pgx.Tx
+
+// The claim commits asynchronously, so a PostgreSQL crash can lose it while
+// its delivery runs a step: the run is back to unowned and the delivery's
+// first write fails its fence. Nobody else holds the run and its ticket
+// completes, so the losing delivery must re-enqueue it (staged here by
+// undoing the claim with a test-only write).
+func TestRunOfLostClaimIsRedelivered(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	inStep := make(chan struct{})
+	release := make(chan struct{})
+	var s1, s2 atomic.Int32
+	wf := engine.Define("lost-claim", func(ctx *engine.Context, in int) (int, error) {
+		if _, err := engine.Step(ctx, "s1", func(context.Context) (int, error) {
+			if s1.Add(1) == 1 {
+				close(inStep)
+				<-release
+			}
+			return 1, nil
+		}, nil); err != nil {
+			return 0, err
+		}
+		return engine.Step(ctx, "s2", func(context.Context) (int, error) { s2.Add(1); return in, nil }, nil)
+	}, nil)
+	worker := newEngine(t, db, nil, true, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, worker, 5, nil)
+	require.NoError(t, err)
+	<-inStep
+	tag, err := db.Pool.Exec(ctx, `UPDATE workflow_runs SET owner_token = NULL, lease_expires_at = NULL, status = 'pending',
+		deliveries = deliveries - 1 WHERE run_id = $1`, res.RunID)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected())
+	close(release)
+
+	out, err := wf.Wait(ctx, worker, res.RunID, 20*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 5, out)
+	require.EqualValues(t, 2, s1.Load(), "s1 ran in the lost delivery and again in the next")
+	require.EqualValues(t, 1, s2.Load(), "the losing delivery started nothing after its fence failed")
+}
