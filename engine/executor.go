@@ -168,10 +168,15 @@ func (c *Context) end(err error) {
 		c.log.Warn("lease lost; this delivery stops", "error_class", "lease_lost")
 		c.rescueUnowned()
 	case err != nil:
-		// The record is not written; the lease expires and the sweeper
-		// hands the run to another delivery, which replays from the records.
+		// The record is not written. If the claim survived, the lease
+		// expires and the sweep hands the run to another delivery, which
+		// replays from the records. If a database crash took the claim
+		// with it (it commits asynchronously), no lease is left to expire:
+		// failing the ticket makes River retry it, and that retry claims
+		// the run, or finds it leased and leaves it to the sweep.
 		c.endErr = fmt.Errorf("pgdurable: writing records of run %s: %w", c.runID, err)
-		c.log.Error("write failed; run will be redelivered after its lease expires", "error", err)
+		c.ticketErr = c.endErr
+		c.log.Error("write failed; run will be redelivered", "error", err)
 	}
 	c.cancel(c.endErr)
 }

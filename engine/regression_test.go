@@ -257,3 +257,55 @@ func TestRunOfLostClaimIsRedelivered(t *testing.T) {
 	require.EqualValues(t, 2, s1.Load(), "s1 ran in the lost delivery and again in the next")
 	require.EqualValues(t, 1, s2.Load(), "the losing delivery started nothing after its fence failed")
 }
+
+// The crash that loses a claim also breaks the delivery's connection, so
+// its next write fails with a connection error rather than a failed fence.
+// Found by `engine chaos` with an immediate (crash) PostgreSQL restart: the
+// delivery logged the failed write and let its ticket complete, and the run
+// stayed pending with no ticket and no lease to expire. Staged here: the
+// claim is undone in a transaction that holds the run's row, the
+// delivery's write blocks on it and its backend is terminated.
+func TestFailedWriteAfterLostClaimIsRedelivered(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	inStep := make(chan struct{})
+	release := make(chan struct{})
+	var s1 atomic.Int32
+	wf := engine.Define("lost-claim-eof", func(ctx *engine.Context, in int) (int, error) {
+		if _, err := engine.Step(ctx, "s1", func(context.Context) (int, error) {
+			if s1.Add(1) == 1 {
+				close(inStep)
+				<-release
+			}
+			return 1, nil
+		}, nil); err != nil {
+			return 0, err
+		}
+		return engine.Step(ctx, "s2", func(context.Context) (int, error) { return in, nil }, nil)
+	}, nil)
+	worker := newEngine(t, db, nil, true, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, worker, 6, nil)
+	require.NoError(t, err)
+	<-inStep
+
+	crash, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = crash.Rollback(ctx) }()
+	_, err = crash.Exec(ctx, `UPDATE workflow_runs SET owner_token = NULL, lease_expires_at = NULL, status = 'pending',
+		deliveries = deliveries - 1 WHERE run_id = $1`, res.RunID)
+	require.NoError(t, err)
+	close(release) // s1's record write now waits for the row
+	eventually(t, 10*time.Second, "the delivery's write to wait on the run's row", func() bool {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%workflow_steps%'`).Scan(&n))
+		return n == 1
+	})
+	require.NoError(t, crash.Commit(ctx))
+
+	out, err := wf.Wait(ctx, worker, res.RunID, 20*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 6, out)
+	require.EqualValues(t, 2, s1.Load())
+}

@@ -40,8 +40,9 @@ func (g *global) chaosCmd() *cobra.Command {
 		Long: `Starts --engines engine serve processes on one database and the fake gateway with faults
 (10% 5xx, 5% 429, 5% "charge made, connection cut"), submits --workflows payment runs (normal
 orders and declines), and meanwhile SIGKILLs a random engine every 2-5 s and restarts it,
-terminates the engines' PostgreSQL backends every ~10 s and, with --restart-postgres, restarts
-PostgreSQL once. Then it checks: every run finished; no order charged twice; completed orders
+terminates the engines' PostgreSQL backends every ~10 s and, with --restart-postgres, crashes
+and restarts PostgreSQL once (immediate mode: no shutdown checkpoint, recovery from the WAL, so
+commits not yet flushed are lost as in a real crash). Then it checks: every run finished; no order charged twice; completed orders
 charged exactly their amount with one ledger row; compensated ones charged nothing in the end
 with their inventory released; every dead job complete. It exits 1 on any violation.
 Use a database of its own.`,
@@ -53,8 +54,8 @@ Use a database of its own.`,
 	cmd.Flags().IntVar(&f.engines, "engines", 2, "engine serve processes")
 	cmd.Flags().IntVar(&f.engineWorkers, "engine-workers", 100, "each engine's --max-workers")
 	cmd.Flags().DurationVar(&f.deadline, "deadline", 5*time.Minute, "every run must finish within this")
-	cmd.Flags().BoolVar(&f.restartPostgres, "restart-postgres", false, "restart PostgreSQL once, mid-run (needs --pg-restart)")
-	cmd.Flags().StringVar(&f.pgRestartCmd, "pg-restart", "pg_ctlcluster --skip-systemctl-redirect 15 main restart", "the command that restarts PostgreSQL")
+	cmd.Flags().BoolVar(&f.restartPostgres, "restart-postgres", false, "crash and restart PostgreSQL once, mid-run (runs --pg-restart)")
+	cmd.Flags().StringVar(&f.pgRestartCmd, "pg-restart", "pg_ctlcluster --skip-systemctl-redirect -m immediate 15 main restart", "the command that crashes and restarts PostgreSQL")
 	return cmd
 }
 
