@@ -84,12 +84,21 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 		return nil, err
 	}
 	rep.add(opts, "river no-op jobs", float64(n)/noop.Elapsed.Seconds(), "jobs/s", "reference")
+	wal0, err := walBytes(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
 	three, err := queue.RunReference(ctx, pool, qcfg, "three_tx", n)
+	if err != nil {
+		return nil, err
+	}
+	wal1, err := walBytes(ctx, pool)
 	if err != nil {
 		return nil, err
 	}
 	threeRate := float64(n) / three.Elapsed.Seconds()
 	rep.add(opts, "river 3 rows in 3 transactions per job", threeRate, "jobs/s", "reference: a 3-step workflow by hand")
+	rep.add(opts, "river 3 rows in 3 transactions: WAL", float64(wal1-wal0)/float64(n), "bytes/job", "pg_current_wal_lsn delta")
 
 	var rt3 float64
 	for _, steps := range []int{3, 10} {
@@ -105,6 +114,7 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 		}
 		rep.add(opts, name+": commits", res.commits, "commits/workflow", "pg_stat_database xact_commit delta")
 		rep.add(opts, name+": round trips", res.roundTrips, "round trips/workflow", "")
+		rep.add(opts, name+": WAL", res.walBytes, "bytes/workflow", "pg_current_wal_lsn delta")
 		if steps == 3 {
 			rt3 = res.roundTrips
 		} else {
@@ -134,7 +144,7 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 	return rep, nil
 }
 
-type throughputResult struct{ perSec, commits, roundTrips float64 }
+type throughputResult struct{ perSec, commits, roundTrips, walBytes float64 }
 
 func noopWorkflow(name string, steps int, done *atomic.Int64, stepOne chan<- time.Time) *engine.Workflow[int, int] {
 	return engine.Define(name, func(ctx *engine.Context, in int) (int, error) {
@@ -171,6 +181,10 @@ func throughput(ctx context.Context, pool *pgxpool.Pool, rt *RoundTrips, url str
 	if err != nil {
 		return nil, err
 	}
+	wal0, err := walBytes(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
 	if err := e.Start(ctx); err != nil {
 		return nil, err
 	}
@@ -198,6 +212,10 @@ func throughput(ctx context.Context, pool *pgxpool.Pool, rt *RoundTrips, url str
 	}
 	elapsed := time.Since(start)
 	used := rt.Count() - rt0
+	wal1, err := walBytes(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := e.Stop(sctx); err != nil {
@@ -212,7 +230,15 @@ func throughput(ctx context.Context, pool *pgxpool.Pool, rt *RoundTrips, url str
 		return nil, err
 	}
 	return &throughputResult{perSec: float64(n) / elapsed.Seconds(), commits: float64(commits1-commits0) / float64(n),
-		roundTrips: float64(used) / float64(n)}, nil
+		roundTrips: float64(used) / float64(n), walBytes: float64(wal1-wal0) / float64(n)}, nil
+}
+
+// walBytes reads the WAL insert position: the delta over a workload is the
+// WAL it wrote (the whole cluster's: run the bench alone).
+func walBytes(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+	var n int64
+	err := pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint").Scan(&n)
+	return n, err
 }
 
 // xactCommits reads the database's commit counter on a connection of its own.
