@@ -64,6 +64,10 @@ type Config struct {
 	// Observer receives run and step events for metrics or tracing
 	// (engine/enginemetrics). Default: none.
 	Observer Observer
+	// Clock is the time timers, signal timeouts, retry backoffs and
+	// schedules follow. Default the system clock; tests inject
+	// enginetest.Clock to move time.
+	Clock Clock
 }
 
 const (
@@ -94,6 +98,9 @@ func (c Config) withDefaults() (Config, error) {
 	c.MaxPayloadBytes = orDefault(c.MaxPayloadBytes, defaultMaxPayload)
 	if c.Observer == nil {
 		c.Observer = nopObserver{}
+	}
+	if c.Clock == nil {
+		c.Clock = systemClock{}
 	}
 	switch {
 	case c.LeaseDuration < time.Second:
@@ -155,7 +162,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		cfg:       c,
 		log:       c.Logger,
 		obs:       c.Observer,
-		now:       time.Now,
+		now:       c.Clock.Now,
 		workflows: map[string]registered{},
 	}
 	e.retry = (RetryPolicy{}).merge(c.RetryPolicy, &DefaultRetryPolicy)

@@ -101,6 +101,9 @@ type stepCall struct {
 	// failure or exhausted retries instead of returning the error
 	// (compensation steps: compensation_failed).
 	parkAs string
+	// wake, set for a sleep, gives the time a new sleep waits until; a
+	// recorded sleep waits until its recorded time instead.
+	wake func() time.Time
 	// body runs one attempt.
 	body func(ctx context.Context, a *attemptState) ([]byte, error)
 }
@@ -183,6 +186,16 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		stepCtx = c.Context // compensations are not cancelled by the run's cancellation
 	}
 	startedAt := c.e.now()
+	if call.wake != nil && seq >= len(c.steps) {
+		// A new sleep: a long one is recorded with its wake time as the
+		// delivery ends; a short one waits in place below.
+		wake := call.wake()
+		if wake.Sub(startedAt) > c.e.cfg.MaxInlineBackoff {
+			c.suspend(sleepRecord(seq, startedAt, wake), wake)
+			return nil, c.endErr
+		}
+		nextAttempt = &wake
+	}
 	if call.requestID && requestID == nil {
 		// The request ID is stored before the first call, with the previous
 		// step's record, in one round trip: every later attempt, after any

@@ -107,7 +107,8 @@ UPDATE workflow_runs SET
     deliveries = deliveries + 1,
     stalled_deliveries = stalled_deliveries + 1,
     started_at = coalesce(started_at, now()),
-    wake_at = NULL
+    wake_at = NULL,
+    await_signal = NULL
 WHERE run_id = $1
   AND status IN ('pending', 'running', 'waiting', 'compensating')
   AND (owner_token IS NULL OR lease_expires_at < now())
@@ -361,6 +362,7 @@ WITH target AS (
         cancel_requested_at = coalesce(r.cancel_requested_at, now()),
         status = CASE WHEN target.status = 'waiting' THEN 'pending' ELSE r.status END,
         wake_at = CASE WHEN target.status = 'waiting' THEN NULL ELSE r.wake_at END,
+        await_signal = CASE WHEN target.status = 'waiting' THEN NULL ELSE r.await_signal END,
         enqueued_at = CASE WHEN target.status = 'waiting' THEN now() ELSE r.enqueued_at END
     FROM target
     WHERE r.run_id = target.run_id AND target.status IN ('pending', 'running', 'waiting')
@@ -370,7 +372,7 @@ SELECT status FROM target`
 const finishRun = `
 WITH run AS (
     UPDATE workflow_runs SET status = $18, output = $19::jsonb, error = $20::jsonb, completed_at = now(),
-        owner_token = NULL, lease_expires_at = NULL, wake_at = NULL, stalled_deliveries = 0
+        owner_token = NULL, lease_expires_at = NULL, wake_at = NULL, await_signal = NULL, stalled_deliveries = 0
     WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0
     RETURNING run_id
 ), ` + stepUpsert + `
@@ -453,7 +455,7 @@ WITH expired AS (
     RETURNING r.run_id
 ), woken AS (
     UPDATE workflow_runs r SET status = CASE WHEN r.status = 'waiting' THEN 'pending' ELSE r.status END,
-        wake_at = NULL, enqueued_at = now()
+        wake_at = NULL, await_signal = NULL, enqueued_at = now()
     WHERE r.run_id IN (SELECT run_id FROM due UNION SELECT run_id FROM cancelled)
     RETURNING r.run_id
 )

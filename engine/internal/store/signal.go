@@ -1,0 +1,155 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrAmbiguous: a workflow ID names runs of several workflows.
+var ErrAmbiguous = errors.New("ambiguous")
+
+const runByWorkflowID = `SELECT run_id FROM workflow_runs WHERE workflow_id = $1 LIMIT 2`
+
+// ResolveRun finds the run target names: a run ID, else a workflow ID
+// (unique per workflow name; ErrAmbiguous when two workflows use it).
+func ResolveRun(ctx context.Context, db DBTX, target string) (uuid.UUID, error) {
+	if id, err := uuid.Parse(target); err == nil {
+		var found uuid.UUID
+		err := db.QueryRow(ctx, `SELECT run_id FROM workflow_runs WHERE run_id = $1`, id).Scan(&found)
+		if err == nil {
+			return found, nil
+		}
+		if translate(err) != ErrNotFound {
+			return uuid.Nil, fmt.Errorf("reading run %s: %w", id, err)
+		}
+	}
+	rows, err := db.Query(ctx, runByWorkflowID, target)
+	if err != nil {
+		return uuid.Nil, fmt.Errorf("reading runs of workflow ID %q: %w", target, translate(err))
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	switch {
+	case err != nil:
+		return uuid.Nil, fmt.Errorf("reading runs of workflow ID %q: %w", target, translate(err))
+	case len(ids) == 0:
+		return uuid.Nil, ErrNotFound
+	case len(ids) > 1:
+		return uuid.Nil, ErrAmbiguous
+	}
+	return ids[0], nil
+}
+
+// The row lock serializes a signal with the run's AwaitSignal, which locks
+// the same row before it looks for signals: a signal either lands before
+// the look (and is found) or after the run is suspended waiting for it (and
+// wakes it). A run waiting for another name is left asleep.
+const sendSignal = `
+WITH target AS (
+    SELECT run_id, status, await_signal FROM workflow_runs WHERE run_id = $1 FOR UPDATE
+), ins AS (
+    INSERT INTO workflow_signals (run_id, name, payload)
+    SELECT run_id, $2, $3::jsonb FROM target
+    WHERE status NOT IN ('completed', 'failed', 'compensated', 'cancelled')
+    RETURNING id
+), woken AS (
+    UPDATE workflow_runs r SET status = 'pending', wake_at = NULL, await_signal = NULL, enqueued_at = now()
+    FROM target
+    WHERE r.run_id = target.run_id AND target.status = 'waiting' AND target.await_signal = $2
+    RETURNING r.run_id
+)
+SELECT target.status, (SELECT count(*) FROM woken) > 0 FROM target`
+
+// SendSignal buffers a signal for runID and returns the run's status
+// before it. A finished run (completed, failed, compensated, cancelled)
+// gets no signal; the caller reports it closed. wake: the run was waiting
+// for this name and is now pending; the caller enqueues its delivery in the
+// same transaction. ErrNotFound when there is no such run.
+func SendSignal(ctx context.Context, tx DBTX, runID uuid.UUID, name string, payload []byte) (status string, wake bool, err error) {
+	err = tx.QueryRow(ctx, sendSignal, runID, name, string(payload)).Scan(&status, &wake)
+	if err != nil {
+		return "", false, translate(err)
+	}
+	return status, wake, nil
+}
+
+const lockOwnedRun = `SELECT cancel_requested_at IS NOT NULL FROM workflow_runs WHERE run_id = $1 AND owner_token = $2 FOR UPDATE`
+
+const nextSignal = `
+SELECT id, payload FROM workflow_signals
+WHERE run_id = $1 AND name = $2 AND consumed_seq IS NULL
+ORDER BY id LIMIT 1`
+
+const consumeSignal = `UPDATE workflow_signals SET consumed_seq = $2, consumed_at = now() WHERE id = $1`
+
+// TakeSignal, in tx, locks the run (fenced by token: ErrLeaseLost) and
+// takes its oldest unconsumed signal named name for step seq. found is
+// false when none is buffered; the run stays locked until tx ends, so no
+// signal can arrive unseen before the caller suspends it.
+func TakeSignal(ctx context.Context, tx pgx.Tx, runID, token uuid.UUID, name string, seq int) (payload []byte, found, cancel bool, err error) {
+	if err := tx.QueryRow(ctx, lockOwnedRun, runID, token).Scan(&cancel); err != nil {
+		if translate(err) == ErrNotFound {
+			return nil, false, false, ErrLeaseLost
+		}
+		return nil, false, false, fmt.Errorf("locking run %s: %w", runID, translate(err))
+	}
+	var id int64
+	// A new statement after the lock: its snapshot sees every signal
+	// committed before the lock was granted.
+	err = tx.QueryRow(ctx, nextSignal, runID, name).Scan(&id, &payload)
+	if translate(err) == ErrNotFound {
+		return nil, false, cancel, nil
+	}
+	if err != nil {
+		return nil, false, cancel, fmt.Errorf("reading signals of run %s: %w", runID, translate(err))
+	}
+	if _, err := tx.Exec(ctx, consumeSignal, id, seq); err != nil {
+		return nil, false, cancel, fmt.Errorf("consuming signal %d of run %s: %w", id, runID, translate(err))
+	}
+	return payload, true, cancel, nil
+}
+
+const awaitSignal = `
+WITH run AS (
+    UPDATE workflow_runs SET status = 'waiting', wake_at = $18, await_signal = $19, owner_token = NULL,
+        lease_expires_at = NULL, stalled_deliveries = 0
+    WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0
+    RETURNING run_id
+), ` + stepUpsert + `
+SELECT count(*) FROM run`
+
+// SuspendForSignal hands the run back waiting for a signal named name,
+// until wakeAt (nil: no timeout), writing rec (the wait's started record).
+func SuspendForSignal(ctx context.Context, tx DBTX, runID, token uuid.UUID, rec *StepRecord, name string, wakeAt *time.Time) error {
+	args := append([]any{runID, token, 0}, stepArgs(rec)...)
+	args = append(args, wakeAt, name)
+	return fenced(tx.QueryRow(ctx, awaitSignal, args...), "suspending run %s for a signal", runID)
+}
+
+// Signal is one row of workflow_signals.
+type Signal struct {
+	ID          int64
+	Name        string
+	Payload     []byte
+	CreatedAt   time.Time
+	ConsumedSeq *int
+	ConsumedAt  *time.Time
+}
+
+// ListSignals returns a run's signals in the order they were sent.
+func ListSignals(ctx context.Context, db DBTX, runID uuid.UUID) ([]Signal, error) {
+	rows, err := db.Query(ctx, `SELECT id, name, payload, created_at, consumed_seq, consumed_at
+		FROM workflow_signals WHERE run_id = $1 ORDER BY id`, runID)
+	if err != nil {
+		return nil, fmt.Errorf("reading signals of run %s: %w", runID, translate(err))
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Signal, error) {
+		var s Signal
+		err := r.Scan(&s.ID, &s.Name, &s.Payload, &s.CreatedAt, &s.ConsumedSeq, &s.ConsumedAt)
+		return s, err
+	})
+}

@@ -1,0 +1,263 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdurable/pgdurable/engine/internal/store"
+)
+
+// ErrTimeout is returned by AwaitSignal when its timeout passes before a
+// signal arrives; recorded, so a replay returns it too.
+var ErrTimeout = errors.New("pgdurable: timed out waiting for a signal")
+
+const kindSignal = "signal"
+
+// signalOutcome is the record of an AwaitSignal step.
+type signalOutcome struct {
+	Payload  json.RawMessage `json:"payload,omitempty"`
+	TimedOut bool            `json:"timed_out,omitempty"`
+}
+
+// Signal sends a signal named name with payload (any JSON-encodable value;
+// nil sends JSON null) to the run target names: a run ID, or a workflow ID
+// when it names runs of one workflow only. Signals are buffered in the
+// order sent until the run's AwaitSignal for that name consumes them, each
+// exactly once; a run waiting for this name is woken at once (its delivery
+// is enqueued in the same transaction).
+//
+// Errors: ErrNotFound (no such run), ErrRunClosed (the run completed,
+// failed, was compensated or cancelled: nothing will read the signal),
+// ErrInvalidArgument (a bad name, an ambiguous workflow ID), ErrInvalidInput
+// (payload does not encode or is over Config.MaxPayloadBytes). A dead run
+// accepts signals: a replay may read them.
+func (e *Engine) Signal(ctx context.Context, target, name string, payload any) error {
+	return e.signal(ctx, nil, target, name, payload)
+}
+
+// SignalTx is Signal in the caller's transaction: the signal exists, and
+// wakes the run, only if tx commits (the outbox pattern, as StartTx).
+func (e *Engine) SignalTx(ctx context.Context, tx pgx.Tx, target, name string, payload any) error {
+	return e.signal(ctx, tx, target, name, payload)
+}
+
+// SignalJSON is Signal with a payload already encoded as JSON (the HTTP API
+// and the CLI pass it through); it must be one valid JSON value.
+func (e *Engine) SignalJSON(ctx context.Context, target, name string, payload []byte) error {
+	if !json.Valid(payload) {
+		return fmt.Errorf("%w: signal payload is not valid JSON", ErrInvalidInput)
+	}
+	return e.signalRaw(ctx, nil, target, name, payload)
+}
+
+func (e *Engine) signal(ctx context.Context, tx pgx.Tx, target, name string, payload any) error {
+	raw, err := json.Marshal(payload)
+	if err != nil {
+		return fmt.Errorf("%w: encoding signal payload: %v", ErrInvalidInput, err)
+	}
+	return e.signalRaw(ctx, tx, target, name, raw)
+}
+
+func (e *Engine) signalRaw(ctx context.Context, tx pgx.Tx, target, name string, payload []byte) error {
+	if err := checkName("signal name", name, 200); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	if err := checkName("run", target, 400); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	if len(payload) > e.cfg.MaxPayloadBytes {
+		return fmt.Errorf("%w: signal payload is %d bytes, over the %d-byte limit", ErrInvalidInput, len(payload), e.cfg.MaxPayloadBytes)
+	}
+	if err := checkStorable(payload); err != nil {
+		return fmt.Errorf("%w: signal payload: %v", ErrInvalidInput, err)
+	}
+	return e.inTx(ctx, tx, func(tx pgx.Tx) error {
+		runID, err := store.ResolveRun(ctx, tx, target)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return fmt.Errorf("%w: run %q", ErrNotFound, target)
+		case errors.Is(err, store.ErrAmbiguous):
+			return fmt.Errorf("%w: workflow ID %q is used by runs of several workflows; signal by run ID", ErrInvalidArgument, target)
+		case err != nil:
+			return fmt.Errorf("pgdurable: signalling %q: %w", target, err)
+		}
+		status, wake, err := store.SendSignal(ctx, tx, runID, name, payload)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return fmt.Errorf("%w: run %s", ErrNotFound, runID)
+		case errors.Is(err, store.ErrBadPayload):
+			return fmt.Errorf("%w: signal payload: %v", ErrInvalidInput, err)
+		case err != nil:
+			return fmt.Errorf("pgdurable: signalling run %s: %w", runID, err)
+		case isClosed(status):
+			return fmt.Errorf("%w: run %s is %s", ErrRunClosed, runID, status)
+		case wake:
+			return e.queue.Enqueue(ctx, tx, runID, time.Time{})
+		}
+		return nil
+	})
+}
+
+func isClosed(status string) bool {
+	switch status {
+	case store.RunCompleted, store.RunFailed, store.RunCompensated, store.RunCancelled:
+		return true
+	}
+	return false
+}
+
+// AwaitSignal waits for the next signal named name sent to this run and
+// returns its payload decoded as T. Signals sent earlier are buffered:
+// each AwaitSignal for a name takes the oldest one not yet taken, so two
+// waits receive two signals in the order they were sent, each exactly once
+// (taking it and recording this step commit together).
+//
+// With none buffered the run is suspended: the delivery ends and the run
+// waits with no goroutine, connection, worker slot or River job until a
+// signal wakes it (at once) or timeout passes (timeout <= 0: no timeout),
+// after which AwaitSignal returns ErrTimeout. Both outcomes are recorded
+// as a step of kind "signal" named name, so replays return them unchanged.
+//
+// Other errors: ErrCancelled (the run was cancelled while waiting), a
+// decode error wrapping ErrInvalidInput when the payload does not fit T
+// (the signal stays consumed; its raw payload is in the step record), or
+// the error that ended the delivery, which the workflow should return.
+func AwaitSignal[T any](ctx *Context, name string, timeout time.Duration) (T, error) {
+	var out T
+	raw, err := ctx.awaitSignal(name, timeout)
+	if err != nil {
+		return out, err
+	}
+	if err := json.Unmarshal(raw, &out); err != nil {
+		return out, fmt.Errorf("%w: signal %q payload does not decode as %T: %v", ErrInvalidInput, name, out, err)
+	}
+	return out, nil
+}
+
+func (c *Context) awaitSignal(name string, timeout time.Duration) ([]byte, error) {
+	if c.ended {
+		return nil, c.endErr
+	}
+	if err := checkName("signal name", name, 200); err != nil {
+		return nil, fmt.Errorf("pgdurable: %w", err)
+	}
+	if !c.inStep.CompareAndSwap(false, true) {
+		return nil, fmt.Errorf("pgdurable: AwaitSignal %q called while a step runs", name)
+	}
+	defer c.inStep.Store(false)
+	seq := c.seq
+	c.seq++
+	startedAt := c.e.now()
+	var deadline *time.Time
+	written := false
+	if seq < len(c.steps) {
+		rec := &c.steps[seq]
+		if rec.Name != name || rec.Kind != kindSignal {
+			c.park(nil, parkNonDeterminism(seq, name, kindSignal, rec))
+			return nil, c.endErr
+		}
+		if rec.Status == store.StepCompleted {
+			c.e.obs.StepReplayed(c.wf.name, kindSignal)
+			return decodeSignalOutcome(name, rec.Output)
+		}
+		written, deadline, startedAt = true, rec.NextAttemptAt, rec.StartedAt
+	} else if timeout > 0 {
+		d := startedAt.Add(timeout)
+		deadline = &d
+	}
+	if c.cancelRequested.Load() {
+		if !written {
+			c.seq--
+		}
+		return nil, ErrCancelled
+	}
+	if !c.mayStartStep() {
+		return nil, c.endErr
+	}
+
+	var outcome *signalOutcome
+	var cancel bool
+	err := c.do(func(ctx context.Context) error {
+		return pgx.BeginFunc(ctx, c.e.pool, func(tx pgx.Tx) error {
+			outcome, cancel = nil, false
+			payload, found, cancelled, err := store.TakeSignal(ctx, tx, c.runID, c.token, name, seq)
+			if err != nil {
+				return err
+			}
+			cancel = cancelled
+			now := c.e.now()
+			switch {
+			case found:
+				outcome = &signalOutcome{Payload: payload}
+			case deadline != nil && !now.Before(*deadline):
+				outcome = &signalOutcome{TimedOut: true}
+			case cancelled:
+				return nil // woken by the cancellation: no wait recorded
+			}
+			recs := []*store.StepRecord{}
+			if c.pending != nil {
+				recs = append(recs, c.pending)
+			}
+			if outcome == nil {
+				rec := &store.StepRecord{Seq: seq, Name: name, Kind: kindSignal, Status: store.StepStarted,
+					StartedAt: startedAt, NextAttemptAt: deadline}
+				if len(recs) > 0 {
+					if _, _, err := store.WriteSteps(ctx, tx, c.runID, c.token, c.e.cfg.LeaseDuration, "", recs...); err != nil {
+						return err
+					}
+				}
+				return store.SuspendForSignal(ctx, tx, c.runID, c.token, rec, name, deadline)
+			}
+			out, err := json.Marshal(outcome)
+			if err != nil {
+				return err
+			}
+			recs = append(recs, &store.StepRecord{Seq: seq, Name: name, Kind: kindSignal, Status: store.StepCompleted,
+				Attempts: 1, Output: out, NextAttemptAt: deadline, StartedAt: startedAt, CompletedAt: &now})
+			_, _, err = store.WriteSteps(ctx, tx, c.runID, c.token, c.e.cfg.LeaseDuration, "", recs...)
+			return err
+		})
+	})
+	if err != nil {
+		c.end(err)
+		return nil, c.endErr
+	}
+	c.pending = nil
+	if cancel && outcome == nil {
+		c.noteCancel(true)
+		if !written {
+			c.seq--
+		}
+		return nil, ErrCancelled
+	}
+	if outcome == nil {
+		c.log.Debug("waiting for a signal", "signal", name, "seq", seq)
+		c.end(nil)
+		return nil, c.endErr
+	}
+	c.lastRecorded = seq
+	c.noteCancel(cancel)
+	c.e.obs.StepAttempt(c.wf.name, name, kindSignal, 1, "completed", c.e.now().Sub(startedAt))
+	return decodeSignalOutcome(name, mustJSON(outcome))
+}
+
+func mustJSON(v any) []byte {
+	b, _ := json.Marshal(v)
+	return b
+}
+
+func decodeSignalOutcome(name string, raw []byte) ([]byte, error) {
+	var o signalOutcome
+	if err := json.Unmarshal(raw, &o); err != nil {
+		return nil, fmt.Errorf("pgdurable: decoding recorded signal %q: %w", name, err)
+	}
+	if o.TimedOut {
+		return nil, ErrTimeout
+	}
+	return o.Payload, nil
+}

@@ -1,0 +1,161 @@
+package engine_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
+)
+
+type approval struct {
+	By string `json:"by"`
+}
+
+// awaitTwo waits for two "approve" signals and returns who sent them, in order.
+var awaitTwo = engine.Define("await-two", func(ctx *engine.Context, _ int) ([]string, error) {
+	var by []string
+	for range 2 {
+		a, err := engine.AwaitSignal[approval](ctx, "approve", 0)
+		if err != nil {
+			return nil, err
+		}
+		by = append(by, a.By)
+	}
+	return by, nil
+}, nil)
+
+// A signal sent before the run reaches AwaitSignal is buffered and
+// received; a second one with the same name goes to the second wait, in
+// the order sent, each consumed once.
+func TestSignalsAreBufferedAndReceivedInOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, awaitTwo)
+	ctx := testCtx(t)
+	res, err := awaitTwo.Start(ctx, b.engine, 0, &engine.StartOpts{WorkflowID: "order-7"})
+	require.NoError(t, err)
+	// Sent at once: the first probably before the run starts waiting.
+	require.NoError(t, b.engine.Signal(ctx, res.RunID.String(), "approve", approval{By: "alice"}))
+	require.NoError(t, b.engine.Signal(ctx, "order-7", "approve", approval{By: "bob"})) // by workflow ID
+	out, err := awaitTwo.Wait(ctx, b.engine, res.RunID, 20*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, []string{"alice", "bob"}, out)
+	var consumed int
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_signals WHERE run_id = $1 AND consumed_seq IS NOT NULL`, res.RunID).Scan(&consumed))
+	require.Equal(t, 2, consumed)
+}
+
+// A run waiting for a signal holds nothing and wakes when it arrives.
+func TestSignalWakesAWaitingRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, awaitTwo)
+	ctx := testCtx(t)
+	res, err := awaitTwo.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	require.NoError(t, b.engine.Signal(ctx, res.RunID.String(), "approve", approval{By: "alice"}))
+	waitStatus(t, b.engine, res.RunID, engine.StatusWaiting, 10*time.Second)
+	require.NoError(t, b.engine.Signal(ctx, res.RunID.String(), "other", 1)) // another name: stays asleep
+	time.Sleep(300 * time.Millisecond)
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusWaiting, run.Status)
+
+	sent := time.Now()
+	require.NoError(t, b.engine.Signal(ctx, res.RunID.String(), "approve", approval{By: "bob"}))
+	out, err := awaitTwo.Wait(ctx, b.engine, res.RunID, 5*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, []string{"alice", "bob"}, out)
+	t.Logf("signal to completion: %s", time.Since(sent).Round(time.Millisecond))
+}
+
+// A wait with a timeout returns ErrTimeout once the timeout passes (on the
+// engine's clock), not before, and the outcome is recorded.
+func TestAwaitSignalTimesOut(t *testing.T) {
+	t.Parallel()
+	clock := enginetest.NewClock(clockStart)
+	wf := engine.Define("await-timeout", func(ctx *engine.Context, _ int) (string, error) {
+		_, err := engine.AwaitSignal[approval](ctx, "approve", 10*time.Minute)
+		if errors.Is(err, engine.ErrTimeout) {
+			return "timed out", nil
+		}
+		if err != nil {
+			return "", err
+		}
+		return "approved", nil
+	}, nil)
+	b := setup(t, &engine.Config{Clock: clock}, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	waitStatus(t, b.engine, res.RunID, engine.StatusWaiting, 10*time.Second)
+	clock.Advance(10*time.Minute - time.Second)
+	time.Sleep(time.Second) // sweeps run: not due yet
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusWaiting, run.Status)
+	clock.Advance(time.Second)
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 20*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, "timed out", out)
+	// A signal sent after the timeout finds the run finished.
+	err = b.engine.Signal(ctx, res.RunID.String(), "approve", approval{By: "late"})
+	require.ErrorIs(t, err, engine.ErrRunClosed)
+}
+
+// Bad signals are rejected with a precise error and change nothing.
+func TestSignalRejectsBadInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &engine.Config{MaxPayloadBytes: 100}, awaitTwo)
+	ctx := testCtx(t)
+	res, err := awaitTwo.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	id := res.RunID.String()
+	require.ErrorIs(t, b.engine.Signal(ctx, "no-such-run", "approve", 1), engine.ErrNotFound)
+	require.ErrorIs(t, b.engine.Signal(ctx, "01a22c94-802a-7ed0-abb6-1a3a198a504e", "approve", 1), engine.ErrNotFound)
+	require.ErrorIs(t, b.engine.Signal(ctx, id, "", 1), engine.ErrInvalidArgument)
+	require.ErrorIs(t, b.engine.Signal(ctx, id, "approve", strings.Repeat("x", 200)), engine.ErrInvalidInput)
+	require.ErrorIs(t, b.engine.Signal(ctx, id, "approve", "nul\x00"), engine.ErrInvalidInput)
+	require.ErrorIs(t, b.engine.Signal(ctx, id, "approve", func() {}), engine.ErrInvalidInput)
+	require.ErrorIs(t, b.engine.SignalJSON(ctx, id, "approve", []byte(`{"by":`)), engine.ErrInvalidInput)
+
+	// A signal in a transaction that rolls back never arrives.
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, b.engine.SignalTx(ctx, tx, id, "approve", approval{By: "ghost"}))
+	require.NoError(t, tx.Rollback(ctx))
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_signals WHERE run_id = $1`, res.RunID).Scan(&n))
+	require.Zero(t, n)
+}
+
+// A cancelled run waiting for a signal wakes and ends cancelled.
+func TestCancelWakesARunWaitingForASignal(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, awaitTwo)
+	ctx := testCtx(t)
+	res, err := awaitTwo.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	waitStatus(t, b.engine, res.RunID, engine.StatusWaiting, 10*time.Second)
+	require.NoError(t, b.engine.Cancel(ctx, res.RunID))
+	waitStatus(t, b.engine, res.RunID, engine.StatusCancelled, 10*time.Second)
+	require.ErrorIs(t, b.engine.Signal(ctx, res.RunID.String(), "approve", approval{}), engine.ErrRunClosed)
+}
+
+func ExampleAwaitSignal() {
+	_ = engine.Define("expense", func(ctx *engine.Context, amount int) (string, error) {
+		// Waits up to 3 days with no goroutine, connection or worker held;
+		// Engine.Signal(ctx, runID, "approve", approval{By: "ann"}) wakes it.
+		a, err := engine.AwaitSignal[approval](ctx, "approve", 72*time.Hour)
+		if errors.Is(err, engine.ErrTimeout) {
+			return "expired", nil
+		}
+		if err != nil {
+			return "", err
+		}
+		return "approved by " + a.By, nil
+	}, nil)
+}

@@ -1,0 +1,69 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/pgdurable/pgdurable/engine/internal/store"
+)
+
+// Clock tells the engine the time. Timers, signal timeouts, retry backoffs,
+// schedules and the timestamps in step records read it; leases use
+// PostgreSQL's clock, so a fake clock cannot expire them. Tests inject one
+// (enginetest.Clock) to move time; the default is the system clock.
+type Clock interface {
+	Now() time.Time
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+const kindSleep = "sleep"
+
+// Sleep pauses the run for d, durably: the wake time is recorded as a step
+// (named "sleep"), so a replay does not restart the timer. A pause longer
+// than Config.MaxInlineBackoff ends the delivery and frees the worker: the
+// run waits with no goroutine, connection, worker slot or River job, and
+// the sweep re-enqueues it within about Config.SweepInterval of its wake
+// time (on any engine, after any restart). Shorter pauses wait in place.
+//
+// It returns nil once the time has come, ErrCancelled when the run is
+// cancelled meanwhile, or the error that ended the delivery, which the
+// workflow should return.
+func Sleep(ctx *Context, d time.Duration) error {
+	return sleep(ctx, func() time.Time { return ctx.e.now().Add(d) })
+}
+
+// SleepUntil is Sleep until t (in the engine's Clock). A t in the past
+// returns at once; it is still recorded, so replays stay aligned.
+func SleepUntil(ctx *Context, t time.Time) error {
+	return sleep(ctx, func() time.Time { return t })
+}
+
+func sleep(ctx *Context, wake func() time.Time) error {
+	_, err := ctx.runStep(&stepCall{name: "sleep", kind: kindSleep, wake: wake,
+		body: func(context.Context, *attemptState) ([]byte, error) { return []byte("null"), nil }})
+	return err
+}
+
+// Now returns the engine Clock's time, recorded as a step named "now": the
+// same value on every replay, where time.Now would differ.
+func Now(ctx *Context) (time.Time, error) {
+	return Step(ctx, "now", func(context.Context) (time.Time, error) { return ctx.e.now(), nil }, nil)
+}
+
+// NewUUID returns a random (version 4) UUID recorded as a step named
+// "uuid": the same value on every replay, so it can key an entity the
+// workflow creates.
+func NewUUID(ctx *Context) (uuid.UUID, error) {
+	return Step(ctx, "uuid", func(context.Context) (uuid.UUID, error) { return uuid.NewRandom() }, nil)
+}
+
+// sleepRecord is the started record of a sleep that waits until wake.
+func sleepRecord(seq int, startedAt, wake time.Time) *store.StepRecord {
+	return &store.StepRecord{Seq: seq, Name: "sleep", Kind: kindSleep, Status: store.StepStarted,
+		StartedAt: startedAt, NextAttemptAt: &wake}
+}
