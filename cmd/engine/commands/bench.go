@@ -20,6 +20,12 @@ the ratio to River, commits and round trips per workflow), one-at-a-time latency
 of replaying 1,000 recorded steps. Use a database of its own: it adds tables and jobs.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := g.ownDatabase("bench"); err != nil {
+				return err
+			}
+			if opts.Workflows < 1 {
+				return &usageError{fmt.Errorf("--workflows must be at least 1, got %d", opts.Workflows)}
+			}
 			pool, err := g.pool(cmd.Context(), 4)
 			if err != nil {
 				return err

@@ -66,6 +66,19 @@ type engineProc struct {
 }
 
 func (g *global) chaos(ctx context.Context, f *chaosFlags) error {
+	if err := g.ownDatabase("chaos"); err != nil {
+		return err
+	}
+	switch {
+	case f.workflows < 1:
+		return &usageError{fmt.Errorf("--workflows must be at least 1, got %d", f.workflows)}
+	case f.engines < 1:
+		return &usageError{fmt.Errorf("--engines must be at least 1, got %d", f.engines)}
+	case f.engineWorkers < 1:
+		return &usageError{fmt.Errorf("--engine-workers must be at least 1, got %d", f.engineWorkers)}
+	case f.deadline <= 0:
+		return &usageError{fmt.Errorf("--deadline must be positive, got %s", f.deadline)}
+	}
 	out := g.opts.Stdout
 	dbURL := g.dbURL()
 	pool, err := g.pool(ctx, 8)
@@ -192,6 +205,7 @@ func (g *global) chaos(ctx context.Context, f *chaosFlags) error {
 			nextTerminate = now.Add(10 * time.Second)
 		}
 		if f.restartPostgres && pgRestarts == 0 && now.After(pgRestartAt) {
+			fmt.Fprintf(out, "  %5.1fs: crashing and restarting PostgreSQL: %s\n", time.Since(start).Seconds(), f.pgRestartCmd)
 			if out, err := exec.Command("sh", "-c", f.pgRestartCmd).CombinedOutput(); err != nil {
 				return fmt.Errorf("restarting PostgreSQL: %w\n%s", err, out)
 			}

@@ -278,3 +278,28 @@ func TestBenchCommandPrintsEveryRow(t *testing.T) {
 	require.Positive(t, names["river 3 rows in 3 transactions per job"])
 	require.Contains(t, names, "RSS with 10,000 waiting runs")
 }
+
+// chaos and bench fill their database: they refuse the default one, and
+// reject counts that would run nothing or divide by zero.
+func TestChaosAndBenchRefuseDefaultDatabaseAndBadCounts(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"chaos"}, {"bench"}} {
+		var errOut bytes.Buffer
+		code := commands.Execute(context.Background(), args,
+			commands.Options{Stdout: &bytes.Buffer{}, Stderr: &errOut, Getenv: func(string) string { return "" }})
+		require.Equal(t, 2, code, args)
+		require.Contains(t, errOut.String(), "name a database of its own", args)
+	}
+	url := "postgres://postgres@127.0.0.1:1/never-used"
+	for args, msg := range map[string]string{
+		"chaos --workflows 0":  "--workflows must be at least 1",
+		"chaos --engines 0":    "--engines must be at least 1",
+		"bench --workflows -5": "--workflows must be at least 1",
+	} {
+		var errOut bytes.Buffer
+		code := commands.Execute(context.Background(), append([]string{"--database-url", url}, strings.Fields(args)...),
+			commands.Options{Stdout: &bytes.Buffer{}, Stderr: &errOut, Getenv: func(string) string { return "" }})
+		require.Equal(t, 2, code, args)
+		require.Contains(t, errOut.String(), msg, args)
+	}
+}

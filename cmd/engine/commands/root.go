@@ -111,6 +111,18 @@ func (g *global) dbURL() string {
 	return DefaultDatabaseURL
 }
 
+// ownDatabase returns the database URL for a command that fills and
+// alters its database (chaos, bench): it must be named explicitly, never
+// the default, so a forgotten flag cannot fill the postgres database.
+func (g *global) ownDatabase(command string) error {
+	if g.databaseURL != "" || g.opts.Getenv("DATABASE_URL") != "" {
+		return nil
+	}
+	return &usageError{fmt.Errorf("engine %s fills its database with tables, runs and jobs: name a database of its own "+
+		"with --database-url or DATABASE_URL (createdb %s; then --database-url 'postgres://postgres@127.0.0.1:5432/%s?sslmode=disable')",
+		command, command, command)}
+}
+
 // pool connects with size connections (0: pgx's default).
 func (g *global) pool(ctx context.Context, size int32) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(g.dbURL())
