@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,6 +28,8 @@ type Options struct {
 	Workflows int
 	// LatencySamples for the one-at-a-time latency rows; default 200.
 	LatencySamples int
+	// WaitingRuns for the memory row: runs asleep at once; default 10,000.
+	WaitingRuns int
 	// Progress receives a line per finished row; nil: none.
 	Progress io.Writer
 }
@@ -60,6 +63,9 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 	}
 	if opts.LatencySamples <= 0 {
 		opts.LatencySamples = 200
+	}
+	if opts.WaitingRuns <= 0 {
+		opts.WaitingRuns = 10000
 	}
 	quiet := slog.New(slog.DiscardHandler)
 	rt := &RoundTrips{}
@@ -140,7 +146,13 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 	rep.add(opts, "replay 1,000 recorded steps: claim + load", claim, "ms", "one batch")
 	rep.add(opts, "replay 1,000 recorded steps: replay", replay, "ms", "")
 	rep.add(opts, "round trips per replayed step", perStep, "round trips/step", "target 0")
-	rep.Rows = append(rep.Rows, Row{Name: "RSS with 10,000 waiting runs", Unit: "MiB", Note: "skipped: timers do not exist yet", Skipped: true})
+	mem, err := waitingMemory(ctx, pool, opts.WaitingRuns, quiet)
+	if err != nil {
+		return nil, err
+	}
+	name := fmt.Sprintf("RSS with %s waiting runs", thousands(opts.WaitingRuns))
+	rep.add(opts, name, mem.waitingRSS, "MiB", fmt.Sprintf("%.1f MiB idle before; Go heap %.1f -> %.1f MiB; goroutines %d -> %d",
+		mem.idleRSS, mem.idleHeap, mem.waitingHeap, mem.goroutinesIdle, mem.goroutinesWaiting))
 	return rep, nil
 }
 
@@ -314,4 +326,13 @@ func pct(d []time.Duration, p float64) float64 {
 	s := slices.Clone(d)
 	slices.Sort(s)
 	return float64(s[int(p*float64(len(s)-1))].Microseconds()) / 1000
+}
+
+// thousands renders n with comma separators: 10000 -> "10,000".
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }

@@ -18,7 +18,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestBenchReportsEveryRow(t *testing.T) {
 	t.Parallel()
 	db := enginetest.NewDB(t)
-	rep, err := enginebench.Run(context.Background(), db.URL, enginebench.Options{Workflows: 60, LatencySamples: 10})
+	rep, err := enginebench.Run(context.Background(), db.URL, enginebench.Options{Workflows: 60, LatencySamples: 10, WaitingRuns: 200})
 	require.NoError(t, err)
 	byName := map[string]enginebench.Row{}
 	for _, r := range rep.Rows {
@@ -33,5 +33,5 @@ func TestBenchReportsEveryRow(t *testing.T) {
 	require.InDelta(t, 1, byName["round trips per new step"].Value, 0.5)
 	// Background sweeps share the pool: allow a stray round trip or two.
 	require.Less(t, byName["round trips per replayed step"].Value, 0.01)
-	require.True(t, byName["RSS with 10,000 waiting runs"].Skipped)
+	require.Positive(t, byName["RSS with 200 waiting runs"].Value)
 }

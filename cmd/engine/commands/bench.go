@@ -17,14 +17,16 @@ func (g *global) benchCmd() *cobra.Command {
 		Long: `Runs, in one process against one database: River no-op jobs and 3-rows-in-3-transactions
 jobs (the references), 3- and 10-step no-op workflows with their starts (workflows/s, steps/s,
 the ratio to River, commits and round trips per workflow), one-at-a-time latency, and the cost
-of replaying 1,000 recorded steps. Use a database of its own: it adds tables and jobs.`,
+of replaying 1,000 recorded steps, and the process's memory with --waiting-runs runs asleep. Use a database of its own: it adds tables and jobs.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := g.ownDatabase("bench"); err != nil {
 				return err
 			}
-			if opts.Workflows < 1 {
-				return &usageError{fmt.Errorf("--workflows must be at least 1, got %d", opts.Workflows)}
+			for flag, v := range map[string]int{"--workflows": opts.Workflows, "--latency-samples": opts.LatencySamples, "--waiting-runs": opts.WaitingRuns} {
+				if v < 1 {
+					return &usageError{fmt.Errorf("%s must be at least 1, got %d", flag, v)}
+				}
 			}
 			pool, err := g.pool(cmd.Context(), 4)
 			if err != nil {
@@ -68,5 +70,6 @@ of replaying 1,000 recorded steps. Use a database of its own: it adds tables and
 	}
 	cmd.Flags().IntVar(&opts.Workflows, "workflows", 2000, "workflows (and reference jobs) per throughput row")
 	cmd.Flags().IntVar(&opts.LatencySamples, "latency-samples", 200, "one-at-a-time starts for the latency rows")
+	cmd.Flags().IntVar(&opts.WaitingRuns, "waiting-runs", 10000, "runs asleep at once for the memory row")
 	return cmd
 }
