@@ -8,7 +8,8 @@
 //	                                      409 same ID + other input, 404 unknown workflow, 400 bad input
 //	GET  /v1/runs/{run_id}                the run with steps[]
 //	GET  /v1/runs?workflow=&status=&limit=&cursor=
-//	POST /v1/runs/{run_id}/signals/{name} (signals arrive with timers; 501 until then)
+//	POST /v1/runs/{run_id}/signals/{name} body = payload (one JSON value) → 202 buffered, 404, 409 run finished, 400;
+//	                                      {run_id} may also be a workflow ID
 //	POST /v1/runs/{run_id}/cancel         202 accepted, 409 already finished
 //	GET  /v1/dead-jobs?workflow=&reason=&limit=&cursor=
 //	GET  /v1/dead-jobs/{id}

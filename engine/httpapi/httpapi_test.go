@@ -49,8 +49,14 @@ func setup(t *testing.T, opts *httpapi.Options) *bundle {
 			return "ch_" + o.OrderID, nil
 		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: time.Millisecond, MaximumAttempts: 2}})
 	}, nil)
+	approval := engine.Define("approval", func(ctx *engine.Context, _ order) (string, error) {
+		a, err := engine.AwaitSignal[struct {
+			By string `json:"by"`
+		}](ctx, "approve", 0)
+		return a.By, err
+	}, nil)
 	db := enginetest.NewDB(t)
-	e := enginetest.NewEngine(t, db, nil, true, wf)
+	e := enginetest.NewEngine(t, db, nil, true, wf, approval)
 	if opts == nil {
 		opts = &httpapi.Options{}
 	}
@@ -249,4 +255,33 @@ func TestBearerToken(t *testing.T) {
 	require.Equal(t, http.StatusOK, b.do(t, "GET", "/v1/runs", "", "Authorization", "Bearer s3cret").status)
 	require.Equal(t, http.StatusOK, b.do(t, "GET", "/healthz", "").status, "probes stay open")
 	require.Equal(t, http.StatusOK, b.do(t, "GET", "/readyz", "").status)
+}
+
+func TestSignalRoute(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	r := b.do(t, "POST", "/v1/workflows/approval/runs", `{"id": "exp-1", "input": {"order_id": "o", "amount": 1}}`)
+	require.Equal(t, 201, r.status, r.raw)
+	runID := r.body["run_id"].(string)
+	waitFor(t, func() bool { return b.do(t, "GET", "/v1/runs/"+runID, "").body["status"] == "waiting" })
+
+	require.Equal(t, 400, b.do(t, "POST", "/v1/runs/"+runID+"/signals/approve", `{"by":`).status)
+	require.Equal(t, 404, b.do(t, "POST", "/v1/runs/no-such-run/signals/approve", `{}`).status)
+	r = b.do(t, "POST", "/v1/runs/exp-1/signals/approve", `{"by": "ann"}`) // by workflow ID
+	require.Equal(t, 202, r.status, r.raw)
+	waitFor(t, func() bool { return b.do(t, "GET", "/v1/runs/"+runID, "").body["status"] == "completed" })
+	require.Equal(t, "ann", b.do(t, "GET", "/v1/runs/"+runID, "").body["output"])
+
+	r = b.do(t, "POST", "/v1/runs/"+runID+"/signals/approve", ``)
+	require.Equal(t, 409, r.status, r.raw)
+	require.Equal(t, "run_closed", r.body["error"].(map[string]any)["code"])
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		require.True(t, time.Now().Before(deadline), "timed out")
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -174,16 +175,24 @@ func (a *api) cancelRun(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusAccepted, rj)
 }
 
+// signal sends the request body (one JSON value; empty means null) as a
+// signal to the run, named by run ID or workflow ID: 202 when buffered,
+// 404 unknown run, 409 run finished, 400 bad name or payload.
 func (a *api) signal(w http.ResponseWriter, r *http.Request) {
-	id, ok := pathUUID(w, r, "run_id")
-	if !ok {
-		return
-	}
-	if _, err := a.e.GetRun(r.Context(), id); err != nil {
+	target, name := r.PathValue("run_id"), r.PathValue("name")
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
 		a.engineError(w, r, err)
 		return
 	}
-	writeError(w, http.StatusNotImplemented, "not_implemented", "signals are not available in this version")
+	if len(bytes.TrimSpace(body)) == 0 {
+		body = []byte("null")
+	}
+	if err := a.e.SignalJSON(r.Context(), target, name, body); err != nil {
+		a.engineError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, map[string]string{"run": target, "signal": name, "status": "accepted"})
 }
 
 func pathUUID(w http.ResponseWriter, r *http.Request, key string) (uuid.UUID, bool) {

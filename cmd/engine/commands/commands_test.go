@@ -42,6 +42,12 @@ func workflows() []engine.Registration {
 				return in.N * 2, nil
 			}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: time.Millisecond, MaximumAttempts: 2}})
 		}, nil),
+		engine.Define("approval", func(ctx *engine.Context, _ in) (string, error) {
+			a, err := engine.AwaitSignal[struct {
+				By string `json:"by"`
+			}](ctx, "approve", 0)
+			return a.By, err
+		}, nil),
 	}
 }
 
@@ -67,7 +73,8 @@ func TestCLIRunsAndDeadJobs(t *testing.T) {
 	db := enginetest.NewDB(t)
 	code, out, _ := run(t, db, "migrate", "status")
 	require.Equal(t, 0, code)
-	require.Contains(t, out, "00001_runs.sql  true")
+	require.Regexp(t, `00001_runs.sql\s+true`, out)
+	require.Regexp(t, `00002_signals.sql\s+true`, out)
 
 	code, out, _ = run(t, db, "start", "double", "--id", "d-1", "--input", `{"n": 21}`)
 	require.Equal(t, 0, code, out)
@@ -302,4 +309,34 @@ func TestChaosAndBenchRefuseDefaultDatabaseAndBadCounts(t *testing.T) {
 		require.Equal(t, 2, code, args)
 		require.Contains(t, errOut.String(), msg, args)
 	}
+}
+
+func TestSignalCommand(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	e := enginetest.NewEngine(t, db, nil, true, workflows()...)
+	ctx := context.Background()
+	res, err := e.StartJSON(ctx, "approval", []byte(`{}`), &engine.StartOpts{WorkflowID: "exp-9"})
+	require.NoError(t, err)
+
+	code, _, errOut := run(t, db, "signal", "exp-9", "approve", `{"by":`)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "not valid JSON")
+	code, out, errOut := run(t, db, "signal", "exp-9", "approve", `{"by": "cli"}`)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, `signal "approve" sent`)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		run, err := e.GetRun(ctx, res.RunID)
+		require.NoError(t, err)
+		if run.Status == engine.StatusCompleted {
+			require.JSONEq(t, `"cli"`, string(run.Output))
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "run is %s", run.Status)
+		time.Sleep(20 * time.Millisecond)
+	}
+	code, _, errOut = run(t, db, "signal", res.RunID.String(), "approve", `{}`)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "already finished")
 }

@@ -29,7 +29,8 @@ type Options struct {
 	// Migrate applies the application's own migrations (its business
 	// tables), after pgdurable's, in `migrate up` and `serve --migrate`.
 	Migrate func(ctx context.Context, pool *pgxpool.Pool) error
-	// Stdout and Stderr default to the process's.
+	// Stdin, Stdout and Stderr default to the process's.
+	Stdin          io.Reader
 	Stdout, Stderr io.Writer
 	// Getenv defaults to os.Getenv (tests inject their own).
 	Getenv func(string) string
@@ -59,6 +60,9 @@ func Execute(ctx context.Context, args []string, opts Options) int {
 }
 
 func (o Options) withDefaults() Options {
+	if o.Stdin == nil {
+		o.Stdin = os.Stdin
+	}
 	if o.Stdout == nil {
 		o.Stdout = os.Stdout
 	}
@@ -97,7 +101,7 @@ func NewRoot(opts Options) *cobra.Command {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
 	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL, else "+DefaultDatabaseURL+")")
 	root.PersistentFlags().BoolVar(&g.jsonOut, "json", false, "print JSON instead of tables")
-	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.cancelCmd(), g.demoCmd(), g.devCmd(), g.gatewayCmd(), g.benchCmd(), g.chaosCmd())
+	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.cancelCmd(), g.signalCmd(), g.demoCmd(), g.devCmd(), g.gatewayCmd(), g.benchCmd(), g.chaosCmd())
 	return root
 }
 

@@ -2,7 +2,10 @@ package commands
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"os"
 	"time"
 
 	"github.com/google/uuid"
@@ -177,4 +180,53 @@ func parseID(what, s string) (uuid.UUID, error) {
 		return uuid.Nil, &usageError{fmt.Errorf("%s %q is not a UUID", what, s)}
 	}
 	return id, nil
+}
+
+func (g *global) signalCmd() *cobra.Command {
+	var payloadFile string
+	cmd := &cobra.Command{
+		Use:   "signal RUN NAME [PAYLOAD_JSON]",
+		Short: "Send a signal to a run (by run ID or workflow ID); its AwaitSignal receives it",
+		Long: `Sends signal NAME with PAYLOAD_JSON (one JSON value; default null, or read from --payload-file,
+"-" for stdin) to the run RUN, a run ID or a workflow ID. Signals are buffered in order until the
+run's AwaitSignal for NAME takes them; a run waiting for NAME wakes at once. A finished run
+refuses it (exit 1).`,
+		Args: cobra.RangeArgs(2, 3),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			payload := []byte("null")
+			switch {
+			case len(args) == 3 && payloadFile != "":
+				return &usageError{errors.New("give the payload as an argument or --payload-file, not both")}
+			case len(args) == 3:
+				payload = []byte(args[2])
+			case payloadFile == "-":
+				b, err := io.ReadAll(g.opts.Stdin)
+				if err != nil {
+					return fmt.Errorf("reading the payload from stdin: %w", err)
+				}
+				payload = b
+			case payloadFile != "":
+				b, err := os.ReadFile(payloadFile)
+				if err != nil {
+					return fmt.Errorf("reading the payload: %w", err)
+				}
+				payload = b
+			}
+			if !json.Valid(payload) {
+				return &usageError{fmt.Errorf("the payload is not valid JSON: %.80q", payload)}
+			}
+			e, pool, err := g.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			if err := e.SignalJSON(cmd.Context(), args[0], args[1], payload); err != nil {
+				return err
+			}
+			fmt.Fprintf(g.opts.Stdout, "run %s: signal %q sent\n", args[0], args[1])
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&payloadFile, "payload-file", "", `read the payload from this file ("-": stdin)`)
+	return cmd
 }
