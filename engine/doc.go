@@ -42,10 +42,18 @@
 // its worker Config.MaxDeliveries times in a row. Operators list, replay and
 // discard dead jobs with ListDeadJobs, ReplayDeadJob and DiscardDeadJob.
 //
+// # Waiting: timers and signals
+//
+// Sleep, SleepUntil and AwaitSignal record what the run waits for and end
+// the delivery: a waiting run holds no goroutine, connection, worker slot
+// or River job. The sweep wakes it when its time comes; Engine.Signal wakes
+// it at once. Now and NewUUID record their values so replays see the same
+// ones. Time comes from Config.Clock.
+//
 // # Determinism
 //
 // Steps are numbered in call order. Workflow code between steps must be
 // deterministic: the same input and the same step results must lead to the
-// same step calls. A different step name at a recorded position parks the
+// same step calls (use Now and NewUUID, not time.Now or uuid.New). A different step name at a recorded position parks the
 // run as dead with reason nondeterminism rather than guessing.
 package engine
