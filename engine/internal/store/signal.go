@@ -129,27 +129,3 @@ func SuspendForSignal(ctx context.Context, tx DBTX, runID, token uuid.UUID, rec 
 	args = append(args, wakeAt, name)
 	return fenced(tx.QueryRow(ctx, awaitSignal, args...), "suspending run %s for a signal", runID)
 }
-
-// Signal is one row of workflow_signals.
-type Signal struct {
-	ID          int64
-	Name        string
-	Payload     []byte
-	CreatedAt   time.Time
-	ConsumedSeq *int
-	ConsumedAt  *time.Time
-}
-
-// ListSignals returns a run's signals in the order they were sent.
-func ListSignals(ctx context.Context, db DBTX, runID uuid.UUID) ([]Signal, error) {
-	rows, err := db.Query(ctx, `SELECT id, name, payload, created_at, consumed_seq, consumed_at
-		FROM workflow_signals WHERE run_id = $1 ORDER BY id`, runID)
-	if err != nil {
-		return nil, fmt.Errorf("reading signals of run %s: %w", runID, translate(err))
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Signal, error) {
-		var s Signal
-		err := r.Scan(&s.ID, &s.Name, &s.Payload, &s.CreatedAt, &s.ConsumedSeq, &s.ConsumedAt)
-		return s, err
-	})
-}
