@@ -159,3 +159,52 @@ func ExampleAwaitSignal() {
 		return "approved by " + a.By, nil
 	}, nil)
 }
+
+// Many senders at once while the run alternates between waiting and
+// running: every signal is received exactly once, none lost to the race
+// between a wait's look and its suspension.
+func TestConcurrentSignalsAreEachReceivedOnce(t *testing.T) {
+	t.Parallel()
+	const n = 40
+	wf := engine.Define("collect", func(ctx *engine.Context, _ int) ([]int, error) {
+		var got []int
+		for range n {
+			v, err := engine.AwaitSignal[int](ctx, "item", 0)
+			if err != nil {
+				return nil, err
+			}
+			got = append(got, v)
+		}
+		return got, nil
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	errs := make(chan error, n)
+	for i := range n {
+		go func() { errs <- b.engine.Signal(ctx, res.RunID.String(), "item", i) }()
+	}
+	for range n {
+		require.NoError(t, <-errs)
+	}
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 20*time.Millisecond)
+	require.NoError(t, err)
+	require.Len(t, out, n)
+	seen := map[int]bool{}
+	for _, v := range out {
+		require.False(t, seen[v], "signal %d received twice", v)
+		seen[v] = true
+	}
+	// Received in the order they were stored.
+	rows, err := b.db.Pool.Query(ctx, `SELECT (payload #>> '{}')::int FROM workflow_signals WHERE run_id = $1 ORDER BY id`, res.RunID)
+	require.NoError(t, err)
+	var stored []int
+	for rows.Next() {
+		var v int
+		require.NoError(t, rows.Scan(&v))
+		stored = append(stored, v)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, stored, out)
+}
