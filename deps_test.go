@@ -42,6 +42,9 @@ func TestDependencyRule(t *testing.T) {
 			if strings.HasPrefix(imp, "github.com/riverqueue/") && !riverAllowed[pkg] {
 				t.Errorf("%s imports %s; only engine/internal/queue and storage/migrations may import River", pkg, imp)
 			}
+			if strings.HasPrefix(imp, "github.com/robfig/cron") && pkg != mod+"engine/internal/cronspec" {
+				t.Errorf("%s imports %s; only engine/internal/cronspec may import robfig/cron (one file)", pkg, imp)
+			}
 			if strings.HasPrefix(imp, mod) && rank(imp) >= rank(pkg) && !strings.HasPrefix(imp, pkg) {
 				if !(rank(imp) == rank(pkg) && rank(pkg) != 2) {
 					t.Errorf("%s imports %s: imports must point down the layers of DESIGN §2", pkg, imp)
