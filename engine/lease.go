@@ -57,8 +57,8 @@ func (e *Engine) heartbeat(c *Context) (stop func()) {
 // sweepBatch bounds the runs of each kind one sweep re-enqueues.
 const sweepBatch = 500
 
-// sweepLoop runs sweep every SweepInterval, with jitter so several engines
-// do not sweep in lockstep. Every engine sweeps, not only River's leader: a
+// sweepLoop runs sweep and fires due schedules every SweepInterval, with
+// jitter so several engines do not sweep in lockstep. Every engine sweeps, not only River's leader: a
 // dead leader would delay crash recovery by River's leader TTL, and SKIP
 // LOCKED keeps concurrent sweeps off each other's rows.
 func (e *Engine) sweepLoop(ctx context.Context) {
@@ -79,6 +79,9 @@ func (e *Engine) sweepLoop(ctx context.Context) {
 			if n < sweepBatch {
 				break
 			}
+		}
+		if err := e.fireSchedules(ctx); err != nil && ctx.Err() == nil {
+			e.log.Warn("schedule tick failed", "error", err)
 		}
 		if time.Since(lastOrphanCheck) >= orphanCheckInterval(e.cfg.LeaseDuration) {
 			lastOrphanCheck = time.Now()

@@ -41,6 +41,8 @@ type StartOpts struct {
 	// ErrWorkflowIDConflict.
 	// Default: the new run's ID.
 	WorkflowID string
+
+	schedule string // set by the scheduler: the schedule whose fire starts the run
 }
 
 // StartResult identifies the run a start created or found.
@@ -113,7 +115,7 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	err = e.inTx(ctx, tx, func(tx pgx.Tx) error {
 		ins, err := store.InsertRun(ctx, tx, store.NewRun{
 			RunID: runID, WorkflowName: name, WorkflowVersion: version,
-			WorkflowID: workflowID, Input: input, Queue: e.cfg.Queue,
+			WorkflowID: workflowID, Input: input, Queue: e.cfg.Queue, ScheduleName: scheduleOf(opts),
 		})
 		switch {
 		case errors.Is(err, store.ErrConflict):
@@ -137,6 +139,13 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		e.log.DebugContext(ctx, "run started", "run_id", res.RunID, "workflow", name, "workflow_id", workflowID)
 	}
 	return res, nil
+}
+
+func scheduleOf(opts *StartOpts) *string {
+	if opts == nil || opts.schedule == "" {
+		return nil
+	}
+	return &opts.schedule
 }
 
 func (e *Engine) tooLarge(name string, n int) error {

@@ -75,6 +75,7 @@ func TestCLIRunsAndDeadJobs(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.Regexp(t, `00001_runs.sql\s+true`, out)
 	require.Regexp(t, `00002_signals.sql\s+true`, out)
+	require.Regexp(t, `00003_schedules.sql\s+true`, out)
 
 	code, out, _ = run(t, db, "start", "double", "--id", "d-1", "--input", `{"n": 21}`)
 	require.Equal(t, 0, code, out)
@@ -193,7 +194,7 @@ func TestServeNeedsMigratedSchema(t *testing.T) {
 	require.Contains(t, errOut, "engine migrate up")
 	code, out, _ := run(t, db, "migrate", "up")
 	require.Equal(t, 0, code)
-	require.Contains(t, out, "pgdurable versions [1 2]")
+	require.Contains(t, out, "pgdurable versions [1 2 3]")
 }
 
 // The demo runs the payment story end to end and must report 0 double

@@ -17,6 +17,7 @@ type NewRun struct {
 	WorkflowID      string
 	Input           []byte
 	Queue           string
+	ScheduleName    *string // the schedule whose fire started it
 }
 
 // InsertedRun reports the outcome of InsertRun.
@@ -27,8 +28,8 @@ type InsertedRun struct {
 }
 
 const insertRun = `
-INSERT INTO workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue)
-VALUES ($1, $2, $3, $4, $5::jsonb, $6)
+INSERT INTO workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name)
+VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7)
 ON CONFLICT (workflow_name, workflow_id) DO NOTHING
 RETURNING run_id`
 
@@ -44,7 +45,7 @@ WHERE workflow_name = $1 AND workflow_id = $2`
 // on the unique index, so exactly one wins.
 func InsertRun(ctx context.Context, db DBTX, r NewRun) (*InsertedRun, error) {
 	var id uuid.UUID
-	err := db.QueryRow(ctx, insertRun, r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID, r.Input, r.Queue).Scan(&id)
+	err := db.QueryRow(ctx, insertRun, r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID, r.Input, r.Queue, r.ScheduleName).Scan(&id)
 	if err == nil {
 		return &InsertedRun{RunID: id, Status: RunPending}, nil
 	}

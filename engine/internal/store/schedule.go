@@ -1,0 +1,176 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// ScheduleRow is one row of schedules.
+type ScheduleRow struct {
+	Name           string
+	Cron           string
+	TimeZone       string
+	WorkflowName   string
+	Input          []byte
+	OverlapPolicy  string
+	CatchupWindow  time.Duration
+	Paused         bool
+	Queue          string
+	NextFireAt     time.Time
+	LastFireAt     *time.Time
+	LastRunID      *uuid.UUID
+	BufferedFireAt *time.Time
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+}
+
+const scheduleColumns = `name, cron, time_zone, workflow_name, input, overlap_policy, catchup_window_ms, paused, queue,
+    next_fire_at, last_fire_at, last_run_id, buffered_fire_at, created_at, updated_at`
+
+func scanSchedule(row pgx.CollectableRow) (ScheduleRow, error) {
+	var s ScheduleRow
+	var windowMS int64
+	err := row.Scan(&s.Name, &s.Cron, &s.TimeZone, &s.WorkflowName, &s.Input, &s.OverlapPolicy, &windowMS, &s.Paused, &s.Queue,
+		&s.NextFireAt, &s.LastFireAt, &s.LastRunID, &s.BufferedFireAt, &s.CreatedAt, &s.UpdatedAt)
+	s.CatchupWindow = time.Duration(windowMS) * time.Millisecond
+	return s, err
+}
+
+// InsertSchedule creates s; ErrConflict when the name is taken.
+func InsertSchedule(ctx context.Context, db DBTX, s *ScheduleRow) error {
+	_, err := db.Exec(ctx, `INSERT INTO schedules (name, cron, time_zone, workflow_name, input, overlap_policy,
+		catchup_window_ms, paused, queue, next_fire_at) VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10)`,
+		s.Name, s.Cron, s.TimeZone, s.WorkflowName, string(s.Input), s.OverlapPolicy, ms(s.CatchupWindow), s.Paused, s.Queue, s.NextFireAt)
+	return translate(err)
+}
+
+// UpdateSchedule replaces s's definition and next fire time, keeping its
+// fire history; ErrNotFound when there is no such schedule.
+func UpdateSchedule(ctx context.Context, db DBTX, s *ScheduleRow) error {
+	tag, err := db.Exec(ctx, `UPDATE schedules SET cron = $2, time_zone = $3, workflow_name = $4, input = $5::jsonb,
+		overlap_policy = $6, catchup_window_ms = $7, paused = $8, next_fire_at = $9, buffered_fire_at = NULL, updated_at = now()
+		WHERE name = $1`,
+		s.Name, s.Cron, s.TimeZone, s.WorkflowName, string(s.Input), s.OverlapPolicy, ms(s.CatchupWindow), s.Paused, s.NextFireAt)
+	if err != nil {
+		return translate(err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// SetSchedulePaused pauses or resumes name; resuming sets the next fire
+// time (fires during the pause are not caught up). ErrNotFound when absent.
+func SetSchedulePaused(ctx context.Context, db DBTX, name string, paused bool, next *time.Time) error {
+	tag, err := db.Exec(ctx, `UPDATE schedules SET paused = $2, next_fire_at = coalesce($3, next_fire_at),
+		buffered_fire_at = CASE WHEN $2 THEN buffered_fire_at ELSE NULL END, updated_at = now() WHERE name = $1`, name, paused, next)
+	if err != nil {
+		return translate(err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// DeleteSchedule removes name and its fire history (its runs stay).
+func DeleteSchedule(ctx context.Context, db DBTX, name string) error {
+	tag, err := db.Exec(ctx, `DELETE FROM schedules WHERE name = $1`, name)
+	if err != nil {
+		return translate(err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// GetSchedule reads one schedule; ErrNotFound when absent.
+func GetSchedule(ctx context.Context, db DBTX, name string) (*ScheduleRow, error) {
+	rows, err := db.Query(ctx, `SELECT `+scheduleColumns+` FROM schedules WHERE name = $1`, name)
+	if err != nil {
+		return nil, translate(err)
+	}
+	s, err := pgx.CollectExactlyOneRow(rows, scanSchedule)
+	if err != nil {
+		return nil, translate(err)
+	}
+	return &s, nil
+}
+
+// ListSchedules returns every schedule by name.
+func ListSchedules(ctx context.Context, db DBTX) ([]ScheduleRow, error) {
+	rows, err := db.Query(ctx, `SELECT `+scheduleColumns+` FROM schedules ORDER BY name`)
+	if err != nil {
+		return nil, translate(err)
+	}
+	return pgx.CollectRows(rows, scanSchedule)
+}
+
+// DueSchedules locks one unpaused schedule of queue, not in skip, that has
+// a fire due at now or a buffered fire. SKIP LOCKED lets every engine
+// process look at once: each schedule is handled by one of them, and the
+// next tick of any of them picks up what a dead one left.
+func DueSchedules(ctx context.Context, tx DBTX, queue string, now time.Time, skip []string) ([]ScheduleRow, error) {
+	rows, err := tx.Query(ctx, `SELECT `+scheduleColumns+` FROM schedules
+		WHERE queue = $1 AND NOT paused AND (next_fire_at <= $2 OR buffered_fire_at IS NOT NULL) AND NOT (name = ANY(coalesce($3::text[], '{}')))
+		ORDER BY next_fire_at LIMIT 1 FOR UPDATE SKIP LOCKED`, queue, now, skip)
+	if err != nil {
+		return nil, fmt.Errorf("reading due schedules: %w", translate(err))
+	}
+	return pgx.CollectRows(rows, scanSchedule)
+}
+
+// RunActive reports whether runID has not reached a terminal status.
+func RunActive(ctx context.Context, db DBTX, runID uuid.UUID) (bool, error) {
+	var active bool
+	err := db.QueryRow(ctx, `SELECT status IN ('pending', 'running', 'waiting', 'compensating') FROM workflow_runs WHERE run_id = $1`, runID).Scan(&active)
+	if translate(err) == ErrNotFound {
+		return false, nil
+	}
+	return active, translate(err)
+}
+
+// RecordFire records what became of the fire at fireAt (a buffered fire is
+// recorded again when it starts).
+func RecordFire(ctx context.Context, db DBTX, name string, fireAt time.Time, outcome string, reason *string, runID *uuid.UUID) error {
+	_, err := db.Exec(ctx, `INSERT INTO schedule_fires (schedule_name, fire_at, outcome, reason, run_id) VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (schedule_name, fire_at) DO UPDATE SET outcome = excluded.outcome, reason = excluded.reason,
+		run_id = excluded.run_id, recorded_at = now()`, name, fireAt, outcome, reason, runID)
+	return translate(err)
+}
+
+// AdvanceSchedule stores a schedule's state after its fires were handled.
+func AdvanceSchedule(ctx context.Context, db DBTX, s *ScheduleRow) error {
+	_, err := db.Exec(ctx, `UPDATE schedules SET next_fire_at = $2, last_fire_at = $3, last_run_id = $4, buffered_fire_at = $5
+		WHERE name = $1`, s.Name, s.NextFireAt, s.LastFireAt, s.LastRunID, s.BufferedFireAt)
+	return translate(err)
+}
+
+// ScheduleFire is one row of schedule_fires.
+type ScheduleFire struct {
+	FireAt     time.Time
+	Outcome    string
+	Reason     *string
+	RunID      *uuid.UUID
+	RecordedAt time.Time
+}
+
+// ListFires returns name's latest fires, newest first, up to limit.
+func ListFires(ctx context.Context, db DBTX, name string, limit int) ([]ScheduleFire, error) {
+	rows, err := db.Query(ctx, `SELECT fire_at, outcome, reason, run_id, recorded_at FROM schedule_fires
+		WHERE schedule_name = $1 ORDER BY fire_at DESC LIMIT $2`, name, limit)
+	if err != nil {
+		return nil, translate(err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ScheduleFire, error) {
+		var f ScheduleFire
+		err := r.Scan(&f.FireAt, &f.Outcome, &f.Reason, &f.RunID, &f.RecordedAt)
+		return f, err
+	})
+}

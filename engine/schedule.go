@@ -1,0 +1,365 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdurable/pgdurable/engine/internal/cronspec"
+	"github.com/pgdurable/pgdurable/engine/internal/store"
+)
+
+// Overlap policies: what a fire does while the run of an earlier fire is
+// still active (Temporal's names).
+const (
+	OverlapSkip      = "skip"       // the fire is skipped and recorded (default)
+	OverlapAllow     = "allow"      // the fire starts a run anyway
+	OverlapBufferOne = "buffer_one" // one fire waits and starts when the active run ends; more are skipped
+)
+
+// DefaultCatchupWindow is how old a missed fire may be and still start
+// after downtime.
+const DefaultCatchupWindow = time.Hour
+
+// ErrScheduleExists: CreateSchedule with a name already in use.
+var ErrScheduleExists = errors.New("pgdurable: schedule already exists")
+
+// ScheduleSpec defines a schedule: each fire of Cron in TimeZone starts one
+// run of Workflow with Input and workflow ID
+// "schedule:<name>:<fire time in UTC, RFC 3339>" — exactly one run per
+// fire across any number of engine processes (the workflow ID is the
+// start's idempotency key).
+type ScheduleSpec struct {
+	// Name: 1 to 100 of A-Z a-z 0-9 . _ -
+	Name string `json:"name"`
+	// Cron: 5 fields (minute hour day-of-month month day-of-week) or a
+	// descriptor (@yearly, @monthly, @weekly, @daily, @hourly, @every 5m),
+	// robfig/cron/v3 syntax. Daylight saving follows ISC cron: see
+	// package engine/internal/cronspec and README.
+	Cron string `json:"cron"`
+	// TimeZone is an IANA name (America/New_York); default UTC.
+	TimeZone string `json:"time_zone,omitempty"`
+	// Workflow is a workflow registered with this engine; Input must decode
+	// as its input (default null).
+	Workflow string          `json:"workflow"`
+	Input    json.RawMessage `json:"input,omitempty"`
+	// Overlap: OverlapSkip (default), OverlapAllow or OverlapBufferOne. It
+	// applies to catch-up fires too.
+	Overlap string `json:"overlap,omitempty"`
+	// CatchupWindow: after downtime, missed fires younger than this start
+	// in order; older ones are recorded as skipped. Default 1 h.
+	CatchupWindow time.Duration `json:"catchup_window,omitempty"`
+	// Paused schedules do not fire; resuming does not catch up.
+	Paused bool `json:"paused,omitempty"`
+}
+
+// Schedule is a schedule with its state.
+type Schedule struct {
+	ScheduleSpec
+	NextFireAt time.Time  `json:"next_fire_at"`
+	LastFireAt *time.Time `json:"last_fire_at,omitempty"`
+	LastRunID  *uuid.UUID `json:"last_run_id,omitempty"`
+	CreatedAt  time.Time  `json:"created_at"`
+	UpdatedAt  time.Time  `json:"updated_at"`
+}
+
+// ScheduleFire is what became of one fire time: outcome started (RunID
+// set), buffered, or skipped with Reason "missed" (older than the catch-up
+// window) or "overlap".
+type ScheduleFire struct {
+	FireAt  time.Time  `json:"fire_at"`
+	Outcome string     `json:"outcome"`
+	Reason  string     `json:"reason,omitempty"`
+	RunID   *uuid.UUID `json:"run_id,omitempty"`
+}
+
+var scheduleName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,100}$`)
+
+// validate checks spec against this engine's registrations and returns
+// its parsed cron schedule. Errors wrap ErrInvalidArgument,
+// ErrUnknownWorkflow or ErrInvalidInput.
+func (e *Engine) validateSchedule(s *ScheduleSpec) (cronspec.Schedule, error) {
+	if !scheduleName.MatchString(s.Name) {
+		return nil, fmt.Errorf("%w: schedule name %q must be 1 to 100 of A-Z a-z 0-9 . _ -", ErrInvalidArgument, s.Name)
+	}
+	if s.TimeZone == "" {
+		s.TimeZone = "UTC"
+	}
+	sched, err := cronspec.Parse(s.Cron, s.TimeZone)
+	if err != nil {
+		return nil, fmt.Errorf("%w: schedule %q: %v", ErrInvalidArgument, s.Name, err)
+	}
+	switch s.Overlap {
+	case "":
+		s.Overlap = OverlapSkip
+	case OverlapSkip, OverlapAllow, OverlapBufferOne:
+	default:
+		return nil, fmt.Errorf("%w: overlap policy %q: want skip, allow or buffer_one", ErrInvalidArgument, s.Overlap)
+	}
+	switch {
+	case s.CatchupWindow == 0:
+		s.CatchupWindow = DefaultCatchupWindow
+	case s.CatchupWindow < time.Second:
+		return nil, fmt.Errorf("%w: catch-up window %s is under 1s", ErrInvalidArgument, s.CatchupWindow)
+	}
+	if len(s.Input) == 0 {
+		s.Input = json.RawMessage("null")
+	}
+	r, ok := e.workflow(s.Workflow)
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownWorkflow, s.Workflow)
+	}
+	if len(s.Input) > e.cfg.MaxPayloadBytes {
+		return nil, e.tooLarge(s.Workflow, len(s.Input))
+	}
+	if err := r.decode(s.Input); err != nil {
+		return nil, fmt.Errorf("%w: input of workflow %q: %v", ErrInvalidInput, s.Workflow, err)
+	}
+	if err := checkStorable(s.Input); err != nil {
+		return nil, fmt.Errorf("%w: input of workflow %q: %v", ErrInvalidInput, s.Workflow, err)
+	}
+	return sched, nil
+}
+
+func (e *Engine) scheduleRow(s *ScheduleSpec, next time.Time) *store.ScheduleRow {
+	return &store.ScheduleRow{Name: s.Name, Cron: s.Cron, TimeZone: s.TimeZone, WorkflowName: s.Workflow, Input: s.Input,
+		OverlapPolicy: s.Overlap, CatchupWindow: s.CatchupWindow, Paused: s.Paused, Queue: e.cfg.Queue, NextFireAt: next}
+}
+
+// CreateSchedule saves spec after validating it (an expression that never
+// fires, an unknown time zone or workflow, an input that does not decode
+// are rejected) and returns it with its first fire time, the first after
+// now. ErrScheduleExists when the name is taken.
+func (e *Engine) CreateSchedule(ctx context.Context, spec ScheduleSpec) (*Schedule, error) {
+	sched, err := e.validateSchedule(&spec)
+	if err != nil {
+		return nil, err
+	}
+	err = store.InsertSchedule(ctx, e.pool, e.scheduleRow(&spec, sched.Next(e.now())))
+	if errors.Is(err, store.ErrConflict) {
+		return nil, fmt.Errorf("%w: %q", ErrScheduleExists, spec.Name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pgdurable: creating schedule %q: %w", spec.Name, err)
+	}
+	return e.GetSchedule(ctx, spec.Name)
+}
+
+// UpdateSchedule replaces a schedule's definition; its next fire is the
+// first after now under the new one, and a buffered fire is dropped.
+// ErrNotFound when there is no such schedule.
+func (e *Engine) UpdateSchedule(ctx context.Context, spec ScheduleSpec) (*Schedule, error) {
+	sched, err := e.validateSchedule(&spec)
+	if err != nil {
+		return nil, err
+	}
+	err = store.UpdateSchedule(ctx, e.pool, e.scheduleRow(&spec, sched.Next(e.now())))
+	if err != nil {
+		return nil, e.scheduleErr("updating", spec.Name, err)
+	}
+	return e.GetSchedule(ctx, spec.Name)
+}
+
+// PauseSchedule stops a schedule's fires until ResumeSchedule.
+func (e *Engine) PauseSchedule(ctx context.Context, name string) error {
+	return e.scheduleErr("pausing", name, store.SetSchedulePaused(ctx, e.pool, name, true, nil))
+}
+
+// ResumeSchedule lets a paused schedule fire again, from the first fire
+// time after now: fires during the pause are not caught up.
+func (e *Engine) ResumeSchedule(ctx context.Context, name string) error {
+	s, err := e.GetSchedule(ctx, name)
+	if err != nil {
+		return err
+	}
+	sched, err := cronspec.Parse(s.Cron, s.TimeZone)
+	if err != nil {
+		return fmt.Errorf("pgdurable: schedule %q: %w", name, err)
+	}
+	next := sched.Next(e.now())
+	return e.scheduleErr("resuming", name, store.SetSchedulePaused(ctx, e.pool, name, false, &next))
+}
+
+// DeleteSchedule removes a schedule and its fire history; the runs it
+// started stay.
+func (e *Engine) DeleteSchedule(ctx context.Context, name string) error {
+	return e.scheduleErr("deleting", name, store.DeleteSchedule(ctx, e.pool, name))
+}
+
+// GetSchedule reads one schedule; ErrNotFound when absent.
+func (e *Engine) GetSchedule(ctx context.Context, name string) (*Schedule, error) {
+	row, err := store.GetSchedule(ctx, e.pool, name)
+	if err != nil {
+		return nil, e.scheduleErr("reading", name, err)
+	}
+	return toSchedule(row), nil
+}
+
+// ListSchedules returns every schedule, by name.
+func (e *Engine) ListSchedules(ctx context.Context) ([]Schedule, error) {
+	rows, err := store.ListSchedules(ctx, e.pool)
+	if err != nil {
+		return nil, fmt.Errorf("pgdurable: listing schedules: %w", err)
+	}
+	out := make([]Schedule, len(rows))
+	for i := range rows {
+		out[i] = *toSchedule(&rows[i])
+	}
+	return out, nil
+}
+
+// ListScheduleFires returns a schedule's latest fires, newest first (limit
+// 1 to 1,000).
+func (e *Engine) ListScheduleFires(ctx context.Context, name string, limit int) ([]ScheduleFire, error) {
+	if limit < 1 || limit > 1000 {
+		return nil, fmt.Errorf("%w: limit %d must be 1 to 1000", ErrInvalidArgument, limit)
+	}
+	fires, err := store.ListFires(ctx, e.pool, name, limit)
+	if err != nil {
+		return nil, e.scheduleErr("reading fires of", name, err)
+	}
+	out := make([]ScheduleFire, len(fires))
+	for i, f := range fires {
+		out[i] = ScheduleFire{FireAt: f.FireAt.UTC(), Outcome: f.Outcome, RunID: f.RunID}
+		if f.Reason != nil {
+			out[i].Reason = *f.Reason
+		}
+	}
+	return out, nil
+}
+
+func (e *Engine) scheduleErr(verb, name string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, store.ErrNotFound):
+		return fmt.Errorf("%w: schedule %q", ErrNotFound, name)
+	}
+	return fmt.Errorf("pgdurable: %s schedule %q: %w", verb, name, err)
+}
+
+func toSchedule(r *store.ScheduleRow) *Schedule {
+	s := &Schedule{
+		ScheduleSpec: ScheduleSpec{Name: r.Name, Cron: r.Cron, TimeZone: r.TimeZone, Workflow: r.WorkflowName, Input: r.Input,
+			Overlap: r.OverlapPolicy, CatchupWindow: r.CatchupWindow, Paused: r.Paused},
+		NextFireAt: r.NextFireAt.UTC(), LastFireAt: r.LastFireAt, LastRunID: r.LastRunID, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+	}
+	if s.LastFireAt != nil {
+		t := s.LastFireAt.UTC()
+		s.LastFireAt = &t
+	}
+	return s
+}
+
+// ScheduleWorkflowID is the workflow ID of the run a schedule's fire at
+// fireAt starts: "schedule:<name>:<fireAt in UTC, RFC 3339>".
+func ScheduleWorkflowID(name string, fireAt time.Time) string {
+	return "schedule:" + name + ":" + fireAt.UTC().Format(time.RFC3339)
+}
+
+// maxFiresPerTick bounds the fire times one schedule handles per tick
+// (an "@every 1s" schedule after a day of downtime); the rest follow on
+// the next ticks, in order.
+const maxFiresPerTick = 1000
+
+// fireSchedules handles every due schedule of this engine's queue whose
+// workflow this process registers, each in its own transaction: the fires
+// it starts (one run each, by a deterministic workflow ID), skips or
+// buffers, and the schedule's next fire time commit together.
+func (e *Engine) fireSchedules(ctx context.Context) error {
+	var seen []string // handled this tick: a schedule with a buffered fire stays due
+	for range 100 {
+		var name string
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			due, err := store.DueSchedules(ctx, tx, e.cfg.Queue, e.now(), seen)
+			if err != nil || len(due) == 0 {
+				return err
+			}
+			name = due[0].Name
+			return e.fireSchedule(ctx, tx, &due[0])
+		})
+		switch {
+		case name == "":
+			return err
+		case err != nil && ctx.Err() == nil:
+			e.log.Error("firing schedule failed; retried next tick", "schedule", name, "error", err)
+		}
+		seen = append(seen, name)
+	}
+	return nil
+}
+
+func (e *Engine) fireSchedule(ctx context.Context, tx pgx.Tx, s *store.ScheduleRow) error {
+	now := e.now()
+	log := e.log.With("schedule", s.Name, "workflow", s.WorkflowName)
+	r, ok := e.workflow(s.WorkflowName)
+	if !ok {
+		// Another process may register it; this one cannot start it.
+		log.Warn("schedule's workflow is not registered in this process; its fires wait for one that does")
+		return nil
+	}
+	sched, err := cronspec.Parse(s.Cron, s.TimeZone)
+	if err != nil {
+		log.Error("schedule no longer parses; pausing it", "error", err)
+		return store.SetSchedulePaused(ctx, tx, s.Name, true, nil)
+	}
+	active := false
+	if s.LastRunID != nil && s.OverlapPolicy != OverlapAllow {
+		if active, err = store.RunActive(ctx, tx, *s.LastRunID); err != nil {
+			return err
+		}
+	}
+	start := func(fireAt time.Time) error {
+		res, err := e.startJSON(ctx, tx, s.WorkflowName, r.version, s.Input,
+			&StartOpts{WorkflowID: ScheduleWorkflowID(s.Name, fireAt), schedule: s.Name})
+		if err != nil {
+			return err
+		}
+		s.LastRunID, active = &res.RunID, true
+		log.Info("schedule fired", "fire_at", fireAt.UTC(), "run_id", res.RunID)
+		return store.RecordFire(ctx, tx, s.Name, fireAt, "started", nil, &res.RunID)
+	}
+	skip := func(fireAt time.Time, reason string) error {
+		log.Info("schedule fire skipped", "fire_at", fireAt.UTC(), "reason", reason)
+		return store.RecordFire(ctx, tx, s.Name, fireAt, "skipped", &reason, nil)
+	}
+	if s.BufferedFireAt != nil && !active {
+		if err := start(*s.BufferedFireAt); err != nil {
+			return err
+		}
+		s.BufferedFireAt = nil
+	}
+	at := s.NextFireAt
+	for n := 0; !at.IsZero() && !at.After(now) && n < maxFiresPerTick; n++ {
+		fireAt := at
+		at = sched.Next(at)
+		last := fireAt
+		s.LastFireAt = &last
+		switch {
+		case now.Sub(fireAt) >= s.CatchupWindow:
+			err = skip(fireAt, "missed")
+		case s.OverlapPolicy == OverlapAllow || !active:
+			err = start(fireAt)
+		case s.OverlapPolicy == OverlapBufferOne && s.BufferedFireAt == nil:
+			s.BufferedFireAt = &last
+			err = store.RecordFire(ctx, tx, s.Name, fireAt, "buffered", nil, nil)
+		default:
+			err = skip(fireAt, "overlap")
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if at.IsZero() {
+		log.Warn("schedule has no fire time within 8 years; pausing it")
+		return store.SetSchedulePaused(ctx, tx, s.Name, true, nil)
+	}
+	s.NextFireAt = at
+	return store.AdvanceSchedule(ctx, tx, s)
+}

@@ -1,0 +1,276 @@
+package engine_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
+)
+
+// tick is the workflow schedules start in these tests: one step.
+var tick = engine.Define("tick", func(ctx *engine.Context, in int) (int, error) {
+	return engine.Step(ctx, "tick", func(context.Context) (int, error) { return in, nil }, nil)
+}, nil)
+
+// handled waits until the scheduler has handled every fire up to the
+// clock's time.
+func handled(t *testing.T, e *engine.Engine, name string, clock *enginetest.Clock) {
+	t.Helper()
+	eventually(t, 20*time.Second, "the scheduler to handle "+name, func() bool {
+		s, err := e.GetSchedule(context.Background(), name)
+		require.NoError(t, err)
+		return s.NextFireAt.After(clock.Now())
+	})
+}
+
+// fires returns a schedule's fires, oldest first.
+func fires(t *testing.T, e *engine.Engine, name string) []engine.ScheduleFire {
+	t.Helper()
+	fs, err := e.ListScheduleFires(context.Background(), name, 1000)
+	require.NoError(t, err)
+	for i, j := 0, len(fs)-1; i < j; i, j = i+1, j-1 {
+		fs[i], fs[j] = fs[j], fs[i]
+	}
+	return fs
+}
+
+func TestScheduleValidation(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, tick)
+	ctx := testCtx(t)
+	ok := engine.ScheduleSpec{Name: "nightly", Cron: "0 3 * * *", TimeZone: "Europe/Paris", Workflow: "tick", Input: []byte(`7`)}
+	s, err := b.engine.CreateSchedule(ctx, ok)
+	require.NoError(t, err)
+	require.Equal(t, engine.OverlapSkip, s.Overlap)
+	require.Equal(t, engine.DefaultCatchupWindow, s.CatchupWindow)
+	_, err = b.engine.CreateSchedule(ctx, ok)
+	require.ErrorIs(t, err, engine.ErrScheduleExists)
+
+	for _, bad := range []struct {
+		spec engine.ScheduleSpec
+		want error
+	}{
+		{engine.ScheduleSpec{Name: "feb30", Cron: "0 0 30 2 *", Workflow: "tick"}, engine.ErrInvalidArgument},
+		{engine.ScheduleSpec{Name: "tz", Cron: "@daily", TimeZone: "Mars/Olympus", Workflow: "tick"}, engine.ErrInvalidArgument},
+		{engine.ScheduleSpec{Name: "six", Cron: "0 0 0 * * *", Workflow: "tick"}, engine.ErrInvalidArgument},
+		{engine.ScheduleSpec{Name: "bad name!", Cron: "@daily", Workflow: "tick"}, engine.ErrInvalidArgument},
+		{engine.ScheduleSpec{Name: "overlap", Cron: "@daily", Workflow: "tick", Overlap: "queue"}, engine.ErrInvalidArgument},
+		{engine.ScheduleSpec{Name: "window", Cron: "@daily", Workflow: "tick", CatchupWindow: time.Millisecond}, engine.ErrInvalidArgument},
+		{engine.ScheduleSpec{Name: "nowf", Cron: "@daily", Workflow: "nope"}, engine.ErrUnknownWorkflow},
+		{engine.ScheduleSpec{Name: "input", Cron: "@daily", Workflow: "tick", Input: []byte(`"seven"`)}, engine.ErrInvalidInput},
+	} {
+		_, err := b.engine.CreateSchedule(ctx, bad.spec)
+		require.ErrorIs(t, err, bad.want, bad.spec.Name)
+	}
+	list, err := b.engine.ListSchedules(ctx)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+
+	ok.Cron = "0 4 * * *"
+	s, err = b.engine.UpdateSchedule(ctx, ok)
+	require.NoError(t, err)
+	require.Equal(t, 4, s.NextFireAt.In(mustLoc(t, "Europe/Paris")).Hour())
+	require.NoError(t, b.engine.PauseSchedule(ctx, "nightly"))
+	require.NoError(t, b.engine.ResumeSchedule(ctx, "nightly"))
+	require.NoError(t, b.engine.DeleteSchedule(ctx, "nightly"))
+	require.ErrorIs(t, b.engine.DeleteSchedule(ctx, "nightly"), engine.ErrNotFound)
+	_, err = b.engine.UpdateSchedule(ctx, ok)
+	require.ErrorIs(t, err, engine.ErrNotFound)
+}
+
+func mustLoc(t *testing.T, name string) *time.Location {
+	loc, err := time.LoadLocation(name)
+	require.NoError(t, err)
+	return loc
+}
+
+// Four engines, each with its own pool, share one schedule; engines are
+// stopped and replaced mid-test, which moves River's leadership among
+// them. Every fire time starts exactly one run, none is missing.
+func TestScheduleFiresOncePerFireAcrossEngines(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	clock := enginetest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	newOwnEngine := func() *engine.Engine {
+		pool, err := pgxpool.New(context.Background(), db.URL)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		e, err := engine.New(pool, &engine.Config{Clock: clock, Logger: quiet})
+		require.NoError(t, err)
+		require.NoError(t, e.Register(tick))
+		require.NoError(t, e.Start(context.Background()))
+		t.Cleanup(func() { _ = e.Stop(context.Background()) })
+		return e
+	}
+	engines := []*engine.Engine{newOwnEngine(), newOwnEngine(), newOwnEngine(), newOwnEngine()}
+	ctx := testCtx(t)
+	_, err := engines[0].CreateSchedule(ctx, engine.ScheduleSpec{Name: "every-minute", Cron: "* * * * *", Workflow: "tick", Input: []byte(`1`),
+		Overlap: engine.OverlapAllow}) // each fire starts a run even if the last one has not finished yet
+	require.NoError(t, err)
+	const n = 8
+	for i := range n {
+		clock.Advance(time.Minute)
+		handled(t, engines[(i+1)%4], "every-minute", clock)
+		if i%2 == 1 { // replace one engine: the River leader moves when it was the one
+			require.NoError(t, engines[i%4].Stop(ctx))
+			engines[i%4] = newOwnEngine()
+		}
+	}
+	fs := fires(t, engines[0], "every-minute")
+	require.Len(t, fs, n)
+	for i, f := range fs {
+		require.Equal(t, "started", f.Outcome)
+		require.Equal(t, time.Date(2026, 1, 1, 0, i+1, 0, 0, time.UTC), f.FireAt)
+	}
+	var runs, distinct int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT workflow_id) FROM workflow_runs WHERE schedule_name = 'every-minute'`).Scan(&runs, &distinct))
+	require.Equal(t, n, runs)
+	require.Equal(t, n, distinct)
+	var id string
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT workflow_id FROM workflow_runs WHERE schedule_name = 'every-minute' ORDER BY run_id LIMIT 1`).Scan(&id))
+	require.Equal(t, "schedule:every-minute:2026-01-01T00:01:00Z", id)
+}
+
+// An engine down for 30 minutes under "@every 5m": with a 1 h catch-up
+// window the 6 missed fires start after the restart, in order; with 10 m,
+// the 2 younger than 10 minutes start and 4 are recorded as skipped.
+func TestScheduleCatchesUpAfterDowntime(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		window           time.Duration
+		started, skipped int
+	}{{time.Hour, 6, 0}, {10 * time.Minute, 2, 4}} {
+		db := enginetest.NewDB(t)
+		clock := enginetest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+		cfg := &engine.Config{Clock: clock, Logger: quiet}
+		admin := newEngine(t, db, cfg, false, tick) // not started: it is the engine that is down
+		ctx := testCtx(t)
+		_, err := admin.CreateSchedule(ctx, engine.ScheduleSpec{Name: "five", Cron: "@every 5m", Workflow: "tick",
+			Overlap: engine.OverlapAllow, CatchupWindow: c.window})
+		require.NoError(t, err)
+		clock.Advance(30 * time.Minute)
+		worker := newEngine(t, db, cfg, true, tick)
+		handled(t, worker, "five", clock)
+
+		var started, skipped []engine.ScheduleFire
+		for _, f := range fires(t, worker, "five") {
+			if f.Outcome == "started" {
+				started = append(started, f)
+			} else {
+				require.Equal(t, "missed", f.Reason)
+				skipped = append(skipped, f)
+			}
+		}
+		require.Len(t, started, c.started, c.window)
+		require.Len(t, skipped, c.skipped, c.window)
+		// Started in order: run IDs (UUID v7) follow fire times.
+		rows, err := db.Pool.Query(ctx, `SELECT workflow_id FROM workflow_runs WHERE schedule_name = 'five' ORDER BY run_id`)
+		require.NoError(t, err)
+		var i int
+		for rows.Next() {
+			var id string
+			require.NoError(t, rows.Scan(&id))
+			require.Equal(t, engine.ScheduleWorkflowID("five", started[i].FireAt), id)
+			i++
+		}
+		require.NoError(t, rows.Err())
+		require.Equal(t, c.started, i)
+	}
+}
+
+// ISC cron's DST rule in America/New_York across both 2026 changes
+// (8 March, 1 November): fixed-hour schedules fire once per local day,
+// and "0 * * * *" fires 25 times on the fall-back day, 3600 s apart.
+func TestScheduleDaylightSaving(t *testing.T) {
+	t.Parallel()
+	ny := mustLoc(t, "America/New_York")
+	for _, c := range []struct {
+		cron, name string
+		from, to   time.Time
+		want       int
+	}{
+		{"30 2 * * *", "spring-0230", time.Date(2026, 3, 6, 0, 0, 0, 0, ny), time.Date(2026, 3, 10, 0, 0, 0, 0, ny), 4},
+		{"30 1 * * *", "spring-0130", time.Date(2026, 3, 6, 0, 0, 0, 0, ny), time.Date(2026, 3, 10, 0, 0, 0, 0, ny), 4},
+		{"30 2 * * *", "fall-0230", time.Date(2026, 10, 30, 0, 0, 0, 0, ny), time.Date(2026, 11, 3, 0, 0, 0, 0, ny), 4},
+		{"30 1 * * *", "fall-0130", time.Date(2026, 10, 30, 0, 0, 0, 0, ny), time.Date(2026, 11, 3, 0, 0, 0, 0, ny), 4},
+		{"0 * * * *", "fall-hourly", time.Date(2026, 11, 1, 0, 0, 0, 0, ny).Add(-time.Second), time.Date(2026, 11, 2, 0, 0, 0, 0, ny).Add(-time.Second), 25},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			db := enginetest.NewDB(t)
+			clock := enginetest.NewClock(c.from)
+			cfg := &engine.Config{Clock: clock, Logger: quiet}
+			e := newEngine(t, db, cfg, true, tick)
+			ctx := testCtx(t)
+			_, err := e.CreateSchedule(ctx, engine.ScheduleSpec{Name: c.name, Cron: c.cron, TimeZone: "America/New_York",
+				Workflow: "tick", Overlap: engine.OverlapAllow, CatchupWindow: 7 * 24 * time.Hour})
+			require.NoError(t, err)
+			clock.Set(c.to)
+			handled(t, e, c.name, clock)
+			fs := fires(t, e, c.name)
+			require.Len(t, fs, c.want)
+			days := map[string]int{}
+			for i, f := range fs {
+				require.Equal(t, "started", f.Outcome)
+				days[f.FireAt.In(ny).Format("2006-01-02")]++
+				if c.want == 25 && i > 0 {
+					require.Equal(t, time.Hour, f.FireAt.Sub(fs[i-1].FireAt))
+				}
+			}
+			if c.want == 4 {
+				require.Len(t, days, 4, "one run per local day: %v", fs)
+			}
+			var runs int
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE schedule_name = $1`, c.name).Scan(&runs))
+			require.Equal(t, c.want, runs)
+		})
+	}
+}
+
+// Overlap: skip drops a fire while the previous run is active; buffer_one
+// keeps one and starts it when the active run ends, skipping the rest.
+func TestScheduleOverlapPolicies(t *testing.T) {
+	t.Parallel()
+	hold := engine.Define("hold", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.AwaitSignal[int](ctx, "release", 0)
+	}, nil)
+	for _, policy := range []string{engine.OverlapSkip, engine.OverlapBufferOne} {
+		db := enginetest.NewDB(t)
+		clock := enginetest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+		e := newEngine(t, db, &engine.Config{Clock: clock, Logger: quiet}, true, hold)
+		ctx := testCtx(t)
+		_, err := e.CreateSchedule(ctx, engine.ScheduleSpec{Name: "p", Cron: "* * * * *", Workflow: "hold", Overlap: policy})
+		require.NoError(t, err)
+		for range 3 { // fire 1 starts a run that waits; fires 2 and 3 overlap it
+			clock.Advance(time.Minute)
+			handled(t, e, "p", clock)
+		}
+		first := engine.ScheduleWorkflowID("p", time.Date(2026, 1, 1, 0, 1, 0, 0, time.UTC))
+		require.NoError(t, e.Signal(ctx, first, "release", 1))
+		second := engine.ScheduleWorkflowID("p", time.Date(2026, 1, 1, 0, 2, 0, 0, time.UTC))
+		fs := func() []string {
+			var out []string
+			for _, f := range fires(t, e, "p") {
+				out = append(out, f.Outcome+":"+f.Reason)
+			}
+			return out
+		}
+		if policy == engine.OverlapSkip {
+			require.Equal(t, []string{"started:", "skipped:overlap", "skipped:overlap"}, fs())
+			continue
+		}
+		// buffer_one: fire 2 waits and starts once run 1 ends; fire 3 is skipped.
+		eventually(t, 20*time.Second, "the buffered fire to start", func() bool {
+			return len(fs()) == 3 && fs()[1] == "started:"
+		})
+		require.Equal(t, []string{"started:", "started:", "skipped:overlap"}, fs())
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE workflow_id = $1`, second).Scan(&n))
+		require.Equal(t, 1, n)
+	}
+}
