@@ -30,6 +30,16 @@ const DefaultCatchupWindow = time.Hour
 // ErrScheduleExists: CreateSchedule with a name already in use.
 var ErrScheduleExists = errors.New("pgdurable: schedule already exists")
 
+// MarshalJSON writes the schedule in the API's snake_case shape, with
+// catchup_window as a Go duration string ("1h0m0s").
+func (s Schedule) MarshalJSON() ([]byte, error) {
+	type plain Schedule
+	return json.Marshal(struct {
+		plain
+		CatchupWindow string `json:"catchup_window"`
+	}{plain(s), s.CatchupWindow.String()})
+}
+
 // ScheduleSpec defines a schedule: each fire of Cron in TimeZone starts one
 // run of Workflow with Input and workflow ID
 // "schedule:<name>:<fire time in UTC, RFC 3339>" — exactly one run per
@@ -44,19 +54,19 @@ type ScheduleSpec struct {
 	// package engine/internal/cronspec and README.
 	Cron string `json:"cron"`
 	// TimeZone is an IANA name (America/New_York); default UTC.
-	TimeZone string `json:"time_zone,omitempty"`
+	TimeZone string `json:"time_zone"`
 	// Workflow is a workflow registered with this engine; Input must decode
 	// as its input (default null).
 	Workflow string          `json:"workflow"`
 	Input    json.RawMessage `json:"input,omitempty"`
 	// Overlap: OverlapSkip (default), OverlapAllow or OverlapBufferOne. It
 	// applies to catch-up fires too.
-	Overlap string `json:"overlap,omitempty"`
+	Overlap string `json:"overlap"`
 	// CatchupWindow: after downtime, missed fires younger than this start
 	// in order; older ones are recorded as skipped. Default 1 h.
-	CatchupWindow time.Duration `json:"catchup_window,omitempty"`
+	CatchupWindow time.Duration `json:"-"`
 	// Paused schedules do not fire; resuming does not catch up.
-	Paused bool `json:"paused,omitempty"`
+	Paused bool `json:"paused"`
 }
 
 // Schedule is a schedule with its state.

@@ -11,6 +11,12 @@
 //	POST /v1/runs/{run_id}/signals/{name} body = payload (one JSON value) → 202 buffered, 404, 409 run finished, 400;
 //	                                      {run_id} may also be a workflow ID
 //	POST /v1/runs/{run_id}/cancel         202 accepted, 409 already finished
+//	GET  /v1/schedules                    {"schedules": [...]}
+//	POST /v1/schedules                    {"name", "cron", "time_zone", "workflow", "input", "overlap",
+//	                                      "catchup_window": "1h", "paused"} → 201, 409 schedule_exists, 400, 404 unknown workflow
+//	GET  /v1/schedules/{name}             the schedule with its latest 50 fires
+//	PUT  /v1/schedules/{name}             the same body → 200, 404
+//	POST /v1/schedules/{name}/pause, /resume → 200; DELETE /v1/schedules/{name} → 204
 //	GET  /v1/dead-jobs?workflow=&reason=&limit=&cursor=
 //	GET  /v1/dead-jobs/{id}
 //	POST /v1/dead-jobs/{id}/replay        {"by": "...", "note": "..."} (optional)
@@ -71,6 +77,13 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	v1.HandleFunc("GET /v1/runs", a.listRuns)
 	v1.HandleFunc("POST /v1/runs/{run_id}/cancel", a.cancelRun)
 	v1.HandleFunc("POST /v1/runs/{run_id}/signals/{name}", a.signal)
+	v1.HandleFunc("GET /v1/schedules", a.listSchedules)
+	v1.HandleFunc("POST /v1/schedules", a.createSchedule)
+	v1.HandleFunc("GET /v1/schedules/{name}", a.getSchedule)
+	v1.HandleFunc("PUT /v1/schedules/{name}", a.updateSchedule)
+	v1.HandleFunc("DELETE /v1/schedules/{name}", a.scheduleAction(deleteSchedule))
+	v1.HandleFunc("POST /v1/schedules/{name}/pause", a.scheduleAction(pauseSchedule))
+	v1.HandleFunc("POST /v1/schedules/{name}/resume", a.scheduleAction(resumeSchedule))
 	v1.HandleFunc("GET /v1/dead-jobs", a.listDeadJobs)
 	v1.HandleFunc("GET /v1/dead-jobs/{id}", a.getDeadJob)
 	v1.HandleFunc("POST /v1/dead-jobs/{id}/replay", a.resolveDeadJob(e.ReplayDeadJob))
@@ -196,6 +209,8 @@ func (a *api) engineError(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusBadRequest, "invalid_input", err.Error())
 	case errors.Is(err, engine.ErrWorkflowIDConflict):
 		writeError(w, http.StatusConflict, "workflow_id_conflict", err.Error())
+	case errors.Is(err, engine.ErrScheduleExists):
+		writeError(w, http.StatusConflict, "schedule_exists", err.Error())
 	case errors.Is(err, engine.ErrRunClosed):
 		writeError(w, http.StatusConflict, "run_closed", err.Error())
 	case errors.Is(err, engine.ErrDeadJobResolved):

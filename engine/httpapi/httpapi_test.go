@@ -285,3 +285,48 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+func TestScheduleRoutes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	body := `{"name": "nightly", "cron": "30 2 * * *", "time_zone": "America/New_York", "workflow": "payment",
+		"input": {"order_id": "o", "amount": 1}, "catchup_window": "10m"}`
+	r := b.do(t, "POST", "/v1/schedules", body)
+	require.Equal(t, 201, r.status, r.raw)
+	require.Equal(t, "10m0s", r.body["catchup_window"])
+	require.Equal(t, "skip", r.body["overlap"])
+	require.NotEmpty(t, r.body["next_fire_at"])
+	require.Equal(t, 409, b.do(t, "POST", "/v1/schedules", body).status)
+
+	for _, bad := range []struct {
+		body string
+		code int
+	}{
+		{`{"name": "x", "cron": "0 0 30 2 *", "workflow": "payment"}`, 400},
+		{`{"name": "x", "cron": "@daily", "time_zone": "Nowhere/City", "workflow": "payment"}`, 400},
+		{`{"name": "x", "cron": "@daily", "workflow": "nope"}`, 404},
+		{`{"name": "x", "cron": "@daily", "workflow": "payment", "catchup_window": "soon"}`, 400},
+		{`{"name": "x", "cron": "@daily", "workflow": "payment", "colour": "red"}`, 400},
+		{`{"name": "x", "cron": `, 400},
+	} {
+		r := b.do(t, "POST", "/v1/schedules", bad.body)
+		require.Equal(t, bad.code, r.status, bad.body+" → "+r.raw)
+	}
+
+	r = b.do(t, "PUT", "/v1/schedules/nightly", `{"cron": "@hourly", "workflow": "payment", "input": {"order_id": "o", "amount": 2}}`)
+	require.Equal(t, 200, r.status, r.raw)
+	require.Equal(t, "@hourly", r.body["cron"])
+	require.Equal(t, "UTC", r.body["time_zone"])
+	require.Equal(t, 404, b.do(t, "PUT", "/v1/schedules/absent", `{"cron": "@hourly", "workflow": "payment"}`).status)
+	r = b.do(t, "POST", "/v1/schedules/nightly/pause", "")
+	require.Equal(t, 200, r.status, r.raw)
+	require.Equal(t, true, r.body["paused"])
+	require.Equal(t, false, b.do(t, "POST", "/v1/schedules/nightly/resume", "").body["paused"])
+	r = b.do(t, "GET", "/v1/schedules/nightly", "")
+	require.Equal(t, 200, r.status)
+	require.Empty(t, r.body["fires"])
+	require.Len(t, b.do(t, "GET", "/v1/schedules", "").body["schedules"], 1)
+	require.Equal(t, 204, b.do(t, "DELETE", "/v1/schedules/nightly", "").status)
+	require.Equal(t, 404, b.do(t, "DELETE", "/v1/schedules/nightly", "").status)
+	require.Equal(t, 405, b.do(t, "PATCH", "/v1/schedules/nightly", "").status)
+}
