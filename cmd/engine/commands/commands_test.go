@@ -341,3 +341,45 @@ func TestSignalCommand(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "already finished")
 }
+
+func TestSchedulesCommand(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	code, out, errOut := run(t, db, "schedules", "create", "nightly", "--cron", "30 2 * * *", "--time-zone", "America/New_York",
+		"--workflow", "double", "--input", `{"n": 2}`, "--catchup-window", "10m")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "America/New_York")
+	code, _, errOut = run(t, db, "schedules", "create", "nightly", "--cron", "@daily", "--workflow", "double", "--input", `{"n": 2}`)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "already exists")
+	code, _, errOut = run(t, db, "schedules", "create", "feb30", "--cron", "0 0 30 2 *", "--workflow", "double", "--input", `{"n": 2}`)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "never fires")
+	code, _, errOut = run(t, db, "schedules", "create", "nocron", "--workflow", "double")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "needs --cron and --workflow")
+
+	code, out, _ = run(t, db, "schedules", "update", "nightly", "--cron", "@hourly", "--workflow", "double", "--input", `{"n": 3}`, "--overlap", "allow")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "@hourly")
+	for _, act := range []string{"pause", "resume"} {
+		code, out, _ = run(t, db, "schedules", act, "nightly")
+		require.Equal(t, 0, code)
+		require.Contains(t, out, act)
+	}
+	code, out, _ = run(t, db, "schedules", "list", "--json")
+	require.Equal(t, 0, code)
+	var list []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &list))
+	require.Len(t, list, 1)
+	require.Equal(t, "allow", list[0]["overlap"])
+	require.Equal(t, "1h0m0s", list[0]["catchup_window"], "update replaces the whole definition")
+	code, out, _ = run(t, db, "schedules", "show", "nightly")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "FIRE AT")
+	code, _, _ = run(t, db, "schedules", "delete", "nightly")
+	require.Equal(t, 0, code)
+	code, _, errOut = run(t, db, "schedules", "show", "nightly")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "not found")
+}

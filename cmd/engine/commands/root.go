@@ -101,7 +101,7 @@ func NewRoot(opts Options) *cobra.Command {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
 	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL, else "+DefaultDatabaseURL+")")
 	root.PersistentFlags().BoolVar(&g.jsonOut, "json", false, "print JSON instead of tables")
-	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.cancelCmd(), g.signalCmd(), g.demoCmd(), g.devCmd(), g.gatewayCmd(), g.benchCmd(), g.chaosCmd())
+	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.cancelCmd(), g.signalCmd(), g.schedulesCmd(), g.demoCmd(), g.devCmd(), g.gatewayCmd(), g.benchCmd(), g.chaosCmd())
 	return root
 }
 
