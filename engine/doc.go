@@ -50,6 +50,15 @@
 // it at once. Now and NewUUID record their values so replays see the same
 // ones. Time comes from Config.Clock.
 //
+// # Schedules
+//
+// CreateSchedule saves a cron expression (robfig/cron/v3 syntax) in an
+// IANA time zone; every engine's sweep starts one run per fire time, with
+// the workflow ID "schedule:<name>:<fire time, UTC RFC 3339>", under row
+// locks that let any number of processes share the work. Overlap policies,
+// a catch-up window after downtime and ISC cron's daylight saving rule are
+// described on ScheduleSpec and in the README.
+//
 // # Determinism
 //
 // Steps are numbered in call order. Workflow code between steps must be
