@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -91,12 +93,18 @@ type ScheduleFire struct {
 
 var scheduleName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,100}$`)
 
+// validScheduleName: names go in URL paths, where "." and ".." are
+// rewritten, and in workflow IDs.
+func validScheduleName(name string) bool {
+	return scheduleName.MatchString(name) && strings.Trim(name, ".") != ""
+}
+
 // validate checks spec against this engine's registrations and returns
 // its parsed cron schedule. Errors wrap ErrInvalidArgument,
 // ErrUnknownWorkflow or ErrInvalidInput.
 func (e *Engine) validateSchedule(s *ScheduleSpec) (cronspec.Schedule, error) {
-	if !scheduleName.MatchString(s.Name) {
-		return nil, fmt.Errorf("%w: schedule name %q must be 1 to 100 of A-Z a-z 0-9 . _ -", ErrInvalidArgument, s.Name)
+	if !validScheduleName(s.Name) {
+		return nil, fmt.Errorf("%w: schedule name %q must be 1 to 100 of A-Z a-z 0-9 . _ - and not only dots", ErrInvalidArgument, s.Name)
 	}
 	if s.TimeZone == "" {
 		s.TimeZone = "UTC"
@@ -123,7 +131,7 @@ func (e *Engine) validateSchedule(s *ScheduleSpec) (cronspec.Schedule, error) {
 	}
 	r, ok := e.workflow(s.Workflow)
 	if !ok {
-		return nil, fmt.Errorf("%w: %q", ErrUnknownWorkflow, s.Workflow)
+		return nil, fmt.Errorf("%w: %q (this process registers: %s)", ErrUnknownWorkflow, s.Workflow, e.registeredNames())
 	}
 	if len(s.Input) > e.cfg.MaxPayloadBytes {
 		return nil, e.tooLarge(s.Workflow, len(s.Input))
@@ -155,6 +163,9 @@ func (e *Engine) CreateSchedule(ctx context.Context, spec ScheduleSpec) (*Schedu
 	if errors.Is(err, store.ErrConflict) {
 		return nil, fmt.Errorf("%w: %q", ErrScheduleExists, spec.Name)
 	}
+	if errors.Is(err, store.ErrBadPayload) {
+		return nil, fmt.Errorf("%w: input of schedule %q: %v", ErrInvalidInput, spec.Name, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pgdurable: creating schedule %q: %w", spec.Name, err)
 	}
@@ -170,14 +181,31 @@ func (e *Engine) UpdateSchedule(ctx context.Context, spec ScheduleSpec) (*Schedu
 		return nil, err
 	}
 	err = store.UpdateSchedule(ctx, e.pool, e.scheduleRow(&spec, sched.Next(e.now())))
+	if errors.Is(err, store.ErrBadPayload) {
+		return nil, fmt.Errorf("%w: input of schedule %q: %v", ErrInvalidInput, spec.Name, err)
+	}
 	if err != nil {
 		return nil, e.scheduleErr("updating", spec.Name, err)
 	}
 	return e.GetSchedule(ctx, spec.Name)
 }
 
+// errNoSuchName: a name no schedule can have (NUL, invalid UTF-8...):
+// looked up, it is simply not found.
+var errNoSuchName = errors.New("not a schedule name")
+
+func lookupName(name string) error {
+	if !validScheduleName(name) {
+		return errNoSuchName
+	}
+	return nil
+}
+
 // PauseSchedule stops a schedule's fires until ResumeSchedule.
 func (e *Engine) PauseSchedule(ctx context.Context, name string) error {
+	if err := lookupName(name); err != nil {
+		return e.scheduleErr("pausing", name, err)
+	}
 	return e.scheduleErr("pausing", name, store.SetSchedulePaused(ctx, e.pool, name, true, nil))
 }
 
@@ -199,11 +227,17 @@ func (e *Engine) ResumeSchedule(ctx context.Context, name string) error {
 // DeleteSchedule removes a schedule and its fire history; the runs it
 // started stay.
 func (e *Engine) DeleteSchedule(ctx context.Context, name string) error {
+	if err := lookupName(name); err != nil {
+		return e.scheduleErr("deleting", name, err)
+	}
 	return e.scheduleErr("deleting", name, store.DeleteSchedule(ctx, e.pool, name))
 }
 
 // GetSchedule reads one schedule; ErrNotFound when absent.
 func (e *Engine) GetSchedule(ctx context.Context, name string) (*Schedule, error) {
+	if err := lookupName(name); err != nil {
+		return nil, e.scheduleErr("reading", name, err)
+	}
 	row, err := store.GetSchedule(ctx, e.pool, name)
 	if err != nil {
 		return nil, e.scheduleErr("reading", name, err)
@@ -225,10 +259,13 @@ func (e *Engine) ListSchedules(ctx context.Context) ([]Schedule, error) {
 }
 
 // ListScheduleFires returns a schedule's latest fires, newest first (limit
-// 1 to 1,000).
+// 1 to 1,000); ErrNotFound when there is no such schedule.
 func (e *Engine) ListScheduleFires(ctx context.Context, name string, limit int) ([]ScheduleFire, error) {
 	if limit < 1 || limit > 1000 {
 		return nil, fmt.Errorf("%w: limit %d must be 1 to 1000", ErrInvalidArgument, limit)
+	}
+	if _, err := e.GetSchedule(ctx, name); err != nil {
+		return nil, err
 	}
 	fires, err := store.ListFires(ctx, e.pool, name, limit)
 	if err != nil {
@@ -248,7 +285,7 @@ func (e *Engine) scheduleErr(verb, name string, err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, store.ErrNotFound):
+	case errors.Is(err, store.ErrNotFound), errors.Is(err, errNoSuchName):
 		return fmt.Errorf("%w: schedule %q", ErrNotFound, name)
 	}
 	return fmt.Errorf("pgdurable: %s schedule %q: %w", verb, name, err)
@@ -372,4 +409,19 @@ func (e *Engine) fireSchedule(ctx context.Context, tx pgx.Tx, s *store.ScheduleR
 	}
 	s.NextFireAt = at
 	return store.AdvanceSchedule(ctx, tx, s)
+}
+
+// registeredNames lists this process's workflows, for error messages.
+func (e *Engine) registeredNames() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	names := make([]string, 0, len(e.workflows))
+	for n := range e.workflows {
+		names = append(names, n)
+	}
+	if len(names) == 0 {
+		return "none"
+	}
+	slices.Sort(names)
+	return strings.Join(names, ", ")
 }

@@ -41,7 +41,8 @@ func fires(t *testing.T, e *engine.Engine, name string) []engine.ScheduleFire {
 
 func TestScheduleValidation(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil, tick)
+	anyInput := engine.Define("any-input", func(_ *engine.Context, in map[string]any) (int, error) { return len(in), nil }, nil)
+	b := setup(t, nil, tick, anyInput)
 	ctx := testCtx(t)
 	ok := engine.ScheduleSpec{Name: "nightly", Cron: "0 3 * * *", TimeZone: "Europe/Paris", Workflow: "tick", Input: []byte(`7`)}
 	s, err := b.engine.CreateSchedule(ctx, ok)
@@ -63,9 +64,20 @@ func TestScheduleValidation(t *testing.T) {
 		{engine.ScheduleSpec{Name: "window", Cron: "@daily", Workflow: "tick", CatchupWindow: time.Millisecond}, engine.ErrInvalidArgument},
 		{engine.ScheduleSpec{Name: "nowf", Cron: "@daily", Workflow: "nope"}, engine.ErrUnknownWorkflow},
 		{engine.ScheduleSpec{Name: "input", Cron: "@daily", Workflow: "tick", Input: []byte(`"seven"`)}, engine.ErrInvalidInput},
+		// Found by an attack pass:
+		{engine.ScheduleSpec{Name: "..", Cron: "@daily", Workflow: "tick"}, engine.ErrInvalidArgument},
+		{engine.ScheduleSpec{Name: "frac", Cron: "@every 1500ms", Workflow: "tick"}, engine.ErrInvalidArgument},
+		{engine.ScheduleSpec{Name: "surrogate", Cron: "@daily", Workflow: "any-input", Input: []byte(`{"k": "\ud800"}`)}, engine.ErrInvalidInput},
 	} {
 		_, err := b.engine.CreateSchedule(ctx, bad.spec)
 		require.ErrorIs(t, err, bad.want, bad.spec.Name)
+	}
+	for _, name := range []string{"a\x00b", "\xff", "..", "absent"} {
+		_, err := b.engine.GetSchedule(ctx, name)
+		require.ErrorIs(t, err, engine.ErrNotFound, "%q", name)
+		require.ErrorIs(t, b.engine.DeleteSchedule(ctx, name), engine.ErrNotFound, "%q", name)
+		_, err = b.engine.ListScheduleFires(ctx, name, 10)
+		require.ErrorIs(t, err, engine.ErrNotFound, "%q", name)
 	}
 	list, err := b.engine.ListSchedules(ctx)
 	require.NoError(t, err)

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -39,9 +40,18 @@ func Sleep(ctx *Context, d time.Duration) error {
 
 // SleepUntil is Sleep until t (in the engine's Clock). A t in the past
 // returns at once; it is still recorded, so replays stay aligned.
+//
+// A t after 9999-12-31 returns ErrInvalidArgument without recording
+// anything (PostgreSQL cannot store it; the check is the same on replay).
 func SleepUntil(ctx *Context, t time.Time) error {
+	if t.After(maxWake) {
+		return fmt.Errorf("%w: SleepUntil %s is after %s", ErrInvalidArgument, t.UTC().Format(time.RFC3339), maxWake.Format(time.DateOnly))
+	}
 	return sleep(ctx, func() time.Time { return t })
 }
+
+// maxWake is the latest wake time SleepUntil takes: 4-digit years.
+var maxWake = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
 
 func sleep(ctx *Context, wake func() time.Time) error {
 	_, err := ctx.runStep(&stepCall{name: "sleep", kind: kindSleep, wake: wake,

@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"strings"
@@ -257,4 +258,25 @@ func ExampleSleep() {
 			return fmt.Sprintf("reminded %s", email), nil
 		}, nil)
 	}, nil)
+}
+
+// A wake time PostgreSQL cannot store is refused at the call, clearly,
+// instead of failing every delivery's write until the run crash-loops
+// (found by an attack pass).
+func TestSleepUntilBeyondYear9999IsRefused(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("far-future", func(ctx *engine.Context, _ int) (string, error) {
+		err := engine.SleepUntil(ctx, time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC))
+		if errors.Is(err, engine.ErrInvalidArgument) {
+			return err.Error(), nil
+		}
+		return "", err
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 20*time.Millisecond)
+	require.NoError(t, err)
+	require.Contains(t, out, "after 9999-12-31")
 }

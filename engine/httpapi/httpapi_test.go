@@ -329,4 +329,8 @@ func TestScheduleRoutes(t *testing.T) {
 	require.Equal(t, 204, b.do(t, "DELETE", "/v1/schedules/nightly", "").status)
 	require.Equal(t, 404, b.do(t, "DELETE", "/v1/schedules/nightly", "").status)
 	require.Equal(t, 405, b.do(t, "PATCH", "/v1/schedules/nightly", "").status)
+	for _, path := range []string{"/v1/schedules/a%00b", "/v1/schedules/%FF"} { // found by an attack pass: was 500
+		require.Equal(t, 404, b.do(t, "GET", path, "").status, path)
+		require.Equal(t, 404, b.do(t, "DELETE", path, "").status, path)
+	}
 }

@@ -52,7 +52,7 @@ func readSchedule(w http.ResponseWriter, r *http.Request) (*engine.ScheduleSpec,
 	if req.CatchupWindow != "" {
 		d, err := time.ParseDuration(req.CatchupWindow)
 		if err != nil {
-			writeError(w, http.StatusBadRequest, "invalid_argument", fmt.Sprintf("catchup_window %q is not a duration such as 1h or 10m", req.CatchupWindow))
+			writeError(w, http.StatusBadRequest, "invalid_parameter", fmt.Sprintf("catchup_window %q is not a duration such as 1h or 10m", req.CatchupWindow))
 			return nil, false
 		}
 		spec.CatchupWindow = d
@@ -79,7 +79,7 @@ func (a *api) updateSchedule(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if spec.Name != "" && spec.Name != r.PathValue("name") {
-		writeError(w, http.StatusBadRequest, "invalid_argument", "the body's name differs from the path's; schedules cannot be renamed")
+		writeError(w, http.StatusBadRequest, "invalid_parameter", "the body's name differs from the path's; schedules cannot be renamed")
 		return
 	}
 	spec.Name = r.PathValue("name")

@@ -60,8 +60,9 @@ func Parse(spec, tz string) (Schedule, error) {
 	}
 	if d, ok := strings.CutPrefix(spec, "@every "); ok {
 		// robfig turns anything under a second, negative too, into 1 s.
-		if every, err := time.ParseDuration(strings.TrimSpace(d)); err != nil || every < time.Second {
-			return nil, fmt.Errorf("invalid cron expression %q: @every needs a duration of at least 1s", spec)
+		// and truncates fractions of a second: "1500ms" would run every 1 s.
+		if every, err := time.ParseDuration(strings.TrimSpace(d)); err != nil || every < time.Second || every%time.Second != 0 {
+			return nil, fmt.Errorf("invalid cron expression %q: @every needs a whole number of seconds, at least 1s", spec)
 		}
 	}
 	parsed, err := cron.ParseStandard(spec)
