@@ -320,7 +320,10 @@ func TestSignalCommand(t *testing.T) {
 	res, err := e.StartJSON(ctx, "approval", []byte(`{}`), &engine.StartOpts{WorkflowID: "exp-9"})
 	require.NoError(t, err)
 
-	code, _, errOut := run(t, db, "signal", "exp-9", "approve", `{"by":`)
+	code, _, errOut := run(t, db, "signal", "exp-9")
+	require.Equal(t, 2, code, "a wrong number of arguments is a usage error")
+	require.Contains(t, errOut, "accepts between 2 and 3 arg(s)")
+	code, _, errOut = run(t, db, "signal", "exp-9", "approve", `{"by":`)
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "not valid JSON")
 	code, out, errOut := run(t, db, "signal", "exp-9", "approve", `{"by": "cli"}`)

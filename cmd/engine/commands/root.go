@@ -102,7 +102,24 @@ func NewRoot(opts Options) *cobra.Command {
 	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL, else "+DefaultDatabaseURL+")")
 	root.PersistentFlags().BoolVar(&g.jsonOut, "json", false, "print JSON instead of tables")
 	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.cancelCmd(), g.signalCmd(), g.schedulesCmd(), g.demoCmd(), g.devCmd(), g.gatewayCmd(), g.benchCmd(), g.chaosCmd())
+	usageArgs(root)
 	return root
+}
+
+// usageArgs makes a wrong number of arguments a usage error (exit 2), like
+// a bad flag, on every command.
+func usageArgs(c *cobra.Command) {
+	if check := c.Args; check != nil {
+		c.Args = func(cmd *cobra.Command, args []string) error {
+			if err := check(cmd, args); err != nil {
+				return &usageError{err}
+			}
+			return nil
+		}
+	}
+	for _, sub := range c.Commands() {
+		usageArgs(sub)
+	}
 }
 
 func (g *global) dbURL() string {
