@@ -48,6 +48,9 @@ type Context struct {
 
 	ended  bool  // this delivery has handed the run back; no more writes
 	endErr error // what Step returns from now on
+	// unstorable: a record was refused by PostgreSQL for its data and the
+	// run is being parked (see end).
+	unstorable bool
 	// ticketErr fails the delivery's ticket so River retries it: set when
 	// an unowned run could not be re-enqueued (see rescueUnowned).
 	ticketErr error

@@ -159,6 +159,17 @@ func (c *Context) do(write func(ctx context.Context) error) error {
 
 // end marks the delivery over after a terminal write returned err.
 func (c *Context) end(err error) {
+	if store.IsDataError(err) && !c.unstorable {
+		// PostgreSQL refuses a record for its data: every delivery would
+		// fail the same way until the run is parked as a crash loop, with
+		// the cause lost. Park it now without that record, saying why.
+		c.unstorable = true
+		c.pending = nil
+		c.log.Error("PostgreSQL refused a record of this run; parking it", "error", err)
+		c.park(nil, &parkReason{reason: ReasonPermanentError, info: &ErrorInfo{Class: ClassUnserializable,
+			Message: "PostgreSQL refused a record of this run: " + err.Error()}})
+		return
+	}
 	c.ended = true
 	c.endErr = errDeliveryEnded
 	switch {

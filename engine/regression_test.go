@@ -6,6 +6,7 @@ package engine_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"sync/atomic"
@@ -308,4 +309,34 @@ func TestFailedWriteAfterLostClaimIsRedelivered(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 6, out)
 	require.EqualValues(t, 2, s1.Load())
+}
+
+// A step result that encodes as JSON but that PostgreSQL refuses to store
+// (a number beyond jsonb's numeric range) fails the same way on every
+// delivery. It used to be retried until the run was parked as crash_loop,
+// which hid the cause; the run is parked at once with PostgreSQL's reason.
+func TestRecordPostgresRejectsParksWithItsReason(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	wf := engine.Define("unstorable", func(ctx *engine.Context, _ int) (json.RawMessage, error) {
+		if _, err := engine.Step(ctx, "huge", func(context.Context) (json.RawMessage, error) {
+			calls.Add(1)
+			return json.RawMessage(`1e1000000`), nil
+		}, nil); err != nil {
+			return nil, err
+		}
+		return engine.Step(ctx, "next", func(context.Context) (json.RawMessage, error) { return json.RawMessage(`1`), nil }, nil)
+	}, nil)
+	b := setup(t, &engine.Config{LeaseDuration: time.Second}, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	run := waitStatus(t, b.engine, res.RunID, engine.StatusDead, 20*time.Second)
+	dead, _, err := b.engine.ListDeadJobs(ctx, engine.ListDeadJobsParams{RunID: res.RunID})
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	require.Equal(t, engine.ReasonPermanentError, dead[0].Reason)
+	require.Contains(t, dead[0].ErrorMessage, "value overflows numeric format")
+	require.EqualValues(t, 1, calls.Load(), "parked on the first delivery")
+	require.Equal(t, 1, run.Deliveries)
 }

@@ -9,6 +9,7 @@ package store
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -51,6 +52,15 @@ func translate(err error) error {
 		}
 	}
 	return err
+}
+
+// IsDataError reports whether PostgreSQL refused err's statement for its
+// data (SQLSTATE class 22, data exception: a number out of range, an
+// invalid text representation, a NUL character): it fails the same way
+// every time, so retrying it cannot help.
+func IsDataError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.Is(err, ErrBadPayload) || (errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22"))
 }
 
 // ms renders a duration as the bigint milliseconds our SQL multiplies by
