@@ -170,21 +170,35 @@ type Run struct {
 	WorkflowID      string          `json:"workflow_id"`
 	Status          string          `json:"status"`
 	Input           json.RawMessage `json:"input,omitempty"`
-	Output          json.RawMessage `json:"output,omitempty"`  // set when completed
-	Error           *ErrorInfo      `json:"error,omitempty"`   // set when failed or dead
-	Deliveries      int             `json:"deliveries"`        // how many times a worker picked it up
-	WakeAt          *time.Time      `json:"wake_at,omitempty"` // when a waiting run is next due
+	Output          json.RawMessage `json:"output,omitempty"`        // set when completed
+	Error           *ErrorInfo      `json:"error,omitempty"`         // set when failed or dead
+	Deliveries      int             `json:"deliveries"`              // how many times a worker picked it up
+	WakeAt          *time.Time      `json:"wake_at,omitempty"`       // when a waiting run is next due
+	AwaitSignal     string          `json:"await_signal,omitempty"`  // the signal a waiting run waits for
+	ScheduleName    string          `json:"schedule_name,omitempty"` // the schedule whose fire started it
 	CreatedAt       time.Time       `json:"created_at"`
 	StartedAt       *time.Time      `json:"started_at,omitempty"`
 	CompletedAt     *time.Time      `json:"completed_at,omitempty"`
-	Steps           []StepInfo      `json:"steps,omitempty"` // filled by GetRun only
+	Steps           []StepInfo      `json:"steps,omitempty"`   // filled by GetRun only
+	Signals         []SignalInfo    `json:"signals,omitempty"` // filled by GetRun only, in the order sent
+}
+
+// SignalInfo is a signal sent to a run: ConsumedSeq is the AwaitSignal step
+// that received it, nil while it waits in the buffer.
+type SignalInfo struct {
+	ID          int64           `json:"id"`
+	Name        string          `json:"name"`
+	Payload     json.RawMessage `json:"payload"`
+	SentAt      time.Time       `json:"sent_at"`
+	ConsumedSeq *int            `json:"consumed_seq,omitempty"`
+	ConsumedAt  *time.Time      `json:"consumed_at,omitempty"`
 }
 
 // StepInfo is one recorded step of a run.
 type StepInfo struct {
 	Seq           int             `json:"seq"`
 	Name          string          `json:"name"`
-	Kind          string          `json:"kind"`   // step, tx, activity, compensation
+	Kind          string          `json:"kind"`   // step, tx, activity, sleep, signal, compensation
 	Status        string          `json:"status"` // started (an activity's request ID is stored), completed, failed, retrying, parked
 	Attempts      int             `json:"attempts"`
 	RequestID     *uuid.UUID      `json:"request_id,omitempty"`
@@ -205,12 +219,13 @@ func runFromRow(r *store.RunRow) *Run {
 		WorkflowID: r.WorkflowID, Status: r.Status, Input: r.Input, Output: r.Output,
 		Error: decodeErrorInfo(r.Error), Deliveries: r.Deliveries, WakeAt: r.WakeAt,
 		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, CompletedAt: r.CompletedAt,
+		AwaitSignal: deref(r.AwaitSignal), ScheduleName: deref(r.ScheduleName),
 	}
 }
 
 // GetRun reads a run with its steps; ErrNotFound when there is none.
 func (e *Engine) GetRun(ctx context.Context, runID uuid.UUID) (*Run, error) {
-	row, steps, err := store.GetRun(ctx, e.pool, runID)
+	row, steps, signals, err := store.GetRun(ctx, e.pool, runID)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("%w: run %s", ErrNotFound, runID)
 	}
@@ -225,6 +240,10 @@ func (e *Engine) GetRun(ctx context.Context, runID uuid.UUID) (*Run, error) {
 			NextAttemptAt: s.NextAttemptAt, StartedAt: s.StartedAt, CompletedAt: s.CompletedAt,
 			Compensation: s.Compensation, CompensationOf: s.CompensationOf,
 		})
+	}
+	for _, s := range signals {
+		run.Signals = append(run.Signals, SignalInfo{ID: s.ID, Name: s.Name, Payload: s.Payload, SentAt: s.CreatedAt,
+			ConsumedSeq: s.ConsumedSeq, ConsumedAt: s.ConsumedAt})
 	}
 	return run, nil
 }

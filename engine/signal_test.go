@@ -47,6 +47,12 @@ func TestSignalsAreBufferedAndReceivedInOrder(t *testing.T) {
 	var consumed int
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_signals WHERE run_id = $1 AND consumed_seq IS NOT NULL`, res.RunID).Scan(&consumed))
 	require.Equal(t, 2, consumed)
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Len(t, run.Signals, 2)
+	require.Equal(t, 0, *run.Signals[0].ConsumedSeq)
+	require.Equal(t, 1, *run.Signals[1].ConsumedSeq)
+	require.JSONEq(t, `{"by": "bob"}`, string(run.Signals[1].Payload))
 }
 
 // A run waiting for a signal holds nothing and wakes when it arrives.
@@ -57,10 +63,11 @@ func TestSignalWakesAWaitingRun(t *testing.T) {
 	res, err := awaitTwo.Start(ctx, b.engine, 0, nil)
 	require.NoError(t, err)
 	require.NoError(t, b.engine.Signal(ctx, res.RunID.String(), "approve", approval{By: "alice"}))
-	waitStatus(t, b.engine, res.RunID, engine.StatusWaiting, 10*time.Second)
+	run := waitStatus(t, b.engine, res.RunID, engine.StatusWaiting, 10*time.Second)
+	require.Equal(t, "approve", run.AwaitSignal)
 	require.NoError(t, b.engine.Signal(ctx, res.RunID.String(), "other", 1)) // another name: stays asleep
 	time.Sleep(300 * time.Millisecond)
-	run, err := b.engine.GetRun(ctx, res.RunID)
+	run, err = b.engine.GetRun(ctx, res.RunID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusWaiting, run.Status)
 

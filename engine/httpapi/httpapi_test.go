@@ -270,7 +270,10 @@ func TestSignalRoute(t *testing.T) {
 	r = b.do(t, "POST", "/v1/runs/exp-1/signals/approve", `{"by": "ann"}`) // by workflow ID
 	require.Equal(t, 202, r.status, r.raw)
 	waitFor(t, func() bool { return b.do(t, "GET", "/v1/runs/"+runID, "").body["status"] == "completed" })
-	require.Equal(t, "ann", b.do(t, "GET", "/v1/runs/"+runID, "").body["output"])
+	got := b.do(t, "GET", "/v1/runs/"+runID, "").body
+	require.Equal(t, "ann", got["output"])
+	require.Len(t, got["signals"], 1)
+	require.Equal(t, "approve", got["signals"].([]any)[0].(map[string]any)["name"])
 
 	r = b.do(t, "POST", "/v1/runs/"+runID+"/signals/approve", ``)
 	require.Equal(t, 409, r.status, r.raw)

@@ -22,20 +22,23 @@ type startRequest struct {
 
 // runJSON is a run as the API shows it.
 type runJSON struct {
-	RunID           uuid.UUID         `json:"run_id"`
-	Workflow        string            `json:"workflow"`
-	WorkflowVersion int               `json:"workflow_version"`
-	WorkflowID      string            `json:"workflow_id"`
-	Status          string            `json:"status"`
-	Input           json.RawMessage   `json:"input,omitempty"`
-	Output          json.RawMessage   `json:"output,omitempty"`
-	Error           *engine.ErrorInfo `json:"error,omitempty"`
-	Deliveries      int               `json:"deliveries"`
-	WakeAt          *time.Time        `json:"wake_at,omitempty"`
-	CreatedAt       time.Time         `json:"created_at"`
-	StartedAt       *time.Time        `json:"started_at,omitempty"`
-	CompletedAt     *time.Time        `json:"completed_at,omitempty"`
-	Steps           []stepJSON        `json:"steps,omitempty"`
+	RunID           uuid.UUID           `json:"run_id"`
+	Workflow        string              `json:"workflow"`
+	WorkflowVersion int                 `json:"workflow_version"`
+	WorkflowID      string              `json:"workflow_id"`
+	Status          string              `json:"status"`
+	Input           json.RawMessage     `json:"input,omitempty"`
+	Output          json.RawMessage     `json:"output,omitempty"`
+	Error           *engine.ErrorInfo   `json:"error,omitempty"`
+	Deliveries      int                 `json:"deliveries"`
+	WakeAt          *time.Time          `json:"wake_at,omitempty"`
+	AwaitSignal     string              `json:"await_signal,omitempty"`
+	ScheduleName    string              `json:"schedule_name,omitempty"`
+	CreatedAt       time.Time           `json:"created_at"`
+	StartedAt       *time.Time          `json:"started_at,omitempty"`
+	CompletedAt     *time.Time          `json:"completed_at,omitempty"`
+	Steps           []stepJSON          `json:"steps,omitempty"`
+	Signals         []engine.SignalInfo `json:"signals,omitempty"`
 }
 
 type stepJSON struct {
@@ -60,6 +63,7 @@ func toRunJSON(r *engine.Run) runJSON {
 		RunID: r.RunID, Workflow: r.WorkflowName, WorkflowVersion: r.WorkflowVersion, WorkflowID: r.WorkflowID,
 		Status: r.Status, Input: r.Input, Output: r.Output, Error: r.Error, Deliveries: r.Deliveries,
 		WakeAt: r.WakeAt, CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, CompletedAt: r.CompletedAt,
+		AwaitSignal: r.AwaitSignal, ScheduleName: r.ScheduleName, Signals: r.Signals,
 	}
 	for _, s := range r.Steps {
 		sj := stepJSON{

@@ -194,7 +194,7 @@ func TestServeNeedsMigratedSchema(t *testing.T) {
 	require.Contains(t, errOut, "engine migrate up")
 	code, out, _ := run(t, db, "migrate", "up")
 	require.Equal(t, 0, code)
-	require.Contains(t, out, "pgdurable versions [1 2 3]")
+	require.Contains(t, out, "pgdurable versions [1 2 3 4]")
 }
 
 // The demo runs the payment story end to end and must report 0 double
@@ -340,6 +340,9 @@ func TestSignalCommand(t *testing.T) {
 		require.True(t, time.Now().Before(deadline), "run is %s", run.Status)
 		time.Sleep(20 * time.Millisecond)
 	}
+	code, out, _ = run(t, db, "runs", "show", res.RunID.String())
+	require.Equal(t, 0, code)
+	require.Regexp(t, `approve\s+\S+\s+0\s+\{"by": "cli"\}`, out, "the signal and the step that received it")
 	code, _, errOut = run(t, db, "signal", res.RunID.String(), "approve", `{}`)
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "already finished")

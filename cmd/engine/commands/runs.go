@@ -93,6 +93,19 @@ func (g *global) printRun(run *engine.Run) {
 	if run.Error != nil {
 		fmt.Fprintf(w, "  error        %s: %s\n", run.Error.Class, oneLine(run.Error.Message, 200))
 	}
+	if run.Status == engine.StatusWaiting {
+		switch {
+		case run.AwaitSignal != "" && run.WakeAt != nil:
+			fmt.Fprintf(w, "  waiting for  signal %q until %s\n", run.AwaitSignal, cell(run.WakeAt))
+		case run.AwaitSignal != "":
+			fmt.Fprintf(w, "  waiting for  signal %q\n", run.AwaitSignal)
+		case run.WakeAt != nil:
+			fmt.Fprintf(w, "  waiting until %s\n", cell(run.WakeAt))
+		}
+	}
+	if run.ScheduleName != "" {
+		fmt.Fprintf(w, "  schedule     %s\n", run.ScheduleName)
+	}
 	fmt.Fprintln(w)
 	t := newTable(w, "SEQ", "NAME", "KIND", "STATUS", "ATTEMPTS", "REQUEST ID", "DURATION", "ERROR")
 	for _, s := range run.Steps {
@@ -113,6 +126,19 @@ func (g *global) printRun(run *engine.Run) {
 			name = fmt.Sprintf("%s (undoes %d)", s.Name, *s.CompensationOf)
 		}
 		t.row(s.Seq, name, s.Kind, s.Status, s.Attempts, req, dur, msg)
+	}
+	t.flush()
+	if len(run.Signals) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	t = newTable(w, "SIGNAL", "SENT", "RECEIVED BY STEP", "PAYLOAD")
+	for _, sig := range run.Signals {
+		var by any = "buffered"
+		if sig.ConsumedSeq != nil {
+			by = *sig.ConsumedSeq
+		}
+		t.row(sig.Name, sig.SentAt, by, string(sig.Payload))
 	}
 	t.flush()
 }

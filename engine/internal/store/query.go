@@ -23,6 +23,8 @@ type RunRow struct {
 	OwnerToken      *uuid.UUID
 	LeaseExpiresAt  *time.Time
 	WakeAt          *time.Time
+	AwaitSignal     *string
+	ScheduleName    *string
 	Queue           string
 	CreatedAt       time.Time
 	StartedAt       *time.Time
@@ -30,12 +32,12 @@ type RunRow struct {
 }
 
 const runColumns = `run_id, workflow_name, workflow_version, workflow_id, status, input, output, error,
-    deliveries, owner_token, lease_expires_at, wake_at, queue, created_at, started_at, completed_at`
+    deliveries, owner_token, lease_expires_at, wake_at, await_signal, schedule_name, queue, created_at, started_at, completed_at`
 
 func scanRun(row pgx.Row) (*RunRow, error) {
 	var r RunRow
 	err := row.Scan(&r.RunID, &r.WorkflowName, &r.WorkflowVersion, &r.WorkflowID, &r.Status, &r.Input, &r.Output,
-		&r.Error, &r.Deliveries, &r.OwnerToken, &r.LeaseExpiresAt, &r.WakeAt, &r.Queue, &r.CreatedAt,
+		&r.Error, &r.Deliveries, &r.OwnerToken, &r.LeaseExpiresAt, &r.WakeAt, &r.AwaitSignal, &r.ScheduleName, &r.Queue, &r.CreatedAt,
 		&r.StartedAt, &r.CompletedAt)
 	if err != nil {
 		return nil, translate(err)
@@ -43,26 +45,50 @@ func scanRun(row pgx.Row) (*RunRow, error) {
 	return &r, nil
 }
 
-// GetRun reads a run and its steps in one round trip; ErrNotFound when absent.
-func GetRun(ctx context.Context, db DBTX, runID uuid.UUID) (*RunRow, []StepRecord, error) {
+// Signal is one row of workflow_signals.
+type Signal struct {
+	ID          int64
+	Name        string
+	Payload     []byte
+	CreatedAt   time.Time
+	ConsumedSeq *int
+	ConsumedAt  *time.Time
+}
+
+// GetRun reads a run, its steps and its signals in one round trip;
+// ErrNotFound when absent.
+func GetRun(ctx context.Context, db DBTX, runID uuid.UUID) (*RunRow, []StepRecord, []Signal, error) {
 	b := &pgx.Batch{}
 	b.Queue(`SELECT `+runColumns+` FROM workflow_runs WHERE run_id = $1`, runID)
 	b.Queue(loadSteps, runID)
+	b.Queue(`SELECT id, name, payload, created_at, consumed_seq, consumed_at FROM workflow_signals WHERE run_id = $1 ORDER BY id`, runID)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
 	run, err := scanRun(br.QueryRow())
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, nil, fmt.Errorf("loading steps of run %s: %w", runID, err)
+		return nil, nil, nil, fmt.Errorf("loading steps of run %s: %w", runID, err)
 	}
 	steps, err := scanSteps(rows)
 	if err != nil {
-		return nil, nil, fmt.Errorf("loading steps of run %s: %w", runID, err)
+		return nil, nil, nil, fmt.Errorf("loading steps of run %s: %w", runID, err)
 	}
-	return run, steps, br.Close()
+	rows, err = br.Query()
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("loading signals of run %s: %w", runID, err)
+	}
+	signals, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Signal, error) {
+		var s Signal
+		err := r.Scan(&s.ID, &s.Name, &s.Payload, &s.CreatedAt, &s.ConsumedSeq, &s.ConsumedAt)
+		return s, err
+	})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("loading signals of run %s: %w", runID, err)
+	}
+	return run, steps, signals, br.Close()
 }
 
 // RunFilter selects runs for ListRuns; zero fields match all.
