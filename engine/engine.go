@@ -129,6 +129,7 @@ type Engine struct {
 	cfg    Config
 	log    *slog.Logger
 	obs    Observer
+	sobs   ScheduleObserver // obs when it implements it, else a no-op
 	queue  *queue.Queue
 	now    func() time.Time
 	retry  RetryPolicy // cfg.RetryPolicy merged over DefaultRetryPolicy
@@ -166,6 +167,10 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		workflows: map[string]registered{},
 	}
 	e.retry = (RetryPolicy{}).merge(c.RetryPolicy, &DefaultRetryPolicy)
+	e.sobs = nopObserver{}
+	if so, ok := c.Observer.(ScheduleObserver); ok {
+		e.sobs = so
+	}
 	e.queue, err = queue.New(pool, queue.Config{
 		Queue:             c.Queue,
 		MaxWorkers:        c.MaxWorkers,

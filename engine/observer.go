@@ -30,6 +30,18 @@ type Observer interface {
 	LeaseLost(workflow string)
 }
 
+// ScheduleObserver is an Observer that also hears of schedules and
+// signals. It is optional (checked with a type assertion) so Observers
+// written before schedules existed keep compiling.
+type ScheduleObserver interface {
+	// ScheduleFired: one fire of schedule was handled; outcome is started,
+	// buffered, or skipped with reason missed or overlap.
+	ScheduleFired(schedule, workflow, outcome, reason string)
+	// SignalSent: a signal was stored for a run of workflow (woken: the
+	// run was waiting for it and is delivered now).
+	SignalSent(workflow, name string, woken bool)
+}
+
 type nopObserver struct{}
 
 func (nopObserver) RunStarted(string, bool)                                        {}
@@ -37,6 +49,8 @@ func (nopObserver) RunEnded(string, string)                                     
 func (nopObserver) StepAttempt(string, string, string, int, string, time.Duration) {}
 func (nopObserver) StepReplayed(string, string)                                    {}
 func (nopObserver) LeaseLost(string)                                               {}
+func (nopObserver) ScheduleFired(string, string, string, string)                   {}
+func (nopObserver) SignalSent(string, string, bool)                                {}
 
 // Stats is a snapshot of the engine's queue, for gauges.
 type Stats struct {

@@ -323,26 +323,35 @@ func (e *Engine) fireSchedules(ctx context.Context) error {
 	var seen []string // handled this tick: a schedule with a buffered fire stays due
 	for range 100 {
 		var name string
+		var fired []fireEvent
 		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			fired = fired[:0]
 			due, err := store.DueSchedules(ctx, tx, e.cfg.Queue, e.now(), seen)
 			if err != nil || len(due) == 0 {
 				return err
 			}
 			name = due[0].Name
-			return e.fireSchedule(ctx, tx, &due[0])
+			return e.fireSchedule(ctx, tx, &due[0], &fired)
 		})
 		switch {
 		case name == "":
 			return err
 		case err != nil && ctx.Err() == nil:
 			e.log.Error("firing schedule failed; retried next tick", "schedule", name, "error", err)
+		case err == nil:
+			for _, f := range fired { // committed: now they count
+				e.sobs.ScheduleFired(name, f.workflow, f.outcome, f.reason)
+			}
 		}
 		seen = append(seen, name)
 	}
 	return nil
 }
 
-func (e *Engine) fireSchedule(ctx context.Context, tx pgx.Tx, s *store.ScheduleRow) error {
+// fireEvent is a handled fire, reported to the Observer after the commit.
+type fireEvent struct{ workflow, outcome, reason string }
+
+func (e *Engine) fireSchedule(ctx context.Context, tx pgx.Tx, s *store.ScheduleRow, fired *[]fireEvent) error {
 	now := e.now()
 	log := e.log.With("schedule", s.Name, "workflow", s.WorkflowName)
 	r, ok := e.workflow(s.WorkflowName)
@@ -370,10 +379,12 @@ func (e *Engine) fireSchedule(ctx context.Context, tx pgx.Tx, s *store.ScheduleR
 		}
 		s.LastRunID, active = &res.RunID, true
 		log.Info("schedule fired", "fire_at", fireAt.UTC(), "run_id", res.RunID)
+		*fired = append(*fired, fireEvent{s.WorkflowName, "started", ""})
 		return store.RecordFire(ctx, tx, s.Name, fireAt, "started", nil, &res.RunID)
 	}
 	skip := func(fireAt time.Time, reason string) error {
 		log.Info("schedule fire skipped", "fire_at", fireAt.UTC(), "reason", reason)
+		*fired = append(*fired, fireEvent{s.WorkflowName, "skipped", reason})
 		return store.RecordFire(ctx, tx, s.Name, fireAt, "skipped", &reason, nil)
 	}
 	if s.BufferedFireAt != nil && !active {
@@ -395,6 +406,7 @@ func (e *Engine) fireSchedule(ctx context.Context, tx pgx.Tx, s *store.ScheduleR
 			err = start(fireAt)
 		case s.OverlapPolicy == OverlapBufferOne && s.BufferedFireAt == nil:
 			s.BufferedFireAt = &last
+			*fired = append(*fired, fireEvent{s.WorkflowName, "buffered", ""})
 			err = store.RecordFire(ctx, tx, s.Name, fireAt, "buffered", nil, nil)
 		default:
 			err = skip(fireAt, "overlap")

@@ -76,7 +76,9 @@ func (e *Engine) signalRaw(ctx context.Context, tx pgx.Tx, target, name string, 
 	if err := checkStorable(payload); err != nil {
 		return fmt.Errorf("%w: signal payload: %v", ErrInvalidInput, err)
 	}
-	return e.inTx(ctx, tx, func(tx pgx.Tx) error {
+	var workflow string
+	var woken bool
+	err := e.inTx(ctx, tx, func(tx pgx.Tx) error {
 		runID, err := store.ResolveRun(ctx, tx, target)
 		switch {
 		case errors.Is(err, store.ErrNotFound):
@@ -86,7 +88,8 @@ func (e *Engine) signalRaw(ctx context.Context, tx pgx.Tx, target, name string, 
 		case err != nil:
 			return fmt.Errorf("pgdurable: signalling %q: %w", target, err)
 		}
-		status, wake, err := store.SendSignal(ctx, tx, runID, name, payload)
+		status, wake, wf, err := store.SendSignal(ctx, tx, runID, name, payload)
+		workflow, woken = wf, wake
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			return fmt.Errorf("%w: run %s", ErrNotFound, runID)
@@ -101,6 +104,11 @@ func (e *Engine) signalRaw(ctx context.Context, tx pgx.Tx, target, name string, 
 		}
 		return nil
 	})
+	if err == nil {
+		// With SignalTx the caller's commit is still ahead: counted as stored.
+		e.sobs.SignalSent(workflow, name, woken)
+	}
+	return err
 }
 
 func isClosed(status string) bool {

@@ -29,9 +29,14 @@ type Metrics struct {
 	retries      *prometheus.CounterVec
 	replays      *prometheus.CounterVec
 	leaseLosses  *prometheus.CounterVec
+	fires        *prometheus.CounterVec
+	signals      *prometheus.CounterVec
 }
 
-var _ engine.Observer = (*Metrics)(nil)
+var (
+	_ engine.Observer         = (*Metrics)(nil)
+	_ engine.ScheduleObserver = (*Metrics)(nil)
+)
 
 // New builds the collectors and registers them with reg. It panics only if
 // reg already holds collectors of the same names (a programming error, as
@@ -64,8 +69,15 @@ func New(reg prometheus.Registerer) *Metrics {
 		leaseLosses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pgdurable_lease_losses_total", Help: "Deliveries that found another delivery owns their run and stopped.",
 		}, []string{"workflow"}),
+		fires: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pgdurable_schedule_fires_total", Help: "Schedule fires handled, by outcome (started, buffered, skipped) and skip reason (missed, overlap).",
+		}, []string{"schedule", "workflow", "outcome", "reason"}),
+		signals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pgdurable_signals_sent_total", Help: "Signals stored for runs; woken=true when the run was waiting for that name.",
+		}, []string{"workflow", "signal", "woken"}),
 	}
-	reg.MustRegister(m.runsStarted, m.startHits, m.runsEnded, m.stepDuration, m.attempts, m.retries, m.replays, m.leaseLosses)
+	reg.MustRegister(m.runsStarted, m.startHits, m.runsEnded, m.stepDuration, m.attempts, m.retries, m.replays, m.leaseLosses,
+		m.fires, m.signals)
 	return m
 }
 
@@ -137,4 +149,18 @@ func (q *queueCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descRunning, prometheus.GaugeValue, float64(s.RunningRuns))
 	ch <- prometheus.MustNewConstMetric(descWaiting, prometheus.GaugeValue, float64(s.WaitingRuns))
 	ch <- prometheus.MustNewConstMetric(descDead, prometheus.GaugeValue, float64(s.OpenDeadJobs))
+}
+
+// ScheduleFired implements engine.ScheduleObserver.
+func (m *Metrics) ScheduleFired(schedule, workflow, outcome, reason string) {
+	m.fires.WithLabelValues(schedule, workflow, outcome, reason).Inc()
+}
+
+// SignalSent implements engine.ScheduleObserver.
+func (m *Metrics) SignalSent(workflow, name string, woken bool) {
+	w := "false"
+	if woken {
+		w = "true"
+	}
+	m.signals.WithLabelValues(workflow, name, w).Inc()
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -79,4 +80,46 @@ pgdurable_runs_pending 0
 	n, err := testutil.GatherAndCount(reg, "pgdurable_step_attempt_duration_seconds")
 	require.NoError(t, err)
 	require.Positive(t, n)
+}
+
+func TestMetricsCountScheduleFiresAndSignals(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("waits", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.AwaitSignal[int](ctx, "go", 0)
+	}, nil)
+	db := enginetest.NewDB(t)
+	reg := prometheus.NewRegistry()
+	m := enginemetrics.New(reg)
+	clock := enginetest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	e := enginetest.NewEngine(t, db, &engine.Config{Observer: m, Clock: clock}, true, wf)
+	ctx := context.Background()
+	_, err := e.CreateSchedule(ctx, engine.ScheduleSpec{Name: "m", Cron: "* * * * *", Workflow: "waits"})
+	require.NoError(t, err)
+	clock.Advance(2 * time.Minute) // fire 1 starts a run that waits; fire 2 overlaps it
+	require.Eventually(t, func() bool {
+		return testutil.CollectAndCount(reg, "pgdurable_schedule_fires_total") == 2
+	}, 20*time.Second, 20*time.Millisecond)
+	runID := engine.ScheduleWorkflowID("m", time.Date(2026, 1, 1, 0, 1, 0, 0, time.UTC))
+	require.Eventually(t, func() bool {
+		r, err := e.GetRun(ctx, mustRun(t, db, runID))
+		return err == nil && r.Status == engine.StatusWaiting
+	}, 20*time.Second, 20*time.Millisecond)
+	require.NoError(t, e.Signal(ctx, runID, "go", 1))
+
+	expected := `
+# HELP pgdurable_schedule_fires_total Schedule fires handled, by outcome (started, buffered, skipped) and skip reason (missed, overlap).
+# TYPE pgdurable_schedule_fires_total counter
+pgdurable_schedule_fires_total{outcome="skipped",reason="overlap",schedule="m",workflow="waits"} 1
+pgdurable_schedule_fires_total{outcome="started",reason="",schedule="m",workflow="waits"} 1
+# HELP pgdurable_signals_sent_total Signals stored for runs; woken=true when the run was waiting for that name.
+# TYPE pgdurable_signals_sent_total counter
+pgdurable_signals_sent_total{signal="go",woken="true",workflow="waits"} 1
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(expected), "pgdurable_schedule_fires_total", "pgdurable_signals_sent_total"))
+}
+
+func mustRun(t *testing.T, db *enginetest.DB, workflowID string) (id uuid.UUID) {
+	t.Helper()
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT run_id FROM workflow_runs WHERE workflow_id = $1`, workflowID).Scan(&id))
+	return id
 }

@@ -50,7 +50,7 @@ func ResolveRun(ctx context.Context, db DBTX, target string) (uuid.UUID, error) 
 // wakes it). A run waiting for another name is left asleep.
 const sendSignal = `
 WITH target AS (
-    SELECT run_id, status, await_signal FROM workflow_runs WHERE run_id = $1 FOR UPDATE
+    SELECT run_id, status, await_signal, workflow_name FROM workflow_runs WHERE run_id = $1 FOR UPDATE
 ), ins AS (
     INSERT INTO workflow_signals (run_id, name, payload)
     SELECT run_id, $2, $3::jsonb FROM target
@@ -62,19 +62,19 @@ WITH target AS (
     WHERE r.run_id = target.run_id AND target.status = 'waiting' AND target.await_signal = $2
     RETURNING r.run_id
 )
-SELECT target.status, (SELECT count(*) FROM woken) > 0 FROM target`
+SELECT target.status, (SELECT count(*) FROM woken) > 0, target.workflow_name FROM target`
 
 // SendSignal buffers a signal for runID and returns the run's status
-// before it. A finished run (completed, failed, compensated, cancelled)
+// before it and its workflow's name. A finished run (completed, failed, compensated, cancelled)
 // gets no signal; the caller reports it closed. wake: the run was waiting
 // for this name and is now pending; the caller enqueues its delivery in the
 // same transaction. ErrNotFound when there is no such run.
-func SendSignal(ctx context.Context, tx DBTX, runID uuid.UUID, name string, payload []byte) (status string, wake bool, err error) {
-	err = tx.QueryRow(ctx, sendSignal, runID, name, string(payload)).Scan(&status, &wake)
+func SendSignal(ctx context.Context, tx DBTX, runID uuid.UUID, name string, payload []byte) (status string, wake bool, workflow string, err error) {
+	err = tx.QueryRow(ctx, sendSignal, runID, name, string(payload)).Scan(&status, &wake, &workflow)
 	if err != nil {
-		return "", false, translate(err)
+		return "", false, "", translate(err)
 	}
-	return status, wake, nil
+	return status, wake, workflow, nil
 }
 
 const lockOwnedRun = `SELECT cancel_requested_at IS NOT NULL FROM workflow_runs WHERE run_id = $1 AND owner_token = $2 FOR UPDATE`
