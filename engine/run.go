@@ -18,7 +18,7 @@ import (
 const (
 	StatusPending      = store.RunPending      // started, not yet delivered
 	StatusRunning      = store.RunRunning      // a delivery holds (or held) the lease
-	StatusWaiting      = store.RunWaiting      // waiting for a retry backoff (later: a timer or signal)
+	StatusWaiting      = store.RunWaiting      // waiting for a retry backoff, a timer or a signal
 	StatusCompleted    = store.RunCompleted    // terminal: output recorded
 	StatusFailed       = store.RunFailed       // terminal: the workflow returned an error
 	StatusCompensating = store.RunCompensating // undoing completed steps
