@@ -137,10 +137,11 @@ type Engine struct {
 
 	draining atomic.Bool // Stop was called: deliveries hand runs back at the next step
 
-	mu        sync.Mutex
-	workflows map[string]registered
-	started   bool
-	stopSweep context.CancelFunc
+	mu             sync.Mutex
+	workflows      map[string]registered
+	scheduleWarned map[string]time.Time // schedule → last "workflow not registered" warning
+	started        bool
+	stopSweep      context.CancelFunc
 }
 
 // New builds an Engine over pool, which must point at a database migrated

@@ -223,6 +223,22 @@ func runFromRow(r *store.RunRow) *Run {
 	}
 }
 
+// FindRun resolves runOrWorkflowID, a run ID or a workflow ID, to a run
+// ID, as Signal does. Errors: ErrNotFound, or ErrInvalidArgument when the
+// workflow ID is used by runs of several workflows.
+func (e *Engine) FindRun(ctx context.Context, runOrWorkflowID string) (uuid.UUID, error) {
+	id, err := store.ResolveRun(ctx, e.pool, runOrWorkflowID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return uuid.Nil, fmt.Errorf("%w: no run with run ID or workflow ID %q", ErrNotFound, runOrWorkflowID)
+	case errors.Is(err, store.ErrAmbiguous):
+		return uuid.Nil, fmt.Errorf("%w: workflow ID %q is used by runs of several workflows; use the run ID", ErrInvalidArgument, runOrWorkflowID)
+	case err != nil:
+		return uuid.Nil, fmt.Errorf("pgdurable: finding run %q: %w", runOrWorkflowID, err)
+	}
+	return id, nil
+}
+
 // GetRun reads a run with its steps; ErrNotFound when there is none.
 func (e *Engine) GetRun(ctx context.Context, runID uuid.UUID) (*Run, error) {
 	row, steps, signals, err := store.GetRun(ctx, e.pool, runID)

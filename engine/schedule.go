@@ -81,6 +81,15 @@ type Schedule struct {
 	UpdatedAt  time.Time  `json:"updated_at"`
 }
 
+// What became of a fire (ScheduleFire.Outcome and Reason).
+const (
+	FireStarted  = "started"  // a run was started (RunID)
+	FireBuffered = "buffered" // held by buffer_one until the active run ends
+	FireSkipped  = "skipped"  // not started; Reason says why
+	FireMissed   = "missed"   // reason: older than the catch-up window
+	FireOverlap  = "overlap"  // reason: a run of an earlier fire was active
+)
+
 // ScheduleFire is what became of one fire time: outcome started (RunID
 // set), buffered, or skipped with Reason "missed" (older than the catch-up
 // window) or "overlap".
@@ -172,9 +181,11 @@ func (e *Engine) CreateSchedule(ctx context.Context, spec ScheduleSpec) (*Schedu
 	return e.GetSchedule(ctx, spec.Name)
 }
 
-// UpdateSchedule replaces a schedule's definition; its next fire is the
-// first after now under the new one, and a buffered fire is dropped.
-// ErrNotFound when there is no such schedule.
+// UpdateSchedule replaces a schedule's definition. With the same cron
+// expression and time zone (and the schedule not paused) its next fire time
+// is kept, so fires missed while no engine ran are still caught up; a new
+// expression or time zone fires from the first fire time after now, and
+// drops a buffered fire. ErrNotFound when there is no such schedule.
 func (e *Engine) UpdateSchedule(ctx context.Context, spec ScheduleSpec) (*Schedule, error) {
 	sched, err := e.validateSchedule(&spec)
 	if err != nil {
@@ -199,6 +210,17 @@ func lookupName(name string) error {
 		return errNoSuchName
 	}
 	return nil
+}
+
+// SaveSchedule creates the schedule, or updates it when it exists (as
+// UpdateSchedule: an unchanged expression keeps its next fire time). It is
+// the call for schedules defined in code and saved at every start-up.
+func (e *Engine) SaveSchedule(ctx context.Context, spec ScheduleSpec) (*Schedule, error) {
+	s, err := e.CreateSchedule(ctx, spec)
+	if errors.Is(err, ErrScheduleExists) {
+		return e.UpdateSchedule(ctx, spec)
+	}
+	return s, err
 }
 
 // PauseSchedule stops a schedule's fires until ResumeSchedule.
@@ -356,8 +378,11 @@ func (e *Engine) fireSchedule(ctx context.Context, tx pgx.Tx, s *store.ScheduleR
 	log := e.log.With("schedule", s.Name, "workflow", s.WorkflowName)
 	r, ok := e.workflow(s.WorkflowName)
 	if !ok {
-		// Another process may register it; this one cannot start it.
-		log.Warn("schedule's workflow is not registered in this process; its fires wait for one that does")
+		// Another process may register it; this one cannot start it. Said
+		// once a minute per schedule, not at every sweep.
+		if e.warnUnregistered(s.Name) {
+			log.Warn("schedule's workflow is not registered in this process; its fires wait for one that does")
+		}
 		return nil
 	}
 	sched, err := cronspec.Parse(s.Cron, s.TimeZone)
@@ -378,14 +403,14 @@ func (e *Engine) fireSchedule(ctx context.Context, tx pgx.Tx, s *store.ScheduleR
 			return err
 		}
 		s.LastRunID, active = &res.RunID, true
-		log.Info("schedule fired", "fire_at", fireAt.UTC(), "run_id", res.RunID)
-		*fired = append(*fired, fireEvent{s.WorkflowName, "started", ""})
-		return store.RecordFire(ctx, tx, s.Name, fireAt, "started", nil, &res.RunID)
+		log.Debug("schedule fired", "fire_at", fireAt.UTC(), "run_id", res.RunID)
+		*fired = append(*fired, fireEvent{s.WorkflowName, FireStarted, ""})
+		return store.RecordFire(ctx, tx, s.Name, fireAt, FireStarted, nil, &res.RunID)
 	}
 	skip := func(fireAt time.Time, reason string) error {
-		log.Info("schedule fire skipped", "fire_at", fireAt.UTC(), "reason", reason)
-		*fired = append(*fired, fireEvent{s.WorkflowName, "skipped", reason})
-		return store.RecordFire(ctx, tx, s.Name, fireAt, "skipped", &reason, nil)
+		log.Debug("schedule fire skipped", "fire_at", fireAt.UTC(), "reason", reason)
+		*fired = append(*fired, fireEvent{s.WorkflowName, FireSkipped, reason})
+		return store.RecordFire(ctx, tx, s.Name, fireAt, FireSkipped, &reason, nil)
 	}
 	if s.BufferedFireAt != nil && !active {
 		if err := start(*s.BufferedFireAt); err != nil {
@@ -401,15 +426,15 @@ func (e *Engine) fireSchedule(ctx context.Context, tx pgx.Tx, s *store.ScheduleR
 		s.LastFireAt = &last
 		switch {
 		case now.Sub(fireAt) >= s.CatchupWindow:
-			err = skip(fireAt, "missed")
+			err = skip(fireAt, FireMissed)
 		case s.OverlapPolicy == OverlapAllow || !active:
 			err = start(fireAt)
 		case s.OverlapPolicy == OverlapBufferOne && s.BufferedFireAt == nil:
 			s.BufferedFireAt = &last
-			*fired = append(*fired, fireEvent{s.WorkflowName, "buffered", ""})
-			err = store.RecordFire(ctx, tx, s.Name, fireAt, "buffered", nil, nil)
+			*fired = append(*fired, fireEvent{s.WorkflowName, FireBuffered, ""})
+			err = store.RecordFire(ctx, tx, s.Name, fireAt, FireBuffered, nil, nil)
 		default:
-			err = skip(fireAt, "overlap")
+			err = skip(fireAt, FireOverlap)
 		}
 		if err != nil {
 			return err
@@ -436,4 +461,19 @@ func (e *Engine) registeredNames() string {
 	}
 	slices.Sort(names)
 	return strings.Join(names, ", ")
+}
+
+// warnUnregistered reports whether to log, now, that schedule's workflow
+// is not registered here: at most once a minute per schedule.
+func (e *Engine) warnUnregistered(schedule string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.scheduleWarned == nil {
+		e.scheduleWarned = map[string]time.Time{}
+	}
+	if last, ok := e.scheduleWarned[schedule]; ok && time.Since(last) < time.Minute {
+		return false
+	}
+	e.scheduleWarned[schedule] = time.Now()
+	return true
 }

@@ -296,3 +296,32 @@ func TestScheduleOverlapPolicies(t *testing.T) {
 		require.Equal(t, 1, n)
 	}
 }
+
+// Schedules defined in code are saved at every start-up: SaveSchedule with
+// an unchanged expression keeps the next fire time, so the fires missed
+// while the process was down are still caught up; a new expression fires
+// from now on.
+func TestSaveScheduleKeepsCatchUpForAnUnchangedExpression(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := enginetest.NewClock(t0)
+	e := newEngine(t, db, &engine.Config{Clock: clock, Logger: quiet}, false, tick)
+	ctx := testCtx(t)
+	spec := engine.ScheduleSpec{Name: "coded", Cron: "@every 5m", Workflow: "tick", Overlap: engine.OverlapAllow}
+	s, err := e.SaveSchedule(ctx, spec) // creates
+	require.NoError(t, err)
+	require.Equal(t, t0.Add(5*time.Minute), s.NextFireAt)
+
+	clock.Advance(30 * time.Minute) // down
+	spec.Input = []byte(`3`)        // a new input, same expression
+	s, err = e.SaveSchedule(ctx, spec)
+	require.NoError(t, err)
+	require.Equal(t, t0.Add(5*time.Minute), s.NextFireAt, "the missed fires stay due")
+	require.JSONEq(t, `3`, string(s.Input))
+
+	spec.Cron = "@every 10m"
+	s, err = e.SaveSchedule(ctx, spec)
+	require.NoError(t, err)
+	require.Equal(t, clock.Now().Add(10*time.Minute), s.NextFireAt, "a new expression fires from now")
+}

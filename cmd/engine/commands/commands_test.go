@@ -148,9 +148,12 @@ func TestCLIRunsAndDeadJobs(t *testing.T) {
 	for _, want := range []string{"SEQ", "ATTEMPTS", "REQUEST ID", "DURATION", "double", "completed", "output       42"} {
 		require.Contains(t, out, want)
 	}
+	code, out, _ = run(t, db, "runs", "show", "d-1") // by workflow ID
+	require.Equal(t, 0, code)
+	require.Contains(t, out, runID)
 	code, _, errOut = run(t, db, "runs", "show", "nope")
-	require.Equal(t, 2, code)
-	require.Contains(t, errOut, "not a UUID")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, `no run with run ID or workflow ID "nope"`)
 
 	code, out, _ = run(t, db, "dead", "list", "--json")
 	require.Equal(t, 0, code)

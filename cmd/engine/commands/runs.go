@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -53,17 +54,17 @@ func (g *global) runsCmd() *cobra.Command {
 	list.Flags().StringVar(&p.Cursor, "cursor", "", "the next page's cursor")
 
 	show := &cobra.Command{
-		Use: "show RUN_ID", Short: "Show a run and its step timeline", Args: cobra.ExactArgs(1),
+		Use: "show RUN", Short: "Show a run (by run ID or workflow ID) and its step timeline", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := parseID("run ID", args[0])
-			if err != nil {
-				return err
-			}
 			e, pool, err := g.client(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
+			id, err := e.FindRun(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
 			run, err := e.GetRun(cmd.Context(), id)
 			if err != nil {
 				return err
@@ -116,6 +117,9 @@ func (g *global) printRun(run *engine.Run) {
 		msg := ""
 		if s.Error != nil {
 			msg = s.Error.Class + ": " + s.Error.Message
+		}
+		if s.Kind == "signal" && strings.Contains(string(s.Output), `"timed_out":true`) {
+			msg = "timed out (AwaitSignal returned ErrTimeout)"
 		}
 		var req any
 		if s.RequestID != nil {
@@ -180,17 +184,17 @@ func (g *global) startCmd() *cobra.Command {
 
 func (g *global) cancelCmd() *cobra.Command {
 	return &cobra.Command{
-		Use: "cancel RUN_ID", Short: "Cancel a run: compensations run, it ends cancelled", Args: cobra.ExactArgs(1),
+		Use: "cancel RUN", Short: "Cancel a run (by run ID or workflow ID): compensations run, it ends cancelled", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := parseID("run ID", args[0])
-			if err != nil {
-				return err
-			}
 			e, pool, err := g.client(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
+			id, err := e.FindRun(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
 			if err := e.Cancel(cmd.Context(), id); err != nil {
 				return err
 			}

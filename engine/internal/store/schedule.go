@@ -48,11 +48,17 @@ func InsertSchedule(ctx context.Context, db DBTX, s *ScheduleRow) error {
 	return translate(err)
 }
 
-// UpdateSchedule replaces s's definition and next fire time, keeping its
-// fire history; ErrNotFound when there is no such schedule.
+// UpdateSchedule replaces s's definition, keeping its fire history. When
+// the expression and time zone are unchanged and it was not paused, it
+// keeps its next fire time (and a buffered fire), so fires missed while no
+// engine ran are still caught up; otherwise the next fire is s.NextFireAt.
+// ErrNotFound when there is no such schedule.
 func UpdateSchedule(ctx context.Context, db DBTX, s *ScheduleRow) error {
-	tag, err := db.Exec(ctx, `UPDATE schedules SET cron = $2, time_zone = $3, workflow_name = $4, input = $5::jsonb,
-		overlap_policy = $6, catchup_window_ms = $7, paused = $8, next_fire_at = $9, buffered_fire_at = NULL, updated_at = now()
+	tag, err := db.Exec(ctx, `UPDATE schedules SET
+		next_fire_at = CASE WHEN cron = $2 AND time_zone = $3 AND NOT paused THEN next_fire_at ELSE $9 END,
+		buffered_fire_at = CASE WHEN cron = $2 AND time_zone = $3 AND NOT paused THEN buffered_fire_at END,
+		cron = $2, time_zone = $3, workflow_name = $4, input = $5::jsonb,
+		overlap_policy = $6, catchup_window_ms = $7, paused = $8, updated_at = now()
 		WHERE name = $1`,
 		s.Name, s.Cron, s.TimeZone, s.WorkflowName, string(s.Input), s.OverlapPolicy, ms(s.CatchupWindow), s.Paused, s.NextFireAt)
 	if err != nil {
