@@ -207,6 +207,9 @@ type StepInfo struct {
 	NextAttemptAt *time.Time      `json:"next_attempt_at,omitempty"`
 	StartedAt     time.Time       `json:"started_at"`
 	CompletedAt   *time.Time      `json:"completed_at,omitempty"`
+	// TimedOut: an AwaitSignal step whose timeout passed (it returned
+	// ErrTimeout), told apart from one that received a signal.
+	TimedOut bool `json:"timed_out,omitempty"`
 	// Compensation names the undo registered with a forward step;
 	// CompensationOf is the seq of the forward step a compensation undoes.
 	Compensation   *string `json:"compensation,omitempty"`
@@ -255,6 +258,7 @@ func (e *Engine) GetRun(ctx context.Context, runID uuid.UUID) (*Run, error) {
 			RequestID: s.RequestID, Output: s.Output, Error: decodeErrorInfo(s.Error),
 			NextAttemptAt: s.NextAttemptAt, StartedAt: s.StartedAt, CompletedAt: s.CompletedAt,
 			Compensation: s.Compensation, CompensationOf: s.CompensationOf,
+			TimedOut: s.Kind == kindSignal && s.Status == store.StepCompleted && signalTimedOut(s.Output),
 		})
 	}
 	for _, s := range signals {

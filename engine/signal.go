@@ -259,6 +259,13 @@ func mustJSON(v any) []byte {
 	return b
 }
 
+// signalTimedOut reads a completed AwaitSignal record: true when it
+// records a timeout.
+func signalTimedOut(raw []byte) bool {
+	var o signalOutcome
+	return json.Unmarshal(raw, &o) == nil && o.TimedOut
+}
+
 func decodeSignalOutcome(name string, raw []byte) ([]byte, error) {
 	var o signalOutcome
 	if err := json.Unmarshal(raw, &o); err != nil {

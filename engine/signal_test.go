@@ -108,6 +108,9 @@ func TestAwaitSignalTimesOut(t *testing.T) {
 	out, err := wf.Wait(ctx, b.engine, res.RunID, 20*time.Millisecond)
 	require.NoError(t, err)
 	require.Equal(t, "timed out", out)
+	run, err = b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.True(t, run.Steps[0].TimedOut, "the record says the wait timed out")
 	// A signal sent after the timeout finds the run finished.
 	err = b.engine.Signal(ctx, res.RunID.String(), "approve", approval{By: "late"})
 	require.ErrorIs(t, err, engine.ErrRunClosed)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -118,7 +117,7 @@ func (g *global) printRun(run *engine.Run) {
 		if s.Error != nil {
 			msg = s.Error.Class + ": " + s.Error.Message
 		}
-		if s.Kind == "signal" && strings.Contains(string(s.Output), `"timed_out":true`) {
+		if s.TimedOut {
 			msg = "timed out (AwaitSignal returned ErrTimeout)"
 		}
 		var req any
