@@ -148,18 +148,11 @@ func AwaitSignal[T any](ctx *Context, name string, timeout time.Duration) (T, er
 }
 
 func (c *Context) awaitSignal(name string, timeout time.Duration) ([]byte, error) {
-	if c.ended {
-		return nil, c.endErr
-	}
-	if err := checkName("signal name", name, 200); err != nil {
-		return nil, fmt.Errorf("pgdurable: %w", err)
-	}
-	if !c.inStep.CompareAndSwap(false, true) {
-		return nil, fmt.Errorf("pgdurable: AwaitSignal %q called while a step runs", name)
+	seq, err := c.enterStep("signal", name)
+	if err != nil {
+		return nil, err
 	}
 	defer c.inStep.Store(false)
-	seq := c.seq
-	c.seq++
 	startedAt := c.e.now()
 	var deadline *time.Time
 	written := false
@@ -190,7 +183,7 @@ func (c *Context) awaitSignal(name string, timeout time.Duration) ([]byte, error
 
 	var outcome *signalOutcome
 	var cancel bool
-	err := c.do(func(ctx context.Context) error {
+	err = c.do(func(ctx context.Context) error {
 		return pgx.BeginFunc(ctx, c.e.pool, func(tx pgx.Tx) error {
 			outcome, cancel = nil, false
 			payload, found, cancelled, err := store.TakeSignal(ctx, tx, c.runID, c.token, name, seq)
@@ -251,12 +244,7 @@ func (c *Context) awaitSignal(name string, timeout time.Duration) ([]byte, error
 	c.lastRecorded = seq
 	c.noteCancel(cancel)
 	c.e.obs.StepAttempt(c.wf.name, name, kindSignal, 1, "completed", c.e.now().Sub(startedAt))
-	return decodeSignalOutcome(name, mustJSON(outcome))
-}
-
-func mustJSON(v any) []byte {
-	b, _ := json.Marshal(v)
-	return b
+	return outcome.result()
 }
 
 // signalTimedOut reads a completed AwaitSignal record: true when it
@@ -271,6 +259,11 @@ func decodeSignalOutcome(name string, raw []byte) ([]byte, error) {
 	if err := json.Unmarshal(raw, &o); err != nil {
 		return nil, fmt.Errorf("pgdurable: decoding recorded signal %q: %w", name, err)
 	}
+	return o.result()
+}
+
+// result is what AwaitSignal returns for this outcome, live or replayed.
+func (o *signalOutcome) result() ([]byte, error) {
 	if o.TimedOut {
 		return nil, ErrTimeout
 	}

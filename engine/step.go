@@ -124,22 +124,33 @@ type panicInfo struct {
 	stack []byte
 }
 
+// enterStep takes the next step position for a step of any kind (what
+// names it in errors: "step", "signal"), or says why none may start. On
+// success the caller must clear c.inStep when the step is done.
+func (c *Context) enterStep(what, name string) (int, error) {
+	if c.ended {
+		return 0, c.endErr
+	}
+	if err := checkName(what+" name", name, 200); err != nil {
+		// Not recorded and no position used: it fails the same way on replay.
+		return 0, fmt.Errorf("pgdurable: %w", err)
+	}
+	if !c.inStep.CompareAndSwap(false, true) {
+		return 0, fmt.Errorf("pgdurable: %s %q called while another step runs; steps cannot nest or run concurrently", what, name)
+	}
+	seq := c.seq
+	c.seq++
+	return seq, nil
+}
+
 // runStep is the replay logic shared by every kind of step.
 func (c *Context) runStep(call *stepCall) ([]byte, error) {
 	name, kind, opts := call.name, call.kind, call.opts
-	if c.ended {
-		return nil, c.endErr
-	}
-	if err := checkName("step name", name, 200); err != nil {
-		// Not recorded and no position used: it fails the same way on replay.
-		return nil, fmt.Errorf("pgdurable: %w", err)
-	}
-	if !c.inStep.CompareAndSwap(false, true) {
-		return nil, fmt.Errorf("pgdurable: step %q called while another step runs; steps cannot nest or run concurrently", name)
+	seq, err := c.enterStep("step", name)
+	if err != nil {
+		return nil, err
 	}
 	defer c.inStep.Store(false)
-	seq := c.seq
-	c.seq++
 	log := c.log.With("step", name, "seq", seq)
 	forward := call.compensationOf == nil
 
