@@ -168,15 +168,8 @@ func (e *Engine) CreateSchedule(ctx context.Context, spec ScheduleSpec) (*Schedu
 	if err != nil {
 		return nil, err
 	}
-	err = store.InsertSchedule(ctx, e.pool, e.scheduleRow(&spec, sched.Next(e.now())))
-	if errors.Is(err, store.ErrConflict) {
-		return nil, fmt.Errorf("%w: %q", ErrScheduleExists, spec.Name)
-	}
-	if errors.Is(err, store.ErrBadPayload) {
-		return nil, fmt.Errorf("%w: input of schedule %q: %v", ErrInvalidInput, spec.Name, err)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("pgdurable: creating schedule %q: %w", spec.Name, err)
+	if err := store.InsertSchedule(ctx, e.pool, e.scheduleRow(&spec, sched.Next(e.now()))); err != nil {
+		return nil, e.scheduleErr("creating", spec.Name, err)
 	}
 	return e.GetSchedule(ctx, spec.Name)
 }
@@ -191,11 +184,7 @@ func (e *Engine) UpdateSchedule(ctx context.Context, spec ScheduleSpec) (*Schedu
 	if err != nil {
 		return nil, err
 	}
-	err = store.UpdateSchedule(ctx, e.pool, e.scheduleRow(&spec, sched.Next(e.now())))
-	if errors.Is(err, store.ErrBadPayload) {
-		return nil, fmt.Errorf("%w: input of schedule %q: %v", ErrInvalidInput, spec.Name, err)
-	}
-	if err != nil {
+	if err := store.UpdateSchedule(ctx, e.pool, e.scheduleRow(&spec, sched.Next(e.now()))); err != nil {
 		return nil, e.scheduleErr("updating", spec.Name, err)
 	}
 	return e.GetSchedule(ctx, spec.Name)
@@ -309,6 +298,10 @@ func (e *Engine) scheduleErr(verb, name string, err error) error {
 		return nil
 	case errors.Is(err, store.ErrNotFound), errors.Is(err, errNoSuchName):
 		return fmt.Errorf("%w: schedule %q", ErrNotFound, name)
+	case errors.Is(err, store.ErrConflict):
+		return fmt.Errorf("%w: %q", ErrScheduleExists, name)
+	case errors.Is(err, store.ErrBadPayload):
+		return fmt.Errorf("%w: input of schedule %q: %v", ErrInvalidInput, name, err)
 	}
 	return fmt.Errorf("pgdurable: %s schedule %q: %w", verb, name, err)
 }

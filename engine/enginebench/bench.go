@@ -202,22 +202,8 @@ func throughput(ctx context.Context, pool *pgxpool.Pool, rt *RoundTrips, url str
 	}
 	rt0 := rt.Count()
 	start := time.Now()
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	var startErr atomic.Pointer[error]
-	for range 8 {
-		wg.Go(func() {
-			for next.Add(1) <= int64(n) {
-				if _, err := wf.Start(ctx, e, 1, nil); err != nil {
-					startErr.Store(&err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if p := startErr.Load(); p != nil {
-		return nil, *p
+	if err := startMany(ctx, e, wf, n, 1); err != nil {
+		return nil, err
 	}
 	for done.Load() < int64(n) {
 		time.Sleep(time.Millisecond)
@@ -335,4 +321,27 @@ func thousands(n int) string {
 		s = s[:i] + "," + s[i:]
 	}
 	return s
+}
+
+// startMany starts n runs of wf with input in from 8 goroutines, as a
+// busy service would, and returns the first start error.
+func startMany[In, Out any](ctx context.Context, e *engine.Engine, wf *engine.Workflow[In, Out], n int, in In) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var startErr atomic.Pointer[error]
+	for range 8 {
+		wg.Go(func() {
+			for next.Add(1) <= int64(n) {
+				if _, err := wf.Start(ctx, e, in, nil); err != nil {
+					startErr.Store(&err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if p := startErr.Load(); p != nil {
+		return *p
+	}
+	return nil
 }

@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -61,22 +60,8 @@ func waitingMemory(ctx context.Context, pool *pgxpool.Pool, n int, log *slog.Log
 	}
 	m.goroutinesIdle = runtime.NumGoroutine()
 
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	var startErr atomic.Pointer[error]
-	for range 8 {
-		wg.Go(func() {
-			for next.Add(1) <= int64(n) {
-				if _, err := wf.Start(ctx, e, 0, nil); err != nil {
-					startErr.Store(&err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if p := startErr.Load(); p != nil {
-		return nil, *p
+	if err := startMany(ctx, e, wf, n, 0); err != nil {
+		return nil, err
 	}
 	for {
 		var waiting int
