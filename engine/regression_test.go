@@ -218,6 +218,31 @@ func TestStopHandsBackAtStepBoundary(t *testing.T) {
 
 var _ pgx.Tx
 
+// gatedTwoSteps is a two-step workflow whose first delivery of s1 waits
+// (after closing inStep) until release is closed; s1 and s2 count calls.
+type gatedTwoSteps struct {
+	wf              *engine.Workflow[int, int]
+	inStep, release chan struct{}
+	s1, s2          atomic.Int32
+}
+
+func newGatedTwoSteps(name string) *gatedTwoSteps {
+	g := &gatedTwoSteps{inStep: make(chan struct{}), release: make(chan struct{})}
+	g.wf = engine.Define(name, func(ctx *engine.Context, in int) (int, error) {
+		if _, err := engine.Step(ctx, "s1", func(context.Context) (int, error) {
+			if g.s1.Add(1) == 1 {
+				close(g.inStep)
+				<-g.release
+			}
+			return 1, nil
+		}, nil); err != nil {
+			return 0, err
+		}
+		return engine.Step(ctx, "s2", func(context.Context) (int, error) { g.s2.Add(1); return in, nil }, nil)
+	}, nil)
+	return g
+}
+
 // The claim commits asynchronously, so a PostgreSQL crash can lose it while
 // its delivery runs a step: the run is back to unowned and the delivery's
 // first write fails its fence. Nobody else holds the run and its ticket
@@ -226,21 +251,8 @@ var _ pgx.Tx
 func TestRunOfLostClaimIsRedelivered(t *testing.T) {
 	t.Parallel()
 	db := enginetest.NewDB(t)
-	inStep := make(chan struct{})
-	release := make(chan struct{})
-	var s1, s2 atomic.Int32
-	wf := engine.Define("lost-claim", func(ctx *engine.Context, in int) (int, error) {
-		if _, err := engine.Step(ctx, "s1", func(context.Context) (int, error) {
-			if s1.Add(1) == 1 {
-				close(inStep)
-				<-release
-			}
-			return 1, nil
-		}, nil); err != nil {
-			return 0, err
-		}
-		return engine.Step(ctx, "s2", func(context.Context) (int, error) { s2.Add(1); return in, nil }, nil)
-	}, nil)
+	g := newGatedTwoSteps("lost-claim")
+	wf, inStep, release, s1, s2 := g.wf, g.inStep, g.release, &g.s1, &g.s2
 	worker := newEngine(t, db, nil, true, wf)
 	ctx := testCtx(t)
 	res, err := wf.Start(ctx, worker, 5, nil)
@@ -269,21 +281,8 @@ func TestRunOfLostClaimIsRedelivered(t *testing.T) {
 func TestFailedWriteAfterLostClaimIsRedelivered(t *testing.T) {
 	t.Parallel()
 	db := enginetest.NewDB(t)
-	inStep := make(chan struct{})
-	release := make(chan struct{})
-	var s1 atomic.Int32
-	wf := engine.Define("lost-claim-eof", func(ctx *engine.Context, in int) (int, error) {
-		if _, err := engine.Step(ctx, "s1", func(context.Context) (int, error) {
-			if s1.Add(1) == 1 {
-				close(inStep)
-				<-release
-			}
-			return 1, nil
-		}, nil); err != nil {
-			return 0, err
-		}
-		return engine.Step(ctx, "s2", func(context.Context) (int, error) { return in, nil }, nil)
-	}, nil)
+	g := newGatedTwoSteps("lost-claim-eof")
+	wf, inStep, release, s1 := g.wf, g.inStep, g.release, &g.s1
 	worker := newEngine(t, db, nil, true, wf)
 	ctx := testCtx(t)
 	res, err := wf.Start(ctx, worker, 6, nil)

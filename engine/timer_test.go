@@ -133,16 +133,24 @@ func TestSleepWakesAtItsTimeNotBefore(t *testing.T) {
 	ctx := testCtx(t)
 	res, err := wf.Start(ctx, b.engine, 0, nil)
 	require.NoError(t, err)
-	waitStatus(t, b.engine, res.RunID, engine.StatusWaiting, 10*time.Second)
-	clock.Advance(30*time.Minute - time.Second)
-	time.Sleep(time.Second)
-	run, err := b.engine.GetRun(ctx, res.RunID)
-	require.NoError(t, err)
-	require.Equal(t, engine.StatusWaiting, run.Status)
-	clock.Advance(time.Second)
+	dueAfter(t, b.engine, clock, res.RunID, 30*time.Minute)
 	out, err := wf.Wait(ctx, b.engine, res.RunID, 20*time.Millisecond)
 	require.NoError(t, err)
 	require.Equal(t, clockStart.Add(30*time.Minute), out.UTC())
+}
+
+// dueAfter waits for runID to wait, moves clock to one second before d
+// has passed, checks over several sweeps that the run still waits, then
+// moves the last second.
+func dueAfter(t *testing.T, e *engine.Engine, clock *enginetest.Clock, runID uuid.UUID, d time.Duration) {
+	t.Helper()
+	waitStatus(t, e, runID, engine.StatusWaiting, 10*time.Second)
+	clock.Advance(d - time.Second)
+	time.Sleep(time.Second) // sweeps run: not due yet
+	run, err := e.GetRun(context.Background(), runID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusWaiting, run.Status, "woken before its time")
+	clock.Advance(time.Second)
 }
 
 // Short sleeps wait in place; a wake time in the past returns at once; both
