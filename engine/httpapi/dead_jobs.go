@@ -133,4 +133,3 @@ func (a *api) resolveDeadJob(resolve func(context.Context, uuid.UUID, *engine.Re
 	}
 }
 
-func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }

@@ -28,11 +28,13 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"time"
@@ -193,6 +195,28 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
+}
+
+// readJSON decodes the request body into v: exactly one JSON value, no
+// unknown fields. On failure it answers (413 over the body limit, 400
+// invalid_json saying the body must be shape) and returns false.
+func (a *api) readJSON(w http.ResponseWriter, r *http.Request, v any, shape string) bool {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		a.engineError(w, r, err)
+		return false
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_json", "request body must be "+shape+": "+err.Error())
+		return false
+	}
+	if dec.More() {
+		writeError(w, http.StatusBadRequest, "invalid_json", "request body holds more than one JSON value")
+		return false
+	}
+	return true
 }
 
 // engineError maps the engine's conditions onto HTTP statuses and codes.

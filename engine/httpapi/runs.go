@@ -91,20 +91,8 @@ type startResponse struct {
 
 func (a *api) startRun(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		a.engineError(w, r, err)
-		return
-	}
 	var req startRequest
-	dec := json.NewDecoder(bytesReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_json", "request body must be {\"id\": string, \"input\": any JSON}: "+err.Error())
-		return
-	}
-	if dec.More() {
-		writeError(w, http.StatusBadRequest, "invalid_json", "request body holds more than one JSON value")
+	if !a.readJSON(w, r, &req, `{"id": string, "input": any JSON}`) {
 		return
 	}
 	res, err := a.e.StartJSON(r.Context(), name, req.Input, &engine.StartOpts{WorkflowID: req.ID})

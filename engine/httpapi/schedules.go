@@ -2,9 +2,7 @@ package httpapi
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 
@@ -25,26 +23,9 @@ type scheduleRequest struct {
 }
 
 // readSchedule decodes a schedule request, writing a 400 on failure.
-func readSchedule(w http.ResponseWriter, r *http.Request) (*engine.ScheduleSpec, bool) {
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			writeError(w, http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("request body is over %d bytes", tooBig.Limit))
-		} else {
-			writeError(w, http.StatusBadRequest, "invalid_json", err.Error())
-		}
-		return nil, false
-	}
+func (a *api) readSchedule(w http.ResponseWriter, r *http.Request) (*engine.ScheduleSpec, bool) {
 	var req scheduleRequest
-	dec := json.NewDecoder(bytesReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil || dec.More() {
-		msg := "request body must be one JSON object: name, cron, time_zone, workflow, input, overlap, catchup_window, paused"
-		if err != nil {
-			msg += ": " + err.Error()
-		}
-		writeError(w, http.StatusBadRequest, "invalid_json", msg)
+	if !a.readJSON(w, r, &req, "one JSON object: name, cron, time_zone, workflow, input, overlap, catchup_window, paused") {
 		return nil, false
 	}
 	spec := &engine.ScheduleSpec{Name: req.Name, Cron: req.Cron, TimeZone: req.TimeZone, Workflow: req.Workflow,
@@ -61,7 +42,7 @@ func readSchedule(w http.ResponseWriter, r *http.Request) (*engine.ScheduleSpec,
 }
 
 func (a *api) createSchedule(w http.ResponseWriter, r *http.Request) {
-	spec, ok := readSchedule(w, r)
+	spec, ok := a.readSchedule(w, r)
 	if !ok {
 		return
 	}
@@ -74,7 +55,7 @@ func (a *api) createSchedule(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) updateSchedule(w http.ResponseWriter, r *http.Request) {
-	spec, ok := readSchedule(w, r)
+	spec, ok := a.readSchedule(w, r)
 	if !ok {
 		return
 	}
