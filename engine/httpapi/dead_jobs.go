@@ -132,4 +132,3 @@ func (a *api) resolveDeadJob(resolve func(context.Context, uuid.UUID, *engine.Re
 		writeJSON(w, http.StatusOK, toDeadJobJSON(d))
 	}
 }
-
