@@ -271,21 +271,11 @@ func latency(ctx context.Context, pool *pgxpool.Pool, samples int, log *slog.Log
 	stepOne := make(chan time.Time, 1)
 	ended := make(chan time.Time, 1)
 	wf := noopWorkflow("bench-latency", 3, &finished, stepOne)
-	e, err := engine.New(pool, &engine.Config{Logger: log, Queue: "bench_latency", Observer: endObserver{ended: ended}})
+	e, stop, err := startEngine(ctx, pool, &engine.Config{Logger: log, Queue: "bench_latency", Observer: endObserver{ended: ended}}, wf)
 	if err != nil {
 		return nil, err
 	}
-	if err := e.Register(wf); err != nil {
-		return nil, err
-	}
-	if err := e.Start(ctx); err != nil {
-		return nil, err
-	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = e.Stop(sctx)
-	}()
+	defer stop()
 	time.Sleep(300 * time.Millisecond) // River listens
 	l := &latencies{}
 	for i := range samples {
@@ -344,4 +334,23 @@ func startMany[In, Out any](ctx context.Context, e *engine.Engine, wf *engine.Wo
 		return *p
 	}
 	return nil
+}
+
+// startEngine builds and starts an engine over pool that works wf; stop
+// stops it (waiting up to 10 s for deliveries to hand back).
+func startEngine(ctx context.Context, pool *pgxpool.Pool, cfg *engine.Config, wf engine.Registration) (e *engine.Engine, stop func(), err error) {
+	if e, err = engine.New(pool, cfg); err != nil {
+		return nil, nil, err
+	}
+	if err := e.Register(wf); err != nil {
+		return nil, nil, err
+	}
+	if err := e.Start(ctx); err != nil {
+		return nil, nil, err
+	}
+	return e, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = e.Stop(sctx)
+	}, nil
 }

@@ -38,21 +38,11 @@ func waitingMemory(ctx context.Context, pool *pgxpool.Pool, n int, log *slog.Log
 		}
 		return 0, nil
 	}, nil)
-	e, err := engine.New(pool, &engine.Config{Logger: log, Queue: "bench_waiting"})
+	e, stop, err := startEngine(ctx, pool, &engine.Config{Logger: log, Queue: "bench_waiting"}, wf)
 	if err != nil {
 		return nil, err
 	}
-	if err := e.Register(wf); err != nil {
-		return nil, err
-	}
-	if err := e.Start(ctx); err != nil {
-		return nil, err
-	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = e.Stop(sctx)
-	}()
+	defer stop()
 	time.Sleep(2 * time.Second) // River's services start
 	m := &memoryResult{}
 	if m.idleRSS, m.idleHeap, err = memory(); err != nil {

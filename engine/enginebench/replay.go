@@ -45,21 +45,11 @@ func replayCost(ctx context.Context, pool *pgxpool.Pool, rt *RoundTrips, log *sl
 			return 1, nil
 		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: 1500 * time.Millisecond, DisableJitter: true}})
 	}, nil)
-	e, err := engine.New(pool, &engine.Config{Logger: log, Queue: "bench_replay", MaxWorkers: 1})
+	e, stop, err := startEngine(ctx, pool, &engine.Config{Logger: log, Queue: "bench_replay", MaxWorkers: 1}, wf)
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	if err := e.Register(wf); err != nil {
-		return 0, 0, 0, err
-	}
-	if err := e.Start(ctx); err != nil {
-		return 0, 0, 0, err
-	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = e.Stop(sctx)
-	}()
+	defer stop()
 	res, err := wf.Start(ctx, e, 1, nil)
 	if err != nil {
 		return 0, 0, 0, err
