@@ -182,3 +182,15 @@ func (g *global) client(ctx context.Context) (*engine.Engine, *pgxpool.Pool, err
 	}
 	return e, pool, nil
 }
+
+// withClient runs fn with an engine client over the command's database.
+func (g *global) withClient(fn func(ctx context.Context, e *engine.Engine, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		e, pool, err := g.client(cmd.Context())
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		return fn(cmd.Context(), e, args)
+	}
+}

@@ -1,6 +1,7 @@
 package commands
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -54,17 +55,12 @@ func (g *global) runsCmd() *cobra.Command {
 
 	show := &cobra.Command{
 		Use: "show RUN", Short: "Show a run (by run ID or workflow ID) and its step timeline", Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			e, pool, err := g.client(cmd.Context())
+		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, args []string) error {
+			id, err := e.FindRun(ctx, args[0])
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			id, err := e.FindRun(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			run, err := e.GetRun(cmd.Context(), id)
+			run, err := e.GetRun(ctx, id)
 			if err != nil {
 				return err
 			}
@@ -73,7 +69,7 @@ func (g *global) runsCmd() *cobra.Command {
 			}
 			g.printRun(run)
 			return nil
-		},
+		}),
 	}
 	cmd.AddCommand(list, show)
 	return cmd
@@ -184,22 +180,17 @@ func (g *global) startCmd() *cobra.Command {
 func (g *global) cancelCmd() *cobra.Command {
 	return &cobra.Command{
 		Use: "cancel RUN", Short: "Cancel a run (by run ID or workflow ID): compensations run, it ends cancelled", Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			e, pool, err := g.client(cmd.Context())
+		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, args []string) error {
+			id, err := e.FindRun(ctx, args[0])
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			id, err := e.FindRun(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			if err := e.Cancel(cmd.Context(), id); err != nil {
+			if err := e.Cancel(ctx, id); err != nil {
 				return err
 			}
 			fmt.Fprintf(g.opts.Stdout, "run %s: cancellation requested\n", id)
 			return nil
-		},
+		}),
 	}
 }
 

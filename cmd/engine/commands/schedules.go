@@ -144,15 +144,3 @@ func (g *global) printSchedule(s *engine.Schedule) {
 	t.row(s.Name, s.Cron, s.TimeZone, s.Workflow, s.Overlap, s.CatchupWindow, s.Paused, s.NextFireAt)
 	t.flush()
 }
-
-// withClient runs fn with an engine client over the command's database.
-func (g *global) withClient(fn func(ctx context.Context, e *engine.Engine, args []string) error) func(*cobra.Command, []string) error {
-	return func(cmd *cobra.Command, args []string) error {
-		e, pool, err := g.client(cmd.Context())
-		if err != nil {
-			return err
-		}
-		defer pool.Close()
-		return fn(cmd.Context(), e, args)
-	}
-}
