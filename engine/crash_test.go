@@ -232,6 +232,57 @@ func TestCrashLoopingRunIsParkedAndHealthyRunsComplete(t *testing.T) {
 	require.Equal(t, crashesAtPark, crashes.Load(), "no crashes once the poison run is parked")
 }
 
+// A run whose delivery is the second in a row to die without progress is
+// held back for a jittered delay before the next, instead of being
+// redelivered with the other runs of the crashed worker; a run in its first
+// crash is redelivered at once. The engine's clock is frozen, so the held
+// run stays waiting until the test moves the clock past the bound.
+func TestRepeatedCrashHoldsTheRunBackWithJitter(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("held", func(ctx *engine.Context, in int) (int, error) {
+		return engine.Step(ctx, "s", func(context.Context) (int, error) { return in, nil }, nil)
+	}, nil)
+	db := enginetest.NewDB(t)
+	client := newEngine(t, db, nil, false, wf)
+	ctx := testCtx(t)
+	crashed := func(in, deliveries int) uuid.UUID {
+		res, err := wf.Start(ctx, client, in, nil)
+		require.NoError(t, err)
+		// Its worker claimed it deliveries times in a row and died each time.
+		_, err = db.Pool.Exec(ctx, `UPDATE workflow_runs SET status = 'running', owner_token = gen_random_uuid(),
+			lease_expires_at = now() - interval '1 second', deliveries = $2, stalled_deliveries = $2 WHERE run_id = $1`,
+			res.RunID, deliveries)
+		require.NoError(t, err)
+		return res.RunID
+	}
+	first := crashed(1, 1)
+	third := crashed(3, 3)
+	_, err := db.Pool.Exec(ctx, `DELETE FROM river_job`) // the dead worker's tickets
+	require.NoError(t, err)
+
+	clock := enginetest.NewClock(time.Now())
+	const lease = 2 * time.Second
+	worker := newEngine(t, db, &engine.Config{Clock: clock, LeaseDuration: lease, SweepInterval: 20 * time.Millisecond}, true, wf)
+
+	run := waitStatus(t, worker, first, engine.StatusCompleted, 10*time.Second)
+	require.Equal(t, 2, run.Deliveries)
+
+	held := waitStatus(t, worker, third, engine.StatusWaiting, 10*time.Second)
+	require.NotNil(t, held.WakeAt)
+	// stalled 3: up to lease × 2^(3-2).
+	require.False(t, held.WakeAt.Before(clock.Now()), "wake_at %s before the clock %s", held.WakeAt, clock.Now())
+	require.False(t, held.WakeAt.After(clock.Now().Add(2*lease)), "wake_at %s beyond the bound", held.WakeAt)
+	time.Sleep(200 * time.Millisecond)
+	run, err = worker.GetRun(ctx, third)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusWaiting, run.Status, "not redelivered before its wake time")
+	require.Equal(t, 3, run.Deliveries)
+
+	clock.Advance(2 * lease)
+	run = waitStatus(t, worker, third, engine.StatusCompleted, 10*time.Second)
+	require.Equal(t, 4, run.Deliveries)
+}
+
 func TestOnlyTheLeaseHolderRecordsAndTheLoserStops(t *testing.T) {
 	t.Parallel()
 	var bCalls, cCalls atomic.Int64

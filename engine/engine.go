@@ -50,7 +50,11 @@ type Config struct {
 
 	// MaxDeliveries is how many consecutive deliveries of a run may end
 	// without recording anything (a worker crash, an OOM kill) before the
-	// run is parked as dead with reason crash_loop. Default 10.
+	// run is parked as dead with reason crash_loop. Default 10. From the
+	// second such delivery in a row the run waits a random delay of up to
+	// LeaseDuration × 2^(n-2), at most 4 × LeaseDuration, before the next,
+	// so the runs that shared a worker with a poison run stop being
+	// redelivered with it and are not parked for its crashes.
 	MaxDeliveries int
 	// MaxInlineBackoff is the longest retry backoff a delivery waits out
 	// in place; longer ones end the delivery and free the worker until the

@@ -117,18 +117,22 @@ func (e *Engine) sweepOrphans(ctx context.Context) error {
 }
 
 // sweep enqueues a delivery for each run whose lease expired and each
-// waiting run that is due, in one transaction, and returns how many.
+// waiting run that is due, in one transaction, and returns how many runs it
+// handled. A run caught in repeated crashes is held back instead (see
+// store.Sweep) and enqueued by the sweep that finds it due.
 func (e *Engine) sweep(ctx context.Context) (int, error) {
 	var swept []store.SweptRun
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		var err error
-		swept, err = store.Sweep(ctx, tx, e.cfg.Queue, e.now(), sweepBatch)
+		swept, err = store.Sweep(ctx, tx, e.cfg.Queue, e.now(), e.cfg.LeaseDuration, sweepBatch)
 		if err != nil {
 			return err
 		}
-		ids := make([]uuid.UUID, len(swept))
-		for i, s := range swept {
-			ids[i] = s.RunID
+		ids := make([]uuid.UUID, 0, len(swept))
+		for _, s := range swept {
+			if s.Cause != "crash_backoff" {
+				ids = append(ids, s.RunID)
+			}
 		}
 		return e.queue.EnqueueMany(ctx, tx, ids)
 	})
@@ -136,8 +140,12 @@ func (e *Engine) sweep(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	for _, s := range swept {
-		if s.Cause == "lease_expired" {
+		switch s.Cause {
+		case "lease_expired":
 			e.log.Warn("lease expired; run re-enqueued for another delivery", "run_id", s.RunID)
+		case "crash_backoff":
+			e.log.Warn("lease expired again without progress; run held back before its next delivery",
+				"run_id", s.RunID, "stalled_deliveries", s.Stalled, "wake_at", s.WakeAt.UTC().Format(time.RFC3339Nano))
 		}
 	}
 	return len(swept), nil

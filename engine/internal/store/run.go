@@ -424,7 +424,13 @@ func ReleaseUnclaimed(ctx context.Context, db DBTX, runID, token uuid.UUID) erro
 // SweptRun is a run the sweep handed a new delivery.
 type SweptRun struct {
 	RunID uuid.UUID
-	Cause string // "lease_expired" or "wake"
+	// Cause is "lease_expired" (enqueue it now), "crash_backoff" (held
+	// until WakeAt; a later sweep enqueues it) or "wake".
+	Cause string
+	// WakeAt and Stalled are set for crash_backoff: when the run is due,
+	// and how many deliveries in a row died without progress.
+	WakeAt  *time.Time
+	Stalled int
 }
 
 // One statement finds runs whose lease expired (their worker died) and
@@ -432,6 +438,16 @@ type SweptRun struct {
 // engine processes sweep at once without blocking each other or a live
 // writer. Woken runs become pending with no wake time, so the next sweep
 // does not enqueue them again.
+//
+// A run whose delivery is the second or later in a row to die without
+// recording progress is not enqueued at once: it waits (status waiting, or
+// compensating) for a random delay of up to $4 ms × 2^(stalled-2), capped
+// at 4 × $4 (full jitter, as in AWS's backoff note). A worker that a
+// poison run kills takes every run in flight with it; redelivered together
+// each time, an innocent run would be parked for a crash loop it did not
+// cause. The jitter spreads the suspects apart, so the innocent ones
+// complete and only the poison run keeps crashing. A first crash costs no
+// delay.
 const sweep = `
 WITH expired AS (
     SELECT run_id FROM workflow_runs
@@ -451,29 +467,34 @@ WITH expired AS (
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ), swept AS (
-    UPDATE workflow_runs r SET owner_token = NULL, lease_expires_at = NULL, enqueued_at = now()
+    UPDATE workflow_runs r SET owner_token = NULL, lease_expires_at = NULL,
+        status = CASE WHEN r.stalled_deliveries >= 2 AND r.status = 'running' THEN 'waiting' ELSE r.status END,
+        wake_at = CASE WHEN r.stalled_deliveries >= 2 THEN $3::timestamptz + random()
+            * least(2 ^ (r.stalled_deliveries - 2), 4) * $4::bigint * interval '1 millisecond' END,
+        enqueued_at = now()
     FROM expired WHERE r.run_id = expired.run_id
-    RETURNING r.run_id
+    RETURNING r.run_id, r.wake_at, r.stalled_deliveries
 ), woken AS (
     UPDATE workflow_runs r SET status = CASE WHEN r.status = 'waiting' THEN 'pending' ELSE r.status END,
         wake_at = NULL, await_signal = NULL, enqueued_at = now()
     WHERE r.run_id IN (SELECT run_id FROM due UNION SELECT run_id FROM cancelled)
     RETURNING r.run_id
 )
-SELECT run_id, 'lease_expired' FROM swept
+SELECT run_id, CASE WHEN wake_at IS NULL THEN 'lease_expired' ELSE 'crash_backoff' END, wake_at, stalled_deliveries FROM swept
 UNION ALL
-SELECT run_id, 'wake' FROM woken`
+SELECT run_id, 'wake', NULL, 0 FROM woken`
 
 // Sweep hands up to limit runs of each kind on queue back for delivery; the
-// caller enqueues a ticket for each in the same transaction.
-func Sweep(ctx context.Context, tx DBTX, queue string, now time.Time, limit int) ([]SweptRun, error) {
-	rows, err := tx.Query(ctx, sweep, limit, queue, now)
+// caller enqueues a ticket in the same transaction for each whose Cause is
+// not crash_backoff. lease scales the crash backoff.
+func Sweep(ctx context.Context, tx DBTX, queue string, now time.Time, lease time.Duration, limit int) ([]SweptRun, error) {
+	rows, err := tx.Query(ctx, sweep, limit, queue, now, ms(lease))
 	if err != nil {
 		return nil, fmt.Errorf("sweeping runs: %w", err)
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (SweptRun, error) {
 		var s SweptRun
-		err := r.Scan(&s.RunID, &s.Cause)
+		err := r.Scan(&s.RunID, &s.Cause, &s.WakeAt, &s.Stalled)
 		return s, err
 	})
 }
@@ -487,7 +508,7 @@ func Sweep(ctx context.Context, tx DBTX, queue string, now time.Time, limit int)
 const reenqueueOrphans = `
 UPDATE workflow_runs SET enqueued_at = now()
 WHERE run_id = ANY($1) AND owner_token IS NULL
-  AND status IN ('pending', 'running', 'compensating')
+  AND status IN ('pending', 'running', 'compensating') AND wake_at IS NULL
   AND enqueued_at < now() - $2::bigint * interval '1 millisecond'
 RETURNING run_id`
 
@@ -496,7 +517,7 @@ RETURNING run_id`
 // (the claim commits asynchronously, see claimRun).
 const reenqueueUnowned = `
 UPDATE workflow_runs SET enqueued_at = now()
-WHERE run_id = $1 AND owner_token IS NULL AND status IN ('pending', 'running', 'compensating')
+WHERE run_id = $1 AND owner_token IS NULL AND status IN ('pending', 'running', 'compensating') AND wake_at IS NULL
 RETURNING run_id`
 
 // ReenqueueUnowned marks runID for a new ticket if no delivery holds it and
