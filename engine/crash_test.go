@@ -136,15 +136,23 @@ func calls(t *testing.T, pool *pgxpool.Pool, runID uuid.UUID, step string) int {
 	return n
 }
 
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
+	if !within(d, cond) {
+		t.Fatalf("timed out after %s waiting for %s", d, what)
+	}
+}
+
+// within polls cond every 20ms and reports whether it held within d.
+func within(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", within, what)
+			return false
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	return true
 }
 
 func TestKilledWorkerRunFinishesOnAnotherWorker(t *testing.T) {

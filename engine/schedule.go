@@ -67,7 +67,11 @@ type ScheduleSpec struct {
 	// CatchupWindow: after downtime, missed fires younger than this start
 	// in order; older ones are recorded as skipped. Default 1 h.
 	CatchupWindow time.Duration `json:"-"`
-	// Paused schedules do not fire; resuming does not catch up.
+	// Paused schedules do not fire; resuming does not catch up. Pausing is
+	// state, as in Temporal: CreateSchedule creates the schedule paused,
+	// UpdateSchedule and SaveSchedule pause it when true and leave it
+	// paused when false; only ResumeSchedule resumes. So a schedule an
+	// operator paused stays paused across deploys that save it from code.
 	Paused bool `json:"paused"`
 }
 
@@ -174,11 +178,12 @@ func (e *Engine) CreateSchedule(ctx context.Context, spec ScheduleSpec) (*Schedu
 	return e.GetSchedule(ctx, spec.Name)
 }
 
-// UpdateSchedule replaces a schedule's definition. With the same cron
-// expression and time zone (and the schedule not paused) its next fire time
-// is kept, so fires missed while no engine ran are still caught up; a new
-// expression or time zone fires from the first fire time after now, and
-// drops a buffered fire. ErrNotFound when there is no such schedule.
+// UpdateSchedule replaces a schedule's definition; a paused schedule stays
+// paused (see ScheduleSpec.Paused). With the same cron expression and time
+// zone (and the schedule not paused) its next fire time is kept, so fires
+// missed while no engine ran are still caught up; a new expression or time
+// zone fires from the first fire time after now, and drops a buffered fire.
+// ErrNotFound when there is no such schedule.
 func (e *Engine) UpdateSchedule(ctx context.Context, spec ScheduleSpec) (*Schedule, error) {
 	sched, err := e.validateSchedule(&spec)
 	if err != nil {

@@ -300,7 +300,7 @@ func TestScheduleOverlapPolicies(t *testing.T) {
 // Schedules defined in code are saved at every start-up: SaveSchedule with
 // an unchanged expression keeps the next fire time, so the fires missed
 // while the process was down are still caught up; a new expression fires
-// from now on.
+// from now on. A paused schedule stays paused.
 func TestSaveScheduleKeepsCatchUpForAnUnchangedExpression(t *testing.T) {
 	t.Parallel()
 	db := enginetest.NewDB(t)
@@ -324,4 +324,15 @@ func TestSaveScheduleKeepsCatchUpForAnUnchangedExpression(t *testing.T) {
 	s, err = e.SaveSchedule(ctx, spec)
 	require.NoError(t, err)
 	require.Equal(t, clock.Now().Add(10*time.Minute), s.NextFireAt, "a new expression fires from now")
+
+	// An operator pauses it; the next deploy saves it from code again.
+	require.NoError(t, e.PauseSchedule(ctx, "coded"))
+	s, err = e.SaveSchedule(ctx, spec)
+	require.NoError(t, err)
+	require.True(t, s.Paused, "saving from code does not resume a paused schedule")
+	require.NoError(t, e.ResumeSchedule(ctx, "coded"))
+	spec.Paused = true
+	s, err = e.UpdateSchedule(ctx, spec)
+	require.NoError(t, err)
+	require.True(t, s.Paused, "an update can pause")
 }

@@ -96,7 +96,10 @@ func TestThousandSleepingRunsHoldNothingAndWakeAfterRestart(t *testing.T) {
 		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE state = 'running'`).Scan(&running))
 		return running == 0
 	})
-	eventually(t, 10*time.Second, "goroutines back to the idle count", func() bool { return runtime.NumGoroutine() <= idle })
+	if !within(10*time.Second, func() bool { return runtime.NumGoroutine() <= idle }) {
+		buf := make([]byte, 4<<20)
+		t.Fatalf("goroutines: %d idle, %d with %d runs asleep after 10s:\n%s", idle, runtime.NumGoroutine(), n, buf[:runtime.Stack(buf, true)])
+	}
 	t.Logf("goroutines: %d idle, %d with %d runs asleep", idle, runtime.NumGoroutine(), n)
 	time.Sleep(time.Second) // several sweeps: nothing is due yet
 	require.Equal(t, n, countRuns(t, db, engine.StatusWaiting))

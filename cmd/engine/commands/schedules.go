@@ -135,7 +135,7 @@ older ones are recorded as skipped. Daylight saving follows ISC cron (see README
 	f.StringVar(&input, "input", "", "the runs' input, JSON (default null)")
 	f.StringVar(&spec.Overlap, "overlap", engine.OverlapSkip, "skip, allow or buffer_one")
 	f.DurationVar(&spec.CatchupWindow, "catchup-window", engine.DefaultCatchupWindow, "how old a missed fire may be and still start")
-	f.BoolVar(&spec.Paused, "paused", false, "save it paused")
+	f.BoolVar(&spec.Paused, "paused", false, "save it paused (an update never resumes a paused schedule: use resume)")
 	return cmd
 }
 

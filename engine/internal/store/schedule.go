@@ -58,7 +58,7 @@ func UpdateSchedule(ctx context.Context, db DBTX, s *ScheduleRow) error {
 		next_fire_at = CASE WHEN cron = $2 AND time_zone = $3 AND NOT paused THEN next_fire_at ELSE $9 END,
 		buffered_fire_at = CASE WHEN cron = $2 AND time_zone = $3 AND NOT paused THEN buffered_fire_at END,
 		cron = $2, time_zone = $3, workflow_name = $4, input = $5::jsonb,
-		overlap_policy = $6, catchup_window_ms = $7, paused = $8, updated_at = now()
+		overlap_policy = $6, catchup_window_ms = $7, paused = paused OR $8, updated_at = now()
 		WHERE name = $1`,
 		s.Name, s.Cron, s.TimeZone, s.WorkflowName, string(s.Input), s.OverlapPolicy, ms(s.CatchupWindow), s.Paused, s.NextFireAt)
 	if err != nil {
