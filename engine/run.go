@@ -18,7 +18,7 @@ import (
 const (
 	StatusPending      = store.RunPending      // started, not yet delivered
 	StatusRunning      = store.RunRunning      // a delivery holds (or held) the lease
-	StatusWaiting      = store.RunWaiting      // waiting for a retry backoff, a timer or a signal
+	StatusWaiting      = store.RunWaiting      // waiting for a retry backoff, a timer, a signal, or a crash backoff (see Config.MaxDeliveries)
 	StatusCompleted    = store.RunCompleted    // terminal: output recorded
 	StatusFailed       = store.RunFailed       // terminal: the workflow returned an error
 	StatusCompensating = store.RunCompensating // undoing completed steps

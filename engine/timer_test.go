@@ -96,9 +96,11 @@ func TestThousandSleepingRunsHoldNothingAndWakeAfterRestart(t *testing.T) {
 		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE state = 'running'`).Scan(&running))
 		return running == 0
 	})
-	if !within(10*time.Second, func() bool { return runtime.NumGoroutine() <= idle }) {
+	// A goroutine held per sleeping run would never go; the generous wait
+	// is for pgx's and River's short-lived ones on a loaded machine.
+	if !within(30*time.Second, func() bool { return runtime.NumGoroutine() <= idle }) {
 		buf := make([]byte, 4<<20)
-		t.Fatalf("goroutines: %d idle, %d with %d runs asleep after 10s:\n%s", idle, runtime.NumGoroutine(), n, buf[:runtime.Stack(buf, true)])
+		t.Fatalf("goroutines: %d idle, %d with %d runs asleep after 30s:\n%s", idle, runtime.NumGoroutine(), n, buf[:runtime.Stack(buf, true)])
 	}
 	t.Logf("goroutines: %d idle, %d with %d runs asleep", idle, runtime.NumGoroutine(), n)
 	time.Sleep(time.Second) // several sweeps: nothing is due yet
