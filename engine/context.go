@@ -46,6 +46,12 @@ type Context struct {
 	lastRecorded int
 	inStep       atomic.Bool // a step is running: guards nested and concurrent Step calls
 
+	// claimedAt is when this delivery took the lease (monotonic); once it
+	// has lived a whole lease, its next heartbeat counts it as long-lived
+	// (long is then set) for crash-loop attribution (see Engine.deliver).
+	claimedAt time.Time
+	long      atomic.Bool
+
 	ended  bool  // this delivery has handed the run back; no more writes
 	endErr error // what Step returns from now on
 	// unstorable: a record was refused by PostgreSQL for its data and the

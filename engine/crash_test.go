@@ -291,6 +291,95 @@ func TestRepeatedCrashHoldsTheRunBackWithJitter(t *testing.T) {
 	require.Equal(t, 4, run.Deliveries)
 }
 
+// Crash-loop attribution: a run is parked after MaxDeliveries deliveries in
+// a row that died young (within their first lease, as a poison run kills
+// its worker), or after 5 × MaxDeliveries that died at any age; a run whose
+// stalled deliveries mostly lived long (a long step on a worker another
+// run kept killing) is delivered again.
+func TestCrashLoopParksOnYoungDeathsOrFiveTimesAsManyInAll(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("attributed", func(ctx *engine.Context, in int) (int, error) {
+		return engine.Step(ctx, "s", func(context.Context) (int, error) { return in, nil }, nil)
+	}, nil)
+	db := enginetest.NewDB(t)
+	client := newEngine(t, db, nil, false, wf)
+	ctx := testCtx(t)
+	cases := []struct {
+		stalled, long int
+		parked        bool
+	}{
+		{stalled: 10, long: 0, parked: true},  // 10 young deaths
+		{stalled: 9, long: 0, parked: false},  // 9 young deaths
+		{stalled: 10, long: 1, parked: false}, // 9 young, 1 long
+		{stalled: 49, long: 45, parked: false},
+		{stalled: 50, long: 45, parked: true}, // 5 × MaxDeliveries in all
+	}
+	ids := make([]uuid.UUID, len(cases))
+	for i, c := range cases {
+		res, err := wf.Start(ctx, client, i, nil)
+		require.NoError(t, err)
+		ids[i] = res.RunID
+		_, err = db.Pool.Exec(ctx, `UPDATE workflow_runs SET deliveries = $2, stalled_deliveries = $2, long_stalled_deliveries = $3 WHERE run_id = $1`,
+			res.RunID, c.stalled, c.long)
+		require.NoError(t, err)
+	}
+	worker := newEngine(t, db, nil, true, wf)
+	for i, c := range cases {
+		want := engine.StatusCompleted
+		if c.parked {
+			want = engine.StatusDead
+		}
+		run := waitStatus(t, worker, ids[i], want, 10*time.Second)
+		if c.parked {
+			require.Equal(t, engine.ClassCrashLoop, run.Error.Class, "%+v", c)
+			require.Contains(t, run.Error.Message, fmt.Sprintf("%d consecutive deliveries", c.stalled))
+		}
+	}
+}
+
+// A delivery that lives a whole lease is counted as long-lived by its next
+// heartbeat; the step's record, progress, resets the count.
+func TestHeartbeatCountsALongLivedDelivery(t *testing.T) {
+	t.Parallel()
+	inStep := make(chan struct{})
+	release := make(chan struct{})
+	wf := engine.Define("long-step", func(ctx *engine.Context, _ int) (int, error) {
+		if _, err := engine.Step(ctx, "long", func(context.Context) (int, error) {
+			close(inStep)
+			<-release
+			return 1, nil
+		}, nil); err != nil {
+			return 0, err
+		}
+		return engine.Step(ctx, "after", func(context.Context) (int, error) { return 2, nil }, nil)
+	}, nil)
+	b := setup(t, &engine.Config{LeaseDuration: time.Second}, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	<-inStep
+	counts := func() (stalled, long int) {
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT stalled_deliveries, long_stalled_deliveries FROM workflow_runs WHERE run_id = $1`,
+			res.RunID).Scan(&stalled, &long))
+		return stalled, long
+	}
+	stalled, long := counts()
+	require.Equal(t, 1, stalled)
+	require.Equal(t, 0, long, "young")
+	eventually(t, 10*time.Second, "the delivery counted as long-lived", func() bool { _, long := counts(); return long == 1 })
+	time.Sleep(time.Second) // more heartbeats: counted once
+	stalled, long = counts()
+	require.Equal(t, 1, stalled)
+	require.Equal(t, 1, long)
+	close(release)
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 2, out)
+	stalled, long = counts()
+	require.Zero(t, stalled)
+	require.Zero(t, long)
+}
+
 func TestOnlyTheLeaseHolderRecordsAndTheLoserStops(t *testing.T) {
 	t.Parallel()
 	var bCalls, cCalls atomic.Int64

@@ -48,10 +48,13 @@ type Config struct {
 	// a retry or timer fires. Default 250ms.
 	SweepInterval time.Duration
 
-	// MaxDeliveries is how many consecutive deliveries of a run may end
-	// without recording anything (a worker crash, an OOM kill) before the
-	// run is parked as dead with reason crash_loop. Default 10. From the
-	// second such delivery in a row the run waits a random delay of up to
+	// MaxDeliveries is how many consecutive deliveries of a run may die
+	// within their first LeaseDuration without recording anything (a
+	// worker crash, an OOM kill) before the run is parked as dead with
+	// reason crash_loop; deliveries that died older count toward
+	// 5 × MaxDeliveries (a run in a long step dies with a worker that
+	// another run kills, and is not to blame). Default 10. From the second
+	// such delivery in a row the run waits a random delay of up to
 	// LeaseDuration × 2^(n-2), at most 4 × LeaseDuration, before the next,
 	// so the runs that shared a worker with a poison run stop being
 	// redelivered with it and are not parked for its crashes.

@@ -50,23 +50,42 @@ func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
 	c := &Context{
 		Context: dctx, cancel: cancel, fwd: fwd, cancelFwd: cancelFwd, e: e, wf: wf, runID: runID,
 		workflowID: claimed.WorkflowID, token: token, log: log, steps: claimed.Steps, lastRecorded: -1,
+		claimedAt: sent,
 	}
 	c.extendedAt(sent)
 	c.noteCancel(claimed.CancelRequested)
 	stopHeartbeat := e.heartbeat(c)
 	defer stopHeartbeat()
 
-	if claimed.StalledDeliveries > e.cfg.MaxDeliveries {
+	if crashLoop(claimed.StalledDeliveries-1, claimed.LongStalled, e.cfg.MaxDeliveries) {
 		c.park(nil, &parkReason{reason: "crash_loop", info: &ErrorInfo{
 			Class: ClassCrashLoop,
-			Message: fmt.Sprintf("%d consecutive deliveries ended without recording progress (worker crashed or was killed); MaxDeliveries is %d",
-				claimed.StalledDeliveries-1, e.cfg.MaxDeliveries),
+			Message: fmt.Sprintf("%d consecutive deliveries ended without recording progress (worker crashed or was killed), "+
+				"%d of them within their first lease; MaxDeliveries is %d",
+				claimed.StalledDeliveries-1, max(claimed.StalledDeliveries-1-claimed.LongStalled, 0), e.cfg.MaxDeliveries),
 		}})
 		return nil
 	}
 	out, p, err := c.runWorkflow(claimed.Input)
 	c.finish(out, err, p)
 	return c.ticketErr
+}
+
+// longStalledFactor: deliveries that died after living a whole lease count
+// toward a limit this many times MaxDeliveries.
+const longStalledFactor = 5
+
+// crashLoop reports whether a run whose last stalled deliveries died
+// without progress, long of them after living a whole lease, must be
+// parked. A worker that a poison run kills takes every run in flight with
+// it; the poison run dies young (it kills the worker soon after its claim,
+// every time), while a run in a long step that shared the worker has
+// usually lived longer. Young deaths count against MaxDeliveries; all
+// deaths count against longStalledFactor × MaxDeliveries, so a slow
+// poison (one that takes minutes to exhaust memory) is parked too.
+func crashLoop(stalled, long, maxDeliveries int) bool {
+	young := stalled - long
+	return young >= maxDeliveries || stalled >= longStalledFactor*maxDeliveries
 }
 
 // missed handles a ticket that found the run not claimable.
@@ -283,7 +302,8 @@ func (c *Context) beat() error {
 	sent := time.Now()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Context), writeTimeout)
 	defer cancel()
-	cancelRequested, err := store.Heartbeat(ctx, c.e.pool, c.runID, c.token, c.e.cfg.LeaseDuration)
+	markLong := !c.long.Load() && time.Since(c.claimedAt) >= c.e.cfg.LeaseDuration
+	cancelRequested, err := store.Heartbeat(ctx, c.e.pool, c.runID, c.token, c.e.cfg.LeaseDuration, markLong)
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
 		c.cancel(ErrLeaseLost)
@@ -293,6 +313,9 @@ func (c *Context) beat() error {
 	}
 	c.extendedAt(sent)
 	c.noteCancel(cancelRequested)
+	if markLong {
+		c.long.Store(true)
+	}
 	return nil
 }
 
@@ -361,10 +384,10 @@ func (c *Context) interrupted() {
 func (c *Context) handBack(rec *store.StepRecord, status string, wakeAt time.Time, progress bool) error {
 	return c.do(func(ctx context.Context) error {
 		if !wakeAt.IsZero() {
-			return store.SuspendRun(ctx, c.e.pool, c.runID, c.token, rec, status, &wakeAt, progress)
+			return store.SuspendRun(ctx, c.e.pool, c.runID, c.token, rec, status, &wakeAt, progress, c.long.Load())
 		}
 		return pgx.BeginFunc(ctx, c.e.pool, func(tx pgx.Tx) error {
-			if err := store.SuspendRun(ctx, tx, c.runID, c.token, rec, status, nil, progress); err != nil {
+			if err := store.SuspendRun(ctx, tx, c.runID, c.token, rec, status, nil, progress, c.long.Load()); err != nil {
 				return err
 			}
 			return c.e.queue.Enqueue(ctx, tx, c.runID, time.Time{})

@@ -170,17 +170,23 @@ type Run struct {
 	WorkflowID      string          `json:"workflow_id"`
 	Status          string          `json:"status"`
 	Input           json.RawMessage `json:"input,omitempty"`
-	Output          json.RawMessage `json:"output,omitempty"`        // set when completed
-	Error           *ErrorInfo      `json:"error,omitempty"`         // set when failed or dead
-	Deliveries      int             `json:"deliveries"`              // how many times a worker picked it up
-	WakeAt          *time.Time      `json:"wake_at,omitempty"`       // when a waiting run is next due
-	AwaitSignal     string          `json:"await_signal,omitempty"`  // the signal a waiting run waits for
-	ScheduleName    string          `json:"schedule_name,omitempty"` // the schedule whose fire started it
-	CreatedAt       time.Time       `json:"created_at"`
-	StartedAt       *time.Time      `json:"started_at,omitempty"`
-	CompletedAt     *time.Time      `json:"completed_at,omitempty"`
-	Steps           []StepInfo      `json:"steps,omitempty"`   // filled by GetRun only
-	Signals         []SignalInfo    `json:"signals,omitempty"` // filled by GetRun only, in the order sent
+	Output          json.RawMessage `json:"output,omitempty"` // set when completed
+	Error           *ErrorInfo      `json:"error,omitempty"`  // set when failed or dead
+	Deliveries      int             `json:"deliveries"`       // how many times a worker picked it up
+	// StalledDeliveries is how many deliveries since the run's last
+	// progress (a recorded step), a running one included: on a run that is
+	// not running, that many deliveries in a row died (see
+	// Config.MaxDeliveries), and a waiting run with no AwaitSignal is held
+	// in crash backoff until WakeAt.
+	StalledDeliveries int          `json:"stalled_deliveries"`
+	WakeAt            *time.Time   `json:"wake_at,omitempty"`       // when a waiting run is next due
+	AwaitSignal       string       `json:"await_signal,omitempty"`  // the signal a waiting run waits for
+	ScheduleName      string       `json:"schedule_name,omitempty"` // the schedule whose fire started it
+	CreatedAt         time.Time    `json:"created_at"`
+	StartedAt         *time.Time   `json:"started_at,omitempty"`
+	CompletedAt       *time.Time   `json:"completed_at,omitempty"`
+	Steps             []StepInfo   `json:"steps,omitempty"`   // filled by GetRun only
+	Signals           []SignalInfo `json:"signals,omitempty"` // filled by GetRun only, in the order sent
 }
 
 // SignalInfo is a signal sent to a run: ConsumedSeq is the AwaitSignal step
@@ -220,7 +226,7 @@ func runFromRow(r *store.RunRow) *Run {
 	return &Run{
 		RunID: r.RunID, WorkflowName: r.WorkflowName, WorkflowVersion: r.WorkflowVersion,
 		WorkflowID: r.WorkflowID, Status: r.Status, Input: r.Input, Output: r.Output,
-		Error: decodeErrorInfo(r.Error), Deliveries: r.Deliveries, WakeAt: r.WakeAt,
+		Error: decodeErrorInfo(r.Error), Deliveries: r.Deliveries, StalledDeliveries: r.Stalled, WakeAt: r.WakeAt,
 		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, CompletedAt: r.CompletedAt,
 		AwaitSignal: deref(r.AwaitSignal), ScheduleName: deref(r.ScheduleName),
 	}

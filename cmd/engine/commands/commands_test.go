@@ -197,7 +197,7 @@ func TestServeNeedsMigratedSchema(t *testing.T) {
 	require.Contains(t, errOut, "engine migrate up")
 	code, out, _ := run(t, db, "migrate", "up")
 	require.Equal(t, 0, code)
-	require.Contains(t, out, "pgdurable versions [1 2 3 4]")
+	require.Contains(t, out, "pgdurable versions [1 2 3 4 5]")
 }
 
 // The demo runs the payment story end to end and must report 0 double
@@ -391,4 +391,19 @@ func TestSchedulesCommand(t *testing.T) {
 	code, _, errOut = run(t, db, "schedules", "show", "nightly")
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "not found")
+}
+
+// runs show tells a run held in crash backoff from one waiting for a timer.
+func TestRunsShowACrashBackoff(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	code, _, errOut := run(t, db, "start", "double", "--id", "held-1", "--input", `{"n": 1}`)
+	require.Equal(t, 0, code, errOut)
+	_, err := db.Pool.Exec(context.Background(), `UPDATE workflow_runs SET status = 'waiting', deliveries = 3, stalled_deliveries = 3,
+		wake_at = now() + interval '1 hour' WHERE workflow_id = 'held-1'`)
+	require.NoError(t, err)
+	code, out, _ := run(t, db, "runs", "show", "held-1")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "crashes      3 deliveries in a row died without progress")
+	require.Contains(t, out, "waiting until")
 }

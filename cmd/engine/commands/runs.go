@@ -89,7 +89,19 @@ func (g *global) printRun(run *engine.Run) {
 	if run.Error != nil {
 		fmt.Fprintf(w, "  error        %s: %s\n", run.Error.Class, oneLine(run.Error.Message, 200))
 	}
-	if run.Status == engine.StatusWaiting {
+	died := run.StalledDeliveries
+	if run.Status == engine.StatusRunning {
+		died-- // the delivery in flight
+	}
+	switch run.Status {
+	case engine.StatusPending, engine.StatusRunning, engine.StatusWaiting, engine.StatusCompensating:
+	default:
+		died = 0 // finished, or dead: its error tells
+	}
+	if died > 0 {
+		fmt.Fprintf(w, "  crashes      %d deliveries in a row died without progress (a worker crashed or was killed)\n", died)
+	}
+	if run.Status == engine.StatusWaiting || run.Status == engine.StatusCompensating {
 		switch {
 		case run.AwaitSignal != "" && run.WakeAt != nil:
 			fmt.Fprintf(w, "  waiting for  signal %q until %s\n", run.AwaitSignal, cell(run.WakeAt))

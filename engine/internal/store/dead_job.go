@@ -153,7 +153,7 @@ func ResolveDeadJob(ctx context.Context, db DBTX, id uuid.UUID, resolution, by, 
 const replayRun = `
 WITH run AS (
     UPDATE workflow_runs SET status = 'pending', error = NULL, completed_at = NULL, wake_at = NULL,
-        stalled_deliveries = 0, enqueued_at = now()
+        stalled_deliveries = 0, long_stalled_deliveries = 0, enqueued_at = now()
     WHERE run_id = $1 AND status = 'dead'
     RETURNING run_id, queue
 ), step AS (

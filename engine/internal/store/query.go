@@ -20,6 +20,7 @@ type RunRow struct {
 	Output          []byte
 	Error           []byte
 	Deliveries      int
+	Stalled         int
 	OwnerToken      *uuid.UUID
 	LeaseExpiresAt  *time.Time
 	WakeAt          *time.Time
@@ -32,12 +33,12 @@ type RunRow struct {
 }
 
 const runColumns = `run_id, workflow_name, workflow_version, workflow_id, status, input, output, error,
-    deliveries, owner_token, lease_expires_at, wake_at, await_signal, schedule_name, queue, created_at, started_at, completed_at`
+    deliveries, stalled_deliveries, owner_token, lease_expires_at, wake_at, await_signal, schedule_name, queue, created_at, started_at, completed_at`
 
 func scanRun(row pgx.Row) (*RunRow, error) {
 	var r RunRow
 	err := row.Scan(&r.RunID, &r.WorkflowName, &r.WorkflowVersion, &r.WorkflowID, &r.Status, &r.Input, &r.Output,
-		&r.Error, &r.Deliveries, &r.OwnerToken, &r.LeaseExpiresAt, &r.WakeAt, &r.AwaitSignal, &r.ScheduleName, &r.Queue, &r.CreatedAt,
+		&r.Error, &r.Deliveries, &r.Stalled, &r.OwnerToken, &r.LeaseExpiresAt, &r.WakeAt, &r.AwaitSignal, &r.ScheduleName, &r.Queue, &r.CreatedAt,
 		&r.StartedAt, &r.CompletedAt)
 	if err != nil {
 		return nil, translate(err)

@@ -74,9 +74,12 @@ type ClaimedRun struct {
 	Input             []byte
 	Deliveries        int
 	StalledDeliveries int
-	Status            string // running, or compensating
-	CancelRequested   bool
-	Steps             []StepRecord
+	// LongStalled is how many of the earlier stalled deliveries heartbeat
+	// after living a whole lease (see Heartbeat).
+	LongStalled     int
+	Status          string // running, or compensating
+	CancelRequested bool
+	Steps           []StepRecord
 }
 
 // ClaimMiss says why a delivery did not get the lease.
@@ -114,7 +117,7 @@ WHERE run_id = $1
   AND status IN ('pending', 'running', 'waiting', 'compensating')
   AND (owner_token IS NULL OR lease_expires_at < now())
   AND (wake_at IS NULL OR wake_at <= $4)
-RETURNING workflow_name, workflow_version, workflow_id, input, deliveries, stalled_deliveries, status,
+RETURNING workflow_name, workflow_version, workflow_id, input, deliveries, stalled_deliveries, long_stalled_deliveries, status,
           cancel_requested_at IS NOT NULL`
 
 // asyncCommit applies to the rest of the batch's implicit transaction only.
@@ -145,7 +148,7 @@ func Claim(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.Dura
 	}
 	c := &ClaimedRun{RunID: runID}
 	err := br.QueryRow().Scan(&c.WorkflowName, &c.WorkflowVersion, &c.WorkflowID, &c.Input, &c.Deliveries,
-		&c.StalledDeliveries, &c.Status, &c.CancelRequested)
+		&c.StalledDeliveries, &c.LongStalled, &c.Status, &c.CancelRequested)
 	claimed := err == nil
 	if err != nil && translate(err) != ErrNotFound {
 		return nil, nil, fmt.Errorf("claiming run %s: %w", runID, err)
@@ -226,7 +229,7 @@ step AS (
 const writeSteps = `
 WITH run AS (
     UPDATE workflow_runs SET lease_expires_at = now() + $3::bigint * interval '1 millisecond',
-        stalled_deliveries = 0, status = coalesce($18::text, status)
+        stalled_deliveries = 0, long_stalled_deliveries = 0, status = coalesce($18::text, status)
     WHERE run_id = $1 AND owner_token = $2
     RETURNING run_id, cancel_requested_at IS NOT NULL AS cancel
 ), step AS (
@@ -324,14 +327,21 @@ func fenced(row pgx.Row, format string, runID uuid.UUID) error {
 }
 
 const heartbeat = `
-UPDATE workflow_runs SET lease_expires_at = now() + $3::bigint * interval '1 millisecond'
+UPDATE workflow_runs SET lease_expires_at = now() + $3::bigint * interval '1 millisecond',
+    long_stalled_deliveries = long_stalled_deliveries + $4::int
 WHERE run_id = $1 AND owner_token = $2
 RETURNING cancel_requested_at IS NOT NULL`
 
 // Heartbeat extends the lease and reports whether cancellation was
-// requested; ErrLeaseLost when token no longer owns the run.
-func Heartbeat(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.Duration) (cancel bool, err error) {
-	err = db.QueryRow(ctx, heartbeat, runID, token, ms(lease)).Scan(&cancel)
+// requested; ErrLeaseLost when token no longer owns the run. markLong
+// counts this delivery as long-lived (it has run for a whole lease): the
+// delivery's first heartbeat past that age sets it, once.
+func Heartbeat(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.Duration, markLong bool) (cancel bool, err error) {
+	long := 0
+	if markLong {
+		long = 1
+	}
+	err = db.QueryRow(ctx, heartbeat, runID, token, ms(lease), long).Scan(&cancel)
 	if translate(err) == ErrNotFound {
 		return false, ErrLeaseLost
 	}
@@ -373,7 +383,8 @@ SELECT status FROM target`
 const finishRun = `
 WITH run AS (
     UPDATE workflow_runs SET status = $18, output = $19::jsonb, error = $20::jsonb, completed_at = now(),
-        owner_token = NULL, lease_expires_at = NULL, wake_at = NULL, await_signal = NULL, stalled_deliveries = 0
+        owner_token = NULL, lease_expires_at = NULL, wake_at = NULL, await_signal = NULL, stalled_deliveries = 0,
+        long_stalled_deliveries = 0
     WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0
     RETURNING run_id
 ), ` + stepUpsert + `
@@ -391,7 +402,8 @@ const suspendRun = `
 WITH run AS (
     UPDATE workflow_runs SET status = $18, wake_at = $19, owner_token = NULL, lease_expires_at = NULL,
         enqueued_at = CASE WHEN $19::timestamptz IS NULL THEN now() ELSE enqueued_at END,
-        stalled_deliveries = CASE WHEN $20::bool THEN 0 ELSE greatest(stalled_deliveries - 1, 0) END
+        stalled_deliveries = CASE WHEN $20::bool THEN 0 ELSE greatest(stalled_deliveries - 1, 0) END,
+        long_stalled_deliveries = CASE WHEN $20::bool THEN 0 ELSE greatest(long_stalled_deliveries - $21::int, 0) END
     WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0
     RETURNING run_id
 ), ` + stepUpsert + `
@@ -399,11 +411,17 @@ SELECT count(*) FROM run`
 
 // SuspendRun hands the run back without finishing it: status waiting until
 // wakeAt (a retry backoff, later a timer), or pending when a shutdown
-// interrupted the delivery (progress=false does not count it as progress).
-// The caller enqueues the next delivery in the same transaction.
-func SuspendRun(ctx context.Context, db DBTX, runID, token uuid.UUID, pending *StepRecord, status string, wakeAt *time.Time, progress bool) error {
+// interrupted the delivery (progress=false does not count it as progress:
+// the delivery is uncounted, and wasLong says whether Heartbeat counted it
+// as long-lived). The caller enqueues the next delivery in the same
+// transaction.
+func SuspendRun(ctx context.Context, db DBTX, runID, token uuid.UUID, pending *StepRecord, status string, wakeAt *time.Time, progress, wasLong bool) error {
+	long := 0
+	if wasLong {
+		long = 1
+	}
 	args := append([]any{runID, token, 0}, stepArgs(pending)...)
-	args = append(args, status, wakeAt, progress)
+	args = append(args, status, wakeAt, progress, long)
 	return fenced(db.QueryRow(ctx, suspendRun, args...), "suspending run %s", runID)
 }
 

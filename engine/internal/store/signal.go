@@ -116,7 +116,7 @@ func TakeSignal(ctx context.Context, tx pgx.Tx, runID, token uuid.UUID, name str
 const awaitSignal = `
 WITH run AS (
     UPDATE workflow_runs SET status = 'waiting', wake_at = $18, await_signal = $19, owner_token = NULL,
-        lease_expires_at = NULL, stalled_deliveries = 0
+        lease_expires_at = NULL, stalled_deliveries = 0, long_stalled_deliveries = 0
     WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0
     RETURNING run_id
 ), ` + stepUpsert + `
