@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -47,10 +48,13 @@ type Context struct {
 	inStep       atomic.Bool // a step is running: guards nested and concurrent Step calls
 
 	// claimedAt is when this delivery took the lease (monotonic); once it
-	// has lived a whole lease, its next heartbeat counts it as long-lived
-	// (long is then set) for crash-loop attribution (see Engine.deliver).
+	// has lived a whole lease without progress, its next heartbeat counts
+	// it as long-lived in the run row and sets long, for crash-loop
+	// attribution (see crashLoop). longMu serializes that with a hand-back,
+	// which undoes the mark.
 	claimedAt time.Time
-	long      atomic.Bool
+	longMu    sync.Mutex
+	long      bool
 
 	ended  bool  // this delivery has handed the run back; no more writes
 	endErr error // what Step returns from now on

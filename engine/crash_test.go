@@ -380,6 +380,45 @@ func TestHeartbeatCountsALongLivedDelivery(t *testing.T) {
 	require.Zero(t, long)
 }
 
+// A delivery handed back by a shutdown is not a crash: the hand-back undoes
+// what the delivery added, its long-lived mark included (found by an attack
+// pass: marks leaked and let a poison run crash more than MaxDeliveries times).
+func TestHandBackUndoesItsLongLivedMark(t *testing.T) {
+	t.Parallel()
+	inStep := make(chan struct{}, 1)
+	wf := engine.Define("handed-back", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.Step(ctx, "wait", func(sctx context.Context) (int, error) {
+			select {
+			case inStep <- struct{}{}:
+			default:
+			}
+			<-sctx.Done()
+			return 0, sctx.Err()
+		}, nil)
+	}, nil)
+	db := enginetest.NewDB(t)
+	cfg := &engine.Config{LeaseDuration: time.Second}
+	ctx := testCtx(t)
+	counts := func(id uuid.UUID) (stalled, long int) {
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT stalled_deliveries, long_stalled_deliveries FROM workflow_runs WHERE run_id = $1`,
+			id).Scan(&stalled, &long))
+		return stalled, long
+	}
+	e1 := newEngine(t, db, cfg, true, wf)
+	res, err := wf.Start(ctx, e1, 0, nil)
+	require.NoError(t, err)
+	for range 3 {
+		<-inStep
+		eventually(t, 10*time.Second, "the delivery counted as long-lived", func() bool { _, long := counts(res.RunID); return long == 1 })
+		require.NoError(t, e1.StopAndCancel(ctx))
+		stalled, long := counts(res.RunID)
+		require.Zero(t, stalled, "a hand-back is not a stalled delivery")
+		require.Zero(t, long)
+		e1 = newEngine(t, db, cfg, true, wf)
+	}
+	require.NoError(t, e1.StopAndCancel(ctx))
+}
+
 func TestOnlyTheLeaseHolderRecordsAndTheLoserStops(t *testing.T) {
 	t.Parallel()
 	var bCalls, cCalls atomic.Int64

@@ -302,8 +302,11 @@ func (c *Context) beat() error {
 	sent := time.Now()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Context), writeTimeout)
 	defer cancel()
-	markLong := !c.long.Load() && time.Since(c.claimedAt) >= c.e.cfg.LeaseDuration
-	cancelRequested, err := store.Heartbeat(ctx, c.e.pool, c.runID, c.token, c.e.cfg.LeaseDuration, markLong)
+	// The mark and a hand-back's undo of it must not interleave (see long).
+	c.longMu.Lock()
+	defer c.longMu.Unlock()
+	markLong := !c.long && time.Since(c.claimedAt) >= c.e.cfg.LeaseDuration
+	cancelRequested, marked, err := store.Heartbeat(ctx, c.e.pool, c.runID, c.token, c.e.cfg.LeaseDuration, markLong)
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
 		c.cancel(ErrLeaseLost)
@@ -313,9 +316,7 @@ func (c *Context) beat() error {
 	}
 	c.extendedAt(sent)
 	c.noteCancel(cancelRequested)
-	if markLong {
-		c.long.Store(true)
-	}
+	c.long = c.long || marked
 	return nil
 }
 
@@ -382,12 +383,14 @@ func (c *Context) interrupted() {
 // so a waiting run holds no River job. A pending run (a shutdown handed it
 // back) gets its ticket in the same transaction.
 func (c *Context) handBack(rec *store.StepRecord, status string, wakeAt time.Time, progress bool) error {
+	c.longMu.Lock() // a heartbeat in flight has marked the delivery, or will find the lease gone
+	defer c.longMu.Unlock()
 	return c.do(func(ctx context.Context) error {
 		if !wakeAt.IsZero() {
-			return store.SuspendRun(ctx, c.e.pool, c.runID, c.token, rec, status, &wakeAt, progress, c.long.Load())
+			return store.SuspendRun(ctx, c.e.pool, c.runID, c.token, rec, status, &wakeAt, progress, c.long)
 		}
 		return pgx.BeginFunc(ctx, c.e.pool, func(tx pgx.Tx) error {
-			if err := store.SuspendRun(ctx, tx, c.runID, c.token, rec, status, nil, progress, c.long.Load()); err != nil {
+			if err := store.SuspendRun(ctx, tx, c.runID, c.token, rec, status, nil, progress, c.long); err != nil {
 				return err
 			}
 			return c.e.queue.Enqueue(ctx, tx, c.runID, time.Time{})

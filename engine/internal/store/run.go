@@ -326,29 +326,28 @@ func fenced(row pgx.Row, format string, runID uuid.UUID) error {
 	return nil
 }
 
+// A delivery that recorded progress has reset stalled_deliveries to 0 and
+// is no longer a stalled one: it is not marked.
 const heartbeat = `
 UPDATE workflow_runs SET lease_expires_at = now() + $3::bigint * interval '1 millisecond',
-    long_stalled_deliveries = long_stalled_deliveries + $4::int
+    long_stalled_deliveries = long_stalled_deliveries + CASE WHEN $4::bool AND stalled_deliveries > 0 THEN 1 ELSE 0 END
 WHERE run_id = $1 AND owner_token = $2
-RETURNING cancel_requested_at IS NOT NULL`
+RETURNING cancel_requested_at IS NOT NULL, $4::bool AND stalled_deliveries > 0`
 
 // Heartbeat extends the lease and reports whether cancellation was
-// requested; ErrLeaseLost when token no longer owns the run. markLong
-// counts this delivery as long-lived (it has run for a whole lease): the
-// delivery's first heartbeat past that age sets it, once.
-func Heartbeat(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.Duration, markLong bool) (cancel bool, err error) {
-	long := 0
-	if markLong {
-		long = 1
-	}
-	err = db.QueryRow(ctx, heartbeat, runID, token, ms(lease), long).Scan(&cancel)
+// requested; ErrLeaseLost when token no longer owns the run. markLong asks
+// to count this delivery as long-lived (it has run for a whole lease
+// without progress); marked reports whether it was, so the caller asks
+// once and a hand-back can undo exactly that (SuspendRun's wasLong).
+func Heartbeat(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.Duration, markLong bool) (cancel, marked bool, err error) {
+	err = db.QueryRow(ctx, heartbeat, runID, token, ms(lease), markLong).Scan(&cancel, &marked)
 	if translate(err) == ErrNotFound {
-		return false, ErrLeaseLost
+		return false, false, ErrLeaseLost
 	}
 	if err != nil {
-		return false, fmt.Errorf("extending lease of run %s: %w", runID, translate(err))
+		return false, false, fmt.Errorf("extending lease of run %s: %w", runID, translate(err))
 	}
-	return cancel, nil
+	return cancel, marked, nil
 }
 
 // CancelRun requests cancellation of an active run and returns its status
