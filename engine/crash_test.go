@@ -353,7 +353,8 @@ func TestHeartbeatCountsALongLivedDelivery(t *testing.T) {
 		}
 		return engine.Step(ctx, "after", func(context.Context) (int, error) { return 2, nil }, nil)
 	}, nil)
-	b := setup(t, &engine.Config{LeaseDuration: time.Second}, wf)
+	// 2 s: a loaded machine does not reach the mark before the first check.
+	b := setup(t, &engine.Config{LeaseDuration: 2 * time.Second}, wf)
 	ctx := testCtx(t)
 	res, err := wf.Start(ctx, b.engine, 0, nil)
 	require.NoError(t, err)
