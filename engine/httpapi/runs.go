@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/google/uuid"
 
@@ -20,57 +19,24 @@ type startRequest struct {
 	Input json.RawMessage `json:"input"`
 }
 
-// runJSON is a run as the API shows it.
+// runJSON is a run as the API shows it: engine.Run's fields, plus the
+// workflow's name as "workflow" (as in start and schedule bodies) and each
+// step's duration. The outer Steps shadows engine.Run's.
 type runJSON struct {
-	RunID           uuid.UUID           `json:"run_id"`
-	Workflow        string              `json:"workflow"`
-	WorkflowVersion int                 `json:"workflow_version"`
-	WorkflowID      string              `json:"workflow_id"`
-	Status          string              `json:"status"`
-	Input           json.RawMessage     `json:"input,omitempty"`
-	Output          json.RawMessage     `json:"output,omitempty"`
-	Error           *engine.ErrorInfo   `json:"error,omitempty"`
-	Deliveries      int                 `json:"deliveries"`
-	WakeAt          *time.Time          `json:"wake_at,omitempty"`
-	AwaitSignal     string              `json:"await_signal,omitempty"`
-	ScheduleName    string              `json:"schedule_name,omitempty"`
-	CreatedAt       time.Time           `json:"created_at"`
-	StartedAt       *time.Time          `json:"started_at,omitempty"`
-	CompletedAt     *time.Time          `json:"completed_at,omitempty"`
-	Steps           []stepJSON          `json:"steps,omitempty"`
-	Signals         []engine.SignalInfo `json:"signals,omitempty"`
+	*engine.Run
+	Workflow string     `json:"workflow"`
+	Steps    []stepJSON `json:"steps,omitempty"`
 }
 
 type stepJSON struct {
-	Seq            int               `json:"seq"`
-	Name           string            `json:"name"`
-	Kind           string            `json:"kind"`
-	Status         string            `json:"status"`
-	Attempts       int               `json:"attempts"`
-	RequestID      *uuid.UUID        `json:"request_id,omitempty"`
-	Output         json.RawMessage   `json:"output,omitempty"`
-	Error          *engine.ErrorInfo `json:"error,omitempty"`
-	NextAttemptAt  *time.Time        `json:"next_attempt_at,omitempty"`
-	StartedAt      time.Time         `json:"started_at"`
-	CompletedAt    *time.Time        `json:"completed_at,omitempty"`
-	DurationMS     *int64            `json:"duration_ms,omitempty"`
-	Compensation   *string           `json:"compensation,omitempty"`
-	CompensationOf *int              `json:"compensation_of,omitempty"`
+	engine.StepInfo
+	DurationMS *int64 `json:"duration_ms,omitempty"`
 }
 
 func toRunJSON(r *engine.Run) runJSON {
-	out := runJSON{
-		RunID: r.RunID, Workflow: r.WorkflowName, WorkflowVersion: r.WorkflowVersion, WorkflowID: r.WorkflowID,
-		Status: r.Status, Input: r.Input, Output: r.Output, Error: r.Error, Deliveries: r.Deliveries,
-		WakeAt: r.WakeAt, CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, CompletedAt: r.CompletedAt,
-		AwaitSignal: r.AwaitSignal, ScheduleName: r.ScheduleName, Signals: r.Signals,
-	}
+	out := runJSON{Run: r, Workflow: r.WorkflowName}
 	for _, s := range r.Steps {
-		sj := stepJSON{
-			Seq: s.Seq, Name: s.Name, Kind: s.Kind, Status: s.Status, Attempts: s.Attempts, RequestID: s.RequestID,
-			Output: s.Output, Error: s.Error, NextAttemptAt: s.NextAttemptAt, StartedAt: s.StartedAt,
-			CompletedAt: s.CompletedAt, Compensation: s.Compensation, CompensationOf: s.CompensationOf,
-		}
+		sj := stepJSON{StepInfo: s}
 		if s.CompletedAt != nil {
 			d := s.CompletedAt.Sub(s.StartedAt).Milliseconds()
 			sj.DurationMS = &d
