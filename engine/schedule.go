@@ -168,14 +168,7 @@ func (e *Engine) scheduleRow(s *ScheduleSpec, next time.Time) *store.ScheduleRow
 // are rejected) and returns it with its first fire time, the first after
 // now. ErrScheduleExists when the name is taken.
 func (e *Engine) CreateSchedule(ctx context.Context, spec ScheduleSpec) (*Schedule, error) {
-	sched, err := e.validateSchedule(&spec)
-	if err != nil {
-		return nil, err
-	}
-	if err := store.InsertSchedule(ctx, e.pool, e.scheduleRow(&spec, sched.Next(e.now()))); err != nil {
-		return nil, e.scheduleErr("creating", spec.Name, err)
-	}
-	return e.GetSchedule(ctx, spec.Name)
+	return e.writeSchedule(ctx, spec, "creating", store.InsertSchedule)
 }
 
 // UpdateSchedule replaces a schedule's definition; a paused schedule stays
@@ -185,12 +178,19 @@ func (e *Engine) CreateSchedule(ctx context.Context, spec ScheduleSpec) (*Schedu
 // zone fires from the first fire time after now, and drops a buffered fire.
 // ErrNotFound when there is no such schedule.
 func (e *Engine) UpdateSchedule(ctx context.Context, spec ScheduleSpec) (*Schedule, error) {
+	return e.writeSchedule(ctx, spec, "updating", store.UpdateSchedule)
+}
+
+// writeSchedule validates spec, saves it with write (verb names it in
+// errors) and reads it back.
+func (e *Engine) writeSchedule(ctx context.Context, spec ScheduleSpec, verb string,
+	write func(context.Context, store.DBTX, *store.ScheduleRow) error) (*Schedule, error) {
 	sched, err := e.validateSchedule(&spec)
 	if err != nil {
 		return nil, err
 	}
-	if err := store.UpdateSchedule(ctx, e.pool, e.scheduleRow(&spec, sched.Next(e.now()))); err != nil {
-		return nil, e.scheduleErr("updating", spec.Name, err)
+	if err := write(ctx, e.pool, e.scheduleRow(&spec, sched.Next(e.now()))); err != nil {
+		return nil, e.scheduleErr(verb, spec.Name, err)
 	}
 	return e.GetSchedule(ctx, spec.Name)
 }
