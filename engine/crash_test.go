@@ -240,6 +240,21 @@ func TestCrashLoopingRunIsParkedAndHealthyRunsComplete(t *testing.T) {
 	require.Equal(t, crashesAtPark, crashes.Load(), "no crashes once the poison run is parked")
 }
 
+// echoWorkflow is a one-step workflow that returns its input.
+func echoWorkflow(name string) *engine.Workflow[int, int] {
+	return engine.Define(name, func(ctx *engine.Context, in int) (int, error) {
+		return engine.Step(ctx, "s", func(context.Context) (int, error) { return in, nil }, nil)
+	}, nil)
+}
+
+// stallCounts reads a run's crash-loop counters.
+func stallCounts(t *testing.T, db *enginetest.DB, runID uuid.UUID) (stalled, long int) {
+	t.Helper()
+	require.NoError(t, db.Pool.QueryRow(context.Background(),
+		`SELECT stalled_deliveries, long_stalled_deliveries FROM workflow_runs WHERE run_id = $1`, runID).Scan(&stalled, &long))
+	return stalled, long
+}
+
 // A run whose delivery is the second in a row to die without progress is
 // held back for a jittered delay before the next, instead of being
 // redelivered with the other runs of the crashed worker; a run in its first
@@ -247,9 +262,7 @@ func TestCrashLoopingRunIsParkedAndHealthyRunsComplete(t *testing.T) {
 // run stays waiting until the test moves the clock past the bound.
 func TestRepeatedCrashHoldsTheRunBackWithJitter(t *testing.T) {
 	t.Parallel()
-	wf := engine.Define("held", func(ctx *engine.Context, in int) (int, error) {
-		return engine.Step(ctx, "s", func(context.Context) (int, error) { return in, nil }, nil)
-	}, nil)
+	wf := echoWorkflow("held")
 	db := enginetest.NewDB(t)
 	client := newEngine(t, db, nil, false, wf)
 	ctx := testCtx(t)
@@ -298,9 +311,7 @@ func TestRepeatedCrashHoldsTheRunBackWithJitter(t *testing.T) {
 // run kept killing) is delivered again.
 func TestCrashLoopParksOnYoungDeathsOrFiveTimesAsManyInAll(t *testing.T) {
 	t.Parallel()
-	wf := engine.Define("attributed", func(ctx *engine.Context, in int) (int, error) {
-		return engine.Step(ctx, "s", func(context.Context) (int, error) { return in, nil }, nil)
-	}, nil)
+	wf := echoWorkflow("attributed")
 	db := enginetest.NewDB(t)
 	client := newEngine(t, db, nil, false, wf)
 	ctx := testCtx(t)
@@ -359,11 +370,7 @@ func TestHeartbeatCountsALongLivedDelivery(t *testing.T) {
 	res, err := wf.Start(ctx, b.engine, 0, nil)
 	require.NoError(t, err)
 	<-inStep
-	counts := func() (stalled, long int) {
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT stalled_deliveries, long_stalled_deliveries FROM workflow_runs WHERE run_id = $1`,
-			res.RunID).Scan(&stalled, &long))
-		return stalled, long
-	}
+	counts := func() (stalled, long int) { return stallCounts(t, b.db, res.RunID) }
 	stalled, long := counts()
 	require.Equal(t, 1, stalled)
 	require.Equal(t, 0, long, "young")
@@ -400,19 +407,14 @@ func TestHandBackUndoesItsLongLivedMark(t *testing.T) {
 	db := enginetest.NewDB(t)
 	cfg := &engine.Config{LeaseDuration: time.Second}
 	ctx := testCtx(t)
-	counts := func(id uuid.UUID) (stalled, long int) {
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT stalled_deliveries, long_stalled_deliveries FROM workflow_runs WHERE run_id = $1`,
-			id).Scan(&stalled, &long))
-		return stalled, long
-	}
 	e1 := newEngine(t, db, cfg, true, wf)
 	res, err := wf.Start(ctx, e1, 0, nil)
 	require.NoError(t, err)
 	for range 3 {
 		<-inStep
-		eventually(t, 10*time.Second, "the delivery counted as long-lived", func() bool { _, long := counts(res.RunID); return long == 1 })
+		eventually(t, 10*time.Second, "the delivery counted as long-lived", func() bool { _, long := stallCounts(t, db, res.RunID); return long == 1 })
 		require.NoError(t, e1.StopAndCancel(ctx))
-		stalled, long := counts(res.RunID)
+		stalled, long := stallCounts(t, db, res.RunID)
 		require.Zero(t, stalled, "a hand-back is not a stalled delivery")
 		require.Zero(t, long)
 		e1 = newEngine(t, db, cfg, true, wf)
