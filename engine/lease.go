@@ -130,7 +130,7 @@ func (e *Engine) sweep(ctx context.Context) (int, error) {
 		}
 		ids := make([]uuid.UUID, 0, len(swept))
 		for _, s := range swept {
-			if s.Cause != "crash_backoff" {
+			if s.Cause != store.SweptCrashBackoff {
 				ids = append(ids, s.RunID)
 			}
 		}
@@ -141,9 +141,9 @@ func (e *Engine) sweep(ctx context.Context) (int, error) {
 	}
 	for _, s := range swept {
 		switch s.Cause {
-		case "lease_expired":
+		case store.SweptLeaseExpired:
 			e.log.Warn("lease expired; run re-enqueued for another delivery", "run_id", s.RunID)
-		case "crash_backoff":
+		case store.SweptCrashBackoff:
 			e.log.Warn("lease expired again without progress; run held back before its next delivery",
 				"run_id", s.RunID, "stalled_deliveries", s.Stalled, "wake_at", s.WakeAt.UTC().Format(time.RFC3339Nano))
 		}

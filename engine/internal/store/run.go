@@ -438,12 +438,18 @@ func ReleaseUnclaimed(ctx context.Context, db DBTX, runID, token uuid.UUID) erro
 	return translate(err)
 }
 
+// Why the sweep handed a run back (SweptRun.Cause), as the sweep statement
+// spells them.
+const (
+	SweptLeaseExpired = "lease_expired" // its worker died: enqueue it now
+	SweptCrashBackoff = "crash_backoff" // died again without progress: held until WakeAt; a later sweep enqueues it
+	SweptWake         = "wake"          // a waiting run is due
+)
+
 // SweptRun is a run the sweep handed a new delivery.
 type SweptRun struct {
 	RunID uuid.UUID
-	// Cause is "lease_expired" (enqueue it now), "crash_backoff" (held
-	// until WakeAt; a later sweep enqueues it) or "wake".
-	Cause string
+	Cause string // SweptLeaseExpired, SweptCrashBackoff or SweptWake
 	// WakeAt and Stalled are set for crash_backoff: when the run is due,
 	// and how many deliveries in a row died without progress.
 	WakeAt  *time.Time
