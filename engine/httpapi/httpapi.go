@@ -10,7 +10,7 @@
 //	GET  /v1/runs?workflow=&status=&limit=&cursor=
 //	POST /v1/runs/{run_id}/signals/{name} body = payload (one JSON value) → 202 buffered, 404, 409 run finished, 400;
 //	                                      {run_id} may also be a workflow ID
-//	POST /v1/runs/{run_id}/cancel         202 accepted, 409 already finished
+//	POST /v1/runs/{run_id}/cancel         202 accepted, 404, 409 already finished; {run_id} may be a workflow ID
 //	GET  /v1/schedules                    {"schedules": [...]}
 //	POST /v1/schedules                    {"name", "cron", "time_zone", "workflow", "input", "overlap",
 //	                                      "catchup_window": "1h", "paused"} → 201, 409 schedule_exists, 400, 404 unknown workflow

@@ -215,6 +215,12 @@ func TestCancelAndDeadJobRoutes(t *testing.T) {
 	closed := b.do(t, "POST", "/v1/runs/"+slowID+"/cancel", "")
 	require.Equal(t, http.StatusConflict, closed.status)
 	require.Equal(t, "run_closed", errCode(closed))
+	byWorkflowID := b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": "ord-slow-2", "input": {"order_id": "slow-2", "amount": 7}}`)
+	require.Equal(t, http.StatusCreated, byWorkflowID.status)
+	c = b.do(t, "POST", "/v1/runs/ord-slow-2/cancel", "")
+	require.Equal(t, http.StatusAccepted, c.status, "cancel takes a workflow ID: %s", c.raw)
+	b.waitStatus(t, byWorkflowID.body["run_id"].(string), "cancelled")
+	require.Equal(t, http.StatusNotFound, b.do(t, "POST", "/v1/runs/no-such-workflow-id/cancel", "").status)
 
 	dead := b.do(t, "POST", "/v1/workflows/payment/runs", `{"input": {"order_id": "bad", "amount": 13}}`)
 	deadID := dead.body["run_id"].(string)

@@ -114,9 +114,11 @@ func (a *api) listRuns(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
+// cancelRun takes a run ID or a workflow ID, as signal and the CLI do.
 func (a *api) cancelRun(w http.ResponseWriter, r *http.Request) {
-	id, ok := pathUUID(w, r, "run_id")
-	if !ok {
+	id, err := a.e.FindRun(r.Context(), r.PathValue("run_id"))
+	if err != nil {
+		a.engineError(w, r, err)
 		return
 	}
 	if err := a.e.Cancel(r.Context(), id); err != nil {
