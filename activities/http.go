@@ -54,7 +54,10 @@ func NewHTTPClient(timeout time.Duration) *http.Client {
 	return &http.Client{Transport: &Transport{}, Timeout: timeout}
 }
 
-// HTTPError is a response with a status of 400 or more.
+// HTTPError is a response with a status of 400 or more. It is registered
+// with the engine (engine.RegisterError, as "activities.HTTPError"), so a
+// workflow's errors.As(err, &httpErr) and httpErr.StatusCode answer the
+// same after a replay.
 type HTTPError struct {
 	StatusCode int
 	Status     string
@@ -73,6 +76,13 @@ func (e *HTTPError) Error() string {
 	}
 	return msg
 }
+
+var _ = func() error {
+	if err := engine.RegisterError[*HTTPError]("activities.HTTPError"); err != nil {
+		panic(err) // a name clash within this module: a programming error
+	}
+	return nil
+}()
 
 // ErrorClass names the status for records and metrics: "http_503".
 func (e *HTTPError) ErrorClass() string { return "http_" + strconv.Itoa(e.StatusCode) }

@@ -32,6 +32,13 @@ type ActivityOpts struct {
 	// error) and should stop without effect; one that does not is left to
 	// finish its call, and when that succeeded its undo runs.
 	HeartbeatTimeout time.Duration
+	// ReturnExhausted returns an activity that ran out of retries to the
+	// workflow as a *StepError instead of parking the run (see
+	// StepOpts.ReturnExhausted for the default and why). With it, "the
+	// charge timed out on its last attempt, try the fallback provider" is
+	// errors.Is(err, ErrTimeout); MaximumAttempts 1 returns the first
+	// failure.
+	ReturnExhausted bool
 }
 
 // ActivityAttempt is one attempt of an activity, as its function sees it.
@@ -104,7 +111,7 @@ func RunActivity[T any](ctx *Context, name string, opts *ActivityOpts, fn func(c
 		opts = &ActivityOpts{}
 	}
 	raw, err := ctx.runStep(&stepCall{name: name, kind: kindActivity, opts: &StepOpts{RetryPolicy: opts.RetryPolicy}, requestID: true,
-		settle: opts.HeartbeatTimeout <= 0,
+		settle: opts.HeartbeatTimeout <= 0, returnExhausted: opts.ReturnExhausted,
 		body: func(sctx context.Context, st *attemptState) ([]byte, error) {
 			if opts.HeartbeatTimeout <= 0 {
 				// An activity that does not heartbeat is not interrupted by
@@ -118,9 +125,18 @@ func RunActivity[T any](ctx *Context, name string, opts *ActivityOpts, fn func(c
 	return decodeOutput[T](name, raw, err)
 }
 
+// timeoutError is an attempt's timeout: errors.Is finds ErrTimeout and
+// context.DeadlineExceeded in it, live and on replay.
+type timeoutError struct{ what string }
+
+func (e *timeoutError) Error() string { return e.what }
+func (e *timeoutError) Is(target error) bool {
+	return target == ErrTimeout || target == context.DeadlineExceeded
+}
+
 var (
-	errStartToClose = errors.New("start-to-close timeout")
-	errNoHeartbeat  = errors.New("heartbeat timeout")
+	errStartToClose = &timeoutError{"start-to-close timeout"}
+	errNoHeartbeat  = &timeoutError{"heartbeat timeout"}
 )
 
 func runAttempt[T any](sctx context.Context, c *Context, name string, opts *ActivityOpts, a *ActivityAttempt, fn func(context.Context, *ActivityAttempt) (T, error)) ([]byte, error) {

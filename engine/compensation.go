@@ -55,6 +55,9 @@ func (c *Context) Compensate(u Undo) error {
 	if (u.Fn == nil) == (u.Tx == nil) {
 		return fmt.Errorf("pgdurable: undo %q needs exactly one of Fn and Tx", u.Name)
 	}
+	if err := u.RetryPolicy.validate(); err != nil {
+		return fmt.Errorf("%w: undo %q: %v", ErrInvalidArgument, u.Name, err)
+	}
 	seq := c.seq - 1
 	if n := len(c.compensations); n > 0 && c.compensations[n-1].seq == seq {
 		return fmt.Errorf("pgdurable: step %d already has an undo (%q); register one undo per step", seq, c.compensations[n-1].undo.Name)

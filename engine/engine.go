@@ -116,6 +116,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("pgdurable: HeartbeatInterval %s must be shorter than LeaseDuration %s", c.HeartbeatInterval, c.LeaseDuration)
 	case c.MaxWorkers < 0 || c.MaxDeliveries < 0 || c.MaxPayloadBytes < 0:
 		return c, errors.New("pgdurable: MaxWorkers, MaxDeliveries and MaxPayloadBytes cannot be negative")
+	case c.RetryPolicy.validate() != nil:
+		return c, fmt.Errorf("pgdurable: Config.%w", c.RetryPolicy.validate())
 	}
 	return c, nil
 }

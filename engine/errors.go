@@ -92,16 +92,38 @@ func RetryAfter(err error, d time.Duration) error {
 	return &retryAfterError{err: err, delay: d}
 }
 
-// StepError is what a step that failed permanently returns to workflow code,
-// live and on replay. On replay Err is rebuilt from the recorded message, so
-// branch on Class or Message, not on the wrapped error's identity.
+// ErrRetriesExhausted is in the chain of the *StepError a step returns
+// when it ran out of retries (see StepOpts.ReturnExhausted): errors.Is
+// tells an exhausted step from one that failed permanently, live and on
+// replay.
+var ErrRetriesExhausted = errors.New("pgdurable: retries exhausted")
+
+// retriesExhaustedError wraps a step's last error once its retries ran out.
+type retriesExhaustedError struct {
+	attempts int
+	err      error
+}
+
+func (e *retriesExhaustedError) Error() string {
+	return fmt.Sprintf("retries exhausted after %d attempts: %s", e.attempts, errorText(e.err))
+}
+func (e *retriesExhaustedError) Unwrap() error        { return e.err }
+func (e *retriesExhaustedError) Is(target error) bool { return target == ErrRetriesExhausted }
+
+// StepError is what a step that failed returns to workflow code. It is
+// decoded from the step's record, live and on replay alike, so every
+// delivery sees the same error: Err is the recorded cause chain, in which
+// errors.As finds registered error types (RegisterError) and errors.Is
+// registered sentinels (RegisterSentinel, ErrTimeout, ErrRetriesExhausted,
+// context.DeadlineExceeded, ...); other errors are *ApplicationError nodes
+// with the original's type name and message.
 type StepError struct {
 	Step    string // the step's name
 	Seq     int    // its position in the run, from 0
 	Attempt int    // the attempt that failed, from 1
-	Class   string // ClassPermanent, ClassUnserializable, ...
+	Class   string // ClassPermanent, ClassUnserializable, "http_402", ...
 	Message string // the error's text
-	Err     error  // the original error (live) or one rebuilt from Message (replay)
+	Err     error  // the recorded error chain
 }
 
 // Error renders the step, its position and attempt, and the message.
@@ -113,21 +135,97 @@ func (e *StepError) Error() string {
 func (e *StepError) Unwrap() error { return e.Err }
 
 // ErrorInfo is a recorded failure as stored in the error column of runs and
-// steps (JSON, the fields below with snake_case names).
+// steps and shown by the HTTP API (JSON, the fields below with snake_case
+// names). Class, Step, Seq, Attempt and Stack describe the failure; Type,
+// Registered, Code, Details, Is and Cause (Causes for errors.Join) describe
+// the error itself and its chain, each cause an ErrorInfo of its own.
 type ErrorInfo struct {
-	Class   string `json:"class"`
+	Class   string `json:"class,omitempty"`
 	Message string `json:"message"`
+	// Type is the Go type of the error (fmt's %T).
+	Type string `json:"type,omitempty"`
+	// Registered is the RegisterError name the error was recorded under.
+	Registered string `json:"registered,omitempty"`
+	// Code is the error's ErrorCode(), if it has one.
+	Code string `json:"code,omitempty"`
+	// Details is the JSON of a registered error.
+	Details json.RawMessage `json:"details,omitempty"`
+	// Is names the registered sentinels the error is.
+	Is     []string     `json:"is,omitempty"`
+	Cause  *ErrorInfo   `json:"cause,omitempty"`
+	Causes []*ErrorInfo `json:"causes,omitempty"`
+
 	Step    string `json:"step,omitempty"`
 	Seq     *int   `json:"seq,omitempty"`
 	Attempt int    `json:"attempt,omitempty"`
 	Stack   string `json:"stack,omitempty"`
+	// ForwardError, on a run whose compensation failed, is the failure
+	// that started the compensation.
+	ForwardError *ErrorInfo `json:"forward_error,omitempty"`
 }
 
+// newErrorInfo records err with class: its message and its chain.
+func newErrorInfo(err error, class string) *ErrorInfo {
+	info := &ErrorInfo{Class: class, Message: errorText(err)}
+	encodeError(info, err)
+	return info
+}
+
+// Err returns the error info records, decoded as workflow code and
+// Workflow.Wait see it (see StepError).
+func (e *ErrorInfo) Err() error { return decodeError(e) }
+
 func (e *ErrorInfo) json() []byte {
+	b, err := json.Marshal(e.storable())
+	if err != nil {
+		// Details are checked JSON; should one still fail, keep the rest.
+		c := e.storable()
+		c.strip()
+		b, _ = json.Marshal(c)
+	}
+	return b
+}
+
+// storable is a copy whose text PostgreSQL can store.
+func (e *ErrorInfo) storable() *ErrorInfo {
+	if e == nil {
+		return nil
+	}
 	c := *e
 	c.Class, c.Message, c.Step, c.Stack = storableText(c.Class), storableText(c.Message), storableText(c.Step), storableText(c.Stack)
-	b, _ := json.Marshal(c) // only strings and ints: cannot fail
-	return b
+	c.Type, c.Code, c.Registered = storableText(c.Type), storableText(c.Code), storableText(c.Registered)
+	if c.Details != nil && checkStorable(c.Details) != nil {
+		c.Details, c.Registered = nil, ""
+	}
+	c.Cause, c.ForwardError = c.Cause.storable(), c.ForwardError.storable()
+	c.Causes = nil
+	for _, x := range e.Causes {
+		c.Causes = append(c.Causes, x.storable())
+	}
+	return &c
+}
+
+func (e *ErrorInfo) strip() {
+	if e == nil {
+		return
+	}
+	e.Details, e.Registered = nil, ""
+	e.Cause.strip()
+	e.ForwardError.strip()
+	for _, c := range e.Causes {
+		c.strip()
+	}
+}
+
+// truncateText cuts s to at most n bytes on a UTF-8 boundary.
+func truncateText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
 
 // storableText makes an error's text storable in Postgres text and jsonb:

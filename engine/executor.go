@@ -132,9 +132,11 @@ func (c *Context) finish(out []byte, err error, p *panicInfo) {
 	var unserializable *errUnserializableOutput
 	switch {
 	case p != nil:
-		msg := fmt.Sprintf("panic in workflow code: %v", p.value)
-		c.log.Error("workflow panicked", "error_class", ClassPanic, "panic", msg)
-		c.park(nil, &parkReason{reason: "panic", info: &ErrorInfo{Class: ClassPanic, Message: msg, Stack: truncateStack(p.stack)}})
+		info := newErrorInfo(&PanicError{Value: fmt.Sprint(p.value)}, ClassPanic)
+		info.Message = "panic in workflow code: " + info.Message
+		info.Stack = truncateStack(p.stack)
+		c.log.Error("workflow panicked", "error_class", ClassPanic, "panic", info.Message)
+		c.park(nil, &parkReason{reason: "panic", info: info})
 	case c.Err() != nil:
 		c.interrupted()
 	case errors.As(err, &poison):
@@ -142,7 +144,7 @@ func (c *Context) finish(out []byte, err error, p *panicInfo) {
 	case errors.As(err, &unserializable):
 		c.park(nil, &parkReason{reason: "permanent_error", info: &ErrorInfo{Class: ClassUnserializable, Message: err.Error()}})
 	case c.cancelRequested.Load():
-		c.compensate(store.RunCancelled, &ErrorInfo{Class: ClassCancelled, Message: "run cancelled"})
+		c.compensate(store.RunCancelled, newErrorInfo(ErrCancelled, ClassCancelled))
 	case err == nil && c.seq < len(c.steps):
 		c.park(nil, &parkReason{reason: "nondeterminism", info: &ErrorInfo{Class: ClassNonDeterminism,
 			Message: fmt.Sprintf("workflow returned after %d steps but %d are recorded", c.seq, len(c.steps))}})
@@ -152,7 +154,7 @@ func (c *Context) finish(out []byte, err error, p *panicInfo) {
 		}))
 		c.log.Debug("run completed")
 	default:
-		info := &ErrorInfo{Class: ClassWorkflow, Message: err.Error()}
+		info := newErrorInfo(err, ClassWorkflow)
 		var se *StepError
 		if errors.As(err, &se) {
 			info.Class, info.Step, info.Seq, info.Attempt = se.Class, se.Step, &se.Seq, se.Attempt

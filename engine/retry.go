@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"time"
@@ -8,7 +9,12 @@ import (
 
 // RetryPolicy says how often and how far apart a failing step is retried.
 // Zero fields take the engine's defaults (Config.RetryPolicy, then
-// DefaultRetryPolicy). The shape is Temporal's.
+// DefaultRetryPolicy). The shape is Temporal's. A policy that makes no sense
+// (a negative interval or attempt count, a coefficient below 1, a maximum
+// interval below the initial one) is refused where it is given: Define's
+// error (reported by Register and Start), New's, or the step's own
+// (ErrInvalidArgument, recorded nowhere). An initial interval above an
+// inherited maximum raises the maximum to it.
 //
 // The wait before attempt n+1 is drawn uniformly from [d, 2d) where
 // d = min(InitialInterval * BackoffCoefficient^(n-1), MaximumInterval):
@@ -31,7 +37,32 @@ var DefaultRetryPolicy = RetryPolicy{
 	MaximumAttempts:    5,
 }
 
-// merge fills p's zero fields from fallbacks, in order.
+// validate refuses a policy that makes no sense, naming the field: a
+// negative interval or attempt count, a coefficient below 1 (0 takes the
+// default), a maximum interval below the initial one. Zero fields are
+// fine: they take the defaults.
+func (p *RetryPolicy) validate() error {
+	if p == nil {
+		return nil
+	}
+	switch c := p.BackoffCoefficient; {
+	case p.InitialInterval < 0:
+		return fmt.Errorf("RetryPolicy.InitialInterval %s is negative", p.InitialInterval)
+	case p.MaximumInterval < 0:
+		return fmt.Errorf("RetryPolicy.MaximumInterval %s is negative", p.MaximumInterval)
+	case math.IsNaN(c) || math.IsInf(c, 0) || (c != 0 && c < 1):
+		return fmt.Errorf("RetryPolicy.BackoffCoefficient %v is below 1 (0 takes the default, 2)", c)
+	case p.MaximumAttempts < 0:
+		return fmt.Errorf("RetryPolicy.MaximumAttempts %d is negative (0 takes the default, 1 means no retry)", p.MaximumAttempts)
+	case p.InitialInterval > 0 && p.MaximumInterval > 0 && p.MaximumInterval < p.InitialInterval:
+		return fmt.Errorf("RetryPolicy.MaximumInterval %s is below InitialInterval %s", p.MaximumInterval, p.InitialInterval)
+	}
+	return nil
+}
+
+// merge fills p's zero fields from fallbacks, in order. A maximum interval
+// taken from a fallback never cuts an initial interval set above it: it is
+// raised to the initial interval.
 func (p RetryPolicy) merge(fallbacks ...*RetryPolicy) RetryPolicy {
 	for _, f := range fallbacks {
 		if f == nil {
@@ -50,6 +81,9 @@ func (p RetryPolicy) merge(fallbacks ...*RetryPolicy) RetryPolicy {
 			p.MaximumAttempts = f.MaximumAttempts
 		}
 		p.DisableJitter = p.DisableJitter || f.DisableJitter
+	}
+	if p.MaximumInterval < p.InitialInterval {
+		p.MaximumInterval = p.InitialInterval
 	}
 	return p
 }

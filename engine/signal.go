@@ -12,9 +12,11 @@ import (
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
-// ErrTimeout is returned by AwaitSignal when its timeout passes before a
-// signal arrives; recorded, so a replay returns it too.
-var ErrTimeout = errors.New("pgdurable: timed out waiting for a signal")
+// ErrTimeout is in the error of anything that timed out: AwaitSignal whose
+// timeout passed before a signal arrived, an activity attempt past its
+// StartToCloseTimeout or HeartbeatTimeout (with context.DeadlineExceeded).
+// Recorded, so errors.Is answers the same on replay.
+var ErrTimeout = errors.New("pgdurable: timed out")
 
 const kindSignal = "signal"
 
@@ -244,7 +246,7 @@ func (c *Context) awaitSignal(name string, timeout time.Duration) ([]byte, error
 	c.lastRecorded = seq
 	c.noteCancel(cancel)
 	c.e.obs.StepAttempt(c.wf.name, name, kindSignal, 1, "completed", c.e.now().Sub(startedAt))
-	return outcome.result()
+	return outcome.result(name)
 }
 
 // signalTimedOut reads a completed AwaitSignal record: true when it
@@ -259,13 +261,13 @@ func decodeSignalOutcome(name string, raw []byte) ([]byte, error) {
 	if err := json.Unmarshal(raw, &o); err != nil {
 		return nil, fmt.Errorf("pgdurable: decoding recorded signal %q: %w", name, err)
 	}
-	return o.result()
+	return o.result(name)
 }
 
 // result is what AwaitSignal returns for this outcome, live or replayed.
-func (o *signalOutcome) result() ([]byte, error) {
+func (o *signalOutcome) result(name string) ([]byte, error) {
 	if o.TimedOut {
-		return nil, ErrTimeout
+		return nil, fmt.Errorf("%w waiting for signal %q", ErrTimeout, name)
 	}
 	return o.Payload, nil
 }

@@ -19,6 +19,19 @@ type StepOpts struct {
 	// RetryPolicy fills the fields it sets; the workflow's, the engine's
 	// and DefaultRetryPolicy fill the rest.
 	RetryPolicy *RetryPolicy
+	// ReturnExhausted returns a step that ran out of retries to the
+	// workflow as a *StepError, which errors.Is finds ErrRetriesExhausted
+	// in (and the last attempt's error: ErrTimeout for a timed-out
+	// activity), so the workflow can decide (a fallback, a compensation).
+	//
+	// Without it, a step that runs out of retries is returned only when the
+	// run has compensations registered (the run then undoes its work), and
+	// parks the run as dead otherwise; an activity that runs out of
+	// retries always parks the run, because one of its attempts may have
+	// taken effect with its answer lost (a charge made, the connection
+	// cut), and only an operator, or a replay with the same request ID once
+	// the service is back, can tell.
+	ReturnExhausted bool
 }
 
 // Step runs fn as the run's next step and records its outcome; when the
@@ -40,7 +53,7 @@ type StepOpts struct {
 // After the delivery ends (parked, waiting for a retry, lease lost), Step
 // returns an error without running fn; the workflow should return it.
 func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error), opts *StepOpts) (T, error) {
-	raw, err := ctx.runStep(&stepCall{name: name, kind: kindStep, opts: opts,
+	raw, err := ctx.runStep(&stepCall{name: name, kind: kindStep, opts: opts, returnExhausted: opts != nil && opts.ReturnExhausted,
 		body: func(sctx context.Context, _ *attemptState) ([]byte, error) {
 			v, err := fn(sctx)
 			if err != nil {
@@ -97,6 +110,8 @@ type stepCall struct {
 	// does not heartbeat may already have taken effect, and only its
 	// outcome tells whether there is something to undo.
 	settle bool
+	// returnExhausted: StepOpts.ReturnExhausted.
+	returnExhausted bool
 	// parkAs, when set, parks the run with this reason on a permanent
 	// failure or exhausted retries instead of returning the error
 	// (compensation steps: compensation_failed).
@@ -146,6 +161,12 @@ func (c *Context) enterStep(what, name string) (int, error) {
 // runStep is the replay logic shared by every kind of step.
 func (c *Context) runStep(call *stepCall) ([]byte, error) {
 	name, kind, opts := call.name, call.kind, call.opts
+	if opts != nil {
+		if err := opts.RetryPolicy.validate(); err != nil {
+			// Not recorded and no position used: the same on replay.
+			return nil, fmt.Errorf("%w: step %q: %v", ErrInvalidArgument, name, err)
+		}
+	}
 	seq, err := c.enterStep("step", name)
 	if err != nil {
 		return nil, err
@@ -300,13 +321,12 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		if firstFailed == nil {
 			firstFailed = &now
 		}
-		info := &ErrorInfo{Class: classOf(err, ClassTransient), Step: name, Seq: &seq, Attempt: attempt}
 		rec := &store.StepRecord{Seq: seq, Name: name, Kind: kind, Attempts: attempt, RequestID: requestID,
 			FirstFailedAt: firstFailed, StartedAt: startedAt, CompensationOf: call.compensationOf}
 		var unserializable *errUnserializableOutput
-		switch {
-		case p != nil:
-			info.Class, info.Message, info.Stack = ClassPanic, fmt.Sprintf("panic: %v", p.value), truncateStack(p.stack)
+		if p != nil {
+			info := stepFailure(&PanicError{Value: fmt.Sprint(p.value)}, ClassPanic, name, seq, attempt)
+			info.Stack = truncateStack(p.stack)
 			rec.Status, rec.Error = store.StepParked, info.json()
 			observe("parked")
 			log.Error("step panicked", "attempt", attempt, "error_class", info.Class, "panic", info.Message)
@@ -316,20 +336,23 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 			}
 			c.park(rec, &parkReason{reason: reason, info: info, rec: rec})
 			return nil, c.endErr
-		case errors.As(err, &unserializable), IsPermanent(err), attempt >= policy.MaximumAttempts:
-			info.Message = err.Error()
+		}
+		if errors.As(err, &unserializable) || IsPermanent(err) || attempt >= policy.MaximumAttempts {
 			exhausted := !IsPermanent(err) && unserializable == nil
+			var info *ErrorInfo
 			switch {
 			case unserializable != nil:
-				info.Class = ClassUnserializable
-			case !exhausted:
-				info.Class = classOf(err, ClassPermanent)
+				info = stepFailure(err, ClassUnserializable, name, seq, attempt)
+			case exhausted:
+				info = stepFailure(&retriesExhaustedError{attempts: attempt, err: err}, classOf(err, ClassTransient), name, seq, attempt)
+			default:
+				info = stepFailure(err, classOf(err, ClassPermanent), name, seq, attempt)
 			}
 			reason := ReasonRetriesExhausted
 			if call.parkAs != "" {
 				reason = call.parkAs
 			}
-			if call.parkAs != "" || (exhausted && (len(c.compensations) == 0 || call.requestID)) {
+			if call.parkAs != "" || (exhausted && !call.returnExhausted && (len(c.compensations) == 0 || call.requestID)) {
 				// Nothing can undo this automatically: an operator must act.
 				// An activity that ran out of retries may have taken effect
 				// on an attempt whose answer was lost; compensating now would
@@ -342,20 +365,21 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 				return nil, c.endErr
 			}
 			// Recorded and returned: the workflow decides, and a run that
-			// returns it runs its compensations.
+			// returns it runs its compensations. What it gets is decoded
+			// from the record, as a replay will decode it.
 			rec.Status, rec.Error, rec.CompletedAt = store.StepFailed, info.json(), &now
 			c.pending = rec
 			observe("failed")
 			log.Info("step failed", "attempt", attempt, "retries_exhausted", exhausted, "error_class", info.Class, "error", info.Message)
-			return nil, &StepError{Step: name, Seq: seq, Attempt: attempt, Class: info.Class, Message: info.Message, Err: err}
+			return nil, stepErrorFromRecord(rec)
 		}
+		info := stepFailure(err, classOf(err, ClassTransient), name, seq, attempt)
 		delay := policy.backoff(attempt)
 		var ra *retryAfterError
 		if errors.As(err, &ra) && ra.delay > delay {
 			delay = ra.delay
 		}
 		next := now.Add(delay)
-		info.Message = err.Error()
 		rec.Status, rec.Error, rec.NextAttemptAt = store.StepRetrying, info.json(), &next
 		observe("retry")
 		log.Info("step failed; will retry", "attempt", attempt, "error_class", info.Class, "error", info.Message, "backoff", delay)
@@ -430,11 +454,22 @@ func (c *Context) sleep(d time.Duration) bool {
 	}
 }
 
+// stepFailure records a step's failure: err's chain, with the step's name,
+// position and attempt.
+func stepFailure(err error, class, name string, seq, attempt int) *ErrorInfo {
+	info := newErrorInfo(err, class)
+	info.Step, info.Seq, info.Attempt = name, &seq, attempt
+	return info
+}
+
+// stepErrorFromRecord decodes a failed step's record into the error the
+// workflow sees: the same for the live delivery that recorded it and for
+// every replay.
 func stepErrorFromRecord(rec *store.StepRecord) *StepError {
 	info := decodeErrorInfo(rec.Error)
 	if info == nil {
 		info = &ErrorInfo{Class: ClassPermanent, Message: "no error recorded"}
 	}
 	return &StepError{Step: rec.Name, Seq: rec.Seq, Attempt: rec.Attempts, Class: info.Class,
-		Message: info.Message, Err: errors.New(info.Message)}
+		Message: info.Message, Err: info.Err()}
 }

@@ -50,6 +50,8 @@ func Define[In, Out any](name string, fn func(ctx *Context, in In) (Out, error),
 	switch {
 	case fn == nil:
 		w.err = fmt.Errorf("pgdurable: workflow %q has a nil function", name)
+	case w.opts.RetryPolicy.validate() != nil:
+		w.err = fmt.Errorf("pgdurable: workflow %q: %w", name, w.opts.RetryPolicy.validate())
 	}
 	return w
 }
@@ -191,12 +193,21 @@ func (w *Workflow[In, Out]) encode(in In) ([]byte, error) {
 	return b, nil
 }
 
-// RunError is the error Result returns for a run that ended without output.
+// RunError is the error Result and Wait return for a run that ended
+// without output. It wraps the run's recorded error, decoded as the
+// workflow saw it: errors.As finds the *StepError of the step that failed,
+// the registered error types in its chain and a *PanicError; errors.Is
+// finds ErrCancelled for a cancelled run, ErrRetriesExhausted, ErrTimeout
+// and the registered sentinels.
 type RunError struct {
 	RunID  uuid.UUID
 	Status string     // failed, dead, cancelled, compensated
 	Info   *ErrorInfo // the recorded error, if any
+	Err    error      // Info decoded (see ErrorInfo.Err); nil when none was recorded
 }
+
+// Unwrap returns the run's decoded error.
+func (e *RunError) Unwrap() error { return e.Err }
 
 // Error renders the run, its final status and its recorded message.
 func (e *RunError) Error() string {
@@ -222,7 +233,7 @@ func (w *Workflow[In, Out]) Result(ctx context.Context, e *Engine, runID uuid.UU
 		}
 		return out, nil
 	case StatusFailed, StatusDead, StatusCancelled, StatusCompensated:
-		return out, &RunError{RunID: runID, Status: run.Status, Info: run.Error}
+		return out, &RunError{RunID: runID, Status: run.Status, Info: run.Error, Err: run.Error.Err()}
 	}
 	return out, ErrRunNotFinished
 }
