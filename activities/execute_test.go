@@ -119,7 +119,9 @@ func TestCrashBetweenCallAndRecordReusesTheKey(t *testing.T) {
 	require.Equal(t, 1, charges)
 	run := runOf(t, worker, res.RunID)
 	require.Equal(t, engine.StatusCompleted, run.Status)
-	require.Equal(t, 1, run.Steps[0].Attempts, "the killed attempt had no outcome")
+	// The killed attempt counts: it was announced before the call, so the
+	// retry after the crash is attempt 2.
+	require.Equal(t, 2, run.Steps[0].Attempts, "one attempt per real try, the killed one included")
 }
 
 // An operator's replay of a run parked after the activity exhausted its

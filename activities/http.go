@@ -87,6 +87,14 @@ var _ = func() error {
 // ErrorClass names the status for records and metrics: "http_503".
 func (e *HTTPError) ErrorClass() string { return "http_" + strconv.Itoa(e.StatusCode) }
 
+// NoEffect reports whether the answer says the request had no effect: a
+// 4xx refuses a request before acting on it, except 409, which Stripe and
+// others answer while the same idempotency key is still being processed.
+// A 5xx may come after the effect. See engine.NoEffect.
+func (e *HTTPError) NoEffect() bool {
+	return e.StatusCode >= 400 && e.StatusCode < 500 && e.StatusCode != http.StatusConflict
+}
+
 // maxErrorBody bounds the body kept in an HTTPError.
 const maxErrorBody = 1 << 10
 
@@ -95,8 +103,8 @@ const maxErrorBody = 1 << 10
 //   - nil error and status below 400: nil (the caller reads and closes the body);
 //   - transport errors — timeouts (class "timeout"), connection resets and
 //     unexpected EOF ("connection_reset"), refused connections
-//     ("connection_refused"), anything else on the wire ("network") —
-//     transient;
+//     ("connection_refused") and unknown hosts ("dns"), both marked
+//     engine.NoEffect, anything else on the wire ("network") — transient;
 //   - 408, 409 (Stripe: the same key is still in flight), 429 and 5xx:
 //     transient, waiting at least Retry-After when the response has one;
 //   - any other 4xx: engine.Permanent — the request itself is wrong, and
@@ -130,8 +138,12 @@ func Classify(resp *http.Response, err error) error {
 	}
 }
 
+// classifyTransport classes a failed round trip. A refused connection or
+// an unknown host never reached the service, so it is marked
+// engine.NoEffect; a timeout or a cut connection may come after the effect.
 func classifyTransport(err error) error {
 	var netErr net.Error
+	var dnsErr *net.DNSError
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
 		return engine.WithClass(err, "timeout")
@@ -139,7 +151,9 @@ func classifyTransport(err error) error {
 		errors.Is(err, syscall.EPIPE):
 		return engine.WithClass(err, "connection_reset")
 	case errors.Is(err, syscall.ECONNREFUSED):
-		return engine.WithClass(err, "connection_refused")
+		return engine.NoEffect(engine.WithClass(err, "connection_refused"))
+	case errors.As(err, &dnsErr) && !dnsErr.IsTimeout:
+		return engine.NoEffect(engine.WithClass(err, "dns"))
 	}
 	return engine.WithClass(fmt.Errorf("http: %w", err), "network")
 }

@@ -136,14 +136,23 @@ var ErrCancelled = errors.New("pgdurable: run cancelled")
 // cancelled or dead); it cannot be cancelled or signalled.
 var ErrRunClosed = errors.New("pgdurable: run already finished")
 
-// Cancel requests cancellation of a run. A running delivery notices at its
-// next heartbeat, step write or activity heartbeat: the running forward
-// step's context is cancelled (cause ErrCancelled), no new forward step
-// starts, registered compensations run newest first in a context that is
-// not cancelled, and the run ends cancelled. A waiting run is delivered at
-// once to do so. Cancelling again, even during compensation, changes
-// nothing. Returns ErrNotFound for an unknown run and ErrRunClosed for a
-// finished one.
+// Cancel requests cancellation of a run; the request is recorded
+// (Run.CancelRequestedAt) and always wins: from then on no new attempt of a
+// forward step starts, retries waiting for their backoff are abandoned,
+// registered compensations run newest first in a context that is not
+// cancelled, and the run ends cancelled. A running delivery notices at its
+// next heartbeat, step write or activity heartbeat, and the running
+// forward step's context is cancelled (cause ErrCancelled); a waiting run
+// is delivered at once. One exception keeps money safe: an activity that
+// does not heartbeat and whose earlier attempts may have taken effect (see
+// NoEffect) is retried with its request ID until its outcome is known, so
+// its undo can run.
+//
+// Cancelling a run that is already cancelled or being cancelled (or that
+// is compensating after a failure, whose outcome stands) succeeds and
+// changes nothing, so a client may retry. Returns ErrNotFound for an
+// unknown run and ErrRunClosed for one that completed, failed, was
+// compensated or is dead.
 func (e *Engine) Cancel(ctx context.Context, runID uuid.UUID) error {
 	return e.cancel(ctx, nil, runID)
 }
@@ -161,6 +170,8 @@ func (e *Engine) cancel(ctx context.Context, tx pgx.Tx, runID uuid.UUID) error {
 			return fmt.Errorf("%w: run %s", ErrNotFound, runID)
 		case err != nil:
 			return fmt.Errorf("pgdurable: cancelling run %s: %w", runID, err)
+		case status == store.RunCancelled:
+			return nil // already cancelled: a retried request
 		case !isActive(status):
 			return fmt.Errorf("%w: run %s is %s", ErrRunClosed, runID, status)
 		case wake:

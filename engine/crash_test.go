@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -87,6 +88,21 @@ func crashWorkflows(pool *pgxpool.Pool) []engine.Registration {
 			return n, nil
 		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: 50 * time.Millisecond, MaximumAttempts: 4}})
 	}, nil)
+	// lost fails its first attempt; in a child with envBlockStep3 its
+	// second (and last) attempt hangs until the test kills the worker.
+	lost := engine.Define("crash-lost", func(ctx *engine.Context, in crashIn) (int, error) {
+		return engine.Step(ctx, "lost", func(sctx context.Context) (int, error) {
+			if err := bumpCalls(context.WithoutCancel(sctx), pool, ctx.RunID(), "lost"); err != nil {
+				return 0, err
+			}
+			if calls := callsOf(sctx, pool, ctx.RunID(), "lost"); calls == 1 {
+				return 0, errors.New("503")
+			} else if calls == 2 && os.Getenv(envBlockStep3) == "1" {
+				select {}
+			}
+			return 1, nil
+		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: 50 * time.Millisecond, MaximumAttempts: 2}})
+	}, nil)
 	// tx writes a business row in a tx step, then runs one more step.
 	tx := engine.Define("crash-tx", func(ctx *engine.Context, in crashIn) (int, error) {
 		n, err := engine.TxStep(ctx, "reserve", func(sctx context.Context, tx pgx.Tx) (int, error) {
@@ -111,7 +127,7 @@ func crashWorkflows(pool *pgxpool.Pool) []engine.Registration {
 			return n + 1, bumpCalls(context.WithoutCancel(sctx), pool, ctx.RunID(), "after")
 		}, nil)
 	}, nil)
-	return []engine.Registration{three, flaky, tx}
+	return []engine.Registration{three, flaky, lost, tx}
 }
 
 func createCallsTable(t *testing.T, pool *pgxpool.Pool) {
@@ -126,6 +142,12 @@ func bumpCalls(ctx context.Context, pool *pgxpool.Pool, runID uuid.UUID, step st
 	_, err := pool.Exec(ctx, `INSERT INTO step_calls VALUES ($1, $2, 1)
 		ON CONFLICT (run_id, step) DO UPDATE SET n = step_calls.n + 1`, runID, step)
 	return err
+}
+
+func callsOf(ctx context.Context, pool *pgxpool.Pool, runID uuid.UUID, step string) int {
+	var n int
+	_ = pool.QueryRow(ctx, `SELECT coalesce(max(n), 0) FROM step_calls WHERE run_id = $1 AND step = $2`, runID, step).Scan(&n)
+	return n
 }
 
 func calls(t *testing.T, pool *pgxpool.Pool, runID uuid.UUID, step string) int {
@@ -486,11 +508,42 @@ func TestAttemptsSurviveAWorkerCrash(t *testing.T) {
 
 	worker := newEngine(t, db, &engine.Config{LeaseDuration: time.Second}, true, wfs...)
 	run := waitStatus(t, worker, res.RunID, engine.StatusCompleted, 30*time.Second)
-	// Two failed attempts were recorded before the crash; the crashed one is
-	// not (no outcome), so the retry after it is attempt 3 of 4, not 1.
-	require.Equal(t, 3, run.Steps[0].Attempts)
+	// Two failed attempts were recorded before the crash, and the crashed
+	// third counts too (it was announced before it ran): the retry after it
+	// is attempt 4 of 4, not 1 or 3.
+	require.Equal(t, 4, run.Steps[0].Attempts)
 	require.Equal(t, 4, calls(t, db.Pool, res.RunID, "flaky"))
 	require.JSONEq(t, `4`, string(run.Output))
+}
+
+// An attempt that dies with its worker counts toward MaximumAttempts: a
+// step allowed 2 attempts whose second is killed is parked after the crash,
+// with the lost attempt recorded (class worker_lost), and never runs a
+// third time (C12: attempt accounting is exact).
+func TestAttemptKilledWithItsWorkerCountsTowardTheLimit(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	createCallsTable(t, db.Pool)
+	wfs := crashWorkflows(db.Pool)
+	client := newEngine(t, db, nil, false, wfs...)
+	ctx := testCtx(t)
+	res, err := client.StartJSON(ctx, "crash-lost", []byte(`{}`), nil)
+	require.NoError(t, err)
+
+	child := enginetest.StartWorker(t, db, time.Second, envBlockStep3+"=1")
+	eventually(t, 30*time.Second, "the second attempt to start", func() bool { return calls(t, db.Pool, res.RunID, "lost") == 2 })
+	enginetest.Kill(t, child)
+
+	worker := newEngine(t, db, &engine.Config{LeaseDuration: time.Second}, true, wfs...)
+	run := waitStatus(t, worker, res.RunID, engine.StatusDead, 30*time.Second)
+	require.Equal(t, 2, run.Steps[0].Attempts)
+	require.Equal(t, engine.ClassWorkerLost, run.Steps[0].Error.Class)
+	require.ErrorIs(t, run.Error.Err(), engine.ErrWorkerLost)
+	require.ErrorIs(t, run.Error.Err(), engine.ErrRetriesExhausted)
+	dj := openDeadJob(t, worker, res.RunID)
+	require.Equal(t, engine.ReasonRetriesExhausted, dj.Reason)
+	require.Equal(t, 2, dj.Attempts)
+	require.Equal(t, 2, calls(t, db.Pool, res.RunID, "lost"), "no third attempt")
 }
 
 // A process killed around a tx step's transaction — before its commit, or

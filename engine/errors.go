@@ -52,7 +52,45 @@ const (
 	ClassUnserializable = "unserializable" // a value json.Marshal rejects, or one holding a NUL character
 	ClassWorkflow       = "workflow"       // the workflow function returned an error of its own
 	ClassCancelled      = "cancelled"      // the run was cancelled (Engine.Cancel)
+	ClassWorkerLost     = "worker_lost"    // an attempt began and never ended: its worker died or lost its lease
 )
+
+// ErrWorkerLost is in the error of an attempt that began and never ended
+// because its worker died, or lost its lease, during it. Such an attempt
+// counts like a failed one: it is retried after the policy's backoff, and
+// counts toward MaximumAttempts.
+var ErrWorkerLost = errors.New("pgdurable: worker lost during the attempt")
+
+type noEffectError struct{ err error }
+
+func (e *noEffectError) Error() string  { return e.err.Error() }
+func (e *noEffectError) Unwrap() error  { return e.err }
+func (e *noEffectError) NoEffect() bool { return true }
+
+// NoEffect marks err as the failure of a call that certainly had no
+// effect: the request never reached the service (connection refused, an
+// unknown host) or the service refused it before acting (429 Too Many
+// Requests). Errors may also say so themselves with a NoEffect() bool
+// method (activities.HTTPError does for 4xx answers but 409). Retries are
+// unchanged; what it changes is what a cancelled run does with an activity
+// that does not heartbeat and has failed so far: when every failed attempt
+// had no effect, no further attempt starts and the run compensates at
+// once; when one may have taken effect (a timeout, a cut connection, a
+// 5xx, a crash mid-call), the activity is retried with its request ID
+// until its outcome is known, so that its undo runs if it took effect.
+// NoEffect(nil) is nil.
+func NoEffect(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &noEffectError{err: err}
+}
+
+// hasNoEffect reports whether err says its call had no effect.
+func hasNoEffect(err error) bool {
+	var ne interface{ NoEffect() bool }
+	return errors.As(err, &ne) && ne.NoEffect()
+}
 
 type permanentError struct{ err error }
 
@@ -162,6 +200,9 @@ type ErrorInfo struct {
 	// ForwardError, on a run whose compensation failed, is the failure
 	// that started the compensation.
 	ForwardError *ErrorInfo `json:"forward_error,omitempty"`
+	// NoEffect, on a step waiting for a retry: every attempt so far failed
+	// with an error marked NoEffect, so none took effect.
+	NoEffect bool `json:"no_effect,omitempty"`
 }
 
 // newErrorInfo records err with class: its message and its chain.

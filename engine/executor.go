@@ -353,8 +353,12 @@ func (c *Context) suspend(rec *store.StepRecord, wakeAt time.Time) {
 		rec, c.pending = c.pending, nil
 	}
 	status := store.RunWaiting
-	if c.compensating {
-		status = store.RunCompensating // an undo waits for its retry; the run stays compensating
+	if c.compensating || c.cancelRequested.Load() {
+		// An undo waits for its retry, or a cancelled run for the retry
+		// that settles an activity: the run is compensating, which the
+		// sweep wakes at wakeAt only (a waiting run it would wake at once,
+		// for its cancellation).
+		status = store.RunCompensating
 	}
 	c.end(c.handBack(rec, status, wakeAt, true))
 }

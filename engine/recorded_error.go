@@ -208,6 +208,7 @@ var _ = func() error {
 		"pgdurable.ErrTimeout":          ErrTimeout,
 		"pgdurable.ErrRetriesExhausted": ErrRetriesExhausted,
 		"pgdurable.ErrCancelled":        ErrCancelled,
+		"pgdurable.ErrWorkerLost":       ErrWorkerLost,
 		"pgdurable.ErrInvalidInput":     ErrInvalidInput,
 	} {
 		if err := RegisterSentinel(name, s); err != nil {
@@ -319,6 +320,8 @@ func skipControl(err error) error {
 		case *retryAfterError:
 			err = e.err
 		case *classedError:
+			err = e.err
+		case *noEffectError:
 			err = e.err
 		default:
 			return err

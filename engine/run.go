@@ -178,13 +178,16 @@ type Run struct {
 	// not running, that many deliveries in a row died (see
 	// Config.MaxDeliveries), and a waiting run with no AwaitSignal is held
 	// in crash backoff until WakeAt.
-	StalledDeliveries int          `json:"stalled_deliveries"`
-	WakeAt            *time.Time   `json:"wake_at,omitempty"`       // when a waiting run is next due
-	AwaitSignal       string       `json:"await_signal,omitempty"`  // the signal a waiting run waits for
-	ScheduleName      string       `json:"schedule_name,omitempty"` // the schedule whose fire started it
-	CreatedAt         time.Time    `json:"created_at"`
-	StartedAt         *time.Time   `json:"started_at,omitempty"`
-	CompletedAt       *time.Time   `json:"completed_at,omitempty"`
+	StalledDeliveries int        `json:"stalled_deliveries"`
+	WakeAt            *time.Time `json:"wake_at,omitempty"`       // when a waiting run is next due
+	AwaitSignal       string     `json:"await_signal,omitempty"`  // the signal a waiting run waits for
+	ScheduleName      string     `json:"schedule_name,omitempty"` // the schedule whose fire started it
+	CreatedAt         time.Time  `json:"created_at"`
+	StartedAt         *time.Time `json:"started_at,omitempty"`
+	CompletedAt       *time.Time `json:"completed_at,omitempty"`
+	// CancelRequestedAt is when Cancel was first called for the run; a run
+	// with it set stops its forward steps, compensates and ends cancelled.
+	CancelRequestedAt *time.Time   `json:"cancel_requested_at,omitempty"`
 	Steps             []StepInfo   `json:"steps,omitempty"`   // filled by GetRun only
 	Signals           []SignalInfo `json:"signals,omitempty"` // filled by GetRun only, in the order sent
 }
@@ -228,7 +231,7 @@ func runFromRow(r *store.RunRow) *Run {
 		WorkflowID: r.WorkflowID, Status: r.Status, Input: r.Input, Output: r.Output,
 		Error: decodeErrorInfo(r.Error), Deliveries: r.Deliveries, StalledDeliveries: r.Stalled, WakeAt: r.WakeAt,
 		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, CompletedAt: r.CompletedAt,
-		AwaitSignal: deref(r.AwaitSignal), ScheduleName: deref(r.ScheduleName),
+		AwaitSignal: deref(r.AwaitSignal), ScheduleName: deref(r.ScheduleName), CancelRequestedAt: r.CancelRequestedAt,
 	}
 }
 

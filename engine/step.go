@@ -178,6 +178,14 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 	attempts := 0
 	var firstFailed, nextAttempt *time.Time
 	var requestID *uuid.UUID
+	// lastErr is the latest failure's recorded error, kept in the record
+	// while the next attempt runs.
+	var lastErr []byte
+	// noEffect: every attempt so far failed with an error marked NoEffect
+	// (see stoppable).
+	noEffect := true
+	// lost is the failure of the recorded attempt that never ended.
+	var lost error
 	// written: a record of this step exists, so its position stays used
 	// even if the run's cancellation stops it; a forward step stopped
 	// before anything was written gives its position back to the undos.
@@ -205,13 +213,28 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		case store.StepFailed:
 			return nil, stepErrorFromRecord(rec)
 		}
-		attempts, firstFailed, nextAttempt, requestID = rec.Attempts, rec.FirstFailedAt, rec.NextAttemptAt, rec.RequestID
+		attempts, firstFailed, nextAttempt, requestID, lastErr = rec.Attempts, rec.FirstFailedAt, rec.NextAttemptAt, rec.RequestID, rec.Error
+		switch {
+		case rec.Status == store.StepStarted && rec.Attempts > 0:
+			// Attempt rec.Attempts began and has no outcome: its worker
+			// died, or lost its lease, during it. It counts, and it may
+			// have taken effect.
+			lost = &workerLostError{attempt: rec.Attempts}
+			attempts, noEffect = rec.Attempts-1, false
+		case rec.Status == store.StepRetrying:
+			// Records older than the flag say nothing: they may have.
+			info := decodeErrorInfo(rec.Error)
+			noEffect = info != nil && info.NoEffect
+		}
 	}
-	// stoppable: the run's cancellation stops this step now (a step that
-	// settles stops only if it has not begun).
-	stoppable := func() bool { return forward && c.cancelRequested.Load() && !(call.settle && written) }
+	// stoppable: the run's cancellation stops this step before its next
+	// attempt. An activity that settles (it does not heartbeat, so its call
+	// is never cut short) is stopped only when none of its attempts can
+	// have taken effect; otherwise it is retried with its request ID until
+	// its outcome is known, so that its undo runs if it took effect.
+	stoppable := func() bool { return forward && c.cancelRequested.Load() && !(call.settle && !noEffect) }
 	if stoppable() {
-		return cancelled() // begun before the cancellation (a request ID stored): it stays unfinished
+		return cancelled()
 	}
 	stepCtx := c.fwd
 	if !forward {
@@ -229,28 +252,12 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		nextAttempt = &wake
 	}
 	if call.requestID && requestID == nil {
-		// The request ID is stored before the first call, with the previous
-		// step's record, in one round trip: every later attempt, after any
-		// crash or replay, sends this same ID.
+		// The request ID is stored with the first attempt's announcement:
+		// every later attempt, after any crash or replay, sends this same ID.
 		id := uuid.Must(uuid.NewV7())
 		requestID = &id
-		intent := &store.StepRecord{Seq: seq, Name: name, Kind: kind, Status: store.StepStarted,
-			RequestID: requestID, StartedAt: startedAt, CompensationOf: call.compensationOf}
-		recs := []*store.StepRecord{intent}
-		if c.pending != nil {
-			recs = []*store.StepRecord{c.pending, intent}
-			c.pending = nil
-		}
-		if !c.write(recs...) {
-			return nil, c.endErr
-		}
-		written = true
 	}
-	// Everything before this step is recorded before it runs.
-	if !c.flush() {
-		return nil, c.endErr
-	}
-	if nextAttempt != nil && !c.waitUntil(*nextAttempt) {
+	if nextAttempt != nil && lost == nil && !c.waitUntil(*nextAttempt, stoppable) {
 		return nil, c.endErr
 	}
 	if c.e.draining.Load() {
@@ -267,26 +274,77 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		policy = *opts.RetryPolicy
 	}
 	policy = policy.merge(c.wf.retry, &c.e.retry)
+	// record builds this step's record of attempt n.
+	record := func(status string, n int) *store.StepRecord {
+		return &store.StepRecord{Seq: seq, Name: name, Kind: kind, Status: status, Attempts: n, RequestID: requestID,
+			FirstFailedAt: firstFailed, StartedAt: startedAt, CompensationOf: call.compensationOf}
+	}
+	// unannounced is the record as it was before attempt n was announced,
+	// for a hand-back that does not count the attempt.
+	unannounced := func(n int) *store.StepRecord {
+		if n == 1 {
+			return record(store.StepStarted, 0) // the request ID only
+		}
+		rec := record(store.StepRetrying, n-1)
+		now := c.e.now()
+		rec.Error, rec.NextAttemptAt = lastErr, &now
+		return rec
+	}
 	for {
-		if !c.mayStartStep() {
-			return nil, c.endErr
-		}
-		if stoppable() {
-			return cancelled() // no further attempt once the cancellation is known
-		}
 		attempt := attempts + 1
+		announced := false
+		var out []byte
+		var p *panicInfo
+		var err error
 		a := &attemptState{c: c, seq: seq, attempt: attempt}
-		if requestID != nil {
-			a.requestID = *requestID
-		}
-		a.completed = func(out []byte) *store.StepRecord {
-			now := c.e.now()
-			return &store.StepRecord{Seq: seq, Name: name, Kind: kind, Status: store.StepCompleted, Attempts: attempt,
-				RequestID: requestID, Output: out, FirstFailedAt: firstFailed, StartedAt: startedAt, CompletedAt: &now,
-				CompensationOf: call.compensationOf}
-		}
 		attemptStart := time.Now()
-		out, p, err := c.attempt(stepCtx, call.body, a)
+		if lost != nil {
+			err, lost = lost, nil
+		} else {
+			if !c.mayStartStep() {
+				return nil, c.endErr
+			}
+			if stoppable() {
+				return cancelled() // no further attempt once the cancellation is known
+			}
+			// Everything before this step is recorded before it runs. An
+			// activity's attempts and every retry are announced with it
+			// (status started), so an attempt whose worker dies counts;
+			// a plain or tx step's first attempt is not, which would cost a
+			// round trip per step: a crash in it is bounded by MaxDeliveries.
+			if call.requestID || attempt > 1 {
+				rec := record(store.StepStarted, attempt)
+				rec.Error = lastErr
+				recs := []*store.StepRecord{rec}
+				if c.pending != nil {
+					recs = []*store.StepRecord{c.pending, rec}
+					c.pending = nil
+				}
+				if !c.write(recs...) {
+					return nil, c.endErr
+				}
+				written, announced = true, true
+				if stoppable() {
+					// The announcement brought the cancellation: the attempt
+					// does not start, and its announcement is taken back with
+					// the run's next write.
+					c.pending = unannounced(attempt)
+					return cancelled()
+				}
+			} else if !c.flush() {
+				return nil, c.endErr
+			}
+			if requestID != nil {
+				a.requestID = *requestID
+			}
+			a.completed = func(out []byte) *store.StepRecord {
+				now := c.e.now()
+				rec := record(store.StepCompleted, attempt)
+				rec.Output, rec.CompletedAt = out, &now
+				return rec
+			}
+			out, p, err = c.attempt(stepCtx, call.body, a)
+		}
 		now := c.e.now()
 		observe := func(outcome string) {
 			c.e.obs.StepAttempt(c.wf.name, name, kind, attempt, outcome, time.Since(attemptStart))
@@ -307,8 +365,12 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 			return nil, c.endErr
 		}
 		if c.Err() != nil {
-			// Shutdown or a lost lease interrupted the attempt: it does not count.
+			// A shutdown or a lost lease interrupted the attempt. After a
+			// shutdown the run is handed back with the attempt uncounted.
 			observe("interrupted")
+			if announced {
+				c.pending = unannounced(attempt)
+			}
 			c.interrupted()
 			return nil, c.endErr
 		}
@@ -321,8 +383,8 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		if firstFailed == nil {
 			firstFailed = &now
 		}
-		rec := &store.StepRecord{Seq: seq, Name: name, Kind: kind, Attempts: attempt, RequestID: requestID,
-			FirstFailedAt: firstFailed, StartedAt: startedAt, CompensationOf: call.compensationOf}
+		noEffect = noEffect && hasNoEffect(err)
+		rec := record("", attempt)
 		var unserializable *errUnserializableOutput
 		if p != nil {
 			info := stepFailure(&PanicError{Value: fmt.Sprint(p.value)}, ClassPanic, name, seq, attempt)
@@ -374,6 +436,7 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 			return nil, stepErrorFromRecord(rec)
 		}
 		info := stepFailure(err, classOf(err, ClassTransient), name, seq, attempt)
+		info.NoEffect = noEffect
 		delay := policy.backoff(attempt)
 		var ra *retryAfterError
 		if errors.As(err, &ra) && ra.delay > delay {
@@ -381,6 +444,7 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		}
 		next := now.Add(delay)
 		rec.Status, rec.Error, rec.NextAttemptAt = store.StepRetrying, info.json(), &next
+		lastErr = rec.Error
 		observe("retry")
 		log.Info("step failed; will retry", "attempt", attempt, "error_class", info.Class, "error", info.Message, "backoff", delay)
 		if stoppable() {
@@ -399,7 +463,7 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 			return nil, c.endErr
 		}
 		written = true
-		if !c.sleep(delay) {
+		if !c.wait(delay, stoppable) {
 			return nil, c.endErr
 		}
 		attempts = attempt
@@ -429,7 +493,7 @@ func (e *panicError) Error() string { return fmt.Sprintf("panic: %v", e.p.value)
 
 // waitUntil waits for a retry that is due at t: in place when it is close,
 // otherwise by ending the delivery until then. False when the delivery ended.
-func (c *Context) waitUntil(t time.Time) bool {
+func (c *Context) waitUntil(t time.Time, stoppable func() bool) bool {
 	d := t.Sub(c.e.now())
 	if d <= 0 {
 		return true
@@ -438,21 +502,41 @@ func (c *Context) waitUntil(t time.Time) bool {
 		c.suspend(nil, t)
 		return false
 	}
-	return c.sleep(d)
+	return c.wait(d, stoppable)
 }
 
-// sleep waits d unless the delivery is interrupted first.
-func (c *Context) sleep(d time.Duration) bool {
+// wait waits d unless the delivery is interrupted first (false), or the
+// run's cancellation makes stoppable true, which cuts the wait short (true:
+// the caller's stop check follows).
+func (c *Context) wait(d time.Duration, stoppable func() bool) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-c.Done():
-		c.interrupted()
-		return false
+	cancelled := c.fwd.Done()
+	for {
+		select {
+		case <-t.C:
+			return true
+		case <-cancelled:
+			if stoppable() {
+				return true
+			}
+			cancelled = nil // a settling step waits out its backoff
+		case <-c.Done():
+			c.interrupted()
+			return false
+		}
 	}
 }
+
+// workerLostError is the failure of an attempt that began and never ended:
+// its worker died, or lost its lease, during it.
+type workerLostError struct{ attempt int }
+
+func (e *workerLostError) Error() string {
+	return fmt.Sprintf("attempt %d did not finish: its worker died or lost its lease during it", e.attempt)
+}
+func (e *workerLostError) ErrorClass() string   { return ClassWorkerLost }
+func (e *workerLostError) Is(target error) bool { return target == ErrWorkerLost }
 
 // stepFailure records a step's failure: err's chain, with the step's name,
 // position and attempt.

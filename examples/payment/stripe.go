@@ -155,7 +155,10 @@ func classify(err error) error {
 			class = "card_declined_" + string(se.DeclineCode)
 		}
 		return engine.WithClass(engine.Permanent(msg), class)
-	case code == http.StatusConflict, code == http.StatusTooManyRequests, code >= 500:
+	case code == http.StatusTooManyRequests:
+		// Refused before processing: the charge was not made.
+		return engine.NoEffect(engine.WithClass(msg, "http_429"))
+	case code == http.StatusConflict, code >= 500:
 		return engine.WithClass(msg, fmt.Sprintf("http_%d", code))
 	default:
 		return engine.WithClass(engine.Permanent(msg), fmt.Sprintf("http_%d", code))

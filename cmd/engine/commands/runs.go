@@ -86,6 +86,9 @@ func (g *global) printRun(run *engine.Run) {
 	if len(run.Output) > 0 {
 		fmt.Fprintf(w, "  output       %s\n", oneLine(string(run.Output), 200))
 	}
+	if run.CancelRequestedAt != nil {
+		fmt.Fprintf(w, "  cancel       requested %s\n", cell(run.CancelRequestedAt))
+	}
 	if run.Error != nil {
 		fmt.Fprintf(w, "  error        %s: %s\n", run.Error.Class, oneLine(run.Error.Message, 200))
 	}

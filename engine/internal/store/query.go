@@ -11,35 +11,37 @@ import (
 
 // RunRow is one row of workflow_runs.
 type RunRow struct {
-	RunID           uuid.UUID
-	WorkflowName    string
-	WorkflowVersion int
-	WorkflowID      string
-	Status          string
-	Input           []byte
-	Output          []byte
-	Error           []byte
-	Deliveries      int
-	Stalled         int
-	OwnerToken      *uuid.UUID
-	LeaseExpiresAt  *time.Time
-	WakeAt          *time.Time
-	AwaitSignal     *string
-	ScheduleName    *string
-	Queue           string
-	CreatedAt       time.Time
-	StartedAt       *time.Time
-	CompletedAt     *time.Time
+	RunID             uuid.UUID
+	WorkflowName      string
+	WorkflowVersion   int
+	WorkflowID        string
+	Status            string
+	Input             []byte
+	Output            []byte
+	Error             []byte
+	Deliveries        int
+	Stalled           int
+	OwnerToken        *uuid.UUID
+	LeaseExpiresAt    *time.Time
+	WakeAt            *time.Time
+	AwaitSignal       *string
+	ScheduleName      *string
+	Queue             string
+	CreatedAt         time.Time
+	StartedAt         *time.Time
+	CompletedAt       *time.Time
+	CancelRequestedAt *time.Time
 }
 
 const runColumns = `run_id, workflow_name, workflow_version, workflow_id, status, input, output, error,
-    deliveries, stalled_deliveries, owner_token, lease_expires_at, wake_at, await_signal, schedule_name, queue, created_at, started_at, completed_at`
+    deliveries, stalled_deliveries, owner_token, lease_expires_at, wake_at, await_signal, schedule_name, queue, created_at, started_at, completed_at,
+    cancel_requested_at`
 
 func scanRun(row pgx.Row) (*RunRow, error) {
 	var r RunRow
 	err := row.Scan(&r.RunID, &r.WorkflowName, &r.WorkflowVersion, &r.WorkflowID, &r.Status, &r.Input, &r.Output,
 		&r.Error, &r.Deliveries, &r.Stalled, &r.OwnerToken, &r.LeaseExpiresAt, &r.WakeAt, &r.AwaitSignal, &r.ScheduleName, &r.Queue, &r.CreatedAt,
-		&r.StartedAt, &r.CompletedAt)
+		&r.StartedAt, &r.CompletedAt, &r.CancelRequestedAt)
 	if err != nil {
 		return nil, translate(err)
 	}

@@ -1,0 +1,201 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine"
+)
+
+// chargeSaga is a reservation (with its undo) and then a charge activity
+// that does not heartbeat (a card charge), as the payment example has.
+type chargeSaga struct {
+	mu       sync.Mutex
+	attempts []time.Time // when each charge attempt started
+	releases atomic.Int32
+	refunds  atomic.Int32
+	charge   func(attempt int) (string, error)
+	policy   *engine.RetryPolicy
+}
+
+func (s *chargeSaga) attemptsSince(t time.Time) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, a := range s.attempts {
+		if !a.Before(t) {
+			n++
+		}
+	}
+	return n
+}
+
+func (s *chargeSaga) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.attempts)
+}
+
+func (s *chargeSaga) workflow(name string) *engine.Workflow[int, string] {
+	return engine.Define(name, func(ctx *engine.Context, _ int) (string, error) {
+		if _, err := engine.Step(ctx, "reserve", func(context.Context) (int, error) { return 1, nil }, nil); err != nil {
+			return "", err
+		}
+		if err := ctx.Compensate(engine.Undo{Name: "release", Fn: func(context.Context, *engine.ActivityAttempt) error {
+			s.releases.Add(1)
+			return nil
+		}}); err != nil {
+			return "", err
+		}
+		ch, err := engine.RunActivity(ctx, "charge", &engine.ActivityOpts{RetryPolicy: s.policy},
+			func(_ context.Context, a *engine.ActivityAttempt) (string, error) {
+				s.mu.Lock()
+				s.attempts = append(s.attempts, time.Now())
+				s.mu.Unlock()
+				return s.charge(a.Attempt)
+			})
+		if err != nil {
+			return "", err
+		}
+		if err := ctx.Compensate(engine.Undo{Name: "refund", Fn: func(context.Context, *engine.ActivityAttempt) error {
+			s.refunds.Add(1)
+			return nil
+		}}); err != nil {
+			return "", err
+		}
+		return ch, nil
+	}, nil)
+}
+
+// The gateway is unreachable (every attempt is refused: no effect), the
+// charge keeps retrying, and the run is cancelled: no attempt starts after
+// the cancellation is known, the reservation is released, and the run ends
+// cancelled within a few seconds with at most a couple of deliveries.
+// Before, a cancelled activity kept retrying, and a cancelled run waiting
+// for its retry was re-suspended and woken again in a tight loop.
+func TestCancelStopsRetriesOfAnActivityThatHadNoEffect(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		// waitFor is what the run is doing when it is cancelled.
+		waitFor string
+		policy  engine.RetryPolicy
+	}{
+		{"retrying-in-place", engine.StatusRunning, engine.RetryPolicy{InitialInterval: 100 * time.Millisecond, BackoffCoefficient: 1, MaximumAttempts: 100}},
+		{"suspended-for-its-retry", engine.StatusWaiting, engine.RetryPolicy{InitialInterval: 3 * time.Second, MaximumAttempts: 100}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := &chargeSaga{policy: &tc.policy, charge: func(int) (string, error) {
+				return "", engine.NoEffect(errors.New("dial tcp 127.0.0.1:1: connect: connection refused"))
+			}}
+			wf := s.workflow("no-effect-" + tc.name)
+			b := setup(t, &engine.Config{SweepInterval: 50 * time.Millisecond}, wf)
+			ctx := testCtx(t)
+			res, err := wf.Start(ctx, b.engine, 0, nil)
+			require.NoError(t, err)
+			eventually(t, 10*time.Second, "the charge to be retrying", func() bool {
+				run, err := b.engine.GetRun(ctx, res.RunID)
+				require.NoError(t, err)
+				return s.count() >= 2 && run.Status == tc.waitFor || tc.waitFor == engine.StatusWaiting && run.Status == engine.StatusWaiting
+			})
+			require.NoError(t, b.engine.Cancel(ctx, res.RunID))
+			cancelledAt := time.Now()
+			run := waitStatus(t, b.engine, res.RunID, engine.StatusCancelled, 5*time.Second)
+			took := time.Since(cancelledAt)
+			require.LessOrEqual(t, s.attemptsSince(cancelledAt.Add(50*time.Millisecond)), 0, "no charge attempt after the cancellation")
+			require.LessOrEqual(t, run.Deliveries, 3)
+			require.EqualValues(t, 1, s.releases.Load(), "the reservation is released")
+			require.Zero(t, s.refunds.Load(), "nothing was charged, nothing refunded")
+			require.NotNil(t, run.CancelRequestedAt)
+			require.ErrorIs(t, run.Error.Err(), engine.ErrCancelled)
+			t.Logf("cancelled %s after the request, %d deliveries, %d charge attempts", took.Round(time.Millisecond), run.Deliveries, s.count())
+		})
+	}
+}
+
+// An activity whose failed attempt may have taken effect (a timeout: the
+// charge may have been made with its answer lost) is settled after the
+// cancellation: retried with its request ID until its outcome is known, so
+// the refund runs if it was charged. It waits for its backoff as
+// compensating, which the sweep does not wake early, so there is no loop.
+func TestCancelSettlesAnActivityThatMayHaveTakenEffect(t *testing.T) {
+	t.Parallel()
+	s := &chargeSaga{policy: &engine.RetryPolicy{InitialInterval: 2 * time.Second, MaximumAttempts: 5, DisableJitter: true},
+		charge: func(attempt int) (string, error) {
+			if attempt == 1 {
+				return "", errors.New("read tcp: i/o timeout") // may have been charged
+			}
+			return "ch_1", nil // the same request ID: the API answers with the charge
+		}}
+	wf := s.workflow("settle")
+	b := setup(t, &engine.Config{SweepInterval: 50 * time.Millisecond}, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	waitStatus(t, b.engine, res.RunID, engine.StatusWaiting, 10*time.Second)
+	require.NoError(t, b.engine.Cancel(ctx, res.RunID))
+	eventually(t, 5*time.Second, "the run to wait for its settling retry as compensating", func() bool {
+		run, err := b.engine.GetRun(ctx, res.RunID)
+		require.NoError(t, err)
+		return run.Status == engine.StatusCompensating && run.WakeAt != nil
+	})
+	run := waitStatus(t, b.engine, res.RunID, engine.StatusCancelled, 10*time.Second)
+	require.Equal(t, 2, s.count(), "one settling attempt")
+	require.EqualValues(t, 1, s.refunds.Load(), "the charge it found is refunded")
+	require.EqualValues(t, 1, s.releases.Load())
+	require.LessOrEqual(t, run.Deliveries, 3)
+}
+
+// Cancelling is idempotent: again while the run is being cancelled, and
+// again once it is cancelled, succeeds (an HTTP client's retry); a run that
+// completed cannot be cancelled.
+func TestCancelAgainIsANoOp(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	inUndo := make(chan struct{}, 1)
+	wf := engine.Define("cancel-twice", func(ctx *engine.Context, _ int) (string, error) {
+		if _, err := engine.Step(ctx, "a", func(context.Context) (int, error) { return 1, nil }, nil); err != nil {
+			return "", err
+		}
+		if err := ctx.Compensate(engine.Undo{Name: "undo_a", Fn: func(context.Context, *engine.ActivityAttempt) error {
+			inUndo <- struct{}{}
+			<-release
+			return nil
+		}}); err != nil {
+			return "", err
+		}
+		_, err := engine.Step(ctx, "b", func(sctx context.Context) (int, error) {
+			<-sctx.Done()
+			return 0, sctx.Err()
+		}, nil)
+		return "", err
+	}, nil)
+	done := echoWorkflow("cancel-done")
+	b := setup(t, nil, wf, done)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	waitStatus(t, b.engine, res.RunID, engine.StatusRunning, 10*time.Second)
+	require.NoError(t, b.engine.Cancel(ctx, res.RunID))
+	first, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.NotNil(t, first.CancelRequestedAt)
+	<-inUndo
+	require.NoError(t, b.engine.Cancel(ctx, res.RunID), "while compensating")
+	close(release)
+	run := waitStatus(t, b.engine, res.RunID, engine.StatusCancelled, 10*time.Second)
+	require.NoError(t, b.engine.Cancel(ctx, res.RunID), "once cancelled")
+	require.Equal(t, first.CancelRequestedAt, run.CancelRequestedAt, "the first request's time is kept")
+
+	fin, err := done.Start(ctx, b.engine, 1, nil)
+	require.NoError(t, err)
+	waitStatus(t, b.engine, fin.RunID, engine.StatusCompleted, 10*time.Second)
+	require.ErrorIs(t, b.engine.Cancel(ctx, fin.RunID), engine.ErrRunClosed)
+}
