@@ -187,15 +187,23 @@ func runAttempt[T any](sctx context.Context, c *Context, name string, opts *Acti
 				cancel(errNoHeartbeat)
 			}
 		case <-actx.Done():
+			grace := abandonGrace
 			if sctx.Err() != nil {
-				return nil, sctx.Err() // the delivery is interrupted; runStep hands the run back
+				// The delivery is interrupted (StopAndCancel, a shutdown's
+				// timeout). A call that still answers while the lease holds
+				// has its result recorded as the run is handed back, so the
+				// next worker does not call it again.
+				grace = c.leaseLeft()
 			}
 			select {
 			case r := <-done:
 				if r.err == nil {
-					return r.out, nil // finished just in time
+					return r.out, nil // finished in time
 				}
-			case <-time.After(abandonGrace):
+			case <-time.After(grace):
+			}
+			if sctx.Err() != nil {
+				return nil, sctx.Err() // runStep hands the run back
 			}
 			return nil, attemptTimeout(name, a, context.Cause(actx), nil)
 		}

@@ -90,6 +90,7 @@ func (c *Context) compensate(status string, info *ErrorInfo) {
 		return
 	}
 	c.compensating = true
+	c.sagaCause = info
 	c.log.Info("compensating", "undos", len(c.compensations), "error_class", info.Class)
 	for i := len(c.compensations) - 1; i >= 0; i-- {
 		comp := c.compensations[i]

@@ -31,6 +31,11 @@ type Context struct {
 	cancelRequested atomic.Bool
 	compensations   []*compensation // registered undos, oldest first
 	compensating    bool            // the undos are running
+	// sagaCause is the failure (or cancellation) the undos run for, kept
+	// with the run's error if an undo fails.
+	sagaCause *ErrorInfo
+	// deliveries counts this run's deliveries, this one included.
+	deliveries int
 
 	e          *Engine
 	wf         registered

@@ -253,6 +253,8 @@ func TestCrashLoopingRunIsParkedAndHealthyRunsComplete(t *testing.T) {
 	dj := openDeadJob(t, client, poison.RunID)
 	require.Equal(t, "crash_loop", dj.Reason)
 	require.Equal(t, 11, run.Deliveries, "10 crashed deliveries, then the 11th parks it")
+	require.Equal(t, 11, dj.Deliveries, "the dead job carries the real deliveries")
+	require.Equal(t, 10, dj.Attempts, "and the deliveries that died")
 	for _, id := range healthy {
 		waitStatus(t, client, id, engine.StatusCompleted, 30*time.Second)
 	}

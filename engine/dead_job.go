@@ -41,17 +41,21 @@ type DeadJob struct {
 	Reason          string          `json:"reason"`          // one of the Reason... constants
 	StepName        string          `json:"step_name"`       // the failing step, "" when not in a step
 	Seq             *int            `json:"seq,omitempty"`
-	Attempts        int             `json:"attempts"` // attempts of the failing step
+	Attempts        int             `json:"attempts"`   // attempts of the failing step; for crash_loop, the deliveries that died in a row
+	Deliveries      int             `json:"deliveries"` // the run's deliveries when it was parked, the parking one included
 	FirstFailedAt   time.Time       `json:"first_failed_at"`
 	LastFailedAt    time.Time       `json:"last_failed_at"`
 	ErrorClass      string          `json:"error_class"`
 	ErrorMessage    string          `json:"error_message"`
 	Stack           string          `json:"stack"`
-	ParkedAt        time.Time       `json:"parked_at"`
-	ResolvedAt      *time.Time      `json:"resolved_at,omitempty"`
-	Resolution      string          `json:"resolution"` // "", "replayed" or "discarded"
-	ResolvedBy      string          `json:"resolved_by"`
-	Note            string          `json:"note"`
+	// ForwardError, for compensation_failed, is the failure that started
+	// the compensation (ErrorMessage is the undo's).
+	ForwardError *ErrorInfo `json:"forward_error,omitempty"`
+	ParkedAt     time.Time  `json:"parked_at"`
+	ResolvedAt   *time.Time `json:"resolved_at,omitempty"`
+	Resolution   string     `json:"resolution"` // "", "replayed" or "discarded"
+	ResolvedBy   string     `json:"resolved_by"`
+	Note         string     `json:"note"`
 }
 
 func deadJobFromRow(d *store.DeadJobRow) *DeadJob {
@@ -61,6 +65,7 @@ func deadJobFromRow(d *store.DeadJobRow) *DeadJob {
 		Seq: d.Seq, Attempts: d.Attempts, FirstFailedAt: d.FirstFailedAt, LastFailedAt: d.LastFailedAt,
 		ErrorClass: d.ErrorClass, ErrorMessage: d.ErrorMessage, Stack: deref(d.Stack), ParkedAt: d.ParkedAt,
 		ResolvedAt: d.ResolvedAt, Resolution: deref(d.Resolution), ResolvedBy: deref(d.ResolvedBy), Note: deref(d.Note),
+		Deliveries: d.Deliveries, ForwardError: decodeErrorInfo(d.ForwardError),
 	}
 }
 

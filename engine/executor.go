@@ -50,20 +50,26 @@ func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
 	c := &Context{
 		Context: dctx, cancel: cancel, fwd: fwd, cancelFwd: cancelFwd, e: e, wf: wf, runID: runID,
 		workflowID: claimed.WorkflowID, token: token, log: log, steps: claimed.Steps, lastRecorded: -1,
-		claimedAt: sent,
+		claimedAt: sent, deliveries: claimed.Deliveries,
 	}
 	c.extendedAt(sent)
 	c.noteCancel(claimed.CancelRequested)
 	stopHeartbeat := e.heartbeat(c)
 	defer stopHeartbeat()
 
-	if crashLoop(claimed.StalledDeliveries-1, claimed.LongStalled, e.cfg.MaxDeliveries) {
-		c.park(nil, &parkReason{reason: "crash_loop", info: &ErrorInfo{
+	if died := claimed.StalledDeliveries - 1; crashLoop(died, claimed.LongStalled, e.cfg.MaxDeliveries) {
+		why := &parkReason{reason: "crash_loop", attempts: died, info: &ErrorInfo{
 			Class: ClassCrashLoop,
 			Message: fmt.Sprintf("%d consecutive deliveries ended without recording progress (worker crashed or was killed), "+
 				"%d of them within their first lease; MaxDeliveries is %d",
-				claimed.StalledDeliveries-1, max(claimed.StalledDeliveries-1-claimed.LongStalled, 0), e.cfg.MaxDeliveries),
-		}})
+				died, max(died-claimed.LongStalled, 0), e.cfg.MaxDeliveries),
+		}}
+		if n := len(claimed.Steps); n > 0 && claimed.Steps[n-1].Status != store.StepCompleted {
+			// The latest record is unsettled: the step the deliveries died in.
+			rec := claimed.Steps[n-1]
+			why.info.Step, why.info.Seq = rec.Name, &rec.Seq
+		}
+		c.park(nil, why)
 		return nil
 	}
 	out, p, err := c.runWorkflow(claimed.Input)
@@ -170,12 +176,44 @@ func (c *Context) finish(out []byte, err error, p *panicInfo) {
 	}
 }
 
+// writeRetries is how many more times a record write that failed for a
+// transient reason is tried, writeRetryBackoff apart, doubling (50 ms to
+// 400 ms): a serialization failure, a deadlock or a dropped connection must
+// not end the delivery and have a step's side effect run again.
+const (
+	writeRetries      = 4
+	writeRetryBackoff = 50 * time.Millisecond
+)
+
 // do runs a store write on a context detached from the delivery's, so a
 // shutdown does not lose a finished step's record, bounded by writeTimeout.
+// A transient failure is retried under the same fence while the lease
+// lasts: every write do runs is idempotent under its fence (the same
+// records upserted again; a terminal write that did commit fences its
+// retry out, which ends the delivery as a lost lease would).
 func (c *Context) do(write func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Context), writeTimeout)
-	defer cancel()
-	return write(ctx)
+	return c.retryWrite(write, true)
+}
+
+// doOnce is do for a write that must not run twice if its first try may
+// have committed (taking a signal): it retries only what certainly rolled
+// back.
+func (c *Context) doOnce(write func(ctx context.Context) error) error {
+	return c.retryWrite(write, false)
+}
+
+func (c *Context) retryWrite(write func(ctx context.Context) error, idempotent bool) error {
+	for try := 0; ; try++ {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Context), writeTimeout)
+		err := write(ctx)
+		cancel()
+		transient, ambiguous := store.IsTransient(err)
+		if !transient || (ambiguous && !idempotent) || try == writeRetries || c.leaseLeft() <= 0 {
+			return err
+		}
+		c.log.Warn("record write failed; trying it again", "error", err, "try", try+2)
+		time.Sleep(writeRetryBackoff << try)
+	}
 }
 
 // end marks the delivery over after a terminal write returned err.
@@ -406,9 +444,10 @@ func (c *Context) handBack(rec *store.StepRecord, status string, wakeAt time.Tim
 
 // parkReason is why a run is parked, with the step record to write.
 type parkReason struct {
-	reason string
-	info   *ErrorInfo
-	rec    *store.StepRecord // the failing step, if any
+	reason   string
+	info     *ErrorInfo
+	rec      *store.StepRecord // the failing step, if any
+	attempts int               // the dead job's attempts when there is no rec
 }
 
 func parkNonDeterminism(seq int, name, kind string, rec *store.StepRecord) *parkReason {
@@ -432,9 +471,16 @@ func (c *Context) park(rec *store.StepRecord, why *parkReason) {
 	runErr := *why.info
 	runErr.Stack = "" // the stack lives in dead_jobs; keep the run's error short
 	p := &store.Park{
-		ID: uuid.Must(uuid.NewV7()), Reason: why.reason, FirstFailedAt: now, LastFailedAt: now,
-		ErrorClass: storableText(why.info.Class), ErrorMessage: storableText(why.info.Message), RunError: runErr.json(),
+		ID: uuid.Must(uuid.NewV7()), Reason: why.reason, FirstFailedAt: now, LastFailedAt: now, Attempts: why.attempts,
+		ErrorClass: storableText(why.info.Class), ErrorMessage: storableText(why.info.Message), Deliveries: c.deliveries,
 	}
+	if c.sagaCause != nil && why.reason == ReasonCompensationFailed {
+		// The undo's error is the dead job's; the failure that started the
+		// compensation stays with it.
+		runErr.ForwardError = c.sagaCause
+		p.ForwardError = c.sagaCause.json()
+	}
+	p.RunError = runErr.json()
 	if why.info.Stack != "" {
 		stack := storableText(why.info.Stack)
 		p.Stack = &stack

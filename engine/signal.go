@@ -185,7 +185,7 @@ func (c *Context) awaitSignal(name string, timeout time.Duration) ([]byte, error
 
 	var outcome *signalOutcome
 	var cancel bool
-	err = c.do(func(ctx context.Context) error {
+	err = c.doOnce(func(ctx context.Context) error {
 		return pgx.BeginFunc(ctx, c.e.pool, func(tx pgx.Tx) error {
 			outcome, cancel = nil, false
 			payload, found, cancelled, err := store.TakeSignal(ctx, tx, c.runID, c.token, name, seq)

@@ -17,26 +17,28 @@ import (
 
 // deadJobJSON is a dead job as the API shows it.
 type deadJobJSON struct {
-	ID              uuid.UUID       `json:"id"`
-	RunID           uuid.UUID       `json:"run_id"`
-	Workflow        string          `json:"workflow"`
-	WorkflowID      string          `json:"workflow_id"`
-	WorkflowVersion int             `json:"workflow_version"`
-	Input           json.RawMessage `json:"input"`
-	Reason          string          `json:"reason"`
-	Step            string          `json:"step,omitempty"`
-	Seq             *int            `json:"seq,omitempty"`
-	Attempts        int             `json:"attempts"`
-	FirstFailedAt   time.Time       `json:"first_failed_at"`
-	LastFailedAt    time.Time       `json:"last_failed_at"`
-	ErrorClass      string          `json:"error_class"`
-	ErrorMessage    string          `json:"error_message"`
-	Stack           string          `json:"stack,omitempty"`
-	ParkedAt        time.Time       `json:"parked_at"`
-	ResolvedAt      *time.Time      `json:"resolved_at,omitempty"`
-	Resolution      string          `json:"resolution,omitempty"`
-	ResolvedBy      string          `json:"resolved_by,omitempty"`
-	Note            string          `json:"note,omitempty"`
+	ID              uuid.UUID         `json:"id"`
+	RunID           uuid.UUID         `json:"run_id"`
+	Workflow        string            `json:"workflow"`
+	WorkflowID      string            `json:"workflow_id"`
+	WorkflowVersion int               `json:"workflow_version"`
+	Input           json.RawMessage   `json:"input"`
+	Reason          string            `json:"reason"`
+	Step            string            `json:"step,omitempty"`
+	Seq             *int              `json:"seq,omitempty"`
+	Attempts        int               `json:"attempts"`
+	Deliveries      int               `json:"deliveries"`
+	FirstFailedAt   time.Time         `json:"first_failed_at"`
+	LastFailedAt    time.Time         `json:"last_failed_at"`
+	ErrorClass      string            `json:"error_class"`
+	ErrorMessage    string            `json:"error_message"`
+	Stack           string            `json:"stack,omitempty"`
+	ForwardError    *engine.ErrorInfo `json:"forward_error,omitempty"`
+	ParkedAt        time.Time         `json:"parked_at"`
+	ResolvedAt      *time.Time        `json:"resolved_at,omitempty"`
+	Resolution      string            `json:"resolution,omitempty"`
+	ResolvedBy      string            `json:"resolved_by,omitempty"`
+	Note            string            `json:"note,omitempty"`
 }
 
 func toDeadJobJSON(d *engine.DeadJob) deadJobJSON {
@@ -45,7 +47,7 @@ func toDeadJobJSON(d *engine.DeadJob) deadJobJSON {
 		Input: d.Input, Reason: d.Reason, Step: d.StepName, Seq: d.Seq, Attempts: d.Attempts,
 		FirstFailedAt: d.FirstFailedAt, LastFailedAt: d.LastFailedAt, ErrorClass: d.ErrorClass,
 		ErrorMessage: d.ErrorMessage, Stack: d.Stack, ParkedAt: d.ParkedAt, ResolvedAt: d.ResolvedAt,
-		Resolution: d.Resolution, ResolvedBy: d.ResolvedBy, Note: d.Note,
+		Resolution: d.Resolution, ResolvedBy: d.ResolvedBy, Note: d.Note, Deliveries: d.Deliveries, ForwardError: d.ForwardError,
 	}
 }
 

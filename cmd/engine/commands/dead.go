@@ -101,8 +101,12 @@ func (g *global) withDeadJob(ctx context.Context, arg string, do func(*engine.En
 	if j.StepName != "" {
 		fmt.Fprintf(w, "  step         %s (seq %d), %d attempts\n", j.StepName, *j.Seq, j.Attempts)
 	}
-	fmt.Fprintf(w, "  failed       %s .. %s\n  error        %s: %s\n  input        %s\n  parked       %s\n",
-		cell(j.FirstFailedAt), cell(j.LastFailedAt), j.ErrorClass, j.ErrorMessage, oneLine(string(j.Input), 400), cell(j.ParkedAt))
+	fmt.Fprintf(w, "  failed       %s .. %s\n  error        %s: %s\n",
+		cell(j.FirstFailedAt), cell(j.LastFailedAt), j.ErrorClass, j.ErrorMessage)
+	if j.ForwardError != nil {
+		fmt.Fprintf(w, "  compensating %s: %s (the failure that started the compensation)\n", j.ForwardError.Class, j.ForwardError.Message)
+	}
+	fmt.Fprintf(w, "  deliveries   %d\n  input        %s\n  parked       %s\n", j.Deliveries, oneLine(string(j.Input), 400), cell(j.ParkedAt))
 	if j.Resolution != "" {
 		fmt.Fprintf(w, "  resolution   %s by %s at %s: %s\n", j.Resolution, cell(j.ResolvedBy), cell(j.ResolvedAt), cell(j.Note))
 	}

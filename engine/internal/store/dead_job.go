@@ -22,6 +22,8 @@ type Park struct {
 	ErrorMessage  string
 	Stack         *string
 	RunError      []byte // the run's error column
+	Deliveries    int    // the run's deliveries, this one included
+	ForwardError  []byte // a failed compensation's cause (JSON), else nil
 }
 
 const parkRun = `
@@ -33,9 +35,10 @@ WITH run AS (
 ), ` + stepUpsert + `,
 dead AS (
     INSERT INTO dead_jobs (id, run_id, workflow_name, workflow_id, workflow_version, input, reason, step_name, seq,
-                           attempts, first_failed_at, last_failed_at, error_class, error_message, stack)
+                           attempts, first_failed_at, last_failed_at, error_class, error_message, stack,
+                           deliveries, forward_error)
     SELECT $19, run_id, workflow_name, workflow_id, workflow_version, input, $20, $21, $22,
-           $23, $24, $25, $26, $27, $28
+           $23, $24, $25, $26, $27, $28, $29, $30::jsonb
     FROM run
 )
 SELECT count(*) FROM run`
@@ -46,7 +49,7 @@ SELECT count(*) FROM run`
 func ParkRun(ctx context.Context, db DBTX, runID, token uuid.UUID, pending *StepRecord, p *Park) error {
 	args := append([]any{runID, token, 0}, stepArgs(pending)...)
 	args = append(args, p.RunError, p.ID, p.Reason, p.StepName, p.Seq, p.Attempts, p.FirstFailedAt,
-		p.LastFailedAt, p.ErrorClass, p.ErrorMessage, p.Stack)
+		p.LastFailedAt, p.ErrorClass, p.ErrorMessage, p.Stack, p.Deliveries, jsonText(p.ForwardError))
 	return fenced(db.QueryRow(ctx, parkRun, args...), "parking run %s", runID)
 }
 
@@ -72,17 +75,19 @@ type DeadJobRow struct {
 	Resolution      *string
 	ResolvedBy      *string
 	Note            *string
+	Deliveries      int
+	ForwardError    []byte
 }
 
 const deadJobColumns = `id, run_id, workflow_name, workflow_id, workflow_version, input, reason, step_name, seq,
     attempts, first_failed_at, last_failed_at, error_class, error_message, stack, parked_at, resolved_at,
-    resolution, resolved_by, note`
+    resolution, resolved_by, note, deliveries, forward_error`
 
 func scanDeadJob(row pgx.Row) (*DeadJobRow, error) {
 	var d DeadJobRow
 	err := row.Scan(&d.ID, &d.RunID, &d.WorkflowName, &d.WorkflowID, &d.WorkflowVersion, &d.Input, &d.Reason,
 		&d.StepName, &d.Seq, &d.Attempts, &d.FirstFailedAt, &d.LastFailedAt, &d.ErrorClass, &d.ErrorMessage,
-		&d.Stack, &d.ParkedAt, &d.ResolvedAt, &d.Resolution, &d.ResolvedBy, &d.Note)
+		&d.Stack, &d.ParkedAt, &d.ResolvedAt, &d.Resolution, &d.ResolvedBy, &d.Note, &d.Deliveries, &d.ForwardError)
 	if err != nil {
 		return nil, translate(err)
 	}

@@ -9,6 +9,8 @@ package store
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
 	"strings"
 	"time"
 
@@ -61,6 +63,37 @@ func translate(err error) error {
 func IsDataError(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.Is(err, ErrBadPayload) || (errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22"))
+}
+
+// IsTransient reports whether a statement failed for a reason that a
+// moment later may not recur: a serialization failure or deadlock (the
+// transaction was rolled back), a connection that was cut or could not be
+// had, a server shutting down. ambiguous is true when the statement may
+// have committed all the same (the connection was lost after it was sent):
+// retry only what is idempotent then. A context's own timeout or
+// cancellation is not transient: the caller gave up.
+func IsTransient(err error) (transient, ambiguous bool) {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false, false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch c := pgErr.Code; {
+		case c == "40001", c == "40P01": // serialization_failure, deadlock_detected: rolled back
+			return true, false
+		case strings.HasPrefix(c, "08"), c == "57P01", c == "57P02", c == "57P03": // connection exception, shutdowns
+			return true, true
+		}
+		return false, false
+	}
+	if pgconn.SafeToRetry(err) {
+		return true, false // never sent
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, pgconn.ErrConnClosed) {
+		return true, true
+	}
+	return false, false
 }
 
 // ms renders a duration as the bigint milliseconds our SQL multiplies by
