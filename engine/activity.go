@@ -165,7 +165,7 @@ func runAttempt[T any](sctx context.Context, c *Context, name string, opts *Acti
 			done <- result{err: err}
 			return
 		}
-		out, err := encodeOutput(v)
+		out, err := encodeOutput(v, c.e.cfg.MaxPayloadBytes)
 		done <- result{out: out, err: err}
 	}()
 

@@ -66,8 +66,17 @@ type Config struct {
 	// RetryPolicy fills fields that steps and workflows leave zero;
 	// DefaultRetryPolicy fills the rest.
 	RetryPolicy *RetryPolicy
-	// MaxPayloadBytes bounds a run's encoded input. Default 1 MiB.
+	// MaxPayloadBytes bounds what a run stores as JSON: its input, each
+	// signal's payload, and every recorded output (of steps, activities
+	// and the workflow; a larger one fails with ErrOutputTooLarge).
+	// Default 1 MiB.
 	MaxPayloadBytes int
+	// MaxSignalsPerRun and MaxSignalBytesPerRun bound the signals one run
+	// holds, consumed ones included (they are kept so replays can read
+	// them, and a run's view lists them): a signal past either bound is
+	// refused with ErrLimitExceeded. Defaults 1,000 and 16 MiB.
+	MaxSignalsPerRun     int
+	MaxSignalBytesPerRun int64
 	// Observer receives run and step events for metrics or tracing
 	// (engine/enginemetrics). Default: none.
 	Observer Observer
@@ -87,6 +96,8 @@ const (
 	defaultMaxDeliveries = 10
 	defaultInlineBackoff = time.Second
 	defaultMaxPayload    = 1 << 20
+	defaultMaxSignals    = 1000
+	defaultSignalBytes   = 16 << 20
 )
 
 func (c Config) withDefaults() (Config, error) {
@@ -103,6 +114,8 @@ func (c Config) withDefaults() (Config, error) {
 	c.MaxDeliveries = orDefault(c.MaxDeliveries, defaultMaxDeliveries)
 	c.MaxInlineBackoff = orDefault(c.MaxInlineBackoff, defaultInlineBackoff)
 	c.MaxPayloadBytes = orDefault(c.MaxPayloadBytes, defaultMaxPayload)
+	c.MaxSignalsPerRun = orDefault(c.MaxSignalsPerRun, defaultMaxSignals)
+	c.MaxSignalBytesPerRun = orDefault(c.MaxSignalBytesPerRun, defaultSignalBytes)
 	if c.Observer == nil {
 		c.Observer = nopObserver{}
 	}
@@ -114,8 +127,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("pgdurable: LeaseDuration %s is below the 1s minimum", c.LeaseDuration)
 	case c.HeartbeatInterval >= c.LeaseDuration:
 		return c, fmt.Errorf("pgdurable: HeartbeatInterval %s must be shorter than LeaseDuration %s", c.HeartbeatInterval, c.LeaseDuration)
-	case c.MaxWorkers < 0 || c.MaxDeliveries < 0 || c.MaxPayloadBytes < 0:
-		return c, errors.New("pgdurable: MaxWorkers, MaxDeliveries and MaxPayloadBytes cannot be negative")
+	case c.MaxWorkers < 0 || c.MaxDeliveries < 0 || c.MaxPayloadBytes < 0 || c.MaxSignalsPerRun < 0 || c.MaxSignalBytesPerRun < 0:
+		return c, errors.New("pgdurable: MaxWorkers, MaxDeliveries, MaxPayloadBytes, MaxSignalsPerRun and MaxSignalBytesPerRun cannot be negative")
 	case c.RetryPolicy.validate() != nil:
 		return c, fmt.Errorf("pgdurable: Config.%w", c.RetryPolicy.validate())
 	}

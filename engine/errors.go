@@ -34,6 +34,10 @@ var (
 	// ErrRunNotFinished is returned by Workflow.Result for a run that has
 	// not reached a terminal status.
 	ErrRunNotFinished = errors.New("pgdurable: run not finished")
+	// ErrLimitExceeded: the request would take a run over one of its
+	// bounds (Config.MaxSignalsPerRun, MaxSignalBytesPerRun); the message
+	// names it.
+	ErrLimitExceeded = errors.New("pgdurable: limit exceeded")
 )
 
 // errDeliveryEnded is what Step returns once the engine has ended this
@@ -43,17 +47,25 @@ var errDeliveryEnded = errors.New("pgdurable: delivery ended; return this error 
 
 // Error classes, recorded in step and run errors and in dead_jobs.error_class.
 const (
-	ClassTransient      = "transient"      // any step error not marked otherwise: retried
-	ClassPermanent      = "permanent"      // Permanent(err): recorded, not retried
-	ClassPanic          = "panic"          // a recovered panic, with its stack
-	ClassNonDeterminism = "nondeterminism" // the code no longer replays the recorded steps
-	ClassPoisonInput    = "poison_input"   // the stored input does not decode as the workflow's input type
-	ClassCrashLoop      = "crash_loop"     // deliveries kept dying without recording progress
-	ClassUnserializable = "unserializable" // a value json.Marshal rejects, or one holding a NUL character
-	ClassWorkflow       = "workflow"       // the workflow function returned an error of its own
-	ClassCancelled      = "cancelled"      // the run was cancelled (Engine.Cancel)
-	ClassWorkerLost     = "worker_lost"    // an attempt began and never ended: its worker died or lost its lease
+	ClassTransient      = "transient"        // any step error not marked otherwise: retried
+	ClassPermanent      = "permanent"        // Permanent(err): recorded, not retried
+	ClassPanic          = "panic"            // a recovered panic, with its stack
+	ClassNonDeterminism = "nondeterminism"   // the code no longer replays the recorded steps
+	ClassPoisonInput    = "poison_input"     // the stored input does not decode as the workflow's input type
+	ClassCrashLoop      = "crash_loop"       // deliveries kept dying without recording progress
+	ClassUnserializable = "unserializable"   // a value json.Marshal rejects, or one holding a NUL character
+	ClassWorkflow       = "workflow"         // the workflow function returned an error of its own
+	ClassCancelled      = "cancelled"        // the run was cancelled (Engine.Cancel)
+	ClassWorkerLost     = "worker_lost"      // an attempt began and never ended: its worker died or lost its lease
+	ClassOutputTooLarge = "output_too_large" // a result whose JSON is over Config.MaxPayloadBytes
 )
+
+// ErrOutputTooLarge is in the error of a step, activity or workflow whose
+// result encodes to more than Config.MaxPayloadBytes: it is refused before
+// anything is stored. A step returns it (in a *StepError) on its one
+// attempt, so the workflow can handle it; a workflow's own output parks the
+// run as permanent_error.
+var ErrOutputTooLarge = errors.New("pgdurable: output too large")
 
 // ErrWorkerLost is in the error of an attempt that began and never ended
 // because its worker died, or lost its lease, during it. Such an attempt

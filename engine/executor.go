@@ -146,9 +146,13 @@ func (c *Context) finish(out []byte, err error, p *panicInfo) {
 	case c.Err() != nil:
 		c.interrupted()
 	case errors.As(err, &poison):
-		c.park(nil, &parkReason{reason: "poison_input", info: &ErrorInfo{Class: ClassPoisonInput, Message: err.Error()}})
+		c.park(nil, &parkReason{reason: "poison_input", info: newErrorInfo(err, ClassPoisonInput)})
 	case errors.As(err, &unserializable):
-		c.park(nil, &parkReason{reason: "permanent_error", info: &ErrorInfo{Class: ClassUnserializable, Message: err.Error()}})
+		class := ClassUnserializable
+		if errors.Is(err, ErrOutputTooLarge) {
+			class = ClassOutputTooLarge
+		}
+		c.park(nil, &parkReason{reason: "permanent_error", info: newErrorInfo(err, class)})
 	case c.cancelRequested.Load():
 		c.compensate(store.RunCancelled, newErrorInfo(ErrCancelled, ClassCancelled))
 	case err == nil && c.seq < len(c.steps):

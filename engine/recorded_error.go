@@ -209,6 +209,7 @@ var _ = func() error {
 		"pgdurable.ErrRetriesExhausted": ErrRetriesExhausted,
 		"pgdurable.ErrCancelled":        ErrCancelled,
 		"pgdurable.ErrWorkerLost":       ErrWorkerLost,
+		"pgdurable.ErrOutputTooLarge":   ErrOutputTooLarge,
 		"pgdurable.ErrInvalidInput":     ErrInvalidInput,
 	} {
 		if err := RegisterSentinel(name, s); err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -36,8 +37,11 @@ type signalOutcome struct {
 // Errors: ErrNotFound (no such run), ErrRunClosed (the run completed,
 // failed, was compensated or cancelled: nothing will read the signal),
 // ErrInvalidArgument (a bad name, an ambiguous workflow ID), ErrInvalidInput
-// (payload does not encode or is over Config.MaxPayloadBytes). A dead run
-// accepts signals: a replay may read them.
+// (payload does not encode or is over Config.MaxPayloadBytes),
+// ErrLimitExceeded (the run holds Config.MaxSignalsPerRun signals, or the
+// payload would take it over Config.MaxSignalBytesPerRun: signals are kept
+// once consumed, for replays). A dead run accepts signals: a replay may
+// read them.
 func (e *Engine) Signal(ctx context.Context, target, name string, payload any) error {
 	return e.signal(ctx, nil, target, name, payload)
 }
@@ -90,11 +94,15 @@ func (e *Engine) signalRaw(ctx context.Context, tx pgx.Tx, target, name string, 
 		case err != nil:
 			return fmt.Errorf("pgdurable: signalling %q: %w", target, err)
 		}
-		status, wake, wf, err := store.SendSignal(ctx, tx, runID, name, payload)
+		status, wake, wf, err := store.SendSignal(ctx, tx, runID, name, payload,
+			store.SignalLimits{Count: e.cfg.MaxSignalsPerRun, Bytes: e.cfg.MaxSignalBytesPerRun})
 		workflow, woken = wf, wake
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			return fmt.Errorf("%w: run %s", ErrNotFound, runID)
+		case errors.Is(err, store.ErrLimit):
+			return fmt.Errorf("%w: %s (Config.MaxSignalsPerRun, MaxSignalBytesPerRun)", ErrLimitExceeded,
+				strings.TrimPrefix(err.Error(), store.ErrLimit.Error()+": "))
 		case errors.Is(err, store.ErrBadPayload):
 			return fmt.Errorf("%w: signal payload: %v", ErrInvalidInput, err)
 		case err != nil:

@@ -45,8 +45,10 @@ type StepOpts struct {
 //   - fn returns an error: retried per the RetryPolicy; attempts are counted
 //     in Postgres. A backoff over Config.MaxInlineBackoff ends this delivery
 //     and frees the worker until the retry is due.
-//   - fn returns Permanent(err), or a value that json.Marshal rejects: one
-//     attempt, the error is recorded and a *StepError returned, on replay too.
+//   - fn returns Permanent(err), a value that json.Marshal rejects, or one
+//     whose JSON is over Config.MaxPayloadBytes (ErrOutputTooLarge, class
+//     output_too_large): one attempt, the error is recorded and a *StepError
+//     returned, on replay too.
 //   - retries exhausted, fn panics, or a different step name is recorded at
 //     this position (non-determinism): the run is parked as dead.
 //
@@ -54,12 +56,12 @@ type StepOpts struct {
 // returns an error without running fn; the workflow should return it.
 func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error), opts *StepOpts) (T, error) {
 	raw, err := ctx.runStep(&stepCall{name: name, kind: kindStep, opts: opts, returnExhausted: opts != nil && opts.ReturnExhausted,
-		body: func(sctx context.Context, _ *attemptState) ([]byte, error) {
+		body: func(sctx context.Context, a *attemptState) ([]byte, error) {
 			v, err := fn(sctx)
 			if err != nil {
 				return nil, err
 			}
-			return encodeOutput(v)
+			return encodeOutput(v, a.c.e.cfg.MaxPayloadBytes)
 		}})
 	return decodeOutput[T](name, raw, err)
 }
@@ -71,11 +73,16 @@ const (
 	kindActivity = "activity"
 )
 
-// encodeOutput encodes a step's result for its record.
-func encodeOutput(v any) ([]byte, error) {
+// encodeOutput encodes a step's (or a workflow's) result for its record;
+// an encoding over limit bytes is refused, so nothing oversized is stored
+// and loaded again on every replay.
+func encodeOutput(v any, limit int) ([]byte, error) {
 	b, err := json.Marshal(v)
 	if err == nil {
 		err = checkStorable(b)
+	}
+	if err == nil && len(b) > limit {
+		err = fmt.Errorf("%w: %d bytes, over the %d-byte limit (Config.MaxPayloadBytes)", ErrOutputTooLarge, len(b), limit)
 	}
 	if err != nil {
 		return nil, &errUnserializableOutput{err: err}
@@ -403,6 +410,8 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 			exhausted := !IsPermanent(err) && unserializable == nil
 			var info *ErrorInfo
 			switch {
+			case errors.Is(err, ErrOutputTooLarge):
+				info = stepFailure(err, ClassOutputTooLarge, name, seq, attempt)
 			case unserializable != nil:
 				info = stepFailure(err, ClassUnserializable, name, seq, attempt)
 			case exhausted:

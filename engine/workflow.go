@@ -80,11 +80,18 @@ type registered struct {
 type errPoisonInput struct{ err error }
 
 func (e *errPoisonInput) Error() string { return "input does not decode: " + e.err.Error() }
+func (e *errPoisonInput) Unwrap() error { return e.err }
 
 // errUnserializableOutput wraps an output that json.Marshal rejects.
 type errUnserializableOutput struct{ err error }
 
-func (e *errUnserializableOutput) Error() string { return "output does not encode: " + e.err.Error() }
+func (e *errUnserializableOutput) Error() string {
+	if errors.Is(e.err, ErrOutputTooLarge) {
+		return "output refused: " + e.err.Error()
+	}
+	return "output does not encode: " + e.err.Error()
+}
+func (e *errUnserializableOutput) Unwrap() error { return e.err }
 
 func (w *Workflow[In, Out]) registration() registered {
 	return registered{
@@ -105,14 +112,7 @@ func (w *Workflow[In, Out]) registration() registered {
 			if err != nil {
 				return nil, err
 			}
-			b, err := json.Marshal(out)
-			if err == nil {
-				err = checkStorable(b)
-			}
-			if err != nil {
-				return nil, &errUnserializableOutput{err: err}
-			}
-			return b, nil
+			return encodeOutput(out, ctx.e.cfg.MaxPayloadBytes)
 		},
 	}
 }

@@ -5,13 +5,19 @@
 //	e, _ := engine.New(pool, &engine.Config{Observer: m})
 //	m.WatchQueue(e) // queue depth, oldest pending age, open dead jobs, read at scrape time
 //
-// Metric names carry the pgdurable_ prefix; labels are bounded (workflow
-// and step names, statuses, outcomes), never run IDs.
+// Metric names carry the pgdurable_ prefix; labels are bounded, never run
+// or workflow IDs: statuses and outcomes are fixed sets, and each label
+// whose values come from names (workflow, step, schedule, signal) keeps the
+// first MaxLabelValues distinct values it sees; later ones are reported as
+// "other", so a client sending signals under a million names cannot grow
+// the scrape.
 package enginemetrics
 
 import (
 	"context"
+	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -31,6 +37,43 @@ type Metrics struct {
 	leaseLosses  *prometheus.CounterVec
 	fires        *prometheus.CounterVec
 	signals      *prometheus.CounterVec
+
+	workflows, steps, schedules, signalNames *boundedLabel
+}
+
+// MaxLabelValues is how many distinct values each name label keeps.
+const MaxLabelValues = 200
+
+// OtherLabel is the value reported for names past MaxLabelValues.
+const OtherLabel = "other"
+
+// boundedLabel admits the first max distinct values of a label.
+type boundedLabel struct {
+	mu   sync.Mutex
+	seen map[string]struct{}
+	max  int
+}
+
+func newBoundedLabel(max int) *boundedLabel {
+	return &boundedLabel{seen: map[string]struct{}{}, max: max}
+}
+
+// value returns v, or OtherLabel once max other values are taken (or when
+// v is not valid UTF-8, which Prometheus refuses).
+func (b *boundedLabel) value(v string) string {
+	if !utf8.ValidString(v) {
+		return OtherLabel
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.seen[v]; ok {
+		return v
+	}
+	if len(b.seen) >= b.max {
+		return OtherLabel
+	}
+	b.seen[v] = struct{}{}
+	return v
 }
 
 var (
@@ -43,7 +86,9 @@ var (
 // with prometheus.MustRegister).
 func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		reg: reg,
+		reg:       reg,
+		workflows: newBoundedLabel(MaxLabelValues), steps: newBoundedLabel(MaxLabelValues),
+		schedules: newBoundedLabel(MaxLabelValues), signalNames: newBoundedLabel(MaxLabelValues),
 		runsStarted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pgdurable_runs_started_total", Help: "Runs created by a start.",
 		}, []string{"workflow"}),
@@ -83,6 +128,7 @@ func New(reg prometheus.Registerer) *Metrics {
 
 // RunStarted implements engine.Observer.
 func (m *Metrics) RunStarted(workflow string, existing bool) {
+	workflow = m.workflows.value(workflow)
 	if existing {
 		m.startHits.WithLabelValues(workflow).Inc()
 		return
@@ -92,11 +138,12 @@ func (m *Metrics) RunStarted(workflow string, existing bool) {
 
 // RunEnded implements engine.Observer.
 func (m *Metrics) RunEnded(workflow, status string) {
-	m.runsEnded.WithLabelValues(workflow, status).Inc()
+	m.runsEnded.WithLabelValues(m.workflows.value(workflow), status).Inc()
 }
 
 // StepAttempt implements engine.Observer.
 func (m *Metrics) StepAttempt(workflow, step, kind string, _ int, outcome string, d time.Duration) {
+	workflow, step = m.workflows.value(workflow), m.steps.value(step)
 	m.stepDuration.WithLabelValues(workflow, kind, outcome).Observe(d.Seconds())
 	m.attempts.WithLabelValues(workflow, step, outcome).Inc()
 	if outcome == "retry" {
@@ -106,11 +153,13 @@ func (m *Metrics) StepAttempt(workflow, step, kind string, _ int, outcome string
 
 // StepReplayed implements engine.Observer.
 func (m *Metrics) StepReplayed(workflow, kind string) {
-	m.replays.WithLabelValues(workflow, kind).Inc()
+	m.replays.WithLabelValues(m.workflows.value(workflow), kind).Inc()
 }
 
 // LeaseLost implements engine.Observer.
-func (m *Metrics) LeaseLost(workflow string) { m.leaseLosses.WithLabelValues(workflow).Inc() }
+func (m *Metrics) LeaseLost(workflow string) {
+	m.leaseLosses.WithLabelValues(m.workflows.value(workflow)).Inc()
+}
 
 // WatchQueue registers gauges read from e.Stats at scrape time: pending
 // runs (queue depth), the oldest pending run's age, running and waiting
@@ -153,7 +202,7 @@ func (q *queueCollector) Collect(ch chan<- prometheus.Metric) {
 
 // ScheduleFired implements engine.ScheduleObserver.
 func (m *Metrics) ScheduleFired(schedule, workflow, outcome, reason string) {
-	m.fires.WithLabelValues(schedule, workflow, outcome, reason).Inc()
+	m.fires.WithLabelValues(m.schedules.value(schedule), m.workflows.value(workflow), outcome, reason).Inc()
 }
 
 // SignalSent implements engine.ScheduleObserver.
@@ -162,5 +211,5 @@ func (m *Metrics) SignalSent(workflow, name string, woken bool) {
 	if woken {
 		w = "true"
 	}
-	m.signals.WithLabelValues(workflow, name, w).Inc()
+	m.signals.WithLabelValues(m.workflows.value(workflow), m.signalNames.value(name), w).Inc()
 }

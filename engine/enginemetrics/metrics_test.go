@@ -3,6 +3,7 @@ package enginemetrics_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -74,9 +75,18 @@ pgdurable_dead_jobs_open 1
 # TYPE pgdurable_runs_pending gauge
 pgdurable_runs_pending 0
 `
-	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(expected),
-		"pgdurable_runs_finished_total", "pgdurable_runs_started_total", "pgdurable_start_idempotent_hits_total",
-		"pgdurable_step_retries_total", "pgdurable_dead_jobs_open", "pgdurable_runs_pending"))
+	// Observers hear of a run's end just after its commit, which Wait may
+	// see first: compare until they agree, for a few seconds at most.
+	compare := func() error {
+		return testutil.GatherAndCompare(reg, strings.NewReader(expected),
+			"pgdurable_runs_finished_total", "pgdurable_runs_started_total", "pgdurable_start_idempotent_hits_total",
+			"pgdurable_step_retries_total", "pgdurable_dead_jobs_open", "pgdurable_runs_pending")
+	}
+	err = compare()
+	for deadline := time.Now().Add(5 * time.Second); err != nil && time.Now().Before(deadline); err = compare() {
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.NoError(t, err)
 	n, err := testutil.GatherAndCount(reg, "pgdurable_step_attempt_duration_seconds")
 	require.NoError(t, err)
 	require.Positive(t, n)
@@ -122,4 +132,45 @@ func mustRun(t *testing.T, db *enginetest.DB, workflowID string) (id uuid.UUID) 
 	t.Helper()
 	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT run_id FROM workflow_runs WHERE workflow_id = $1`, workflowID).Scan(&id))
 	return id
+}
+
+// Names chosen by clients (signal names, schedule names) never become
+// unbounded label values: past MaxLabelValues distinct values they are
+// reported as "other", and invalid UTF-8 never reaches Prometheus.
+func TestNameLabelsAreBounded(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m := enginemetrics.New(reg)
+	for i := range 5 * enginemetrics.MaxLabelValues {
+		m.SignalSent("wf", fmt.Sprintf("signal-%d", i), false)
+		m.ScheduleFired(fmt.Sprintf("schedule-%d", i), "wf", engine.FireStarted, "")
+	}
+	m.SignalSent("wf", "bad\xff", false)
+	require.Equal(t, enginemetrics.MaxLabelValues+1, testutil.CollectAndCount(reg, "pgdurable_signals_sent_total"))
+	require.Equal(t, enginemetrics.MaxLabelValues+1, testutil.CollectAndCount(reg, "pgdurable_schedule_fires_total"))
+	require.Equal(t, float64(4*enginemetrics.MaxLabelValues+1),
+		testutil.ToFloat64(collectorFor(t, reg, "pgdurable_signals_sent_total", enginemetrics.OtherLabel)))
+}
+
+// collectorFor finds the one series of name whose label values include v.
+func collectorFor(t *testing.T, reg *prometheus.Registry, name, v string) prometheus.Collector {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, metric := range mf.GetMetric() {
+			for _, l := range metric.GetLabel() {
+				if l.GetValue() == v {
+					g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "x"})
+					g.Set(metric.GetCounter().GetValue())
+					return g
+				}
+			}
+		}
+	}
+	t.Fatalf("no series of %s with a label %q", name, v)
+	return nil
 }

@@ -237,6 +237,8 @@ func (a *api) engineError(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusConflict, "schedule_exists", err.Error())
 	case errors.Is(err, engine.ErrRunClosed):
 		writeError(w, http.StatusConflict, "run_closed", err.Error())
+	case errors.Is(err, engine.ErrLimitExceeded):
+		writeError(w, http.StatusConflict, "limit_exceeded", err.Error())
 	case errors.Is(err, engine.ErrDeadJobResolved):
 		writeError(w, http.StatusConflict, "dead_job_resolved", err.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

@@ -64,12 +64,53 @@ WITH target AS (
 )
 SELECT target.status, (SELECT count(*) FROM woken) > 0, target.workflow_name FROM target`
 
+// SignalLimits bound the signals one run holds, consumed ones included
+// (they stay, so a replay can read them): a count and their payloads'
+// bytes. Zero fields are no bound.
+type SignalLimits struct {
+	Count int
+	Bytes int64
+}
+
+// ErrLimit: the run holds as many signals (or bytes of them) as it may.
+var ErrLimit = errors.New("limit reached")
+
+// Locking the run first, then counting in a statement of its own, sees
+// every signal committed before the lock: the bound holds under
+// concurrent senders.
+const lockSignalled = `SELECT 1 FROM workflow_runs WHERE run_id = $1 FOR UPDATE`
+
+const signalTotals = `SELECT count(*), coalesce(sum(octet_length(payload::text)), 0) FROM workflow_signals WHERE run_id = $1`
+
 // SendSignal buffers a signal for runID and returns the run's status
 // before it and its workflow's name. A finished run (completed, failed, compensated, cancelled)
 // gets no signal; the caller reports it closed. wake: the run was waiting
 // for this name and is now pending; the caller enqueues its delivery in the
-// same transaction. ErrNotFound when there is no such run.
-func SendSignal(ctx context.Context, tx DBTX, runID uuid.UUID, name string, payload []byte) (status string, wake bool, workflow string, err error) {
+// same transaction. ErrNotFound when there is no such run; ErrLimit (with
+// the totals in its message) when the signal would take the run over limits.
+func SendSignal(ctx context.Context, tx DBTX, runID uuid.UUID, name string, payload []byte, limits SignalLimits) (status string, wake bool, workflow string, err error) {
+	b := &pgx.Batch{}
+	b.Queue(lockSignalled, runID)
+	b.Queue(signalTotals, runID)
+	br := tx.SendBatch(ctx, b)
+	var one int
+	var count, bytes int64
+	err = br.QueryRow().Scan(&one)
+	if err == nil {
+		err = br.QueryRow().Scan(&count, &bytes)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", false, "", translate(err)
+	}
+	switch {
+	case limits.Count > 0 && count >= int64(limits.Count):
+		return "", false, "", fmt.Errorf("%w: run %s holds %d signals, the most it may", ErrLimit, runID, count)
+	case limits.Bytes > 0 && bytes+int64(len(payload)) > limits.Bytes:
+		return "", false, "", fmt.Errorf("%w: run %s holds %d bytes of signals; %d more would pass the %d-byte bound", ErrLimit, runID, bytes, len(payload), limits.Bytes)
+	}
 	err = tx.QueryRow(ctx, sendSignal, runID, name, string(payload)).Scan(&status, &wake, &workflow)
 	if err != nil {
 		return "", false, "", translate(err)
