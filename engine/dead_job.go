@@ -96,6 +96,9 @@ func (e *Engine) ListDeadJobs(ctx context.Context, p ListDeadJobsParams) (jobs [
 	if p.Reason != "" && !validReason[p.Reason] {
 		return nil, "", fmt.Errorf("%w: unknown dead-job reason %q", ErrInvalidArgument, p.Reason)
 	}
+	if err := checkFilter("workflow", p.Workflow); err != nil {
+		return nil, "", err
+	}
 	f := store.DeadJobFilter{Workflow: p.Workflow, Reason: p.Reason, OpenOnly: p.OpenOnly, Before: before, Limit: limit + 1}
 	if p.RunID != uuid.Nil {
 		f.RunID = &p.RunID

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -312,15 +313,19 @@ func truncateStack(s []byte) string {
 }
 
 // checkName validates a name stored as text (a workflow or step name, a
-// workflow ID): 1 to max bytes of UTF-8 without NUL.
+// workflow ID, a signal name): 1 to max bytes of UTF-8 without control
+// characters, so no name can carry a terminal escape to an operator's
+// screen. Names are quoted (%q) in its errors for the same reason.
 func checkName(kind, name string, max int) error {
 	switch {
 	case len(name) == 0 || len(name) > max:
-		return fmt.Errorf("%s %q must be 1 to %d bytes", kind, name, max)
+		return fmt.Errorf("%s %q must be 1 to %d bytes", kind, truncateText(name, 64), max)
 	case !utf8.ValidString(name):
 		return fmt.Errorf("%s %q is not valid UTF-8", kind, name)
 	case strings.ContainsRune(name, 0):
 		return fmt.Errorf("%s %q contains a NUL character", kind, name)
+	case strings.ContainsFunc(name, unicode.IsControl):
+		return fmt.Errorf("%s %q contains a control character", kind, name)
 	}
 	return nil
 }

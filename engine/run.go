@@ -239,6 +239,11 @@ func runFromRow(r *store.RunRow) *Run {
 // ID, as Signal does. Errors: ErrNotFound, or ErrInvalidArgument when the
 // workflow ID is used by runs of several workflows.
 func (e *Engine) FindRun(ctx context.Context, runOrWorkflowID string) (uuid.UUID, error) {
+	if checkName("run", runOrWorkflowID, 400) != nil {
+		// No run has such an ID (bytes PostgreSQL cannot compare, a
+		// control character): not found, rather than a database error.
+		return uuid.Nil, fmt.Errorf("%w: no run with run ID or workflow ID %q", ErrNotFound, truncateText(runOrWorkflowID, 64))
+	}
 	id, err := store.ResolveRun(ctx, e.pool, runOrWorkflowID)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -295,6 +300,9 @@ func (e *Engine) ListRuns(ctx context.Context, p ListRunsParams) (runs []*Run, n
 	if p.Status != "" && !validStatus[p.Status] {
 		return nil, "", fmt.Errorf("%w: unknown run status %q", ErrInvalidArgument, p.Status)
 	}
+	if err := checkFilter("workflow", p.Workflow); err != nil {
+		return nil, "", err
+	}
 	rows, err := store.ListRuns(ctx, e.pool, store.RunFilter{Workflow: p.Workflow, Status: p.Status, Before: before, Limit: limit + 1})
 	if err != nil {
 		return nil, "", fmt.Errorf("pgdurable: %w", err)
@@ -307,6 +315,18 @@ func (e *Engine) ListRuns(ctx context.Context, p ListRunsParams) (runs []*Run, n
 		runs = append(runs, runFromRow(r))
 	}
 	return runs, nextCursor, nil
+}
+
+// checkFilter validates a name filter: empty (no filter) or a name that
+// could be stored.
+func checkFilter(what, v string) error {
+	if v == "" {
+		return nil
+	}
+	if err := checkName(what+" filter", v, 400); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	return nil
 }
 
 // pageParams validates a page size and an opaque cursor (an ID).

@@ -1,4 +1,4 @@
-// Package httpapi serves the engine's HTTP API (DESIGN §7): start runs,
+// Package httpapi serves the engine's HTTP API: start runs,
 // read and cancel them, and inspect, replay and discard dead jobs. Outside
 // tools depend on its routes, fields and status codes; keep them stable.
 //
@@ -25,6 +25,12 @@
 //
 // With Options.Token set, /v1 and /metrics require "Authorization: Bearer
 // <token>"; the service refuses to listen beyond loopback without one.
+// Without one, a request must name localhost, a loopback IP or
+// Options.ListenAddr as its Host (403 forbidden_host), so a web page cannot
+// reach the API by rebinding its DNS name. Every POST, PUT and DELETE needs
+// "Content-Type: application/json" (415 otherwise) and, when it carries an
+// Origin header, this service's own origin (403 forbidden_origin): a page
+// on another site cannot change state (CSRF).
 package httpapi
 
 import (
@@ -36,7 +42,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
+	"net"
 	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -57,6 +68,11 @@ type Options struct {
 	Pool *pgxpool.Pool
 	// Logger logs request failures (5xx). Default slog.Default().
 	Logger *slog.Logger
+	// ListenAddr is the address the API is served on (host:port). Without
+	// a Token, a request must name it, localhost or a loopback IP in its
+	// Host header, so a web page cannot reach the API through a DNS name
+	// that it rebinds to 127.0.0.1.
+	ListenAddr string
 }
 
 // New returns the API's handler over e.
@@ -90,7 +106,7 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	v1.HandleFunc("GET /v1/dead-jobs/{id}", a.getDeadJob)
 	v1.HandleFunc("POST /v1/dead-jobs/{id}/replay", a.resolveDeadJob(e.ReplayDeadJob))
 	v1.HandleFunc("POST /v1/dead-jobs/{id}/discard", a.resolveDeadJob(e.DiscardDeadJob))
-	mux.Handle("/v1/", a.auth(a.limitBody(jsonMisses(v1))))
+	mux.Handle("/v1/", a.auth(a.sameSite(a.limitBody(jsonMisses(v1)))))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -101,7 +117,60 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
 	})
-	return mux
+	return a.knownHost(mux)
+}
+
+// knownHost refuses, when no token is set, a request whose Host header is
+// not this service's: a page on another site that rebinds its own DNS name
+// to 127.0.0.1 sends its own name as Host (DNS rebinding).
+func (a *api) knownHost(next http.Handler) http.Handler {
+	if a.opts.Token != "" {
+		return next
+	}
+	listenHost, _, _ := net.SplitHostPort(a.opts.ListenAddr)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host := r.Host
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+		ip := net.ParseIP(host)
+		if !strings.EqualFold(host, "localhost") && (ip == nil || !ip.IsLoopback()) && (listenHost == "" || host != listenHost) {
+			writeError(w, http.StatusForbidden, "forbidden_host",
+				fmt.Sprintf("Host %s is not this service's address: name localhost, a loopback IP or the listen address", strconv.Quote(r.Host)))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// sameSite refuses a state-changing request that a web page on another
+// site could have sent (CSRF): one whose Origin is not this service's, and
+// one without a JSON content type, which a page can only send after a CORS
+// preflight that this API never answers. Reads are safe: a page on another
+// site cannot read their answers.
+func (a *api) sameSite(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Method {
+		case http.MethodGet, http.MethodHead, http.MethodOptions:
+			next.ServeHTTP(w, r)
+			return
+		}
+		if origin := r.Header.Get("Origin"); origin != "" {
+			u, err := url.Parse(origin)
+			if err != nil || u.Host == "" || !strings.EqualFold(u.Host, r.Host) {
+				writeError(w, http.StatusForbidden, "forbidden_origin",
+					fmt.Sprintf("a %s from origin %s is refused: only this service's own origin may change state", r.Method, strconv.Quote(origin)))
+				return
+			}
+		}
+		if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+			writeError(w, http.StatusUnsupportedMediaType, "unsupported_media_type",
+				fmt.Sprintf("a %s needs Content-Type: application/json (got %s)", r.Method, strconv.Quote(r.Header.Get("Content-Type"))))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // jsonMisses answers requests mux has no route for in the API's JSON

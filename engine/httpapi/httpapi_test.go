@@ -76,8 +76,41 @@ func (b *bundle) do(t *testing.T, method, path, body string, header ...string) r
 	t.Helper()
 	req, err := http.NewRequest(method, b.srv.URL+path, strings.NewReader(body))
 	require.NoError(t, err)
+	if method != http.MethodGet {
+		req.Header.Set("Content-Type", "application/json") // as every client must; the attack tests override it
+	}
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	out := reply{status: resp.StatusCode, raw: string(raw)}
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		require.NoError(t, json.Unmarshal(raw, &out.body), string(raw))
+	}
+	return out
+}
+
+// doRaw is do without the JSON content type do sets: header says all.
+func (b *bundle) doRaw(t *testing.T, method, path, body string, header ...string) reply {
+	t.Helper()
+	req, err := http.NewRequest(method, b.srv.URL+path, strings.NewReader(body))
+	require.NoError(t, err)
+	if method != http.MethodGet {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		switch {
+		case header[i] == "Host":
+			req.Host = header[i+1]
+		case header[i+1] == "":
+			req.Header.Del(header[i])
+		default:
+			req.Header.Set(header[i], header[i+1])
+		}
 	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
@@ -179,7 +212,7 @@ func TestRunRouteErrors(t *testing.T) {
 		status       int
 		code         string
 	}{
-		{"GET", "/v1/runs/not-a-uuid", 400, "invalid_parameter"},
+		{"GET", "/v1/runs/not-a-uuid", 404, "not_found"}, // a workflow ID no run has
 		{"GET", "/v1/runs/" + "01a22c00-0000-7000-8000-000000000000", 404, "not_found"},
 		{"GET", "/v1/runs?limit=abc", 400, "invalid_parameter"},
 		{"GET", "/v1/runs?limit=5000", 400, "invalid_parameter"},
@@ -349,4 +382,83 @@ func TestScheduleRoutes(t *testing.T) {
 		require.Equal(t, 404, b.do(t, "GET", path, "").status, path)
 		require.Equal(t, 404, b.do(t, "DELETE", path, "").status, path)
 	}
+}
+
+// The loopback API resists a browser: a state-changing request from
+// another origin, or without a JSON content type (a form post, a no-cors
+// fetch), is refused, and with no token a Host that is not this service's
+// (DNS rebinding) is refused on every route.
+func TestBrowserCannotDriveTheLoopbackAPI(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	start := `{"id": "csrf", "input": {"order_id": "csrf", "amount": 1}}`
+	for _, tc := range []struct {
+		name   string
+		header []string
+		status int
+		code   string
+	}{
+		{"foreign origin", []string{"Origin", "https://evil.example"}, 403, "forbidden_origin"},
+		{"null origin", []string{"Origin", "null"}, 403, "forbidden_origin"},
+		{"form post", []string{"Content-Type", "application/x-www-form-urlencoded"}, 415, "unsupported_media_type"},
+		{"text/plain", []string{"Content-Type", "text/plain"}, 415, "unsupported_media_type"},
+		{"no content type", []string{"Content-Type", ""}, 415, "unsupported_media_type"},
+		{"rebound host", []string{"Host", "evil.example"}, 403, "forbidden_host"},
+		{"rebound host with port", []string{"Host", "evil.example:8080"}, 403, "forbidden_host"},
+	} {
+		r := b.doRaw(t, "POST", "/v1/workflows/payment/runs", start, tc.header...)
+		require.Equal(t, tc.status, r.status, "%s: %s", tc.name, r.raw)
+		require.Equal(t, tc.code, errCode(r), tc.name)
+	}
+	r := b.doRaw(t, "GET", "/v1/runs", "", "Host", "evil.example")
+	require.Equal(t, http.StatusForbidden, r.status, "reads through a rebound name are refused too")
+	require.Equal(t, http.StatusNotFound, b.do(t, "GET", "/v1/runs/csrf", "").status, "nothing was started")
+
+	same := b.do(t, "POST", "/v1/workflows/payment/runs", start, "Origin", b.srv.URL)
+	require.Equal(t, http.StatusCreated, same.status, "the service's own origin is fine: %s", same.raw)
+	for _, host := range []string{"localhost", "localhost:1234", "127.0.0.1", "[::1]:8080"} {
+		require.Equal(t, http.StatusOK, b.doRaw(t, "GET", "/v1/runs", "", "Host", host).status, host)
+	}
+
+	// With a token, the token is the guard: any Host may call.
+	tok := setup(t, &httpapi.Options{Token: "a-token-of-16-bytes-or-more"})
+	require.Equal(t, http.StatusOK, tok.doRaw(t, "GET", "/v1/runs", "", "Host", "engine.internal", "Authorization", "Bearer a-token-of-16-bytes-or-more").status)
+}
+
+// Bad bytes anywhere a client puts them (path segments, query filters)
+// answer 400 or 404 with the JSON error body, never 500; GET /v1/runs/{id}
+// takes a workflow ID like the other run routes.
+func TestBadBytesNeverAnswer500(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	r := b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": "ord-by-id", "input": {"order_id": "x", "amount": 1}}`)
+	require.Equal(t, http.StatusCreated, r.status)
+	byID := b.do(t, "GET", "/v1/runs/ord-by-id", "")
+	require.Equal(t, http.StatusOK, byID.status, byID.raw)
+	require.Equal(t, r.body["run_id"], byID.body["run_id"])
+
+	for _, bad := range []string{"%00", "a%00b", "%FF", "%C3%28", "%1B%5B31m", "%7F", "%E2%80%8F" + strings.Repeat("x", 500)} {
+		for _, tc := range []struct{ method, path string }{
+			{"GET", "/v1/runs/" + bad},
+			{"POST", "/v1/runs/" + bad + "/cancel"},
+			{"POST", "/v1/runs/" + bad + "/signals/approve"},
+			{"POST", "/v1/runs/ord-by-id/signals/" + bad},
+			{"GET", "/v1/runs?workflow=" + bad},
+			{"GET", "/v1/runs?status=" + bad},
+			{"GET", "/v1/runs?cursor=" + bad},
+			{"GET", "/v1/dead-jobs?workflow=" + bad},
+			{"GET", "/v1/dead-jobs?reason=" + bad},
+			{"GET", "/v1/dead-jobs/" + bad},
+			{"GET", "/v1/schedules/" + bad},
+			{"POST", "/v1/workflows/" + bad + "/runs"},
+		} {
+			r := b.do(t, tc.method, tc.path, "{}")
+			require.Contains(t, []int{400, 404, 409}, r.status, "%s %s: %s", tc.method, tc.path, r.raw)
+			require.NotEmpty(t, errCode(r), "%s %s: %s", tc.method, tc.path, r.raw)
+			require.NotContains(t, r.raw, "\u001b", "no raw escape is echoed")
+		}
+	}
+	// A start whose workflow ID holds a control character is refused.
+	esc := b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": "ord\u001b[31m", "input": {"order_id": "x", "amount": 1}}`)
+	require.Equal(t, http.StatusBadRequest, esc.status, esc.raw)
 }

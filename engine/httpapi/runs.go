@@ -73,9 +73,11 @@ func (a *api) startRun(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, startResponse{RunID: res.RunID, Workflow: name, WorkflowID: res.WorkflowID, Status: res.Status, Existing: res.Existing})
 }
 
+// getRun takes a run ID or a workflow ID, as cancel and signal do.
 func (a *api) getRun(w http.ResponseWriter, r *http.Request) {
-	id, ok := pathUUID(w, r, "run_id")
-	if !ok {
+	id, err := a.e.FindRun(r.Context(), r.PathValue("run_id"))
+	if err != nil {
+		a.engineError(w, r, err)
 		return
 	}
 	run, err := a.e.GetRun(r.Context(), id)

@@ -7,7 +7,7 @@ import (
 	"strings"
 )
 
-// Order is the payment workflow's input (DESIGN §8). Amount is in minor
+// Order is the payment workflow's input. Amount is in minor
 // units of Currency (ISO 4217, lowercase).
 type Order struct {
 	OrderID       string `json:"order_id"`

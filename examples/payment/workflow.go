@@ -18,7 +18,7 @@ import (
 // WorkflowName is the payment workflow's stored name.
 const WorkflowName = "payment"
 
-// New defines the payment workflow (DESIGN §8) over gateway g:
+// New defines the payment workflow over gateway g:
 //
 //	validate → reserve inventory (tx step; undo: release) → charge (activity; undo: refund)
 //	→ record payment in the ledger (tx step, one row per order) → send receipt (activity)

@@ -1,4 +1,4 @@
--- Durable runs, their recorded steps and the dead-job table (DESIGN §3).
+-- Durable runs, their recorded steps and the dead-job table.
 -- Status columns are CHECK-constrained; every index matches one query's predicate.
 
 -- +goose Up

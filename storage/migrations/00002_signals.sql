@@ -1,4 +1,4 @@
--- Signals sent to runs, buffered until an AwaitSignal consumes them (DESIGN §3).
+-- Signals sent to runs, buffered until an AwaitSignal consumes them.
 
 -- +goose Up
 -- The signal name a waiting run waits for: a signal with this name wakes it.

@@ -1,4 +1,4 @@
--- Cron schedules and the record of every fire (DESIGN §3).
+-- Cron schedules and the record of every fire.
 
 -- +goose Up
 CREATE TABLE schedules (

@@ -42,6 +42,11 @@ func workflows() []engine.Registration {
 				return in.N * 2, nil
 			}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: time.Millisecond, MaximumAttempts: 2}})
 		}, nil),
+		engine.Define("hostile", func(ctx *engine.Context, _ in) (int, error) {
+			return engine.Step(ctx, "hostile", func(context.Context) (int, error) {
+				return 0, engine.Permanent(errors.New(hostileText))
+			}, nil)
+		}, nil),
 		engine.Define("approval", func(ctx *engine.Context, _ in) (string, error) {
 			a, err := engine.AwaitSignal[struct {
 				By string `json:"by"`
@@ -50,6 +55,10 @@ func workflows() []engine.Registration {
 		}, nil),
 	}
 }
+
+// hostileText carries terminal escapes (a color, a window title, an 8-bit
+// CSI) of the kind a step's error message may hold.
+const hostileText = "boom \x1b[31mred\x1b]0;owned\x07 \u009b2J done"
 
 // run executes the CLI in-process and returns its exit code and output.
 func run(t *testing.T, db *enginetest.DB, args ...string) (int, string, string) {
@@ -406,4 +415,57 @@ func TestRunsShowACrashBackoff(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "crashes      3 deliveries in a row died without progress")
 	require.Contains(t, out, "waiting until")
+}
+
+// What the CLI prints for people never carries a raw control character:
+// an error message with terminal escapes is shown escaped.
+func TestCLIEscapesControlCharacters(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	e := enginetest.NewEngine(t, db, nil, true, workflows()...)
+	res, err := e.StartJSON(context.Background(), "hostile", []byte(`{}`), &engine.StartOpts{WorkflowID: "hostile-1"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		run, err := e.GetRun(context.Background(), res.RunID)
+		require.NoError(t, err)
+		return run.Status == engine.StatusFailed
+	}, 10*time.Second, 20*time.Millisecond)
+	for _, args := range [][]string{{"runs", "show", "hostile-1"}, {"runs", "list"}} {
+		code, out, errOut := run(t, db, args...)
+		require.Equal(t, 0, code, errOut)
+		require.NotContains(t, out, "\x1b", args)
+		require.NotContains(t, out, "\u009b", args)
+		require.NotContains(t, out, "\x07", args)
+	}
+	_, out, _ := run(t, db, "runs", "show", "hostile-1")
+	require.Contains(t, out, `\x1b[31mred`)
+	code, _, errOut := run(t, db, "start", "double", "--id", "bad\x1b[2Jid", "--input", `{"n": 1}`)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "control character")
+	require.NotContains(t, errOut, "\x1b")
+}
+
+// A connection string's password never reaches the terminal, in URL or
+// key=value form, whatever fails.
+func TestCLINeverPrintsThePassword(t *testing.T) {
+	t.Parallel()
+	for _, url := range []string{
+		"postgres://u:s3cretpw@127.0.0.1:1/x",
+		"postgres://u:s3cretpw@127.0.0.1:notaport/x",
+		"postgres://u:s3c@retpw@127.0.0.1/x",
+		"host=127.0.0.1 port=1 user=u password=s3cretpw dbname=x",
+		"host=127.0.0.1 port=1 password='s3cret pw' user=u",
+		"host=127.0.0.1 port=notaport password=s3cretpw",
+		"postgres://postgres:s3cretpw@127.0.0.1:5432/postgres?sslmode=bogus",
+	} {
+		for _, args := range [][]string{{"runs", "list"}, {"migrate", "up"}, {"dead", "list"}} {
+			var out, errOut bytes.Buffer
+			code := commands.Execute(context.Background(), append([]string{"--database-url", url}, args...), commands.Options{
+				Workflows: workflows(), Stdout: &out, Stderr: &errOut, Getenv: func(string) string { return "" },
+			})
+			require.NotEqual(t, 0, code)
+			require.NotContains(t, out.String()+errOut.String(), "s3cret", "%s %v", url, args)
+			require.NotContains(t, out.String()+errOut.String(), "retpw", "%s %v", url, args)
+		}
+	}
 }

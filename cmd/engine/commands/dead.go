@@ -97,21 +97,24 @@ func (g *global) withDeadJob(ctx context.Context, arg string, do func(*engine.En
 	}
 	w := g.opts.Stdout
 	fmt.Fprintf(w, "dead job %s\n  run          %s (engine runs show %s)\n  workflow     %s (version %d), workflow id %s\n  reason       %s\n",
-		j.ID, j.RunID, j.RunID, j.WorkflowName, j.WorkflowVersion, j.WorkflowID, j.Reason)
-	if j.StepName != "" {
-		fmt.Fprintf(w, "  step         %s (seq %d), %d attempts\n", j.StepName, *j.Seq, j.Attempts)
+		j.ID, j.RunID, j.RunID, cell(j.WorkflowName), j.WorkflowVersion, text(j.WorkflowID), j.Reason)
+	switch {
+	case j.StepName != "" && j.Seq != nil:
+		fmt.Fprintf(w, "  step         %s (seq %d), %d attempts\n", cell(j.StepName), *j.Seq, j.Attempts)
+	case j.Attempts > 0:
+		fmt.Fprintf(w, "  attempts     %d\n", j.Attempts)
 	}
 	fmt.Fprintf(w, "  failed       %s .. %s\n  error        %s: %s\n",
-		cell(j.FirstFailedAt), cell(j.LastFailedAt), j.ErrorClass, j.ErrorMessage)
+		cell(j.FirstFailedAt), cell(j.LastFailedAt), cell(j.ErrorClass), oneLine(j.ErrorMessage, 2000))
 	if j.ForwardError != nil {
-		fmt.Fprintf(w, "  compensating %s: %s (the failure that started the compensation)\n", j.ForwardError.Class, j.ForwardError.Message)
+		fmt.Fprintf(w, "  compensating %s: %s (the failure that started the compensation)\n", cell(j.ForwardError.Class), oneLine(j.ForwardError.Message, 2000))
 	}
 	fmt.Fprintf(w, "  deliveries   %d\n  input        %s\n  parked       %s\n", j.Deliveries, oneLine(string(j.Input), 400), cell(j.ParkedAt))
 	if j.Resolution != "" {
 		fmt.Fprintf(w, "  resolution   %s by %s at %s: %s\n", j.Resolution, cell(j.ResolvedBy), cell(j.ResolvedAt), cell(j.Note))
 	}
 	if j.Stack != "" {
-		fmt.Fprintf(w, "\n%s\n", j.Stack)
+		fmt.Fprintf(w, "\n%s\n", escapeControls(j.Stack, true))
 	}
 	return nil
 }

@@ -228,6 +228,7 @@ func submitOrders(ctx context.Context, apiURL string, orders [][]byte) submitted
 			body = []byte(`{"id": "` + probe.OrderID + `", "input": ` + string(raw) + `}`) // sent as is: the API rejects it
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, apiURL+"/v1/workflows/"+payment.WorkflowName+"/runs", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
 		resp, err := hc.Do(req)
 		if err != nil {
 			s.rejected++

@@ -46,10 +46,12 @@ const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=
 // success, 1 on failure (the error is printed to Stderr), 2 on misuse.
 func Execute(ctx context.Context, args []string, opts Options) int {
 	opts = opts.withDefaults()
-	root := NewRoot(opts)
+	root, g := newRoot(opts)
 	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(opts.Stderr, "error:", err)
+		// Whatever a library put in the error, a password or token never
+		// reaches the terminal.
+		fmt.Fprintln(opts.Stderr, "error:", escapeControls(scrub(err.Error(), g.secrets()), true))
 		var usage *usageError
 		if errors.As(err, &usage) {
 			return 2
@@ -84,10 +86,16 @@ type global struct {
 	opts        Options
 	databaseURL string
 	jsonOut     bool
+	apiToken    string // serve's, once known: a secret like the database password
 }
 
 // NewRoot builds the command tree.
 func NewRoot(opts Options) *cobra.Command {
+	root, _ := newRoot(opts)
+	return root
+}
+
+func newRoot(opts Options) (*cobra.Command, *global) {
 	opts = opts.withDefaults()
 	g := &global{opts: opts}
 	root := &cobra.Command{
@@ -103,7 +111,7 @@ func NewRoot(opts Options) *cobra.Command {
 	root.PersistentFlags().BoolVar(&g.jsonOut, "json", false, "print JSON instead of tables")
 	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.cancelCmd(), g.signalCmd(), g.schedulesCmd(), g.demoCmd(), g.devCmd(), g.gatewayCmd(), g.benchCmd(), g.chaosCmd())
 	usageArgs(root)
-	return root
+	return root, g
 }
 
 // usageArgs makes a wrong number of arguments a usage error (exit 2), like
@@ -146,6 +154,9 @@ func (g *global) ownDatabase(command string) error {
 
 // pool connects with size connections (0: pgx's default).
 func (g *global) pool(ctx context.Context, size int32) (*pgxpool.Pool, error) {
+	if err := checkConnString(g.dbURL()); err != nil {
+		return nil, err
+	}
 	cfg, err := pgxpool.ParseConfig(g.dbURL())
 	if err != nil {
 		return nil, fmt.Errorf("parsing the database URL: %w", err)
@@ -172,7 +183,7 @@ func (g *global) client(ctx context.Context) (*engine.Engine, *pgxpool.Pool, err
 	if err != nil {
 		return nil, nil, err
 	}
-	e, err := engine.New(pool, &engine.Config{Logger: slog.New(slog.NewTextHandler(g.opts.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	e, err := engine.New(pool, &engine.Config{Logger: g.logger(slog.NewTextHandler(g.opts.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err == nil {
 		err = e.Register(g.opts.Workflows...)
 	}

@@ -78,7 +78,7 @@ func (g *global) runsCmd() *cobra.Command {
 func (g *global) printRun(run *engine.Run) {
 	w := g.opts.Stdout
 	fmt.Fprintf(w, "run %s\n  workflow     %s (version %d)\n  workflow id  %s\n  status       %s\n  deliveries   %d\n  created      %s\n",
-		run.RunID, run.WorkflowName, run.WorkflowVersion, run.WorkflowID, run.Status, run.Deliveries, cell(run.CreatedAt))
+		run.RunID, cell(run.WorkflowName), run.WorkflowVersion, text(run.WorkflowID), run.Status, run.Deliveries, cell(run.CreatedAt))
 	if run.CompletedAt != nil {
 		fmt.Fprintf(w, "  finished     %s\n", cell(run.CompletedAt))
 	}
@@ -90,7 +90,7 @@ func (g *global) printRun(run *engine.Run) {
 		fmt.Fprintf(w, "  cancel       requested %s\n", cell(run.CancelRequestedAt))
 	}
 	if run.Error != nil {
-		fmt.Fprintf(w, "  error        %s: %s\n", run.Error.Class, oneLine(run.Error.Message, 200))
+		fmt.Fprintf(w, "  error        %s: %s\n", cell(run.Error.Class), oneLine(run.Error.Message, 200))
 	}
 	died := run.StalledDeliveries
 	if run.Status == engine.StatusRunning {
@@ -115,7 +115,7 @@ func (g *global) printRun(run *engine.Run) {
 		}
 	}
 	if run.ScheduleName != "" {
-		fmt.Fprintf(w, "  schedule     %s\n", run.ScheduleName)
+		fmt.Fprintf(w, "  schedule     %s\n", cell(run.ScheduleName))
 	}
 	fmt.Fprintln(w)
 	t := newTable(w, "SEQ", "NAME", "KIND", "STATUS", "ATTEMPTS", "REQUEST ID", "DURATION", "ERROR")
@@ -183,7 +183,7 @@ func (g *global) startCmd() *cobra.Command {
 			if res.Existing {
 				verb = "already exists"
 			}
-			fmt.Fprintf(g.opts.Stdout, "run %s %s (workflow id %s, status %s)\n", res.RunID, verb, res.WorkflowID, res.Status)
+			fmt.Fprintf(g.opts.Stdout, "run %s %s (workflow id %s, status %s)\n", res.RunID, verb, text(res.WorkflowID), res.Status)
 			return nil
 		},
 	}

@@ -39,11 +39,14 @@ func (g *global) serveCmd() *cobra.Command {
 		Use:   "serve",
 		Short: "Run workers and the HTTP API until SIGTERM or SIGINT",
 		Long: `Runs this binary's workflows (every registered workflow, on River queue "pgdurable"),
-the HTTP API (DESIGN §7), /metrics, /healthz and /readyz. Several serve processes on one
+the HTTP API (routes: README, "Running the engine as a service"), /metrics, /healthz and /readyz. Several serve processes on one
 database cooperate. On SIGTERM or SIGINT it stops claiming runs, lets running steps finish
 and hands their runs back within --shutdown-timeout, then exits 0.
 
-The API requires a bearer token (--api-token or ENGINE_API_TOKEN) unless it listens on loopback.`,
+The API requires a bearer token (--api-token or ENGINE_API_TOKEN, at least 16 bytes) unless it
+listens on loopback; without one it answers only requests whose Host is localhost, a loopback IP
+or the listen address. Every POST, PUT and DELETE needs Content-Type: application/json and, if it
+has an Origin header, this service's own origin.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return g.serve(cmd.Context(), f) },
 	}
@@ -61,14 +64,18 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 	if f.apiToken == "" {
 		f.apiToken = g.opts.Getenv("ENGINE_API_TOKEN")
 	}
-	if f.apiToken == "" && !loopback(f.listen) {
+	switch {
+	case f.apiToken == "" && !loopback(f.listen):
 		return &usageError{fmt.Errorf("--listen %s is not a loopback address: set --api-token or ENGINE_API_TOKEN", f.listen)}
+	case f.apiToken != "" && len(f.apiToken) < minTokenBytes && !loopback(f.listen):
+		return &usageError{fmt.Errorf("the API token is %d bytes; beyond loopback it must be at least %d (e.g. openssl rand -hex 32)", len(f.apiToken), minTokenBytes)}
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
 		return &usageError{fmt.Errorf("--log-level: %w", err)}
 	}
-	log := slog.New(slog.NewJSONHandler(g.opts.Stderr, &slog.HandlerOptions{Level: level}))
+	g.apiToken = f.apiToken
+	log := g.logger(slog.NewJSONHandler(g.opts.Stderr, &slog.HandlerOptions{Level: level}))
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -112,7 +119,8 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 		return fmt.Errorf("listening on %s: %w", f.listen, err)
 	}
 	srv := &http.Server{
-		Handler:           httpapi.New(e, &httpapi.Options{Token: f.apiToken, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Pool: pool, Logger: log}),
+		Handler: httpapi.New(e, &httpapi.Options{Token: f.apiToken, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+			Pool: pool, Logger: log, ListenAddr: ln.Addr().String()}),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second, // a slowly sent body cannot hold a connection (or a shutdown)
 		WriteTimeout:      60 * time.Second,
@@ -161,6 +169,10 @@ func shutdown(srv *http.Server, e *engine.Engine, timeout time.Duration, log *sl
 	log.Info("stopped")
 	return nil
 }
+
+// minTokenBytes is the shortest API token accepted beyond loopback: a
+// short one can be guessed.
+const minTokenBytes = 16
 
 // startupRetryFor bounds how long serve waits for PostgreSQL at start.
 const startupRetryFor = 30 * time.Second

@@ -1,5 +1,5 @@
 // Package cronspec turns a schedule's cron expression and time zone into
-// fire times. It is the one place robfig/cron/v3 is imported (DESIGN §2):
+// fire times. It is the one place robfig/cron/v3 is imported (TestDependencyRule enforces it):
 // robfig parses; the fire times follow ISC (Vixie) cron's rule for daylight
 // saving changes, which robfig's own Next does not (it skips a day whose
 // fire time falls in the spring-forward gap):
