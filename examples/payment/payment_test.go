@@ -3,12 +3,15 @@ package payment_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -226,4 +229,65 @@ func TestCancelWhileChargeRetriesRefundsIt(t *testing.T) {
 	l := f.gw.Ledger()
 	require.Zero(t, l.NetByOrder()["amb2"], "charged once, refunded once")
 	require.Len(t, l.Refunds, 1)
+}
+
+// One order is one charge whatever workflow ID a client picks: five runs
+// for the same order, started at once under five workflow IDs, charge the
+// card once; the other four are refused (ErrOrderTaken) before they
+// reserve or charge anything, and the order stays paid: no refund. Before,
+// each run charged the card and four refunds corrected the net.
+func TestOneOrderIsOneChargeWhateverTheWorkflowID(t *testing.T) {
+	t.Parallel()
+	f := setup(t, fakegateway.Faults{})
+	o := order("ord_same", 2500, "pm_card_visa")
+	ids := make([]uuid.UUID, 5)
+	var wg sync.WaitGroup
+	for i := range ids {
+		wg.Go(func() {
+			res, err := f.wf.Start(f.ctx, f.e, o, &engine.StartOpts{WorkflowID: fmt.Sprintf("client-pick-%d", i)})
+			require.NoError(t, err)
+			ids[i] = res.RunID
+		})
+	}
+	wg.Wait()
+	completed, taken := 0, 0
+	for _, id := range ids {
+		_, err := f.wf.Wait(f.ctx, f.e, id, 10*time.Millisecond)
+		switch {
+		case err == nil:
+			completed++
+		case errors.Is(err, payment.ErrOrderTaken):
+			taken++
+			var runErr *engine.RunError
+			require.ErrorAs(t, err, &runErr)
+			require.Equal(t, engine.StatusFailed, runErr.Status, "nothing to undo: it never reserved")
+		default:
+			t.Fatalf("run %s: %v", id, err)
+		}
+	}
+	require.Equal(t, 1, completed)
+	require.Equal(t, 4, taken)
+	l := f.gw.Ledger()
+	require.Len(t, l.Charges, 1, "one charge")
+	require.Empty(t, l.Refunds, "the order stays paid")
+	require.Equal(t, int64(2500), l.NetByOrder()["ord_same"])
+	var reserved int
+	require.NoError(t, f.db.Pool.QueryRow(f.ctx, `SELECT reserved FROM payment_inventory WHERE sku = 'sku_tee'`).Scan(&reserved))
+	require.Equal(t, 2, reserved, "the paid order's reservation stays; no other run reserved")
+}
+
+// A declined order gives its claim back when it compensates, so the
+// customer can pay it with another card under a new workflow ID.
+func TestACompensatedOrderCanBeTriedAgain(t *testing.T) {
+	t.Parallel()
+	f := setup(t, fakegateway.Faults{})
+	res, err := f.wf.Start(f.ctx, f.e, order("ord_retry", 900, fakegateway.DeclineMethod), &engine.StartOpts{WorkflowID: "ord_retry"})
+	require.NoError(t, err)
+	_, err = f.wf.Wait(f.ctx, f.e, res.RunID, 10*time.Millisecond)
+	require.Error(t, err)
+	res, err = f.wf.Start(f.ctx, f.e, order("ord_retry", 900, "pm_card_visa"), &engine.StartOpts{WorkflowID: "ord_retry-2"})
+	require.NoError(t, err)
+	_, err = f.wf.Wait(f.ctx, f.e, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, int64(900), f.gw.Ledger().NetByOrder()["ord_retry"])
 }

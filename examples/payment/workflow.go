@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgdurable/pgdurable/activities"
@@ -20,8 +21,15 @@ const WorkflowName = "payment"
 
 // New defines the payment workflow over gateway g:
 //
-//	validate → reserve inventory (tx step; undo: release) → charge (activity; undo: refund)
-//	→ record payment in the ledger (tx step, one row per order) → send receipt (activity)
+//	validate → reserve inventory (tx step: claims the order, reserves its items; undo: release both)
+//	→ charge (activity; undo: refund) → record payment in the ledger (tx step, one row per order)
+//	→ send receipt (activity)
+//
+// One order is one charge whatever workflow ID a client picks: the first
+// run claims the order, and a second run for it fails at the reservation
+// (ErrOrderTaken, class order_taken) without reserving, charging or
+// refunding anything. Clients should use the order ID as the workflow ID:
+// a repeated start then returns the first run.
 //
 // A decline (402) or a sold-out item fails permanently and the completed
 // steps are undone: the run ends compensated with the decline in its error.
@@ -50,7 +58,7 @@ func New(g *Gateway, cfg *Config) *engine.Workflow[Order, Receipt] {
 		if _, err := compensation.TxStep(saga, "reserve_inventory", func(sctx context.Context, tx pgx.Tx) (int, error) {
 			return reserve(sctx, tx, ctx, o)
 		}, compensation.TxUndo[int]{Name: "release_inventory", Fn: func(sctx context.Context, tx pgx.Tx, _ int) error {
-			return release(sctx, tx, o.OrderID)
+			return release(sctx, tx, o.OrderID, ctx.RunID())
 		}}, nil); err != nil {
 			return Receipt{}, err
 		}
@@ -93,9 +101,44 @@ type receiptReq struct {
 	Charge Charge
 }
 
-// reserve takes the order's items from stock: all or nothing. Rows are
-// locked in SKU order, so concurrent orders never deadlock.
+// ErrOrderTaken is in the error of a run refused because another run is
+// paying (or has paid) the same order: one order is one charge, whatever
+// workflow ID a client picked. Use the order ID as the workflow ID, and a
+// repeated start returns the first run instead.
+var ErrOrderTaken = errors.New("payment: order is paid by another run")
+
+// Registered, so errors.Is(err, ErrOrderTaken) answers the same on the
+// run's result (Workflow.Wait) in any process that imports this package.
+var _ = func() error {
+	if err := engine.RegisterSentinel("payment.ErrOrderTaken", ErrOrderTaken); err != nil {
+		panic(err) // a name clash within this module: a programming error
+	}
+	return nil
+}()
+
+// claimOrder makes this run the one that pays o, in the reservation's
+// transaction: a second run for the order fails here, before it reserves
+// or charges anything. DO UPDATE (to the same value) returns the claim's
+// run under concurrency too, where DO NOTHING would return nothing.
+func claimOrder(ctx context.Context, tx pgx.Tx, orderID string, runID uuid.UUID) error {
+	var owner uuid.UUID
+	if err := tx.QueryRow(ctx, `INSERT INTO payment_orders (order_id, run_id) VALUES ($1, $2)
+		ON CONFLICT (order_id) DO UPDATE SET run_id = payment_orders.run_id RETURNING run_id`, orderID, runID).Scan(&owner); err != nil {
+		return err
+	}
+	if owner != runID {
+		return engine.WithClass(engine.Permanent(fmt.Errorf("%w: order %s is run %s's (start it with the order ID as its workflow ID)",
+			ErrOrderTaken, orderID, owner)), "order_taken")
+	}
+	return nil
+}
+
+// reserve claims the order and takes its items from stock: all or nothing.
+// Rows are locked in SKU order, so concurrent orders never deadlock.
 func reserve(ctx context.Context, tx pgx.Tx, wctx *engine.Context, o Order) (int, error) {
+	if err := claimOrder(ctx, tx, o.OrderID, wctx.RunID()); err != nil {
+		return 0, err
+	}
 	items := slices.Clone(o.Items)
 	slices.SortFunc(items, func(a, b Item) int { return strings.Compare(a.SKU, b.SKU) })
 	units := 0
@@ -118,9 +161,14 @@ func reserve(ctx context.Context, tx pgx.Tx, wctx *engine.Context, o Order) (int
 	return units, nil
 }
 
-// release returns an order's reserved items to stock.
-func release(ctx context.Context, tx pgx.Tx, orderID string) error {
-	_, err := tx.Exec(ctx, `WITH gone AS (DELETE FROM payment_reservations WHERE order_id = $1 RETURNING sku, qty)
-		UPDATE payment_inventory i SET reserved = i.reserved - gone.qty FROM gone WHERE i.sku = gone.sku`, orderID)
+// release returns this run's reservations for an order to stock and gives
+// the order's claim back, so the order can be tried again; another run's
+// reservations and claim are never touched.
+func release(ctx context.Context, tx pgx.Tx, orderID string, runID uuid.UUID) error {
+	if _, err := tx.Exec(ctx, `WITH gone AS (DELETE FROM payment_reservations WHERE order_id = $1 AND run_id = $2 RETURNING sku, qty)
+		UPDATE payment_inventory i SET reserved = i.reserved - gone.qty FROM gone WHERE i.sku = gone.sku`, orderID, runID); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, `DELETE FROM payment_orders WHERE order_id = $1 AND run_id = $2`, orderID, runID)
 	return err
 }
