@@ -8,53 +8,11 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/pgdurable/pgdurable/engine"
 )
-
-// deadJobJSON is a dead job as the API shows it.
-type deadJobJSON struct {
-	ID              uuid.UUID         `json:"id"`
-	RunID           uuid.UUID         `json:"run_id"`
-	Workflow        string            `json:"workflow"`
-	WorkflowID      string            `json:"workflow_id"`
-	WorkflowVersion int               `json:"workflow_version"`
-	Input           json.RawMessage   `json:"input"`
-	Reason          string            `json:"reason"`
-	Step            string            `json:"step,omitempty"`
-	Seq             *int              `json:"seq,omitempty"`
-	Attempts        int               `json:"attempts"`
-	Deliveries      int               `json:"deliveries"`
-	FirstFailedAt   time.Time         `json:"first_failed_at"`
-	LastFailedAt    time.Time         `json:"last_failed_at"`
-	ErrorClass      string            `json:"error_class"`
-	ErrorMessage    string            `json:"error_message"`
-	Stack           string            `json:"stack,omitempty"`
-	ForwardError    *engine.ErrorInfo `json:"forward_error,omitempty"`
-	ParkedAt        time.Time         `json:"parked_at"`
-	ResolvedAt      *time.Time        `json:"resolved_at,omitempty"`
-	Resolution      string            `json:"resolution,omitempty"`
-	ResolvedBy      string            `json:"resolved_by,omitempty"`
-	Note            string            `json:"note,omitempty"`
-}
-
-func toDeadJobJSON(d *engine.DeadJob) deadJobJSON {
-	return deadJobJSON{
-		ID: d.ID, RunID: d.RunID, Workflow: d.WorkflowName, WorkflowID: d.WorkflowID, WorkflowVersion: d.WorkflowVersion,
-		Input: d.Input, Reason: d.Reason, Step: d.StepName, Seq: d.Seq, Attempts: d.Attempts,
-		FirstFailedAt: d.FirstFailedAt, LastFailedAt: d.LastFailedAt, ErrorClass: d.ErrorClass,
-		ErrorMessage: d.ErrorMessage, Stack: d.Stack, ParkedAt: d.ParkedAt, ResolvedAt: d.ResolvedAt,
-		Resolution: d.Resolution, ResolvedBy: d.ResolvedBy, Note: d.Note, Deliveries: d.Deliveries, ForwardError: d.ForwardError,
-	}
-}
-
-type deadJobList struct {
-	DeadJobs   []deadJobJSON `json:"dead_jobs"`
-	NextCursor string        `json:"next_cursor,omitempty"`
-}
 
 func (a *api) listDeadJobs(w http.ResponseWriter, r *http.Request) {
 	limit, ok := queryLimit(w, r)
@@ -78,13 +36,7 @@ func (a *api) listDeadJobs(w http.ResponseWriter, r *http.Request) {
 		a.engineError(w, r, err)
 		return
 	}
-	out := deadJobList{DeadJobs: []deadJobJSON{}, NextCursor: next}
-	for _, j := range jobs {
-		dj := toDeadJobJSON(j)
-		dj.Stack = ""
-		out.DeadJobs = append(out.DeadJobs, dj)
-	}
-	writeJSON(w, http.StatusOK, out)
+	writeJSON(w, http.StatusOK, NewDeadJobList(jobs, next))
 }
 
 func (a *api) getDeadJob(w http.ResponseWriter, r *http.Request) {
@@ -97,7 +49,7 @@ func (a *api) getDeadJob(w http.ResponseWriter, r *http.Request) {
 		a.engineError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, toDeadJobJSON(d))
+	writeJSON(w, http.StatusOK, NewDeadJob(d))
 }
 
 // resolveRequest is the optional body of replay and discard.
@@ -131,6 +83,6 @@ func (a *api) resolveDeadJob(resolve func(context.Context, uuid.UUID, *engine.Re
 			a.engineError(w, r, err)
 			return
 		}
-		writeJSON(w, http.StatusOK, toDeadJobJSON(d))
+		writeJSON(w, http.StatusOK, NewDeadJob(d))
 	}
 }

@@ -244,18 +244,24 @@ func (a *api) ready(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 }
 
-// errorBody is every error response.
-type errorBody struct {
+// ErrorBody is every error response: {"error": {"code", "message"}}. The
+// CLI's --json prints errors in the same shape.
+type ErrorBody struct {
 	Error struct {
 		Code    string `json:"code"`
 		Message string `json:"message"`
 	} `json:"error"`
 }
 
-func writeError(w http.ResponseWriter, status int, code, message string) {
-	var b errorBody
+// NewErrorBody is an error response with code and message.
+func NewErrorBody(code, message string) ErrorBody {
+	var b ErrorBody
 	b.Error.Code, b.Error.Message = code, message
-	writeJSON(w, status, b)
+	return b
+}
+
+func writeError(w http.ResponseWriter, status int, code, message string) {
+	writeJSON(w, status, NewErrorBody(code, message))
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -288,34 +294,51 @@ func (a *api) readJSON(w http.ResponseWriter, r *http.Request, v any, shape stri
 	return true
 }
 
-// engineError maps the engine's conditions onto HTTP statuses and codes.
-func (a *api) engineError(w http.ResponseWriter, r *http.Request, err error) {
+// ErrorCode maps the engine's conditions onto the API's HTTP status and
+// error code; anything else is 500 "internal".
+func ErrorCode(err error) (status int, code string) {
 	var tooBig *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooBig):
-		writeError(w, http.StatusRequestEntityTooLarge, "payload_too_large", fmt.Sprintf("request body is over %d bytes", tooBig.Limit))
+		return http.StatusRequestEntityTooLarge, "payload_too_large"
 	case errors.Is(err, engine.ErrUnknownWorkflow):
-		writeError(w, http.StatusNotFound, "unknown_workflow", err.Error())
+		return http.StatusNotFound, "unknown_workflow"
 	case errors.Is(err, engine.ErrNotFound):
-		writeError(w, http.StatusNotFound, "not_found", err.Error())
+		return http.StatusNotFound, "not_found"
 	case errors.Is(err, engine.ErrInvalidInput):
-		writeError(w, http.StatusBadRequest, "invalid_input", err.Error())
+		return http.StatusBadRequest, "invalid_input"
 	case errors.Is(err, engine.ErrWorkflowIDConflict):
-		writeError(w, http.StatusConflict, "workflow_id_conflict", err.Error())
+		return http.StatusConflict, "workflow_id_conflict"
 	case errors.Is(err, engine.ErrScheduleExists):
-		writeError(w, http.StatusConflict, "schedule_exists", err.Error())
+		return http.StatusConflict, "schedule_exists"
 	case errors.Is(err, engine.ErrRunClosed):
-		writeError(w, http.StatusConflict, "run_closed", err.Error())
+		return http.StatusConflict, "run_closed"
 	case errors.Is(err, engine.ErrLimitExceeded):
-		writeError(w, http.StatusConflict, "limit_exceeded", err.Error())
+		return http.StatusConflict, "limit_exceeded"
 	case errors.Is(err, engine.ErrDeadJobResolved):
-		writeError(w, http.StatusConflict, "dead_job_resolved", err.Error())
+		return http.StatusConflict, "dead_job_resolved"
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		writeError(w, http.StatusServiceUnavailable, "unavailable", "the request was cancelled or timed out")
+		return http.StatusServiceUnavailable, "unavailable"
 	case errors.Is(err, engine.ErrInvalidArgument):
-		writeError(w, http.StatusBadRequest, "invalid_parameter", err.Error())
-	default:
+		return http.StatusBadRequest, "invalid_parameter"
+	}
+	return http.StatusInternalServerError, "internal"
+}
+
+// engineError answers err: its status and code, and its message except
+// for internal errors, which are logged and not shown.
+func (a *api) engineError(w http.ResponseWriter, r *http.Request, err error) {
+	status, code := ErrorCode(err)
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		writeError(w, status, code, fmt.Sprintf("request body is over %d bytes", tooBig.Limit))
+	case code == "unavailable":
+		writeError(w, status, code, "the request was cancelled or timed out")
+	case status == http.StatusInternalServerError:
 		a.opts.Logger.Error("http api request failed", "method", r.Method, "path", r.URL.Path, "error", err)
-		writeError(w, http.StatusInternalServerError, "internal", "internal error; see the service's logs")
+		writeError(w, status, code, "internal error; see the service's logs")
+	default:
+		writeError(w, status, code, err.Error())
 	}
 }

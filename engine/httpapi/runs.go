@@ -19,42 +19,6 @@ type startRequest struct {
 	Input json.RawMessage `json:"input"`
 }
 
-// runJSON is a run as the API shows it: engine.Run's fields, plus the
-// workflow's name as "workflow" (as in start and schedule bodies) and each
-// step's duration. The outer Steps shadows engine.Run's.
-type runJSON struct {
-	*engine.Run
-	Workflow string     `json:"workflow"`
-	Steps    []stepJSON `json:"steps,omitempty"`
-}
-
-type stepJSON struct {
-	engine.StepInfo
-	DurationMS *int64 `json:"duration_ms,omitempty"`
-}
-
-func toRunJSON(r *engine.Run) runJSON {
-	out := runJSON{Run: r, Workflow: r.WorkflowName}
-	for _, s := range r.Steps {
-		sj := stepJSON{StepInfo: s}
-		if s.CompletedAt != nil {
-			d := s.CompletedAt.Sub(s.StartedAt).Milliseconds()
-			sj.DurationMS = &d
-		}
-		out.Steps = append(out.Steps, sj)
-	}
-	return out
-}
-
-// startResponse answers a start: the run it created or found.
-type startResponse struct {
-	RunID      uuid.UUID `json:"run_id"`
-	Workflow   string    `json:"workflow"`
-	WorkflowID string    `json:"workflow_id"`
-	Status     string    `json:"status"`
-	Existing   bool      `json:"existing"`
-}
-
 func (a *api) startRun(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	var req startRequest
@@ -70,7 +34,7 @@ func (a *api) startRun(w http.ResponseWriter, r *http.Request) {
 	if res.Existing {
 		status = http.StatusOK
 	}
-	writeJSON(w, status, startResponse{RunID: res.RunID, Workflow: name, WorkflowID: res.WorkflowID, Status: res.Status, Existing: res.Existing})
+	writeJSON(w, status, NewStartResponse(name, res))
 }
 
 // getRun takes a run ID or a workflow ID, as cancel and signal do.
@@ -85,13 +49,7 @@ func (a *api) getRun(w http.ResponseWriter, r *http.Request) {
 		a.engineError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, toRunJSON(run))
-}
-
-// runList is GET /v1/runs's answer.
-type runList struct {
-	Runs       []runJSON `json:"runs"`
-	NextCursor string    `json:"next_cursor,omitempty"`
+	writeJSON(w, http.StatusOK, NewRun(run))
 }
 
 func (a *api) listRuns(w http.ResponseWriter, r *http.Request) {
@@ -107,13 +65,7 @@ func (a *api) listRuns(w http.ResponseWriter, r *http.Request) {
 		a.engineError(w, r, err)
 		return
 	}
-	out := runList{Runs: []runJSON{}, NextCursor: next}
-	for _, run := range runs {
-		rj := toRunJSON(run)
-		rj.Input = nil // lists stay small; GET /v1/runs/{id} has it
-		out.Runs = append(out.Runs, rj)
-	}
-	writeJSON(w, http.StatusOK, out)
+	writeJSON(w, http.StatusOK, NewRunList(runs, next))
 }
 
 // cancelRun takes a run ID or a workflow ID, as signal and the CLI do.
@@ -132,9 +84,7 @@ func (a *api) cancelRun(w http.ResponseWriter, r *http.Request) {
 		a.engineError(w, r, err)
 		return
 	}
-	rj := toRunJSON(run)
-	rj.Steps = nil
-	writeJSON(w, http.StatusAccepted, rj)
+	writeJSON(w, http.StatusAccepted, NewCancelResponse(run))
 }
 
 // signal sends the request body (one JSON value; empty means null) as a
@@ -154,7 +104,7 @@ func (a *api) signal(w http.ResponseWriter, r *http.Request) {
 		a.engineError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusAccepted, map[string]string{"run": target, "signal": name, "status": "accepted"})
+	writeJSON(w, http.StatusAccepted, SignalResponse{Run: target, Signal: name, Status: "accepted"})
 }
 
 func pathUUID(w http.ResponseWriter, r *http.Request, key string) (uuid.UUID, bool) {
