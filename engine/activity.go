@@ -50,33 +50,23 @@ type ActivityAttempt struct {
 	// Attempt counts from 1.
 	Attempt int
 
-	lastBeat  atomic.Int64 // unix nanoseconds of the latest Heartbeat
-	lastCheck atomic.Int64 // unix nanoseconds of the latest heartbeat sent to the database
-	c         *Context
-}
-
-// heartbeatCheckEvery throttles the database heartbeats that activity
-// heartbeats send (synchronously, so the Heartbeat that learns of a
-// cancellation returns it): an activity heartbeating every 250ms or slower
-// hears of its run's cancellation at its next heartbeat.
-func (c *Context) heartbeatCheckEvery() time.Duration {
-	return min(c.e.cfg.HeartbeatInterval, 250*time.Millisecond)
+	lastBeat atomic.Int64 // unix nanoseconds of the latest Heartbeat
+	c        *Context
 }
 
 // Heartbeat tells the engine the attempt is alive (see
 // ActivityOpts.HeartbeatTimeout). It returns ctx's error once the attempt
 // should stop: the run was cancelled, the engine is shutting down, the
-// lease was lost or the attempt timed out. Safe for concurrent use.
+// lease was lost or the attempt timed out. Safe for concurrent use, and
+// cheap to call often: it writes to the database (renewing the lease and
+// learning of a cancellation) at most once per Config.HeartbeatInterval
+// (LeaseDuration/3 by default), together with the delivery's own lease
+// heartbeat, so a cancellation reaches it within about that long.
 func (a *ActivityAttempt) Heartbeat(ctx context.Context) error {
-	now := time.Now().UnixNano()
-	a.lastBeat.Store(now)
+	a.lastBeat.Store(time.Now().UnixNano())
 	if c := a.c; c != nil {
-		last := a.lastCheck.Load()
-		if time.Duration(now-last) >= c.heartbeatCheckEvery() && a.lastCheck.CompareAndSwap(last, now) {
-			// Renews the lease and learns of a cancellation; a failure here
-			// is the lease heartbeat's to report.
-			_ = c.beat()
-		}
+		// A failure here is the lease heartbeat's to report.
+		_ = c.beatIfDue(c.e.cfg.HeartbeatInterval)
 	}
 	return ctx.Err()
 }

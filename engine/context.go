@@ -60,6 +60,9 @@ type Context struct {
 	claimedAt time.Time
 	longMu    sync.Mutex
 	long      bool
+	// lastBeatSent is when the latest heartbeat was sent (unix nanoseconds;
+	// see beatIfDue).
+	lastBeatSent atomic.Int64
 
 	ended  bool  // this delivery has handed the run back; no more writes
 	endErr error // what Step returns from now on

@@ -158,12 +158,13 @@ type Engine struct {
 	active sync.WaitGroup
 
 	draining atomic.Bool // Stop was called: deliveries hand runs back at the next step
+	live     sync.Map    // run ID → *Context of this process's delivery holding it
 
-	mu             sync.Mutex
-	workflows      map[string]registered
-	scheduleWarned map[string]time.Time // schedule → last "workflow not registered" warning
-	started        bool
-	stopSweep      context.CancelFunc
+	mu        sync.Mutex
+	workflows map[string]registered
+	warned    map[string]time.Time // warning key → when last logged (warnOnce)
+	started   bool
+	stopSweep context.CancelFunc
 }
 
 // New builds an Engine over pool, which must point at a database migrated
@@ -266,7 +267,8 @@ func (e *Engine) workflow(name string) (registered, bool) {
 }
 
 // minPoolConns is the pool size below which Start warns: River holds one
-// connection for LISTEN and deliveries starve on the rest.
+// connection for LISTEN and deliveries starve on the rest. (The engine's
+// own cancellation listener holds one more, outside the pool.)
 const minPoolConns = 8
 
 // Start begins working runs: River fetches deliveries and the sweeper runs
@@ -288,8 +290,9 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	sweepCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	e.stopSweep = cancel
-	e.active.Add(1)
+	e.active.Add(2)
 	go e.sweepLoop(sweepCtx)
+	go e.listenCancels(sweepCtx)
 	return nil
 }
 

@@ -18,9 +18,19 @@ import (
 // the delivery's, so a shutdown does not lose a finished step's record.
 const writeTimeout = 15 * time.Second
 
-// unknownWorkflowRetry is how long a ticket for a workflow this process does
-// not register waits before another try (a rolling deploy may add it).
-const unknownWorkflowRetry = 30 * time.Second
+// unknownWorkflowRetry is how long a ticket for a workflow this process
+// does not register waits before another try, when it has come back to
+// processes that do not register it snoozes times: a second for the first
+// ten (in a rolling deploy a process that registers it is usually running
+// too; each second it has an even chance or better to fetch the ticket
+// first), then doubling to 30 s, so a workflow that no process registers
+// does not spin.
+func unknownWorkflowRetry(snoozes int) time.Duration {
+	if snoozes < 10 {
+		return time.Second
+	}
+	return min(time.Second<<min(snoozes-9, 5), 30*time.Second)
+}
 
 // deliver is one delivery of a run: River calls it for each ticket.
 func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
@@ -36,11 +46,15 @@ func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
 	log := e.log.With("run_id", runID, "workflow", claimed.WorkflowName, "workflow_id", claimed.WorkflowID)
 	wf, ok := e.workflow(claimed.WorkflowName)
 	if !ok {
-		log.Error("workflow not registered in this process; handing the run back", "retry_in", unknownWorkflowRetry)
+		retry := unknownWorkflowRetry(queue.Snoozes(ctx))
+		if e.warnOnce("workflow "+claimed.WorkflowName, time.Minute) {
+			log.Error("workflow not registered in this process; handing its runs back for a process that registers it",
+				"retry_in", retry, "registered", e.registeredNames())
+		}
 		if err := store.ReleaseUnclaimed(context.WithoutCancel(ctx), e.pool, runID, token); err != nil {
 			return err
 		}
-		return queue.Snooze(unknownWorkflowRetry)
+		return queue.Snooze(retry)
 	}
 
 	dctx, cancel := context.WithCancelCause(ctx)
@@ -53,6 +67,8 @@ func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
 		claimedAt: sent, deliveries: claimed.Deliveries,
 	}
 	c.extendedAt(sent)
+	e.live.Store(runID, c)
+	defer e.live.CompareAndDelete(runID, c)
 	c.noteCancel(claimed.CancelRequested)
 	stopHeartbeat := e.heartbeat(c)
 	defer stopHeartbeat()
@@ -336,6 +352,18 @@ func (c *Context) renew() bool {
 		return false
 	}
 	return true
+}
+
+// beatIfDue sends a heartbeat unless one was sent less than gap ago, so
+// that activity heartbeats and the lease heartbeat together write about
+// once per HeartbeatInterval however often user code calls Heartbeat.
+func (c *Context) beatIfDue(gap time.Duration) error {
+	now := time.Now().UnixNano()
+	last := c.lastBeatSent.Load()
+	if time.Duration(now-last) < gap || !c.lastBeatSent.CompareAndSwap(last, now) {
+		return nil
+	}
+	return c.beat()
 }
 
 // beat is one fenced heartbeat: it extends the lease and picks up a

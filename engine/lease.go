@@ -38,7 +38,8 @@ func (e *Engine) heartbeat(c *Context) (stop func()) {
 					c.cancel(ErrLeaseLost)
 					return
 				}
-				err := c.beat()
+				// An activity's Heartbeat may have just sent one.
+				err := c.beatIfDue(e.cfg.HeartbeatInterval / 2)
 				switch {
 				case errors.Is(err, store.ErrLeaseLost):
 					return

@@ -378,7 +378,7 @@ func (e *Engine) fireSchedule(ctx context.Context, tx pgx.Tx, s *store.ScheduleR
 	if !ok {
 		// Another process may register it; this one cannot start it. Said
 		// once a minute per schedule, not at every sweep.
-		if e.warnUnregistered(s.Name) {
+		if e.warnOnce("schedule "+s.Name, time.Minute) {
 			log.Warn("schedule's workflow is not registered in this process; its fires wait for one that does")
 		}
 		return nil
@@ -461,17 +461,18 @@ func (e *Engine) registeredNames() string {
 	return strings.Join(names, ", ")
 }
 
-// warnUnregistered reports whether to log, now, that schedule's workflow
-// is not registered here: at most once a minute per schedule.
-func (e *Engine) warnUnregistered(schedule string) bool {
+// warnOnce reports whether to log, now, the warning key names: at most
+// once per every per key (a schedule's or a run's unregistered workflow,
+// met at every sweep or delivery).
+func (e *Engine) warnOnce(key string, every time.Duration) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.scheduleWarned == nil {
-		e.scheduleWarned = map[string]time.Time{}
+	if e.warned == nil {
+		e.warned = map[string]time.Time{}
 	}
-	if last, ok := e.scheduleWarned[schedule]; ok && time.Since(last) < time.Minute {
+	if last, ok := e.warned[key]; ok && time.Since(last) < every {
 		return false
 	}
-	e.scheduleWarned[schedule] = time.Now()
+	e.warned[key] = time.Now()
 	return true
 }

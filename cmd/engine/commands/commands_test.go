@@ -469,3 +469,56 @@ func TestCLINeverPrintsThePassword(t *testing.T) {
 		}
 	}
 }
+
+// --json covers every command and its errors, in the HTTP API's shapes and
+// field names; usage mistakes exit 2 whatever the command.
+func TestCLIJSONAndUsage(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	decode := func(out string) map[string]any {
+		t.Helper()
+		var v map[string]any
+		require.NoError(t, json.Unmarshal([]byte(out), &v), out)
+		return v
+	}
+	code, out, _ := run(t, db, "--json", "start", "approval", "--id", "ap-1", "--input", `{}`)
+	require.Equal(t, 0, code)
+	started := decode(out)
+	require.Equal(t, "approval", started["workflow"])
+	require.Equal(t, "ap-1", started["workflow_id"])
+
+	code, out, _ = run(t, db, "--json", "signal", "ap-1", "approve", `{"by": "ann"}`)
+	require.Equal(t, 0, code, out)
+	require.Equal(t, map[string]any{"run": "ap-1", "signal": "approve", "status": "accepted"}, decode(out))
+
+	code, out, _ = run(t, db, "--json", "cancel", "ap-1")
+	require.Equal(t, 0, code, out)
+	cancelled := decode(out)
+	require.Equal(t, "approval", cancelled["workflow"], "the API's run shape")
+	require.NotEmpty(t, cancelled["cancel_requested_at"])
+
+	code, out, errOut := run(t, db, "--json", "cancel", "no-such-run")
+	require.Equal(t, 1, code)
+	require.Empty(t, errOut)
+	body := decode(out)["error"].(map[string]any)
+	require.Equal(t, "not_found", body["code"])
+	require.Contains(t, body["message"], "no-such-run")
+
+	code, out, _ = run(t, db, "--json", "runs", "list", "--limit", "0")
+	require.Equal(t, 2, code)
+	require.Equal(t, "usage", decode(out)["error"].(map[string]any)["code"])
+	code, out, _ = run(t, db, "--json", "runs", "show", "ap-1")
+	require.Equal(t, 0, code)
+	require.Equal(t, "approval", decode(out)["workflow"])
+	code, out, _ = run(t, db, "--json", "dead", "list")
+	require.Equal(t, 0, code)
+	require.Contains(t, decode(out), "dead_jobs")
+
+	for _, args := range [][]string{{"migrate", "sideways"}, {"runs", "frobnicate"}, {"dead", "list", "--limit", "0"}, {"runs", "list", "--limit", "5000"}} {
+		code, _, errOut := run(t, db, args...)
+		require.Equal(t, 2, code, "%v: %s", args, errOut)
+	}
+	code, out, _ = run(t, db, "--version")
+	require.Equal(t, 0, code)
+	require.Regexp(t, `^engine \S+`, out)
+}

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/httpapi"
 )
 
 func (g *global) deadCmd() *cobra.Command {
@@ -16,6 +17,9 @@ func (g *global) deadCmd() *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List dead jobs, newest first", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkLimit(p.Limit); err != nil {
+				return err
+			}
 			e, pool, err := g.client(cmd.Context())
 			if err != nil {
 				return err
@@ -26,7 +30,7 @@ func (g *global) deadCmd() *cobra.Command {
 				return err
 			}
 			if g.jsonOut {
-				return writeJSON(g.opts.Stdout, map[string]any{"dead_jobs": jobs, "next_cursor": next})
+				return writeJSON(g.opts.Stdout, httpapi.NewDeadJobList(jobs, next))
 			}
 			t := newTable(g.opts.Stdout, "ID", "RUN ID", "WORKFLOW", "REASON", "STEP", "ATTEMPTS", "PARKED", "RESOLUTION", "ERROR")
 			for _, j := range jobs {
@@ -93,7 +97,7 @@ func (g *global) withDeadJob(ctx context.Context, arg string, do func(*engine.En
 		return err
 	}
 	if g.jsonOut {
-		return writeJSON(g.opts.Stdout, j)
+		return writeJSON(g.opts.Stdout, httpapi.NewDeadJob(j))
 	}
 	w := g.opts.Stdout
 	fmt.Fprintf(w, "dead job %s\n  run          %s (engine runs show %s)\n  workflow     %s (version %d), workflow id %s\n  reason       %s\n",

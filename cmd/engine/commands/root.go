@@ -14,12 +14,14 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"runtime/debug"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/httpapi"
 )
 
 // Options configures the commands.
@@ -51,12 +53,20 @@ func Execute(ctx context.Context, args []string, opts Options) int {
 	if err := root.ExecuteContext(ctx); err != nil {
 		// Whatever a library put in the error, a password or token never
 		// reaches the terminal.
-		fmt.Fprintln(opts.Stderr, "error:", escapeControls(scrub(err.Error(), g.secrets()), true))
+		msg := scrub(err.Error(), g.secrets())
 		var usage *usageError
-		if errors.As(err, &usage) {
-			return 2
+		code, exit := "usage", 2
+		if !errors.As(err, &usage) {
+			_, code = httpapi.ErrorCode(err)
+			exit = 1
 		}
-		return 1
+		if g.jsonOut {
+			// The HTTP API's error shape, on stdout with the other JSON.
+			_ = writeJSON(opts.Stdout, httpapi.NewErrorBody(code, msg))
+			return exit
+		}
+		fmt.Fprintln(opts.Stderr, "error:", escapeControls(msg, true))
+		return exit
 	}
 	return 0
 }
@@ -101,14 +111,16 @@ func newRoot(opts Options) (*cobra.Command, *global) {
 	root := &cobra.Command{
 		Use:           "engine",
 		Short:         "pgdurable: durable workflows on PostgreSQL",
+		Version:       version(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.SetVersionTemplate("engine {{.Version}}\n")
 	root.SetOut(opts.Stdout)
 	root.SetErr(opts.Stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
 	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL, else "+DefaultDatabaseURL+")")
-	root.PersistentFlags().BoolVar(&g.jsonOut, "json", false, "print JSON instead of tables")
+	root.PersistentFlags().BoolVar(&g.jsonOut, "json", false, "print JSON instead of tables (the HTTP API's shapes; errors as {\"error\": {\"code\", \"message\"}} on stdout)")
 	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.cancelCmd(), g.signalCmd(), g.schedulesCmd(), g.demoCmd(), g.devCmd(), g.gatewayCmd(), g.benchCmd(), g.chaosCmd())
 	usageArgs(root)
 	return root, g
@@ -117,6 +129,17 @@ func newRoot(opts Options) (*cobra.Command, *global) {
 // usageArgs makes a wrong number of arguments a usage error (exit 2), like
 // a bad flag, on every command.
 func usageArgs(c *cobra.Command) {
+	if c.HasSubCommands() && c.Run == nil && c.RunE == nil {
+		// A group (migrate, runs, dead, schedules): an unknown subcommand
+		// is a usage error, not a help page and exit 0.
+		c.Args = func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return &usageError{fmt.Errorf("unknown command %q for %q; see %s --help", args[0], cmd.CommandPath(), cmd.CommandPath())}
+			}
+			return nil
+		}
+		c.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+	}
 	if check := c.Args; check != nil {
 		c.Args = func(cmd *cobra.Command, args []string) error {
 			if err := check(cmd, args); err != nil {
@@ -204,4 +227,35 @@ func (g *global) withClient(fn func(ctx context.Context, e *engine.Engine, args 
 		defer pool.Close()
 		return fn(cmd.Context(), e, args)
 	}
+}
+
+// version is the binary's module version and VCS revision, from the build
+// info Go embeds.
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "(unknown)"
+	}
+	v := bi.Main.Version
+	if v == "" {
+		v = "(devel)"
+	}
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "+dirty"
+			}
+		}
+	}
+	if len(rev) > 12 {
+		rev = rev[:12]
+	}
+	if rev != "" {
+		v += " " + rev + dirty
+	}
+	return v + " " + bi.GoVersion
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/httpapi"
 )
 
 func (g *global) runsCmd() *cobra.Command {
@@ -21,6 +22,9 @@ func (g *global) runsCmd() *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List runs, newest first", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkLimit(p.Limit); err != nil {
+				return err
+			}
 			e, pool, err := g.client(cmd.Context())
 			if err != nil {
 				return err
@@ -31,7 +35,7 @@ func (g *global) runsCmd() *cobra.Command {
 				return err
 			}
 			if g.jsonOut {
-				return writeJSON(g.opts.Stdout, map[string]any{"runs": runs, "next_cursor": next})
+				return writeJSON(g.opts.Stdout, httpapi.NewRunList(runs, next))
 			}
 			t := newTable(g.opts.Stdout, "RUN ID", "WORKFLOW", "WORKFLOW ID", "STATUS", "DELIVERIES", "CREATED", "ERROR")
 			for _, r := range runs {
@@ -65,7 +69,7 @@ func (g *global) runsCmd() *cobra.Command {
 				return err
 			}
 			if g.jsonOut {
-				return writeJSON(g.opts.Stdout, run)
+				return writeJSON(g.opts.Stdout, httpapi.NewRun(run))
 			}
 			g.printRun(run)
 			return nil
@@ -177,7 +181,7 @@ func (g *global) startCmd() *cobra.Command {
 				return err
 			}
 			if g.jsonOut {
-				return writeJSON(g.opts.Stdout, res)
+				return writeJSON(g.opts.Stdout, httpapi.NewStartResponse(args[0], res))
 			}
 			verb := "started"
 			if res.Existing {
@@ -202,6 +206,13 @@ func (g *global) cancelCmd() *cobra.Command {
 			}
 			if err := e.Cancel(ctx, id); err != nil {
 				return err
+			}
+			if g.jsonOut {
+				run, err := e.GetRun(ctx, id)
+				if err != nil {
+					return err
+				}
+				return writeJSON(g.opts.Stdout, httpapi.NewCancelResponse(run))
 			}
 			fmt.Fprintf(g.opts.Stdout, "run %s: cancellation requested\n", id)
 			return nil
@@ -258,10 +269,21 @@ refuses it (exit 1).`,
 			if err := e.SignalJSON(cmd.Context(), args[0], args[1], payload); err != nil {
 				return err
 			}
+			if g.jsonOut {
+				return writeJSON(g.opts.Stdout, httpapi.SignalResponse{Run: args[0], Signal: args[1], Status: "accepted"})
+			}
 			fmt.Fprintf(g.opts.Stdout, "run %s: signal %q sent\n", args[0], args[1])
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&payloadFile, "payload-file", "", `read the payload from this file ("-": stdin)`)
 	return cmd
+}
+
+// checkLimit refuses a page size outside 1..1000 (0 is not "no limit").
+func checkLimit(n int) error {
+	if n < 1 || n > 1000 {
+		return &usageError{fmt.Errorf("--limit %d is outside 1..1000", n)}
+	}
+	return nil
 }

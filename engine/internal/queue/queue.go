@@ -73,7 +73,20 @@ func (w *worker) Work(ctx context.Context, job *river.Job[Args]) error {
 		}
 	})
 	defer stop()
-	return w.handle(dctx, job.Args.RunID)
+	return w.handle(context.WithValue(dctx, metadataKey{}, job.Metadata), job.Args.RunID)
+}
+
+type metadataKey struct{}
+
+// Snoozes is how many times the ticket of the delivery ctx belongs to was
+// snoozed before (River counts them in the job's metadata).
+func Snoozes(ctx context.Context) int {
+	b, _ := ctx.Value(metadataKey{}).([]byte)
+	var m struct {
+		Snoozes int `json:"snoozes"`
+	}
+	_ = json.Unmarshal(b, &m)
+	return m.Snoozes
 }
 
 // ticketRescueAfter is River's job timeout and rescue horizon. Our sweeper

@@ -357,7 +357,8 @@ func Heartbeat(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.
 // now. ErrNotFound when there is no such run; a finished run is returned
 // unchanged (the caller reports it closed).
 func CancelRun(ctx context.Context, db DBTX, runID uuid.UUID) (status string, wakeUp bool, err error) {
-	err = db.QueryRow(ctx, cancelRun, runID).Scan(&status)
+	var ignored bool
+	err = db.QueryRow(ctx, cancelRun, runID).Scan(&status, &ignored)
 	if err != nil {
 		return "", false, translate(err)
 	}
@@ -377,7 +378,13 @@ WITH target AS (
     FROM target
     WHERE r.run_id = target.run_id AND target.status IN ('pending', 'running', 'waiting')
 )
-SELECT status FROM target`
+SELECT status, CASE WHEN status IN ('pending', 'running', 'waiting') THEN pg_notify('` + CancelChannel + `', run_id::text) END IS NULL
+FROM target`
+
+// CancelChannel is the NOTIFY channel a cancellation is announced on, with
+// the run ID as payload, when its transaction commits: an engine running
+// the run stops its forward work at once instead of at its next heartbeat.
+const CancelChannel = "pgdurable_cancel"
 
 const finishRun = `
 WITH run AS (

@@ -1,0 +1,89 @@
+package engine_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
+)
+
+// A process that does not register a workflow hands its runs back at
+// once, so a process that does (a rolling deploy: the old and the new
+// binary run side by side) takes them within a second or two. Before, the
+// process that fetched it held it back for 30 s each time.
+func TestRunOfAnUnregisteredWorkflowReachesAProcessThatRegistersIt(t *testing.T) {
+	t.Parallel()
+	wf := echoWorkflow("only-on-new")
+	other := echoWorkflow("other")
+	db := enginetest.NewDB(t)
+	old := newEngine(t, db, nil, true, other) // does not register only-on-new
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, old, 7, nil)
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, "the old process to hand the run back", func() bool {
+		var snoozed bool
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) > 0 FROM river_job WHERE coalesce((metadata->>'snoozes')::int, 0) >= 1`).Scan(&snoozed))
+		return snoozed
+	})
+	handedBackAt := time.Now()
+	defer func() {
+		var snoozes, attempt int
+		_ = db.Pool.QueryRow(ctx, `SELECT coalesce((metadata->>'snoozes')::int, 0), attempt FROM river_job`).Scan(&snoozes, &attempt)
+		t.Logf("snoozes %d attempt %d", snoozes, attempt)
+	}()
+	updated := newEngine(t, db, nil, true, wf, other)
+	out, err := wf.Wait(ctx, updated, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 7, out)
+	took := time.Since(handedBackAt)
+	t.Logf("completed %s after the hand-back", took.Round(time.Millisecond))
+	require.Less(t, took, 15*time.Second, "not the old 30 s hold")
+	run, err := updated.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, 0, run.StalledDeliveries, "hand-backs are not crashes")
+}
+
+// An activity that calls Heartbeat in a tight loop writes to the database
+// about once per HeartbeatInterval (LeaseDuration/3), not once per call.
+func TestHeartbeatsWriteAtMostOncePerInterval(t *testing.T) {
+	t.Parallel()
+	started := make(chan struct{})
+	var calls int
+	wf := engine.Define("busy-heartbeat", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.RunActivity(ctx, "busy", &engine.ActivityOpts{HeartbeatTimeout: 5 * time.Second},
+			func(actx context.Context, a *engine.ActivityAttempt) (int, error) {
+				close(started)
+				for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
+					if err := a.Heartbeat(actx); err != nil {
+						return 0, err
+					}
+					calls++
+					time.Sleep(time.Millisecond)
+				}
+				return calls, nil
+			})
+	}, nil)
+	// HeartbeatInterval 1 s: 3 s of heartbeats may write about 3 times.
+	b := setup(t, &engine.Config{LeaseDuration: 3 * time.Second}, wf)
+	ctx := testCtx(t)
+	_, err := b.db.Pool.Exec(ctx, `CREATE SEQUENCE run_updates;
+		CREATE FUNCTION count_update() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM nextval('run_updates'); RETURN NEW; END $$;`)
+	require.NoError(t, err)
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	<-started
+	_, err = b.db.Pool.Exec(ctx, `CREATE TRIGGER count_update AFTER UPDATE ON workflow_runs FOR EACH ROW EXECUTE FUNCTION count_update()`)
+	require.NoError(t, err)
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Greater(t, out, 1000, "Heartbeat was called often")
+	var updates int64
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM run_updates`).Scan(&updates))
+	t.Logf("%d Heartbeat calls, %d run updates (heartbeats and the completion)", out, updates)
+	require.LessOrEqual(t, updates, int64(6), "about one heartbeat write per second, plus the completion")
+}
