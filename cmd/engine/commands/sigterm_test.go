@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -145,4 +146,85 @@ func TestChaosShort(t *testing.T) {
 	require.Equal(t, 0, code, "%s\n%s", out.String(), errOut.String())
 	require.Contains(t, out.String(), "chaos: no violations")
 	require.Contains(t, out.String(), "double charges 0")
+}
+
+// The story from a new user's trial, against a real `engine serve`: the
+// payment gateway is unreachable, a payment is started and then cancelled.
+// The run ends cancelled within seconds after at most 3 deliveries, its
+// reservation released; the gateway, once it is back, never sees a charge.
+// Before, the run was redelivered in a tight loop, kept retrying the
+// charge, and ended dead (or charged after the cancel, then refunded).
+func TestCancelWhileTheGatewayIsDown(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := context.Background()
+	require.NoError(t, payment.Migrate(ctx, db.Pool))
+	require.NoError(t, payment.Seed(ctx, db.Pool))
+	gatewayAddr := freePort(t) // nothing listens there: connection refused
+	listen := freePort(t)
+	startServe(t, db, "http://"+gatewayAddr, listen)
+	api := "http://" + listen
+	post := func(path, body string) (int, map[string]any) {
+		req, err := http.NewRequest(http.MethodPost, api+path, strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var v map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&v)
+		return resp.StatusCode, v
+	}
+	get := func() map[string]any {
+		resp, err := http.Get(api + "/v1/runs/ord_down")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var v map[string]any
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&v))
+		return v
+	}
+	code, _ := post("/v1/workflows/payment/runs", `{"id": "ord_down", "input": {"order_id": "ord_down", "customer_id": "cus_1",
+		"amount": 4999, "currency": "usd", "payment_method": "pm_card_visa", "items": [{"sku": "sku_tee", "qty": 2}]}}`)
+	require.Equal(t, http.StatusCreated, code)
+	require.Eventually(t, func() bool {
+		steps, _ := get()["steps"].([]any)
+		for _, s := range steps {
+			if step := s.(map[string]any); step["name"] == "charge" && step["attempts"].(float64) >= 3 {
+				return true
+			}
+		}
+		return false
+	}, 30*time.Second, 50*time.Millisecond, "the charge retrying against the unreachable gateway")
+
+	code, cancelled := post("/v1/runs/ord_down/cancel", "")
+	require.Equal(t, http.StatusAccepted, code)
+	require.NotEmpty(t, cancelled["cancel_requested_at"], "the run shows the cancel request")
+	cancelledAt := time.Now()
+
+	// The gateway comes back: a charge attempt after the cancel would land.
+	gw := fakegateway.New(fakegateway.Faults{})
+	ln, err := net.Listen("tcp", gatewayAddr)
+	require.NoError(t, err)
+	gsrv := httptest.NewUnstartedServer(gw)
+	gsrv.Listener = ln
+	gsrv.Start()
+	t.Cleanup(gsrv.Close)
+
+	var run map[string]any
+	require.Eventually(t, func() bool { run = get(); return run["status"] == "cancelled" }, 10*time.Second, 50*time.Millisecond)
+	t.Logf("cancelled %s after the request; %v deliveries", time.Since(cancelledAt).Round(time.Millisecond), run["deliveries"])
+	require.LessOrEqual(t, run["deliveries"].(float64), 3.0)
+	time.Sleep(time.Second) // anything still retrying would reach the gateway now
+	require.Empty(t, gw.Ledger().Charges, "no charge after the cancel")
+	var reserved int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM payment_reservations WHERE order_id = 'ord_down'`).Scan(&reserved))
+	require.Zero(t, reserved, "the reservation was released")
+	code, again := post("/v1/runs/ord_down/cancel", "")
+	require.Equal(t, http.StatusAccepted, code, "cancelling again is a no-op: %v", again)
+
+	var out, errOut bytes.Buffer
+	require.Equal(t, 0, commands.Execute(ctx, []string{"--database-url", db.URL, "runs", "show", "ord_down"},
+		commands.Options{Stdout: &out, Stderr: &errOut, Getenv: func(string) string { return "" }}), errOut.String())
+	require.Contains(t, out.String(), "cancel       requested ")
+	require.Contains(t, out.String(), "status       cancelled")
 }
