@@ -35,12 +35,35 @@
 //
 // A step error is transient unless wrapped with Permanent. Transient errors
 // retry per RetryPolicy (exponential backoff, jitter, attempts counted in
-// Postgres). A permanent error is recorded and returned to the workflow as a
-// *StepError; a workflow that returns an error ends the run failed. What
-// needs an operator parks the run as dead with a dead_jobs row: retries
-// exhausted, a panic, non-determinism, poison input, or a run that crashed
-// its worker Config.MaxDeliveries times in a row. Operators list, replay and
-// discard dead jobs with ListDeadJobs, ReplayDeadJob and DiscardDeadJob.
+// Postgres, an attempt that died with its worker included). A permanent
+// error is recorded and returned to the workflow as a *StepError; a
+// workflow that returns an error ends the run failed. What needs an
+// operator parks the run as dead with a dead_jobs row: retries exhausted
+// (unless StepOpts.ReturnExhausted), a panic, non-determinism, poison
+// input, or a run that crashed its worker Config.MaxDeliveries times in a
+// row. Operators list, replay and discard dead jobs with ListDeadJobs,
+// ReplayDeadJob and DiscardDeadJob.
+//
+// # Errors that survive replay
+//
+// A recorded error keeps its Go type name, message, code, JSON details and
+// cause chain, and a step returns the error decoded from its record, live
+// and on every replay: errors.As finds types registered with RegisterError,
+// errors.Is finds sentinels registered with RegisterSentinel and the
+// engine's own (ErrTimeout, ErrRetriesExhausted, ErrWorkerLost,
+// ErrCancelled, context.DeadlineExceeded, ...), and any other error is an
+// *ApplicationError with the original's type name and message, the same on
+// every delivery. Workflow.Wait's *RunError wraps the run's error decoded
+// the same way.
+//
+// # Cancellation
+//
+// Cancel always wins: once recorded, no new attempt of a forward step
+// starts, the registered compensations run newest first and the run ends
+// cancelled, within milliseconds where the engine running it hears the
+// NOTIFY, else at its next heartbeat. Only an activity that does not
+// heartbeat and may already have taken effect (see NoEffect) is retried
+// with its request ID until its outcome is known.
 //
 // # Waiting: timers and signals
 //
