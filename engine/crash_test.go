@@ -494,27 +494,32 @@ func TestOnlyTheLeaseHolderRecordsAndTheLoserStops(t *testing.T) {
 	require.Equal(t, 2, run.Deliveries)
 }
 
-func TestAttemptsSurviveAWorkerCrash(t *testing.T) {
-	t.Parallel()
+// killAtAttempt starts workflow, lets a child worker run its step until
+// the nth attempt starts (the child's envBlockStep3 makes it hang there),
+// kills the child, and returns a worker engine that takes the run over.
+func killAtAttempt(t *testing.T, workflow, step string, nth int) (*enginetest.DB, uuid.UUID, *engine.Engine) {
+	t.Helper()
 	db := enginetest.NewDB(t)
 	createCallsTable(t, db.Pool)
 	wfs := crashWorkflows(db.Pool)
 	client := newEngine(t, db, nil, false, wfs...)
-	ctx := testCtx(t)
-	res, err := client.StartJSON(ctx, "crash-flaky", []byte(`{}`), nil)
+	res, err := client.StartJSON(testCtx(t), workflow, []byte(`{}`), nil)
 	require.NoError(t, err)
-
 	child := enginetest.StartWorker(t, db, time.Second, envBlockStep3+"=1")
-	eventually(t, 30*time.Second, "the third attempt to start", func() bool { return calls(t, db.Pool, res.RunID, "flaky") == 3 })
+	eventually(t, 30*time.Second, fmt.Sprintf("attempt %d to start", nth), func() bool { return calls(t, db.Pool, res.RunID, step) == nth })
 	enginetest.Kill(t, child)
+	return db, res.RunID, newEngine(t, db, &engine.Config{LeaseDuration: time.Second}, true, wfs...)
+}
 
-	worker := newEngine(t, db, &engine.Config{LeaseDuration: time.Second}, true, wfs...)
-	run := waitStatus(t, worker, res.RunID, engine.StatusCompleted, 30*time.Second)
+func TestAttemptsSurviveAWorkerCrash(t *testing.T) {
+	t.Parallel()
+	db, runID, worker := killAtAttempt(t, "crash-flaky", "flaky", 3)
+	run := waitStatus(t, worker, runID, engine.StatusCompleted, 30*time.Second)
 	// Two failed attempts were recorded before the crash, and the crashed
 	// third counts too (it was announced before it ran): the retry after it
 	// is attempt 4 of 4, not 1 or 3.
 	require.Equal(t, 4, run.Steps[0].Attempts)
-	require.Equal(t, 4, calls(t, db.Pool, res.RunID, "flaky"))
+	require.Equal(t, 4, calls(t, db.Pool, runID, "flaky"))
 	require.JSONEq(t, `4`, string(run.Output))
 }
 
@@ -524,28 +529,16 @@ func TestAttemptsSurviveAWorkerCrash(t *testing.T) {
 // third time (C12: attempt accounting is exact).
 func TestAttemptKilledWithItsWorkerCountsTowardTheLimit(t *testing.T) {
 	t.Parallel()
-	db := enginetest.NewDB(t)
-	createCallsTable(t, db.Pool)
-	wfs := crashWorkflows(db.Pool)
-	client := newEngine(t, db, nil, false, wfs...)
-	ctx := testCtx(t)
-	res, err := client.StartJSON(ctx, "crash-lost", []byte(`{}`), nil)
-	require.NoError(t, err)
-
-	child := enginetest.StartWorker(t, db, time.Second, envBlockStep3+"=1")
-	eventually(t, 30*time.Second, "the second attempt to start", func() bool { return calls(t, db.Pool, res.RunID, "lost") == 2 })
-	enginetest.Kill(t, child)
-
-	worker := newEngine(t, db, &engine.Config{LeaseDuration: time.Second}, true, wfs...)
-	run := waitStatus(t, worker, res.RunID, engine.StatusDead, 30*time.Second)
+	db, runID, worker := killAtAttempt(t, "crash-lost", "lost", 2)
+	run := waitStatus(t, worker, runID, engine.StatusDead, 30*time.Second)
 	require.Equal(t, 2, run.Steps[0].Attempts)
 	require.Equal(t, engine.ClassWorkerLost, run.Steps[0].Error.Class)
 	require.ErrorIs(t, run.Error.Err(), engine.ErrWorkerLost)
 	require.ErrorIs(t, run.Error.Err(), engine.ErrRetriesExhausted)
-	dj := openDeadJob(t, worker, res.RunID)
+	dj := openDeadJob(t, worker, runID)
 	require.Equal(t, engine.ReasonRetriesExhausted, dj.Reason)
 	require.Equal(t, 2, dj.Attempts)
-	require.Equal(t, 2, calls(t, db.Pool, res.RunID, "lost"), "no third attempt")
+	require.Equal(t, 2, calls(t, db.Pool, runID, "lost"), "no third attempt")
 }
 
 // A process killed around a tx step's transaction — before its commit, or
