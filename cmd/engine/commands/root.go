@@ -115,7 +115,6 @@ func newRoot(opts Options) (*cobra.Command, *global) {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.SetVersionTemplate("engine {{.Version}}\n")
 	root.SetOut(opts.Stdout)
 	root.SetErr(opts.Stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
