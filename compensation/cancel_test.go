@@ -100,7 +100,7 @@ func TestCancelStopsTheActivityAndCompensates(t *testing.T) {
 	for _, s := range run.Steps {
 		names = append(names, s.Kind+":"+s.Name+":"+s.Status)
 	}
-	require.Equal(t, []string{"step:reserve_hotel:completed", "step:charge:completed", "activity:book_flight:started",
+	require.Equal(t, []string{"step:reserve_hotel:completed", "step:charge:completed", "activity:book_flight:cancelled",
 		"compensation:refund:completed", "compensation:cancel_hotel:completed"}, names)
 
 	require.NoError(t, f.e.Cancel(ctx, res.RunID), "cancelling a cancelled run again is a no-op")

@@ -115,6 +115,11 @@ func TestCancelStopsRetriesOfAnActivityThatHadNoEffect(t *testing.T) {
 			require.Zero(t, s.refunds.Load(), "nothing was charged, nothing refunded")
 			require.NotNil(t, run.CancelRequestedAt)
 			require.ErrorIs(t, run.Error.Err(), engine.ErrCancelled)
+			for _, st := range run.Steps {
+				require.NotEqual(t, "retrying", st.Status, "a finished run shows no step still retrying: %+v", st)
+			}
+			require.Equal(t, "cancelled", run.Steps[1].Status, "the charge was stopped by the cancellation")
+			require.Nil(t, run.Steps[1].NextAttemptAt)
 			t.Logf("cancelled %s after the request, %d deliveries, %d charge attempts", took.Round(time.Millisecond), run.Deliveries, s.count())
 		})
 	}

@@ -80,12 +80,13 @@ func (c *Context) Compensate(u Undo) error {
 // then ends the run with status (compensated or cancelled) and info, the
 // error that caused it. A crash in the middle resumes with the next undo.
 func (c *Context) compensate(status string, info *ErrorInfo) {
-	rec := c.pending
-	c.pending = nil
 	var recs []*store.StepRecord
-	if rec != nil {
-		recs = append(recs, rec)
+	for _, rec := range []*store.StepRecord{c.pending, c.stopped} {
+		if rec != nil {
+			recs = append(recs, rec)
+		}
 	}
+	c.pending, c.stopped = nil, nil
 	if !c.writeStatus(store.RunCompensating, recs...) {
 		return
 	}

@@ -47,6 +47,9 @@ type Context struct {
 	steps   []store.StepRecord // recorded before this delivery, by seq
 	seq     int                // the next step's position
 	pending *store.StepRecord  // a finished step not yet written (see flush)
+	// stopped is the record of a step the run's cancellation stopped,
+	// written with the compensation's first write.
+	stopped *store.StepRecord
 	// lastRecorded is the seq of the latest step that wrote its own record
 	// (a tx step), -1 for none.
 	lastRecorded int

@@ -307,8 +307,9 @@ func (e *Engine) Stop(ctx context.Context) error {
 }
 
 // StopAndCancel cancels running deliveries' contexts, hands their runs back
-// (released for another worker at once, not after the lease expires) and
-// waits until ctx is done.
+// (released for another worker at once, not after the lease expires; a
+// step that still answers while its lease holds is recorded first) and
+// returns once they have, or when ctx is done.
 func (e *Engine) StopAndCancel(ctx context.Context) error {
 	return e.stop(ctx, e.queue.StopAndCancel)
 }

@@ -75,7 +75,7 @@ func (e *Engine) StartJSONTx(ctx context.Context, tx pgx.Tx, name string, input 
 func (e *Engine) startRegistered(ctx context.Context, tx pgx.Tx, name string, input json.RawMessage, opts *StartOpts) (*StartResult, error) {
 	r, ok := e.workflow(name)
 	if !ok {
-		return nil, fmt.Errorf("%w: %q", ErrUnknownWorkflow, name)
+		return nil, fmt.Errorf("%w: %q is not registered in this process (registered: %s)", ErrUnknownWorkflow, name, e.registeredNames())
 	}
 	if len(input) == 0 {
 		input = json.RawMessage("null")
@@ -208,7 +208,7 @@ type StepInfo struct {
 	Seq           int             `json:"seq"`
 	Name          string          `json:"name"`
 	Kind          string          `json:"kind"`   // step, tx, activity, sleep, signal, compensation
-	Status        string          `json:"status"` // started (an activity's request ID is stored), completed, failed, retrying, parked
+	Status        string          `json:"status"` // started (an attempt announced, or a wait begun), completed, failed, retrying, parked, cancelled (stopped by the run's cancellation)
 	Attempts      int             `json:"attempts"`
 	RequestID     *uuid.UUID      `json:"request_id,omitempty"`
 	Output        json.RawMessage `json:"output,omitempty"`

@@ -193,18 +193,30 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 	noEffect := true
 	// lost is the failure of the recorded attempt that never ended.
 	var lost error
+	startedAt := c.e.now()
 	// written: a record of this step exists, so its position stays used
 	// even if the run's cancellation stops it; a forward step stopped
 	// before anything was written gives its position back to the undos.
 	written := false
-	cancelled := func() ([]byte, error) {
+	// cancelled stops the step for the run's cancellation. A step with a
+	// record is recorded as cancelled (with n attempts), written with the
+	// compensation's first write, so a finished run shows no step still
+	// retrying; one without gives its position back to the undos.
+	cancelled := func(n int) ([]byte, error) {
 		if !written {
 			c.seq--
+			return nil, ErrCancelled
 		}
+		rec := &store.StepRecord{Seq: seq, Name: name, Kind: kind, Status: store.StepCancelled, Attempts: n,
+			RequestID: requestID, FirstFailedAt: firstFailed, StartedAt: startedAt, Error: lastErr,
+			CompensationOf: call.compensationOf}
+		now := c.e.now()
+		rec.CompletedAt = &now
+		c.stopped = rec
 		return nil, ErrCancelled
 	}
 	if forward && c.cancelRequested.Load() && (seq >= len(c.steps) || c.steps[seq].Kind == kindCompensation) {
-		return cancelled() // never started: the undos took its place
+		return cancelled(0) // never started: the undos took its place
 	}
 	if seq < len(c.steps) {
 		written = true
@@ -219,6 +231,8 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 			return rec.Output, nil
 		case store.StepFailed:
 			return nil, stepErrorFromRecord(rec)
+		case store.StepCancelled:
+			return nil, ErrCancelled // stopped by the cancellation, which stands
 		}
 		attempts, firstFailed, nextAttempt, requestID, lastErr = rec.Attempts, rec.FirstFailedAt, rec.NextAttemptAt, rec.RequestID, rec.Error
 		switch {
@@ -241,13 +255,12 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 	// its outcome is known, so that its undo runs if it took effect.
 	stoppable := func() bool { return forward && c.cancelRequested.Load() && !(call.settle && !noEffect) }
 	if stoppable() {
-		return cancelled()
+		return cancelled(attempts)
 	}
 	stepCtx := c.fwd
 	if !forward {
 		stepCtx = c.Context // compensations are not cancelled by the run's cancellation
 	}
-	startedAt := c.e.now()
 	if call.wake != nil && seq >= len(c.steps) {
 		// A new sleep: a long one is recorded with its wake time as the
 		// delivery ends; a short one waits in place below.
@@ -312,7 +325,7 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 				return nil, c.endErr
 			}
 			if stoppable() {
-				return cancelled() // no further attempt once the cancellation is known
+				return cancelled(attempts) // no further attempt once the cancellation is known
 			}
 			// Everything before this step is recorded before it runs. An
 			// activity's attempts and every retry are announced with it
@@ -333,10 +346,8 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 				written, announced = true, true
 				if stoppable() {
 					// The announcement brought the cancellation: the attempt
-					// does not start, and its announcement is taken back with
-					// the run's next write.
-					c.pending = unannounced(attempt)
-					return cancelled()
+					// does not start, and is not counted.
+					return cancelled(attempts)
 				}
 			} else if !c.flush() {
 				return nil, c.endErr
@@ -385,7 +396,7 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 			// The run was cancelled under this attempt: no outcome, no record.
 			observe("cancelled")
 			log.Info("step stopped by the run's cancellation", "attempt", attempt)
-			return cancelled()
+			return cancelled(attempt)
 		}
 		if firstFailed == nil {
 			firstFailed = &now
@@ -458,11 +469,8 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		log.Info("step failed; will retry", "attempt", attempt, "error_class", info.Class, "error", info.Message, "backoff", delay)
 		if stoppable() {
 			// Cancelled meanwhile: record the failed attempt, retry no more.
-			if !c.write(rec) {
-				return nil, c.endErr
-			}
-			written = true
-			return cancelled()
+			written, lastErr = true, rec.Error
+			return cancelled(attempt)
 		}
 		if delay > c.e.cfg.MaxInlineBackoff {
 			c.suspend(rec, next)

@@ -198,9 +198,12 @@ func ensureTemplate(ctx context.Context, base string) (string, error) {
 	if _, err := admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{build}.Sanitize()+" RENAME TO "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return "", err
 	}
-	// Templates of older schemas are garbage now; one still in use (a
-	// concurrent run on an older checkout) refuses the drop and stays.
-	rows, err := admin.Query(ctx, "SELECT datname FROM pg_database WHERE datname LIKE 'pgdurable_tmpl_%' AND datname <> $1", name)
+	// Templates of other schemas may belong to another checkout testing on
+	// the same server right now (cloning from one takes no lock that a
+	// DROP would wait for): drop only those untouched for a day.
+	rows, err := admin.Query(ctx, `SELECT datname FROM pg_database
+		WHERE datname LIKE 'pgdurable_tmpl_%' AND datname <> $1
+		  AND (pg_stat_file('base/' || oid || '/PG_VERSION')).modification < now() - interval '1 day'`, name)
 	if err == nil {
 		old, _ := pgx.CollectRows(rows, pgx.RowTo[string])
 		for _, o := range old {

@@ -358,6 +358,7 @@ func TestScheduleRoutes(t *testing.T) {
 	require.Equal(t, false, b.do(t, "POST", "/v1/schedules/nightly/resume", "").body["paused"])
 	r = b.do(t, "GET", "/v1/schedules/nightly", "")
 	require.Equal(t, 200, r.status)
+	require.Contains(t, r.body, "fires")
 	require.Empty(t, r.body["fires"])
 	require.Len(t, b.do(t, "GET", "/v1/schedules", "").body["schedules"], 1)
 	require.Equal(t, 204, b.do(t, "DELETE", "/v1/schedules/nightly", "").status)
@@ -446,4 +447,22 @@ func TestBadBytesNeverAnswer500(t *testing.T) {
 	// A start whose workflow ID holds a control character is refused.
 	esc := b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": "ord\u001b[31m", "input": {"order_id": "x", "amount": 1}}`)
 	require.Equal(t, http.StatusBadRequest, esc.status, esc.raw)
+}
+
+// A schedule's view lists its latest fires next to its own fields (found
+// by a fresh-user pass: the schedule's MarshalJSON, promoted through an
+// embedding struct, dropped them).
+func TestScheduleViewListsItsFires(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	r := b.do(t, "POST", "/v1/schedules", `{"name": "tick", "cron": "@every 1s", "workflow": "payment", "input": {"order_id": "t", "amount": 1}, "overlap": "allow"}`)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	require.Eventually(t, func() bool {
+		r = b.do(t, "GET", "/v1/schedules/tick", "")
+		fires, _ := r.body["fires"].([]any)
+		return len(fires) > 0
+	}, 10*time.Second, 100*time.Millisecond, "a fire listed: %s", r.raw)
+	require.Equal(t, "@every 1s", r.body["cron"], "and the schedule's own fields")
+	fire := r.body["fires"].([]any)[0].(map[string]any)
+	require.Equal(t, "started", fire["outcome"])
 }

@@ -97,10 +97,7 @@ func (a *api) getSchedule(w http.ResponseWriter, r *http.Request) {
 		a.engineError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, struct {
-		*engine.Schedule
-		Fires []engine.ScheduleFire `json:"fires"`
-	}{s, fires})
+	writeJSON(w, http.StatusOK, ScheduleWithFires{Schedule: s, Fires: fires})
 }
 
 func (a *api) scheduleAction(act func(*api, *http.Request, string) error) http.HandlerFunc {

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -143,4 +144,36 @@ func NewDeadJobList(jobs []*engine.DeadJob, next string) DeadJobList {
 		out.DeadJobs = append(out.DeadJobs, dj)
 	}
 	return out
+}
+
+// ScheduleWithFires is GET /v1/schedules/{name}'s answer: the schedule's
+// fields and its latest fires under "fires". (engine.Schedule has its own
+// MarshalJSON, which an embedding struct would inherit and drop Fires.)
+type ScheduleWithFires struct {
+	Schedule *engine.Schedule
+	Fires    []engine.ScheduleFire
+}
+
+// MarshalJSON writes the schedule's object with "fires" added.
+func (v ScheduleWithFires) MarshalJSON() ([]byte, error) {
+	sched, err := json.Marshal(v.Schedule)
+	if err != nil {
+		return nil, err
+	}
+	fires := v.Fires
+	if fires == nil {
+		fires = []engine.ScheduleFire{}
+	}
+	f, err := json.Marshal(fires)
+	if err != nil {
+		return nil, err
+	}
+	if len(sched) < 2 || sched[len(sched)-1] != '}' {
+		return nil, fmt.Errorf("schedule JSON is not an object: %s", sched)
+	}
+	out := append(sched[:len(sched)-1:len(sched)-1], []byte(`,"fires":`)...)
+	if string(sched) == "{}" {
+		out = []byte(`{"fires":`)
+	}
+	return append(append(out, f...), '}'), nil
 }

@@ -120,15 +120,18 @@ var _ = func() error {
 // transaction: a second run for the order fails here, before it reserves
 // or charges anything. DO UPDATE (to the same value) returns the claim's
 // run under concurrency too, where DO NOTHING would return nothing.
-func claimOrder(ctx context.Context, tx pgx.Tx, orderID string, runID uuid.UUID) error {
+func claimOrder(ctx context.Context, tx pgx.Tx, orderID string, runID uuid.UUID, workflowID string) error {
 	var owner uuid.UUID
 	if err := tx.QueryRow(ctx, `INSERT INTO payment_orders (order_id, run_id) VALUES ($1, $2)
 		ON CONFLICT (order_id) DO UPDATE SET run_id = payment_orders.run_id RETURNING run_id`, orderID, runID).Scan(&owner); err != nil {
 		return err
 	}
 	if owner != runID {
-		return engine.WithClass(engine.Permanent(fmt.Errorf("%w: order %s is run %s's (start it with the order ID as its workflow ID)",
-			ErrOrderTaken, orderID, owner)), "order_taken")
+		hint := ""
+		if workflowID != orderID {
+			hint = " (start orders with the order ID as the workflow ID: a repeated start then returns the first run)"
+		}
+		return engine.WithClass(engine.Permanent(fmt.Errorf("%w: order %s is run %s's%s", ErrOrderTaken, orderID, owner, hint)), "order_taken")
 	}
 	return nil
 }
@@ -136,7 +139,7 @@ func claimOrder(ctx context.Context, tx pgx.Tx, orderID string, runID uuid.UUID)
 // reserve claims the order and takes its items from stock: all or nothing.
 // Rows are locked in SKU order, so concurrent orders never deadlock.
 func reserve(ctx context.Context, tx pgx.Tx, wctx *engine.Context, o Order) (int, error) {
-	if err := claimOrder(ctx, tx, o.OrderID, wctx.RunID()); err != nil {
+	if err := claimOrder(ctx, tx, o.OrderID, wctx.RunID(), wctx.WorkflowID()); err != nil {
 		return 0, err
 	}
 	items := slices.Clone(o.Items)

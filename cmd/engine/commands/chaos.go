@@ -200,7 +200,8 @@ func (g *global) chaos(ctx context.Context, f *chaosFlags) error {
 		}
 		if now.After(nextTerminate) {
 			var n int
-			_ = pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = 'pgdurable-chaos'`).Scan(&n)
+			_ = pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+				WHERE application_name = 'pgdurable-chaos' AND datname = current_database()`).Scan(&n)
 			terminations += n
 			nextTerminate = now.Add(10 * time.Second)
 		}

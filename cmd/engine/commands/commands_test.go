@@ -206,7 +206,7 @@ func TestServeNeedsMigratedSchema(t *testing.T) {
 	require.Contains(t, errOut, "engine migrate up")
 	code, out, _ := run(t, db, "migrate", "up")
 	require.Equal(t, 0, code)
-	require.Contains(t, out, "pgdurable versions [1 2 3 4 5 6]")
+	require.Contains(t, out, "pgdurable versions [1 2 3 4 5 6 7]")
 }
 
 // The demo runs the payment story end to end and must report 0 double
@@ -514,7 +514,8 @@ func TestCLIJSONAndUsage(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.Contains(t, decode(out), "dead_jobs")
 
-	for _, args := range [][]string{{"migrate", "sideways"}, {"runs", "frobnicate"}, {"dead", "list", "--limit", "0"}, {"runs", "list", "--limit", "5000"}} {
+	for _, args := range [][]string{{"migrate", "sideways"}, {"runs", "frobnicate"}, {"dead", "list", "--limit", "0"}, {"runs", "list", "--limit", "5000"},
+		{"runs", "list", "--status", "nosuch"}, {"dead", "list", "--reason", "nosuch"}} {
 		code, _, errOut := run(t, db, args...)
 		require.Equal(t, 2, code, "%v: %s", args, errOut)
 	}

@@ -20,6 +20,10 @@ func (g *global) deadCmd() *cobra.Command {
 			if err := checkLimit(p.Limit); err != nil {
 				return err
 			}
+			if err := checkOneOf("--reason", p.Reason, engine.ReasonRetriesExhausted, engine.ReasonPermanentError, engine.ReasonPanic,
+				engine.ReasonNonDeterminism, engine.ReasonPoisonInput, engine.ReasonCrashLoop, engine.ReasonCompensationFailed); err != nil {
+				return err
+			}
 			e, pool, err := g.client(cmd.Context())
 			if err != nil {
 				return err

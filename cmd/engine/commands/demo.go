@@ -72,7 +72,8 @@ func (g *global) demo(ctx context.Context, f *demoFlags) error {
 	}
 	pool, err := g.pool(ctx, 20)
 	if err != nil {
-		return fmt.Errorf("%w\n(engine demo needs PostgreSQL: set DATABASE_URL or --database-url)", err)
+		return fmt.Errorf("%w\n(engine demo uses the database that --database-url or DATABASE_URL names, which must exist: "+
+			"createdb it, or unset both and the demo creates pgdurable_demo on the local server)", err)
 	}
 	defer pool.Close()
 	fmt.Fprintf(out, "database     %s\n", redact(g.dbURL()))

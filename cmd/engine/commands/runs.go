@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -23,6 +25,11 @@ func (g *global) runsCmd() *cobra.Command {
 		Use: "list", Short: "List runs, newest first", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkLimit(p.Limit); err != nil {
+				return err
+			}
+			if err := checkOneOf("--status", p.Status, engine.StatusPending, engine.StatusRunning, engine.StatusWaiting,
+				engine.StatusCompleted, engine.StatusFailed, engine.StatusCompensating, engine.StatusCompensated,
+				engine.StatusCancelled, engine.StatusDead); err != nil {
 				return err
 			}
 			e, pool, err := g.client(cmd.Context())
@@ -278,6 +285,14 @@ refuses it (exit 1).`,
 	}
 	cmd.Flags().StringVar(&payloadFile, "payload-file", "", `read the payload from this file ("-": stdin)`)
 	return cmd
+}
+
+// checkOneOf refuses a flag value outside its set ("" means unset).
+func checkOneOf(flag, v string, allowed ...string) error {
+	if v == "" || slices.Contains(allowed, v) {
+		return nil
+	}
+	return &usageError{fmt.Errorf("%s %q is not one of %s", flag, v, strings.Join(allowed, ", "))}
 }
 
 // checkLimit refuses a page size outside 1..1000 (0 is not "no limit").

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/httpapi"
 )
 
 // schedulesCmd manages cron schedules: each fire starts one run with
@@ -48,10 +49,7 @@ func (g *global) schedulesCmd() *cobra.Command {
 				return err
 			}
 			if g.jsonOut {
-				return writeJSON(g.opts.Stdout, struct {
-					*engine.Schedule
-					Fires []engine.ScheduleFire `json:"fires"`
-				}{s, fires})
+				return writeJSON(g.opts.Stdout, httpapi.ScheduleWithFires{Schedule: s, Fires: fires})
 			}
 			g.printSchedule(s)
 			t := newTable(g.opts.Stdout, "FIRE AT", "OUTCOME", "REASON", "RUN")

@@ -133,6 +133,9 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	log.Info("engine serving", "listen", ln.Addr().String(), "workflows", len(g.opts.Workflows), "max_workers", f.maxWorkers)
+	if len(g.opts.Workflows) == 0 {
+		log.Warn("no workflows registered: this process serves the API but works no runs (the repository's binary registers the payment example only when STRIPE_API_KEY is set)")
+	}
 
 	select {
 	case <-ctx.Done():

@@ -127,6 +127,7 @@ const (
 	StepFailed    = "failed"
 	StepRetrying  = "retrying"
 	StepParked    = "parked"
+	StepCancelled = "cancelled" // stopped by the run's cancellation before it finished
 )
 
 // Run statuses (the CHECK constraint in 00001_runs.sql).
