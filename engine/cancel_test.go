@@ -204,3 +204,43 @@ func TestCancelAgainIsANoOp(t *testing.T) {
 	waitStatus(t, b.engine, fin.RunID, engine.StatusCompleted, 10*time.Second)
 	require.ErrorIs(t, b.engine.Cancel(ctx, fin.RunID), engine.ErrRunClosed)
 }
+
+// A cancelled run settles an activity that may have taken effect with a
+// bounded number of attempts: after 3 that still fail without knowing, it
+// is parked for an operator (class unsettled) instead of retrying for as
+// long as its policy allows (found by an attack pass: 313 attempts over 12
+// minutes with MaximumAttempts 1000). A replay once the service answers
+// settles it and compensates: the run ends cancelled.
+func TestCancelledRunSettlesAnUnknownOutcomeAFewTimesThenParks(t *testing.T) {
+	t.Parallel()
+	var up atomic.Bool
+	s := &chargeSaga{policy: &engine.RetryPolicy{InitialInterval: 20 * time.Millisecond, BackoffCoefficient: 1, MaximumAttempts: 1000},
+		charge: func(int) (string, error) {
+			if up.Load() {
+				return "ch_1", nil
+			}
+			return "", errors.New("502 bad gateway") // may have been charged
+		}}
+	wf := s.workflow("unsettled")
+	b := setup(t, &engine.Config{SweepInterval: 50 * time.Millisecond}, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, "the charge retrying", func() bool { return s.count() >= 3 })
+	require.NoError(t, b.engine.Cancel(ctx, res.RunID))
+	cancelledAt := time.Now()
+	run := waitStatus(t, b.engine, res.RunID, engine.StatusDead, 10*time.Second)
+	require.LessOrEqual(t, s.attemptsSince(cancelledAt), 4, "at most 3 settling attempts (and one in flight)")
+	require.Equal(t, engine.ClassUnsettled, run.Error.Class)
+	require.ErrorIs(t, run.Error.Err(), engine.ErrRetriesExhausted)
+	dj := openDeadJob(t, b.engine, res.RunID)
+	require.Contains(t, dj.ErrorMessage, "could not learn whether this activity took effect")
+	require.Zero(t, s.releases.Load(), "an operator decides: nothing is undone yet")
+
+	up.Store(true)
+	_, err = b.engine.ReplayDeadJob(ctx, dj.ID, &engine.ResolveOpts{By: "test"})
+	require.NoError(t, err)
+	waitStatus(t, b.engine, res.RunID, engine.StatusCancelled, 10*time.Second)
+	require.EqualValues(t, 1, s.refunds.Load(), "the charge it found is refunded")
+	require.EqualValues(t, 1, s.releases.Load())
+}

@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -164,6 +167,12 @@ func (e *Engine) resolveDeadJob(ctx context.Context, id uuid.UUID, resolution st
 	if opts == nil {
 		opts = &ResolveOpts{}
 	}
+	if err := checkFreeText("by", opts.By, 200); err != nil {
+		return nil, err
+	}
+	if err := checkFreeText("note", opts.Note, 4000); err != nil {
+		return nil, err
+	}
 	var out *store.DeadJobRow
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		d, err := store.GetDeadJob(ctx, tx, id, true) // locks the row: concurrent resolves serialise
@@ -196,4 +205,18 @@ func (e *Engine) resolveDeadJob(ctx context.Context, id uuid.UUID, resolution st
 	}
 	e.log.Info("dead job resolved", "dead_job_id", id, "run_id", out.RunID, "resolution", resolution, "resolved_by", opts.By)
 	return deadJobFromRow(out), nil
+}
+
+// checkFreeText validates an operator's text (a name, a note): at most max
+// bytes of UTF-8 without control characters other than newlines and tabs.
+func checkFreeText(what, v string, max int) error {
+	switch {
+	case len(v) > max:
+		return fmt.Errorf("%w: %s is %d bytes, over %d", ErrInvalidArgument, what, len(v), max)
+	case !utf8.ValidString(v):
+		return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidArgument, what)
+	case strings.ContainsFunc(v, func(r rune) bool { return unicode.IsControl(r) && r != '\n' && r != '\t' }):
+		return fmt.Errorf("%w: %s contains a control character", ErrInvalidArgument, what)
+	}
+	return nil
 }

@@ -59,6 +59,7 @@ const (
 	ClassCancelled      = "cancelled"        // the run was cancelled (Engine.Cancel)
 	ClassWorkerLost     = "worker_lost"      // an attempt began and never ended: its worker died or lost its lease
 	ClassOutputTooLarge = "output_too_large" // a result whose JSON is over Config.MaxPayloadBytes
+	ClassUnsettled      = "unsettled"        // a cancelled run could not learn an activity's outcome
 )
 
 // ErrOutputTooLarge is in the error of a step, activity or workflow whose
@@ -216,6 +217,9 @@ type ErrorInfo struct {
 	// NoEffect, on a step waiting for a retry: every attempt so far failed
 	// with an error marked NoEffect, so none took effect.
 	NoEffect bool `json:"no_effect,omitempty"`
+	// SettleAttempts, on an activity of a cancelled run: attempts made since
+	// the cancellation to learn whether it took effect.
+	SettleAttempts int `json:"settle_attempts,omitempty"`
 }
 
 // newErrorInfo records err with class: its message and its chain.
@@ -313,9 +317,11 @@ func truncateStack(s []byte) string {
 }
 
 // checkName validates a name stored as text (a workflow or step name, a
-// workflow ID, a signal name): 1 to max bytes of UTF-8 without control
-// characters, so no name can carry a terminal escape to an operator's
-// screen. Names are quoted (%q) in its errors for the same reason.
+// workflow ID, a signal name): 1 to max bytes of UTF-8 without control or
+// format characters (terminal escapes, bidi overrides, zero-width
+// characters), line or paragraph separators, or white space at either end,
+// so a name shows an operator what it is. Names are quoted (%q) in its
+// errors for the same reason.
 func checkName(kind, name string, max int) error {
 	switch {
 	case len(name) == 0 || len(name) > max:
@@ -326,6 +332,10 @@ func checkName(kind, name string, max int) error {
 		return fmt.Errorf("%s %q contains a NUL character", kind, name)
 	case strings.ContainsFunc(name, unicode.IsControl):
 		return fmt.Errorf("%s %q contains a control character", kind, name)
+	case strings.ContainsFunc(name, func(r rune) bool { return unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp) }):
+		return fmt.Errorf("%s %q contains an invisible character (a format character or a line separator)", kind, name)
+	case strings.TrimSpace(name) != name:
+		return fmt.Errorf("%s %q begins or ends with white space", kind, name)
 	}
 	return nil
 }

@@ -82,3 +82,54 @@ func TestSignalsAreBoundedPerRun(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, run.Signals, 1)
 }
+
+// A client's JSON is checked for what would make it two values: an object
+// with keys equal but for case is validated as one value and run as
+// another (encoding/json matches field names regardless of case, jsonb
+// reorders keys), so it is refused, as is JSON nested deeper than 128
+// levels (found by an attack pass: an order validated with amount 5000
+// was charged 1).
+func TestClientJSONThatDecodesTwoWaysIsRefused(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("shape", func(ctx *engine.Context, o order) (int, error) { return o.Amount, nil }, nil)
+	waiter := engine.Define("shape-signal", func(ctx *engine.Context, _ int) (string, error) {
+		return engine.AwaitSignal[string](ctx, "s", 0)
+	}, nil)
+	b := setup(t, nil, wf, waiter)
+	ctx := testCtx(t)
+	for _, in := range []string{
+		`{"id": "o", "amount": 1, "AMOUNT": 5000}`,
+		`{"id": "o", "nested": {"x": 1, "X": 2}, "amount": 1}`,
+		`{"id": "o", "Amount": 2, "amount": 1}`,
+		strings.Repeat("[", 129) + strings.Repeat("]", 129),
+	} {
+		_, err := b.engine.StartJSON(ctx, "shape", []byte(in), nil)
+		require.ErrorIs(t, err, engine.ErrInvalidInput, in)
+	}
+	res, err := b.engine.StartJSON(ctx, "shape", []byte(`{"id": "o", "amount": 7, "list": [{"a": 1}, {"a": 2}]}`), nil)
+	require.NoError(t, err, "equal keys in different objects are fine")
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 7, out)
+
+	sig, err := waiter.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	require.ErrorIs(t, b.engine.SignalJSON(ctx, sig.RunID.String(), "s", []byte(strings.Repeat("[", 200)+strings.Repeat("]", 200))), engine.ErrInvalidInput)
+	require.ErrorIs(t, b.engine.SignalJSON(ctx, sig.RunID.String(), "s", []byte(`1e999999`)), engine.ErrInvalidInput, "a number PostgreSQL cannot store")
+}
+
+// Names an operator reads (workflow IDs, signal names) carry no invisible
+// characters: no bidi override, zero-width character, line separator or
+// white space at either end (found by an attack pass: "evil\u202estep").
+func TestNamesRefuseInvisibleCharacters(t *testing.T) {
+	t.Parallel()
+	wf := echoWorkflow("names")
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	for _, id := range []string{"order\u202eevil", "order\u200b1", "\ufefforder", "order\u2028x", " order", "order "} {
+		_, err := wf.Start(ctx, b.engine, 1, &engine.StartOpts{WorkflowID: id})
+		require.ErrorIs(t, err, engine.ErrInvalidInput, "%q", id)
+	}
+	_, err := wf.Start(ctx, b.engine, 1, &engine.StartOpts{WorkflowID: "order\u00a0with nbsp and ünïcode"})
+	require.NoError(t, err, "visible characters, spaces inside included, are fine")
+}

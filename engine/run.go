@@ -92,6 +92,9 @@ func (e *Engine) startRegistered(ctx context.Context, tx pgx.Tx, name string, in
 	if err := checkStorable(input); err != nil {
 		return nil, fmt.Errorf("%w: input of workflow %q: %v", ErrInvalidInput, name, err)
 	}
+	if err := checkJSONShape(input, true); err != nil {
+		return nil, fmt.Errorf("%w: input of workflow %q: %v", ErrInvalidInput, name, err)
+	}
 	return e.startJSON(ctx, tx, name, r.version, input, opts)
 }
 

@@ -155,6 +155,9 @@ func (e *Engine) validateSchedule(s *ScheduleSpec) (cronspec.Schedule, error) {
 	if err := checkStorable(s.Input); err != nil {
 		return nil, fmt.Errorf("%w: input of workflow %q: %v", ErrInvalidInput, s.Workflow, err)
 	}
+	if err := checkJSONShape(s.Input, true); err != nil {
+		return nil, fmt.Errorf("%w: input of workflow %q: %v", ErrInvalidInput, s.Workflow, err)
+	}
 	return sched, nil
 }
 

@@ -82,6 +82,9 @@ func (e *Engine) signalRaw(ctx context.Context, tx pgx.Tx, target, name string, 
 	if err := checkStorable(payload); err != nil {
 		return fmt.Errorf("%w: signal payload: %v", ErrInvalidInput, err)
 	}
+	if err := checkJSONShape(payload, true); err != nil {
+		return fmt.Errorf("%w: signal payload: %v", ErrInvalidInput, err)
+	}
 	var workflow string
 	var woken bool
 	err := e.inTx(ctx, tx, func(tx pgx.Tx) error {

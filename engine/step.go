@@ -191,6 +191,9 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 	// noEffect: every attempt so far failed with an error marked NoEffect
 	// (see stoppable).
 	noEffect := true
+	// settled counts the attempts made after the run's cancellation to
+	// settle an activity that may have taken effect (see maxSettleAttempts).
+	settled := 0
 	// lost is the failure of the recorded attempt that never ended.
 	var lost error
 	startedAt := c.e.now()
@@ -242,10 +245,16 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 			// have taken effect.
 			lost = &workerLostError{attempt: rec.Attempts}
 			attempts, noEffect = rec.Attempts-1, false
+			if info := decodeErrorInfo(rec.Error); info != nil {
+				settled = info.SettleAttempts
+			}
 		case rec.Status == store.StepRetrying:
 			// Records older than the flag say nothing: they may have.
 			info := decodeErrorInfo(rec.Error)
 			noEffect = info != nil && info.NoEffect
+			if info != nil {
+				settled = info.SettleAttempts
+			}
 		}
 	}
 	// stoppable: the run's cancellation stops this step before its next
@@ -254,6 +263,9 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 	// have taken effect; otherwise it is retried with its request ID until
 	// its outcome is known, so that its undo runs if it took effect.
 	stoppable := func() bool { return forward && c.cancelRequested.Load() && !(call.settle && !noEffect) }
+	// settling: the next attempt is one made after the cancellation to
+	// learn the outcome of an activity that may have taken effect.
+	settling := func() bool { return forward && call.settle && c.cancelRequested.Load() }
 	if stoppable() {
 		return cancelled(attempts)
 	}
@@ -326,6 +338,17 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 			}
 			if stoppable() {
 				return cancelled(attempts) // no further attempt once the cancellation is known
+			}
+			if settling() && settled >= maxSettleAttempts {
+				// Its outcome is still unknown: an operator must look (the
+				// request ID is in the record) and replay or discard.
+				info := stepFailure(&unsettledError{attempts: settled, last: decodeErrorInfo(lastErr).Err()},
+					ClassUnsettled, name, seq, attempts)
+				rec := record(store.StepParked, attempts)
+				rec.Error = info.json()
+				log.Warn("cancelled run could not settle an activity; parking it", "settle_attempts", settled)
+				c.park(rec, &parkReason{reason: ReasonRetriesExhausted, info: info, rec: rec})
+				return nil, c.endErr
 			}
 			// Everything before this step is recorded before it runs. An
 			// activity's attempts and every retry are announced with it
@@ -402,6 +425,9 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 			firstFailed = &now
 		}
 		noEffect = noEffect && hasNoEffect(err)
+		if settling() {
+			settled++
+		}
 		rec := record("", attempt)
 		var unserializable *errUnserializableOutput
 		if p != nil {
@@ -456,7 +482,7 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 			return nil, stepErrorFromRecord(rec)
 		}
 		info := stepFailure(err, classOf(err, ClassTransient), name, seq, attempt)
-		info.NoEffect = noEffect
+		info.NoEffect, info.SettleAttempts = noEffect, settled
 		delay := policy.backoff(attempt)
 		var ra *retryAfterError
 		if errors.As(err, &ra) && ra.delay > delay {
@@ -544,6 +570,30 @@ func (c *Context) wait(d time.Duration, stoppable func() bool) bool {
 		}
 	}
 }
+
+// maxSettleAttempts bounds the attempts a cancelled run makes to learn the
+// outcome of an activity that may have taken effect (see Cancel): past it
+// the run is parked, the outcome left to an operator.
+const maxSettleAttempts = 3
+
+// unsettledError parks a cancelled run whose activity's outcome is still
+// unknown after maxSettleAttempts attempts.
+type unsettledError struct {
+	attempts int
+	last     error
+}
+
+func (e *unsettledError) Error() string {
+	last := "no error recorded"
+	if e.last != nil {
+		last = errorText(e.last)
+	}
+	return fmt.Sprintf("the run was cancelled, and %d attempts since could not learn whether this activity took effect "+
+		"(last: %s): check it with its request ID, then replay the dead job to settle it and compensate, or discard it",
+		e.attempts, last)
+}
+func (e *unsettledError) Unwrap() error        { return e.last }
+func (e *unsettledError) Is(target error) bool { return target == ErrRetriesExhausted }
 
 // workerLostError is the failure of an attempt that began and never ended:
 // its worker died, or lost its lease, during it.

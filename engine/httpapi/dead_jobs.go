@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 
@@ -64,9 +63,8 @@ func (a *api) resolveDeadJob(resolve func(context.Context, uuid.UUID, *engine.Re
 		if !ok {
 			return
 		}
-		body, err := io.ReadAll(r.Body)
-		if err != nil {
-			a.engineError(w, r, err)
+		body, ok := a.readBody(w, r)
+		if !ok {
 			return
 		}
 		var req resolveRequest

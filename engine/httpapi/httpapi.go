@@ -46,6 +46,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -117,17 +118,34 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
 	})
-	return a.knownHost(mux)
+	return a.knownHost(cleanPaths(mux))
 }
 
-// knownHost refuses, when no token is set, a request whose Host header is
-// not this service's: a page on another site that rebinds its own DNS name
-// to 127.0.0.1 sends its own name as Host (DNS rebinding).
+// cleanPaths answers a path with . or .. segments or doubled slashes with a
+// JSON 400, where Go's mux would redirect (a POST) to the cleaned path.
+func cleanPaths(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := r.URL.Path
+		if clean := path.Clean(p); clean != p && clean+"/" != p {
+			writeError(w, http.StatusBadRequest, "invalid_path", fmt.Sprintf("path %s is not in canonical form", strconv.Quote(p)))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// knownHost refuses, when no token is set or the API listens on loopback, a
+// request whose Host header is not this service's: a page on another site
+// that rebinds its own DNS name to 127.0.0.1 sends its own name as Host
+// (DNS rebinding).
 func (a *api) knownHost(next http.Handler) http.Handler {
-	if a.opts.Token != "" {
+	listenHost, _, _ := net.SplitHostPort(a.opts.ListenAddr)
+	if ip := net.ParseIP(listenHost); a.opts.Token != "" && !strings.EqualFold(listenHost, "localhost") && (ip == nil || !ip.IsLoopback()) {
+		// Beyond loopback, with a token, the token is the guard and a proxy
+		// may send any Host. On loopback a page could still rebind its
+		// name to 127.0.0.1 and try tokens: the Host check stays.
 		return next
 	}
-	listenHost, _, _ := net.SplitHostPort(a.opts.ListenAddr)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		host := r.Host
 		if h, _, err := net.SplitHostPort(host); err == nil {
@@ -158,7 +176,7 @@ func (a *api) sameSite(next http.Handler) http.Handler {
 		}
 		if origin := r.Header.Get("Origin"); origin != "" {
 			u, err := url.Parse(origin)
-			if err != nil || u.Host == "" || !strings.EqualFold(u.Host, r.Host) {
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || !strings.EqualFold(u.Host, r.Host) {
 				writeError(w, http.StatusForbidden, "forbidden_origin",
 					fmt.Sprintf("a %s from origin %s is refused: only this service's own origin may change state", r.Method, strconv.Quote(origin)))
 				return
@@ -237,7 +255,9 @@ func (a *api) ready(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		if err := a.opts.Pool.Ping(ctx); err != nil {
-			writeError(w, http.StatusServiceUnavailable, "not_ready", "database unreachable: "+err.Error())
+			// The probe is open to all: the details go to the log only.
+			a.opts.Logger.Warn("readiness probe: database unreachable", "error", err)
+			writeError(w, http.StatusServiceUnavailable, "not_ready", "database unreachable")
 			return
 		}
 	}
@@ -267,18 +287,33 @@ func writeError(w http.ResponseWriter, status int, code, message string) {
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
+	// Compact: indentation costs quadratic space in a value's nesting, and
+	// clients pipe answers through jq to read them.
+	_ = json.NewEncoder(escapeC1{w}).Encode(v)
+}
+
+// readBody reads the request body: 413 over the limit, 400 for a body that
+// cannot be read (a malformed chunked encoding, a cut connection).
+func (a *api) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(r.Body)
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		a.engineError(w, r, err)
+		return nil, false
+	case err != nil:
+		writeError(w, http.StatusBadRequest, "invalid_body", "reading the request body: "+err.Error())
+		return nil, false
+	}
+	return body, true
 }
 
 // readJSON decodes the request body into v: exactly one JSON value, no
 // unknown fields. On failure it answers (413 over the body limit, 400
 // invalid_json saying the body must be shape) and returns false.
 func (a *api) readJSON(w http.ResponseWriter, r *http.Request, v any, shape string) bool {
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		a.engineError(w, r, err)
+	body, ok := a.readBody(w, r)
+	if !ok {
 		return false
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))

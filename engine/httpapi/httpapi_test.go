@@ -6,12 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -465,4 +468,91 @@ func TestScheduleViewListsItsFires(t *testing.T) {
 	require.Equal(t, "@every 1s", r.body["cron"], "and the schedule's own fields")
 	fire := r.body["fires"].([]any)[0].(map[string]any)
 	require.Equal(t, "started", fire["outcome"])
+}
+
+// Findings of an attack pass, each answered with the JSON error body: a
+// malformed chunked body is 400, not 500; so are numbers PostgreSQL cannot
+// store and control characters in an operator's note; paths with . or ..
+// are 400, not a redirect; limit=0 is 400; answers are compact (a deeply
+// nested value once made a 20 KB input a 200 MB answer) with C1 controls
+// escaped; an Origin must be http or https.
+func TestAttackPassFindings(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	addr := strings.TrimPrefix(b.srv.URL, "http://")
+	raw := func(req string) string {
+		conn, err := net.Dial("tcp", addr)
+		require.NoError(t, err)
+		defer conn.Close()
+		_, err = conn.Write([]byte(req))
+		require.NoError(t, err)
+		out, _ := io.ReadAll(conn)
+		return string(out)
+	}
+	resp := raw("POST /v1/workflows/payment/runs HTTP/1.1\r\nHost: " + addr + "\r\nContent-Type: application/json\r\n" +
+		"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")
+	require.True(t, strings.HasPrefix(resp, "HTTP/1.1 400"), resp)
+	require.Contains(t, resp, `"invalid_body"`)
+
+	r := b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": "big-num", "input": {"order_id": "x", "amount": 1, "extra": 1e999999}}`)
+	require.Equal(t, http.StatusBadRequest, r.status, r.raw)
+	r = b.do(t, "POST", "/v1/workflows/approval/runs", `{"id": "ap", "input": {}}`)
+	require.Equal(t, http.StatusCreated, r.status)
+	r = b.do(t, "POST", "/v1/runs/ap/signals/approve", `1e999999`)
+	require.Equal(t, http.StatusBadRequest, r.status, r.raw)
+
+	dead := b.do(t, "POST", "/v1/workflows/payment/runs", `{"input": {"order_id": "bad", "amount": 13}}`)
+	require.Equal(t, http.StatusCreated, dead.status)
+	b.waitStatus(t, dead.body["run_id"].(string), "dead")
+	jobs := b.do(t, "GET", "/v1/dead-jobs", "").body["dead_jobs"].([]any)
+	id := jobs[0].(map[string]any)["id"].(string)
+	for _, body := range []string{`{"by": "a\u0000b"}`, `{"note": "x\u001b[31m"}`, `{"by": "` + strings.Repeat("x", 300) + `"}`} {
+		r := b.do(t, "POST", "/v1/dead-jobs/"+id+"/discard", body)
+		require.Equal(t, http.StatusBadRequest, r.status, "%s: %s", body, r.raw)
+	}
+
+	for _, p := range []string{"/v1/runs/../cancel", "/v1//runs", "/v1/./runs"} {
+		r := b.doRaw(t, "POST", p, "")
+		require.Equal(t, http.StatusBadRequest, r.status, "%s: %s", p, r.raw)
+		require.Equal(t, "invalid_path", errCode(r))
+	}
+	require.Equal(t, http.StatusBadRequest, b.do(t, "GET", "/v1/runs?limit=0", "").status)
+	require.Equal(t, http.StatusBadRequest, b.do(t, "GET", "/v1/dead-jobs?limit=0", "").status)
+	require.Equal(t, http.StatusForbidden, b.do(t, "POST", "/v1/runs/ap/cancel", "", "Origin", "ws://"+addr).status)
+
+	r = b.do(t, "GET", "/v1/runs/ap", "")
+	require.NotContains(t, r.raw, "\n ", "compact JSON")
+	sig := b.do(t, "POST", "/v1/runs/ap/signals/approve", "\"\u009b2J\u007f\"")
+	require.Equal(t, http.StatusAccepted, sig.status, sig.raw)
+	r = b.do(t, "GET", "/v1/runs/ap", "")
+	require.NotContains(t, r.raw, "\u009b")
+	require.NotContains(t, r.raw, "\u007f")
+	require.Contains(t, r.raw, `\u009b2J\u007f`)
+}
+
+// On a loopback listen address the Host check holds even with a token (a
+// rebinding page could otherwise try tokens); /readyz tells nobody how it
+// connects.
+func TestHostCheckOnLoopbackWithATokenAndQuietReadiness(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &httpapi.Options{Token: "a-token-of-16-bytes-or-more", ListenAddr: "127.0.0.1:8080"})
+	r := b.doRaw(t, "GET", "/v1/runs", "", "Host", "evil.example", "Authorization", "Bearer a-token-of-16-bytes-or-more")
+	require.Equal(t, http.StatusForbidden, r.status)
+	require.Equal(t, http.StatusOK, b.doRaw(t, "GET", "/v1/runs", "", "Host", "127.0.0.1:8080", "Authorization", "Bearer a-token-of-16-bytes-or-more").status)
+
+	cfg, err := pgxpool.ParseConfig("postgres://u:s3cretpw@127.0.0.1:1/nodb?sslmode=disable")
+	require.NoError(t, err)
+	down, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(down.Close)
+	e := enginetest.NewEngine(t, enginetest.NewDB(t), nil, false)
+	srv := httptest.NewServer(httpapi.New(e, &httpapi.Options{Pool: down, Logger: slog.New(slog.DiscardHandler)}))
+	t.Cleanup(srv.Close)
+	resp, err := http.Get(srv.URL + "/readyz")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	require.NotContains(t, string(body), "user=")
+	require.NotContains(t, string(body), "127.0.0.1:1")
 }

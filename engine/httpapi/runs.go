@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 
@@ -92,9 +91,8 @@ func (a *api) cancelRun(w http.ResponseWriter, r *http.Request) {
 // 404 unknown run, 409 run finished, 400 bad name or payload.
 func (a *api) signal(w http.ResponseWriter, r *http.Request) {
 	target, name := r.PathValue("run_id"), r.PathValue("name")
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		a.engineError(w, r, err)
+	body, ok := a.readBody(w, r)
+	if !ok {
 		return
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
@@ -124,6 +122,10 @@ func queryLimit(w http.ResponseWriter, r *http.Request) (int, bool) {
 	n, err := strconv.Atoi(v)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_parameter", fmt.Sprintf("limit %q is not an integer", v))
+		return 0, false
+	}
+	if n < 1 || n > 1000 {
+		writeError(w, http.StatusBadRequest, "invalid_parameter", fmt.Sprintf("limit %d is outside 1..1000", n))
 		return 0, false
 	}
 	return n, true

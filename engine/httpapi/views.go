@@ -1,8 +1,10 @@
 package httpapi
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/google/uuid"
@@ -176,4 +178,46 @@ func (v ScheduleWithFires) MarshalJSON() ([]byte, error) {
 		out = []byte(`{"fires":`)
 	}
 	return append(append(out, f...), '}'), nil
+}
+
+// escapeC1 writes JSON with C1 control characters (U+0080..U+009F, the
+// 8-bit terminal escapes) and DEL as \u escapes, which encoding/json
+// leaves raw: an answer printed to a terminal cannot drive it. In JSON
+// these characters occur only inside strings, so the escape keeps the
+// value. Each Write must hold whole characters (an Encoder's do).
+type escapeC1 struct{ w io.Writer }
+
+func (e escapeC1) Write(p []byte) (int, error) {
+	if _, err := e.w.Write(EscapeC1(p)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// EscapeC1 is escapeC1's transformation, for other JSON writers (the CLI's
+// --json).
+func EscapeC1(p []byte) []byte {
+	need := false
+	for i := 0; i < len(p); i++ {
+		if p[i] == 0x7f || (p[i] == 0xc2 && i+1 < len(p) && p[i+1] >= 0x80 && p[i+1] <= 0x9f) {
+			need = true
+			break
+		}
+	}
+	if !need {
+		return p
+	}
+	var b bytes.Buffer
+	for i := 0; i < len(p); i++ {
+		switch {
+		case p[i] == 0x7f:
+			b.WriteString(`\u007f`)
+		case p[i] == 0xc2 && i+1 < len(p) && p[i+1] >= 0x80 && p[i+1] <= 0x9f:
+			fmt.Fprintf(&b, `\u%04x`, rune(p[i+1]))
+			i++
+		default:
+			b.WriteByte(p[i])
+		}
+	}
+	return b.Bytes()
 }

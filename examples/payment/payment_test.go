@@ -291,3 +291,32 @@ func TestACompensatedOrderCanBeTriedAgain(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(900), f.gw.Ledger().NetByOrder()["ord_retry"])
 }
+
+// A run cancelled after it paid (its receipt is on its way) is refunded,
+// and its ledger row goes with the refund: the ledger agrees with the
+// gateway, and the order can be paid again (found by an attack pass: the
+// row stayed, and the order could never be paid again).
+func TestCancelAfterPaymentRefundsAndUnrecords(t *testing.T) {
+	t.Parallel()
+	f := setup(t, fakegateway.Faults{Latency: 700 * time.Millisecond})
+	res, err := f.wf.Start(f.ctx, f.e, order("ord_paid_cancel", 1234, "pm_card_visa"), &engine.StartOpts{WorkflowID: "ord_paid_cancel"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, f.db.Pool.QueryRow(f.ctx, `SELECT count(*) FROM payment_ledger WHERE order_id = 'ord_paid_cancel'`).Scan(&n))
+		return n == 1
+	}, 20*time.Second, 20*time.Millisecond, "the payment recorded")
+	require.NoError(t, f.e.Cancel(f.ctx, res.RunID))
+	_, err = f.wf.Wait(f.ctx, f.e, res.RunID, 10*time.Millisecond)
+	require.ErrorIs(t, err, engine.ErrCancelled)
+	var rows int
+	require.NoError(t, f.db.Pool.QueryRow(f.ctx, `SELECT count(*) FROM payment_ledger WHERE order_id = 'ord_paid_cancel'`).Scan(&rows))
+	require.Zero(t, rows, "the ledger row went with the refund")
+	require.Zero(t, f.gw.Ledger().NetByOrder()["ord_paid_cancel"], "refunded")
+
+	again, err := f.wf.Start(f.ctx, f.e, order("ord_paid_cancel", 1234, "pm_card_visa"), &engine.StartOpts{WorkflowID: "ord_paid_cancel-2"})
+	require.NoError(t, err)
+	_, err = f.wf.Wait(f.ctx, f.e, again.RunID, 10*time.Millisecond)
+	require.NoError(t, err, "the order can be paid again")
+	require.Equal(t, int64(1234), f.gw.Ledger().NetByOrder()["ord_paid_cancel"])
+}

@@ -22,8 +22,8 @@ const WorkflowName = "payment"
 // New defines the payment workflow over gateway g:
 //
 //	validate → reserve inventory (tx step: claims the order, reserves its items; undo: release both)
-//	→ charge (activity; undo: refund) → record payment in the ledger (tx step, one row per order)
-//	→ send receipt (activity)
+//	→ charge (activity; undo: refund) → record payment in the ledger (tx step, one row per order;
+//	undo: remove the row) → send receipt (activity)
 //
 // One order is one charge whatever workflow ID a client picks: the first
 // run claims the order, and a second run for it fails at the reservation
@@ -68,14 +68,19 @@ func New(g *Gateway, cfg *Config) *engine.Workflow[Order, Receipt] {
 		if err != nil {
 			return Receipt{}, err
 		}
-		if _, err := engine.TxStep(ctx, "record_payment", func(sctx context.Context, tx pgx.Tx) (bool, error) {
+		if _, err := compensation.TxStep(saga, "record_payment", func(sctx context.Context, tx pgx.Tx) (bool, error) {
 			_, err := tx.Exec(sctx, `INSERT INTO payment_ledger (order_id, payment_intent, amount, currency, run_id)
 				VALUES ($1, $2, $3, $4, $5)`, o.OrderID, ch.PaymentIntent, ch.Amount, ch.Currency, ctx.RunID())
 			if isUniqueViolation(err) {
 				return false, engine.Permanent(fmt.Errorf("order %s is already paid by another run", o.OrderID))
 			}
 			return err == nil, err
-		}, nil); err != nil {
+		}, compensation.TxUndo[bool]{Name: "unrecord_payment", Fn: func(sctx context.Context, tx pgx.Tx, _ bool) error {
+			// A run cancelled after it paid is refunded: its ledger row
+			// goes too, so the ledger agrees with the gateway.
+			_, err := tx.Exec(sctx, `DELETE FROM payment_ledger WHERE order_id = $1 AND run_id = $2`, o.OrderID, ctx.RunID())
+			return err
+		}}, nil); err != nil {
 			return Receipt{}, err
 		}
 		sent, err := activities.Execute(ctx, receipt, receiptReq{Order: o, Charge: ch})

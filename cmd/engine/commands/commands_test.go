@@ -457,8 +457,14 @@ func TestCLINeverPrintsThePassword(t *testing.T) {
 		"host=127.0.0.1 port=1 password='s3cret pw' user=u",
 		"host=127.0.0.1 port=notaport password=s3cretpw",
 		"postgres://postgres:s3cretpw@127.0.0.1:5432/postgres?sslmode=bogus",
+		"postgres://postgres@127.0.0.1:1/x?password=s3cretpw",
+		"postgres://postgres@127.0.0.1:1/x?sslmode=disable&sslpassword=s3cretpw",
+		"POSTGRES://postgres:s3cretpw@127.0.0.1:1/x",
+		"Postgresql://postgres:s3cretpw@127.0.0.1:1/x",
+		"postgres://postgres:s3c@127.0.0.1:1/retpw@127.0.0.1:5432/x",
+		"host=127.0.0.1 port=1 sslpassword=s3cretpw",
 	} {
-		for _, args := range [][]string{{"runs", "list"}, {"migrate", "up"}, {"dead", "list"}} {
+		for _, args := range [][]string{{"runs", "list"}, {"migrate", "up"}, {"dead", "list"}, {"bench", "--workflows", "1"}, {"demo"}} {
 			var out, errOut bytes.Buffer
 			code := commands.Execute(context.Background(), append([]string{"--database-url", url}, args...), commands.Options{
 				Workflows: workflows(), Stdout: &out, Stderr: &errOut, Getenv: func(string) string { return "" },
@@ -468,6 +474,29 @@ func TestCLINeverPrintsThePassword(t *testing.T) {
 			require.NotContains(t, out.String()+errOut.String(), "retpw", "%s %v", url, args)
 		}
 	}
+	// A password too short to scrub from arbitrary text is still redacted
+	// where the connection string is printed.
+	var out, errOut bytes.Buffer
+	code := commands.Execute(context.Background(), []string{"--database-url", "postgres://postgres@127.0.0.1:1/x?password=ab", "runs", "list"},
+		commands.Options{Stdout: &out, Stderr: &errOut, Getenv: func(string) string { return "" }})
+	require.NotEqual(t, 0, code)
+	require.NotContains(t, errOut.String(), "password=ab")
+}
+
+// An API token HTTP cannot carry back intact (white space at either end,
+// a control character) is refused at start, as a short one is beyond
+// loopback.
+func TestServeRefusesTokensClientsCannotSend(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	for _, tok := range []string{"abcdefghijklmnop ", " abcdefghijklmnop", strings.Repeat(" ", 16), "abcdefgh\tijklmnop"} {
+		code, _, errOut := run(t, db, "serve", "--listen", "127.0.0.1:0", "--api-token", tok)
+		require.Equal(t, 2, code, "%q: %s", tok, errOut)
+		require.Contains(t, errOut, "white space or a control character")
+	}
+	code, _, errOut := run(t, db, "serve", "--listen", "0.0.0.0:0", "--api-token", "short")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "at least 16")
 }
 
 // --json covers every command and its errors, in the HTTP API's shapes and

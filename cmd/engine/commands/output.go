@@ -13,12 +13,20 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/pgdurable/pgdurable/engine/httpapi"
 )
 
+// writeJSON prints v as the HTTP API does: compact (indentation costs
+// quadratic space in a value's nesting; pipe it through jq to read it), C1
+// controls and DEL escaped.
 func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(httpapi.EscapeC1(b), '\n'))
+	return err
 }
 
 // table prints aligned columns for people.
@@ -106,39 +114,54 @@ func escapeControls(s string, lines bool) string {
 }
 
 // redact hides a connection string's password in messages, in URL form
-// (postgres://user:password@host/db) and key=value form (password=...).
+// (postgres://user:password@host/db, and ?password= or ?sslpassword= in
+// its query) and key=value form (password=...).
 func redact(raw string) string {
-	if strings.HasPrefix(raw, "postgres://") || strings.HasPrefix(raw, "postgresql://") {
+	if scheme, _, ok := strings.Cut(raw, "://"); ok && (strings.EqualFold(scheme, "postgres") || strings.EqualFold(scheme, "postgresql")) {
 		u, err := url.Parse(raw)
 		if err != nil {
 			return "(unparseable URL)"
 		}
+		q := u.Query()
+		for _, k := range []string{"password", "sslpassword"} {
+			if q.Has(k) {
+				q.Set(k, "xxxxx")
+			}
+		}
+		u.RawQuery = q.Encode()
 		return u.Redacted()
 	}
-	return kvPassword.ReplaceAllString(raw, "password=xxxxx")
+	return kvPassword.ReplaceAllString(raw, "${1}=xxxxx")
 }
 
 // kvPassword matches a key=value connection string's password, quoted
 // ('...' with \' escapes) or not.
-var kvPassword = regexp.MustCompile(`password\s*=\s*('(?:[^'\\]|\\.)*'|\S*)`)
+var kvPassword = regexp.MustCompile(`((?:ssl)?password)\s*=\s*('(?:[^'\\]|\\.)*'|\S*)`)
 
-// checkConnString refuses a URL whose user info holds an unencoded @: its
-// parsers disagree on where the password ends, and the part after the
-// first @ would appear in errors as a host name.
+// checkConnString refuses a URL with more than one @ before its query:
+// its parsers disagree on where the password ends, and the part after the
+// first @ would appear in errors as a host or database name.
 func checkConnString(raw string) error {
-	rest, ok := strings.CutPrefix(raw, "postgres://")
-	if !ok {
-		rest, ok = strings.CutPrefix(raw, "postgresql://")
-	}
-	if !ok {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok || !(strings.EqualFold(scheme, "postgres") || strings.EqualFold(scheme, "postgresql")) {
 		return nil
 	}
-	authority, _, _ := strings.Cut(rest, "/")
-	authority, _, _ = strings.Cut(authority, "?")
-	if strings.Count(authority, "@") > 1 {
-		return &usageError{errors.New("the database URL has more than one @ before its host: percent-encode an @ in the user name or password as %40")}
+	rest, _, _ = strings.Cut(rest, "?")
+	if strings.Count(rest, "@") > 1 {
+		return &usageError{errors.New("the database URL has more than one @: percent-encode an @ in the user name, password or database name as %40")}
 	}
 	return nil
+}
+
+// normalizeScheme lower-cases a URL's scheme (POSTGRES://), which the
+// driver would otherwise read as a key=value string and send, password
+// and all, to the server as a parameter name.
+func normalizeScheme(raw string) string {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if ok && (strings.EqualFold(scheme, "postgres") || strings.EqualFold(scheme, "postgresql")) {
+		return strings.ToLower(scheme) + "://" + rest
+	}
+	return raw
 }
 
 // text is a whole name or ID for people: control characters escaped, "-"
@@ -148,4 +171,17 @@ func text(s string) string {
 		return "-"
 	}
 	return escapeControls(s, false)
+}
+
+// c1Escaper writes JSON log records with C1 controls and DEL escaped (see
+// httpapi.EscapeC1), which encoding/json leaves raw: an error message in a
+// log line tailed on a terminal cannot drive it. slog's JSON handler
+// writes one whole record per Write.
+type c1Escaper struct{ w io.Writer }
+
+func (e c1Escaper) Write(p []byte) (int, error) {
+	if _, err := e.w.Write(httpapi.EscapeC1(p)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }

@@ -154,10 +154,10 @@ func usageArgs(c *cobra.Command) {
 
 func (g *global) dbURL() string {
 	if g.databaseURL != "" {
-		return g.databaseURL
+		return normalizeScheme(g.databaseURL)
 	}
 	if v := g.opts.Getenv("DATABASE_URL"); v != "" {
-		return v
+		return normalizeScheme(v)
 	}
 	return DefaultDatabaseURL
 }

@@ -8,8 +8,10 @@ import (
 	"net"
 	"net/http"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -65,6 +67,8 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 		f.apiToken = g.opts.Getenv("ENGINE_API_TOKEN")
 	}
 	switch {
+	case f.apiToken != "" && (strings.TrimSpace(f.apiToken) != f.apiToken || strings.ContainsFunc(f.apiToken, unicode.IsControl)):
+		return &usageError{errors.New("the API token has leading or trailing white space or a control character, which HTTP clients cannot send back intact")}
 	case f.apiToken == "" && !loopback(f.listen):
 		return &usageError{fmt.Errorf("--listen %s is not a loopback address: set --api-token or ENGINE_API_TOKEN", f.listen)}
 	case f.apiToken != "" && len(f.apiToken) < minTokenBytes && !loopback(f.listen):
@@ -75,7 +79,7 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 		return &usageError{fmt.Errorf("--log-level: %w", err)}
 	}
 	g.apiToken = f.apiToken
-	log := g.logger(slog.NewJSONHandler(g.opts.Stderr, &slog.HandlerOptions{Level: level}))
+	log := g.logger(slog.NewJSONHandler(c1Escaper{g.opts.Stderr}, &slog.HandlerOptions{Level: level}))
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

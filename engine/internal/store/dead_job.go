@@ -162,7 +162,8 @@ WITH run AS (
     WHERE run_id = $1 AND status = 'dead'
     RETURNING run_id, queue
 ), step AS (
-    UPDATE workflow_steps s SET status = 'retrying', attempts = 0, next_attempt_at = NULL
+    UPDATE workflow_steps s SET status = 'retrying', attempts = 0, next_attempt_at = NULL,
+        error = s.error - 'settle_attempts'
     FROM run WHERE s.run_id = run.run_id AND s.status = 'parked'
 )
 SELECT queue FROM run`

@@ -49,7 +49,10 @@ func translate(err error) error {
 		switch pgErr.Code {
 		case "23505": // unique_violation
 			return errors.Join(ErrConflict, err)
-		case "22P05", "22P02", "22021", "54000": // untranslatable character, invalid text, bad encoding, program limit
+		case "54000": // program limit exceeded
+			return errors.Join(ErrBadPayload, err)
+		}
+		if strings.HasPrefix(pgErr.Code, "22") { // data exception: a number out of range, invalid text, NUL
 			return errors.Join(ErrBadPayload, err)
 		}
 	}
