@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
 )
 
 // chargeSaga is a reservation (with its undo) and then a charge activity
@@ -243,4 +244,39 @@ func TestCancelledRunSettlesAnUnknownOutcomeAFewTimesThenParks(t *testing.T) {
 	waitStatus(t, b.engine, res.RunID, engine.StatusCancelled, 10*time.Second)
 	require.EqualValues(t, 1, s.refunds.Load(), "the charge it found is refunded")
 	require.EqualValues(t, 1, s.releases.Load())
+}
+
+// A cancel made in another process reaches a running step at its engine's
+// next sweep (about SweepInterval), not only at its next heartbeat: here
+// the heartbeat is 10 s away.
+func TestCancelFromAnotherProcessReachesARunningStepAtTheNextSweep(t *testing.T) {
+	t.Parallel()
+	inStep := make(chan struct{})
+	stopped := make(chan time.Time, 1)
+	wf := engine.Define("cancel-remote", func(ctx *engine.Context, _ int) (string, error) {
+		_, err := engine.Step(ctx, "wait", func(sctx context.Context) (int, error) {
+			close(inStep)
+			<-sctx.Done()
+			stopped <- time.Now()
+			return 0, sctx.Err()
+		}, nil)
+		return "", err
+	}, nil)
+	db := enginetest.NewDB(t)
+	worker := newEngine(t, db, &engine.Config{LeaseDuration: 30 * time.Second}, true, wf)
+	other := newEngine(t, db, nil, false, wf) // another process: not running the run
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, other, 0, nil)
+	require.NoError(t, err)
+	<-inStep
+	require.NoError(t, other.Cancel(ctx, res.RunID))
+	cancelledAt := time.Now()
+	select {
+	case at := <-stopped:
+		t.Logf("the step saw the cancellation %s after it was made", at.Sub(cancelledAt).Round(time.Millisecond))
+		require.Less(t, at.Sub(cancelledAt), 3*time.Second, "well before the 10 s heartbeat")
+	case <-time.After(8 * time.Second):
+		t.Fatal("the step never saw the cancellation")
+	}
+	waitStatus(t, worker, res.RunID, engine.StatusCancelled, 10*time.Second)
 }

@@ -156,7 +156,16 @@ var ErrRunClosed = errors.New("pgdurable: run already finished")
 // unknown run and ErrRunClosed for one that completed, failed, was
 // compensated or is dead.
 func (e *Engine) Cancel(ctx context.Context, runID uuid.UUID) error {
-	return e.cancel(ctx, nil, runID)
+	if err := e.cancel(ctx, nil, runID); err != nil {
+		return err
+	}
+	// Committed: a delivery of the run in this process stops its forward
+	// work now (one in another process hears of it at its engine's next
+	// sweep, write or heartbeat).
+	if c, ok := e.live.Load(runID); ok {
+		c.(*Context).noteCancel(true)
+	}
+	return nil
 }
 
 // CancelTx is Cancel inside the caller's transaction.

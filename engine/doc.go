@@ -60,8 +60,8 @@
 //
 // Cancel always wins: once recorded, no new attempt of a forward step
 // starts, the registered compensations run newest first and the run ends
-// cancelled, within milliseconds where the engine running it hears the
-// NOTIFY, else at its next heartbeat. Only an activity that does not
+// cancelled: at once when Cancel is called in the process running it,
+// within about Config.SweepInterval in another. Only an activity that does not
 // heartbeat and may already have taken effect (see NoEffect) is retried
 // with its request ID until its outcome is known.
 //

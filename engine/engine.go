@@ -267,8 +267,7 @@ func (e *Engine) workflow(name string) (registered, bool) {
 }
 
 // minPoolConns is the pool size below which Start warns: River holds one
-// connection for LISTEN and deliveries starve on the rest. (The engine's
-// own cancellation listener holds one more, outside the pool.)
+// connection for LISTEN and deliveries starve on the rest.
 const minPoolConns = 8
 
 // Start begins working runs: River fetches deliveries and the sweeper runs
@@ -290,9 +289,8 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	sweepCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	e.stopSweep = cancel
-	e.active.Add(2)
+	e.active.Add(1)
 	go e.sweepLoop(sweepCtx)
-	go e.listenCancels(sweepCtx)
 	return nil
 }
 

@@ -84,6 +84,9 @@ func (e *Engine) sweepLoop(ctx context.Context) {
 		if err := e.fireSchedules(ctx); err != nil && ctx.Err() == nil {
 			e.log.Warn("schedule tick failed", "error", err)
 		}
+		if err := e.pollCancels(ctx); err != nil && ctx.Err() == nil {
+			e.log.Warn("cancellation check failed", "error", err)
+		}
 		if time.Since(lastOrphanCheck) >= orphanCheckInterval(e.cfg.LeaseDuration) {
 			lastOrphanCheck = time.Now()
 			if err := e.sweepOrphans(ctx); err != nil && ctx.Err() == nil {
@@ -94,6 +97,37 @@ func (e *Engine) sweepLoop(ctx context.Context) {
 }
 
 func orphanCheckInterval(lease time.Duration) time.Duration { return min(lease/2, 5*time.Second) }
+
+// cancelPollAge: a delivery younger than this is not checked for a
+// cancellation by the sweep; its own writes will tell it soon enough.
+const cancelPollAge = 100 * time.Millisecond
+
+// pollCancels tells this process's deliveries that have run for a while of
+// a cancellation requested from another process, in one read-only query
+// per sweep: a running step hears of it within about SweepInterval
+// instead of at the next heartbeat. (A cancel in this process flags its
+// delivery at once.) Its cost is per sweep, not per run; LISTEN would wake
+// the listening backend for every NOTIFY in the database, River's
+// included.
+func (e *Engine) pollCancels(ctx context.Context) error {
+	var ids []uuid.UUID
+	e.live.Range(func(k, v any) bool {
+		if c := v.(*Context); !c.cancelRequested.Load() && time.Since(c.claimedAt) >= cancelPollAge {
+			ids = append(ids, k.(uuid.UUID))
+		}
+		return len(ids) < sweepBatch
+	})
+	if len(ids) == 0 {
+		return nil
+	}
+	cancelled, err := store.CancelRequested(ctx, e.pool, ids)
+	for _, id := range cancelled {
+		if c, ok := e.live.Load(id); ok {
+			c.(*Context).noteCancel(true)
+		}
+	}
+	return err
+}
 
 // sweepOrphans re-enqueues runs whose ticket River fetched more than a
 // lease ago without the run ever being claimed: the process died between

@@ -357,8 +357,7 @@ func Heartbeat(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.
 // now. ErrNotFound when there is no such run; a finished run is returned
 // unchanged (the caller reports it closed).
 func CancelRun(ctx context.Context, db DBTX, runID uuid.UUID) (status string, wakeUp bool, err error) {
-	var ignored bool
-	err = db.QueryRow(ctx, cancelRun, runID).Scan(&status, &ignored)
+	err = db.QueryRow(ctx, cancelRun, runID).Scan(&status)
 	if err != nil {
 		return "", false, translate(err)
 	}
@@ -378,13 +377,17 @@ WITH target AS (
     FROM target
     WHERE r.run_id = target.run_id AND target.status IN ('pending', 'running', 'waiting')
 )
-SELECT status, CASE WHEN status IN ('pending', 'running', 'waiting') THEN pg_notify('` + CancelChannel + `', run_id::text) END IS NULL
-FROM target`
+SELECT status FROM target`
 
-// CancelChannel is the NOTIFY channel a cancellation is announced on, with
-// the run ID as payload, when its transaction commits: an engine running
-// the run stops its forward work at once instead of at its next heartbeat.
-const CancelChannel = "pgdurable_cancel"
+// CancelRequested returns which of runIDs have a cancellation requested:
+// a primary-key lookup per run, read-only.
+func CancelRequested(ctx context.Context, db DBTX, runIDs []uuid.UUID) ([]uuid.UUID, error) {
+	rows, err := db.Query(ctx, `SELECT run_id FROM workflow_runs WHERE run_id = ANY($1) AND cancel_requested_at IS NOT NULL`, runIDs)
+	if err != nil {
+		return nil, fmt.Errorf("reading cancellations: %w", translate(err))
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+}
 
 const finishRun = `
 WITH run AS (
