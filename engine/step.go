@@ -179,6 +179,36 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		return nil, err
 	}
 	defer c.inStep.Store(false)
+	forward := call.compensationOf == nil
+	if forward && c.cancelRequested.Load() && (seq >= len(c.steps) || c.steps[seq].Kind == kindCompensation) {
+		c.seq-- // never started: the undos take its place
+		return nil, ErrCancelled
+	}
+	var rec *store.StepRecord
+	if seq < len(c.steps) {
+		// Replay, the hot path: nothing here allocates.
+		rec = &c.steps[seq]
+		if rec.Name != name || rec.Kind != kind {
+			c.park(nil, parkNonDeterminism(seq, name, kind, rec))
+			return nil, c.endErr
+		}
+		switch rec.Status {
+		case store.StepCompleted:
+			c.e.obs.StepReplayed(c.wf.name, kind)
+			return rec.Output, nil
+		case store.StepFailed:
+			return nil, stepErrorFromRecord(rec)
+		case store.StepCancelled:
+			return nil, ErrCancelled // stopped by the cancellation, which stands
+		}
+	}
+	return c.attempts(call, seq, rec)
+}
+
+// attempts runs a step that has no outcome yet: its first attempt, or the
+// next after its recorded ones (rec, nil for a new step).
+func (c *Context) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]byte, error) {
+	name, kind, opts := call.name, call.kind, call.opts
 	log := c.log.With("step", name, "seq", seq)
 	forward := call.compensationOf == nil
 
@@ -200,7 +230,7 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 	// written: a record of this step exists, so its position stays used
 	// even if the run's cancellation stops it; a forward step stopped
 	// before anything was written gives its position back to the undos.
-	written := false
+	written := rec != nil
 	// cancelled stops the step for the run's cancellation. A step with a
 	// record is recorded as cancelled (with n attempts), written with the
 	// compensation's first write, so a finished run shows no step still
@@ -218,25 +248,7 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 		c.stopped = rec
 		return nil, ErrCancelled
 	}
-	if forward && c.cancelRequested.Load() && (seq >= len(c.steps) || c.steps[seq].Kind == kindCompensation) {
-		return cancelled(0) // never started: the undos took its place
-	}
-	if seq < len(c.steps) {
-		written = true
-		rec := &c.steps[seq]
-		if rec.Name != name || rec.Kind != kind {
-			c.park(nil, parkNonDeterminism(seq, name, kind, rec))
-			return nil, c.endErr
-		}
-		switch rec.Status {
-		case store.StepCompleted:
-			c.e.obs.StepReplayed(c.wf.name, kind)
-			return rec.Output, nil
-		case store.StepFailed:
-			return nil, stepErrorFromRecord(rec)
-		case store.StepCancelled:
-			return nil, ErrCancelled // stopped by the cancellation, which stands
-		}
+	if rec != nil {
 		attempts, firstFailed, nextAttempt, requestID, lastErr = rec.Attempts, rec.FirstFailedAt, rec.NextAttemptAt, rec.RequestID, rec.Error
 		switch {
 		case rec.Status == store.StepStarted && rec.Attempts > 0:
