@@ -104,9 +104,7 @@ func (c *Context) compensate(status string, info *ErrorInfo) {
 			Message: fmt.Sprintf("compensation ended after %d steps but %d are recorded", c.seq, len(c.steps))}})
 		return
 	}
-	c.close(status, c.do(func(ctx context.Context) error {
-		return store.FinishRun(ctx, c.e.pool, c.runID, c.token, c.pending, status, nil, info.json())
-	}))
+	c.close(status, c.finishRun(status, nil, info.json()))
 	c.log.Info("run "+status, "error_class", info.Class)
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdurable/pgdurable/engine/internal/queue"
+	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
 // Config tunes an Engine. A nil *Config takes every default; zero fields
@@ -159,6 +160,9 @@ type Engine struct {
 
 	draining atomic.Bool // Stop was called: deliveries hand runs back at the next step
 	live     sync.Map    // run ID → *Context of this process's delivery holding it
+	// records commits the record writes of this process's deliveries,
+	// many runs' in one statement (see groupCommit).
+	records *groupCommit[*store.RecordWrite, writeOutcome]
 
 	mu        sync.Mutex
 	workflows map[string]registered
@@ -191,6 +195,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		workflows: map[string]registered{},
 	}
 	e.retry = (RetryPolicy{}).merge(c.RetryPolicy, &DefaultRetryPolicy)
+	e.records = newRecordWriter(e)
 	e.sobs = nopObserver{}
 	if so, ok := c.Observer.(ScheduleObserver); ok {
 		e.sobs = so

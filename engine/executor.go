@@ -175,9 +175,7 @@ func (c *Context) finish(out []byte, err error, p *panicInfo) {
 		c.park(nil, &parkReason{reason: "nondeterminism", info: &ErrorInfo{Class: ClassNonDeterminism,
 			Message: fmt.Sprintf("workflow returned after %d steps but %d are recorded", c.seq, len(c.steps))}})
 	case err == nil:
-		c.close(store.RunCompleted, c.do(func(ctx context.Context) error {
-			return store.FinishRun(ctx, c.e.pool, c.runID, c.token, c.pending, store.RunCompleted, out, nil)
-		}))
+		c.close(store.RunCompleted, c.finishRun(store.RunCompleted, out, nil))
 		c.log.Debug("run completed")
 	default:
 		info := newErrorInfo(err, ClassWorkflow)
@@ -189,9 +187,7 @@ func (c *Context) finish(out []byte, err error, p *panicInfo) {
 			c.compensate(store.RunCompensated, info)
 			return
 		}
-		c.close(store.RunFailed, c.do(func(ctx context.Context) error {
-			return store.FinishRun(ctx, c.e.pool, c.runID, c.token, c.pending, store.RunFailed, nil, info.json())
-		}))
+		c.close(store.RunFailed, c.finishRun(store.RunFailed, nil, info.json()))
 		c.log.Info("run failed", "error_class", info.Class, "error", info.Message)
 	}
 }
@@ -311,18 +307,48 @@ func (c *Context) write(recs ...*store.StepRecord) bool { return c.writeStatus("
 // writeStatus is write that also moves the run to status ("" unchanged).
 func (c *Context) writeStatus(status string, recs ...*store.StepRecord) bool {
 	sent := time.Now()
-	var cancel bool
-	err := c.do(func(ctx context.Context) (err error) {
-		cancel, _, err = store.WriteSteps(ctx, c.e.pool, c.runID, c.token, c.e.cfg.LeaseDuration, status, recs...)
-		return err
-	})
+	res, err := c.commit(&store.RecordWrite{Fence: c.fence(), Records: recs, Status: status})
 	if err != nil {
 		c.end(err)
 		return false
 	}
 	c.extendedAt(sent)
-	c.noteCancel(cancel)
+	c.noteCancel(res.CancelRequested)
 	return true
+}
+
+// finishRun ends the run with a terminal status, writing the pending
+// record with it.
+func (c *Context) finishRun(status string, output, errJSON []byte) error {
+	w := &store.RecordWrite{Fence: c.fence(), Status: status, Finish: true, Output: output, Error: errJSON}
+	if c.pending != nil {
+		w.Records = []*store.StepRecord{c.pending}
+	}
+	_, err := c.commit(w)
+	return err
+}
+
+// commit sends w through the engine's record writer, which commits it with
+// the writes of other deliveries in flight, retrying a transient failure
+// as do does. ErrLeaseLost when w's fence no longer holds.
+func (c *Context) commit(w *store.RecordWrite) (store.WriteResult, error) {
+	var res store.WriteResult
+	err := c.do(func(context.Context) error {
+		o := c.e.records.do(w)
+		if o.err != nil {
+			return o.err
+		}
+		if res = o.WriteResult; !res.Landed {
+			return store.ErrLeaseLost
+		}
+		return nil
+	})
+	return res, err
+}
+
+// fence is this delivery's right to write the run's records.
+func (c *Context) fence() store.Fence {
+	return store.Fence{RunID: c.runID, Token: c.token, Lease: c.e.cfg.LeaseDuration}
 }
 
 // mayStartStep is the check before a step's function runs: the delivery

@@ -389,24 +389,6 @@ func CancelRequested(ctx context.Context, db DBTX, runIDs []uuid.UUID) ([]uuid.U
 	return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 }
 
-const finishRun = `
-WITH run AS (
-    UPDATE workflow_runs SET status = $18, output = $19::jsonb, error = $20::jsonb, completed_at = now(),
-        owner_token = NULL, lease_expires_at = NULL, wake_at = NULL, await_signal = NULL, stalled_deliveries = 0,
-        long_stalled_deliveries = 0
-    WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0
-    RETURNING run_id
-), ` + stepUpsert + `
-SELECT count(*) FROM run`
-
-// FinishRun ends the run with a terminal status, writing the pending step
-// record (may be nil) in the same statement. ErrLeaseLost when fenced out.
-func FinishRun(ctx context.Context, db DBTX, runID, token uuid.UUID, pending *StepRecord, status string, output, errJSON []byte) error {
-	args := append([]any{runID, token, 0}, stepArgs(pending)...)
-	args = append(args, status, output, errJSON)
-	return fenced(db.QueryRow(ctx, finishRun, args...), "finishing run %s", runID)
-}
-
 const suspendRun = `
 WITH run AS (
     UPDATE workflow_runs SET status = $18, wake_at = $19, owner_token = NULL, lease_expires_at = NULL,

@@ -1,0 +1,147 @@
+package engine
+
+import (
+	"context"
+	"sync"
+
+	"github.com/pgdurable/pgdurable/engine/internal/store"
+)
+
+// groupCommit batches the calls of many goroutines into shared database
+// round trips, without a timer: a call made while fewer than maxActive
+// batches are in flight leads a batch at once, so at low load a batch is
+// one call and waits for nothing; a call made while they are all in flight
+// queues, and whatever queued goes out together (up to maxBatch) when one
+// of them returns. The batch is as large as the load makes it.
+//
+// The leader of a batch is one of its callers (no goroutine of its own, so
+// nothing to start or stop): it runs its own call with the oldest queued
+// ones, hands the results out, and passes the lead to the oldest call still
+// queued.
+type groupCommit[Q, R any] struct {
+	maxActive, maxBatch int
+	// exec runs one batch and returns one result per call, in order. It
+	// must not fail as a whole: a result carries its own error.
+	exec func(calls []Q) []R
+
+	mu     sync.Mutex
+	queue  []*groupCall[Q, R]
+	active int // batches in flight, each with a leader
+}
+
+type groupCall[Q, R any] struct {
+	req  Q
+	res  R
+	lead bool          // this call leads a batch (under mu)
+	wake chan struct{} // exactly one send: res is set, or this call now leads
+}
+
+// do queues req and returns its result once its batch has run.
+func (g *groupCommit[Q, R]) do(req Q) R {
+	call := &groupCall[Q, R]{req: req, wake: make(chan struct{}, 1)}
+	g.mu.Lock()
+	if g.active < g.maxActive {
+		g.active++
+		call.lead = true
+	} else {
+		g.queue = append(g.queue, call)
+		g.mu.Unlock()
+		<-call.wake
+		g.mu.Lock()
+		if !call.lead {
+			g.mu.Unlock()
+			return call.res
+		}
+	}
+	// Lead one batch: this call and the oldest queued ones.
+	n := min(len(g.queue), g.maxBatch-1)
+	batch := make([]*groupCall[Q, R], 0, n+1)
+	batch = append(append(batch, call), g.queue[:n]...)
+	g.queue = append(g.queue[:0:0], g.queue[n:]...)
+	g.mu.Unlock()
+
+	reqs := make([]Q, len(batch))
+	for i, c := range batch {
+		reqs[i] = c.req
+	}
+	res := g.exec(reqs)
+
+	g.mu.Lock()
+	for i, c := range batch {
+		c.res = res[i]
+		if c != call {
+			c.wake <- struct{}{}
+		}
+	}
+	if len(g.queue) > 0 {
+		// Hand the lead on, so that no caller waits for more than its own
+		// batch and the one before.
+		next := g.queue[0]
+		g.queue = g.queue[1:]
+		next.lead = true
+		next.wake <- struct{}{}
+	} else {
+		g.active--
+	}
+	g.mu.Unlock()
+	return call.res
+}
+
+// Group commit sizes: batches in flight at once per process, and records
+// of at most this many deliveries per statement.
+const (
+	groupCommitActive = 2
+	groupCommitBatch  = 500
+)
+
+// writeOutcome is one delivery's share of a record batch.
+type writeOutcome struct {
+	store.WriteResult
+	err error
+}
+
+// newRecordWriter builds the writer every delivery of e sends its record
+// writes through: the records of concurrent deliveries are committed in one
+// statement and one transaction, each fenced on its own.
+func newRecordWriter(e *Engine) *groupCommit[*store.RecordWrite, writeOutcome] {
+	return &groupCommit[*store.RecordWrite, writeOutcome]{
+		maxActive: groupCommitActive,
+		maxBatch:  groupCommitBatch,
+		exec: func(writes []*store.RecordWrite) []writeOutcome {
+			return e.writeRecords(writes)
+		},
+	}
+}
+
+// writeRecords commits one batch of record writes. When the statement fails
+// and the batch holds more than one write, a failure that can recur (a
+// record PostgreSQL refuses) is found by writing each on its own, so it
+// fails its own delivery only; a transient failure (a dropped connection, a
+// deadlock) is returned to every write, whose delivery tries it again.
+func (e *Engine) writeRecords(writes []*store.RecordWrite) []writeOutcome {
+	out := make([]writeOutcome, len(writes))
+	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+	defer cancel()
+	res, err := store.WriteRecords(ctx, e.pool, writes)
+	if err == nil {
+		for i := range out {
+			out[i].WriteResult = res[i]
+		}
+		return out
+	}
+	if transient, _ := store.IsTransient(err); transient || len(writes) == 1 {
+		for i := range out {
+			out[i].err = err
+		}
+		return out
+	}
+	for i, w := range writes {
+		res, err := store.WriteRecords(ctx, e.pool, []*store.RecordWrite{w})
+		if err != nil {
+			out[i].err = err
+			continue
+		}
+		out[i].WriteResult = res[0]
+	}
+	return out
+}

@@ -1,0 +1,169 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Fence is the right of one delivery to write a run's records: the run,
+// the owner token its claim set, and how long each fenced write extends the
+// lease.
+type Fence struct {
+	RunID uuid.UUID
+	Token uuid.UUID
+	Lease time.Duration
+}
+
+// RecordWrite is one delivery's fenced write in a group commit: step
+// records to upsert and, optionally, a new run status or the run's end.
+type RecordWrite struct {
+	Fence   Fence
+	Records []*StepRecord
+	// Status moves the run to this status ("" leaves it); with Finish set
+	// it is the terminal status.
+	Status string
+	// Finish ends the run: the lease is released and Output (completed) or
+	// Error (failed) is stored with the completion time.
+	Finish bool
+	Output []byte
+	Error  []byte
+}
+
+// WriteResult is what one write of a batch learned.
+type WriteResult struct {
+	// Landed: the fence held and the write is committed. False means
+	// another delivery owns the run (ErrLeaseLost for this write alone).
+	Landed bool
+	// CancelRequested: the run's cancellation was requested.
+	CancelRequested bool
+}
+
+// writeRecords applies any number of deliveries' writes ($1..$7 one array
+// element per write; $8.. one per step record, tagged with its write's run
+// and token) in one statement: each run row is updated only where its own
+// fence holds, and only records whose run row was updated are upserted, so
+// a zombie's write in the batch changes nothing and the rest land. A write
+// that ends the run releases the lease and stores its outcome; any other
+// extends the lease. The leading comment names the statement within the
+// first KiB that pg_stat_activity shows of a query.
+const writeRecords = `
+-- pgdurable: workflow_steps records and workflow_runs fences of a batch of deliveries
+WITH f AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bool[], $5::text[], $6::text[], $7::bigint[])
+        AS f(run_id, token, status, finish, output, error, lease_ms)
+), run AS (
+    UPDATE workflow_runs r SET
+        status = coalesce(f.status, r.status),
+        lease_expires_at = CASE WHEN f.finish THEN NULL ELSE now() + f.lease_ms * interval '1 millisecond' END,
+        owner_token = CASE WHEN f.finish THEN NULL ELSE r.owner_token END,
+        output = CASE WHEN f.finish THEN f.output::jsonb ELSE r.output END,
+        error = CASE WHEN f.finish THEN f.error::jsonb ELSE r.error END,
+        completed_at = CASE WHEN f.finish THEN now() ELSE r.completed_at END,
+        wake_at = CASE WHEN f.finish THEN NULL ELSE r.wake_at END,
+        await_signal = CASE WHEN f.finish THEN NULL ELSE r.await_signal END,
+        stalled_deliveries = 0, long_stalled_deliveries = 0
+    FROM f
+    WHERE r.run_id = f.run_id AND r.owner_token = f.token
+    RETURNING r.run_id, f.token, r.cancel_requested_at IS NOT NULL AS cancel
+), step AS (
+    INSERT INTO workflow_steps AS s (run_id, seq, name, kind, status, attempts, request_id, output, error,
+                                     next_attempt_at, first_failed_at, started_at, completed_at,
+                                     compensation, compensation_of)
+    SELECT u.run_id, u.seq, u.name, u.kind, u.status, u.attempts, u.request_id, u.output::jsonb, u.error::jsonb,
+           u.next_attempt_at, u.first_failed_at, u.started_at, u.completed_at, u.compensation, u.compensation_of
+    FROM unnest($8::uuid[], $9::uuid[], $10::int[], $11::text[], $12::text[], $13::text[], $14::int[], $15::uuid[],
+                $16::text[], $17::text[], $18::timestamptz[], $19::timestamptz[], $20::timestamptz[],
+                $21::timestamptz[], $22::text[], $23::int[])
+        AS u(run_id, token, seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
+             first_failed_at, started_at, completed_at, compensation, compensation_of)
+    JOIN run ON run.run_id = u.run_id AND run.token = u.token
+` + stepConflict + `
+)
+SELECT run_id, token, cancel FROM run`
+
+// WriteRecords commits writes in one statement and one transaction (a
+// group commit: the writes of many deliveries share one WAL flush), each
+// fenced on its own. The result at i belongs to writes[i]. The error is the statement's: it fails
+// every write of the batch (the caller may retry them one by one to find
+// the write PostgreSQL refused).
+//
+// A batch must not hold two writes with the same fence, nor two records
+// with the same (run, seq): one delivery has one write in flight.
+func WriteRecords(ctx context.Context, db DBTX, writes []*RecordWrite) ([]WriteResult, error) {
+	n := len(writes)
+	var (
+		runID, token    = make([]uuid.UUID, n), make([]uuid.UUID, n)
+		status          = make([]*string, n)
+		finish          = make([]bool, n)
+		lease           = make([]int64, n)
+		output, errText = make([]*string, n), make([]*string, n)
+		s               stepColumns
+	)
+	for i, w := range writes {
+		runID[i], token[i], finish[i], lease[i] = w.Fence.RunID, w.Fence.Token, w.Finish, ms(w.Fence.Lease)
+		if w.Status != "" {
+			status[i] = &w.Status
+		}
+		output[i], errText[i] = jsonText(w.Output), jsonText(w.Error)
+		for _, r := range w.Records {
+			s.add(w.Fence, r)
+		}
+	}
+	rows, err := db.Query(ctx, writeRecords, runID, token, status, finish, output, errText, lease,
+		s.runID, s.token, s.seq, s.name, s.kind, s.status, s.attempts, s.requestID, s.output, s.errs,
+		s.next, s.firstFailed, s.started, s.completed, s.comp, s.compOf)
+	if err != nil {
+		return nil, fmt.Errorf("recording steps of %d runs: %w", n, translate(err))
+	}
+	defer rows.Close()
+	type key struct{ run, token uuid.UUID }
+	landed := make(map[key]bool, n)
+	for rows.Next() {
+		var k key
+		var cancel bool
+		if err := rows.Scan(&k.run, &k.token, &cancel); err != nil {
+			return nil, fmt.Errorf("recording steps of %d runs: %w", n, err)
+		}
+		landed[k] = cancel
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("recording steps of %d runs: %w", n, translate(err))
+	}
+	out := make([]WriteResult, n)
+	for i, w := range writes {
+		cancel, ok := landed[key{w.Fence.RunID, w.Fence.Token}]
+		out[i] = WriteResult{Landed: ok, CancelRequested: cancel}
+	}
+	return out, nil
+}
+
+// stepColumns holds step records as the parallel arrays unnest reads.
+type stepColumns struct {
+	runID, token                 []uuid.UUID
+	seq, attempts                []int32
+	name, kind, status           []string
+	requestID                    []*uuid.UUID
+	output, errs, comp           []*string
+	compOf                       []*int32
+	next, firstFailed, completed []*time.Time
+	started                      []time.Time
+}
+
+func (s *stepColumns) add(f Fence, r *StepRecord) {
+	s.runID, s.token = append(s.runID, f.RunID), append(s.token, f.Token)
+	s.seq, s.attempts = append(s.seq, int32(r.Seq)), append(s.attempts, int32(r.Attempts))
+	s.name, s.kind, s.status = append(s.name, r.Name), append(s.kind, r.Kind), append(s.status, r.Status)
+	s.requestID = append(s.requestID, r.RequestID)
+	s.output, s.errs, s.comp = append(s.output, jsonText(r.Output)), append(s.errs, jsonText(r.Error)), append(s.comp, r.Compensation)
+	var compOf *int32
+	if r.CompensationOf != nil {
+		v := int32(*r.CompensationOf)
+		compOf = &v
+	}
+	s.compOf = append(s.compOf, compOf)
+	s.next, s.firstFailed, s.completed = append(s.next, r.NextAttemptAt), append(s.firstFailed, r.FirstFailedAt), append(s.completed, r.CompletedAt)
+	s.started = append(s.started, r.StartedAt)
+}
