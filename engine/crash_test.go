@@ -127,7 +127,32 @@ func crashWorkflows(pool *pgxpool.Pool) []engine.Registration {
 			return n + 1, bumpCalls(context.WithoutCancel(sctx), pool, ctx.RunID(), "after")
 		}, nil)
 	}, nil)
-	return []engine.Registration{three, flaky, lost, tx}
+	// batch runs five plain steps and, in the middle, a tx step: started
+	// by the hundred in a child, its records go out in group commits.
+	batch := engine.Define("crash-batch", func(ctx *engine.Context, in crashIn) (int, error) {
+		total := 0
+		for i := range 6 {
+			name := fmt.Sprint("b", i)
+			var n int
+			var err error
+			if i == 3 {
+				n, err = engine.TxStep(ctx, name, func(sctx context.Context, tx pgx.Tx) (int, error) {
+					_, err := tx.Exec(sctx, `INSERT INTO reservations (run_id) VALUES ($1)`, ctx.RunID())
+					return 1, err
+				}, nil)
+			} else {
+				n, err = engine.Step(ctx, name, func(sctx context.Context) (int, error) {
+					return 1, bumpCalls(context.WithoutCancel(sctx), pool, ctx.RunID(), name)
+				}, nil)
+			}
+			if err != nil {
+				return 0, err
+			}
+			total += n
+		}
+		return total, nil
+	}, nil)
+	return []engine.Registration{three, flaky, lost, tx, batch}
 }
 
 func createCallsTable(t *testing.T, pool *pgxpool.Pool) {

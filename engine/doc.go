@@ -23,7 +23,12 @@
 //
 // # Delivery and leases
 //
-// Runs are delivered by River (at least once). A delivery takes the run's
+// A run started in a process whose engine is started, registers its
+// workflow and has a free worker slot is executed there at once: the start
+// inserts it already leased to that process, and no River job is made. Any
+// other run is delivered by River (at least once). If the process running
+// a run dies, its lease expires and the sweep gives the run a River
+// delivery. A delivery holds the run's
 // lease, a fencing token on the run row that every record write checks in
 // the same statement, so a delivery that lost its lease (a paused process, a
 // duplicate ticket) stops with ErrLeaseLost and never starts another step.

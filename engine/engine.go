@@ -26,7 +26,8 @@ type Config struct {
 
 	// Queue is the River queue the engine's deliveries use. Default "pgdurable".
 	Queue string
-	// MaxWorkers is how many deliveries this process runs at once. Default
+	// MaxWorkers is how many deliveries this process runs at once, River's
+	// and those of runs it started itself (see Workflow.Start). Default
 	// 100. Size the pgx pool to match (pool_max_conns in the URL; pgxpool's
 	// default is max(4, CPUs)): a running step holds no connection, but each
 	// record write needs one briefly, and River keeps one for LISTEN.
@@ -159,10 +160,19 @@ type Engine struct {
 	active sync.WaitGroup
 
 	draining atomic.Bool // Stop was called: deliveries hand runs back at the next step
+	stopping atomic.Bool // Stop or StopAndCancel was called: no more direct dispatch
 	live     sync.Map    // run ID → *Context of this process's delivery holding it
 	// records commits the record writes of this process's deliveries,
 	// many runs' in one statement (see groupCommit).
 	records *groupCommit[*store.RecordWrite, writeOutcome]
+	// slots holds one token per delivery running in this process, River's
+	// and directly dispatched ones alike: at most MaxWorkers.
+	slots chan struct{}
+	// dispatchCtx is the context of directly dispatched deliveries (see
+	// dispatch), cancelled by StopAndCancel; dispatched tracks them.
+	dispatchCtx    context.Context
+	cancelDispatch context.CancelCauseFunc
+	dispatched     sync.WaitGroup
 
 	mu        sync.Mutex
 	workflows map[string]registered
@@ -196,6 +206,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	}
 	e.retry = (RetryPolicy{}).merge(c.RetryPolicy, &DefaultRetryPolicy)
 	e.records = newRecordWriter(e)
+	e.slots = make(chan struct{}, c.MaxWorkers)
+	e.dispatchCtx, e.cancelDispatch = context.WithCancelCause(context.Background())
 	e.sobs = nopObserver{}
 	if so, ok := c.Observer.(ScheduleObserver); ok {
 		e.sobs = so
@@ -305,6 +317,7 @@ func (e *Engine) Start(ctx context.Context) error {
 // new delivery enqueued) for another worker instead of waiting for its
 // lease to expire. Use StopAndCancel when steps must not finish.
 func (e *Engine) Stop(ctx context.Context) error {
+	e.stopping.Store(true)
 	e.draining.Store(true)
 	return e.stop(ctx, e.queue.Stop)
 }
@@ -314,8 +327,14 @@ func (e *Engine) Stop(ctx context.Context) error {
 // step that still answers while its lease holds is recorded first) and
 // returns once they have, or when ctx is done.
 func (e *Engine) StopAndCancel(ctx context.Context) error {
+	e.stopping.Store(true)
+	e.cancelDispatch(errStopAndCancel)
 	return e.stop(ctx, e.queue.StopAndCancel)
 }
+
+// errStopAndCancel is the cause a StopAndCancel gives the contexts of
+// deliveries it cancels.
+var errStopAndCancel = errors.New("pgdurable: StopAndCancel called")
 
 func (e *Engine) stop(ctx context.Context, stopQueue func(context.Context) error) error {
 	e.mu.Lock()
@@ -325,10 +344,29 @@ func (e *Engine) stop(ctx context.Context, stopQueue func(context.Context) error
 		return nil
 	}
 	err := stopQueue(ctx)
+	if werr := e.waitDispatched(ctx); err == nil {
+		err = werr
+	}
 	e.stopSweep()
 	e.active.Wait()
 	if err != nil {
 		return fmt.Errorf("pgdurable: stopping workers: %w", err)
 	}
 	return nil
+}
+
+// waitDispatched waits for directly dispatched deliveries to end, or for
+// ctx, as River's Stop waits for its own.
+func (e *Engine) waitDispatched(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		e.dispatched.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

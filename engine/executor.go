@@ -32,8 +32,16 @@ func unknownWorkflowRetry(snoozes int) time.Duration {
 	return min(time.Second<<min(snoozes-9, 5), 30*time.Second)
 }
 
-// deliver is one delivery of a run: River calls it for each ticket.
+// deliver is one delivery of a run: River calls it for each ticket. It
+// waits for one of the process's worker slots, which direct dispatch (see
+// dispatch) shares.
 func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
+	select {
+	case e.slots <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err() // stopping: River retries the ticket
+	}
+	defer func() { <-e.slots }()
 	token := uuid.New()
 	sent := time.Now()
 	claimed, miss, err := store.Claim(ctx, e.pool, runID, token, e.cfg.LeaseDuration, e.now())
@@ -56,7 +64,58 @@ func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
 		}
 		return queue.Snooze(retry)
 	}
+	return e.execute(ctx, wf, claimed, token, sent)
+}
 
+// takeDispatchSlot decides whether a run of workflow name started now (in
+// tx, nil for the start's own transaction) is executed by this process at
+// once instead of through a River ticket: the engine is started and not
+// stopping, registers the workflow, and has a free worker slot, which the
+// caller then holds (dispatch releases it; a start that does not dispatch
+// after all must). A start in the caller's transaction is not dispatched:
+// the run exists only once the caller commits.
+func (e *Engine) takeDispatchSlot(tx pgx.Tx, name string) (registered, bool) {
+	if tx != nil || e.stopping.Load() {
+		return registered{}, false
+	}
+	e.mu.Lock()
+	wf, ok := e.workflows[name]
+	started := e.started
+	e.mu.Unlock()
+	if !ok || !started {
+		return registered{}, false
+	}
+	select {
+	case e.slots <- struct{}{}:
+		return wf, true
+	default:
+		return registered{}, false // every worker is busy: River delivers it when one is free
+	}
+}
+
+// dispatch executes a run this process inserted already claimed (see
+// takeDispatchSlot), on a goroutine of its own, in the worker slot the start
+// took. No River ticket exists for it: if this process dies, the run's
+// lease expires and the sweep gives it one.
+func (e *Engine) dispatch(wf registered, claimed *store.ClaimedRun, token uuid.UUID, sent time.Time) {
+	e.dispatched.Add(1)
+	go func() {
+		defer e.dispatched.Done()
+		defer func() { <-e.slots }()
+		if err := e.execute(e.dispatchCtx, wf, claimed, token, sent); err != nil {
+			// Without a ticket to fail, the lease expiring hands the run on.
+			e.log.Warn("directly dispatched delivery failed; the run is redelivered when its lease expires",
+				"run_id", claimed.RunID, "error", err)
+		}
+	}()
+}
+
+// execute runs the workflow function for a delivery that holds the run's
+// lease under token (claimed at sent), and records how it ended. A non-nil
+// result fails the delivery's River ticket so River tries it again.
+func (e *Engine) execute(ctx context.Context, wf registered, claimed *store.ClaimedRun, token uuid.UUID, sent time.Time) error {
+	runID := claimed.RunID
+	log := e.log.With("run_id", runID, "workflow", claimed.WorkflowName, "workflow_id", claimed.WorkflowID)
 	dctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	fwd, cancelFwd := context.WithCancelCause(dctx)

@@ -115,10 +115,16 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		return nil, fmt.Errorf("%w: %v", ErrInvalidInput, err)
 	}
 	var res *StartResult
+	var claim *store.Fence
+	wf, dispatch := e.takeDispatchSlot(tx, name)
+	if dispatch {
+		claim = &store.Fence{RunID: runID, Token: uuid.New(), Lease: e.cfg.LeaseDuration}
+	}
+	sent := time.Now()
 	err = e.inTx(ctx, tx, func(tx pgx.Tx) error {
 		ins, err := store.InsertRun(ctx, tx, store.NewRun{
 			RunID: runID, WorkflowName: name, WorkflowVersion: version,
-			WorkflowID: workflowID, Input: input, Queue: e.cfg.Queue, ScheduleName: scheduleOf(opts),
+			WorkflowID: workflowID, Input: input, Queue: e.cfg.Queue, ScheduleName: scheduleOf(opts), Claim: claim,
 		})
 		switch {
 		case errors.Is(err, store.ErrConflict):
@@ -129,11 +135,19 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 			return fmt.Errorf("pgdurable: starting workflow %q: %w", name, err)
 		}
 		res = &StartResult{RunID: ins.RunID, WorkflowID: workflowID, Existing: ins.Existing, Status: ins.Status}
-		if ins.Existing {
+		if ins.Existing || claim != nil {
 			return nil
 		}
 		return e.queue.Enqueue(ctx, tx, ins.RunID, time.Time{})
 	})
+	if dispatch {
+		if err == nil && !res.Existing {
+			e.dispatch(wf, &store.ClaimedRun{RunID: runID, WorkflowName: name, WorkflowVersion: version, WorkflowID: workflowID,
+				Input: input, Deliveries: 1, StalledDeliveries: 1, Status: store.RunRunning}, claim.Token, sent)
+		} else {
+			<-e.slots
+		}
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -155,7 +155,10 @@ func decodeStrict[T any](b []byte) (T, error) {
 
 // Start starts a run of w with input in (see Engine.StartJSON for the
 // workflow-ID rules). e need not have w registered: any process may start
-// runs that other processes work.
+// runs that other processes work. When e is started, registers w and has a
+// free worker slot, the run is inserted already claimed (StartResult.Status
+// running) and executes in this process at once, without waiting for a
+// River fetch; otherwise it is pending until a worker picks it up.
 func (w *Workflow[In, Out]) Start(ctx context.Context, e *Engine, in In, opts *StartOpts) (*StartResult, error) {
 	input, err := w.encode(in)
 	if err != nil {

@@ -6,6 +6,9 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +26,12 @@ const (
 	envWorkerDB    = "PGDURABLE_ENGINETEST_WORKER_DB"
 	envWorkerLease = "PGDURABLE_ENGINETEST_WORKER_LEASE_MS"
 )
+
+// EnvWorkerStarts, given to StartWorker as EnvWorkerStarts+"=name:n", has
+// the worker start n runs of workflow name (input {}) once its engine is
+// started, from 20 goroutines: runs that the worker executes itself
+// (direct dispatch), with no River ticket, for tests that kill it mid-run.
+const EnvWorkerStarts = "PGDURABLE_ENGINETEST_WORKER_STARTS"
 
 // RunWorkerIfChild turns this process into a worker when StartWorker
 // started it: it builds a pool on the test's database (20 connections), an
@@ -64,6 +73,25 @@ func runWorker(register func(pool *pgxpool.Pool) []engine.Registration) error {
 	}
 	if err := e.Start(ctx); err != nil {
 		return err
+	}
+	if spec := os.Getenv(EnvWorkerStarts); spec != "" {
+		name, count, _ := strings.Cut(spec, ":")
+		n, err := strconv.Atoi(count)
+		if err != nil {
+			return fmt.Errorf("%s=%q: want name:count", EnvWorkerStarts, spec)
+		}
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for range 20 {
+			wg.Go(func() {
+				for next.Add(1) <= int64(n) {
+					if _, err := e.StartJSON(ctx, name, []byte(`{}`), nil); err != nil {
+						fmt.Fprintln(os.Stderr, "enginetest worker: starting a run:", err)
+					}
+				}
+			})
+		}
+		wg.Wait()
 	}
 	time.Sleep(3 * time.Minute)
 	return nil

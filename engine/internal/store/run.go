@@ -18,6 +18,10 @@ type NewRun struct {
 	Input           []byte
 	Queue           string
 	ScheduleName    *string // the schedule whose fire started it
+	// Claim, when set, inserts the run already claimed under this fence
+	// (running, its first delivery counted), for a process that executes
+	// it at once; the lease sweep redelivers it if that process dies.
+	Claim *Fence
 }
 
 // InsertedRun reports the outcome of InsertRun.
@@ -28,8 +32,13 @@ type InsertedRun struct {
 }
 
 const insertRun = `
-INSERT INTO workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name)
-VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7)
+INSERT INTO workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
+                           status, owner_token, lease_expires_at, deliveries, stalled_deliveries, started_at)
+VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7,
+        CASE WHEN $8::uuid IS NULL THEN 'pending' ELSE 'running' END, $8::uuid,
+        CASE WHEN $8::uuid IS NOT NULL THEN now() + $9::bigint * interval '1 millisecond' END,
+        CASE WHEN $8::uuid IS NULL THEN 0 ELSE 1 END, CASE WHEN $8::uuid IS NULL THEN 0 ELSE 1 END,
+        CASE WHEN $8::uuid IS NOT NULL THEN now() END)
 ON CONFLICT (workflow_name, workflow_id) DO NOTHING
 RETURNING run_id`
 
@@ -45,9 +54,16 @@ WHERE workflow_name = $1 AND workflow_id = $2`
 // on the unique index, so exactly one wins.
 func InsertRun(ctx context.Context, db DBTX, r NewRun) (*InsertedRun, error) {
 	var id uuid.UUID
-	err := db.QueryRow(ctx, insertRun, r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID, r.Input, r.Queue, r.ScheduleName).Scan(&id)
+	var token *uuid.UUID
+	var lease int64
+	status := RunPending
+	if r.Claim != nil {
+		token, lease, status = &r.Claim.Token, ms(r.Claim.Lease), RunRunning
+	}
+	err := db.QueryRow(ctx, insertRun, r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID, r.Input, r.Queue, r.ScheduleName,
+		token, lease).Scan(&id)
 	if err == nil {
-		return &InsertedRun{RunID: id, Status: RunPending}, nil
+		return &InsertedRun{RunID: id, Status: status}, nil
 	}
 	if err = translate(err); err != ErrNotFound {
 		return nil, err
