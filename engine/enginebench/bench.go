@@ -19,7 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdurable/pgdurable/engine"
-	"github.com/pgdurable/pgdurable/engine/internal/queue"
+	"github.com/pgdurable/pgdurable/engine/enginebench/internal/riverref"
 )
 
 // Options sizes the benchmark.
@@ -84,8 +84,8 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 	n := opts.Workflows
 
 	// The references: River alone, with the engine's queue settings.
-	qcfg := queue.Config{MaxWorkers: 100, FetchCooldown: 2 * time.Millisecond, FetchPollInterval: 50 * time.Millisecond, Logger: quiet}
-	noop, err := queue.RunReference(ctx, pool, qcfg, "noop", n)
+	qcfg := riverref.Config{MaxWorkers: 100, FetchCooldown: 2 * time.Millisecond, FetchPollInterval: 50 * time.Millisecond, Logger: quiet}
+	noop, err := riverref.RunReference(ctx, pool, qcfg, "noop", n)
 	if err != nil {
 		return nil, err
 	}
@@ -94,7 +94,7 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	three, err := queue.RunReference(ctx, pool, qcfg, "three_tx", n)
+	three, err := riverref.RunReference(ctx, pool, qcfg, "three_tx", n)
 	if err != nil {
 		return nil, err
 	}
@@ -330,13 +330,14 @@ func thousands(n int) string {
 	return s
 }
 
-// startMany starts n runs of wf with input in from 8 goroutines, as a
-// busy service would, and returns the first start error.
+// startMany starts n runs of wf with input in from 100 goroutines, one
+// Start call at a time each, as requests arrive in a busy service, and
+// returns the first start error.
 func startMany[In, Out any](ctx context.Context, e *engine.Engine, wf *engine.Workflow[In, Out], n int, in In) error {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	var startErr atomic.Pointer[error]
-	for range 8 {
+	for range 100 {
 		wg.Go(func() {
 			for next.Add(1) <= int64(n) {
 				if _, err := wf.Start(ctx, e, in, nil); err != nil {

@@ -1,8 +1,12 @@
-package queue
+// Package riverref is the benchmark's reference: the same work as the
+// engine's benchmark workflows, written by hand directly on River, with the
+// same fetch settings. It is a harness, not part of the engine.
+package riverref
 
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
@@ -10,9 +14,6 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 )
-
-// Reference workloads written directly on River, for the benchmark to put
-// the engine's numbers next to: the same queue settings, no engine.
 
 type noopArgs struct{}
 
@@ -50,6 +51,14 @@ func (w *threeWorker) Work(ctx context.Context, job *river.Job[threeArgs]) error
 	}
 	w.done.Add(1)
 	return nil
+}
+
+// Config holds the River knobs the reference runs with: the engine's.
+type Config struct {
+	MaxWorkers        int
+	FetchCooldown     time.Duration
+	FetchPollInterval time.Duration
+	Logger            *slog.Logger
 }
 
 // ReferenceResult is one reference workload's outcome.
@@ -97,24 +106,9 @@ func RunReference(ctx context.Context, pool *pgxpool.Pool, cfg Config, kind stri
 		defer cancel()
 		_ = client.Stop(sctx)
 	}()
-	// One insert per job from 8 goroutines, as workflows are started.
-	var next atomic.Int64
-	errs := make(chan error, 8)
-	for range 8 {
-		go func() {
-			for i := next.Add(1) - 1; i < int64(n); i = next.Add(1) - 1 {
-				if _, err := client.Insert(ctx, params[i].Args, params[i].InsertOpts); err != nil {
-					errs <- fmt.Errorf("inserting reference jobs: %w", err)
-					return
-				}
-			}
-			errs <- nil
-		}()
-	}
-	for range 8 {
-		if err := <-errs; err != nil {
-			return nil, err
-		}
+	// River's best case: every job inserted with one InsertMany.
+	if _, err := client.InsertMany(ctx, params); err != nil {
+		return nil, fmt.Errorf("inserting reference jobs: %w", err)
 	}
 	for done.Load() < int64(n) {
 		select {
