@@ -165,6 +165,8 @@ type Engine struct {
 	// records commits the record writes of this process's deliveries,
 	// many runs' in one statement (see groupCommit).
 	records *groupCommit[*store.RecordWrite, writeOutcome]
+	// starts coalesces concurrent Start calls into multi-row inserts.
+	starts *groupCommit[store.NewRun, startOutcome]
 	// slots holds one token per delivery running in this process, River's
 	// and directly dispatched ones alike: at most MaxWorkers.
 	slots chan struct{}
@@ -206,6 +208,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	}
 	e.retry = (RetryPolicy{}).merge(c.RetryPolicy, &DefaultRetryPolicy)
 	e.records = newRecordWriter(e)
+	e.starts = newStartBatcher(e)
 	e.slots = make(chan struct{}, c.MaxWorkers)
 	e.dispatchCtx, e.cancelDispatch = context.WithCancelCause(context.Background())
 	e.sobs = nopObserver{}

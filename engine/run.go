@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -98,7 +99,9 @@ func (e *Engine) startRegistered(ctx context.Context, tx pgx.Tx, name string, in
 	return e.startJSON(ctx, tx, name, r.version, input, opts)
 }
 
-// startJSON is the one start path. With tx nil it runs its own transaction.
+// startJSON is the one start path. With tx nil the run is inserted with
+// the concurrent starts of this process, in one statement (see
+// insertRuns); with tx, in the caller's transaction.
 func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version int, input []byte, opts *StartOpts) (*StartResult, error) {
 	if len(input) > e.cfg.MaxPayloadBytes {
 		return nil, e.tooLarge(name, len(input))
@@ -121,36 +124,34 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		claim = &store.Fence{RunID: runID, Token: uuid.New(), Lease: e.cfg.LeaseDuration}
 	}
 	sent := time.Now()
-	err = e.inTx(ctx, tx, func(tx pgx.Tx) error {
-		ins, err := store.InsertRun(ctx, tx, store.NewRun{
-			RunID: runID, WorkflowName: name, WorkflowVersion: version,
-			WorkflowID: workflowID, Input: input, Queue: e.cfg.Queue, ScheduleName: scheduleOf(opts), Claim: claim,
-		})
-		switch {
-		case errors.Is(err, store.ErrConflict):
-			return fmt.Errorf("%w: workflow %q, ID %q (run %s)", ErrWorkflowIDConflict, name, workflowID, ins.RunID)
-		case errors.Is(err, store.ErrBadPayload):
-			return fmt.Errorf("%w: %v", ErrInvalidInput, err)
-		case err != nil:
-			return fmt.Errorf("pgdurable: starting workflow %q: %w", name, err)
-		}
-		res = &StartResult{RunID: ins.RunID, WorkflowID: workflowID, Existing: ins.Existing, Status: ins.Status}
-		if ins.Existing || claim != nil {
-			return nil
-		}
-		return e.queue.Enqueue(ctx, tx, ins.RunID, time.Time{})
-	})
+	r := store.NewRun{
+		RunID: runID, WorkflowName: name, WorkflowVersion: version,
+		WorkflowID: workflowID, Input: input, Queue: e.cfg.Queue, ScheduleName: scheduleOf(opts), Claim: claim,
+	}
+	var ins *store.InsertedRun
+	if tx != nil {
+		ins, err = e.insertRunTx(ctx, tx, r)
+	} else {
+		o := e.starts.do(r)
+		ins, err = o.run, o.err
+	}
 	if dispatch {
-		if err == nil && !res.Existing {
+		if err == nil && !ins.Existing {
 			e.dispatch(wf, &store.ClaimedRun{RunID: runID, WorkflowName: name, WorkflowVersion: version, WorkflowID: workflowID,
 				Input: input, Deliveries: 1, StalledDeliveries: 1, Status: store.RunRunning}, claim.Token, sent)
 		} else {
 			<-e.slots
 		}
 	}
-	if err != nil {
-		return nil, err
+	switch {
+	case errors.Is(err, store.ErrConflict):
+		return nil, fmt.Errorf("%w: workflow %q, ID %q (run %s)", ErrWorkflowIDConflict, name, workflowID, ins.RunID)
+	case errors.Is(err, store.ErrBadPayload):
+		return nil, fmt.Errorf("%w: %v", ErrInvalidInput, err)
+	case err != nil:
+		return nil, fmt.Errorf("pgdurable: starting workflow %q: %w", name, err)
 	}
+	res = &StartResult{RunID: ins.RunID, WorkflowID: workflowID, Existing: ins.Existing, Status: ins.Status}
 	e.obs.RunStarted(name, res.Existing)
 	if !res.Existing {
 		e.log.DebugContext(ctx, "run started", "run_id", res.RunID, "workflow", name, "workflow_id", workflowID)
@@ -177,6 +178,89 @@ func (e *Engine) inTx(ctx context.Context, tx pgx.Tx, fn func(pgx.Tx) error) err
 		return fn(tx)
 	}
 	return pgx.BeginFunc(ctx, e.pool, fn)
+}
+
+// insertRunTx inserts r in the caller's tx, with its River ticket when it
+// is new.
+func (e *Engine) insertRunTx(ctx context.Context, tx pgx.Tx, r store.NewRun) (*store.InsertedRun, error) {
+	ins, err := store.InsertRun(ctx, tx, r)
+	if err != nil || ins.Existing {
+		return ins, err
+	}
+	return ins, e.queue.Enqueue(ctx, tx, ins.RunID, time.Time{})
+}
+
+// startOutcome is one start's share of a batch of inserts.
+type startOutcome struct {
+	run *store.InsertedRun
+	err error
+}
+
+// newStartBatcher coalesces the starts of concurrent callers of e into
+// multi-row inserts (see groupCommit).
+func newStartBatcher(e *Engine) *groupCommit[store.NewRun, startOutcome] {
+	return &groupCommit[store.NewRun, startOutcome]{maxActive: groupCommitActive, maxBatch: groupCommitBatch, exec: e.insertRuns}
+}
+
+// insertRuns inserts a batch of starts. A failure that can recur (an input
+// PostgreSQL refuses) is found by inserting each on its own, so it fails
+// only its own start; a transient one fails them all.
+func (e *Engine) insertRuns(runs []store.NewRun) []startOutcome {
+	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+	defer cancel()
+	out, err := e.insertRunBatch(ctx, runs)
+	if err == nil {
+		return out
+	}
+	out = make([]startOutcome, len(runs))
+	if transient, _ := store.IsTransient(err); transient || len(runs) == 1 {
+		for i := range out {
+			out[i].err = err
+		}
+		return out
+	}
+	for i, r := range runs {
+		one, err := e.insertRunBatch(ctx, []store.NewRun{r})
+		if err != nil {
+			out[i].err = err
+			continue
+		}
+		out[i] = one[0]
+	}
+	return out
+}
+
+// insertRunBatch inserts runs in one statement, and, for the new ones that
+// no process executes at once, their River tickets in the same transaction.
+// Without tickets to insert, the statement is its own transaction: one
+// round trip.
+func (e *Engine) insertRunBatch(ctx context.Context, runs []store.NewRun) ([]startOutcome, error) {
+	var res []store.InsertedRunResult
+	var err error
+	if slices.ContainsFunc(runs, func(r store.NewRun) bool { return r.Claim == nil }) {
+		err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			if res, err = store.InsertRuns(ctx, tx, runs); err != nil {
+				return err
+			}
+			var tickets []uuid.UUID
+			for i, r := range res {
+				if r.Err == nil && !r.Run.Existing && runs[i].Claim == nil {
+					tickets = append(tickets, r.Run.RunID)
+				}
+			}
+			return e.queue.EnqueueMany(ctx, tx, tickets)
+		})
+	} else {
+		res, err = store.InsertRuns(ctx, e.pool, runs)
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make([]startOutcome, len(runs))
+	for i, r := range res {
+		out[i] = startOutcome{run: r.Run, err: r.Err}
+	}
+	return out, nil
 }
 
 // Run is a run as GetRun and ListRuns report it.

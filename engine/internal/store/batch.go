@@ -167,3 +167,81 @@ func (s *stepColumns) add(f Fence, r *StepRecord) {
 	s.next, s.firstFailed, s.completed = append(s.next, r.NextAttemptAt), append(s.firstFailed, r.FirstFailedAt), append(s.completed, r.CompletedAt)
 	s.started = append(s.started, r.StartedAt)
 }
+
+// insertRuns inserts any number of runs in one statement (one array element
+// per run), each unless a run with its workflow ID exists, already claimed
+// where its token is set (see NewRun.Claim). Only the inserted rows come
+// back.
+const insertRuns = `
+INSERT INTO workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
+                           status, owner_token, lease_expires_at, deliveries, stalled_deliveries, started_at)
+SELECT u.run_id, u.name, u.version, u.workflow_id, u.input::jsonb, u.queue, u.schedule,
+       CASE WHEN u.token IS NULL THEN 'pending' ELSE 'running' END, u.token,
+       CASE WHEN u.token IS NOT NULL THEN now() + u.lease_ms * interval '1 millisecond' END,
+       CASE WHEN u.token IS NULL THEN 0 ELSE 1 END, CASE WHEN u.token IS NULL THEN 0 ELSE 1 END,
+       CASE WHEN u.token IS NOT NULL THEN now() END
+FROM unnest($1::uuid[], $2::text[], $3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::uuid[], $9::bigint[])
+    AS u(run_id, name, version, workflow_id, input, queue, schedule, token, lease_ms)
+ON CONFLICT (workflow_name, workflow_id) DO NOTHING
+RETURNING run_id`
+
+// InsertedRunResult is one run's outcome in InsertRuns: Run, or Err
+// (ErrConflict with Run set, for a workflow ID taken with another input).
+type InsertedRunResult struct {
+	Run *InsertedRun
+	Err error
+}
+
+// InsertRuns inserts runs in one statement and reports, at i, what
+// InsertRun would have for runs[i]: a run with a workflow ID that exists
+// (or appears earlier in runs) is looked up as InsertRun looks it up. The
+// error is the statement's and fails every run (the caller may insert them
+// one by one to find the run PostgreSQL refused).
+func InsertRuns(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunResult, error) {
+	n := len(runs)
+	var (
+		runID, token     = make([]uuid.UUID, n), make([]*uuid.UUID, n)
+		name, workflowID = make([]string, n), make([]string, n)
+		input, queue     = make([]string, n), make([]string, n)
+		schedule         = make([]*string, n)
+		version          = make([]int32, n)
+		lease            = make([]int64, n)
+	)
+	for i, r := range runs {
+		runID[i], name[i], version[i], workflowID[i] = r.RunID, r.WorkflowName, int32(r.WorkflowVersion), r.WorkflowID
+		input[i], queue[i], schedule[i] = string(r.Input), r.Queue, r.ScheduleName
+		if r.Claim != nil {
+			token[i], lease[i] = &r.Claim.Token, ms(r.Claim.Lease)
+		}
+	}
+	rows, err := db.Query(ctx, insertRuns, runID, name, version, workflowID, input, queue, schedule, token, lease)
+	if err != nil {
+		return nil, fmt.Errorf("inserting %d runs: %w", n, translate(err))
+	}
+	inserted := make(map[uuid.UUID]bool, n)
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("inserting %d runs: %w", n, err)
+		}
+		inserted[id] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("inserting %d runs: %w", n, translate(err))
+	}
+	out := make([]InsertedRunResult, n)
+	for i, r := range runs {
+		if inserted[r.RunID] {
+			status := RunPending
+			if r.Claim != nil {
+				status = RunRunning
+			}
+			out[i].Run = &InsertedRun{RunID: r.RunID, Status: status}
+			continue
+		}
+		out[i].Run, out[i].Err = existing(ctx, db, r)
+	}
+	return out, nil
+}

@@ -74,3 +74,50 @@ func TestWriteRecordsFencesEachWriteOnItsOwn(t *testing.T) {
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT lease_expires_at FROM workflow_runs WHERE run_id = $1`, a.RunID).Scan(&lease))
 	require.WithinDuration(t, time.Now().Add(a.Lease), lease, 5*time.Second, "a write extends its lease")
 }
+
+// InsertRuns answers each run as InsertRun would: new (claimed or not), the
+// same workflow ID with the same input (in the table or earlier in the
+// batch) is the existing run, with another input a conflict.
+func TestInsertRunsAnswersEachRunAsInsertRunWould(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := context.Background()
+	run := func(workflowID, input string, claim bool) store.NewRun {
+		r := store.NewRun{RunID: uuid.Must(uuid.NewV7()), WorkflowName: "wf", WorkflowVersion: 1, WorkflowID: workflowID,
+			Input: []byte(input), Queue: "q"}
+		if claim {
+			r.Claim = &store.Fence{RunID: r.RunID, Token: uuid.New(), Lease: 10 * time.Second}
+		}
+		return r
+	}
+	old := run("old", `{"a": 1}`, false)
+	_, err := store.InsertRun(ctx, db.Pool, old)
+	require.NoError(t, err)
+
+	batch := []store.NewRun{
+		run("new", `{}`, false),
+		run("claimed", `{}`, true),
+		run("old", `{"a":1}`, false),      // same input, other spelling
+		run("old", `{"a": 2}`, false),     // other input
+		run("claimed", `{}`, false),       // earlier in the batch, same input
+		run("claimed", `{"b": 1}`, false), // earlier in the batch, other input
+	}
+	res, err := store.InsertRuns(ctx, db.Pool, batch)
+	require.NoError(t, err)
+	require.Len(t, res, len(batch))
+	require.NoError(t, res[0].Err)
+	require.Equal(t, store.InsertedRun{RunID: batch[0].RunID, Status: store.RunPending}, *res[0].Run)
+	require.Equal(t, store.InsertedRun{RunID: batch[1].RunID, Status: store.RunRunning}, *res[1].Run)
+	require.Equal(t, store.InsertedRun{RunID: old.RunID, Existing: true, Status: store.RunPending}, *res[2].Run)
+	require.ErrorIs(t, res[3].Err, store.ErrConflict)
+	require.Equal(t, old.RunID, res[3].Run.RunID)
+	require.Equal(t, store.InsertedRun{RunID: batch[1].RunID, Existing: true, Status: store.RunRunning}, *res[4].Run)
+	require.ErrorIs(t, res[5].Err, store.ErrConflict)
+
+	var owner *uuid.UUID
+	var deliveries int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT owner_token, deliveries FROM workflow_runs WHERE run_id = $1`, batch[1].RunID).
+		Scan(&owner, &deliveries))
+	require.Equal(t, batch[1].Claim.Token, *owner)
+	require.Equal(t, 1, deliveries, "a claimed insert counts its first delivery")
+}

@@ -68,6 +68,11 @@ func InsertRun(ctx context.Context, db DBTX, r NewRun) (*InsertedRun, error) {
 	if err = translate(err); err != ErrNotFound {
 		return nil, err
 	}
+	return existing(ctx, db, r)
+}
+
+// existing reads the run that holds r's workflow ID.
+func existing(ctx context.Context, db DBTX, r NewRun) (*InsertedRun, error) {
 	out := &InsertedRun{Existing: true}
 	var same bool
 	if err := db.QueryRow(ctx, existingRun, r.WorkflowName, r.WorkflowID, r.Input).Scan(&out.RunID, &same, &out.Status); err != nil {
