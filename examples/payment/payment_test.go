@@ -220,7 +220,12 @@ func TestCancelWhileChargeRetriesRefundsIt(t *testing.T) {
 	waitFor(t, "the dropped charge", func() bool { return len(f.gw.Ledger().Charges) == 1 })
 	f.gw.SetFaults(fakegateway.Faults{ServerError: 1})
 	require.NoError(t, f.e.Cancel(f.ctx, res.RunID))
-	time.Sleep(300 * time.Millisecond) // the charge keeps retrying, cancelled or not
+	// The charge keeps retrying, cancelled or not: wait for a retry after
+	// the cancel to fail (a count, not a sleep: in 300 ms a fast machine
+	// made the 3 settling attempts a cancelled run gets, and parked it).
+	const charges = "POST /v1/payment_intents"
+	tried := f.gw.Ledger().Requests[charges]
+	waitFor(t, "a charge retried after the cancel", func() bool { return f.gw.Ledger().Requests[charges] > tried })
 	f.gw.SetFaults(fakegateway.Faults{})
 	_, err = f.wf.Wait(f.ctx, f.e, res.RunID, 10*time.Millisecond)
 	var runErr *engine.RunError
