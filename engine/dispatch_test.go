@@ -23,17 +23,22 @@ func tickets(t *testing.T, db *enginetest.DB, runID uuid.UUID) int {
 }
 
 // A run started in a process that works its workflow executes there at
-// once, without a River ticket; one started by a client process, in the
-// caller's transaction, or while every worker is busy gets a ticket.
+// once, without a River ticket; one started while every worker is busy is
+// held there (pending, no ticket) and runs when a worker frees up; one
+// started by a client process, or in the caller's transaction, gets a
+// ticket.
 func TestStartDispatchesToAFreeWorkerOfTheStartingProcess(t *testing.T) {
 	t.Parallel()
 	release := make(chan struct{})
 	inStep := make(chan struct{}, 10)
 	wf := engine.Define("dispatched", func(ctx *engine.Context, in int) (int, error) {
-		return engine.Step(ctx, "s", func(context.Context) (int, error) {
+		return engine.Step(ctx, "s", func(sctx context.Context) (int, error) {
 			if in == 1 {
 				inStep <- struct{}{}
-				<-release
+				select {
+				case <-release:
+				case <-sctx.Done():
+				}
 			}
 			return in, nil
 		}, nil)
@@ -49,9 +54,10 @@ func TestStartDispatchesToAFreeWorkerOfTheStartingProcess(t *testing.T) {
 	<-inStep
 	require.Zero(t, tickets(t, db, first.RunID))
 
-	busy, err := wf.Start(ctx, worker, 2, nil) // the one worker is busy
+	held, err := wf.Start(ctx, worker, 2, nil) // the one worker is busy
 	require.NoError(t, err)
-	require.Equal(t, engine.StatusPending, busy.Status)
+	require.Equal(t, engine.StatusPending, held.Status)
+	require.Zero(t, tickets(t, db, held.RunID), "held by the starting process")
 	fromClient, err := wf.Start(ctx, client, 3, nil)
 	require.NoError(t, err)
 	var inTx *engine.StartResult
@@ -59,12 +65,12 @@ func TestStartDispatchesToAFreeWorkerOfTheStartingProcess(t *testing.T) {
 		inTx, err = wf.StartTx(ctx, worker, tx, 4, nil)
 		return err
 	}))
-	for _, r := range []*engine.StartResult{busy, fromClient, inTx} {
+	for _, r := range []*engine.StartResult{fromClient, inTx} {
 		require.Equal(t, 1, tickets(t, db, r.RunID))
 	}
 
 	close(release)
-	for i, r := range []*engine.StartResult{first, busy, fromClient, inTx} {
+	for i, r := range []*engine.StartResult{first, held, fromClient, inTx} {
 		out, err := wf.Wait(ctx, worker, r.RunID, 10*time.Millisecond)
 		require.NoError(t, err)
 		require.Equal(t, i+1, out)
@@ -72,6 +78,52 @@ func TestStartDispatchesToAFreeWorkerOfTheStartingProcess(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, 1, run.Deliveries)
 	}
+	require.Zero(t, tickets(t, db, held.RunID), "the held run ran in its process, without River")
+}
+
+// A held run whose process stays busy past the hold (LeaseDuration) gets
+// a River ticket from the sweep, and another process runs it; a process
+// that stops gives the runs it holds tickets at once.
+func TestHeldRunsGoToRiverWhenTheirProcessCannotRunThem(t *testing.T) {
+	t.Parallel()
+	inStep := make(chan struct{}, 10)
+	wf := engine.Define("held", func(ctx *engine.Context, in int) (int, error) {
+		return engine.Step(ctx, "s", func(sctx context.Context) (int, error) {
+			if in < 0 {
+				inStep <- struct{}{}
+				<-sctx.Done() // busy until its engine stops
+			}
+			return in, nil
+		}, nil)
+	}, nil)
+	db := enginetest.NewDB(t)
+	ctx := testCtx(t)
+	cfg := &engine.Config{MaxWorkers: 1, LeaseDuration: time.Second, SweepInterval: 100 * time.Millisecond}
+
+	busy := newEngine(t, db, cfg, true, wf)
+	_, err := wf.Start(ctx, busy, -1, nil)
+	require.NoError(t, err)
+	<-inStep
+	expires, err := wf.Start(ctx, busy, 1, nil)
+	require.NoError(t, err)
+	require.Zero(t, tickets(t, db, expires.RunID))
+	other := newEngine(t, db, &engine.Config{SweepInterval: 100 * time.Millisecond}, true, wf)
+	out, err := wf.Wait(ctx, other, expires.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 1, out)
+	require.Equal(t, 1, tickets(t, db, expires.RunID), "the sweep gave it a ticket once its hold passed")
+
+	stopping := newEngine(t, db, cfg, true, wf)
+	_, err = wf.Start(ctx, stopping, -2, nil)
+	require.NoError(t, err)
+	<-inStep
+	released, err := wf.Start(ctx, stopping, 2, nil)
+	require.NoError(t, err)
+	require.NoError(t, stopping.StopAndCancel(ctx))
+	require.Equal(t, 1, tickets(t, db, released.RunID), "released with a ticket by the stop")
+	out, err = wf.Wait(ctx, other, released.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 2, out)
 }
 
 // A run dispatched in its starting process whose worker process dies is

@@ -167,6 +167,8 @@ type Engine struct {
 	records *groupCommit[*store.RecordWrite, writeOutcome]
 	// starts coalesces concurrent Start calls into multi-row inserts.
 	starts *groupCommit[store.NewRun, startOutcome]
+	// claims coalesces the claims of concurrent deliveries.
+	claims *groupCommit[store.Fence, claimOutcome]
 	// slots holds one token per delivery running in this process, River's
 	// and directly dispatched ones alike: at most MaxWorkers.
 	slots chan struct{}
@@ -175,6 +177,10 @@ type Engine struct {
 	dispatchCtx    context.Context
 	cancelDispatch context.CancelCauseFunc
 	dispatched     sync.WaitGroup
+	// held are runs started here while every worker was busy (see
+	// holdLocal); heldMu also orders dispatched.Add before stopping.
+	heldMu sync.Mutex
+	held   []heldRun
 
 	mu        sync.Mutex
 	workflows map[string]registered
@@ -209,6 +215,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	e.retry = (RetryPolicy{}).merge(c.RetryPolicy, &DefaultRetryPolicy)
 	e.records = newRecordWriter(e)
 	e.starts = newStartBatcher(e)
+	e.claims = newClaimBatcher(e)
 	e.slots = make(chan struct{}, c.MaxWorkers)
 	e.dispatchCtx, e.cancelDispatch = context.WithCancelCause(context.Background())
 	e.sobs = nopObserver{}
@@ -320,7 +327,7 @@ func (e *Engine) Start(ctx context.Context) error {
 // new delivery enqueued) for another worker instead of waiting for its
 // lease to expire. Use StopAndCancel when steps must not finish.
 func (e *Engine) Stop(ctx context.Context) error {
-	e.stopping.Store(true)
+	e.setStopping()
 	e.draining.Store(true)
 	return e.stop(ctx, e.queue.Stop)
 }
@@ -330,7 +337,7 @@ func (e *Engine) Stop(ctx context.Context) error {
 // step that still answers while its lease holds is recorded first) and
 // returns once they have, or when ctx is done.
 func (e *Engine) StopAndCancel(ctx context.Context) error {
-	e.stopping.Store(true)
+	e.setStopping()
 	e.cancelDispatch(errStopAndCancel)
 	return e.stop(ctx, e.queue.StopAndCancel)
 }
@@ -347,6 +354,9 @@ func (e *Engine) stop(ctx context.Context, stopQueue func(context.Context) error
 		return nil
 	}
 	err := stopQueue(ctx)
+	// After River stopped fetching: released here, a held run would be
+	// fetched by this very process and handed back again.
+	e.releaseHeld(ctx)
 	if werr := e.waitDispatched(ctx); err == nil {
 		err = werr
 	}
@@ -356,6 +366,13 @@ func (e *Engine) stop(ctx context.Context, stopQueue func(context.Context) error
 		return fmt.Errorf("pgdurable: stopping workers: %w", err)
 	}
 	return nil
+}
+
+// setStopping ends direct dispatch and the starting of held runs.
+func (e *Engine) setStopping() {
+	e.heldMu.Lock()
+	e.stopping.Store(true)
+	e.heldMu.Unlock()
 }
 
 // waitDispatched waits for directly dispatched deliveries to end, or for

@@ -18,6 +18,10 @@ import (
 // the delivery's, so a shutdown does not lose a finished step's record.
 const writeTimeout = 15 * time.Second
 
+// busyRetry is how long a ticket that found every worker busy for half a
+// lease waits before River delivers it again.
+const busyRetry = 100 * time.Millisecond
+
 // unknownWorkflowRetry is how long a ticket for a workflow this process
 // does not register waits before another try, when it has come back to
 // processes that do not register it snoozes times: a second for the first
@@ -33,18 +37,29 @@ func unknownWorkflowRetry(snoozes int) time.Duration {
 }
 
 // deliver is one delivery of a run: River calls it for each ticket. It
-// waits for one of the process's worker slots, which direct dispatch (see
-// dispatch) shares.
+// waits for one of the process's worker slots, which runs this process
+// started itself share (see planStart), for at most half a lease: a ticket
+// River fetched and that waited longer would look abandoned to the orphan
+// sweep, so it goes back to River instead, for a process with a free
+// worker.
 func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
 	select {
 	case e.slots <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err() // stopping: River retries the ticket
+	default:
+		wait := time.NewTimer(e.cfg.LeaseDuration / 2)
+		defer wait.Stop()
+		select {
+		case e.slots <- struct{}{}:
+		case <-wait.C:
+			return queue.Snooze(busyRetry)
+		case <-ctx.Done():
+			return ctx.Err() // stopping: River retries the ticket
+		}
 	}
-	defer func() { <-e.slots }()
+	defer e.releaseSlot()
 	token := uuid.New()
 	sent := time.Now()
-	claimed, miss, err := store.Claim(ctx, e.pool, runID, token, e.cfg.LeaseDuration, e.now())
+	claimed, miss, err := e.claim(runID, token)
 	if err != nil {
 		return err // the database failed: River retries the ticket
 	}
@@ -65,49 +80,6 @@ func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
 		return queue.Snooze(retry)
 	}
 	return e.execute(ctx, wf, claimed, token, sent)
-}
-
-// takeDispatchSlot decides whether a run of workflow name started now (in
-// tx, nil for the start's own transaction) is executed by this process at
-// once instead of through a River ticket: the engine is started and not
-// stopping, registers the workflow, and has a free worker slot, which the
-// caller then holds (dispatch releases it; a start that does not dispatch
-// after all must). A start in the caller's transaction is not dispatched:
-// the run exists only once the caller commits.
-func (e *Engine) takeDispatchSlot(tx pgx.Tx, name string) (registered, bool) {
-	if tx != nil || e.stopping.Load() {
-		return registered{}, false
-	}
-	e.mu.Lock()
-	wf, ok := e.workflows[name]
-	started := e.started
-	e.mu.Unlock()
-	if !ok || !started {
-		return registered{}, false
-	}
-	select {
-	case e.slots <- struct{}{}:
-		return wf, true
-	default:
-		return registered{}, false // every worker is busy: River delivers it when one is free
-	}
-}
-
-// dispatch executes a run this process inserted already claimed (see
-// takeDispatchSlot), on a goroutine of its own, in the worker slot the start
-// took. No River ticket exists for it: if this process dies, the run's
-// lease expires and the sweep gives it one.
-func (e *Engine) dispatch(wf registered, claimed *store.ClaimedRun, token uuid.UUID, sent time.Time) {
-	e.dispatched.Add(1)
-	go func() {
-		defer e.dispatched.Done()
-		defer func() { <-e.slots }()
-		if err := e.execute(e.dispatchCtx, wf, claimed, token, sent); err != nil {
-			// Without a ticket to fail, the lease expiring hands the run on.
-			e.log.Warn("directly dispatched delivery failed; the run is redelivered when its lease expires",
-				"run_id", claimed.RunID, "error", err)
-		}
-	}()
 }
 
 // execute runs the workflow function for a delivery that holds the run's

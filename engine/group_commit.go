@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 
+	"github.com/google/uuid"
+
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
@@ -144,4 +146,41 @@ func (e *Engine) writeRecords(writes []*store.RecordWrite) []writeOutcome {
 		out[i].WriteResult = res[0]
 	}
 	return out
+}
+
+// claimOutcome is one delivery's share of a batch of claims.
+type claimOutcome struct {
+	store.ClaimResult
+	err error
+}
+
+// newClaimBatcher coalesces the claims of concurrent deliveries of e (the
+// tickets of one River fetch start together; held runs start as workers
+// free up) into one round trip.
+func newClaimBatcher(e *Engine) *groupCommit[store.Fence, claimOutcome] {
+	return &groupCommit[store.Fence, claimOutcome]{
+		maxActive: groupCommitActive,
+		maxBatch:  groupCommitBatch,
+		exec: func(fences []store.Fence) []claimOutcome {
+			ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+			defer cancel()
+			out := make([]claimOutcome, len(fences))
+			res, err := store.ClaimRuns(ctx, e.pool, fences, e.now())
+			for i := range out {
+				if err != nil {
+					out[i].err = err
+				} else {
+					out[i].ClaimResult = res[i]
+				}
+			}
+			return out
+		},
+	}
+}
+
+// claim takes the lease on runID with token, in a batch with the claims
+// of other deliveries (see store.ClaimRuns).
+func (e *Engine) claim(runID, token uuid.UUID) (*store.ClaimedRun, *store.ClaimMiss, error) {
+	o := e.claims.do(store.Fence{RunID: runID, Token: token, Lease: e.cfg.LeaseDuration})
+	return o.Run, o.Miss, o.err
 }

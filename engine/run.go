@@ -118,16 +118,18 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		return nil, fmt.Errorf("%w: %v", ErrInvalidInput, err)
 	}
 	var res *StartResult
-	var claim *store.Fence
-	wf, dispatch := e.takeDispatchSlot(tx, name)
-	if dispatch {
-		claim = &store.Fence{RunID: runID, Token: uuid.New(), Lease: e.cfg.LeaseDuration}
-	}
-	sent := time.Now()
+	wf, path := e.planStart(tx, name)
 	r := store.NewRun{
 		RunID: runID, WorkflowName: name, WorkflowVersion: version,
-		WorkflowID: workflowID, Input: input, Queue: e.cfg.Queue, ScheduleName: scheduleOf(opts), Claim: claim,
+		WorkflowID: workflowID, Input: input, Queue: e.cfg.Queue, ScheduleName: scheduleOf(opts),
 	}
+	switch path {
+	case dispatchNow:
+		r.Claim = &store.Fence{RunID: runID, Token: uuid.New(), Lease: e.cfg.LeaseDuration}
+	case holdLocal:
+		r.Hold = e.cfg.LeaseDuration
+	}
+	sent := time.Now()
 	var ins *store.InsertedRun
 	if tx != nil {
 		ins, err = e.insertRunTx(ctx, tx, r)
@@ -135,13 +137,14 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		o := e.starts.do(r)
 		ins, err = o.run, o.err
 	}
-	if dispatch {
-		if err == nil && !ins.Existing {
-			e.dispatch(wf, &store.ClaimedRun{RunID: runID, WorkflowName: name, WorkflowVersion: version, WorkflowID: workflowID,
-				Input: input, Deliveries: 1, StalledDeliveries: 1, Status: store.RunRunning}, claim.Token, sent)
-		} else {
-			<-e.slots
-		}
+	switch {
+	case path == dispatchNow && err == nil && !ins.Existing:
+		e.dispatch(wf, &store.ClaimedRun{RunID: runID, WorkflowName: name, WorkflowVersion: version, WorkflowID: workflowID,
+			Input: input, Deliveries: 1, StalledDeliveries: 1, Status: store.RunRunning}, r.Claim.Token, sent)
+	case path == dispatchNow:
+		e.releaseSlot()
+	case path == holdLocal && err == nil && !ins.Existing:
+		e.hold(wf, runID)
 	}
 	switch {
 	case errors.Is(err, store.ErrConflict):
@@ -230,6 +233,9 @@ func (e *Engine) insertRuns(runs []store.NewRun) []startOutcome {
 	return out
 }
 
+// needsTicket: r is new work for River (not claimed or held by this process).
+func needsTicket(r store.NewRun) bool { return r.Claim == nil && r.Hold == 0 }
+
 // insertRunBatch inserts runs in one statement, and, for the new ones that
 // no process executes at once, their River tickets in the same transaction.
 // Without tickets to insert, the statement is its own transaction: one
@@ -237,14 +243,14 @@ func (e *Engine) insertRuns(runs []store.NewRun) []startOutcome {
 func (e *Engine) insertRunBatch(ctx context.Context, runs []store.NewRun) ([]startOutcome, error) {
 	var res []store.InsertedRunResult
 	var err error
-	if slices.ContainsFunc(runs, func(r store.NewRun) bool { return r.Claim == nil }) {
+	if slices.ContainsFunc(runs, needsTicket) {
 		err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 			if res, err = store.InsertRuns(ctx, tx, runs); err != nil {
 				return err
 			}
 			var tickets []uuid.UUID
 			for i, r := range res {
-				if r.Err == nil && !r.Run.Existing && runs[i].Claim == nil {
+				if r.Err == nil && !r.Run.Existing && needsTicket(runs[i]) {
 					tickets = append(tickets, r.Run.RunID)
 				}
 			}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
@@ -32,6 +33,9 @@ type Options struct {
 	WaitingRuns int
 	// Progress receives a line per finished row; nil: none.
 	Progress io.Writer
+	// CPUProfile, when set, receives a pprof CPU profile of this process
+	// during the 3-step throughput row (go tool pprof reads it).
+	CPUProfile io.Writer
 }
 
 // Row is one measurement.
@@ -108,7 +112,16 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 
 	var rt3 float64
 	for _, steps := range []int{3, 10} {
+		profile := steps == 3 && opts.CPUProfile != nil
+		if profile {
+			if err := pprof.StartCPUProfile(opts.CPUProfile); err != nil {
+				return nil, err
+			}
+		}
 		res, err := throughput(ctx, pool, rt, url, steps, n, quiet)
+		if profile {
+			pprof.StopCPUProfile()
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -2,6 +2,7 @@ package commands
 
 import (
 	"fmt"
+	"os"
 
 	"github.com/spf13/cobra"
 
@@ -11,6 +12,7 @@ import (
 
 func (g *global) benchCmd() *cobra.Command {
 	var opts enginebench.Options
+	var cpuProfile string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure the engine next to hand-written River on this database",
@@ -40,6 +42,14 @@ of replaying 1,000 recorded steps, and the process's memory with --waiting-runs 
 			if !g.jsonOut {
 				opts.Progress = g.opts.Stdout
 				fmt.Fprintf(g.opts.Stdout, "engine bench on %s (%d workflows per row)\n", redact(g.dbURL()), opts.Workflows)
+			}
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				opts.CPUProfile = f
 			}
 			rep, err := enginebench.Run(cmd.Context(), g.dbURL(), opts)
 			if err != nil {
@@ -71,5 +81,6 @@ of replaying 1,000 recorded steps, and the process's memory with --waiting-runs 
 	cmd.Flags().IntVar(&opts.Workflows, "workflows", 2000, "workflows (and reference jobs) per throughput row")
 	cmd.Flags().IntVar(&opts.LatencySamples, "latency-samples", 200, "one-at-a-time starts for the latency rows")
 	cmd.Flags().IntVar(&opts.WaitingRuns, "waiting-runs", 10000, "runs asleep at once for the memory row")
+	cmd.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the 3-step throughput row to this file (go tool pprof)")
 	return cmd
 }

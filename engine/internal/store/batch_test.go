@@ -20,10 +20,10 @@ func claimed(t *testing.T, db store.DBTX, workflowID string) store.Fence {
 		WorkflowID: workflowID, Input: []byte(`{}`), Queue: "q"})
 	require.NoError(t, err)
 	f := store.Fence{RunID: ins.RunID, Token: uuid.New(), Lease: 10 * time.Second}
-	c, miss, err := store.Claim(ctx, db, f.RunID, f.Token, f.Lease, time.Now())
+	res, err := store.ClaimRuns(ctx, db, []store.Fence{f}, time.Now())
 	require.NoError(t, err)
-	require.Nil(t, miss)
-	require.NotNil(t, c)
+	require.Nil(t, res[0].Miss)
+	require.NotNil(t, res[0].Run)
 	return f
 }
 
@@ -120,4 +120,53 @@ func TestInsertRunsAnswersEachRunAsInsertRunWould(t *testing.T) {
 		Scan(&owner, &deliveries))
 	require.Equal(t, batch[1].Claim.Token, *owner)
 	require.Equal(t, 1, deliveries, "a claimed insert counts its first delivery")
+}
+
+// ClaimRuns claims each claimable run of a batch once: a run leased by a
+// live delivery, a finished run, a missing run and the second fence for a
+// run already in the batch are misses, and each claimed run comes with its
+// own steps.
+func TestClaimRunsClaimsEachRunOnce(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := context.Background()
+	insert := func(workflowID string) uuid.UUID {
+		ins, err := store.InsertRun(ctx, db.Pool, store.NewRun{RunID: uuid.Must(uuid.NewV7()), WorkflowName: "wf",
+			WorkflowVersion: 1, WorkflowID: workflowID, Input: []byte(`{}`), Queue: "q"})
+		require.NoError(t, err)
+		return ins.RunID
+	}
+	free, leased, twice := insert("free"), claimed(t, db.Pool, "leased"), insert("twice")
+	_, err := store.WriteRecords(ctx, db.Pool, []*store.RecordWrite{{Fence: leased, Records: []*store.StepRecord{completedStep(0, "s0")}}})
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `UPDATE workflow_runs SET owner_token = NULL, lease_expires_at = NULL WHERE run_id = $1`, leased.RunID)
+	require.NoError(t, err)
+	leased2 := claimed(t, db.Pool, "leased-live")
+
+	fence := func(id uuid.UUID) store.Fence {
+		return store.Fence{RunID: id, Token: uuid.New(), Lease: 10 * time.Second}
+	}
+	fences := []store.Fence{fence(free), fence(leased.RunID), fence(leased2.RunID), fence(uuid.New()), fence(twice), fence(twice)}
+	res, err := store.ClaimRuns(ctx, db.Pool, fences, time.Now())
+	require.NoError(t, err)
+	require.NotNil(t, res[0].Run)
+	require.Empty(t, res[0].Run.Steps)
+	require.NotNil(t, res[1].Run, "a run whose lease was released is claimed again")
+	require.Len(t, res[1].Run.Steps, 1, "with its recorded steps")
+	require.Equal(t, 2, res[1].Run.Deliveries)
+	require.True(t, res[2].Miss.Leased)
+	require.True(t, res[3].Miss.NotExists)
+	require.True(t, (res[4].Run == nil) != (res[5].Run == nil), "one of two fences for one run claims it")
+	for _, r := range res[4:] {
+		if r.Miss != nil {
+			require.True(t, r.Miss.Leased)
+		}
+	}
+	var owner uuid.UUID
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT owner_token FROM workflow_runs WHERE run_id = $1`, twice).Scan(&owner))
+	winner := fences[4]
+	if res[5].Run != nil {
+		winner = fences[5]
+	}
+	require.Equal(t, winner.Token, owner)
 }

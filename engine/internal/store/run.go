@@ -22,6 +22,11 @@ type NewRun struct {
 	// (running, its first delivery counted), for a process that executes
 	// it at once; the lease sweep redelivers it if that process dies.
 	Claim *Fence
+	// Hold, when not zero, inserts the run pending without a River job, held
+	// for this long by the starting process, which runs it once a worker of
+	// its frees up; when the hold passes first, the sweep gives it a job.
+	// InsertRuns only.
+	Hold time.Duration
 }
 
 // InsertedRun reports the outcome of InsertRun.
@@ -111,95 +116,14 @@ type ClaimMiss struct {
 	NotExists bool
 }
 
-// The claim takes the lease with a new owner token, counts the delivery
-// before any workflow code runs (so a crash still counts), and is sent in one
-// batch with the step load: one round trip, one transaction.
-//
-// The claim commits without waiting for the WAL flush
-// (synchronous_commit = off for that transaction only): a worker that dies
-// still leaves it committed, and only a PostgreSQL crash within the WAL
-// writer's delay (200 ms by default) can lose it. A lost claim has no
-// effect to undo: the run reverts to unclaimed, the worker's fenced writes
-// fail, and the orphan sweep redelivers it. Every later write of the
-// delivery is a synchronous commit that flushes the claim with it, since
-// WAL is flushed in order. This saves one of the five fsync waits of a
-// 3-step workflow.
-const claimRun = `
-UPDATE workflow_runs SET
-    owner_token = $2,
-    lease_expires_at = now() + $3::bigint * interval '1 millisecond',
-    status = CASE WHEN status = 'compensating' THEN status ELSE 'running' END,
-    deliveries = deliveries + 1,
-    stalled_deliveries = stalled_deliveries + 1,
-    started_at = coalesce(started_at, now()),
-    wake_at = NULL,
-    await_signal = NULL
-WHERE run_id = $1
-  AND status IN ('pending', 'running', 'waiting', 'compensating')
-  AND (owner_token IS NULL OR lease_expires_at < now())
-  AND (wake_at IS NULL OR wake_at <= $4)
-RETURNING workflow_name, workflow_version, workflow_id, input, deliveries, stalled_deliveries, long_stalled_deliveries, status,
-          cancel_requested_at IS NOT NULL`
-
-// asyncCommit applies to the rest of the batch's implicit transaction only.
-const asyncCommit = `SELECT set_config('synchronous_commit', 'off', true)`
-
+// loadSteps reads a run's step records in order.
 const loadSteps = `
 SELECT seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
        first_failed_at, started_at, completed_at, compensation, compensation_of
 FROM workflow_steps WHERE run_id = $1 ORDER BY seq`
 
-const claimMiss = `
-SELECT status, owner_token IS NOT NULL AND lease_expires_at >= now(), wake_at
-FROM workflow_runs WHERE run_id = $1`
-
-// Claim takes the lease on runID for lease and loads all its steps in one
-// round trip. It returns (nil, miss, nil) when the run is finished, leased
-// by a live delivery, or not due before now.
-func Claim(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.Duration, now time.Time) (*ClaimedRun, *ClaimMiss, error) {
-	b := &pgx.Batch{}
-	b.Queue(asyncCommit)
-	b.Queue(claimRun, runID, token, ms(lease), now)
-	b.Queue(loadSteps, runID)
-	br := db.SendBatch(ctx, b)
-	defer br.Close()
-
-	if _, err := br.Exec(); err != nil {
-		return nil, nil, fmt.Errorf("claiming run %s: %w", runID, err)
-	}
-	c := &ClaimedRun{RunID: runID}
-	err := br.QueryRow().Scan(&c.WorkflowName, &c.WorkflowVersion, &c.WorkflowID, &c.Input, &c.Deliveries,
-		&c.StalledDeliveries, &c.LongStalled, &c.Status, &c.CancelRequested)
-	claimed := err == nil
-	if err != nil && translate(err) != ErrNotFound {
-		return nil, nil, fmt.Errorf("claiming run %s: %w", runID, err)
-	}
-	rows, err := br.Query()
-	if err != nil {
-		return nil, nil, fmt.Errorf("loading steps of run %s: %w", runID, err)
-	}
-	steps, err := scanSteps(rows)
-	if err != nil {
-		return nil, nil, fmt.Errorf("loading steps of run %s: %w", runID, err)
-	}
-	if err := br.Close(); err != nil {
-		return nil, nil, fmt.Errorf("claiming run %s: %w", runID, err)
-	}
-	if claimed {
-		c.Steps = steps
-		return c, nil, nil
-	}
-	miss := &ClaimMiss{}
-	err = db.QueryRow(ctx, claimMiss, runID).Scan(&miss.Status, &miss.Leased, &miss.WakeAt)
-	if translate(err) == ErrNotFound {
-		miss.NotExists = true
-		return nil, miss, nil
-	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("reading run %s: %w", runID, err)
-	}
-	return nil, miss, nil
-}
+// asyncCommit applies to the rest of the batch's implicit transaction only.
+const asyncCommit = `SELECT set_config('synchronous_commit', 'off', true)`
 
 func scanSteps(rows pgx.Rows) ([]StepRecord, error) {
 	defer rows.Close()
@@ -457,12 +381,13 @@ const (
 	SweptLeaseExpired = "lease_expired" // its worker died: enqueue it now
 	SweptCrashBackoff = "crash_backoff" // died again without progress: held until WakeAt; a later sweep enqueues it
 	SweptWake         = "wake"          // a waiting run is due
+	SweptHeld         = "held"          // a run held by its starting process was not run in time: enqueue it now
 )
 
 // SweptRun is a run the sweep handed a new delivery.
 type SweptRun struct {
 	RunID uuid.UUID
-	Cause string // SweptLeaseExpired, SweptCrashBackoff or SweptWake
+	Cause string // SweptLeaseExpired, SweptCrashBackoff, SweptWake or SweptHeld
 	// WakeAt and Stalled are set for crash_backoff: when the run is due,
 	// and how many deliveries in a row died without progress.
 	WakeAt  *time.Time
@@ -502,6 +427,12 @@ WITH expired AS (
     WHERE status = 'waiting' AND queue = $2 AND cancel_requested_at IS NOT NULL
     LIMIT $1
     FOR UPDATE SKIP LOCKED
+), held AS (
+    SELECT run_id FROM workflow_runs
+    WHERE held_until <= now() AND queue = $2
+    ORDER BY held_until
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
 ), swept AS (
     UPDATE workflow_runs r SET owner_token = NULL, lease_expires_at = NULL,
         status = CASE WHEN r.stalled_deliveries >= 2 AND r.status = 'running' THEN 'waiting' ELSE r.status END,
@@ -515,10 +446,16 @@ WITH expired AS (
         wake_at = NULL, await_signal = NULL, enqueued_at = now()
     WHERE r.run_id IN (SELECT run_id FROM due UNION SELECT run_id FROM cancelled)
     RETURNING r.run_id
+), released AS (
+    UPDATE workflow_runs r SET held_until = NULL, enqueued_at = now()
+    FROM held WHERE r.run_id = held.run_id
+    RETURNING r.run_id
 )
 SELECT run_id, CASE WHEN wake_at IS NULL THEN 'lease_expired' ELSE 'crash_backoff' END, wake_at, stalled_deliveries FROM swept
 UNION ALL
-SELECT run_id, 'wake', NULL, 0 FROM woken`
+SELECT run_id, 'wake', NULL, 0 FROM woken
+UNION ALL
+SELECT run_id, 'held', NULL, 0 FROM released`
 
 // Sweep hands up to limit runs of each kind on queue back for delivery; the
 // caller enqueues a ticket in the same transaction for each whose Cause is
@@ -573,6 +510,23 @@ func ReenqueueOrphans(ctx context.Context, tx DBTX, runIDs []uuid.UUID, olderTha
 	rows, err := tx.Query(ctx, reenqueueOrphans, runIDs, ms(olderThan))
 	if err != nil {
 		return nil, fmt.Errorf("re-enqueueing orphaned runs: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+}
+
+// releaseHeld ends the hold on runs a stopping process held (see
+// NewRun.Hold) and has not claimed.
+const releaseHeld = `
+UPDATE workflow_runs SET held_until = NULL, enqueued_at = now()
+WHERE run_id = ANY($1) AND held_until IS NOT NULL
+RETURNING run_id`
+
+// ReleaseHeld ends the hold on those of runIDs still held and returns
+// them; the caller enqueues their River jobs in the same transaction.
+func ReleaseHeld(ctx context.Context, tx DBTX, runIDs []uuid.UUID) ([]uuid.UUID, error) {
+	rows, err := tx.Query(ctx, releaseHeld, runIDs)
+	if err != nil {
+		return nil, fmt.Errorf("releasing held runs: %w", err)
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 }

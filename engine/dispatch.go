@@ -1,0 +1,209 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdurable/pgdurable/engine/internal/store"
+)
+
+// How a start reaches a worker.
+type startPath int
+
+const (
+	// viaRiver: a River job delivers the run to whichever process fetches
+	// it first.
+	viaRiver startPath = iota
+	// dispatchNow: the run is inserted already claimed by this process and
+	// executes here at once, in a worker slot the start took.
+	dispatchNow
+	// holdLocal: every worker here is busy; the run is inserted pending
+	// without a River job, held in this process's memory, and runs here as
+	// soon as a worker frees up (see pumpHeld). The hold lasts
+	// LeaseDuration: a run still held then (this process died, or is
+	// still busy) gets a River job from the sweep.
+	holdLocal
+)
+
+// maxHeldPerWorker bounds the runs a process holds: MaxWorkers times this.
+// Past it, starts go to River, which shares the backlog across processes.
+const maxHeldPerWorker = 10
+
+// planStart decides how a run of workflow name started now (in tx, nil for
+// the start's own transaction) reaches a worker. A run is executed by this
+// process (dispatchNow or holdLocal) when the engine is started and not
+// stopping and registers the workflow; never when started in the caller's
+// transaction, which exists only once the caller commits. For dispatchNow
+// the caller holds a worker slot: dispatch releases it, and a start that
+// does not dispatch after all must release it itself.
+func (e *Engine) planStart(tx pgx.Tx, name string) (registered, startPath) {
+	if tx != nil || e.stopping.Load() {
+		return registered{}, viaRiver
+	}
+	e.mu.Lock()
+	wf, ok := e.workflows[name]
+	started := e.started
+	e.mu.Unlock()
+	if !ok || !started {
+		return registered{}, viaRiver
+	}
+	select {
+	case e.slots <- struct{}{}:
+		return wf, dispatchNow
+	default:
+	}
+	e.heldMu.Lock()
+	n := len(e.held)
+	e.heldMu.Unlock()
+	if n < maxHeldPerWorker*e.cfg.MaxWorkers {
+		return wf, holdLocal
+	}
+	return registered{}, viaRiver
+}
+
+// heldRun is a run this process holds until a worker of its is free.
+type heldRun struct {
+	runID uuid.UUID
+	wf    registered
+}
+
+// track counts a delivery this process runs outside River, so that Stop
+// waits for it; false once the engine is stopping.
+func (e *Engine) track() bool {
+	e.heldMu.Lock()
+	defer e.heldMu.Unlock()
+	if e.stopping.Load() {
+		return false
+	}
+	e.dispatched.Add(1)
+	return true
+}
+
+// dispatch executes a run this process inserted already claimed, on a
+// goroutine of its own, in the worker slot the start took. No River job
+// exists for it: if this process dies, the run's lease expires and the
+// sweep gives it one.
+func (e *Engine) dispatch(wf registered, claimed *store.ClaimedRun, token uuid.UUID, sent time.Time) {
+	if !e.track() {
+		// Stop began since the start planned this: hand the run to River.
+		e.releaseSlot()
+		e.handToRiver(claimed.RunID, token)
+		return
+	}
+	go func() {
+		defer e.dispatched.Done()
+		defer e.releaseSlot()
+		if err := e.execute(e.dispatchCtx, wf, claimed, token, sent); err != nil {
+			// Without a ticket to fail, the lease expiring hands the run on.
+			e.log.Warn("directly dispatched delivery failed; the run is redelivered when its lease expires",
+				"run_id", claimed.RunID, "error", err)
+		}
+	}()
+}
+
+// handToRiver undoes the claim of a run this process inserted claimed but
+// will not execute, and gives it a River job in the same transaction.
+func (e *Engine) handToRiver(runID, token uuid.UUID) {
+	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+	defer cancel()
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		if err := store.ReleaseUnclaimed(ctx, tx, runID, token); err != nil {
+			return err
+		}
+		return e.queue.Enqueue(ctx, tx, runID, time.Time{})
+	})
+	if err != nil {
+		e.log.Warn("handing a run to River failed; it is redelivered when its lease expires", "run_id", runID, "error", err)
+	}
+}
+
+// hold queues a run inserted held (holdLocal) and runs it if a worker is
+// free by now.
+func (e *Engine) hold(wf registered, runID uuid.UUID) {
+	e.heldMu.Lock()
+	e.held = append(e.held, heldRun{runID: runID, wf: wf})
+	e.heldMu.Unlock()
+	e.pumpHeld()
+}
+
+// releaseSlot frees a worker slot and gives it to a held run, if any. A
+// River delivery waiting for a slot gets it first: the freed place in the
+// channel goes to a blocked sender before pumpHeld can take it, so held
+// runs never starve River's.
+func (e *Engine) releaseSlot() {
+	<-e.slots
+	e.pumpHeld()
+}
+
+// pumpHeld starts held runs, oldest first, while worker slots are free.
+func (e *Engine) pumpHeld() {
+	for {
+		e.heldMu.Lock()
+		if len(e.held) == 0 || e.stopping.Load() {
+			e.heldMu.Unlock()
+			return
+		}
+		select {
+		case e.slots <- struct{}{}:
+		default:
+			e.heldMu.Unlock()
+			return
+		}
+		h := e.held[0]
+		e.held = e.held[1:]
+		e.dispatched.Add(1) // under heldMu, before stopping: see track
+		e.heldMu.Unlock()
+		go e.runHeld(h)
+	}
+}
+
+// runHeld claims a held run and executes it. A run that is no longer
+// claimable (its hold passed and another process took it, or it was
+// finished) is skipped.
+func (e *Engine) runHeld(h heldRun) {
+	defer e.dispatched.Done()
+	defer e.releaseSlot()
+	token := uuid.New()
+	sent := time.Now()
+	claimed, miss, err := e.claim(h.runID, token)
+	switch {
+	case err != nil:
+		e.log.Warn("claiming a held run failed; the sweep gives it a River job when its hold passes", "run_id", h.runID, "error", err)
+		return
+	case miss != nil:
+		return
+	}
+	if err := e.execute(e.dispatchCtx, h.wf, claimed, token, sent); err != nil {
+		e.log.Warn("delivery of a held run failed; the run is redelivered when its lease expires", "run_id", h.runID, "error", err)
+	}
+}
+
+// releaseHeld gives the runs this stopping process still holds River jobs
+// at once, rather than when their hold passes.
+func (e *Engine) releaseHeld(ctx context.Context) {
+	e.heldMu.Lock()
+	held := e.held
+	e.held = nil
+	e.heldMu.Unlock()
+	if len(held) == 0 {
+		return
+	}
+	ids := make([]uuid.UUID, len(held))
+	for i, h := range held {
+		ids[i] = h.runID
+	}
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		released, err := store.ReleaseHeld(ctx, tx, ids)
+		if err != nil {
+			return err
+		}
+		return e.queue.EnqueueMany(ctx, tx, released)
+	})
+	if err != nil {
+		e.log.Warn("releasing held runs failed; the sweep gives them River jobs when their hold passes",
+			"runs", len(ids), "error", err)
+	}
+}
