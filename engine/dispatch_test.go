@@ -150,3 +150,33 @@ func TestDispatchedRunOfAKilledWorkerFinishesElsewhere(t *testing.T) {
 		require.Equal(t, 1, calls(t, db.Pool, runID, s), s)
 	}
 }
+
+// Wait on a run that ends in the waiting process returns as its end
+// commits, not at the next poll; Observer.RunEnded names the run.
+func TestWaitWakesWhenTheRunEndsInThisProcess(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("woken", func(ctx *engine.Context, in int) (int, error) {
+		return engine.Step(ctx, "s", func(context.Context) (int, error) { return in * 2, nil }, nil)
+	}, nil)
+	ended := make(chan uuid.UUID, 10)
+	b := setup(t, &engine.Config{Observer: endedObserver{ended}}, wf)
+	ctx := testCtx(t)
+	for i := range 5 {
+		start := time.Now()
+		res, err := wf.Start(ctx, b.engine, i, nil)
+		require.NoError(t, err)
+		out, err := wf.Wait(ctx, b.engine, res.RunID, time.Hour)
+		require.NoError(t, err)
+		require.Equal(t, i*2, out)
+		require.Less(t, time.Since(start), 10*time.Second, "woken, not polled")
+		require.Equal(t, res.RunID, <-ended)
+	}
+}
+
+type endedObserver struct{ ended chan<- uuid.UUID }
+
+func (o endedObserver) RunEnded(runID uuid.UUID, _, _ string)                        { o.ended <- runID }
+func (endedObserver) RunStarted(string, bool)                                        {}
+func (endedObserver) StepAttempt(string, string, string, int, string, time.Duration) {}
+func (endedObserver) StepReplayed(string, string)                                    {}
+func (endedObserver) LeaseLost(string)                                               {}

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdurable/pgdurable/engine/internal/queue"
@@ -181,6 +182,10 @@ type Engine struct {
 	// holdLocal); heldMu also orders dispatched.Add before stopping.
 	heldMu sync.Mutex
 	held   []heldRun
+	// ends wakes Wait calls on runs that end in this process: run ID →
+	// channels closed when its end commits.
+	endsMu sync.Mutex
+	ends   map[uuid.UUID][]chan struct{}
 
 	mu        sync.Mutex
 	workflows map[string]registered
@@ -366,6 +371,45 @@ func (e *Engine) stop(ctx context.Context, stopQueue func(context.Context) error
 		return fmt.Errorf("pgdurable: stopping workers: %w", err)
 	}
 	return nil
+}
+
+// watchEnd returns a channel closed when runID ends in this process, and a
+// function that stops watching.
+func (e *Engine) watchEnd(runID uuid.UUID) (<-chan struct{}, func()) {
+	ch := make(chan struct{})
+	e.endsMu.Lock()
+	if e.ends == nil {
+		e.ends = map[uuid.UUID][]chan struct{}{}
+	}
+	e.ends[runID] = append(e.ends[runID], ch)
+	e.endsMu.Unlock()
+	return ch, func() {
+		e.endsMu.Lock()
+		defer e.endsMu.Unlock()
+		list := e.ends[runID]
+		for i, c := range list {
+			if c == ch {
+				list = append(list[:i:i], list[i+1:]...)
+				break
+			}
+		}
+		if len(list) == 0 {
+			delete(e.ends, runID)
+		} else {
+			e.ends[runID] = list
+		}
+	}
+}
+
+// notifyEnded wakes the Wait calls watching runID.
+func (e *Engine) notifyEnded(runID uuid.UUID) {
+	e.endsMu.Lock()
+	list := e.ends[runID]
+	delete(e.ends, runID)
+	e.endsMu.Unlock()
+	for _, ch := range list {
+		close(ch)
+	}
 }
 
 // setStopping ends direct dispatch and the starting of held runs.

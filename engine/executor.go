@@ -327,7 +327,8 @@ func (c *Context) rescueUnowned() {
 func (c *Context) close(status string, err error) {
 	c.end(err)
 	if err == nil {
-		c.e.obs.RunEnded(c.wf.name, status)
+		c.e.obs.RunEnded(c.runID, c.wf.name, status)
+		c.e.notifyEnded(c.runID)
 	}
 }
 

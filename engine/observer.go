@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
@@ -16,9 +18,9 @@ type Observer interface {
 	// RunStarted: a start created a run, or found one (existing: an
 	// idempotent start hit).
 	RunStarted(workflow string, existing bool)
-	// RunEnded: a run reached status (completed, failed, compensated,
+	// RunEnded: run runID reached status (completed, failed, compensated,
 	// cancelled, dead) and the record is committed.
-	RunEnded(workflow, status string)
+	RunEnded(runID uuid.UUID, workflow, status string)
 	// StepAttempt: one attempt of a step ended. outcome is completed,
 	// retry, failed (recorded and returned), parked, cancelled or
 	// interrupted (shutdown or lost lease); d is the attempt's duration.
@@ -45,7 +47,7 @@ type ScheduleObserver interface {
 type nopObserver struct{}
 
 func (nopObserver) RunStarted(string, bool)                                        {}
-func (nopObserver) RunEnded(string, string)                                        {}
+func (nopObserver) RunEnded(uuid.UUID, string, string)                             {}
 func (nopObserver) StepAttempt(string, string, string, int, string, time.Duration) {}
 func (nopObserver) StepReplayed(string, string)                                    {}
 func (nopObserver) LeaseLost(string)                                               {}

@@ -241,22 +241,32 @@ func (w *Workflow[In, Out]) Result(ctx context.Context, e *Engine, runID uuid.UU
 	return out, ErrRunNotFinished
 }
 
-// Wait polls every poll (default 50ms) until the run reaches a terminal
-// status (completed, failed, dead, cancelled, compensated) or ctx is done,
-// and returns what Result returns. A dead run returns a *RunError with
-// Status "dead" at once; it does not wait for an operator's replay. A run
-// of a workflow that no running engine registers stays pending: bound ctx.
+// Wait returns what Result returns once the run reaches a terminal status
+// (completed, failed, dead, cancelled, compensated), or ctx's error when
+// ctx is done first. A run that ends in e's process (one Start dispatched
+// there, or that e's workers picked up) wakes Wait as its end commits; one
+// that ends in another process is seen at the next check, every poll
+// (default 50ms). A dead run returns a *RunError with Status "dead" at
+// once; it does not wait for an operator's replay. A run of a workflow
+// that no running engine registers stays pending: bound ctx.
 func (w *Workflow[In, Out]) Wait(ctx context.Context, e *Engine, runID uuid.UUID, poll time.Duration) (Out, error) {
 	poll = orDefault(poll, 50*time.Millisecond)
+	ended, stop := e.watchEnd(runID)
+	defer stop()
 	for {
 		out, err := w.Result(ctx, e, runID)
 		if !errors.Is(err, ErrRunNotFinished) {
 			return out, err
 		}
+		t := time.NewTimer(poll)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return out, ctx.Err()
-		case <-time.After(poll):
+		case <-ended:
+			ended = nil // read the result it committed, then poll
+		case <-t.C:
 		}
+		t.Stop()
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -279,7 +280,7 @@ type latencies struct {
 // without polling the database from the measuring process.
 type endObserver struct{ ended chan time.Time }
 
-func (o endObserver) RunEnded(string, string)                                      { o.ended <- time.Now() }
+func (o endObserver) RunEnded(uuid.UUID, string, string)                           { o.ended <- time.Now() }
 func (endObserver) RunStarted(string, bool)                                        {}
 func (endObserver) StepAttempt(string, string, string, int, string, time.Duration) {}
 func (endObserver) StepReplayed(string, string)                                    {}

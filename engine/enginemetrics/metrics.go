@@ -15,6 +15,7 @@ package enginemetrics
 
 import (
 	"context"
+	"github.com/google/uuid"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -137,7 +138,7 @@ func (m *Metrics) RunStarted(workflow string, existing bool) {
 }
 
 // RunEnded implements engine.Observer.
-func (m *Metrics) RunEnded(workflow, status string) {
+func (m *Metrics) RunEnded(_ uuid.UUID, workflow, status string) {
 	m.runsEnded.WithLabelValues(m.workflows.value(workflow), status).Inc()
 }
 
