@@ -107,9 +107,14 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	threeRate := float64(n) / three.Elapsed.Seconds()
+	ten, err := riverref.RunReference(ctx, pool, qcfg, "ten_tx", n)
+	if err != nil {
+		return nil, err
+	}
+	threeRate, tenRate := float64(n)/three.Elapsed.Seconds(), float64(n)/ten.Elapsed.Seconds()
 	rep.add(opts, "river 3 rows in 3 transactions per job", threeRate, "jobs/s", "reference: a 3-step workflow by hand")
 	rep.add(opts, "river 3 rows in 3 transactions: WAL", float64(wal1-wal0)/float64(n), "bytes/job", "pg_current_wal_lsn delta")
+	rep.add(opts, "river 10 rows in 10 transactions per job", tenRate, "jobs/s", "reference: a 10-step workflow by hand")
 
 	var rt3 float64
 	for _, steps := range []int{3, 10} {
@@ -131,6 +136,8 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 		rep.add(opts, name+": steps", res.perSec*float64(steps), "steps/s", "")
 		if steps == 3 {
 			rep.add(opts, "3-step workflow / hand-written River", res.perSec/threeRate, "ratio", "target >= 1.0")
+		} else {
+			rep.add(opts, "10-step workflow / hand-written River", res.perSec/tenRate, "ratio", "target >= 1.0")
 		}
 		rep.add(opts, name+": commits", res.commits, "commits/workflow", "pg_stat_database xact_commit delta")
 		rep.add(opts, name+": round trips", res.roundTrips, "round trips/workflow", "")

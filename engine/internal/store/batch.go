@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -85,6 +86,53 @@ WITH f AS (
 )
 SELECT run_id, token, cancel FROM run`
 
+// writeRecord is writeRecords for one write of at most one record, with
+// scalar parameters: its generic plan is as good as a custom one, so
+// PostgreSQL stops planning it after a few calls, where the arrays of
+// writeRecords make it plan every call (it cannot know their length). A
+// batch of one is what a delivery writes at low load, where its latency
+// shows.
+const writeRecord = `
+-- pgdurable: workflow_steps record and workflow_runs fence of one delivery
+WITH run AS (
+    UPDATE workflow_runs r SET
+        status = coalesce($18::text, r.status),
+        lease_expires_at = CASE WHEN $19::bool THEN NULL ELSE now() + $3::bigint * interval '1 millisecond' END,
+        owner_token = CASE WHEN $19::bool THEN NULL ELSE r.owner_token END,
+        output = CASE WHEN $19::bool THEN $20::jsonb ELSE r.output END,
+        error = CASE WHEN $19::bool THEN $21::jsonb ELSE r.error END,
+        completed_at = CASE WHEN $19::bool THEN now() ELSE r.completed_at END,
+        wake_at = CASE WHEN $19::bool THEN NULL ELSE r.wake_at END,
+        await_signal = CASE WHEN $19::bool THEN NULL ELSE r.await_signal END,
+        stalled_deliveries = 0, long_stalled_deliveries = 0
+    WHERE r.run_id = $1 AND r.owner_token = $2
+    RETURNING r.run_id, r.cancel_requested_at IS NOT NULL AS cancel
+), ` + stepUpsert + `
+SELECT cancel FROM run`
+
+func writeOne(ctx context.Context, db DBTX, w *RecordWrite) (WriteResult, error) {
+	var rec *StepRecord
+	if len(w.Records) == 1 {
+		rec = w.Records[0]
+	}
+	var status *string
+	if w.Status != "" {
+		status = &w.Status
+	}
+	args := append([]any{w.Fence.RunID, w.Fence.Token, ms(w.Fence.Lease)}, stepArgs(rec)...)
+	args = append(args, status, w.Finish, w.Output, w.Error)
+	var res WriteResult
+	err := db.QueryRow(ctx, writeRecord, args...).Scan(&res.CancelRequested)
+	switch err = translate(err); {
+	case err == ErrNotFound:
+		return WriteResult{}, nil // fenced out
+	case err != nil:
+		return WriteResult{}, fmt.Errorf("recording steps of run %s: %w", w.Fence.RunID, err)
+	}
+	res.Landed = true
+	return res, nil
+}
+
 // WriteRecords commits writes in one statement and one transaction (a
 // group commit: the writes of many deliveries share one WAL flush), each
 // fenced on its own. The result at i belongs to writes[i]. The error is the statement's: it fails
@@ -94,6 +142,13 @@ SELECT run_id, token, cancel FROM run`
 // A batch must not hold two writes with the same fence, nor two records
 // with the same (run, seq): one delivery has one write in flight.
 func WriteRecords(ctx context.Context, db DBTX, writes []*RecordWrite) ([]WriteResult, error) {
+	if len(writes) == 1 && len(writes[0].Records) <= 1 {
+		res, err := writeOne(ctx, db, writes[0])
+		if err != nil {
+			return nil, err
+		}
+		return []WriteResult{res}, nil
+	}
 	n := len(writes)
 	var (
 		runID, token    = make([]uuid.UUID, n), make([]uuid.UUID, n)
@@ -201,6 +256,14 @@ type InsertedRunResult struct {
 // error is the statement's and fails every run (the caller may insert them
 // one by one to find the run PostgreSQL refused).
 func InsertRuns(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunResult, error) {
+	if len(runs) == 1 {
+		// Scalar parameters plan once (see writeRecord).
+		ins, err := InsertRun(ctx, db, runs[0])
+		if err != nil && !errors.Is(err, ErrConflict) {
+			return nil, err
+		}
+		return []InsertedRunResult{{Run: ins, Err: err}}, nil
+	}
 	n := len(runs)
 	var (
 		runID, token     = make([]uuid.UUID, n), make([]*uuid.UUID, n)

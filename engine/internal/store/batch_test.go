@@ -170,3 +170,40 @@ func TestClaimRunsClaimsEachRunOnce(t *testing.T) {
 	}
 	require.Equal(t, winner.Token, owner)
 }
+
+// A batch of one write with at most one record takes the scalar statement:
+// it lands, is fenced out, and ends a run as the batch statement does.
+func TestWriteRecordsAloneFencesAndFinishes(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := context.Background()
+	a, b := claimed(t, db.Pool, "a"), claimed(t, db.Pool, "b")
+	_, err := db.Pool.Exec(ctx, `UPDATE workflow_runs SET cancel_requested_at = now() WHERE run_id = $1`, a.RunID)
+	require.NoError(t, err)
+	one := func(w *store.RecordWrite) store.WriteResult {
+		res, err := store.WriteRecords(ctx, db.Pool, []*store.RecordWrite{w})
+		require.NoError(t, err)
+		return res[0]
+	}
+	require.Equal(t, store.WriteResult{Landed: true, CancelRequested: true}, one(&store.RecordWrite{Fence: a, Records: []*store.StepRecord{completedStep(0, "s0")}}))
+	require.Equal(t, store.WriteResult{Landed: true, CancelRequested: true}, one(&store.RecordWrite{Fence: a}), "a bare lease extension")
+	zombie := b
+	zombie.Token = uuid.New()
+	require.Equal(t, store.WriteResult{}, one(&store.RecordWrite{Fence: zombie, Records: []*store.StepRecord{completedStep(0, "zombie")}}))
+	require.Equal(t, store.WriteResult{Landed: true}, one(&store.RecordWrite{Fence: b, Records: []*store.StepRecord{completedStep(0, "s0")},
+		Status: store.RunFailed, Finish: true, Error: []byte(`{"message":"no"}`)}))
+
+	var status string
+	var owner *uuid.UUID
+	var errJSON []byte
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT status, owner_token, error FROM workflow_runs WHERE run_id = $1`, b.RunID).
+		Scan(&status, &owner, &errJSON))
+	require.Equal(t, store.RunFailed, status)
+	require.Nil(t, owner)
+	require.JSONEq(t, `{"message":"no"}`, string(errJSON))
+	rec, err := store.GetStep(ctx, db.Pool, b.RunID, 0)
+	require.NoError(t, err)
+	require.Equal(t, "s0", rec.Name, "the zombie's record was not written")
+	// The finished run's fence is gone: a retry of the finish is fenced out.
+	require.Equal(t, store.WriteResult{}, one(&store.RecordWrite{Fence: b, Status: store.RunFailed, Finish: true}))
+}

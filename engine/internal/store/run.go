@@ -38,12 +38,13 @@ type InsertedRun struct {
 
 const insertRun = `
 INSERT INTO workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
-                           status, owner_token, lease_expires_at, deliveries, stalled_deliveries, started_at)
+                           status, owner_token, lease_expires_at, deliveries, stalled_deliveries, started_at, held_until)
 VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7,
         CASE WHEN $8::uuid IS NULL THEN 'pending' ELSE 'running' END, $8::uuid,
         CASE WHEN $8::uuid IS NOT NULL THEN now() + $9::bigint * interval '1 millisecond' END,
         CASE WHEN $8::uuid IS NULL THEN 0 ELSE 1 END, CASE WHEN $8::uuid IS NULL THEN 0 ELSE 1 END,
-        CASE WHEN $8::uuid IS NOT NULL THEN now() END)
+        CASE WHEN $8::uuid IS NOT NULL THEN now() END,
+        CASE WHEN $10::bigint > 0 THEN now() + $10::bigint * interval '1 millisecond' END)
 ON CONFLICT (workflow_name, workflow_id) DO NOTHING
 RETURNING run_id`
 
@@ -66,7 +67,7 @@ func InsertRun(ctx context.Context, db DBTX, r NewRun) (*InsertedRun, error) {
 		token, lease, status = &r.Claim.Token, ms(r.Claim.Lease), RunRunning
 	}
 	err := db.QueryRow(ctx, insertRun, r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID, r.Input, r.Queue, r.ScheduleName,
-		token, lease).Scan(&id)
+		token, lease, ms(r.Hold)).Scan(&id)
 	if err == nil {
 		return &InsertedRun{RunID: id, Status: status}, nil
 	}

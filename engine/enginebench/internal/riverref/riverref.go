@@ -29,22 +29,23 @@ func (w *noopWorker) Work(context.Context, *river.Job[noopArgs]) error {
 	return nil
 }
 
-type threeArgs struct {
-	N int `json:"n"`
+type txArgs struct {
+	N     int `json:"n"`
+	Steps int `json:"steps"`
 }
 
-func (threeArgs) Kind() string { return "pgdurable.bench.three_tx" }
+func (txArgs) Kind() string { return "pgdurable.bench.steps_tx" }
 
-// threeWorker writes three rows in three transactions: the same work as a
-// 3-step workflow, by hand.
-type threeWorker struct {
-	river.WorkerDefaults[threeArgs]
+// txWorker writes one row per step, each in its own transaction: the same
+// work as a no-op workflow of that many steps, by hand.
+type txWorker struct {
+	river.WorkerDefaults[txArgs]
 	pool *pgxpool.Pool
 	done *atomic.Int64
 }
 
-func (w *threeWorker) Work(ctx context.Context, job *river.Job[threeArgs]) error {
-	for step := range 3 {
+func (w *txWorker) Work(ctx context.Context, job *river.Job[txArgs]) error {
+	for step := range job.Args.Steps {
 		if _, err := w.pool.Exec(ctx, `INSERT INTO pgdurable_bench_rows (job_id, step) VALUES ($1, $2)`, job.ID, step); err != nil {
 			return err
 		}
@@ -67,7 +68,8 @@ type ReferenceResult struct {
 	Elapsed time.Duration
 }
 
-// RunReference inserts n jobs of kind "noop" or "three_tx" on a fresh
+// RunReference inserts n jobs of kind "noop", "three_tx" or "ten_tx" (a
+// row per step in its own transaction, 3 or 10 steps) on a fresh
 // queue with cfg's fetch settings, works them with one River client, and
 // returns how long that took from the insert to the last completion.
 func RunReference(ctx context.Context, pool *pgxpool.Pool, cfg Config, kind string, n int) (*ReferenceResult, error) {
@@ -77,7 +79,7 @@ func RunReference(ctx context.Context, pool *pgxpool.Pool, cfg Config, kind stri
 	var done atomic.Int64
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &noopWorker{done: &done})
-	river.AddWorker(workers, &threeWorker{pool: pool, done: &done})
+	river.AddWorker(workers, &txWorker{pool: pool, done: &done})
 	queueName := "pgdurable_bench_" + kind
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
 		Queues:            map[string]river.QueueConfig{queueName: {MaxWorkers: cfg.MaxWorkers}},
@@ -92,8 +94,11 @@ func RunReference(ctx context.Context, pool *pgxpool.Pool, cfg Config, kind stri
 	params := make([]river.InsertManyParams, n)
 	for i := range params {
 		var args river.JobArgs = noopArgs{}
-		if kind == "three_tx" {
-			args = threeArgs{N: i}
+		switch kind {
+		case "three_tx":
+			args = txArgs{N: i, Steps: 3}
+		case "ten_tx":
+			args = txArgs{N: i, Steps: 10}
 		}
 		params[i] = river.InsertManyParams{Args: args, InsertOpts: &river.InsertOpts{Queue: queueName}}
 	}
