@@ -393,3 +393,41 @@ func startEngine(ctx context.Context, pool *pgxpool.Pool, cfg *engine.Config, wf
 		_ = e.Stop(sctx)
 	}, nil
 }
+
+// ScaleWorker is one process's share of the scale rows: it builds an
+// engine on url (a 20-connection pool, queue bench_scale) that works the
+// 3-step no-op workflow, calls ready, waits for gate, then starts n runs
+// from 100 goroutines, one Start call at a time each, and returns once all
+// n have completed, with the time from gate to the last completion.
+func ScaleWorker(ctx context.Context, url string, n int, ready func(), gate <-chan struct{}) (time.Duration, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return 0, err
+	}
+	cfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return 0, err
+	}
+	defer pool.Close()
+	var done atomic.Int64
+	wf := noopWorkflow("bench-scale", 3, &done, nil)
+	e, stop, err := startEngine(ctx, pool, &engine.Config{Logger: slog.New(slog.DiscardHandler), Queue: "bench_scale"}, wf)
+	if err != nil {
+		return 0, err
+	}
+	defer stop()
+	ready()
+	<-gate
+	start := time.Now()
+	if err := startMany(ctx, e, wf, n, 1); err != nil {
+		return 0, err
+	}
+	for done.Load() < int64(n) {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return time.Since(start), nil
+}

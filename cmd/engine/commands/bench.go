@@ -13,6 +13,8 @@ import (
 func (g *global) benchCmd() *cobra.Command {
 	var opts enginebench.Options
 	var cpuProfile string
+	var scale bool
+	var scaleShare int
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure the engine next to hand-written River on this database",
@@ -22,6 +24,9 @@ the ratio to River, commits and round trips per workflow), one-at-a-time latency
 of replaying 1,000 recorded steps, and the process's memory with --waiting-runs runs asleep. Use a database of its own: it adds tables and jobs.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if scaleShare > 0 {
+				return scaleWorker(cmd.Context(), g.dbURL(), scaleShare, cmd.InOrStdin(), g.opts.Stdout)
+			}
 			if err := g.ownDatabase("bench"); err != nil {
 				return err
 			}
@@ -63,6 +68,18 @@ of replaying 1,000 recorded steps, and the process's memory with --waiting-runs 
 				fmt.Fprintf(opts.Progress, "  %-48s %12.2f %s\n", pay.Name, pay.Value, pay.Unit)
 			}
 			rep.Rows = append(rep.Rows[:len(rep.Rows)-1], pay, rep.Rows[len(rep.Rows)-1])
+			if scale {
+				rows, err := benchScale(cmd.Context(), g.dbURL(), opts.Workflows)
+				if err != nil {
+					return err
+				}
+				for _, r := range rows {
+					if opts.Progress != nil {
+						fmt.Fprintf(opts.Progress, "  %-48s %12.2f %s\n", r.Name, r.Value, r.Unit)
+					}
+				}
+				rep.Rows = append(rep.Rows, rows...)
+			}
 			if g.jsonOut {
 				return writeJSON(g.opts.Stdout, rep)
 			}
@@ -81,6 +98,9 @@ of replaying 1,000 recorded steps, and the process's memory with --waiting-runs 
 	cmd.Flags().IntVar(&opts.Workflows, "workflows", 2000, "workflows (and reference jobs) per throughput row")
 	cmd.Flags().IntVar(&opts.LatencySamples, "latency-samples", 200, "one-at-a-time starts for the latency rows")
 	cmd.Flags().IntVar(&opts.WaitingRuns, "waiting-runs", 10000, "runs asleep at once for the memory row")
+	cmd.Flags().BoolVar(&scale, "scale", false, "also measure 1, 2 and 4 engine processes on the database, each starting and working its share of --workflows runs")
+	cmd.Flags().IntVar(&scaleShare, "scale-worker", 0, "run as one process of --scale (internal)")
+	_ = cmd.Flags().MarkHidden("scale-worker")
 	cmd.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the 3-step throughput row to this file (go tool pprof)")
 	return cmd
 }
