@@ -170,6 +170,8 @@ type Engine struct {
 	starts *groupCommit[store.NewRun, startOutcome]
 	// claims coalesces the claims of concurrent deliveries.
 	claims *groupCommit[store.Fence, claimOutcome]
+	// beats coalesces the heartbeats of concurrent deliveries.
+	beats *groupCommit[store.Beat, beatOutcome]
 	// slots holds one token per delivery running in this process, River's
 	// and directly dispatched ones alike: at most MaxWorkers.
 	slots chan struct{}
@@ -221,6 +223,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	e.records = newRecordWriter(e)
 	e.starts = newStartBatcher(e)
 	e.claims = newClaimBatcher(e)
+	e.beats = newBeatBatcher(e)
 	e.slots = make(chan struct{}, c.MaxWorkers)
 	e.dispatchCtx, e.cancelDispatch = context.WithCancelCause(context.Background())
 	e.sobs = nopObserver{}

@@ -430,13 +430,15 @@ func (c *Context) beatIfDue(gap time.Duration) error {
 // and leaves ending the delivery to the workflow's goroutine.
 func (c *Context) beat() error {
 	sent := time.Now()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Context), writeTimeout)
-	defer cancel()
 	// The mark and a hand-back's undo of it must not interleave (see long).
 	c.longMu.Lock()
 	defer c.longMu.Unlock()
 	markLong := !c.long && time.Since(c.claimedAt) >= c.e.cfg.LeaseDuration
-	cancelRequested, marked, err := store.Heartbeat(ctx, c.e.pool, c.runID, c.token, c.e.cfg.LeaseDuration, markLong)
+	o := c.e.beats.do(store.Beat{Fence: c.fence(), MarkLong: markLong})
+	cancelRequested, marked, err := o.CancelRequested, o.Marked, o.err
+	if err == nil && !o.Landed {
+		err = store.ErrLeaseLost
+	}
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
 		c.cancel(ErrLeaseLost)

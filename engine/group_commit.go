@@ -184,3 +184,33 @@ func (e *Engine) claim(runID, token uuid.UUID) (*store.ClaimedRun, *store.ClaimM
 	o := e.claims.do(store.Fence{RunID: runID, Token: token, Lease: e.cfg.LeaseDuration})
 	return o.Run, o.Miss, o.err
 }
+
+// beatOutcome is one delivery's share of a batch of heartbeats.
+type beatOutcome struct {
+	store.BeatResult
+	err error
+}
+
+// newBeatBatcher coalesces the heartbeats of concurrent deliveries of e:
+// they beat on ticks aligned across the process (see heartbeat), so the
+// deliveries whose lease is due share one statement.
+func newBeatBatcher(e *Engine) *groupCommit[store.Beat, beatOutcome] {
+	return &groupCommit[store.Beat, beatOutcome]{
+		maxActive: groupCommitActive,
+		maxBatch:  groupCommitBatch,
+		exec: func(beats []store.Beat) []beatOutcome {
+			ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+			defer cancel()
+			out := make([]beatOutcome, len(beats))
+			res, err := store.Heartbeats(ctx, e.pool, beats)
+			for i := range out {
+				if err != nil {
+					out[i].err = err
+				} else {
+					out[i].BeatResult = res[i]
+				}
+			}
+			return out
+		},
+	}
+}

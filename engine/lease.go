@@ -14,7 +14,7 @@ import (
 )
 
 // heartbeat extends c's lease every Config.HeartbeatInterval while the
-// delivery runs. It cancels the delivery with ErrLeaseLost once another
+// delivery runs, unless a record write just did. It cancels the delivery with ErrLeaseLost once another
 // delivery owns the run, and also once the local lease view runs out
 // without a successful renewal (a partition, a paused process): past that
 // point another delivery may hold the run, so this one must stop even
@@ -25,7 +25,8 @@ func (e *Engine) heartbeat(c *Context) (stop func()) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		t := time.NewTicker(e.cfg.HeartbeatInterval)
+		interval := e.cfg.HeartbeatInterval
+		t := time.NewTimer(nextBeat(time.Now(), interval))
 		defer t.Stop()
 		for {
 			select {
@@ -34,12 +35,17 @@ func (e *Engine) heartbeat(c *Context) (stop func()) {
 			case <-c.Done():
 				return
 			case <-t.C:
-				if c.leaseLeft() <= 0 {
+				t.Reset(nextBeat(time.Now(), interval))
+				left := c.leaseLeft()
+				if left <= 0 {
 					c.cancel(ErrLeaseLost)
 					return
 				}
+				if left > e.cfg.LeaseDuration-interval/2 {
+					continue // a record write extended the lease moments ago
+				}
 				// An activity's Heartbeat may have just sent one.
-				err := c.beatIfDue(e.cfg.HeartbeatInterval / 2)
+				err := c.beatIfDue(interval / 2)
 				switch {
 				case errors.Is(err, store.ErrLeaseLost):
 					return
@@ -53,6 +59,14 @@ func (e *Engine) heartbeat(c *Context) (stop func()) {
 		close(done)
 		wg.Wait()
 	}
+}
+
+// nextBeat is how long from now until the next heartbeat tick: ticks fall
+// on multiples of interval of the wall clock, the same for every delivery
+// of the process, so the deliveries that are due beat together and their
+// heartbeats share one statement (see newBeatBatcher).
+func nextBeat(now time.Time, interval time.Duration) time.Duration {
+	return now.Truncate(interval).Add(interval).Sub(now)
 }
 
 // sweepBatch bounds the runs of each kind one sweep re-enqueues.

@@ -471,3 +471,66 @@ func ClaimRuns(ctx context.Context, db DBTX, fences []Fence, now time.Time) ([]C
 	}
 	return out, nil
 }
+
+// Beat is one delivery's heartbeat in a batch (see Heartbeat).
+type Beat struct {
+	Fence    Fence
+	MarkLong bool
+}
+
+// BeatResult is what one heartbeat of a batch learned: Landed false means
+// ErrLeaseLost for that delivery alone.
+type BeatResult struct {
+	Landed, CancelRequested, Marked bool
+}
+
+const heartbeats = `
+UPDATE workflow_runs r SET lease_expires_at = now() + u.lease_ms * interval '1 millisecond',
+    long_stalled_deliveries = r.long_stalled_deliveries + CASE WHEN u.mark AND r.stalled_deliveries > 0 THEN 1 ELSE 0 END
+FROM unnest($1::uuid[], $2::uuid[], $3::bigint[], $4::bool[]) AS u(run_id, token, lease_ms, mark)
+WHERE r.run_id = u.run_id AND r.owner_token = u.token
+RETURNING r.run_id, u.token, r.cancel_requested_at IS NOT NULL, u.mark AND r.stalled_deliveries > 0`
+
+// Heartbeats is Heartbeat for many deliveries in one statement, each
+// fenced on its own; the result at i belongs to beats[i].
+func Heartbeats(ctx context.Context, db DBTX, beats []Beat) ([]BeatResult, error) {
+	if len(beats) == 1 {
+		b := beats[0]
+		cancel, marked, err := Heartbeat(ctx, db, b.Fence.RunID, b.Fence.Token, b.Fence.Lease, b.MarkLong)
+		switch {
+		case errors.Is(err, ErrLeaseLost):
+			return []BeatResult{{}}, nil
+		case err != nil:
+			return nil, err
+		}
+		return []BeatResult{{Landed: true, CancelRequested: cancel, Marked: marked}}, nil
+	}
+	n := len(beats)
+	ids, tokens, lease, mark := make([]uuid.UUID, n), make([]uuid.UUID, n), make([]int64, n), make([]bool, n)
+	for i, b := range beats {
+		ids[i], tokens[i], lease[i], mark[i] = b.Fence.RunID, b.Fence.Token, ms(b.Fence.Lease), b.MarkLong
+	}
+	rows, err := db.Query(ctx, heartbeats, ids, tokens, lease, mark)
+	if err != nil {
+		return nil, fmt.Errorf("extending %d leases: %w", n, translate(err))
+	}
+	defer rows.Close()
+	type key struct{ run, token uuid.UUID }
+	got := make(map[key]BeatResult, n)
+	for rows.Next() {
+		var k key
+		r := BeatResult{Landed: true}
+		if err := rows.Scan(&k.run, &k.token, &r.CancelRequested, &r.Marked); err != nil {
+			return nil, fmt.Errorf("extending %d leases: %w", n, err)
+		}
+		got[k] = r
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("extending %d leases: %w", n, translate(err))
+	}
+	out := make([]BeatResult, n)
+	for i, b := range beats {
+		out[i] = got[key{b.Fence.RunID, b.Fence.Token}]
+	}
+	return out, nil
+}

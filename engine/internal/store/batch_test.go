@@ -207,3 +207,25 @@ func TestWriteRecordsAloneFencesAndFinishes(t *testing.T) {
 	// The finished run's fence is gone: a retry of the finish is fenced out.
 	require.Equal(t, store.WriteResult{}, one(&store.RecordWrite{Fence: b, Status: store.RunFailed, Finish: true}))
 }
+
+// Heartbeats extends each lease whose fence holds and reports a zombie's
+// as not landed, alone and in a batch.
+func TestHeartbeatsFenceEachDelivery(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := context.Background()
+	a, b := claimed(t, db.Pool, "a"), claimed(t, db.Pool, "b")
+	zombie := b
+	zombie.Token = uuid.New()
+	_, err := db.Pool.Exec(ctx, `UPDATE workflow_runs SET cancel_requested_at = now() WHERE run_id = $1`, b.RunID)
+	require.NoError(t, err)
+	res, err := store.Heartbeats(ctx, db.Pool, []store.Beat{{Fence: a, MarkLong: true}, {Fence: zombie}, {Fence: b}})
+	require.NoError(t, err)
+	require.Equal(t, []store.BeatResult{{Landed: true, Marked: true}, {}, {Landed: true, CancelRequested: true}}, res)
+	res, err = store.Heartbeats(ctx, db.Pool, []store.Beat{{Fence: zombie}})
+	require.NoError(t, err)
+	require.Equal(t, []store.BeatResult{{}}, res)
+	var long int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT long_stalled_deliveries FROM workflow_runs WHERE run_id = $1`, a.RunID).Scan(&long))
+	require.Equal(t, 1, long)
+}
