@@ -32,7 +32,11 @@
 // lease, a fencing token on the run row that every record write checks in
 // the same statement, so a delivery that lost its lease (a paused process, a
 // duplicate ticket) stops with ErrLeaseLost and never starts another step.
-// Deliveries heartbeat the lease during long steps; a sweeper in every
+// The records of all of a process's deliveries are written together:
+// whatever records, starts, claims and heartbeats queued while the
+// previous batch committed go out as one statement in one transaction,
+// each row fenced by its own run's token, so a batch holding a zombie's
+// write lands every other row. Deliveries heartbeat the lease during long steps; a sweeper in every
 // engine hands runs whose lease expired to another delivery within about
 // Config.LeaseDuration (default 10s) of the crash.
 //
