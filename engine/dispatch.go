@@ -124,6 +124,15 @@ func (e *Engine) handToRiver(runID, token uuid.UUID) {
 // free by now.
 func (e *Engine) hold(wf registered, runID uuid.UUID) {
 	e.heldMu.Lock()
+	if e.stopping.Load() {
+		// Stop began while the start was in flight, and may have released
+		// the runs it held already: this one gets its River job now.
+		e.heldMu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+		defer cancel()
+		e.releaseRuns(ctx, []uuid.UUID{runID})
+		return
+	}
 	e.held = append(e.held, heldRun{runID: runID, wf: wf})
 	e.heldMu.Unlock()
 	e.pumpHeld()
@@ -195,6 +204,11 @@ func (e *Engine) releaseHeld(ctx context.Context) {
 	for i, h := range held {
 		ids[i] = h.runID
 	}
+	e.releaseRuns(ctx, ids)
+}
+
+// releaseRuns ends the hold on ids and gives them River jobs.
+func (e *Engine) releaseRuns(ctx context.Context, ids []uuid.UUID) {
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		released, err := store.ReleaseHeld(ctx, tx, ids)
 		if err != nil {

@@ -180,3 +180,47 @@ func (endedObserver) RunStarted(string, bool)                                   
 func (endedObserver) StepAttempt(string, string, string, int, string, time.Duration) {}
 func (endedObserver) StepReplayed(string, string)                                    {}
 func (endedObserver) LeaseLost(string)                                               {}
+
+// A start planned as held whose insert lands after Stop released the held
+// runs (it waited on another transaction's row for its workflow ID) gets
+// its River job at once, not when its hold passes.
+func TestStartLandingAfterStopIsReleased(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	inStep := make(chan struct{}, 1)
+	wf := engine.Define("held-race", func(ctx *engine.Context, in int) (int, error) {
+		return engine.Step(ctx, "s", func(sctx context.Context) (int, error) {
+			if in < 0 {
+				inStep <- struct{}{}
+				<-sctx.Done()
+			}
+			return in, nil
+		}, nil)
+	}, nil)
+	ctx := testCtx(t)
+	e := newEngine(t, db, &engine.Config{MaxWorkers: 1}, true, wf)
+	_, err := wf.Start(ctx, e, -1, nil) // takes the only worker
+	require.NoError(t, err)
+	<-inStep
+	blocker, err := db.Pool.Begin(ctx) // holds workflow ID "w", uncommitted
+	require.NoError(t, err)
+	client := newEngine(t, db, nil, false, wf)
+	_, err = wf.StartTx(ctx, client, blocker, 5, &engine.StartOpts{WorkflowID: "w"})
+	require.NoError(t, err)
+	done := make(chan *engine.StartResult, 1)
+	go func() {
+		r, err := wf.Start(ctx, e, 5, &engine.StartOpts{WorkflowID: "w"}) // planned held; waits on the blocker
+		if err != nil {
+			t.Error(err)
+		}
+		done <- r
+	}()
+	time.Sleep(200 * time.Millisecond)
+	require.NoError(t, e.StopAndCancel(ctx))
+	require.NoError(t, blocker.Rollback(ctx)) // the held start's insert lands now
+	r := <-done
+	var heldUntil *time.Time
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT held_until FROM workflow_runs WHERE run_id = $1`, r.RunID).Scan(&heldUntil))
+	require.Nil(t, heldUntil)
+	require.Equal(t, 1, tickets(t, db, r.RunID))
+}

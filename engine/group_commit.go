@@ -22,6 +22,11 @@ import (
 // queued.
 type groupCommit[Q, R any] struct {
 	maxActive, maxBatch int
+	// size, when set, is a call's payload in bytes: a batch takes queued
+	// calls while their sum stays within maxBatchBytes (the leader's own
+	// call always goes), so batches stay far from the 1 GiB a PostgreSQL
+	// message may hold whatever MaxPayloadBytes allows.
+	size func(Q) int
 	// exec runs one batch and returns one result per call, in order. It
 	// must not fail as a whole: a result carries its own error.
 	exec func(calls []Q) []R
@@ -57,6 +62,15 @@ func (g *groupCommit[Q, R]) do(req Q) R {
 	}
 	// Lead one batch: this call and the oldest queued ones.
 	n := min(len(g.queue), g.maxBatch-1)
+	if g.size != nil {
+		bytes := g.size(call.req)
+		for i := range n {
+			if bytes += g.size(g.queue[i].req); bytes > maxBatchBytes {
+				n = i
+				break
+			}
+		}
+	}
 	batch := make([]*groupCall[Q, R], 0, n+1)
 	batch = append(append(batch, call), g.queue[:n]...)
 	g.queue = append(g.queue[:0:0], g.queue[n:]...)
@@ -94,6 +108,7 @@ func (g *groupCommit[Q, R]) do(req Q) R {
 const (
 	groupCommitActive = 2
 	groupCommitBatch  = 500
+	maxBatchBytes     = 64 << 20
 )
 
 // writeOutcome is one delivery's share of a record batch.
@@ -109,6 +124,13 @@ func newRecordWriter(e *Engine) *groupCommit[*store.RecordWrite, writeOutcome] {
 	return &groupCommit[*store.RecordWrite, writeOutcome]{
 		maxActive: groupCommitActive,
 		maxBatch:  groupCommitBatch,
+		size: func(w *store.RecordWrite) int {
+			n := len(w.Output) + len(w.Error)
+			for _, r := range w.Records {
+				n += len(r.Output) + len(r.Error)
+			}
+			return n
+		},
 		exec: func(writes []*store.RecordWrite) []writeOutcome {
 			return e.writeRecords(writes)
 		},

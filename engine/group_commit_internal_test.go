@@ -64,3 +64,37 @@ func TestGroupCommitAloneIsABatchOfOne(t *testing.T) {
 	}
 	require.Equal(t, []int{1, 1, 1, 1, 1}, sizes)
 }
+
+// A batch stops taking queued calls once their payloads would pass
+// maxBatchBytes; the leader's own call always goes.
+func TestGroupCommitBoundsABatchByBytes(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var sizes []int
+	g := &groupCommit[int, int]{maxActive: 1, maxBatch: 100, size: func(n int) int { return n },
+		exec: func(calls []int) []int {
+			mu.Lock()
+			sizes = append(sizes, len(calls))
+			mu.Unlock()
+			if calls[0] == 0 {
+				<-release // hold the first batch while the rest queue
+			}
+			return calls
+		}}
+	var wg sync.WaitGroup
+	wg.Go(func() { g.do(0) })
+	for !func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.active == 1 }() {
+		time.Sleep(time.Millisecond)
+	}
+	const big = maxBatchBytes / 3 // three fit in no batch together with a fourth
+	for range 6 {
+		wg.Go(func() { g.do(big) })
+	}
+	for !func() bool { g.mu.Lock(); defer g.mu.Unlock(); return len(g.queue) == 6 }() {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	wg.Wait()
+	require.Equal(t, []int{1, 3, 3}, sizes)
+}

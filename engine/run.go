@@ -202,18 +202,31 @@ type startOutcome struct {
 // newStartBatcher coalesces the starts of concurrent callers of e into
 // multi-row inserts (see groupCommit).
 func newStartBatcher(e *Engine) *groupCommit[store.NewRun, startOutcome] {
-	return &groupCommit[store.NewRun, startOutcome]{maxActive: groupCommitActive, maxBatch: groupCommitBatch, exec: e.insertRuns}
+	return &groupCommit[store.NewRun, startOutcome]{maxActive: groupCommitActive, maxBatch: groupCommitBatch,
+		size: func(r store.NewRun) int { return len(r.Input) }, exec: e.insertRuns}
 }
 
-// insertRuns inserts a batch of starts. A failure that can recur (an input
-// PostgreSQL refuses) is found by inserting each on its own, so it fails
-// only its own start; a transient one fails them all.
+// insertRuns inserts a batch of starts. A batch that certainly rolled back
+// for a transient reason is tried again (writeRetries times); a failure
+// that can recur (an input PostgreSQL refuses) is found by inserting each
+// on its own, so it fails only its own start; a dropped connection, which
+// may have committed, fails them all (a caller's retry with the same
+// workflow ID finds its run).
 func (e *Engine) insertRuns(runs []store.NewRun) []startOutcome {
 	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 	defer cancel()
-	out, err := e.insertRunBatch(ctx, runs)
-	if err == nil {
-		return out
+	var out []startOutcome
+	var err error
+	for try := 0; ; try++ {
+		if out, err = e.insertRunBatch(ctx, runs); err == nil {
+			return out
+		}
+		// A batch that certainly rolled back (a serialization failure, a
+		// deadlock with another process's starts) is tried again as it is.
+		if transient, ambiguous := store.IsTransient(err); !transient || ambiguous || try == writeRetries {
+			break
+		}
+		time.Sleep(writeRetryBackoff << try)
 	}
 	out = make([]startOutcome, len(runs))
 	if transient, _ := store.IsTransient(err); transient || len(runs) == 1 {

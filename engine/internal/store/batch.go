@@ -1,9 +1,11 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -264,6 +266,31 @@ func InsertRuns(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunResul
 		}
 		return []InsertedRunResult{{Run: ins, Err: err}}, nil
 	}
+	// In key order, so that two batches that share workflow IDs take the
+	// unique index's entries in the same order and cannot deadlock.
+	order := make([]int, len(runs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		return cmp.Or(cmp.Compare(runs[a].WorkflowName, runs[b].WorkflowName), cmp.Compare(runs[a].WorkflowID, runs[b].WorkflowID))
+	})
+	sorted := make([]NewRun, len(runs))
+	for i, j := range order {
+		sorted[i] = runs[j]
+	}
+	res, err := insertSorted(ctx, db, sorted)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]InsertedRunResult, len(runs))
+	for i, j := range order {
+		out[j] = res[i]
+	}
+	return out, nil
+}
+
+func insertSorted(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunResult, error) {
 	n := len(runs)
 	var (
 		runID, token     = make([]uuid.UUID, n), make([]*uuid.UUID, n)

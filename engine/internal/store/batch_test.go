@@ -229,3 +229,29 @@ func TestHeartbeatsFenceEachDelivery(t *testing.T) {
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT long_stalled_deliveries FROM workflow_runs WHERE run_id = $1`, a.RunID).Scan(&long))
 	require.Equal(t, 1, long)
 }
+
+// A completed record is never overwritten, by WriteSteps (a tx step's
+// retry counts on it: written 0 rolls its effects back) or by a batch.
+func TestCompletedRecordsAreNeverOverwritten(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := context.Background()
+	f := claimed(t, db.Pool, "x")
+	_, n, err := store.WriteSteps(ctx, db.Pool, f.RunID, f.Token, 10*time.Second, "", completedStep(0, "tx"))
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	again := completedStep(0, "tx")
+	again.Output = []byte(`2`)
+	_, n, err = store.WriteSteps(ctx, db.Pool, f.RunID, f.Token, 10*time.Second, "", again)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	res, err := store.WriteRecords(ctx, db.Pool, []*store.RecordWrite{{Fence: f, Records: []*store.StepRecord{again}}})
+	require.NoError(t, err)
+	require.True(t, res[0].Landed)
+	res, err = store.WriteRecords(ctx, db.Pool, []*store.RecordWrite{{Fence: f, Records: []*store.StepRecord{again, completedStep(1, "s1")}}})
+	require.NoError(t, err)
+	require.True(t, res[0].Landed)
+	rec, err := store.GetStep(ctx, db.Pool, f.RunID, 0)
+	require.NoError(t, err)
+	require.JSONEq(t, `1`, string(rec.Output))
+}

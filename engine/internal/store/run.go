@@ -142,6 +142,9 @@ func scanSteps(rows pgx.Rows) ([]StepRecord, error) {
 
 // stepConflict updates a step record in place: a retry's attempts, an
 // activity's outcome after its stored request ID (kept), a replay's reset.
+// A completed record is never overwritten (the row is left, and not
+// counted as written): a tx step's retry that finds its earlier attempt
+// committed must roll its own effects back.
 const stepConflict = `    ON CONFLICT (run_id, seq) DO UPDATE SET
         status = excluded.status,
         attempts = excluded.attempts,
@@ -152,7 +155,8 @@ const stepConflict = `    ON CONFLICT (run_id, seq) DO UPDATE SET
         first_failed_at = coalesce(s.first_failed_at, excluded.first_failed_at),
         completed_at = excluded.completed_at,
         compensation = coalesce(excluded.compensation, s.compensation),
-        compensation_of = coalesce(excluded.compensation_of, s.compensation_of)`
+        compensation_of = coalesce(excluded.compensation_of, s.compensation_of)
+    WHERE s.status <> 'completed'`
 
 // stepUpsert is a CTE that writes one step record ($4..$15) for the run the
 // preceding "run" CTE returned; it writes nothing when that CTE returned no
