@@ -110,7 +110,7 @@ func (e *Engine) handToRiver(runID, token uuid.UUID) {
 	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 	defer cancel()
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		if err := store.ReleaseUnclaimed(ctx, tx, runID, token); err != nil {
+		if err := store.ReleaseUnclaimed(ctx, tx, store.Fence{RunID: runID, Token: token}); err != nil {
 			return err
 		}
 		return e.queue.Enqueue(ctx, tx, runID, time.Time{})

@@ -74,7 +74,7 @@ func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
 			log.Error("workflow not registered in this process; handing its runs back for a process that registers it",
 				"retry_in", retry, "registered", e.registeredNames())
 		}
-		if err := store.ReleaseUnclaimed(context.WithoutCancel(ctx), e.pool, runID, token); err != nil {
+		if err := store.ReleaseUnclaimed(context.WithoutCancel(ctx), e.pool, store.Fence{RunID: runID, Token: token}); err != nil {
 			return err
 		}
 		return queue.Snooze(retry)
@@ -523,10 +523,12 @@ func (c *Context) handBack(rec *store.StepRecord, status string, wakeAt time.Tim
 	defer c.longMu.Unlock()
 	return c.do(func(ctx context.Context) error {
 		if !wakeAt.IsZero() {
-			return store.SuspendRun(ctx, c.e.pool, c.runID, c.token, rec, status, &wakeAt, progress, c.long)
+			return store.SuspendRun(ctx, c.e.pool, c.fence(), store.SuspendParams{Pending: rec, Status: status, WakeAt: &wakeAt,
+				Progress: progress, WasLong: c.long})
 		}
 		return pgx.BeginFunc(ctx, c.e.pool, func(tx pgx.Tx) error {
-			if err := store.SuspendRun(ctx, tx, c.runID, c.token, rec, status, nil, progress, c.long); err != nil {
+			if err := store.SuspendRun(ctx, tx, c.fence(), store.SuspendParams{Pending: rec, Status: status,
+				Progress: progress, WasLong: c.long}); err != nil {
 				return err
 			}
 			return c.e.queue.Enqueue(ctx, tx, c.runID, time.Time{})
@@ -590,6 +592,6 @@ func (c *Context) park(rec *store.StepRecord, why *parkReason) {
 	}
 	c.log.Warn("run parked as dead", "reason", why.reason, "error_class", why.info.Class, "error", why.info.Message)
 	c.close(store.RunDead, c.do(func(ctx context.Context) error {
-		return store.ParkRun(ctx, c.e.pool, c.runID, c.token, rec, p)
+		return store.ParkRun(ctx, c.e.pool, c.fence(), rec, p)
 	}))
 }

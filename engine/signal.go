@@ -199,7 +199,7 @@ func (c *Context) awaitSignal(name string, timeout time.Duration) ([]byte, error
 	err = c.doOnce(func(ctx context.Context) error {
 		return pgx.BeginFunc(ctx, c.e.pool, func(tx pgx.Tx) error {
 			outcome, cancel = nil, false
-			payload, found, cancelled, err := store.TakeSignal(ctx, tx, c.runID, c.token, name, seq)
+			payload, found, cancelled, err := store.TakeSignal(ctx, tx, c.fence(), name, seq)
 			if err != nil {
 				return err
 			}
@@ -221,11 +221,11 @@ func (c *Context) awaitSignal(name string, timeout time.Duration) ([]byte, error
 				rec := &store.StepRecord{Seq: seq, Name: name, Kind: kindSignal, Status: store.StepStarted,
 					StartedAt: startedAt, NextAttemptAt: deadline}
 				if len(recs) > 0 {
-					if _, _, err := store.WriteSteps(ctx, tx, c.runID, c.token, c.e.cfg.LeaseDuration, "", recs...); err != nil {
+					if _, _, err := store.WriteSteps(ctx, tx, c.fence(), "", recs...); err != nil {
 						return err
 					}
 				}
-				return store.SuspendForSignal(ctx, tx, c.runID, c.token, rec, name, deadline)
+				return store.SuspendForSignal(ctx, tx, c.fence(), rec, name, deadline)
 			}
 			out, err := json.Marshal(outcome)
 			if err != nil {
@@ -233,7 +233,7 @@ func (c *Context) awaitSignal(name string, timeout time.Duration) ([]byte, error
 			}
 			recs = append(recs, &store.StepRecord{Seq: seq, Name: name, Kind: kindSignal, Status: store.StepCompleted,
 				Attempts: 1, Output: out, NextAttemptAt: deadline, StartedAt: startedAt, CompletedAt: &now})
-			_, _, err = store.WriteSteps(ctx, tx, c.runID, c.token, c.e.cfg.LeaseDuration, "", recs...)
+			_, _, err = store.WriteSteps(ctx, tx, c.fence(), "", recs...)
 			return err
 		})
 	})

@@ -55,7 +55,7 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			if out, err = encodeOutput(v, c.e.cfg.MaxPayloadBytes); err != nil {
 				return err
 			}
-			cancel, written, err := store.WriteSteps(c.Context, tx, c.runID, c.token, c.e.cfg.LeaseDuration, "", a.completed(out))
+			cancel, written, err := store.WriteSteps(c.Context, tx, c.fence(), "", a.completed(out))
 			c.noteCancel(cancel)
 			if err != nil {
 				return err

@@ -523,7 +523,7 @@ RETURNING r.run_id, u.token, r.cancel_requested_at IS NOT NULL, u.mark AND r.sta
 func Heartbeats(ctx context.Context, db DBTX, beats []Beat) ([]BeatResult, error) {
 	if len(beats) == 1 {
 		b := beats[0]
-		cancel, marked, err := Heartbeat(ctx, db, b.Fence.RunID, b.Fence.Token, b.Fence.Lease, b.MarkLong)
+		cancel, marked, err := Heartbeat(ctx, db, b.Fence, b.MarkLong)
 		switch {
 		case errors.Is(err, ErrLeaseLost):
 			return []BeatResult{{}}, nil

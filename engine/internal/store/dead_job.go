@@ -46,8 +46,9 @@ SELECT count(*) FROM run`
 // ParkRun marks the run dead and inserts its dead_jobs row, writing the
 // pending step record (may be nil) in the same statement. ErrLeaseLost when
 // fenced out.
-func ParkRun(ctx context.Context, db DBTX, runID, token uuid.UUID, pending *StepRecord, p *Park) error {
-	args := append([]any{runID, token, 0}, stepArgs(pending)...)
+func ParkRun(ctx context.Context, db DBTX, f Fence, pending *StepRecord, p *Park) error {
+	runID := f.RunID
+	args := append([]any{runID, f.Token, 0}, stepArgs(pending)...)
 	args = append(args, p.RunError, p.ID, p.Reason, p.StepName, p.Seq, p.Attempts, p.FirstFailedAt,
 		p.LastFailedAt, p.ErrorClass, p.ErrorMessage, p.Stack, p.Deliveries, jsonText(p.ForwardError))
 	return fenced(db.QueryRow(ctx, parkRun, args...), "parking run %s", runID)

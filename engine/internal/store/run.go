@@ -203,7 +203,8 @@ SELECT (SELECT count(*) FROM run), coalesce((SELECT bool_or(cancel) FROM run), f
 // A completed record is never overwritten. It reports whether cancellation
 // was requested and how many records it wrote, and returns ErrLeaseLost
 // when token no longer owns the run.
-func WriteSteps(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.Duration, status string, recs ...*StepRecord) (cancel bool, written int, err error) {
+func WriteSteps(ctx context.Context, db DBTX, f Fence, status string, recs ...*StepRecord) (cancel bool, written int, err error) {
+	runID := f.RunID
 	n := len(recs)
 	var (
 		seq, attempts                         = make([]int32, n), make([]int32, n)
@@ -228,7 +229,7 @@ func WriteSteps(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time
 		statusArg = &status
 	}
 	var found int
-	err = db.QueryRow(ctx, writeSteps, runID, token, ms(lease), seq, name, kind, stat, attempts,
+	err = db.QueryRow(ctx, writeSteps, runID, f.Token, ms(f.Lease), seq, name, kind, stat, attempts,
 		requestID, output, errs, next, firstFailed, started, completed, comp, compOf, statusArg).Scan(&found, &cancel, &written)
 	if err != nil {
 		return false, 0, fmt.Errorf("recording steps of run %s: %w", runID, translate(err))
@@ -289,8 +290,9 @@ RETURNING cancel_requested_at IS NOT NULL, $4::bool AND stalled_deliveries > 0`
 // to count this delivery as long-lived (it has run for a whole lease
 // without progress); marked reports whether it was, so the caller asks
 // once and a hand-back can undo exactly that (SuspendRun's wasLong).
-func Heartbeat(ctx context.Context, db DBTX, runID, token uuid.UUID, lease time.Duration, markLong bool) (cancel, marked bool, err error) {
-	err = db.QueryRow(ctx, heartbeat, runID, token, ms(lease), markLong).Scan(&cancel, &marked)
+func Heartbeat(ctx context.Context, db DBTX, f Fence, markLong bool) (cancel, marked bool, err error) {
+	runID := f.RunID
+	err = db.QueryRow(ctx, heartbeat, runID, f.Token, ms(f.Lease), markLong).Scan(&cancel, &marked)
 	if translate(err) == ErrNotFound {
 		return false, false, ErrLeaseLost
 	}
@@ -350,20 +352,30 @@ WITH run AS (
 ), ` + stepUpsert + `
 SELECT count(*) FROM run`
 
-// SuspendRun hands the run back without finishing it: status waiting until
-// wakeAt (a retry backoff, later a timer), or pending when a shutdown
-// interrupted the delivery (progress=false does not count it as progress:
-// the delivery is uncounted, and wasLong says whether Heartbeat counted it
-// as long-lived). The caller enqueues the next delivery in the same
-// transaction.
-func SuspendRun(ctx context.Context, db DBTX, runID, token uuid.UUID, pending *StepRecord, status string, wakeAt *time.Time, progress, wasLong bool) error {
+// SuspendParams says how SuspendRun hands a run back.
+type SuspendParams struct {
+	Pending *StepRecord // written in the same statement; may be nil
+	Status  string      // waiting (until WakeAt), pending or compensating
+	WakeAt  *time.Time  // nil: due now (the caller enqueues a ticket)
+	// Progress counts the delivery as progress; false (a shutdown) leaves
+	// it uncounted, and WasLong says whether Heartbeat counted it as
+	// long-lived, to undo exactly that.
+	Progress, WasLong bool
+}
+
+// SuspendRun hands the run f fences back without finishing it: waiting
+// until p.WakeAt (a retry backoff, a timer), or pending when a shutdown
+// interrupted the delivery. The caller enqueues the next delivery in the
+// same transaction when there is no wake time. f.Lease is not used: the
+// lease ends.
+func SuspendRun(ctx context.Context, db DBTX, f Fence, p SuspendParams) error {
 	long := 0
-	if wasLong {
+	if p.WasLong {
 		long = 1
 	}
-	args := append([]any{runID, token, 0}, stepArgs(pending)...)
-	args = append(args, status, wakeAt, progress, long)
-	return fenced(db.QueryRow(ctx, suspendRun, args...), "suspending run %s", runID)
+	args := append([]any{f.RunID, f.Token, 0}, stepArgs(p.Pending)...)
+	args = append(args, p.Status, p.WakeAt, p.Progress, long)
+	return fenced(db.QueryRow(ctx, suspendRun, args...), "suspending run %s", f.RunID)
 }
 
 // ReleaseUnclaimed gives back a lease this delivery took but cannot use (the
@@ -374,9 +386,10 @@ UPDATE workflow_runs SET owner_token = NULL, lease_expires_at = NULL,
     deliveries = deliveries - 1, stalled_deliveries = greatest(stalled_deliveries - 1, 0)
 WHERE run_id = $1 AND owner_token = $2`
 
-// ReleaseUnclaimed undoes Claim for a delivery that cannot run the workflow.
-func ReleaseUnclaimed(ctx context.Context, db DBTX, runID, token uuid.UUID) error {
-	_, err := db.Exec(ctx, releaseUnclaimed, runID, token)
+// ReleaseUnclaimed undoes the claim f holds for a delivery that cannot run
+// the workflow.
+func ReleaseUnclaimed(ctx context.Context, db DBTX, f Fence) error {
+	_, err := db.Exec(ctx, releaseUnclaimed, f.RunID, f.Token)
 	return translate(err)
 }
 

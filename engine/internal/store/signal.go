@@ -131,8 +131,9 @@ const consumeSignal = `UPDATE workflow_signals SET consumed_seq = $2, consumed_a
 // takes its oldest unconsumed signal named name for step seq. found is
 // false when none is buffered; the run stays locked until tx ends, so no
 // signal can arrive unseen before the caller suspends it.
-func TakeSignal(ctx context.Context, tx pgx.Tx, runID, token uuid.UUID, name string, seq int) (payload []byte, found, cancel bool, err error) {
-	if err := tx.QueryRow(ctx, lockOwnedRun, runID, token).Scan(&cancel); err != nil {
+func TakeSignal(ctx context.Context, tx pgx.Tx, f Fence, name string, seq int) (payload []byte, found, cancel bool, err error) {
+	runID := f.RunID
+	if err := tx.QueryRow(ctx, lockOwnedRun, runID, f.Token).Scan(&cancel); err != nil {
 		if translate(err) == ErrNotFound {
 			return nil, false, false, ErrLeaseLost
 		}
@@ -165,8 +166,8 @@ SELECT count(*) FROM run`
 
 // SuspendForSignal hands the run back waiting for a signal named name,
 // until wakeAt (nil: no timeout), writing rec (the wait's started record).
-func SuspendForSignal(ctx context.Context, tx DBTX, runID, token uuid.UUID, rec *StepRecord, name string, wakeAt *time.Time) error {
-	args := append([]any{runID, token, 0}, stepArgs(rec)...)
+func SuspendForSignal(ctx context.Context, tx DBTX, f Fence, rec *StepRecord, name string, wakeAt *time.Time) error {
+	args := append([]any{f.RunID, f.Token, 0}, stepArgs(rec)...)
 	args = append(args, wakeAt, name)
-	return fenced(tx.QueryRow(ctx, awaitSignal, args...), "suspending run %s for a signal", runID)
+	return fenced(tx.QueryRow(ctx, awaitSignal, args...), "suspending run %s for a signal", f.RunID)
 }
