@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"sync"
 
 	"github.com/google/uuid"
@@ -30,6 +31,9 @@ type groupCommit[Q, R any] struct {
 	// exec runs one batch and returns one result per call, in order. It
 	// must not fail as a whole: a result carries its own error.
 	exec func(calls []Q) []R
+	// failed is every call's result when exec panics (a bug), so that the
+	// batch's callers get an error and the batcher keeps working.
+	failed func(panicked any) R
 
 	mu     sync.Mutex
 	queue  []*groupCall[Q, R]
@@ -80,7 +84,7 @@ func (g *groupCommit[Q, R]) do(req Q) R {
 	for i, c := range batch {
 		reqs[i] = c.req
 	}
-	res := g.exec(reqs)
+	res := g.run(reqs)
 
 	g.mu.Lock()
 	for i, c := range batch {
@@ -102,6 +106,25 @@ func (g *groupCommit[Q, R]) do(req Q) R {
 	g.mu.Unlock()
 	return call.res
 }
+
+// run calls exec, turning a panic into failed results for the whole batch.
+func (g *groupCommit[Q, R]) run(reqs []Q) (res []R) {
+	defer func() {
+		if p := recover(); p != nil {
+			res = make([]R, len(reqs))
+			if g.failed != nil {
+				for i := range res {
+					res[i] = g.failed(p)
+				}
+			}
+		}
+	}()
+	return g.exec(reqs)
+}
+
+// batchPanic is the error of every call of a batch whose statement code
+// panicked.
+func batchPanic(p any) error { return fmt.Errorf("pgdurable: a batch of writes panicked: %v", p) }
 
 // Group commit sizes: batches in flight at once per process, and records
 // of at most this many deliveries per statement.
@@ -134,6 +157,7 @@ func newRecordWriter(e *Engine) *groupCommit[*store.RecordWrite, writeOutcome] {
 		exec: func(writes []*store.RecordWrite) []writeOutcome {
 			return e.writeRecords(writes)
 		},
+		failed: func(p any) writeOutcome { return writeOutcome{err: batchPanic(p)} },
 	}
 }
 
@@ -183,6 +207,7 @@ func newClaimBatcher(e *Engine) *groupCommit[store.Fence, claimOutcome] {
 	return &groupCommit[store.Fence, claimOutcome]{
 		maxActive: groupCommitActive,
 		maxBatch:  groupCommitBatch,
+		failed:    func(p any) claimOutcome { return claimOutcome{err: batchPanic(p)} },
 		exec: func(fences []store.Fence) []claimOutcome {
 			ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 			defer cancel()
@@ -220,6 +245,7 @@ func newBeatBatcher(e *Engine) *groupCommit[store.Beat, beatOutcome] {
 	return &groupCommit[store.Beat, beatOutcome]{
 		maxActive: groupCommitActive,
 		maxBatch:  groupCommitBatch,
+		failed:    func(p any) beatOutcome { return beatOutcome{err: batchPanic(p)} },
 		exec: func(beats []store.Beat) []beatOutcome {
 			ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 			defer cancel()

@@ -98,3 +98,20 @@ func TestGroupCommitBoundsABatchByBytes(t *testing.T) {
 	wg.Wait()
 	require.Equal(t, []int{1, 3, 3}, sizes)
 }
+
+// A batch whose exec panics fails each of its calls and leaves the
+// batcher working for the next ones.
+func TestGroupCommitSurvivesAPanickingBatch(t *testing.T) {
+	t.Parallel()
+	g := &groupCommit[int, int]{maxActive: 1, maxBatch: 10,
+		exec: func(calls []int) []int {
+			if calls[0] < 0 {
+				panic("bug")
+			}
+			return calls
+		},
+		failed: func(any) int { return -100 }}
+	require.Equal(t, -100, g.do(-1))
+	require.Equal(t, 5, g.do(5))
+	require.Zero(t, g.active)
+}

@@ -203,7 +203,8 @@ type startOutcome struct {
 // multi-row inserts (see groupCommit).
 func newStartBatcher(e *Engine) *groupCommit[store.NewRun, startOutcome] {
 	return &groupCommit[store.NewRun, startOutcome]{maxActive: groupCommitActive, maxBatch: groupCommitBatch,
-		size: func(r store.NewRun) int { return len(r.Input) }, exec: e.insertRuns}
+		size: func(r store.NewRun) int { return len(r.Input) }, exec: e.insertRuns,
+		failed: func(p any) startOutcome { return startOutcome{err: batchPanic(p)} }}
 }
 
 // insertRuns inserts a batch of starts. A batch that certainly rolled back
