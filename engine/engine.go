@@ -165,13 +165,13 @@ type Engine struct {
 	live     sync.Map    // run ID → *Context of this process's delivery holding it
 	// records commits the record writes of this process's deliveries,
 	// many runs' in one statement (see groupCommit).
-	records *groupCommit[*store.RecordWrite, writeOutcome]
+	records *groupCommit[*store.RecordWrite, outcome[store.WriteResult]]
 	// starts coalesces concurrent Start calls into multi-row inserts.
-	starts *groupCommit[store.NewRun, startOutcome]
+	starts *groupCommit[store.NewRun, outcome[*store.InsertedRun]]
 	// claims coalesces the claims of concurrent deliveries.
-	claims *groupCommit[store.Fence, claimOutcome]
+	claims *groupCommit[store.Fence, outcome[store.ClaimResult]]
 	// beats coalesces the heartbeats of concurrent deliveries.
-	beats *groupCommit[store.Beat, beatOutcome]
+	beats *groupCommit[store.Beat, outcome[store.BeatResult]]
 	// slots holds one token per delivery running in this process, River's
 	// and directly dispatched ones alike: at most MaxWorkers.
 	slots chan struct{}

@@ -370,7 +370,7 @@ func (c *Context) commit(w *store.RecordWrite) (store.WriteResult, error) {
 		if o.err != nil {
 			return o.err
 		}
-		if res = o.WriteResult; !res.Landed {
+		if res = o.res; !res.Landed {
 			return store.ErrLeaseLost
 		}
 		return nil
@@ -435,8 +435,8 @@ func (c *Context) beat() error {
 	defer c.longMu.Unlock()
 	markLong := !c.long && time.Since(c.claimedAt) >= c.e.cfg.LeaseDuration
 	o := c.e.beats.do(store.Beat{Fence: c.fence(), MarkLong: markLong})
-	cancelRequested, marked, err := o.CancelRequested, o.Marked, o.err
-	if err == nil && !o.Landed {
+	cancelRequested, marked, err := o.res.CancelRequested, o.res.Marked, o.err
+	if err == nil && !o.res.Landed {
 		err = store.ErrLeaseLost
 	}
 	switch {

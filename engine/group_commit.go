@@ -134,131 +134,93 @@ const (
 	maxBatchBytes     = 64 << 20
 )
 
-// writeOutcome is one delivery's share of a record batch.
-type writeOutcome struct {
-	store.WriteResult
+// outcome is one call's share of a batch: its result, or the error that
+// failed it.
+type outcome[R any] struct {
+	res R
 	err error
 }
 
-// newRecordWriter builds the writer every delivery of e sends its record
-// writes through: the records of concurrent deliveries are committed in one
-// statement and one transaction, each fenced on its own.
-func newRecordWriter(e *Engine) *groupCommit[*store.RecordWrite, writeOutcome] {
-	return &groupCommit[*store.RecordWrite, writeOutcome]{
+// storeBatcher builds a batcher over a store call that answers a batch
+// call by call, run with writeTimeout on a context of its own. When the
+// call fails as a whole, every call of the batch gets its error, except
+// with isolate, where a failure that can recur (a row PostgreSQL refuses)
+// is found by calling again with each alone, so it fails its own caller
+// only; a transient failure (a dropped connection, a deadlock) is returned
+// to every call, whose caller tries it again.
+func storeBatcher[Q, R any](call func(context.Context, []Q) ([]R, error), size func(Q) int, isolate bool) *groupCommit[Q, outcome[R]] {
+	return &groupCommit[Q, outcome[R]]{
 		maxActive: groupCommitActive,
 		maxBatch:  groupCommitBatch,
-		size: func(w *store.RecordWrite) int {
-			n := len(w.Output) + len(w.Error)
-			for _, r := range w.Records {
-				n += len(r.Output) + len(r.Error)
-			}
-			return n
-		},
-		exec: func(writes []*store.RecordWrite) []writeOutcome {
-			return e.writeRecords(writes)
-		},
-		failed: func(p any) writeOutcome { return writeOutcome{err: batchPanic(p)} },
-	}
-}
-
-// writeRecords commits one batch of record writes. When the statement fails
-// and the batch holds more than one write, a failure that can recur (a
-// record PostgreSQL refuses) is found by writing each on its own, so it
-// fails its own delivery only; a transient failure (a dropped connection, a
-// deadlock) is returned to every write, whose delivery tries it again.
-func (e *Engine) writeRecords(writes []*store.RecordWrite) []writeOutcome {
-	out := make([]writeOutcome, len(writes))
-	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
-	defer cancel()
-	res, err := store.WriteRecords(ctx, e.pool, writes)
-	if err == nil {
-		for i := range out {
-			out[i].WriteResult = res[i]
-		}
-		return out
-	}
-	if transient, _ := store.IsTransient(err); transient || len(writes) == 1 {
-		for i := range out {
-			out[i].err = err
-		}
-		return out
-	}
-	for i, w := range writes {
-		res, err := store.WriteRecords(ctx, e.pool, []*store.RecordWrite{w})
-		if err != nil {
-			out[i].err = err
-			continue
-		}
-		out[i].WriteResult = res[0]
-	}
-	return out
-}
-
-// claimOutcome is one delivery's share of a batch of claims.
-type claimOutcome struct {
-	store.ClaimResult
-	err error
-}
-
-// newClaimBatcher coalesces the claims of concurrent deliveries of e (the
-// tickets of one River fetch start together; held runs start as workers
-// free up) into one round trip.
-func newClaimBatcher(e *Engine) *groupCommit[store.Fence, claimOutcome] {
-	return &groupCommit[store.Fence, claimOutcome]{
-		maxActive: groupCommitActive,
-		maxBatch:  groupCommitBatch,
-		failed:    func(p any) claimOutcome { return claimOutcome{err: batchPanic(p)} },
-		exec: func(fences []store.Fence) []claimOutcome {
+		size:      size,
+		failed:    func(p any) outcome[R] { return outcome[R]{err: batchPanic(p)} },
+		exec: func(calls []Q) []outcome[R] {
 			ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 			defer cancel()
-			out := make([]claimOutcome, len(fences))
-			res, err := store.ClaimRuns(ctx, e.pool, fences, e.now())
-			for i := range out {
-				if err != nil {
+			out := make([]outcome[R], len(calls))
+			res, err := call(ctx, calls)
+			if err == nil {
+				for i := range out {
+					out[i].res = res[i]
+				}
+				return out
+			}
+			if transient, _ := store.IsTransient(err); !isolate || transient || len(calls) == 1 {
+				for i := range out {
+					out[i].err = err
+				}
+				return out
+			}
+			for i, q := range calls {
+				if one, err := call(ctx, []Q{q}); err != nil {
 					out[i].err = err
 				} else {
-					out[i].ClaimResult = res[i]
+					out[i].res = one[0]
 				}
 			}
 			return out
 		},
 	}
+}
+
+// newRecordWriter builds the writer every delivery of e sends its record
+// writes through: the records of concurrent deliveries are committed in one
+// statement and one transaction, each fenced on its own.
+func newRecordWriter(e *Engine) *groupCommit[*store.RecordWrite, outcome[store.WriteResult]] {
+	write := func(ctx context.Context, writes []*store.RecordWrite) ([]store.WriteResult, error) {
+		return store.WriteRecords(ctx, e.pool, writes)
+	}
+	size := func(w *store.RecordWrite) int {
+		n := len(w.Output) + len(w.Error)
+		for _, r := range w.Records {
+			n += len(r.Output) + len(r.Error)
+		}
+		return n
+	}
+	return storeBatcher(write, size, true)
+}
+
+// newClaimBatcher coalesces the claims of concurrent deliveries of e (the
+// tickets of one River fetch start together; held runs start as workers
+// free up) into one round trip.
+func newClaimBatcher(e *Engine) *groupCommit[store.Fence, outcome[store.ClaimResult]] {
+	return storeBatcher(func(ctx context.Context, fences []store.Fence) ([]store.ClaimResult, error) {
+		return store.ClaimRuns(ctx, e.pool, fences, e.now())
+	}, nil, false)
 }
 
 // claim takes the lease on runID with token, in a batch with the claims
 // of other deliveries (see store.ClaimRuns).
 func (e *Engine) claim(runID, token uuid.UUID) (*store.ClaimedRun, *store.ClaimMiss, error) {
 	o := e.claims.do(store.Fence{RunID: runID, Token: token, Lease: e.cfg.LeaseDuration})
-	return o.Run, o.Miss, o.err
-}
-
-// beatOutcome is one delivery's share of a batch of heartbeats.
-type beatOutcome struct {
-	store.BeatResult
-	err error
+	return o.res.Run, o.res.Miss, o.err
 }
 
 // newBeatBatcher coalesces the heartbeats of concurrent deliveries of e:
 // they beat on ticks aligned across the process (see heartbeat), so the
 // deliveries whose lease is due share one statement.
-func newBeatBatcher(e *Engine) *groupCommit[store.Beat, beatOutcome] {
-	return &groupCommit[store.Beat, beatOutcome]{
-		maxActive: groupCommitActive,
-		maxBatch:  groupCommitBatch,
-		failed:    func(p any) beatOutcome { return beatOutcome{err: batchPanic(p)} },
-		exec: func(beats []store.Beat) []beatOutcome {
-			ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
-			defer cancel()
-			out := make([]beatOutcome, len(beats))
-			res, err := store.Heartbeats(ctx, e.pool, beats)
-			for i := range out {
-				if err != nil {
-					out[i].err = err
-				} else {
-					out[i].BeatResult = res[i]
-				}
-			}
-			return out
-		},
-	}
+func newBeatBatcher(e *Engine) *groupCommit[store.Beat, outcome[store.BeatResult]] {
+	return storeBatcher(func(ctx context.Context, beats []store.Beat) ([]store.BeatResult, error) {
+		return store.Heartbeats(ctx, e.pool, beats)
+	}, nil, false)
 }

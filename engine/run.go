@@ -135,7 +135,7 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		ins, err = e.insertRunTx(ctx, tx, r)
 	} else {
 		o := e.starts.do(r)
-		ins, err = o.run, o.err
+		ins, err = o.res, o.err
 	}
 	switch {
 	case path == dispatchNow && err == nil && !ins.Existing:
@@ -193,18 +193,12 @@ func (e *Engine) insertRunTx(ctx context.Context, tx pgx.Tx, r store.NewRun) (*s
 	return ins, e.queue.Enqueue(ctx, tx, ins.RunID, time.Time{})
 }
 
-// startOutcome is one start's share of a batch of inserts.
-type startOutcome struct {
-	run *store.InsertedRun
-	err error
-}
-
 // newStartBatcher coalesces the starts of concurrent callers of e into
 // multi-row inserts (see groupCommit).
-func newStartBatcher(e *Engine) *groupCommit[store.NewRun, startOutcome] {
-	return &groupCommit[store.NewRun, startOutcome]{maxActive: groupCommitActive, maxBatch: groupCommitBatch,
+func newStartBatcher(e *Engine) *groupCommit[store.NewRun, outcome[*store.InsertedRun]] {
+	return &groupCommit[store.NewRun, outcome[*store.InsertedRun]]{maxActive: groupCommitActive, maxBatch: groupCommitBatch,
 		size: func(r store.NewRun) int { return len(r.Input) }, exec: e.insertRuns,
-		failed: func(p any) startOutcome { return startOutcome{err: batchPanic(p)} }}
+		failed: func(p any) outcome[*store.InsertedRun] { return outcome[*store.InsertedRun]{err: batchPanic(p)} }}
 }
 
 // insertRuns inserts a batch of starts. A batch that certainly rolled back
@@ -213,10 +207,10 @@ func newStartBatcher(e *Engine) *groupCommit[store.NewRun, startOutcome] {
 // on its own, so it fails only its own start; a dropped connection, which
 // may have committed, fails them all (a caller's retry with the same
 // workflow ID finds its run).
-func (e *Engine) insertRuns(runs []store.NewRun) []startOutcome {
+func (e *Engine) insertRuns(runs []store.NewRun) []outcome[*store.InsertedRun] {
 	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 	defer cancel()
-	var out []startOutcome
+	var out []outcome[*store.InsertedRun]
 	var err error
 	for try := 0; ; try++ {
 		if out, err = e.insertRunBatch(ctx, runs); err == nil {
@@ -229,7 +223,7 @@ func (e *Engine) insertRuns(runs []store.NewRun) []startOutcome {
 		}
 		time.Sleep(writeRetryBackoff << try)
 	}
-	out = make([]startOutcome, len(runs))
+	out = make([]outcome[*store.InsertedRun], len(runs))
 	if transient, _ := store.IsTransient(err); transient || len(runs) == 1 {
 		for i := range out {
 			out[i].err = err
@@ -254,7 +248,7 @@ func needsTicket(r store.NewRun) bool { return r.Claim == nil && r.Hold == 0 }
 // no process executes at once, their River tickets in the same transaction.
 // Without tickets to insert, the statement is its own transaction: one
 // round trip.
-func (e *Engine) insertRunBatch(ctx context.Context, runs []store.NewRun) ([]startOutcome, error) {
+func (e *Engine) insertRunBatch(ctx context.Context, runs []store.NewRun) ([]outcome[*store.InsertedRun], error) {
 	var res []store.InsertedRunResult
 	var err error
 	if slices.ContainsFunc(runs, needsTicket) {
@@ -276,9 +270,9 @@ func (e *Engine) insertRunBatch(ctx context.Context, runs []store.NewRun) ([]sta
 	if err != nil {
 		return nil, err
 	}
-	out := make([]startOutcome, len(runs))
+	out := make([]outcome[*store.InsertedRun], len(runs))
 	for i, r := range res {
-		out[i] = startOutcome{run: r.Run, err: r.Err}
+		out[i] = outcome[*store.InsertedRun]{res: r.Run, err: r.Err}
 	}
 	return out, nil
 }

@@ -205,32 +205,17 @@ SELECT (SELECT count(*) FROM run), coalesce((SELECT bool_or(cancel) FROM run), f
 // when token no longer owns the run.
 func WriteSteps(ctx context.Context, db DBTX, f Fence, status string, recs ...*StepRecord) (cancel bool, written int, err error) {
 	runID := f.RunID
-	n := len(recs)
-	var (
-		seq, attempts                         = make([]int32, n), make([]int32, n)
-		name, kind, stat                      = make([]string, n), make([]string, n), make([]string, n)
-		requestID                             = make([]*uuid.UUID, n)
-		output, errs, comp                    = make([]*string, n), make([]*string, n), make([]*string, n)
-		compOf                                = make([]*int32, n)
-		next, firstFailed, started, completed = make([]*time.Time, n), make([]*time.Time, n), make([]time.Time, n), make([]*time.Time, n)
-	)
-	for i, r := range recs {
-		seq[i], attempts[i] = int32(r.Seq), int32(r.Attempts)
-		name[i], kind[i], stat[i] = r.Name, r.Kind, r.Status
-		requestID[i], next[i], firstFailed[i], started[i], completed[i] = r.RequestID, r.NextAttemptAt, r.FirstFailedAt, r.StartedAt, r.CompletedAt
-		output[i], errs[i], comp[i] = jsonText(r.Output), jsonText(r.Error), r.Compensation
-		if r.CompensationOf != nil {
-			v := int32(*r.CompensationOf)
-			compOf[i] = &v
-		}
+	var c stepColumns // its run and token columns are not sent: the fence is one
+	for _, r := range recs {
+		c.add(f, r)
 	}
 	var statusArg *string
 	if status != "" {
 		statusArg = &status
 	}
 	var found int
-	err = db.QueryRow(ctx, writeSteps, runID, f.Token, ms(f.Lease), seq, name, kind, stat, attempts,
-		requestID, output, errs, next, firstFailed, started, completed, comp, compOf, statusArg).Scan(&found, &cancel, &written)
+	err = db.QueryRow(ctx, writeSteps, runID, f.Token, ms(f.Lease), c.seq, c.name, c.kind, c.status, c.attempts,
+		c.requestID, c.output, c.errs, c.next, c.firstFailed, c.started, c.completed, c.comp, c.compOf, statusArg).Scan(&found, &cancel, &written)
 	if err != nil {
 		return false, 0, fmt.Errorf("recording steps of run %s: %w", runID, translate(err))
 	}
