@@ -157,7 +157,7 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 	rep.add(opts, "round trips per new step", lat.perStep, "round trips/step", "one run at a time: (10-step − 3-step) / 7")
 	rep.add(opts, "one synchronous commit, p50", pct(lat.commit, 0.5), "ms", "the floor of each durable write on this machine")
 	rep.add(opts, "start (its commit), p50", pct(lat.start, 0.5), "ms", "one at a time")
-	rep.add(opts, "start to first step, p50", pct(lat.first, 0.5), "ms", "one at a time: start, River pickup, claim")
+	rep.add(opts, "start to first step, p50", pct(lat.first, 0.5), "ms", "one at a time: the start, then the step runs in the starting process")
 	rep.add(opts, "start to first step, p99", pct(lat.first, 0.99), "ms", "")
 	rep.add(opts, "start to completion (3 steps), p50", pct(lat.done, 0.5), "ms", "target < 1.5")
 	rep.add(opts, "start to completion (3 steps), p99", pct(lat.done, 0.99), "ms", "target < 10")

@@ -50,6 +50,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -314,6 +315,12 @@ func (a *api) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 func (a *api) readJSON(w http.ResponseWriter, r *http.Request, v any, shape string) bool {
 	body, ok := a.readBody(w, r)
 	if !ok {
+		return false
+	}
+	if !utf8.Valid(body) {
+		// encoding/json would turn the bad bytes into U+FFFD: two workflow
+		// IDs that differ in them would name one run.
+		writeError(w, http.StatusBadRequest, "invalid_json", "request body is not valid UTF-8")
 		return false
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))

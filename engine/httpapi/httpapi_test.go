@@ -556,3 +556,18 @@ func TestHostCheckOnLoopbackWithATokenAndQuietReadiness(t *testing.T) {
 	require.NotContains(t, string(body), "user=")
 	require.NotContains(t, string(body), "127.0.0.1:1")
 }
+
+// A body with bytes that are not UTF-8 is refused before decoding:
+// encoding/json would turn them into U+FFFD, and workflow IDs "g\xff9" and
+// "g\xfe9" would name one run.
+func TestStartRefusesBodiesThatAreNotUTF8(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for _, id := range []string{"g\xff9", "g\xfe9"} {
+		r := b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": "`+id+`", "input": {}}`)
+		require.Equal(t, 400, r.status, r.raw)
+		require.Equal(t, "invalid_json", errCode(r), r.raw)
+	}
+	runs := b.do(t, "GET", "/v1/runs", "")
+	require.Empty(t, runs.body["runs"])
+}
