@@ -51,7 +51,7 @@ type ActivityAttempt struct {
 	Attempt int
 
 	lastBeat atomic.Int64 // unix nanoseconds of the latest Heartbeat
-	c        *Context
+	d        *delivery
 }
 
 // Heartbeat tells the engine the attempt is alive (see
@@ -64,9 +64,9 @@ type ActivityAttempt struct {
 // heartbeat, so a cancellation reaches it within about that long.
 func (a *ActivityAttempt) Heartbeat(ctx context.Context) error {
 	a.lastBeat.Store(time.Now().UnixNano())
-	if c := a.c; c != nil {
+	if d := a.d; d != nil {
 		// A failure here is the lease heartbeat's to report.
-		_ = c.beatIfDue(c.e.cfg.HeartbeatInterval)
+		_ = d.beatIfDue(d.e.cfg.HeartbeatInterval)
 	}
 	return ctx.Err()
 }
@@ -100,7 +100,7 @@ func RunActivity[T any](ctx *Context, name string, opts *ActivityOpts, fn func(c
 	if opts == nil {
 		opts = &ActivityOpts{}
 	}
-	raw, err := ctx.runStep(&stepCall{name: name, kind: kindActivity, opts: &StepOpts{RetryPolicy: opts.RetryPolicy}, requestID: true,
+	raw, err := ctx.d.runStep(&stepCall{name: name, kind: kindActivity, opts: &StepOpts{RetryPolicy: opts.RetryPolicy}, requestID: true,
 		settle: opts.HeartbeatTimeout <= 0, returnExhausted: opts.ReturnExhausted,
 		body: func(sctx context.Context, st *attemptState) ([]byte, error) {
 			if opts.HeartbeatTimeout <= 0 {
@@ -108,9 +108,9 @@ func RunActivity[T any](ctx *Context, name string, opts *ActivityOpts, fn func(c
 				// the run's cancellation: its call finishes, and if it took
 				// effect its undo runs. Cutting it short would leave an
 				// effect (a charge) that no one knows to undo.
-				sctx = st.c.Context
+				sctx = st.d.ctx
 			}
-			return runAttempt(sctx, st.c, name, opts, &ActivityAttempt{RequestID: st.requestID, Attempt: st.attempt}, fn)
+			return runAttempt(sctx, st.d, name, opts, &ActivityAttempt{RequestID: st.requestID, Attempt: st.attempt}, fn)
 		}})
 	return decodeOutput[T](name, raw, err)
 }
@@ -129,9 +129,9 @@ var (
 	errNoHeartbeat  = &timeoutError{"heartbeat timeout"}
 )
 
-func runAttempt[T any](sctx context.Context, c *Context, name string, opts *ActivityOpts, a *ActivityAttempt, fn func(context.Context, *ActivityAttempt) (T, error)) ([]byte, error) {
+func runAttempt[T any](sctx context.Context, d *delivery, name string, opts *ActivityOpts, a *ActivityAttempt, fn func(context.Context, *ActivityAttempt) (T, error)) ([]byte, error) {
 	a.lastBeat.Store(time.Now().UnixNano())
-	a.c = c
+	a.d = d
 	actx, cancel := context.WithCancelCause(context.WithValue(sctx, activityKey{}, a))
 	defer cancel(nil)
 	if opts.StartToCloseTimeout > 0 {
@@ -155,7 +155,7 @@ func runAttempt[T any](sctx context.Context, c *Context, name string, opts *Acti
 			done <- result{err: err}
 			return
 		}
-		out, err := encodeOutput(v, c.e.cfg.MaxPayloadBytes)
+		out, err := encodeOutput(v, d.e.cfg.MaxPayloadBytes)
 		done <- result{out: out, err: err}
 	}()
 
@@ -183,7 +183,7 @@ func runAttempt[T any](sctx context.Context, c *Context, name string, opts *Acti
 				// timeout). A call that still answers while the lease holds
 				// has its result recorded as the run is handed back, so the
 				// next worker does not call it again.
-				grace = c.leaseLeft()
+				grace = d.leaseLeft()
 			}
 			select {
 			case r := <-done:

@@ -58,54 +58,59 @@ func (c *Context) Compensate(u Undo) error {
 	if err := u.RetryPolicy.validate(); err != nil {
 		return fmt.Errorf("%w: undo %q: %v", ErrInvalidArgument, u.Name, err)
 	}
-	seq := c.seq - 1
-	if n := len(c.compensations); n > 0 && c.compensations[n-1].seq == seq {
-		return fmt.Errorf("pgdurable: step %d already has an undo (%q); register one undo per step", seq, c.compensations[n-1].undo.Name)
+	return c.d.registerUndo(u)
+}
+
+// registerUndo registers u with the latest step, which must have succeeded.
+func (d *delivery) registerUndo(u Undo) error {
+	seq := d.seq - 1
+	if n := len(d.compensations); n > 0 && d.compensations[n-1].seq == seq {
+		return fmt.Errorf("pgdurable: step %d already has an undo (%q); register one undo per step", seq, d.compensations[n-1].undo.Name)
 	}
 	switch {
-	case c.pending != nil && c.pending.Seq == seq && c.pending.Status == store.StepCompleted:
-		c.pending.Compensation = &u.Name
-	case seq >= 0 && seq < len(c.steps) && c.steps[seq].Status == store.StepCompleted:
+	case d.pending != nil && d.pending.Seq == seq && d.pending.Status == store.StepCompleted:
+		d.pending.Compensation = &u.Name
+	case seq >= 0 && seq < len(d.steps) && d.steps[seq].Status == store.StepCompleted:
 		// replayed: the undo's name was stored with the record
-	case seq >= 0 && c.lastRecorded == seq:
+	case seq >= 0 && d.lastRecorded == seq:
 		// a tx step, recorded in its own transaction: name it with the undo's record
 	default:
 		return fmt.Errorf("pgdurable: undo %q must be registered right after a step that succeeded", u.Name)
 	}
-	c.compensations = append(c.compensations, &compensation{seq: seq, undo: u})
+	d.compensations = append(d.compensations, &compensation{seq: seq, undo: u})
 	return nil
 }
 
 // compensate runs the registered undos newest first, each a durable step,
 // then ends the run with status (compensated or cancelled) and info, the
 // error that caused it. A crash in the middle resumes with the next undo.
-func (c *Context) compensate(status string, info *ErrorInfo) {
+func (d *delivery) compensate(status string, info *ErrorInfo) {
 	var recs []*store.StepRecord
-	for _, rec := range []*store.StepRecord{c.pending, c.stopped} {
+	for _, rec := range []*store.StepRecord{d.pending, d.stopped} {
 		if rec != nil {
 			recs = append(recs, rec)
 		}
 	}
-	c.pending, c.stopped = nil, nil
-	if !c.writeStatus(store.RunCompensating, recs...) {
+	d.pending, d.stopped = nil, nil
+	if !d.writeStatus(store.RunCompensating, recs...) {
 		return
 	}
-	c.compensating = true
-	c.sagaCause = info
-	c.log.Info("compensating", "undos", len(c.compensations), "error_class", info.Class)
-	for i := len(c.compensations) - 1; i >= 0; i-- {
-		comp := c.compensations[i]
-		if _, err := c.runStep(undoCall(comp)); err != nil {
+	d.compensating = true
+	d.sagaCause = info
+	d.log.Info("compensating", "undos", len(d.compensations), "error_class", info.Class)
+	for i := len(d.compensations) - 1; i >= 0; i-- {
+		comp := d.compensations[i]
+		if _, err := d.runStep(undoCall(comp)); err != nil {
 			return // parked (compensation_failed) or interrupted: the delivery ended
 		}
 	}
-	if c.seq < len(c.steps) {
-		c.park(nil, &parkReason{reason: "nondeterminism", info: &ErrorInfo{Class: ClassNonDeterminism,
-			Message: fmt.Sprintf("compensation ended after %d steps but %d are recorded", c.seq, len(c.steps))}})
+	if d.seq < len(d.steps) {
+		d.park(nil, &parkReason{reason: "nondeterminism", info: &ErrorInfo{Class: ClassNonDeterminism,
+			Message: fmt.Sprintf("compensation ended after %d steps but %d are recorded", d.seq, len(d.steps))}})
 		return
 	}
-	c.close(status, c.finishRun(status, nil, info.json()))
-	c.log.Info("run "+status, "error_class", info.Class)
+	d.close(status, d.finishRun(status, nil, info.json()))
+	d.log.Info("run "+status, "error_class", info.Class)
 }
 
 func undoCall(comp *compensation) *stepCall {
@@ -121,7 +126,7 @@ func undoCall(comp *compensation) *stepCall {
 	call.requestID = true
 	opts := &ActivityOpts{StartToCloseTimeout: u.StartToCloseTimeout}
 	call.body = func(ctx context.Context, st *attemptState) ([]byte, error) {
-		return runAttempt(ctx, st.c, u.Name, opts, &ActivityAttempt{RequestID: st.requestID, Attempt: st.attempt},
+		return runAttempt(ctx, st.d, u.Name, opts, &ActivityAttempt{RequestID: st.requestID, Attempt: st.attempt},
 			func(ctx context.Context, a *ActivityAttempt) (struct{}, error) { return struct{}{}, u.Fn(ctx, a) })
 	}
 	return call
@@ -160,8 +165,8 @@ func (e *Engine) Cancel(ctx context.Context, runID uuid.UUID) error {
 	// Committed: a delivery of the run in this process stops its forward
 	// work now (one in another process hears of it at its engine's next
 	// sweep, write or heartbeat).
-	if c, ok := e.live.Load(runID); ok {
-		c.(*Context).noteCancel(true)
+	if d, ok := e.live.Load(runID); ok {
+		d.(*delivery).noteCancel(true)
 	}
 	return nil
 }

@@ -3,104 +3,32 @@ package engine
 import (
 	"context"
 	"log/slog"
-	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/google/uuid"
-
-	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
 // Context is what workflow code receives: the delivery's context.Context
-// (cancelled when the lease is lost or the engine shuts down) plus the
-// run's replay state. Pass it to Step; step functions get a plain
-// context.Context so they cannot start steps themselves.
+// (cancelled when the lease is lost or the engine shuts down) and a handle
+// on the delivery that replays and records the run's steps. Pass it to
+// Step, TxStep, RunActivity, Sleep and AwaitSignal; step functions get a
+// plain context.Context so they cannot start steps themselves.
 //
 // A Context belongs to one delivery and one goroutine: do not keep it after
 // the workflow function returns or share it between goroutines.
 type Context struct {
 	context.Context
-	cancel context.CancelCauseFunc
-
-	// fwd is the context forward steps run in: the delivery's, also
-	// cancelled (cause ErrCancelled) once the run's cancellation is
-	// requested. Compensations run in the delivery's own context.
-	fwd             context.Context
-	cancelFwd       context.CancelCauseFunc
-	cancelRequested atomic.Bool
-	compensations   []*compensation // registered undos, oldest first
-	compensating    bool            // the undos are running
-	// sagaCause is the failure (or cancellation) the undos run for, kept
-	// with the run's error if an undo fails.
-	sagaCause *ErrorInfo
-	// deliveries counts this run's deliveries, this one included.
-	deliveries int
-
-	e          *Engine
-	wf         registered
-	runID      uuid.UUID
-	workflowID string
-	token      uuid.UUID // the lease's fencing token
-	log        *slog.Logger
-
-	steps   []store.StepRecord // recorded before this delivery, by seq
-	seq     int                // the next step's position
-	pending *store.StepRecord  // a finished step not yet written (see flush)
-	// stopped is the record of a step the run's cancellation stopped,
-	// written with the compensation's first write.
-	stopped *store.StepRecord
-	// lastRecorded is the seq of the latest step that wrote its own record
-	// (a tx step), -1 for none.
-	lastRecorded int
-	inStep       atomic.Bool // a step is running: guards nested and concurrent Step calls
-
-	// claimedAt is when this delivery took the lease (monotonic); once it
-	// has lived a whole lease without progress, its next heartbeat counts
-	// it as long-lived in the run row and sets long, for crash-loop
-	// attribution (see crashLoop). longMu serializes that with a hand-back,
-	// which undoes the mark.
-	claimedAt time.Time
-	longMu    sync.Mutex
-	long      bool
-	// lastBeatSent is when the latest heartbeat was sent (unix nanoseconds;
-	// see beatIfDue).
-	lastBeatSent atomic.Int64
-
-	ended  bool  // this delivery has handed the run back; no more writes
-	endErr error // what Step returns from now on
-	// unstorable: a record was refused by PostgreSQL for its data and the
-	// run is being parked (see end).
-	unstorable bool
-	// ticketErr fails the delivery's ticket so River retries it: set when
-	// an unowned run could not be re-enqueued (see rescueUnowned).
-	ticketErr error
-
-	// leaseUntil is a conservative local view of the lease's expiry: the
-	// monotonic time a fenced write that extended it was sent, plus
-	// LeaseDuration. The database set a later expiry, so until then no other
-	// delivery can hold the run.
-	leaseUntil atomic.Pointer[time.Time]
+	d *delivery
 }
 
 // RunID returns the run's ID.
-func (c *Context) RunID() uuid.UUID { return c.runID }
+func (c *Context) RunID() uuid.UUID { return c.d.runID }
 
 // WorkflowID returns the run's workflow ID (the start's idempotency key).
-func (c *Context) WorkflowID() string { return c.workflowID }
+func (c *Context) WorkflowID() string { return c.d.workflowID }
 
 // Logger returns the engine's logger with run_id, workflow and workflow_id set.
-func (c *Context) Logger() *slog.Logger { return c.log }
+func (c *Context) Logger() *slog.Logger { return c.d.log }
 
 // IsReplaying reports whether the next step is already recorded, so its
 // function will not run. Use it to skip logging on replay.
-func (c *Context) IsReplaying() bool { return c.seq < len(c.steps) }
-
-// extendedAt records that a fenced write sent at sent extended the lease.
-func (c *Context) extendedAt(sent time.Time) {
-	until := sent.Add(c.e.cfg.LeaseDuration)
-	c.leaseUntil.Store(&until)
-}
-
-// leaseLeft is how much of the lease this delivery can count on.
-func (c *Context) leaseLeft() time.Duration { return time.Until(*c.leaseUntil.Load()) }
+func (c *Context) IsReplaying() bool { return c.d.seq < len(c.d.steps) }

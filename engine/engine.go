@@ -162,7 +162,7 @@ type Engine struct {
 
 	draining atomic.Bool // Stop was called: deliveries hand runs back at the next step
 	stopping atomic.Bool // Stop or StopAndCancel was called: no more direct dispatch
-	live     sync.Map    // run ID → *Context of this process's delivery holding it
+	live     sync.Map    // run ID → *delivery of this process holding it
 	// records commits the record writes of this process's deliveries,
 	// many runs' in one statement (see groupCommit).
 	records *groupCommit[*store.RecordWrite, outcome[store.WriteResult]]

@@ -92,16 +92,17 @@ func (e *Engine) execute(ctx context.Context, wf registered, claimed *store.Clai
 	defer cancel(nil)
 	fwd, cancelFwd := context.WithCancelCause(dctx)
 	defer cancelFwd(nil)
-	c := &Context{
-		Context: dctx, cancel: cancel, fwd: fwd, cancelFwd: cancelFwd, e: e, wf: wf, runID: runID,
+	d := &delivery{
+		ctx: dctx, cancel: cancel, fwd: fwd, cancelFwd: cancelFwd, e: e, wf: wf, runID: runID,
 		workflowID: claimed.WorkflowID, token: token, log: log, steps: claimed.Steps, lastRecorded: -1,
 		claimedAt: sent, deliveries: claimed.Deliveries,
 	}
-	c.extendedAt(sent)
-	e.live.Store(runID, c)
-	defer e.live.CompareAndDelete(runID, c)
-	c.noteCancel(claimed.CancelRequested)
-	stopHeartbeat := e.heartbeat(c)
+	d.handle = &Context{Context: dctx, d: d}
+	d.extendedAt(sent)
+	e.live.Store(runID, d)
+	defer e.live.CompareAndDelete(runID, d)
+	d.noteCancel(claimed.CancelRequested)
+	stopHeartbeat := e.heartbeat(d)
 	defer stopHeartbeat()
 
 	if died := claimed.StalledDeliveries - 1; crashLoop(died, claimed.LongStalled, e.cfg.MaxDeliveries) {
@@ -116,12 +117,12 @@ func (e *Engine) execute(ctx context.Context, wf registered, claimed *store.Clai
 			rec := claimed.Steps[n-1]
 			why.info.Step, why.info.Seq = rec.Name, &rec.Seq
 		}
-		c.park(nil, why)
+		d.park(nil, why)
 		return nil
 	}
-	out, p, err := c.runWorkflow(claimed.Input)
-	c.finish(out, err, p)
-	return c.ticketErr
+	out, p, err := d.runWorkflow(claimed.Input)
+	d.finish(out, err, p)
+	return d.ticketErr
 }
 
 // longStalledFactor: deliveries that died after living a whole lease count
@@ -165,20 +166,20 @@ func isActive(status string) bool {
 }
 
 // runWorkflow calls the workflow function, recovering a panic.
-func (c *Context) runWorkflow(input []byte) (out []byte, p *panicInfo, err error) {
+func (d *delivery) runWorkflow(input []byte) (out []byte, p *panicInfo, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			p = &panicInfo{value: r, stack: debug.Stack()}
 		}
 	}()
-	out, err = c.wf.run(c, input)
+	out, err = d.wf.run(d.handle, input)
 	return out, nil, err
 }
 
 // finish records how the workflow function ended, unless the delivery has
 // already handed the run back.
-func (c *Context) finish(out []byte, err error, p *panicInfo) {
-	if c.ended {
+func (d *delivery) finish(out []byte, err error, p *panicInfo) {
+	if d.ended {
 		return
 	}
 	var poison *errPoisonInput
@@ -188,38 +189,38 @@ func (c *Context) finish(out []byte, err error, p *panicInfo) {
 		info := newErrorInfo(&PanicError{Value: fmt.Sprint(p.value)}, ClassPanic)
 		info.Message = "panic in workflow code: " + info.Message
 		info.Stack = truncateStack(p.stack)
-		c.log.Error("workflow panicked", "error_class", ClassPanic, "panic", info.Message)
-		c.park(nil, &parkReason{reason: "panic", info: info})
-	case c.Err() != nil:
-		c.interrupted()
+		d.log.Error("workflow panicked", "error_class", ClassPanic, "panic", info.Message)
+		d.park(nil, &parkReason{reason: "panic", info: info})
+	case d.ctx.Err() != nil:
+		d.interrupted()
 	case errors.As(err, &poison):
-		c.park(nil, &parkReason{reason: "poison_input", info: newErrorInfo(err, ClassPoisonInput)})
+		d.park(nil, &parkReason{reason: "poison_input", info: newErrorInfo(err, ClassPoisonInput)})
 	case errors.As(err, &unserializable):
 		class := ClassUnserializable
 		if errors.Is(err, ErrOutputTooLarge) {
 			class = ClassOutputTooLarge
 		}
-		c.park(nil, &parkReason{reason: "permanent_error", info: newErrorInfo(err, class)})
-	case c.cancelRequested.Load():
-		c.compensate(store.RunCancelled, newErrorInfo(ErrCancelled, ClassCancelled))
-	case err == nil && c.seq < len(c.steps):
-		c.park(nil, &parkReason{reason: "nondeterminism", info: &ErrorInfo{Class: ClassNonDeterminism,
-			Message: fmt.Sprintf("workflow returned after %d steps but %d are recorded", c.seq, len(c.steps))}})
+		d.park(nil, &parkReason{reason: "permanent_error", info: newErrorInfo(err, class)})
+	case d.cancelRequested.Load():
+		d.compensate(store.RunCancelled, newErrorInfo(ErrCancelled, ClassCancelled))
+	case err == nil && d.seq < len(d.steps):
+		d.park(nil, &parkReason{reason: "nondeterminism", info: &ErrorInfo{Class: ClassNonDeterminism,
+			Message: fmt.Sprintf("workflow returned after %d steps but %d are recorded", d.seq, len(d.steps))}})
 	case err == nil:
-		c.close(store.RunCompleted, c.finishRun(store.RunCompleted, out, nil))
-		c.log.Debug("run completed")
+		d.close(store.RunCompleted, d.finishRun(store.RunCompleted, out, nil))
+		d.log.Debug("run completed")
 	default:
 		info := newErrorInfo(err, ClassWorkflow)
 		var se *StepError
 		if errors.As(err, &se) {
 			info.Class, info.Step, info.Seq, info.Attempt = se.Class, se.Step, &se.Seq, se.Attempt
 		}
-		if len(c.compensations) > 0 {
-			c.compensate(store.RunCompensated, info)
+		if len(d.compensations) > 0 {
+			d.compensate(store.RunCompensated, info)
 			return
 		}
-		c.close(store.RunFailed, c.finishRun(store.RunFailed, nil, info.json()))
-		c.log.Info("run failed", "error_class", info.Class, "error", info.Message)
+		d.close(store.RunFailed, d.finishRun(store.RunFailed, nil, info.json()))
+		d.log.Info("run failed", "error_class", info.Class, "error", info.Message)
 	}
 }
 
@@ -238,52 +239,52 @@ const (
 // lasts: every write do runs is idempotent under its fence (the same
 // records upserted again; a terminal write that did commit fences its
 // retry out, which ends the delivery as a lost lease would).
-func (c *Context) do(write func(ctx context.Context) error) error {
-	return c.retryWrite(write, true)
+func (d *delivery) do(write func(ctx context.Context) error) error {
+	return d.retryWrite(write, true)
 }
 
 // doOnce is do for a write that must not run twice if its first try may
 // have committed (taking a signal): it retries only what certainly rolled
 // back.
-func (c *Context) doOnce(write func(ctx context.Context) error) error {
-	return c.retryWrite(write, false)
+func (d *delivery) doOnce(write func(ctx context.Context) error) error {
+	return d.retryWrite(write, false)
 }
 
-func (c *Context) retryWrite(write func(ctx context.Context) error, idempotent bool) error {
+func (d *delivery) retryWrite(write func(ctx context.Context) error, idempotent bool) error {
 	for try := 0; ; try++ {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Context), writeTimeout)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), writeTimeout)
 		err := write(ctx)
 		cancel()
 		transient, ambiguous := store.IsTransient(err)
-		if !transient || (ambiguous && !idempotent) || try == writeRetries || c.leaseLeft() <= 0 {
+		if !transient || (ambiguous && !idempotent) || try == writeRetries || d.leaseLeft() <= 0 {
 			return err
 		}
-		c.log.Warn("record write failed; trying it again", "error", err, "try", try+2)
+		d.log.Warn("record write failed; trying it again", "error", err, "try", try+2)
 		time.Sleep(writeRetryBackoff << try)
 	}
 }
 
 // end marks the delivery over after a terminal write returned err.
-func (c *Context) end(err error) {
-	if store.IsDataError(err) && !c.unstorable {
+func (d *delivery) end(err error) {
+	if store.IsDataError(err) && !d.unstorable {
 		// PostgreSQL refuses a record for its data: every delivery would
 		// fail the same way until the run is parked as a crash loop, with
 		// the cause lost. Park it now without that record, saying why.
-		c.unstorable = true
-		c.pending = nil
-		c.log.Error("PostgreSQL refused a record of this run; parking it", "error", err)
-		c.park(nil, &parkReason{reason: ReasonPermanentError, info: &ErrorInfo{Class: ClassUnserializable,
+		d.unstorable = true
+		d.pending = nil
+		d.log.Error("PostgreSQL refused a record of this run; parking it", "error", err)
+		d.park(nil, &parkReason{reason: ReasonPermanentError, info: &ErrorInfo{Class: ClassUnserializable,
 			Message: "PostgreSQL refused a record of this run: " + err.Error()}})
 		return
 	}
-	c.ended = true
-	c.endErr = errDeliveryEnded
+	d.ended = true
+	d.endErr = errDeliveryEnded
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
-		c.endErr = ErrLeaseLost
-		c.e.obs.LeaseLost(c.wf.name)
-		c.log.Warn("lease lost; this delivery stops", "error_class", "lease_lost")
-		c.rescueUnowned()
+		d.endErr = ErrLeaseLost
+		d.e.obs.LeaseLost(d.wf.name)
+		d.log.Warn("lease lost; this delivery stops", "error_class", "lease_lost")
+		d.rescueUnowned()
 	case err != nil:
 		// The record is not written. If the claim survived, the lease
 		// expires and the sweep hands the run to another delivery, which
@@ -291,11 +292,11 @@ func (c *Context) end(err error) {
 		// with it (it commits asynchronously), no lease is left to expire:
 		// failing the ticket makes River retry it, and that retry claims
 		// the run, or finds it leased and leaves it to the sweep.
-		c.endErr = fmt.Errorf("pgdurable: writing records of run %s: %w", c.runID, err)
-		c.ticketErr = c.endErr
-		c.log.Error("write failed; run will be redelivered", "error", err)
+		d.endErr = fmt.Errorf("pgdurable: writing records of run %s: %w", d.runID, err)
+		d.ticketErr = d.endErr
+		d.log.Error("write failed; run will be redelivered", "error", err)
 	}
-	c.cancel(c.endErr)
+	d.cancel(d.endErr)
 }
 
 // rescueUnowned gives the run a new ticket when the lost lease belongs to
@@ -303,70 +304,70 @@ func (c *Context) end(err error) {
 // asynchronously), so no other delivery holds the run and the ticket that
 // brought this one is about to complete. Usually another delivery holds the
 // run and nothing is written.
-func (c *Context) rescueUnowned() {
-	err := c.do(func(ctx context.Context) error {
-		return pgx.BeginFunc(ctx, c.e.pool, func(tx pgx.Tx) error {
-			unowned, err := store.ReenqueueUnowned(ctx, tx, c.runID)
+func (d *delivery) rescueUnowned() {
+	err := d.do(func(ctx context.Context) error {
+		return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
+			unowned, err := store.ReenqueueUnowned(ctx, tx, d.runID)
 			if err != nil || !unowned {
 				return err
 			}
-			c.log.Warn("run held by no delivery after a lost lease (a claim lost in a database crash); re-enqueued")
-			return c.e.queue.Enqueue(ctx, tx, c.runID, time.Time{})
+			d.log.Warn("run held by no delivery after a lost lease (a claim lost in a database crash); re-enqueued")
+			return d.e.queue.Enqueue(ctx, tx, d.runID, time.Time{})
 		})
 	})
 	if err != nil {
 		// Neither sweep sees an unowned run whose ticket completed: fail
 		// the ticket so River retries it.
-		c.log.Error("re-enqueueing an unowned run failed; River retries its ticket", "error", err)
-		c.ticketErr = err
+		d.log.Error("re-enqueueing an unowned run failed; River retries its ticket", "error", err)
+		d.ticketErr = err
 	}
 }
 
 // close ends the delivery after the run's terminal write, which returned
 // err; the run ended with status when err is nil.
-func (c *Context) close(status string, err error) {
-	c.end(err)
+func (d *delivery) close(status string, err error) {
+	d.end(err)
 	if err == nil {
-		c.e.obs.RunEnded(c.runID, c.wf.name, status)
-		c.e.notifyEnded(c.runID)
+		d.e.obs.RunEnded(d.runID, d.wf.name, status)
+		d.e.notifyEnded(d.runID)
 	}
 }
 
 // write records recs now (fenced, extending the lease, one round trip).
 // False when the delivery ended.
-func (c *Context) write(recs ...*store.StepRecord) bool { return c.writeStatus("", recs...) }
+func (d *delivery) write(recs ...*store.StepRecord) bool { return d.writeStatus("", recs...) }
 
 // writeStatus is write that also moves the run to status ("" unchanged).
-func (c *Context) writeStatus(status string, recs ...*store.StepRecord) bool {
+func (d *delivery) writeStatus(status string, recs ...*store.StepRecord) bool {
 	sent := time.Now()
-	res, err := c.commit(&store.RecordWrite{Fence: c.fence(), Records: recs, Status: status})
+	res, err := d.commit(&store.RecordWrite{Fence: d.fence(), Records: recs, Status: status})
 	if err != nil {
-		c.end(err)
+		d.end(err)
 		return false
 	}
-	c.extendedAt(sent)
-	c.noteCancel(res.CancelRequested)
+	d.extendedAt(sent)
+	d.noteCancel(res.CancelRequested)
 	return true
 }
 
 // finishRun ends the run with a terminal status, writing the pending
 // record with it.
-func (c *Context) finishRun(status string, output, errJSON []byte) error {
-	w := &store.RecordWrite{Fence: c.fence(), Status: status, Finish: true, Output: output, Error: errJSON}
-	if c.pending != nil {
-		w.Records = []*store.StepRecord{c.pending}
+func (d *delivery) finishRun(status string, output, errJSON []byte) error {
+	w := &store.RecordWrite{Fence: d.fence(), Status: status, Finish: true, Output: output, Error: errJSON}
+	if d.pending != nil {
+		w.Records = []*store.StepRecord{d.pending}
 	}
-	_, err := c.commit(w)
+	_, err := d.commit(w)
 	return err
 }
 
 // commit sends w through the engine's record writer, which commits it with
 // the writes of other deliveries in flight, retrying a transient failure
 // as do does. ErrLeaseLost when w's fence no longer holds.
-func (c *Context) commit(w *store.RecordWrite) (store.WriteResult, error) {
+func (d *delivery) commit(w *store.RecordWrite) (store.WriteResult, error) {
 	var res store.WriteResult
-	err := c.do(func(context.Context) error {
-		o := c.e.records.do(w)
+	err := d.do(func(context.Context) error {
+		o := d.e.records.do(w)
 		if o.err != nil {
 			return o.err
 		}
@@ -379,8 +380,8 @@ func (c *Context) commit(w *store.RecordWrite) (store.WriteResult, error) {
 }
 
 // fence is this delivery's right to write the run's records.
-func (c *Context) fence() store.Fence {
-	return store.Fence{RunID: c.runID, Token: c.token, Lease: c.e.cfg.LeaseDuration}
+func (d *delivery) fence() store.Fence {
+	return store.Fence{RunID: d.runID, Token: d.token, Lease: d.e.cfg.LeaseDuration}
 }
 
 // mayStartStep is the check before a step's function runs: the delivery
@@ -389,24 +390,24 @@ func (c *Context) fence() store.Fence {
 // replayed step, after a retry's record) the local lease view does, and
 // when less than half of it is left (a paused process, a long stretch of
 // workflow code) a fenced renewal settles it: one round trip, rare.
-func (c *Context) mayStartStep() bool {
-	if c.ended {
+func (d *delivery) mayStartStep() bool {
+	if d.ended {
 		return false
 	}
-	if c.Err() != nil {
-		c.interrupted()
+	if d.ctx.Err() != nil {
+		d.interrupted()
 		return false
 	}
-	if c.leaseLeft() > c.e.cfg.LeaseDuration/2 {
+	if d.leaseLeft() > d.e.cfg.LeaseDuration/2 {
 		return true
 	}
-	return c.renew()
+	return d.renew()
 }
 
 // renew extends the lease with a fenced heartbeat; false when lost.
-func (c *Context) renew() bool {
-	if err := c.beat(); err != nil {
-		c.end(err)
+func (d *delivery) renew() bool {
+	if err := d.beat(); err != nil {
+		d.end(err)
 		return false
 	}
 	return true
@@ -415,48 +416,48 @@ func (c *Context) renew() bool {
 // beatIfDue sends a heartbeat unless one was sent less than gap ago, so
 // that activity heartbeats and the lease heartbeat together write about
 // once per HeartbeatInterval however often user code calls Heartbeat.
-func (c *Context) beatIfDue(gap time.Duration) error {
+func (d *delivery) beatIfDue(gap time.Duration) error {
 	now := time.Now().UnixNano()
-	last := c.lastBeatSent.Load()
-	if time.Duration(now-last) < gap || !c.lastBeatSent.CompareAndSwap(last, now) {
+	last := d.lastBeatSent.Load()
+	if time.Duration(now-last) < gap || !d.lastBeatSent.CompareAndSwap(last, now) {
 		return nil
 	}
-	return c.beat()
+	return d.beat()
 }
 
 // beat is one fenced heartbeat: it extends the lease and picks up a
 // cancellation request. Safe on any goroutine (the lease heartbeat, an
 // activity's Heartbeat): on a lost lease it cancels the delivery's context
 // and leaves ending the delivery to the workflow's goroutine.
-func (c *Context) beat() error {
+func (d *delivery) beat() error {
 	sent := time.Now()
 	// The mark and a hand-back's undo of it must not interleave (see long).
-	c.longMu.Lock()
-	defer c.longMu.Unlock()
-	markLong := !c.long && time.Since(c.claimedAt) >= c.e.cfg.LeaseDuration
-	o := c.e.beats.do(store.Beat{Fence: c.fence(), MarkLong: markLong})
+	d.longMu.Lock()
+	defer d.longMu.Unlock()
+	markLong := !d.long && time.Since(d.claimedAt) >= d.e.cfg.LeaseDuration
+	o := d.e.beats.do(store.Beat{Fence: d.fence(), MarkLong: markLong})
 	cancelRequested, marked, err := o.res.CancelRequested, o.res.Marked, o.err
 	if err == nil && !o.res.Landed {
 		err = store.ErrLeaseLost
 	}
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
-		c.cancel(ErrLeaseLost)
+		d.cancel(ErrLeaseLost)
 		return err
 	case err != nil:
 		return err
 	}
-	c.extendedAt(sent)
-	c.noteCancel(cancelRequested)
-	c.long = c.long || marked
+	d.extendedAt(sent)
+	d.noteCancel(cancelRequested)
+	d.long = d.long || marked
 	return nil
 }
 
 // noteCancel cancels forward work once the run's cancellation is requested.
-func (c *Context) noteCancel(requested bool) {
-	if requested && c.cancelRequested.CompareAndSwap(false, true) {
-		c.cancelFwd(ErrCancelled)
-		c.log.Info("run cancellation requested; forward steps stop, compensations run")
+func (d *delivery) noteCancel(requested bool) {
+	if requested && d.cancelRequested.CompareAndSwap(false, true) {
+		d.cancelFwd(ErrCancelled)
+		d.log.Info("run cancellation requested; forward steps stop, compensations run")
 	}
 }
 
@@ -464,74 +465,74 @@ func (c *Context) noteCancel(requested bool) {
 // lets the last step's record share the run's completion statement, which
 // saves one commit per run; nothing runs between a step and its record
 // except deterministic workflow code.
-func (c *Context) flush() bool {
-	if c.pending == nil {
+func (d *delivery) flush() bool {
+	if d.pending == nil {
 		return true
 	}
-	rec := c.pending
-	c.pending = nil
-	return c.write(rec)
+	rec := d.pending
+	d.pending = nil
+	return d.write(rec)
 }
 
 // suspend hands the run back until wakeAt, writing rec (may be nil) and the
 // next delivery's ticket in one transaction.
-func (c *Context) suspend(rec *store.StepRecord, wakeAt time.Time) {
-	if rec != nil && c.pending != nil && !c.flush() {
+func (d *delivery) suspend(rec *store.StepRecord, wakeAt time.Time) {
+	if rec != nil && d.pending != nil && !d.flush() {
 		return
 	}
 	if rec == nil {
-		rec, c.pending = c.pending, nil
+		rec, d.pending = d.pending, nil
 	}
 	status := store.RunWaiting
-	if c.compensating || c.cancelRequested.Load() {
+	if d.compensating || d.cancelRequested.Load() {
 		// An undo waits for its retry, or a cancelled run for the retry
 		// that settles an activity: the run is compensating, which the
 		// sweep wakes at wakeAt only (a waiting run it would wake at once,
 		// for its cancellation).
 		status = store.RunCompensating
 	}
-	c.end(c.handBack(rec, status, wakeAt, true))
+	d.end(d.handBack(rec, status, wakeAt, true))
 }
 
 // interrupted ends a delivery whose context was cancelled: after a lost
 // lease nothing more is written; after a shutdown the run is released at
 // once for another worker instead of waiting for its lease to expire.
-func (c *Context) interrupted() {
-	if c.ended {
+func (d *delivery) interrupted() {
+	if d.ended {
 		return
 	}
-	if errors.Is(context.Cause(c.Context), ErrLeaseLost) {
-		c.end(store.ErrLeaseLost)
+	if errors.Is(context.Cause(d.ctx), ErrLeaseLost) {
+		d.end(store.ErrLeaseLost)
 		return
 	}
-	rec := c.pending
-	c.pending = nil
-	c.log.Info("delivery interrupted; run handed back", "cause", context.Cause(c.Context))
+	rec := d.pending
+	d.pending = nil
+	d.log.Info("delivery interrupted; run handed back", "cause", context.Cause(d.ctx))
 	status := store.RunPending
-	if c.compensating {
+	if d.compensating {
 		status = store.RunCompensating
 	}
-	c.end(c.handBack(rec, status, time.Time{}, rec != nil))
+	d.end(d.handBack(rec, status, time.Time{}, rec != nil))
 }
 
 // handBack gives up the lease with status, writing rec (may be nil). A
 // waiting run gets no ticket now: the sweep enqueues one when wakeAt comes,
 // so a waiting run holds no River job. A pending run (a shutdown handed it
 // back) gets its ticket in the same transaction.
-func (c *Context) handBack(rec *store.StepRecord, status string, wakeAt time.Time, progress bool) error {
-	c.longMu.Lock() // a heartbeat in flight has marked the delivery, or will find the lease gone
-	defer c.longMu.Unlock()
-	return c.do(func(ctx context.Context) error {
+func (d *delivery) handBack(rec *store.StepRecord, status string, wakeAt time.Time, progress bool) error {
+	d.longMu.Lock() // a heartbeat in flight has marked the delivery, or will find the lease gone
+	defer d.longMu.Unlock()
+	return d.do(func(ctx context.Context) error {
 		if !wakeAt.IsZero() {
-			return store.SuspendRun(ctx, c.e.pool, c.fence(), store.SuspendParams{Pending: rec, Status: status, WakeAt: &wakeAt,
-				Progress: progress, WasLong: c.long})
+			return store.SuspendRun(ctx, d.e.pool, d.fence(), store.SuspendParams{Pending: rec, Status: status, WakeAt: &wakeAt,
+				Progress: progress, WasLong: d.long})
 		}
-		return pgx.BeginFunc(ctx, c.e.pool, func(tx pgx.Tx) error {
-			if err := store.SuspendRun(ctx, tx, c.fence(), store.SuspendParams{Pending: rec, Status: status,
-				Progress: progress, WasLong: c.long}); err != nil {
+		return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
+			if err := store.SuspendRun(ctx, tx, d.fence(), store.SuspendParams{Pending: rec, Status: status,
+				Progress: progress, WasLong: d.long}); err != nil {
 				return err
 			}
-			return c.e.queue.Enqueue(ctx, tx, c.runID, time.Time{})
+			return d.e.queue.Enqueue(ctx, tx, d.runID, time.Time{})
 		})
 	})
 }
@@ -554,25 +555,25 @@ func parkNonDeterminism(seq int, name, kind string, rec *store.StepRecord) *park
 
 // park marks the run dead with a dead_jobs row, writing rec (the failing
 // step) or else the pending record in the same statement.
-func (c *Context) park(rec *store.StepRecord, why *parkReason) {
-	if rec != nil && c.pending != nil && !c.flush() {
+func (d *delivery) park(rec *store.StepRecord, why *parkReason) {
+	if rec != nil && d.pending != nil && !d.flush() {
 		return
 	}
 	if rec == nil {
-		rec, c.pending = c.pending, nil
+		rec, d.pending = d.pending, nil
 	}
-	now := c.e.now()
+	now := d.e.now()
 	runErr := *why.info
 	runErr.Stack = "" // the stack lives in dead_jobs; keep the run's error short
 	p := &store.Park{
 		ID: uuid.Must(uuid.NewV7()), Reason: why.reason, FirstFailedAt: now, LastFailedAt: now, Attempts: why.attempts,
-		ErrorClass: storableText(why.info.Class), ErrorMessage: storableText(why.info.Message), Deliveries: c.deliveries,
+		ErrorClass: storableText(why.info.Class), ErrorMessage: storableText(why.info.Message), Deliveries: d.deliveries,
 	}
-	if c.sagaCause != nil && why.reason == ReasonCompensationFailed {
+	if d.sagaCause != nil && why.reason == ReasonCompensationFailed {
 		// The undo's error is the dead job's; the failure that started the
 		// compensation stays with it.
-		runErr.ForwardError = c.sagaCause
-		p.ForwardError = c.sagaCause.json()
+		runErr.ForwardError = d.sagaCause
+		p.ForwardError = d.sagaCause.json()
 	}
 	p.RunError = runErr.json()
 	if why.info.Stack != "" {
@@ -590,8 +591,8 @@ func (c *Context) park(rec *store.StepRecord, why *parkReason) {
 			p.FirstFailedAt = *why.rec.FirstFailedAt
 		}
 	}
-	c.log.Warn("run parked as dead", "reason", why.reason, "error_class", why.info.Class, "error", why.info.Message)
-	c.close(store.RunDead, c.do(func(ctx context.Context) error {
-		return store.ParkRun(ctx, c.e.pool, c.fence(), rec, p)
+	d.log.Warn("run parked as dead", "reason", why.reason, "error_class", why.info.Class, "error", why.info.Message)
+	d.close(store.RunDead, d.do(func(ctx context.Context) error {
+		return store.ParkRun(ctx, d.e.pool, d.fence(), rec, p)
 	}))
 }

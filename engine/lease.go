@@ -13,13 +13,13 @@ import (
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
-// heartbeat extends c's lease every Config.HeartbeatInterval while the
-// delivery runs, unless a record write just did. It cancels the delivery with ErrLeaseLost once another
-// delivery owns the run, and also once the local lease view runs out
+// heartbeat extends d's lease every Config.HeartbeatInterval while the
+// delivery runs, unless a record write just did. It cancels the delivery
+// with ErrLeaseLost once another delivery owns the run, and also once the local lease view runs out
 // without a successful renewal (a partition, a paused process): past that
 // point another delivery may hold the run, so this one must stop even
 // before it can ask. The returned func stops it.
-func (e *Engine) heartbeat(c *Context) (stop func()) {
+func (e *Engine) heartbeat(d *delivery) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -32,25 +32,25 @@ func (e *Engine) heartbeat(c *Context) (stop func()) {
 			select {
 			case <-done:
 				return
-			case <-c.Done():
+			case <-d.ctx.Done():
 				return
 			case <-t.C:
 				t.Reset(nextBeat(time.Now(), interval))
-				left := c.leaseLeft()
+				left := d.leaseLeft()
 				if left <= 0 {
-					c.cancel(ErrLeaseLost)
+					d.cancel(ErrLeaseLost)
 					return
 				}
 				if left > e.cfg.LeaseDuration-interval/2 {
 					continue // a record write extended the lease moments ago
 				}
 				// An activity's Heartbeat may have just sent one.
-				err := c.beatIfDue(interval / 2)
+				err := d.beatIfDue(interval / 2)
 				switch {
 				case errors.Is(err, store.ErrLeaseLost):
 					return
 				case err != nil:
-					c.log.Warn("lease heartbeat failed", "error", err)
+					d.log.Warn("lease heartbeat failed", "error", err)
 				}
 			}
 		}
@@ -126,7 +126,7 @@ const cancelPollAge = 100 * time.Millisecond
 func (e *Engine) pollCancels(ctx context.Context) error {
 	var ids []uuid.UUID
 	e.live.Range(func(k, v any) bool {
-		if c := v.(*Context); !c.cancelRequested.Load() && time.Since(c.claimedAt) >= cancelPollAge {
+		if d := v.(*delivery); !d.cancelRequested.Load() && time.Since(d.claimedAt) >= cancelPollAge {
 			ids = append(ids, k.(uuid.UUID))
 		}
 		return len(ids) < sweepBatch
@@ -136,8 +136,8 @@ func (e *Engine) pollCancels(ctx context.Context) error {
 	}
 	cancelled, err := store.CancelRequested(ctx, e.pool, ids)
 	for _, id := range cancelled {
-		if c, ok := e.live.Load(id); ok {
-			c.(*Context).noteCancel(true)
+		if d, ok := e.live.Load(id); ok {
+			d.(*delivery).noteCancel(true)
 		}
 	}
 	return err

@@ -150,7 +150,7 @@ func isClosed(status string) bool {
 // the error that ended the delivery, which the workflow should return.
 func AwaitSignal[T any](ctx *Context, name string, timeout time.Duration) (T, error) {
 	var out T
-	raw, err := ctx.awaitSignal(name, timeout)
+	raw, err := ctx.d.awaitSignal(name, timeout)
 	if err != nil {
 		return out, err
 	}
@@ -160,51 +160,51 @@ func AwaitSignal[T any](ctx *Context, name string, timeout time.Duration) (T, er
 	return out, nil
 }
 
-func (c *Context) awaitSignal(name string, timeout time.Duration) ([]byte, error) {
-	seq, err := c.enterStep("signal", name)
+func (d *delivery) awaitSignal(name string, timeout time.Duration) ([]byte, error) {
+	seq, err := d.enterStep("signal", name)
 	if err != nil {
 		return nil, err
 	}
-	defer c.inStep.Store(false)
-	startedAt := c.e.now()
+	defer d.inStep.Store(false)
+	startedAt := d.e.now()
 	var deadline *time.Time
 	written := false
-	if seq < len(c.steps) {
-		rec := &c.steps[seq]
+	if seq < len(d.steps) {
+		rec := &d.steps[seq]
 		if rec.Name != name || rec.Kind != kindSignal {
-			c.park(nil, parkNonDeterminism(seq, name, kindSignal, rec))
-			return nil, c.endErr
+			d.park(nil, parkNonDeterminism(seq, name, kindSignal, rec))
+			return nil, d.endErr
 		}
 		if rec.Status == store.StepCompleted {
-			c.e.obs.StepReplayed(c.wf.name, kindSignal)
+			d.e.obs.StepReplayed(d.wf.name, kindSignal)
 			return decodeSignalOutcome(name, rec.Output)
 		}
 		written, deadline, startedAt = true, rec.NextAttemptAt, rec.StartedAt
 	} else if timeout > 0 {
-		d := startedAt.Add(timeout)
-		deadline = &d
+		t := startedAt.Add(timeout)
+		deadline = &t
 	}
-	if c.cancelRequested.Load() {
+	if d.cancelRequested.Load() {
 		if !written {
-			c.seq--
+			d.seq--
 		}
 		return nil, ErrCancelled
 	}
-	if !c.mayStartStep() {
-		return nil, c.endErr
+	if !d.mayStartStep() {
+		return nil, d.endErr
 	}
 
 	var outcome *signalOutcome
 	var cancel bool
-	err = c.doOnce(func(ctx context.Context) error {
-		return pgx.BeginFunc(ctx, c.e.pool, func(tx pgx.Tx) error {
+	err = d.doOnce(func(ctx context.Context) error {
+		return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
 			outcome, cancel = nil, false
-			payload, found, cancelled, err := store.TakeSignal(ctx, tx, c.fence(), name, seq)
+			payload, found, cancelled, err := store.TakeSignal(ctx, tx, d.fence(), name, seq)
 			if err != nil {
 				return err
 			}
 			cancel = cancelled
-			now := c.e.now()
+			now := d.e.now()
 			switch {
 			case found:
 				outcome = &signalOutcome{Payload: payload}
@@ -214,18 +214,18 @@ func (c *Context) awaitSignal(name string, timeout time.Duration) ([]byte, error
 				return nil // woken by the cancellation: no wait recorded
 			}
 			recs := []*store.StepRecord{}
-			if c.pending != nil {
-				recs = append(recs, c.pending)
+			if d.pending != nil {
+				recs = append(recs, d.pending)
 			}
 			if outcome == nil {
 				rec := &store.StepRecord{Seq: seq, Name: name, Kind: kindSignal, Status: store.StepStarted,
 					StartedAt: startedAt, NextAttemptAt: deadline}
 				if len(recs) > 0 {
-					if _, _, err := store.WriteSteps(ctx, tx, c.fence(), "", recs...); err != nil {
+					if _, _, err := store.WriteSteps(ctx, tx, d.fence(), "", recs...); err != nil {
 						return err
 					}
 				}
-				return store.SuspendForSignal(ctx, tx, c.fence(), rec, name, deadline)
+				return store.SuspendForSignal(ctx, tx, d.fence(), rec, name, deadline)
 			}
 			out, err := json.Marshal(outcome)
 			if err != nil {
@@ -233,30 +233,30 @@ func (c *Context) awaitSignal(name string, timeout time.Duration) ([]byte, error
 			}
 			recs = append(recs, &store.StepRecord{Seq: seq, Name: name, Kind: kindSignal, Status: store.StepCompleted,
 				Attempts: 1, Output: out, NextAttemptAt: deadline, StartedAt: startedAt, CompletedAt: &now})
-			_, _, err = store.WriteSteps(ctx, tx, c.fence(), "", recs...)
+			_, _, err = store.WriteSteps(ctx, tx, d.fence(), "", recs...)
 			return err
 		})
 	})
 	if err != nil {
-		c.end(err)
-		return nil, c.endErr
+		d.end(err)
+		return nil, d.endErr
 	}
-	c.pending = nil
+	d.pending = nil
 	if cancel && outcome == nil {
-		c.noteCancel(true)
+		d.noteCancel(true)
 		if !written {
-			c.seq--
+			d.seq--
 		}
 		return nil, ErrCancelled
 	}
 	if outcome == nil {
-		c.log.Debug("waiting for a signal", "signal", name, "seq", seq)
-		c.end(nil)
-		return nil, c.endErr
+		d.log.Debug("waiting for a signal", "signal", name, "seq", seq)
+		d.end(nil)
+		return nil, d.endErr
 	}
-	c.lastRecorded = seq
-	c.noteCancel(cancel)
-	c.e.obs.StepAttempt(c.wf.name, name, kindSignal, 1, "completed", c.e.now().Sub(startedAt))
+	d.lastRecorded = seq
+	d.noteCancel(cancel)
+	d.e.obs.StepAttempt(d.wf.name, name, kindSignal, 1, "completed", d.e.now().Sub(startedAt))
 	return outcome.result(name)
 }
 

@@ -55,13 +55,13 @@ type StepOpts struct {
 // After the delivery ends (parked, waiting for a retry, lease lost), Step
 // returns an error without running fn; the workflow should return it.
 func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error), opts *StepOpts) (T, error) {
-	raw, err := ctx.runStep(&stepCall{name: name, kind: kindStep, opts: opts, returnExhausted: opts != nil && opts.ReturnExhausted,
+	raw, err := ctx.d.runStep(&stepCall{name: name, kind: kindStep, opts: opts, returnExhausted: opts != nil && opts.ReturnExhausted,
 		body: func(sctx context.Context, a *attemptState) ([]byte, error) {
 			v, err := fn(sctx)
 			if err != nil {
 				return nil, err
 			}
-			return encodeOutput(v, a.c.e.cfg.MaxPayloadBytes)
+			return encodeOutput(v, a.d.e.cfg.MaxPayloadBytes)
 		}})
 	return decodeOutput[T](name, raw, err)
 }
@@ -132,7 +132,7 @@ type stepCall struct {
 
 // attemptState is what one attempt knows about itself.
 type attemptState struct {
-	c            *Context
+	d            *delivery
 	seq, attempt int
 	requestID    uuid.UUID
 	// completed builds the record of a successful attempt; a body that
@@ -148,25 +148,25 @@ type panicInfo struct {
 
 // enterStep takes the next step position for a step of any kind (what
 // names it in errors: "step", "signal"), or says why none may start. On
-// success the caller must clear c.inStep when the step is done.
-func (c *Context) enterStep(what, name string) (int, error) {
-	if c.ended {
-		return 0, c.endErr
+// success the caller must clear d.inStep when the step is done.
+func (d *delivery) enterStep(what, name string) (int, error) {
+	if d.ended {
+		return 0, d.endErr
 	}
 	if err := checkName(what+" name", name, 200); err != nil {
 		// Not recorded and no position used: it fails the same way on replay.
 		return 0, fmt.Errorf("pgdurable: %w", err)
 	}
-	if !c.inStep.CompareAndSwap(false, true) {
+	if !d.inStep.CompareAndSwap(false, true) {
 		return 0, fmt.Errorf("pgdurable: %s %q called while another step runs; steps cannot nest or run concurrently", what, name)
 	}
-	seq := c.seq
-	c.seq++
+	seq := d.seq
+	d.seq++
 	return seq, nil
 }
 
 // runStep is the replay logic shared by every kind of step.
-func (c *Context) runStep(call *stepCall) ([]byte, error) {
+func (d *delivery) runStep(call *stepCall) ([]byte, error) {
 	name, kind, opts := call.name, call.kind, call.opts
 	if opts != nil {
 		if err := opts.RetryPolicy.validate(); err != nil {
@@ -174,27 +174,27 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 			return nil, fmt.Errorf("%w: step %q: %v", ErrInvalidArgument, name, err)
 		}
 	}
-	seq, err := c.enterStep("step", name)
+	seq, err := d.enterStep("step", name)
 	if err != nil {
 		return nil, err
 	}
-	defer c.inStep.Store(false)
+	defer d.inStep.Store(false)
 	forward := call.compensationOf == nil
-	if forward && c.cancelRequested.Load() && (seq >= len(c.steps) || c.steps[seq].Kind == kindCompensation) {
-		c.seq-- // never started: the undos take its place
+	if forward && d.cancelRequested.Load() && (seq >= len(d.steps) || d.steps[seq].Kind == kindCompensation) {
+		d.seq-- // never started: the undos take its place
 		return nil, ErrCancelled
 	}
 	var rec *store.StepRecord
-	if seq < len(c.steps) {
+	if seq < len(d.steps) {
 		// Replay, the hot path: nothing here allocates.
-		rec = &c.steps[seq]
+		rec = &d.steps[seq]
 		if rec.Name != name || rec.Kind != kind {
-			c.park(nil, parkNonDeterminism(seq, name, kind, rec))
-			return nil, c.endErr
+			d.park(nil, parkNonDeterminism(seq, name, kind, rec))
+			return nil, d.endErr
 		}
 		switch rec.Status {
 		case store.StepCompleted:
-			c.e.obs.StepReplayed(c.wf.name, kind)
+			d.e.obs.StepReplayed(d.wf.name, kind)
 			return rec.Output, nil
 		case store.StepFailed:
 			return nil, stepErrorFromRecord(rec)
@@ -202,14 +202,14 @@ func (c *Context) runStep(call *stepCall) ([]byte, error) {
 			return nil, ErrCancelled // stopped by the cancellation, which stands
 		}
 	}
-	return c.attempts(call, seq, rec)
+	return d.attempts(call, seq, rec)
 }
 
 // attempts runs a step that has no outcome yet: its first attempt, or the
 // next after its recorded ones (rec, nil for a new step).
-func (c *Context) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]byte, error) {
+func (d *delivery) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]byte, error) {
 	name, kind, opts := call.name, call.kind, call.opts
-	log := c.log.With("step", name, "seq", seq)
+	log := d.log.With("step", name, "seq", seq)
 	forward := call.compensationOf == nil
 
 	attempts := 0
@@ -226,7 +226,7 @@ func (c *Context) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]by
 	settled := 0
 	// lost is the failure of the recorded attempt that never ended.
 	var lost error
-	startedAt := c.e.now()
+	startedAt := d.e.now()
 	// written: a record of this step exists, so its position stays used
 	// even if the run's cancellation stops it; a forward step stopped
 	// before anything was written gives its position back to the undos.
@@ -237,15 +237,15 @@ func (c *Context) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]by
 	// retrying; one without gives its position back to the undos.
 	cancelled := func(n int) ([]byte, error) {
 		if !written {
-			c.seq--
+			d.seq--
 			return nil, ErrCancelled
 		}
 		rec := &store.StepRecord{Seq: seq, Name: name, Kind: kind, Status: store.StepCancelled, Attempts: n,
 			RequestID: requestID, FirstFailedAt: firstFailed, StartedAt: startedAt, Error: lastErr,
 			CompensationOf: call.compensationOf}
-		now := c.e.now()
+		now := d.e.now()
 		rec.CompletedAt = &now
-		c.stopped = rec
+		d.stopped = rec
 		return nil, ErrCancelled
 	}
 	if rec != nil {
@@ -274,24 +274,24 @@ func (c *Context) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]by
 	// is never cut short) is stopped only when none of its attempts can
 	// have taken effect; otherwise it is retried with its request ID until
 	// its outcome is known, so that its undo runs if it took effect.
-	stoppable := func() bool { return forward && c.cancelRequested.Load() && !(call.settle && !noEffect) }
+	stoppable := func() bool { return forward && d.cancelRequested.Load() && !(call.settle && !noEffect) }
 	// settling: the next attempt is one made after the cancellation to
 	// learn the outcome of an activity that may have taken effect.
-	settling := func() bool { return forward && call.settle && c.cancelRequested.Load() }
+	settling := func() bool { return forward && call.settle && d.cancelRequested.Load() }
 	if stoppable() {
 		return cancelled(attempts)
 	}
-	stepCtx := c.fwd
+	stepCtx := d.fwd
 	if !forward {
-		stepCtx = c.Context // compensations are not cancelled by the run's cancellation
+		stepCtx = d.ctx // compensations are not cancelled by the run's cancellation
 	}
-	if call.wake != nil && seq >= len(c.steps) {
+	if call.wake != nil && seq >= len(d.steps) {
 		// A new sleep: a long one is recorded with its wake time as the
 		// delivery ends; a short one waits in place below.
 		wake := call.wake()
-		if wake.Sub(startedAt) > c.e.cfg.MaxInlineBackoff {
-			c.suspend(sleepRecord(seq, startedAt, wake), wake)
-			return nil, c.endErr
+		if wake.Sub(startedAt) > d.e.cfg.MaxInlineBackoff {
+			d.suspend(sleepRecord(seq, startedAt, wake), wake)
+			return nil, d.endErr
 		}
 		nextAttempt = &wake
 	}
@@ -301,13 +301,13 @@ func (c *Context) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]by
 		id := uuid.Must(uuid.NewV7())
 		requestID = &id
 	}
-	if nextAttempt != nil && lost == nil && !c.waitUntil(*nextAttempt, stoppable) {
-		return nil, c.endErr
+	if nextAttempt != nil && lost == nil && !d.waitUntil(*nextAttempt, stoppable) {
+		return nil, d.endErr
 	}
-	if c.e.draining.Load() {
+	if d.e.draining.Load() {
 		// Stop: hand the run back at this step boundary.
-		c.interrupted()
-		return nil, c.endErr
+		d.interrupted()
+		return nil, d.endErr
 	}
 
 	if requestID != nil {
@@ -317,7 +317,7 @@ func (c *Context) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]by
 	if opts != nil && opts.RetryPolicy != nil {
 		policy = *opts.RetryPolicy
 	}
-	policy = policy.merge(c.wf.retry, &c.e.retry)
+	policy = policy.merge(d.wf.retry, &d.e.retry)
 	// record builds this step's record of attempt n.
 	record := func(status string, n int) *store.StepRecord {
 		return &store.StepRecord{Seq: seq, Name: name, Kind: kind, Status: status, Attempts: n, RequestID: requestID,
@@ -330,7 +330,7 @@ func (c *Context) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]by
 			return record(store.StepStarted, 0) // the request ID only
 		}
 		rec := record(store.StepRetrying, n-1)
-		now := c.e.now()
+		now := d.e.now()
 		rec.Error, rec.NextAttemptAt = lastErr, &now
 		return rec
 	}
@@ -340,13 +340,13 @@ func (c *Context) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]by
 		var out []byte
 		var p *panicInfo
 		var err error
-		a := &attemptState{c: c, seq: seq, attempt: attempt}
+		a := &attemptState{d: d, seq: seq, attempt: attempt}
 		attemptStart := time.Now()
 		if lost != nil {
 			err, lost = lost, nil
 		} else {
-			if !c.mayStartStep() {
-				return nil, c.endErr
+			if !d.mayStartStep() {
+				return nil, d.endErr
 			}
 			if stoppable() {
 				return cancelled(attempts) // no further attempt once the cancellation is known
@@ -359,8 +359,8 @@ func (c *Context) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]by
 				rec := record(store.StepParked, attempts)
 				rec.Error = info.json()
 				log.Warn("cancelled run could not settle an activity; parking it", "settle_attempts", settled)
-				c.park(rec, &parkReason{reason: ReasonRetriesExhausted, info: info, rec: rec})
-				return nil, c.endErr
+				d.park(rec, &parkReason{reason: ReasonRetriesExhausted, info: info, rec: rec})
+				return nil, d.endErr
 			}
 			// Everything before this step is recorded before it runs. An
 			// activity's attempts and every retry are announced with it
@@ -371,12 +371,12 @@ func (c *Context) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]by
 				rec := record(store.StepStarted, attempt)
 				rec.Error = lastErr
 				recs := []*store.StepRecord{rec}
-				if c.pending != nil {
-					recs = []*store.StepRecord{c.pending, rec}
-					c.pending = nil
+				if d.pending != nil {
+					recs = []*store.StepRecord{d.pending, rec}
+					d.pending = nil
 				}
-				if !c.write(recs...) {
-					return nil, c.endErr
+				if !d.write(recs...) {
+					return nil, d.endErr
 				}
 				written, announced = true, true
 				if stoppable() {
@@ -384,50 +384,50 @@ func (c *Context) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]by
 					// does not start, and is not counted.
 					return cancelled(attempts)
 				}
-			} else if !c.flush() {
-				return nil, c.endErr
+			} else if !d.flush() {
+				return nil, d.endErr
 			}
 			if requestID != nil {
 				a.requestID = *requestID
 			}
 			a.completed = func(out []byte) *store.StepRecord {
-				now := c.e.now()
+				now := d.e.now()
 				rec := record(store.StepCompleted, attempt)
 				rec.Output, rec.CompletedAt = out, &now
 				return rec
 			}
-			out, p, err = c.attempt(stepCtx, call.body, a)
+			out, p, err = d.attempt(stepCtx, call.body, a)
 		}
-		now := c.e.now()
+		now := d.e.now()
 		observe := func(outcome string) {
-			c.e.obs.StepAttempt(c.wf.name, name, kind, attempt, outcome, time.Since(attemptStart))
+			d.e.obs.StepAttempt(d.wf.name, name, kind, attempt, outcome, time.Since(attemptStart))
 		}
 		if err == nil && p == nil {
 			observe("completed")
 			if a.recorded {
-				c.lastRecorded = seq
+				d.lastRecorded = seq
 			} else {
-				c.pending = a.completed(out)
+				d.pending = a.completed(out)
 			}
 			return out, nil
 		}
 		var unknown *outcomeUnknownError
 		if errors.Is(err, store.ErrLeaseLost) || errors.As(err, &unknown) {
 			observe("interrupted")
-			c.end(err)
-			return nil, c.endErr
+			d.end(err)
+			return nil, d.endErr
 		}
-		if c.Err() != nil {
+		if d.ctx.Err() != nil {
 			// A shutdown or a lost lease interrupted the attempt. After a
 			// shutdown the run is handed back with the attempt uncounted.
 			observe("interrupted")
 			if announced {
-				c.pending = unannounced(attempt)
+				d.pending = unannounced(attempt)
 			}
-			c.interrupted()
-			return nil, c.endErr
+			d.interrupted()
+			return nil, d.endErr
 		}
-		if forward && !call.settle && c.fwd.Err() != nil {
+		if forward && !call.settle && d.fwd.Err() != nil {
 			// The run was cancelled under this attempt: no outcome, no record.
 			observe("cancelled")
 			log.Info("step stopped by the run's cancellation", "attempt", attempt)
@@ -452,8 +452,8 @@ func (c *Context) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]by
 			if call.parkAs != "" {
 				reason = call.parkAs
 			}
-			c.park(rec, &parkReason{reason: reason, info: info, rec: rec})
-			return nil, c.endErr
+			d.park(rec, &parkReason{reason: reason, info: info, rec: rec})
+			return nil, d.endErr
 		}
 		if errors.As(err, &unserializable) || IsPermanent(err) || attempt >= policy.MaximumAttempts {
 			exhausted := !IsPermanent(err) && unserializable == nil
@@ -472,7 +472,7 @@ func (c *Context) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]by
 			if call.parkAs != "" {
 				reason = call.parkAs
 			}
-			if call.parkAs != "" || (exhausted && !call.returnExhausted && (len(c.compensations) == 0 || call.requestID)) {
+			if call.parkAs != "" || (exhausted && !call.returnExhausted && (len(d.compensations) == 0 || call.requestID)) {
 				// Nothing can undo this automatically: an operator must act.
 				// An activity that ran out of retries may have taken effect
 				// on an attempt whose answer was lost; compensating now would
@@ -481,14 +481,14 @@ func (c *Context) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]by
 				rec.Status, rec.Error = store.StepParked, info.json()
 				observe("parked")
 				log.Warn("step failed; parking the run", "reason", reason, "attempt", attempt, "error_class", info.Class, "error", info.Message)
-				c.park(rec, &parkReason{reason: reason, info: info, rec: rec})
-				return nil, c.endErr
+				d.park(rec, &parkReason{reason: reason, info: info, rec: rec})
+				return nil, d.endErr
 			}
 			// Recorded and returned: the workflow decides, and a run that
 			// returns it runs its compensations. What it gets is decoded
 			// from the record, as a replay will decode it.
 			rec.Status, rec.Error, rec.CompletedAt = store.StepFailed, info.json(), &now
-			c.pending = rec
+			d.pending = rec
 			observe("failed")
 			log.Info("step failed", "attempt", attempt, "retries_exhausted", exhausted, "error_class", info.Class, "error", info.Message)
 			return nil, stepErrorFromRecord(rec)
@@ -510,16 +510,16 @@ func (c *Context) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]by
 			written, lastErr = true, rec.Error
 			return cancelled(attempt)
 		}
-		if delay > c.e.cfg.MaxInlineBackoff {
-			c.suspend(rec, next)
-			return nil, c.endErr
+		if delay > d.e.cfg.MaxInlineBackoff {
+			d.suspend(rec, next)
+			return nil, d.endErr
 		}
-		if !c.write(rec) {
-			return nil, c.endErr
+		if !d.write(rec) {
+			return nil, d.endErr
 		}
 		written = true
-		if !c.wait(delay, stoppable) {
-			return nil, c.endErr
+		if !d.wait(delay, stoppable) {
+			return nil, d.endErr
 		}
 		attempts = attempt
 	}
@@ -527,7 +527,7 @@ func (c *Context) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]by
 
 // attempt runs body once, recovering a panic with its stack (a body that
 // runs user code on another goroutine returns its panic as *panicError).
-func (c *Context) attempt(ctx context.Context, body func(context.Context, *attemptState) ([]byte, error), a *attemptState) (out []byte, p *panicInfo, err error) {
+func (d *delivery) attempt(ctx context.Context, body func(context.Context, *attemptState) ([]byte, error), a *attemptState) (out []byte, p *panicInfo, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			p = &panicInfo{value: r, stack: debug.Stack()}
@@ -548,25 +548,25 @@ func (e *panicError) Error() string { return fmt.Sprintf("panic: %v", e.p.value)
 
 // waitUntil waits for a retry that is due at t: in place when it is close,
 // otherwise by ending the delivery until then. False when the delivery ended.
-func (c *Context) waitUntil(t time.Time, stoppable func() bool) bool {
-	d := t.Sub(c.e.now())
-	if d <= 0 {
+func (d *delivery) waitUntil(t time.Time, stoppable func() bool) bool {
+	left := t.Sub(d.e.now())
+	if left <= 0 {
 		return true
 	}
-	if d > c.e.cfg.MaxInlineBackoff {
-		c.suspend(nil, t)
+	if left > d.e.cfg.MaxInlineBackoff {
+		d.suspend(nil, t)
 		return false
 	}
-	return c.wait(d, stoppable)
+	return d.wait(left, stoppable)
 }
 
-// wait waits d unless the delivery is interrupted first (false), or the
-// run's cancellation makes stoppable true, which cuts the wait short (true:
-// the caller's stop check follows).
-func (c *Context) wait(d time.Duration, stoppable func() bool) bool {
-	t := time.NewTimer(d)
+// wait waits for dur unless the delivery is interrupted first (false), or
+// the run's cancellation makes stoppable true, which cuts the wait short
+// (true: the caller's stop check follows).
+func (d *delivery) wait(dur time.Duration, stoppable func() bool) bool {
+	t := time.NewTimer(dur)
 	defer t.Stop()
-	cancelled := c.fwd.Done()
+	cancelled := d.fwd.Done()
 	for {
 		select {
 		case <-t.C:
@@ -576,8 +576,8 @@ func (c *Context) wait(d time.Duration, stoppable func() bool) bool {
 				return true
 			}
 			cancelled = nil // a settling step waits out its backoff
-		case <-c.Done():
-			c.interrupted()
+		case <-d.ctx.Done():
+			d.interrupted()
 			return false
 		}
 	}

@@ -35,7 +35,7 @@ const kindSleep = "sleep"
 // cancelled meanwhile, or the error that ended the delivery, which the
 // workflow should return.
 func Sleep(ctx *Context, d time.Duration) error {
-	return sleep(ctx, func() time.Time { return ctx.e.now().Add(d) })
+	return sleep(ctx, func() time.Time { return ctx.d.e.now().Add(d) })
 }
 
 // SleepUntil is Sleep until t (in the engine's Clock). A t in the past
@@ -54,7 +54,7 @@ func SleepUntil(ctx *Context, t time.Time) error {
 var maxWake = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
 
 func sleep(ctx *Context, wake func() time.Time) error {
-	_, err := ctx.runStep(&stepCall{name: "sleep", kind: kindSleep, wake: wake,
+	_, err := ctx.d.runStep(&stepCall{name: "sleep", kind: kindSleep, wake: wake,
 		body: func(context.Context, *attemptState) ([]byte, error) { return []byte("null"), nil }})
 	return err
 }
@@ -62,7 +62,7 @@ func sleep(ctx *Context, wake func() time.Time) error {
 // Now returns the engine Clock's time, recorded as a step named "now": the
 // same value on every replay, where time.Now would differ.
 func Now(ctx *Context) (time.Time, error) {
-	return Step(ctx, "now", func(context.Context) (time.Time, error) { return ctx.e.now(), nil }, nil)
+	return Step(ctx, "now", func(context.Context) (time.Time, error) { return ctx.d.e.now(), nil }, nil)
 }
 
 // NewUUID returns a random (version 4) UUID recorded as a step named

@@ -26,7 +26,7 @@ import (
 //
 // Cost: one transaction (BEGIN, fn's statements, the fenced record, COMMIT).
 func TxStep[T any](ctx *Context, name string, fn func(ctx context.Context, tx pgx.Tx) (T, error), opts *StepOpts) (T, error) {
-	raw, err := ctx.runStep(&stepCall{name: name, kind: kindTx, opts: opts, tx: true, body: txBody(fn),
+	raw, err := ctx.d.runStep(&stepCall{name: name, kind: kindTx, opts: opts, tx: true, body: txBody(fn),
 		returnExhausted: opts != nil && opts.ReturnExhausted})
 	return decodeOutput[T](name, raw, err)
 }
@@ -43,20 +43,20 @@ func TxStep[T any](ctx *Context, name string, fn func(ctx context.Context, tx pg
 // committing holds the record's row lock; the retry waits for it.
 func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(context.Context, *attemptState) ([]byte, error) {
 	return func(sctx context.Context, a *attemptState) ([]byte, error) {
-		c := a.c
+		d := a.d
 		var out []byte
 		var fnDone, already bool
 		sent := time.Now()
-		err := pgx.BeginFunc(c.Context, c.e.pool, func(tx pgx.Tx) error {
+		err := pgx.BeginFunc(d.ctx, d.e.pool, func(tx pgx.Tx) error {
 			v, err := fn(sctx, tx)
 			if err != nil {
 				return err
 			}
-			if out, err = encodeOutput(v, c.e.cfg.MaxPayloadBytes); err != nil {
+			if out, err = encodeOutput(v, d.e.cfg.MaxPayloadBytes); err != nil {
 				return err
 			}
-			cancel, written, err := store.WriteSteps(c.Context, tx, c.fence(), "", a.completed(out))
-			c.noteCancel(cancel)
+			cancel, written, err := store.WriteSteps(d.ctx, tx, d.fence(), "", a.completed(out))
+			d.noteCancel(cancel)
 			if err != nil {
 				return err
 			}
@@ -70,12 +70,12 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 		switch {
 		case err == nil:
 			a.recorded = true
-			c.extendedAt(sent)
+			d.extendedAt(sent)
 			return out, nil
 		case errors.Is(err, store.ErrLeaseLost):
 			return nil, err
 		case already || fnDone:
-			rec, gerr := store.GetStep(c.Context, c.e.pool, c.runID, a.seq)
+			rec, gerr := store.GetStep(d.ctx, d.e.pool, d.runID, a.seq)
 			switch {
 			case gerr == nil && rec.Status == store.StepCompleted:
 				a.recorded = true

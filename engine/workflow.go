@@ -112,7 +112,7 @@ func (w *Workflow[In, Out]) registration() registered {
 			if err != nil {
 				return nil, err
 			}
-			return encodeOutput(out, ctx.e.cfg.MaxPayloadBytes)
+			return encodeOutput(out, ctx.d.e.cfg.MaxPayloadBytes)
 		},
 	}
 }

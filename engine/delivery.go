@@ -1,0 +1,97 @@
+package engine
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/pgdurable/pgdurable/engine/internal/store"
+)
+
+// delivery is one delivery of a run: the executor. It holds the lease
+// (token), replays the recorded steps, runs new ones, buffers their
+// records and writes them fenced, and ends the delivery (completed,
+// suspended, parked, handed back). Workflow code never sees it: it holds a
+// *Context, a thin handle on it. Its fields belong to the workflow's
+// goroutine except those that are atomic or guarded (the heartbeat and an
+// activity's Heartbeat run on others).
+type delivery struct {
+	// ctx is the delivery's context: cancelled (with the cause) when the
+	// lease is lost, the delivery ends or the engine shuts down.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	// handle is what the workflow function holds.
+	handle *Context
+
+	// fwd is the context forward steps run in: the delivery's, also
+	// cancelled (cause ErrCancelled) once the run's cancellation is
+	// requested. Compensations run in the delivery's own context.
+	fwd             context.Context
+	cancelFwd       context.CancelCauseFunc
+	cancelRequested atomic.Bool
+	compensations   []*compensation // registered undos, oldest first
+	compensating    bool            // the undos are running
+	// sagaCause is the failure (or cancellation) the undos run for, kept
+	// with the run's error if an undo fails.
+	sagaCause *ErrorInfo
+	// deliveries counts this run's deliveries, this one included.
+	deliveries int
+
+	e          *Engine
+	wf         registered
+	runID      uuid.UUID
+	workflowID string
+	token      uuid.UUID // the lease's fencing token
+	log        *slog.Logger
+
+	steps   []store.StepRecord // recorded before this delivery, by seq
+	seq     int                // the next step's position
+	pending *store.StepRecord  // a finished step not yet written (see flush)
+	// stopped is the record of a step the run's cancellation stopped,
+	// written with the compensation's first write.
+	stopped *store.StepRecord
+	// lastRecorded is the seq of the latest step that wrote its own record
+	// (a tx step), -1 for none.
+	lastRecorded int
+	inStep       atomic.Bool // a step is running: guards nested and concurrent Step calls
+
+	// claimedAt is when this delivery took the lease (monotonic); once it
+	// has lived a whole lease without progress, its next heartbeat counts
+	// it as long-lived in the run row and sets long, for crash-loop
+	// attribution (see crashLoop). longMu serializes that with a hand-back,
+	// which undoes the mark.
+	claimedAt time.Time
+	longMu    sync.Mutex
+	long      bool
+	// lastBeatSent is when the latest heartbeat was sent (unix nanoseconds;
+	// see beatIfDue).
+	lastBeatSent atomic.Int64
+
+	ended  bool  // this delivery has handed the run back; no more writes
+	endErr error // what Step returns from now on
+	// unstorable: a record was refused by PostgreSQL for its data and the
+	// run is being parked (see end).
+	unstorable bool
+	// ticketErr fails the delivery's ticket so River retries it: set when
+	// an unowned run could not be re-enqueued (see rescueUnowned).
+	ticketErr error
+
+	// leaseUntil is a conservative local view of the lease's expiry: the
+	// monotonic time a fenced write that extended it was sent, plus
+	// LeaseDuration. The database set a later expiry, so until then no other
+	// delivery can hold the run.
+	leaseUntil atomic.Pointer[time.Time]
+}
+
+// extendedAt records that a fenced write sent at sent extended the lease.
+func (d *delivery) extendedAt(sent time.Time) {
+	until := sent.Add(d.e.cfg.LeaseDuration)
+	d.leaseUntil.Store(&until)
+}
+
+// leaseLeft is how much of the lease this delivery can count on.
+func (d *delivery) leaseLeft() time.Duration { return time.Until(*d.leaseUntil.Load()) }
