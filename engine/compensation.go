@@ -63,14 +63,14 @@ func (c *Context) Compensate(u Undo) error {
 
 // registerUndo registers u with the latest step, which must have succeeded.
 func (d *delivery) registerUndo(u Undo) error {
-	seq := d.seq - 1
+	seq := d.pos.next - 1
 	if n := len(d.compensations); n > 0 && d.compensations[n-1].seq == seq {
 		return fmt.Errorf("pgdurable: step %d already has an undo (%q); register one undo per step", seq, d.compensations[n-1].undo.Name)
 	}
 	switch {
-	case d.pending != nil && d.pending.Seq == seq && d.pending.Status == store.StepCompleted:
-		d.pending.Compensation = &u.Name
-	case seq >= 0 && seq < len(d.steps) && d.steps[seq].Status == store.StepCompleted:
+	case d.buf.pending != nil && d.buf.pending.Seq == seq && d.buf.pending.Status == store.StepCompleted:
+		d.buf.pending.Compensation = &u.Name
+	case d.pos.at(seq) != nil && d.pos.at(seq).Status == store.StepCompleted:
 		// replayed: the undo's name was stored with the record
 	case seq >= 0 && d.lastRecorded == seq:
 		// a tx step, recorded in its own transaction: name it with the undo's record
@@ -85,14 +85,7 @@ func (d *delivery) registerUndo(u Undo) error {
 // then ends the run with status (compensated or cancelled) and info, the
 // error that caused it. A crash in the middle resumes with the next undo.
 func (d *delivery) compensate(status string, info *ErrorInfo) {
-	var recs []*store.StepRecord
-	for _, rec := range []*store.StepRecord{d.pending, d.stopped} {
-		if rec != nil {
-			recs = append(recs, rec)
-		}
-	}
-	d.pending, d.stopped = nil, nil
-	if !d.writeStatus(store.RunCompensating, recs...) {
+	if !d.writeStatus(store.RunCompensating, d.buf.takeAll()...) {
 		return
 	}
 	d.compensating = true
@@ -104,9 +97,8 @@ func (d *delivery) compensate(status string, info *ErrorInfo) {
 			return // parked (compensation_failed) or interrupted: the delivery ended
 		}
 	}
-	if d.seq < len(d.steps) {
-		d.park(nil, &parkReason{reason: "nondeterminism", info: &ErrorInfo{Class: ClassNonDeterminism,
-			Message: fmt.Sprintf("compensation ended after %d steps but %d are recorded", d.seq, len(d.steps))}})
+	if d.pos.replaying() {
+		d.parkUnreplayed("compensation ended")
 		return
 	}
 	d.close(status, d.finishRun(status, nil, info.json()))

@@ -31,4 +31,4 @@ func (c *Context) Logger() *slog.Logger { return c.d.log }
 
 // IsReplaying reports whether the next step is already recorded, so its
 // function will not run. Use it to skip logging on replay.
-func (c *Context) IsReplaying() bool { return c.d.seq < len(c.d.steps) }
+func (c *Context) IsReplaying() bool { return c.d.pos.replaying() }

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-
-	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
 // delivery is one delivery of a run: the executor. It holds the lease
@@ -48,12 +46,8 @@ type delivery struct {
 	token      uuid.UUID // the lease's fencing token
 	log        *slog.Logger
 
-	steps   []store.StepRecord // recorded before this delivery, by seq
-	seq     int                // the next step's position
-	pending *store.StepRecord  // a finished step not yet written (see flush)
-	// stopped is the record of a step the run's cancellation stopped,
-	// written with the compensation's first write.
-	stopped *store.StepRecord
+	pos positions    // step positions and the records of earlier deliveries
+	buf recordBuffer // records of finished steps not yet written
 	// lastRecorded is the seq of the latest step that wrote its own record
 	// (a tx step), -1 for none.
 	lastRecorded int

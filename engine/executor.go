@@ -94,7 +94,7 @@ func (e *Engine) execute(ctx context.Context, wf registered, claimed *store.Clai
 	defer cancelFwd(nil)
 	d := &delivery{
 		ctx: dctx, cancel: cancel, fwd: fwd, cancelFwd: cancelFwd, e: e, wf: wf, runID: runID,
-		workflowID: claimed.WorkflowID, token: token, log: log, steps: claimed.Steps, lastRecorded: -1,
+		workflowID: claimed.WorkflowID, token: token, log: log, pos: positions{recorded: claimed.Steps}, lastRecorded: -1,
 		claimedAt: sent, deliveries: claimed.Deliveries,
 	}
 	d.handle = &Context{Context: dctx, d: d}
@@ -106,15 +106,14 @@ func (e *Engine) execute(ctx context.Context, wf registered, claimed *store.Clai
 	defer stopHeartbeat()
 
 	if died := claimed.StalledDeliveries - 1; crashLoop(died, claimed.LongStalled, e.cfg.MaxDeliveries) {
-		why := &parkReason{reason: "crash_loop", attempts: died, info: &ErrorInfo{
+		why := &parkReason{reason: ReasonCrashLoop, attempts: died, info: &ErrorInfo{
 			Class: ClassCrashLoop,
 			Message: fmt.Sprintf("%d consecutive deliveries ended without recording progress (worker crashed or was killed), "+
 				"%d of them within their first lease; MaxDeliveries is %d",
 				died, max(died-claimed.LongStalled, 0), e.cfg.MaxDeliveries),
 		}}
-		if n := len(claimed.Steps); n > 0 && claimed.Steps[n-1].Status != store.StepCompleted {
+		if rec := d.pos.last(); rec != nil && rec.Status != store.StepCompleted {
 			// The latest record is unsettled: the step the deliveries died in.
-			rec := claimed.Steps[n-1]
 			why.info.Step, why.info.Seq = rec.Name, &rec.Seq
 		}
 		d.park(nil, why)
@@ -203,9 +202,8 @@ func (d *delivery) finish(out []byte, err error, p *panicInfo) {
 		d.park(nil, &parkReason{reason: "permanent_error", info: newErrorInfo(err, class)})
 	case d.cancelRequested.Load():
 		d.compensate(store.RunCancelled, newErrorInfo(ErrCancelled, ClassCancelled))
-	case err == nil && d.seq < len(d.steps):
-		d.park(nil, &parkReason{reason: "nondeterminism", info: &ErrorInfo{Class: ClassNonDeterminism,
-			Message: fmt.Sprintf("workflow returned after %d steps but %d are recorded", d.seq, len(d.steps))}})
+	case err == nil && d.pos.replaying():
+		d.parkUnreplayed("workflow returned")
 	case err == nil:
 		d.close(store.RunCompleted, d.finishRun(store.RunCompleted, out, nil))
 		d.log.Debug("run completed")
@@ -271,7 +269,7 @@ func (d *delivery) end(err error) {
 		// fail the same way until the run is parked as a crash loop, with
 		// the cause lost. Park it now without that record, saying why.
 		d.unstorable = true
-		d.pending = nil
+		d.buf.take() // the refused record, most likely; parked without it
 		d.log.Error("PostgreSQL refused a record of this run; parking it", "error", err)
 		d.park(nil, &parkReason{reason: ReasonPermanentError, info: &ErrorInfo{Class: ClassUnserializable,
 			Message: "PostgreSQL refused a record of this run: " + err.Error()}})
@@ -354,9 +352,7 @@ func (d *delivery) writeStatus(status string, recs ...*store.StepRecord) bool {
 // record with it.
 func (d *delivery) finishRun(status string, output, errJSON []byte) error {
 	w := &store.RecordWrite{Fence: d.fence(), Status: status, Finish: true, Output: output, Error: errJSON}
-	if d.pending != nil {
-		w.Records = []*store.StepRecord{d.pending}
-	}
+	w.Records = d.buf.takeWith(nil)
 	_, err := d.commit(w)
 	return err
 }
@@ -466,22 +462,21 @@ func (d *delivery) noteCancel(requested bool) {
 // saves one commit per run; nothing runs between a step and its record
 // except deterministic workflow code.
 func (d *delivery) flush() bool {
-	if d.pending == nil {
+	rec := d.buf.take()
+	if rec == nil {
 		return true
 	}
-	rec := d.pending
-	d.pending = nil
 	return d.write(rec)
 }
 
 // suspend hands the run back until wakeAt, writing rec (may be nil) and the
 // next delivery's ticket in one transaction.
 func (d *delivery) suspend(rec *store.StepRecord, wakeAt time.Time) {
-	if rec != nil && d.pending != nil && !d.flush() {
+	if rec != nil && d.buf.pending != nil && !d.flush() {
 		return
 	}
 	if rec == nil {
-		rec, d.pending = d.pending, nil
+		rec = d.buf.take()
 	}
 	status := store.RunWaiting
 	if d.compensating || d.cancelRequested.Load() {
@@ -505,8 +500,7 @@ func (d *delivery) interrupted() {
 		d.end(store.ErrLeaseLost)
 		return
 	}
-	rec := d.pending
-	d.pending = nil
+	rec := d.buf.take()
 	d.log.Info("delivery interrupted; run handed back", "cause", context.Cause(d.ctx))
 	status := store.RunPending
 	if d.compensating {
@@ -556,11 +550,11 @@ func parkNonDeterminism(seq int, name, kind string, rec *store.StepRecord) *park
 // park marks the run dead with a dead_jobs row, writing rec (the failing
 // step) or else the pending record in the same statement.
 func (d *delivery) park(rec *store.StepRecord, why *parkReason) {
-	if rec != nil && d.pending != nil && !d.flush() {
+	if rec != nil && d.buf.pending != nil && !d.flush() {
 		return
 	}
 	if rec == nil {
-		rec, d.pending = d.pending, nil
+		rec = d.buf.take()
 	}
 	now := d.e.now()
 	runErr := *why.info

@@ -169,12 +169,11 @@ func (d *delivery) awaitSignal(name string, timeout time.Duration) ([]byte, erro
 	startedAt := d.e.now()
 	var deadline *time.Time
 	written := false
-	if seq < len(d.steps) {
-		rec := &d.steps[seq]
-		if rec.Name != name || rec.Kind != kindSignal {
-			d.park(nil, parkNonDeterminism(seq, name, kindSignal, rec))
-			return nil, d.endErr
-		}
+	rec, ok := d.replay(seq, name, kindSignal)
+	if !ok {
+		return nil, d.endErr
+	}
+	if rec != nil {
 		if rec.Status == store.StepCompleted {
 			d.e.obs.StepReplayed(d.wf.name, kindSignal)
 			return decodeSignalOutcome(name, rec.Output)
@@ -186,7 +185,7 @@ func (d *delivery) awaitSignal(name string, timeout time.Duration) ([]byte, erro
 	}
 	if d.cancelRequested.Load() {
 		if !written {
-			d.seq--
+			d.pos.giveBack()
 		}
 		return nil, ErrCancelled
 	}
@@ -213,9 +212,9 @@ func (d *delivery) awaitSignal(name string, timeout time.Duration) ([]byte, erro
 			case cancelled:
 				return nil // woken by the cancellation: no wait recorded
 			}
-			recs := []*store.StepRecord{}
-			if d.pending != nil {
-				recs = append(recs, d.pending)
+			var recs []*store.StepRecord // the buffer is emptied once this commits
+			if p := d.buf.pending; p != nil {
+				recs = append(recs, p)
 			}
 			if outcome == nil {
 				rec := &store.StepRecord{Seq: seq, Name: name, Kind: kindSignal, Status: store.StepStarted,
@@ -241,11 +240,11 @@ func (d *delivery) awaitSignal(name string, timeout time.Duration) ([]byte, erro
 		d.end(err)
 		return nil, d.endErr
 	}
-	d.pending = nil
+	d.buf.take()
 	if cancel && outcome == nil {
 		d.noteCancel(true)
 		if !written {
-			d.seq--
+			d.pos.giveBack()
 		}
 		return nil, ErrCancelled
 	}

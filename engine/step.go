@@ -160,9 +160,7 @@ func (d *delivery) enterStep(what, name string) (int, error) {
 	if !d.inStep.CompareAndSwap(false, true) {
 		return 0, fmt.Errorf("pgdurable: %s %q called while another step runs; steps cannot nest or run concurrently", what, name)
 	}
-	seq := d.seq
-	d.seq++
-	return seq, nil
+	return d.pos.take(), nil
 }
 
 // runStep is the replay logic shared by every kind of step.
@@ -180,18 +178,18 @@ func (d *delivery) runStep(call *stepCall) ([]byte, error) {
 	}
 	defer d.inStep.Store(false)
 	forward := call.compensationOf == nil
-	if forward && d.cancelRequested.Load() && (seq >= len(d.steps) || d.steps[seq].Kind == kindCompensation) {
-		d.seq-- // never started: the undos take its place
-		return nil, ErrCancelled
-	}
-	var rec *store.StepRecord
-	if seq < len(d.steps) {
-		// Replay, the hot path: nothing here allocates.
-		rec = &d.steps[seq]
-		if rec.Name != name || rec.Kind != kind {
-			d.park(nil, parkNonDeterminism(seq, name, kind, rec))
-			return nil, d.endErr
+	if forward && d.cancelRequested.Load() {
+		if rec := d.pos.at(seq); rec == nil || rec.Kind == kindCompensation {
+			d.pos.giveBack() // never started: the undos take its place
+			return nil, ErrCancelled
 		}
+	}
+	// Replay, the hot path: nothing here allocates.
+	rec, ok := d.replay(seq, name, kind)
+	if !ok {
+		return nil, d.endErr
+	}
+	if rec != nil {
 		switch rec.Status {
 		case store.StepCompleted:
 			d.e.obs.StepReplayed(d.wf.name, kind)
@@ -237,7 +235,7 @@ func (d *delivery) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]b
 	// retrying; one without gives its position back to the undos.
 	cancelled := func(n int) ([]byte, error) {
 		if !written {
-			d.seq--
+			d.pos.giveBack()
 			return nil, ErrCancelled
 		}
 		rec := &store.StepRecord{Seq: seq, Name: name, Kind: kind, Status: store.StepCancelled, Attempts: n,
@@ -245,7 +243,7 @@ func (d *delivery) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]b
 			CompensationOf: call.compensationOf}
 		now := d.e.now()
 		rec.CompletedAt = &now
-		d.stopped = rec
+		d.buf.stopped = rec
 		return nil, ErrCancelled
 	}
 	if rec != nil {
@@ -285,7 +283,7 @@ func (d *delivery) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]b
 	if !forward {
 		stepCtx = d.ctx // compensations are not cancelled by the run's cancellation
 	}
-	if call.wake != nil && seq >= len(d.steps) {
+	if call.wake != nil && d.pos.at(seq) == nil {
 		// A new sleep: a long one is recorded with its wake time as the
 		// delivery ends; a short one waits in place below.
 		wake := call.wake()
@@ -370,12 +368,7 @@ func (d *delivery) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]b
 			if call.requestID || attempt > 1 {
 				rec := record(store.StepStarted, attempt)
 				rec.Error = lastErr
-				recs := []*store.StepRecord{rec}
-				if d.pending != nil {
-					recs = []*store.StepRecord{d.pending, rec}
-					d.pending = nil
-				}
-				if !d.write(recs...) {
+				if !d.write(d.buf.takeWith(rec)...) {
 					return nil, d.endErr
 				}
 				written, announced = true, true
@@ -407,7 +400,7 @@ func (d *delivery) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]b
 			if a.recorded {
 				d.lastRecorded = seq
 			} else {
-				d.pending = a.completed(out)
+				d.buf.pending = a.completed(out)
 			}
 			return out, nil
 		}
@@ -422,7 +415,7 @@ func (d *delivery) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]b
 			// shutdown the run is handed back with the attempt uncounted.
 			observe("interrupted")
 			if announced {
-				d.pending = unannounced(attempt)
+				d.buf.pending = unannounced(attempt)
 			}
 			d.interrupted()
 			return nil, d.endErr
@@ -488,7 +481,7 @@ func (d *delivery) attempts(call *stepCall, seq int, rec *store.StepRecord) ([]b
 			// returns it runs its compensations. What it gets is decoded
 			// from the record, as a replay will decode it.
 			rec.Status, rec.Error, rec.CompletedAt = store.StepFailed, info.json(), &now
-			d.pending = rec
+			d.buf.pending = rec
 			observe("failed")
 			log.Info("step failed", "attempt", attempt, "retries_exhausted", exhausted, "error_class", info.Class, "error", info.Message)
 			return nil, stepErrorFromRecord(rec)
