@@ -1,0 +1,393 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/pgdurable/pgdurable/engine/internal/store"
+)
+
+// attemptLoop runs the attempts of one step that has no outcome yet: its
+// first attempt, or the next after the attempts already recorded. Its
+// fields are what the step's record carries from one attempt to the next.
+type attemptLoop struct {
+	d       *delivery
+	call    *stepCall
+	seq     int
+	log     *slog.Logger
+	forward bool // not an undo: the run's cancellation stops it
+	policy  RetryPolicy
+	// ctx is the context attempts run in: a forward step's is cancelled by
+	// the run's cancellation; an undo's is not.
+	ctx context.Context
+
+	attempts    int // attempts made so far
+	firstFailed *time.Time
+	nextAttempt *time.Time // when the next attempt is due: a backoff, a sleep's wake time
+	requestID   *uuid.UUID
+	// lastErr is the latest failure's recorded error, kept in the record
+	// while the next attempt runs.
+	lastErr []byte
+	// noEffect: every attempt so far failed with an error marked NoEffect
+	// (see stoppable).
+	noEffect bool
+	// settled counts the attempts made after the run's cancellation to
+	// settle an activity that may have taken effect (see maxSettleAttempts).
+	settled int
+	// lost is the failure of the recorded attempt that never ended.
+	lost      error
+	startedAt time.Time
+	// written: a record of this step exists, so its position stays used
+	// even if the run's cancellation stops it; a forward step stopped
+	// before anything was written gives its position back to the undos.
+	written bool
+}
+
+// newAttemptLoop picks a step up at position seq from its record (nil for
+// a new step).
+func (d *delivery) newAttemptLoop(call *stepCall, seq int, rec *store.StepRecord) *attemptLoop {
+	l := &attemptLoop{d: d, call: call, seq: seq, log: d.log.With("step", call.name, "seq", seq),
+		forward: call.compensationOf == nil, noEffect: true, startedAt: d.e.now(), written: rec != nil, ctx: d.fwd}
+	if !l.forward {
+		l.ctx = d.ctx // compensations are not cancelled by the run's cancellation
+	}
+	if call.opts != nil && call.opts.RetryPolicy != nil {
+		l.policy = *call.opts.RetryPolicy
+	}
+	l.policy = l.policy.merge(d.wf.retry, &d.e.retry)
+	if rec == nil {
+		return l
+	}
+	l.attempts, l.firstFailed, l.nextAttempt, l.requestID, l.lastErr = rec.Attempts, rec.FirstFailedAt, rec.NextAttemptAt, rec.RequestID, rec.Error
+	switch {
+	case rec.Status == store.StepStarted && rec.Attempts > 0:
+		// Attempt rec.Attempts began and has no outcome: its worker
+		// died, or lost its lease, during it. It counts, and it may
+		// have taken effect.
+		l.lost = &workerLostError{attempt: rec.Attempts}
+		l.attempts, l.noEffect = rec.Attempts-1, false
+		if info := decodeErrorInfo(rec.Error); info != nil {
+			l.settled = info.SettleAttempts
+		}
+	case rec.Status == store.StepRetrying:
+		// Records older than the flag say nothing: they may have.
+		info := decodeErrorInfo(rec.Error)
+		l.noEffect = info != nil && info.NoEffect
+		if info != nil {
+			l.settled = info.SettleAttempts
+		}
+	}
+	return l
+}
+
+// stoppable: the run's cancellation stops this step before its next
+// attempt. An activity that settles (it does not heartbeat, so its call
+// is never cut short) is stopped only when none of its attempts can have
+// taken effect; otherwise it is retried with its request ID until its
+// outcome is known, so that its undo runs if it took effect.
+func (l *attemptLoop) stoppable() bool {
+	return l.forward && l.d.cancelRequested.Load() && !(l.call.settle && !l.noEffect)
+}
+
+// settling: the next attempt is one made after the cancellation to learn
+// the outcome of an activity that may have taken effect.
+func (l *attemptLoop) settling() bool {
+	return l.forward && l.call.settle && l.d.cancelRequested.Load()
+}
+
+// cancelled stops the step for the run's cancellation. A step with a
+// record is recorded as cancelled (with n attempts), written with the
+// compensation's first write, so a finished run shows no step still
+// retrying; one without gives its position back to the undos.
+func (l *attemptLoop) cancelled(n int) ([]byte, error) {
+	if !l.written {
+		l.d.pos.giveBack()
+		return nil, ErrCancelled
+	}
+	rec := l.record(store.StepCancelled, n)
+	rec.Error = l.lastErr
+	now := l.d.e.now()
+	rec.CompletedAt = &now
+	l.d.buf.stopped = rec
+	return nil, ErrCancelled
+}
+
+// stop is cancelled as next returns it: the step is done.
+func (l *attemptLoop) stop(n int) (out []byte, done bool, err error) {
+	out, err = l.cancelled(n)
+	return out, true, err
+}
+
+// record builds this step's record of attempt n.
+func (l *attemptLoop) record(status string, n int) *store.StepRecord {
+	return &store.StepRecord{Seq: l.seq, Name: l.call.name, Kind: l.call.kind, Status: status, Attempts: n,
+		RequestID: l.requestID, FirstFailedAt: l.firstFailed, StartedAt: l.startedAt, CompensationOf: l.call.compensationOf}
+}
+
+// unannounced is the record as it was before attempt n was announced, for
+// a hand-back that does not count the attempt.
+func (l *attemptLoop) unannounced(n int) *store.StepRecord {
+	if n == 1 {
+		return l.record(store.StepStarted, 0) // the request ID only
+	}
+	rec := l.record(store.StepRetrying, n-1)
+	now := l.d.e.now()
+	rec.Error, rec.NextAttemptAt = l.lastErr, &now
+	return rec
+}
+
+// run makes attempts until the step has an outcome or the delivery ends.
+func (l *attemptLoop) run() ([]byte, error) {
+	d, call := l.d, l.call
+	if l.stoppable() {
+		return l.cancelled(l.attempts)
+	}
+	if call.wake != nil && d.pos.at(l.seq) == nil {
+		// A new sleep: a long one is recorded with its wake time as the
+		// delivery ends; a short one waits in place below.
+		wake := call.wake()
+		if wake.Sub(l.startedAt) > d.e.cfg.MaxInlineBackoff {
+			d.suspend(sleepRecord(l.seq, l.startedAt, wake), wake)
+			return nil, d.endErr
+		}
+		l.nextAttempt = &wake
+	}
+	if call.requestID && l.requestID == nil {
+		// The request ID is stored with the first attempt's announcement:
+		// every later attempt, after any crash or replay, sends this same ID.
+		id := uuid.Must(uuid.NewV7())
+		l.requestID = &id
+	}
+	if l.nextAttempt != nil && l.lost == nil && !d.waitUntil(*l.nextAttempt, l.stoppable) {
+		return nil, d.endErr
+	}
+	if d.e.draining.Load() {
+		// Stop: hand the run back at this step boundary.
+		d.interrupted()
+		return nil, d.endErr
+	}
+	if l.requestID != nil {
+		l.log = l.log.With("request_id", l.requestID.String())
+	}
+	for {
+		out, done, err := l.next()
+		if done {
+			return out, err
+		}
+	}
+}
+
+// next makes the next attempt; done is false when it failed and is to be
+// retried in place.
+func (l *attemptLoop) next() (out []byte, done bool, err error) {
+	d := l.d
+	attempt := l.attempts + 1
+	announced := false
+	var p *panicInfo
+	a := &attemptState{d: d, seq: l.seq, attempt: attempt}
+	attemptStart := time.Now()
+	if l.lost != nil {
+		err, l.lost = l.lost, nil
+	} else {
+		var stop bool
+		if announced, stop, out, err = l.begin(attempt); stop {
+			return out, true, err
+		}
+		if l.requestID != nil {
+			a.requestID = *l.requestID
+		}
+		a.completed = func(out []byte) *store.StepRecord {
+			now := d.e.now()
+			rec := l.record(store.StepCompleted, attempt)
+			rec.Output, rec.CompletedAt = out, &now
+			return rec
+		}
+		out, p, err = d.attempt(l.ctx, l.call.body, a)
+	}
+	observe := func(outcome string) {
+		d.e.obs.StepAttempt(d.wf.name, l.call.name, l.call.kind, attempt, outcome, time.Since(attemptStart))
+	}
+	if err == nil && p == nil {
+		observe("completed")
+		if a.recorded {
+			d.lastRecorded = l.seq
+		} else {
+			d.buf.pending = a.completed(out)
+		}
+		return out, true, nil
+	}
+	var unknown *outcomeUnknownError
+	if errors.Is(err, store.ErrLeaseLost) || errors.As(err, &unknown) {
+		observe("interrupted")
+		d.end(err)
+		return nil, true, d.endErr
+	}
+	if d.ctx.Err() != nil {
+		// A shutdown or a lost lease interrupted the attempt. After a
+		// shutdown the run is handed back with the attempt uncounted.
+		observe("interrupted")
+		if announced {
+			d.buf.pending = l.unannounced(attempt)
+		}
+		d.interrupted()
+		return nil, true, d.endErr
+	}
+	if l.forward && !l.call.settle && d.fwd.Err() != nil {
+		// The run was cancelled under this attempt: no outcome, no record.
+		observe("cancelled")
+		l.log.Info("step stopped by the run's cancellation", "attempt", attempt)
+		return l.stop(attempt)
+	}
+	return l.failed(attempt, err, p, observe)
+}
+
+// begin checks that attempt may start and announces it when it must be:
+// stop is true (with what the step returns) when it may not.
+func (l *attemptLoop) begin(attempt int) (announced, stop bool, out []byte, err error) {
+	d := l.d
+	if !d.mayStartStep() {
+		return false, true, nil, d.endErr
+	}
+	if l.stoppable() {
+		out, err = l.cancelled(l.attempts) // no further attempt once the cancellation is known
+		return false, true, out, err
+	}
+	if l.settling() && l.settled >= maxSettleAttempts {
+		// Its outcome is still unknown: an operator must look (the
+		// request ID is in the record) and replay or discard.
+		info := stepFailure(&unsettledError{attempts: l.settled, last: decodeErrorInfo(l.lastErr).Err()},
+			ClassUnsettled, l.call.name, l.seq, l.attempts)
+		rec := l.record(store.StepParked, l.attempts)
+		rec.Error = info.json()
+		l.log.Warn("cancelled run could not settle an activity; parking it", "settle_attempts", l.settled)
+		d.park(rec, &parkReason{reason: ReasonRetriesExhausted, info: info, rec: rec})
+		return false, true, nil, d.endErr
+	}
+	// Everything before this step is recorded before it runs. An
+	// activity's attempts and every retry are announced with it
+	// (status started), so an attempt whose worker dies counts;
+	// a plain or tx step's first attempt is not, which would cost a
+	// round trip per step: a crash in it is bounded by MaxDeliveries.
+	if l.call.requestID || attempt > 1 {
+		rec := l.record(store.StepStarted, attempt)
+		rec.Error = l.lastErr
+		if !d.write(d.buf.takeWith(rec)...) {
+			return false, true, nil, d.endErr
+		}
+		l.written = true
+		if l.stoppable() {
+			// The announcement brought the cancellation: the attempt
+			// does not start, and is not counted.
+			out, err = l.cancelled(l.attempts)
+			return true, true, out, err
+		}
+		return true, false, nil, nil
+	}
+	if !d.flush() {
+		return false, true, nil, d.endErr
+	}
+	return false, false, nil, nil
+}
+
+// failed handles attempt's failure (err, or the panic p): the run is
+// parked, the failure recorded and returned, or the step retried, in
+// place (done false) or after the delivery ends.
+func (l *attemptLoop) failed(attempt int, err error, p *panicInfo, observe func(string)) (out []byte, done bool, _ error) {
+	d, call, name := l.d, l.call, l.call.name
+	now := d.e.now()
+	if l.firstFailed == nil {
+		l.firstFailed = &now
+	}
+	l.noEffect = l.noEffect && hasNoEffect(err)
+	if l.settling() {
+		l.settled++
+	}
+	rec := l.record("", attempt)
+	var unserializable *errUnserializableOutput
+	if p != nil {
+		info := stepFailure(&PanicError{Value: fmt.Sprint(p.value)}, ClassPanic, name, l.seq, attempt)
+		info.Stack = truncateStack(p.stack)
+		rec.Status, rec.Error = store.StepParked, info.json()
+		observe("parked")
+		l.log.Error("step panicked", "attempt", attempt, "error_class", info.Class, "panic", info.Message)
+		reason := ReasonPanic
+		if call.parkAs != "" {
+			reason = call.parkAs
+		}
+		d.park(rec, &parkReason{reason: reason, info: info, rec: rec})
+		return nil, true, d.endErr
+	}
+	if errors.As(err, &unserializable) || IsPermanent(err) || attempt >= l.policy.MaximumAttempts {
+		exhausted := !IsPermanent(err) && unserializable == nil
+		var info *ErrorInfo
+		switch {
+		case errors.Is(err, ErrOutputTooLarge):
+			info = stepFailure(err, ClassOutputTooLarge, name, l.seq, attempt)
+		case unserializable != nil:
+			info = stepFailure(err, ClassUnserializable, name, l.seq, attempt)
+		case exhausted:
+			info = stepFailure(&retriesExhaustedError{attempts: attempt, err: err}, classOf(err, ClassTransient), name, l.seq, attempt)
+		default:
+			info = stepFailure(err, classOf(err, ClassPermanent), name, l.seq, attempt)
+		}
+		reason := ReasonRetriesExhausted
+		if call.parkAs != "" {
+			reason = call.parkAs
+		}
+		if call.parkAs != "" || (exhausted && !call.returnExhausted && (len(d.compensations) == 0 || call.requestID)) {
+			// Nothing can undo this automatically: an operator must act.
+			// An activity that ran out of retries may have taken effect
+			// on an attempt whose answer was lost; compensating now would
+			// skip its undo. Parked, a replay settles it with the same
+			// request ID.
+			rec.Status, rec.Error = store.StepParked, info.json()
+			observe("parked")
+			l.log.Warn("step failed; parking the run", "reason", reason, "attempt", attempt, "error_class", info.Class, "error", info.Message)
+			d.park(rec, &parkReason{reason: reason, info: info, rec: rec})
+			return nil, true, d.endErr
+		}
+		// Recorded and returned: the workflow decides, and a run that
+		// returns it runs its compensations. What it gets is decoded
+		// from the record, as a replay will decode it.
+		rec.Status, rec.Error, rec.CompletedAt = store.StepFailed, info.json(), &now
+		d.buf.pending = rec
+		observe("failed")
+		l.log.Info("step failed", "attempt", attempt, "retries_exhausted", exhausted, "error_class", info.Class, "error", info.Message)
+		return nil, true, stepErrorFromRecord(rec)
+	}
+	info := stepFailure(err, classOf(err, ClassTransient), name, l.seq, attempt)
+	info.NoEffect, info.SettleAttempts = l.noEffect, l.settled
+	delay := l.policy.backoff(attempt)
+	var ra *retryAfterError
+	if errors.As(err, &ra) && ra.delay > delay {
+		delay = ra.delay
+	}
+	next := now.Add(delay)
+	rec.Status, rec.Error, rec.NextAttemptAt = store.StepRetrying, info.json(), &next
+	l.lastErr = rec.Error
+	observe("retry")
+	l.log.Info("step failed; will retry", "attempt", attempt, "error_class", info.Class, "error", info.Message, "backoff", delay)
+	if l.stoppable() {
+		// Cancelled meanwhile: record the failed attempt, retry no more.
+		l.written, l.lastErr = true, rec.Error
+		return l.stop(attempt)
+	}
+	if delay > d.e.cfg.MaxInlineBackoff {
+		d.suspend(rec, next)
+		return nil, true, d.endErr
+	}
+	if !d.write(rec) {
+		return nil, true, d.endErr
+	}
+	l.written = true
+	if !d.wait(delay, l.stoppable) {
+		return nil, true, d.endErr
+	}
+	l.attempts = attempt
+	return nil, false, nil
+}
