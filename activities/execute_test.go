@@ -40,7 +40,7 @@ func TestTransientFailuresRetryWithOneKey(t *testing.T) {
 	require.Equal(t, 1, charges)
 	require.NotEqual(t, reqs[0].Nonce, reqs[2].Nonce, "the request body changed; the key did not")
 	run := runOf(t, e, res.RunID)
-	require.Equal(t, "activity", run.Steps[0].Kind)
+	require.Equal(t, "activity", string(run.Steps[0].Kind))
 	require.Equal(t, 3, run.Steps[0].Attempts)
 	require.Equal(t, reqs[0].Key, run.Steps[0].RequestID.String(), "the key is the stored request ID")
 }
@@ -64,7 +64,7 @@ func TestClientErrorIsPermanent(t *testing.T) {
 	reqs, _, _ := api.snapshot()
 	require.Len(t, reqs, 1)
 	step := runOf(t, e, res.RunID).Steps[0]
-	require.Equal(t, "failed", step.Status)
+	require.Equal(t, "failed", string(step.Status))
 	require.Equal(t, "http_400", step.Error.Class)
 }
 
@@ -147,7 +147,7 @@ func TestReplayAfterExhaustedRetriesKeepsTheKey(t *testing.T) {
 	jobs, _, err := e.ListDeadJobs(ctx, engine.ListDeadJobsParams{RunID: res.RunID})
 	require.NoError(t, err)
 	require.Len(t, jobs, 1)
-	require.Equal(t, "retries_exhausted", jobs[0].Reason)
+	require.Equal(t, "retries_exhausted", string(jobs[0].Reason))
 	_, err = e.ReplayDeadJob(ctx, jobs[0].ID, nil)
 	require.NoError(t, err)
 	_, err = wf.Wait(ctx, e, res.RunID, 10*time.Millisecond)

@@ -98,7 +98,7 @@ func TestCancelStopsTheActivityAndCompensates(t *testing.T) {
 	require.Zero(t, f.bookings.Load())
 	var names []string
 	for _, s := range run.Steps {
-		names = append(names, s.Kind+":"+s.Name+":"+s.Status)
+		names = append(names, string(s.Kind)+":"+s.Name+":"+string(s.Status))
 	}
 	require.Equal(t, []string{"step:reserve_hotel:completed", "step:charge:completed", "activity:book_flight:cancelled",
 		"compensation:refund:completed", "compensation:cancel_hotel:completed"}, names)

@@ -123,7 +123,7 @@ func newEngine(t *testing.T, db *enginetest.DB, cfg *engine.Config, start bool) 
 	return enginetest.NewEngine(t, db, cfg, start, workflows(db.Pool)...)
 }
 
-func waitStatus(t *testing.T, e *engine.Engine, runID uuid.UUID, status string) *engine.Run {
+func waitStatus(t *testing.T, e *engine.Engine, runID uuid.UUID, status engine.RunStatus) *engine.Run {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -157,8 +157,8 @@ func TestPermanentFailureUndoesCompletedStepsNewestFirst(t *testing.T) {
 	}{{"undo_C", 2}, {"undo_B", 1}, {"undo_A", 0}} {
 		s := run.Steps[4+i]
 		require.Equal(t, want.name, s.Name)
-		require.Equal(t, "compensation", s.Kind)
-		require.Equal(t, "completed", s.Status)
+		require.Equal(t, "compensation", string(s.Kind))
+		require.Equal(t, "completed", string(s.Status))
 		require.NotNil(t, s.RequestID, "an undo has its own request ID")
 	}
 	require.Equal(t, "undo_A", *run.Steps[0].Compensation, "the undo is stored with its forward step")
@@ -194,7 +194,7 @@ func TestCompensationResumesAfterACrash(t *testing.T) {
 	require.Equal(t, []string{"A", "B", "C", "D", "undo_C", "undo_B", "undo_A"}, events(t, db.Pool, res.RunID))
 }
 
-func waitStatusNow(t *testing.T, e *engine.Engine, runID uuid.UUID) string {
+func waitStatusNow(t *testing.T, e *engine.Engine, runID uuid.UUID) engine.RunStatus {
 	t.Helper()
 	run, err := e.GetRun(context.Background(), runID)
 	require.NoError(t, err)

@@ -100,7 +100,7 @@ func RunActivity[T any](ctx *Context, name string, opts *ActivityOpts, fn func(c
 	if opts == nil {
 		opts = &ActivityOpts{}
 	}
-	raw, err := ctx.d.runStep(&stepCall{name: name, kind: kindActivity, opts: &StepOpts{RetryPolicy: opts.RetryPolicy}, requestID: true,
+	raw, err := ctx.d.runStep(&stepCall{name: name, kind: KindActivity, opts: &StepOpts{RetryPolicy: opts.RetryPolicy}, requestID: true,
 		settle: opts.HeartbeatTimeout <= 0, returnExhausted: opts.ReturnExhausted,
 		body: func(sctx context.Context, st *attemptState) ([]byte, error) {
 			if opts.HeartbeatTimeout <= 0 {

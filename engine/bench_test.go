@@ -149,8 +149,8 @@ func BenchmarkReplay1000Steps(b *testing.B) {
 	require.NoError(b, e.Register(wf))
 	require.NoError(b, e.Start(ctx))
 	defer e.Stop(ctx) //nolint:errcheck
-	status := func(id any) string {
-		var s string
+	status := func(id any) engine.RunStatus {
+		var s engine.RunStatus
 		require.NoError(b, db.Pool.QueryRow(ctx, "SELECT status FROM workflow_runs WHERE run_id = $1", id).Scan(&s))
 		return s
 	}
@@ -200,7 +200,7 @@ func BenchmarkStartToCompletion(b *testing.B) {
 		res, err := wf.Start(ctx, e, i, nil)
 		require.NoError(b, err)
 		for {
-			var status string
+			var status engine.RunStatus
 			require.NoError(b, db.Pool.QueryRow(ctx, "SELECT status FROM workflow_runs WHERE run_id = $1", res.RunID).Scan(&status))
 			if status == engine.StatusCompleted {
 				break

@@ -85,7 +85,7 @@ func TestCancelStopsRetriesOfAnActivityThatHadNoEffect(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		// waitFor is what the run is doing when it is cancelled.
-		waitFor string
+		waitFor engine.RunStatus
 		policy  engine.RetryPolicy
 	}{
 		{"retrying-in-place", engine.StatusRunning, engine.RetryPolicy{InitialInterval: 100 * time.Millisecond, BackoffCoefficient: 1, MaximumAttempts: 100}},
@@ -117,9 +117,9 @@ func TestCancelStopsRetriesOfAnActivityThatHadNoEffect(t *testing.T) {
 			require.NotNil(t, run.CancelRequestedAt)
 			require.ErrorIs(t, run.Error.Err(), engine.ErrCancelled)
 			for _, st := range run.Steps {
-				require.NotEqual(t, "retrying", st.Status, "a finished run shows no step still retrying: %+v", st)
+				require.NotEqual(t, "retrying", string(st.Status), "a finished run shows no step still retrying: %+v", st)
 			}
-			require.Equal(t, "cancelled", run.Steps[1].Status, "the charge was stopped by the cancellation")
+			require.Equal(t, "cancelled", string(run.Steps[1].Status), "the charge was stopped by the cancellation")
 			require.Nil(t, run.Steps[1].NextAttemptAt)
 			t.Logf("cancelled %s after the request, %d deliveries, %d charge attempts", took.Round(time.Millisecond), run.Deliveries, s.count())
 		})

@@ -40,8 +40,6 @@ type compensation struct {
 	undo Undo
 }
 
-const kindCompensation = "compensation"
-
 // Compensate registers u as the compensation of the step that just
 // returned successfully (the latest step this workflow called). Call it
 // right after that step, on every replay too: workflow code stays
@@ -84,8 +82,8 @@ func (d *delivery) registerUndo(u Undo) error {
 // compensate runs the registered undos newest first, each a durable step,
 // then ends the run with status (compensated or cancelled) and info, the
 // error that caused it. A crash in the middle resumes with the next undo.
-func (d *delivery) compensate(status string, info *ErrorInfo) {
-	if !d.writeStatus(store.RunCompensating, d.buf.takeAll()...) {
+func (d *delivery) compensate(status RunStatus, info *ErrorInfo) {
+	if !d.writeStatus(StatusCompensating, d.buf.takeAll()...) {
 		return
 	}
 	d.compensating = true
@@ -102,13 +100,13 @@ func (d *delivery) compensate(status string, info *ErrorInfo) {
 		return
 	}
 	d.close(status, d.finishRun(status, nil, info.json()))
-	d.log.Info("run "+status, "error_class", info.Class)
+	d.log.Info("run "+string(status), "error_class", info.Class)
 }
 
 func undoCall(comp *compensation) *stepCall {
 	u := comp.undo
 	seq := comp.seq
-	call := &stepCall{name: u.Name, kind: kindCompensation, compensationOf: &seq,
+	call := &stepCall{name: u.Name, kind: KindCompensation, compensationOf: &seq,
 		opts: &StepOpts{RetryPolicy: u.RetryPolicy}, parkAs: ReasonCompensationFailed}
 	if u.Tx != nil {
 		call.body = txBody(func(ctx context.Context, tx pgx.Tx) (struct{}, error) { return struct{}{}, u.Tx(ctx, tx) })
@@ -123,15 +121,6 @@ func undoCall(comp *compensation) *stepCall {
 	}
 	return call
 }
-
-// ErrCancelled is what forward steps return once the run's cancellation is
-// requested; the workflow should return it. The run then compensates and
-// ends cancelled.
-var ErrCancelled = errors.New("pgdurable: run cancelled")
-
-// ErrRunClosed: the run already finished (completed, failed, compensated,
-// cancelled or dead); it cannot be cancelled or signalled.
-var ErrRunClosed = errors.New("pgdurable: run already finished")
 
 // Cancel requests cancellation of a run; the request is recorded
 // (Run.CancelRequestedAt) and always wins: from then on no new attempt of a
@@ -178,7 +167,7 @@ func (e *Engine) cancel(ctx context.Context, tx pgx.Tx, runID uuid.UUID) error {
 			return fmt.Errorf("pgdurable: cancelling run %s: %w", runID, err)
 		case status == store.RunCancelled:
 			return nil // already cancelled: a retried request
-		case !isActive(status):
+		case !RunStatus(status).active():
 			return fmt.Errorf("%w: run %s is %s", ErrRunClosed, runID, status)
 		case wake:
 			return e.queue.Enqueue(ctx, tx, runID, time.Time{})

@@ -276,7 +276,7 @@ func TestCrashLoopingRunIsParkedAndHealthyRunsComplete(t *testing.T) {
 	run := waitStatus(t, client, poison.RunID, engine.StatusDead, 90*time.Second)
 	require.Equal(t, engine.ClassCrashLoop, run.Error.Class)
 	dj := openDeadJob(t, client, poison.RunID)
-	require.Equal(t, "crash_loop", dj.Reason)
+	require.Equal(t, "crash_loop", string(dj.Reason))
 	require.Equal(t, 11, run.Deliveries, "10 crashed deliveries, then the 11th parks it")
 	require.Equal(t, 11, dj.Deliveries, "the dead job carries the real deliveries")
 	require.Equal(t, 10, dj.Attempts, "and the deliveries that died")
@@ -605,7 +605,7 @@ func TestTxStepIsExactlyOnceAcrossKills(t *testing.T) {
 			require.Equal(t, 1, rows, "the business row exists exactly once")
 			require.Equal(t, tc.wantReserveCalls, calls(t, db.Pool, res.RunID, "reserve"))
 			require.Equal(t, 1, calls(t, db.Pool, res.RunID, "after"))
-			require.Equal(t, "tx", run.Steps[0].Kind)
+			require.Equal(t, "tx", string(run.Steps[0].Kind))
 			require.JSONEq(t, `2`, string(run.Output))
 		})
 	}

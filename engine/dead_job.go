@@ -16,22 +16,6 @@ import (
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
-// Dead-job reasons, as stored in dead_jobs.reason.
-const (
-	ReasonRetriesExhausted   = "retries_exhausted"   // a step failed MaximumAttempts times
-	ReasonPermanentError     = "permanent_error"     // an unrecoverable error outside a step (an output that does not encode)
-	ReasonPanic              = "panic"               // a step or the workflow function panicked
-	ReasonNonDeterminism     = "nondeterminism"      // the code no longer replays the recorded steps
-	ReasonPoisonInput        = "poison_input"        // the stored input does not decode as the workflow's input type
-	ReasonCrashLoop          = "crash_loop"          // MaxDeliveries deliveries in a row crashed without progress
-	ReasonCompensationFailed = "compensation_failed" // an undo step failed (reserved for compensations)
-)
-
-var validReason = map[string]bool{
-	ReasonRetriesExhausted: true, ReasonPermanentError: true, ReasonPanic: true, ReasonNonDeterminism: true,
-	ReasonPoisonInput: true, ReasonCrashLoop: true, ReasonCompensationFailed: true, "timeout": true,
-}
-
 // DeadJob is a run parked for an operator, with what they need to decide:
 // the original input, where and how it failed, and how it was resolved.
 type DeadJob struct {
@@ -41,8 +25,8 @@ type DeadJob struct {
 	WorkflowID      string          `json:"workflow_id"`
 	WorkflowVersion int             `json:"workflow_version"`
 	Input           json.RawMessage `json:"input,omitempty"` // the run's original input
-	Reason          string          `json:"reason"`          // one of the Reason... constants
-	StepName        string          `json:"step_name"`       // the failing step, "" when not in a step
+	Reason          DeadReason      `json:"reason"`
+	StepName        string          `json:"step_name"` // the failing step, "" when not in a step
 	Seq             *int            `json:"seq,omitempty"`
 	Attempts        int             `json:"attempts"`   // attempts of the failing step; for crash_loop, the deliveries that died in a row
 	Deliveries      int             `json:"deliveries"` // the run's deliveries when it was parked, the parking one included
@@ -64,7 +48,7 @@ type DeadJob struct {
 func deadJobFromRow(d *store.DeadJobRow) *DeadJob {
 	return &DeadJob{
 		ID: d.ID, RunID: d.RunID, WorkflowName: d.WorkflowName, WorkflowID: d.WorkflowID,
-		WorkflowVersion: d.WorkflowVersion, Input: d.Input, Reason: d.Reason, StepName: deref(d.StepName),
+		WorkflowVersion: d.WorkflowVersion, Input: d.Input, Reason: DeadReason(d.Reason), StepName: deref(d.StepName),
 		Seq: d.Seq, Attempts: d.Attempts, FirstFailedAt: d.FirstFailedAt, LastFailedAt: d.LastFailedAt,
 		ErrorClass: d.ErrorClass, ErrorMessage: d.ErrorMessage, Stack: deref(d.Stack), ParkedAt: d.ParkedAt,
 		ResolvedAt: d.ResolvedAt, Resolution: deref(d.Resolution), ResolvedBy: deref(d.ResolvedBy), Note: deref(d.Note),
@@ -82,7 +66,7 @@ func deref(s *string) string {
 // ListDeadJobsParams filters ListDeadJobs. Zero fields match everything.
 type ListDeadJobsParams struct {
 	Workflow string
-	Reason   string
+	Reason   DeadReason
 	RunID    uuid.UUID // uuid.Nil: any run
 	OpenOnly bool      // only jobs not yet replayed or discarded
 	Limit    int       // 1..1000, default 50
@@ -96,13 +80,13 @@ func (e *Engine) ListDeadJobs(ctx context.Context, p ListDeadJobsParams) (jobs [
 	if err != nil {
 		return nil, "", err
 	}
-	if p.Reason != "" && !validReason[p.Reason] {
+	if p.Reason != "" && !p.Reason.valid() {
 		return nil, "", fmt.Errorf("%w: unknown dead-job reason %q", ErrInvalidArgument, p.Reason)
 	}
 	if err := checkFilter("workflow", p.Workflow); err != nil {
 		return nil, "", err
 	}
-	f := store.DeadJobFilter{Workflow: p.Workflow, Reason: p.Reason, OpenOnly: p.OpenOnly, Before: before, Limit: limit + 1}
+	f := store.DeadJobFilter{Workflow: p.Workflow, Reason: string(p.Reason), OpenOnly: p.OpenOnly, Before: before, Limit: limit + 1}
 	if p.RunID != uuid.Nil {
 		f.RunID = &p.RunID
 	}

@@ -175,11 +175,11 @@ func TestWaitWakesWhenTheRunEndsInThisProcess(t *testing.T) {
 
 type endedObserver struct{ ended chan<- uuid.UUID }
 
-func (o endedObserver) RunEnded(runID uuid.UUID, _, _ string)                        { o.ended <- runID }
-func (endedObserver) RunStarted(string, bool)                                        {}
-func (endedObserver) StepAttempt(string, string, string, int, string, time.Duration) {}
-func (endedObserver) StepReplayed(string, string)                                    {}
-func (endedObserver) LeaseLost(string)                                               {}
+func (o endedObserver) RunEnded(runID uuid.UUID, _ string, _ engine.RunStatus)                { o.ended <- runID }
+func (endedObserver) RunStarted(string, bool)                                                 {}
+func (endedObserver) StepAttempt(string, string, engine.StepKind, int, string, time.Duration) {}
+func (endedObserver) StepReplayed(string, engine.StepKind)                                    {}
+func (endedObserver) LeaseLost(string)                                                        {}
 
 // A start planned as held whose insert lands after Stop released the held
 // runs (it waited on another transaction's row for its workflow ID) gets

@@ -97,7 +97,7 @@ func TestThreeStepWorkflowCompletes(t *testing.T) {
 	require.Len(t, run.Steps, 3)
 	for i, name := range []string{"a", "b", "c"} {
 		require.Equal(t, name, run.Steps[i].Name)
-		require.Equal(t, "completed", run.Steps[i].Status)
+		require.Equal(t, "completed", string(run.Steps[i].Status))
 		require.Equal(t, 1, run.Steps[i].Attempts)
 		require.Equal(t, 1, calls.get(name))
 	}
@@ -204,7 +204,7 @@ func TestPermanentErrorFailsRunAfterOneAttempt(t *testing.T) {
 	run, err := b.engine.GetRun(ctx, res.RunID)
 	require.NoError(t, err)
 	require.Len(t, run.Steps, 1)
-	require.Equal(t, "failed", run.Steps[0].Status)
+	require.Equal(t, "failed", string(run.Steps[0].Status))
 	require.Equal(t, 1, run.Steps[0].Attempts)
 	jobs, _, err := b.engine.ListDeadJobs(ctx, engine.ListDeadJobsParams{})
 	require.NoError(t, err)

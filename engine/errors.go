@@ -8,9 +8,13 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
-// Conditions callers test with errors.Is.
+// Conditions callers test with errors.Is. ErrNotFound and ErrLeaseLost are
+// the engine's internal store's own values, so a condition is one error
+// wherever it is detected.
 var (
 	// ErrWorkflowIDConflict: a run with this workflow ID exists with a
 	// different input. Same ID and same input returns the existing run
@@ -18,9 +22,9 @@ var (
 	ErrWorkflowIDConflict = errors.New("pgdurable: workflow ID already used with a different input")
 	// ErrLeaseLost: another delivery took over the run; this delivery stopped
 	// writing and started no further step.
-	ErrLeaseLost = errors.New("pgdurable: lease lost to another delivery")
+	ErrLeaseLost = store.ErrLeaseLost
 	// ErrNotFound: no run or dead job with that ID.
-	ErrNotFound = errors.New("pgdurable: not found")
+	ErrNotFound = store.ErrNotFound
 	// ErrUnknownWorkflow: no workflow with that name is registered.
 	ErrUnknownWorkflow = errors.New("pgdurable: unknown workflow")
 	// ErrInvalidInput: the input does not encode or decode as the workflow's
@@ -40,6 +44,30 @@ var (
 	// names it.
 	ErrLimitExceeded = errors.New("pgdurable: limit exceeded")
 )
+
+// ErrCancelled is what forward steps return once the run's cancellation is
+// requested; the workflow should return it. The run then compensates and
+// ends cancelled.
+var ErrCancelled = errors.New("pgdurable: run cancelled")
+
+// ErrRunClosed: the run already finished (completed, failed, compensated,
+// cancelled or dead); it cannot be cancelled or signalled.
+var ErrRunClosed = errors.New("pgdurable: run already finished")
+
+// ErrTimeout is in the error of anything that timed out: AwaitSignal whose
+// timeout passed before a signal arrived, an activity attempt past its
+// StartToCloseTimeout or HeartbeatTimeout (with context.DeadlineExceeded).
+// Recorded, so errors.Is answers the same on replay.
+var ErrTimeout = errors.New("pgdurable: timed out")
+
+// ErrScheduleExists: CreateSchedule with a name already in use.
+var ErrScheduleExists = errors.New("pgdurable: schedule already exists")
+
+// ErrRetriesExhausted is in the chain of the *StepError a step returns
+// when it ran out of retries (see StepOpts.ReturnExhausted): errors.Is
+// tells an exhausted step from one that failed permanently, live and on
+// replay.
+var ErrRetriesExhausted = errors.New("pgdurable: retries exhausted")
 
 // errDeliveryEnded is what Step returns once the engine has ended this
 // delivery (the run waits for a retry, was parked, or lost its lease).
@@ -143,12 +171,6 @@ func RetryAfter(err error, d time.Duration) error {
 	}
 	return &retryAfterError{err: err, delay: d}
 }
-
-// ErrRetriesExhausted is in the chain of the *StepError a step returns
-// when it ran out of retries (see StepOpts.ReturnExhausted): errors.Is
-// tells an exhausted step from one that failed permanently, live and on
-// replay.
-var ErrRetriesExhausted = errors.New("pgdurable: retries exhausted")
 
 // retriesExhaustedError wraps a step's last error once its retries ran out.
 type retriesExhaustedError struct {

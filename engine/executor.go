@@ -148,20 +148,12 @@ func (e *Engine) missed(runID uuid.UUID, m *store.ClaimMiss) error {
 		// Finished tickets and duplicates end here; a live lease holder that
 		// dies is covered by the sweeper, which enqueues a new ticket.
 		return nil
-	case m.WakeAt != nil && isActive(m.Status):
+	case m.WakeAt != nil && RunStatus(m.Status).active():
 		// An early ticket (clock skew, a duplicate): wait until due rather
 		// than drop it, so no waiting run is ever left without a ticket.
 		return queue.Snooze(max(m.WakeAt.Sub(e.now()), 10*time.Millisecond))
 	}
 	return nil
-}
-
-func isActive(status string) bool {
-	switch status {
-	case store.RunPending, store.RunRunning, store.RunWaiting, store.RunCompensating:
-		return true
-	}
-	return false
 }
 
 // runWorkflow calls the workflow function, recovering a panic.
@@ -189,23 +181,23 @@ func (d *delivery) finish(out []byte, err error, p *panicInfo) {
 		info.Message = "panic in workflow code: " + info.Message
 		info.Stack = truncateStack(p.stack)
 		d.log.Error("workflow panicked", "error_class", ClassPanic, "panic", info.Message)
-		d.park(nil, &parkReason{reason: "panic", info: info})
+		d.park(nil, &parkReason{reason: ReasonPanic, info: info})
 	case d.ctx.Err() != nil:
 		d.interrupted()
 	case errors.As(err, &poison):
-		d.park(nil, &parkReason{reason: "poison_input", info: newErrorInfo(err, ClassPoisonInput)})
+		d.park(nil, &parkReason{reason: ReasonPoisonInput, info: newErrorInfo(err, ClassPoisonInput)})
 	case errors.As(err, &unserializable):
 		class := ClassUnserializable
 		if errors.Is(err, ErrOutputTooLarge) {
 			class = ClassOutputTooLarge
 		}
-		d.park(nil, &parkReason{reason: "permanent_error", info: newErrorInfo(err, class)})
+		d.park(nil, &parkReason{reason: ReasonPermanentError, info: newErrorInfo(err, class)})
 	case d.cancelRequested.Load():
-		d.compensate(store.RunCancelled, newErrorInfo(ErrCancelled, ClassCancelled))
+		d.compensate(StatusCancelled, newErrorInfo(ErrCancelled, ClassCancelled))
 	case err == nil && d.pos.replaying():
 		d.parkUnreplayed("workflow returned")
 	case err == nil:
-		d.close(store.RunCompleted, d.finishRun(store.RunCompleted, out, nil))
+		d.close(StatusCompleted, d.finishRun(StatusCompleted, out, nil))
 		d.log.Debug("run completed")
 	default:
 		info := newErrorInfo(err, ClassWorkflow)
@@ -214,10 +206,10 @@ func (d *delivery) finish(out []byte, err error, p *panicInfo) {
 			info.Class, info.Step, info.Seq, info.Attempt = se.Class, se.Step, &se.Seq, se.Attempt
 		}
 		if len(d.compensations) > 0 {
-			d.compensate(store.RunCompensated, info)
+			d.compensate(StatusCompensated, info)
 			return
 		}
-		d.close(store.RunFailed, d.finishRun(store.RunFailed, nil, info.json()))
+		d.close(StatusFailed, d.finishRun(StatusFailed, nil, info.json()))
 		d.log.Info("run failed", "error_class", info.Class, "error", info.Message)
 	}
 }
@@ -323,7 +315,7 @@ func (d *delivery) rescueUnowned() {
 
 // close ends the delivery after the run's terminal write, which returned
 // err; the run ended with status when err is nil.
-func (d *delivery) close(status string, err error) {
+func (d *delivery) close(status RunStatus, err error) {
 	d.end(err)
 	if err == nil {
 		d.e.obs.RunEnded(d.runID, d.wf.name, status)
@@ -336,9 +328,9 @@ func (d *delivery) close(status string, err error) {
 func (d *delivery) write(recs ...*store.StepRecord) bool { return d.writeStatus("", recs...) }
 
 // writeStatus is write that also moves the run to status ("" unchanged).
-func (d *delivery) writeStatus(status string, recs ...*store.StepRecord) bool {
+func (d *delivery) writeStatus(status RunStatus, recs ...*store.StepRecord) bool {
 	sent := time.Now()
-	res, err := d.commit(&store.RecordWrite{Fence: d.fence(), Records: recs, Status: status})
+	res, err := d.commit(&store.RecordWrite{Fence: d.fence(), Records: recs, Status: string(status)})
 	if err != nil {
 		d.end(err)
 		return false
@@ -350,8 +342,8 @@ func (d *delivery) writeStatus(status string, recs ...*store.StepRecord) bool {
 
 // finishRun ends the run with a terminal status, writing the pending
 // record with it.
-func (d *delivery) finishRun(status string, output, errJSON []byte) error {
-	w := &store.RecordWrite{Fence: d.fence(), Status: status, Finish: true, Output: output, Error: errJSON}
+func (d *delivery) finishRun(status RunStatus, output, errJSON []byte) error {
+	w := &store.RecordWrite{Fence: d.fence(), Status: string(status), Finish: true, Output: output, Error: errJSON}
 	w.Records = d.buf.takeWith(nil)
 	_, err := d.commit(w)
 	return err
@@ -478,13 +470,13 @@ func (d *delivery) suspend(rec *store.StepRecord, wakeAt time.Time) {
 	if rec == nil {
 		rec = d.buf.take()
 	}
-	status := store.RunWaiting
+	status := StatusWaiting
 	if d.compensating || d.cancelRequested.Load() {
 		// An undo waits for its retry, or a cancelled run for the retry
 		// that settles an activity: the run is compensating, which the
 		// sweep wakes at wakeAt only (a waiting run it would wake at once,
 		// for its cancellation).
-		status = store.RunCompensating
+		status = StatusCompensating
 	}
 	d.end(d.handBack(rec, status, wakeAt, true))
 }
@@ -502,9 +494,9 @@ func (d *delivery) interrupted() {
 	}
 	rec := d.buf.take()
 	d.log.Info("delivery interrupted; run handed back", "cause", context.Cause(d.ctx))
-	status := store.RunPending
+	status := StatusPending
 	if d.compensating {
-		status = store.RunCompensating
+		status = StatusCompensating
 	}
 	d.end(d.handBack(rec, status, time.Time{}, rec != nil))
 }
@@ -513,16 +505,16 @@ func (d *delivery) interrupted() {
 // waiting run gets no ticket now: the sweep enqueues one when wakeAt comes,
 // so a waiting run holds no River job. A pending run (a shutdown handed it
 // back) gets its ticket in the same transaction.
-func (d *delivery) handBack(rec *store.StepRecord, status string, wakeAt time.Time, progress bool) error {
+func (d *delivery) handBack(rec *store.StepRecord, status RunStatus, wakeAt time.Time, progress bool) error {
 	d.longMu.Lock() // a heartbeat in flight has marked the delivery, or will find the lease gone
 	defer d.longMu.Unlock()
 	return d.do(func(ctx context.Context) error {
 		if !wakeAt.IsZero() {
-			return store.SuspendRun(ctx, d.e.pool, d.fence(), store.SuspendParams{Pending: rec, Status: status, WakeAt: &wakeAt,
+			return store.SuspendRun(ctx, d.e.pool, d.fence(), store.SuspendParams{Pending: rec, Status: string(status), WakeAt: &wakeAt,
 				Progress: progress, WasLong: d.long})
 		}
 		return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
-			if err := store.SuspendRun(ctx, tx, d.fence(), store.SuspendParams{Pending: rec, Status: status,
+			if err := store.SuspendRun(ctx, tx, d.fence(), store.SuspendParams{Pending: rec, Status: string(status),
 				Progress: progress, WasLong: d.long}); err != nil {
 				return err
 			}
@@ -533,14 +525,14 @@ func (d *delivery) handBack(rec *store.StepRecord, status string, wakeAt time.Ti
 
 // parkReason is why a run is parked, with the step record to write.
 type parkReason struct {
-	reason   string
+	reason   DeadReason
 	info     *ErrorInfo
 	rec      *store.StepRecord // the failing step, if any
 	attempts int               // the dead job's attempts when there is no rec
 }
 
-func parkNonDeterminism(seq int, name, kind string, rec *store.StepRecord) *parkReason {
-	return &parkReason{reason: "nondeterminism", info: &ErrorInfo{
+func parkNonDeterminism(seq int, name string, kind StepKind, rec *store.StepRecord) *parkReason {
+	return &parkReason{reason: ReasonNonDeterminism, info: &ErrorInfo{
 		Class: ClassNonDeterminism, Step: name, Seq: &seq,
 		Message: fmt.Sprintf("step %d is recorded as %s %q but the workflow now calls %s %q; the code changed under a running workflow",
 			seq, rec.Kind, rec.Name, kind, name),
@@ -560,7 +552,7 @@ func (d *delivery) park(rec *store.StepRecord, why *parkReason) {
 	runErr := *why.info
 	runErr.Stack = "" // the stack lives in dead_jobs; keep the run's error short
 	p := &store.Park{
-		ID: uuid.Must(uuid.NewV7()), Reason: why.reason, FirstFailedAt: now, LastFailedAt: now, Attempts: why.attempts,
+		ID: uuid.Must(uuid.NewV7()), Reason: string(why.reason), FirstFailedAt: now, LastFailedAt: now, Attempts: why.attempts,
 		ErrorClass: storableText(why.info.Class), ErrorMessage: storableText(why.info.Message), Deliveries: d.deliveries,
 	}
 	if d.sagaCause != nil && why.reason == ReasonCompensationFailed {
@@ -586,7 +578,7 @@ func (d *delivery) park(rec *store.StepRecord, why *parkReason) {
 		}
 	}
 	d.log.Warn("run parked as dead", "reason", why.reason, "error_class", why.info.Class, "error", why.info.Message)
-	d.close(store.RunDead, d.do(func(ctx context.Context) error {
+	d.close(StatusDead, d.do(func(ctx context.Context) error {
 		return store.ParkRun(ctx, d.e.pool, d.fence(), rec, p)
 	}))
 }

@@ -18,7 +18,7 @@ import (
 )
 
 // waitStatus polls until the run reaches status.
-func waitStatus(t *testing.T, e *engine.Engine, runID uuid.UUID, status string, within time.Duration) *engine.Run {
+func waitStatus(t *testing.T, e *engine.Engine, runID uuid.UUID, status engine.RunStatus, within time.Duration) *engine.Run {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
@@ -138,9 +138,9 @@ func TestRetriesExhaustedParksRunAndReplayFinishesIt(t *testing.T) {
 	res, err := wf.Start(ctx, b.engine, order{ID: "r", Amount: 1}, &engine.StartOpts{WorkflowID: "fragile-1"})
 	require.NoError(t, err)
 	run := waitStatus(t, b.engine, res.RunID, engine.StatusDead, 20*time.Second)
-	require.Equal(t, "retries_exhausted", openDeadJob(t, b.engine, res.RunID).Reason)
+	require.Equal(t, "retries_exhausted", string(openDeadJob(t, b.engine, res.RunID).Reason))
 	require.EqualValues(t, 3, bCalls.Load(), "MaximumAttempts counts every attempt")
-	require.Equal(t, "parked", run.Steps[1].Status)
+	require.Equal(t, "parked", string(run.Steps[1].Status))
 
 	dj := openDeadJob(t, b.engine, res.RunID)
 	require.Equal(t, "b", dj.StepName)
@@ -235,7 +235,7 @@ func TestPanicParksRunWhileOthersComplete(t *testing.T) {
 	run := waitStatus(t, b.engine, poison.RunID, engine.StatusDead, 10*time.Second)
 	require.Equal(t, engine.ClassPanic, run.Error.Class)
 	dj := openDeadJob(t, b.engine, poison.RunID)
-	require.Equal(t, "panic", dj.Reason)
+	require.Equal(t, "panic", string(dj.Reason))
 	require.Equal(t, "work", dj.StepName)
 	require.Equal(t, 1, dj.Attempts, "a panic is permanent: no retry")
 	require.Contains(t, dj.ErrorMessage, "nil map")
@@ -243,7 +243,7 @@ func TestPanicParksRunWhileOthersComplete(t *testing.T) {
 
 	waitStatus(t, b.engine, wfPoison.RunID, engine.StatusDead, 10*time.Second)
 	dj = openDeadJob(t, b.engine, wfPoison.RunID)
-	require.Equal(t, "panic", dj.Reason)
+	require.Equal(t, "panic", string(dj.Reason))
 	require.Contains(t, dj.ErrorMessage, "bug in workflow code")
 	require.NotEmpty(t, dj.Stack)
 }
@@ -267,7 +267,7 @@ func TestPoisonInputParksAfterOneDelivery(t *testing.T) {
 	run := waitStatus(t, b.engine, res.RunID, engine.StatusDead, 10*time.Second)
 	require.Equal(t, engine.ClassPoisonInput, run.Error.Class)
 	dj := openDeadJob(t, b.engine, res.RunID)
-	require.Equal(t, "poison_input", dj.Reason)
+	require.Equal(t, "poison_input", string(dj.Reason))
 	require.Contains(t, dj.ErrorMessage, "amount")
 	time.Sleep(500 * time.Millisecond) // long enough for any retry loop to show
 	run, err = b.engine.GetRun(ctx, res.RunID)
@@ -302,7 +302,7 @@ func TestRenamedStepParksAsNonDeterministic(t *testing.T) {
 	e2 := newEngine(t, b.db, nil, true, v2)
 	waitStatus(t, e2, res.RunID, engine.StatusDead, 10*time.Second)
 	dj := openDeadJob(t, e2, res.RunID)
-	require.Equal(t, "nondeterminism", dj.Reason)
+	require.Equal(t, "nondeterminism", string(dj.Reason))
 	require.Equal(t, 0, *dj.Seq)
 	require.Contains(t, dj.ErrorMessage, `"reserve"`)
 	require.Contains(t, dj.ErrorMessage, `"reserve_inventory"`)
@@ -344,7 +344,7 @@ func TestUnserializableStepOutputFailsOnceAndIsCatchable(t *testing.T) {
 	require.Zero(t, nested.Load())
 	run, err := b.engine.GetRun(ctx, res.RunID)
 	require.NoError(t, err)
-	require.Equal(t, "failed", run.Steps[0].Status)
+	require.Equal(t, "failed", string(run.Steps[0].Status))
 	require.Equal(t, engine.ClassUnserializable, run.Steps[0].Error.Class)
 	require.Equal(t, 1, run.Deliveries)
 

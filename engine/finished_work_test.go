@@ -46,7 +46,7 @@ func TestActivityAnsweringAfterStopAndCancelIsRecorded(t *testing.T) {
 	run, err := e1.GetRun(ctx, res.RunID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusPending, run.Status, "handed back")
-	require.Equal(t, "completed", run.Steps[0].Status, "the late answer is recorded")
+	require.Equal(t, "completed", string(run.Steps[0].Status), "the late answer is recorded")
 
 	e2 := newEngine(t, db, nil, true, wf)
 	out, err := wf.Wait(ctx, e2, res.RunID, 10*time.Millisecond)

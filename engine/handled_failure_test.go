@@ -48,7 +48,7 @@ func TestTimedOutActivityCanBeHandledByTheWorkflow(t *testing.T) {
 	require.Equal(t, "charged by the fallback", out)
 	run, err := b.engine.GetRun(ctx, res.RunID)
 	require.NoError(t, err)
-	require.Equal(t, "failed", run.Steps[0].Status)
+	require.Equal(t, "failed", string(run.Steps[0].Status))
 	require.Equal(t, 2, run.Steps[0].Attempts)
 	require.Equal(t, "timeout", run.Steps[0].Error.Class)
 

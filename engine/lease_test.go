@@ -68,7 +68,7 @@ func TestStopAndCancelHandsRunsBackAtOnce(t *testing.T) {
 	run, err := e1.GetRun(ctx, res.RunID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusPending, run.Status)
-	require.Equal(t, "completed", run.Steps[0].Status, "the finished step's record is written on the way out")
+	require.Equal(t, "completed", string(run.Steps[0].Status), "the finished step's record is written on the way out")
 
 	e2 := newEngine(t, db, cfg, true, wf)
 	out, err := wf.Wait(ctx, e2, res.RunID, 10*time.Millisecond)

@@ -20,14 +20,14 @@ type Observer interface {
 	RunStarted(workflow string, existing bool)
 	// RunEnded: run runID reached status (completed, failed, compensated,
 	// cancelled, dead) and the record is committed.
-	RunEnded(runID uuid.UUID, workflow, status string)
+	RunEnded(runID uuid.UUID, workflow string, status RunStatus)
 	// StepAttempt: one attempt of a step ended. outcome is completed,
 	// retry, failed (recorded and returned), parked, cancelled or
 	// interrupted (shutdown or lost lease); d is the attempt's duration.
-	StepAttempt(workflow, step, kind string, attempt int, outcome string, d time.Duration)
+	StepAttempt(workflow, step string, kind StepKind, attempt int, outcome string, d time.Duration)
 	// StepReplayed: a recorded step returned its record instead of running
 	// again (a duplicate execution avoided).
-	StepReplayed(workflow, kind string)
+	StepReplayed(workflow string, kind StepKind)
 	// LeaseLost: a delivery found another owns its run and stopped.
 	LeaseLost(workflow string)
 }
@@ -46,13 +46,13 @@ type ScheduleObserver interface {
 
 type nopObserver struct{}
 
-func (nopObserver) RunStarted(string, bool)                                        {}
-func (nopObserver) RunEnded(uuid.UUID, string, string)                             {}
-func (nopObserver) StepAttempt(string, string, string, int, string, time.Duration) {}
-func (nopObserver) StepReplayed(string, string)                                    {}
-func (nopObserver) LeaseLost(string)                                               {}
-func (nopObserver) ScheduleFired(string, string, string, string)                   {}
-func (nopObserver) SignalSent(string, string, bool)                                {}
+func (nopObserver) RunStarted(string, bool)                                          {}
+func (nopObserver) RunEnded(uuid.UUID, string, RunStatus)                            {}
+func (nopObserver) StepAttempt(string, string, StepKind, int, string, time.Duration) {}
+func (nopObserver) StepReplayed(string, StepKind)                                    {}
+func (nopObserver) LeaseLost(string)                                                 {}
+func (nopObserver) ScheduleFired(string, string, string, string)                     {}
+func (nopObserver) SignalSent(string, string, bool)                                  {}
 
 // Stats is a snapshot of the engine's queue, for gauges.
 type Stats struct {

@@ -114,7 +114,7 @@ func TestUnstorableErrorTextIsRecordedNotLooped(t *testing.T) {
 		wf     *engine.Workflow[int, int]
 		calls  *atomic.Int64
 		want   int64
-		status string
+		status engine.RunStatus
 		class  string
 	}{
 		{nulErr, &nulCalls, 2, engine.StatusDead, engine.ClassTransient},
@@ -207,7 +207,7 @@ func TestStopHandsBackAtStepBoundary(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusPending, run.Status)
 	require.Len(t, run.Steps, 1)
-	require.Equal(t, "completed", run.Steps[0].Status)
+	require.Equal(t, "completed", string(run.Steps[0].Status))
 
 	e2 := newEngine(t, db, &engine.Config{LeaseDuration: time.Hour}, true, wf)
 	out, err := wf.Wait(ctx, e2, res.RunID, 10*time.Millisecond)

@@ -47,9 +47,9 @@ func (p *positions) last() *store.StepRecord { return p.at(len(p.recorded) - 1) 
 // step goes through it (step, tx step, activity, sleep, signal, undo).
 // A record of another name or kind means the workflow's code changed under
 // the run: the run is parked as nondeterminism and ok is false.
-func (d *delivery) replay(seq int, name, kind string) (rec *store.StepRecord, ok bool) {
+func (d *delivery) replay(seq int, name string, kind StepKind) (rec *store.StepRecord, ok bool) {
 	rec = d.pos.at(seq)
-	if rec != nil && (rec.Name != name || rec.Kind != kind) {
+	if rec != nil && (rec.Name != name || rec.Kind != string(kind)) {
 		d.park(nil, parkNonDeterminism(seq, name, kind, rec))
 		return nil, false
 	}

@@ -15,24 +15,6 @@ import (
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
-// Run statuses, as stored in workflow_runs.status.
-const (
-	StatusPending      = store.RunPending      // started, not yet delivered
-	StatusRunning      = store.RunRunning      // a delivery holds (or held) the lease
-	StatusWaiting      = store.RunWaiting      // waiting for a retry backoff, a timer, a signal, or a crash backoff (see Config.MaxDeliveries)
-	StatusCompleted    = store.RunCompleted    // terminal: output recorded
-	StatusFailed       = store.RunFailed       // terminal: the workflow returned an error
-	StatusCompensating = store.RunCompensating // undoing completed steps
-	StatusCompensated  = store.RunCompensated  // terminal: failed, and its steps were undone
-	StatusCancelled    = store.RunCancelled    // terminal: cancelled
-	StatusDead         = store.RunDead         // parked in dead_jobs for an operator
-)
-
-var validStatus = map[string]bool{
-	StatusPending: true, StatusRunning: true, StatusWaiting: true, StatusCompleted: true, StatusFailed: true,
-	StatusCompensating: true, StatusCompensated: true, StatusCancelled: true, StatusDead: true,
-}
-
 // StartOpts are per-start options. A nil *StartOpts starts a run with a new
 // UUID v7 as its workflow ID.
 type StartOpts struct {
@@ -54,7 +36,7 @@ type StartResult struct {
 	// existed; no new run was created.
 	Existing bool `json:"existing"`
 	// Status is the run's status when the start returned.
-	Status string `json:"status"`
+	Status RunStatus `json:"status"`
 }
 
 // StartJSON starts a run of the registered workflow name with a JSON input,
@@ -154,7 +136,7 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	case err != nil:
 		return nil, fmt.Errorf("pgdurable: starting workflow %q: %w", name, err)
 	}
-	res = &StartResult{RunID: ins.RunID, WorkflowID: workflowID, Existing: ins.Existing, Status: ins.Status}
+	res = &StartResult{RunID: ins.RunID, WorkflowID: workflowID, Existing: ins.Existing, Status: RunStatus(ins.Status)}
 	e.obs.RunStarted(name, res.Existing)
 	if !res.Existing {
 		e.log.DebugContext(ctx, "run started", "run_id", res.RunID, "workflow", name, "workflow_id", workflowID)
@@ -283,7 +265,7 @@ type Run struct {
 	WorkflowName    string          `json:"workflow_name"`
 	WorkflowVersion int             `json:"workflow_version"`
 	WorkflowID      string          `json:"workflow_id"`
-	Status          string          `json:"status"`
+	Status          RunStatus       `json:"status"`
 	Input           json.RawMessage `json:"input,omitempty"`
 	Output          json.RawMessage `json:"output,omitempty"` // set when completed
 	Error           *ErrorInfo      `json:"error,omitempty"`  // set when failed or dead
@@ -322,8 +304,8 @@ type SignalInfo struct {
 type StepInfo struct {
 	Seq           int             `json:"seq"`
 	Name          string          `json:"name"`
-	Kind          string          `json:"kind"`   // step, tx, activity, sleep, signal, compensation
-	Status        string          `json:"status"` // started (an attempt announced, or a wait begun), completed, failed, retrying, parked, cancelled (stopped by the run's cancellation)
+	Kind          StepKind        `json:"kind"`
+	Status        StepStatus      `json:"status"`
 	Attempts      int             `json:"attempts"`
 	RequestID     *uuid.UUID      `json:"request_id,omitempty"`
 	Output        json.RawMessage `json:"output,omitempty"`
@@ -343,7 +325,7 @@ type StepInfo struct {
 func runFromRow(r *store.RunRow) *Run {
 	return &Run{
 		RunID: r.RunID, WorkflowName: r.WorkflowName, WorkflowVersion: r.WorkflowVersion,
-		WorkflowID: r.WorkflowID, Status: r.Status, Input: r.Input, Output: r.Output,
+		WorkflowID: r.WorkflowID, Status: RunStatus(r.Status), Input: r.Input, Output: r.Output,
 		Error: decodeErrorInfo(r.Error), Deliveries: r.Deliveries, StalledDeliveries: r.Stalled, WakeAt: r.WakeAt,
 		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, CompletedAt: r.CompletedAt,
 		AwaitSignal: deref(r.AwaitSignal), ScheduleName: deref(r.ScheduleName), CancelRequestedAt: r.CancelRequestedAt,
@@ -383,11 +365,11 @@ func (e *Engine) GetRun(ctx context.Context, runID uuid.UUID) (*Run, error) {
 	run := runFromRow(row)
 	for _, s := range steps {
 		run.Steps = append(run.Steps, StepInfo{
-			Seq: s.Seq, Name: s.Name, Kind: s.Kind, Status: s.Status, Attempts: s.Attempts,
+			Seq: s.Seq, Name: s.Name, Kind: StepKind(s.Kind), Status: StepStatus(s.Status), Attempts: s.Attempts,
 			RequestID: s.RequestID, Output: s.Output, Error: decodeErrorInfo(s.Error),
 			NextAttemptAt: s.NextAttemptAt, StartedAt: s.StartedAt, CompletedAt: s.CompletedAt,
 			Compensation: s.Compensation, CompensationOf: s.CompensationOf,
-			TimedOut: s.Kind == kindSignal && s.Status == store.StepCompleted && signalTimedOut(s.Output),
+			TimedOut: s.Kind == string(KindSignal) && s.Status == store.StepCompleted && signalTimedOut(s.Output),
 		})
 	}
 	for _, s := range signals {
@@ -400,7 +382,7 @@ func (e *Engine) GetRun(ctx context.Context, runID uuid.UUID) (*Run, error) {
 // ListRunsParams filters ListRuns. Zero fields match everything.
 type ListRunsParams struct {
 	Workflow string
-	Status   string
+	Status   RunStatus
 	Limit    int    // 1..1000, default 50
 	Cursor   string // NextCursor of the previous page
 }
@@ -412,13 +394,13 @@ func (e *Engine) ListRuns(ctx context.Context, p ListRunsParams) (runs []*Run, n
 	if err != nil {
 		return nil, "", err
 	}
-	if p.Status != "" && !validStatus[p.Status] {
+	if p.Status != "" && !p.Status.valid() {
 		return nil, "", fmt.Errorf("%w: unknown run status %q", ErrInvalidArgument, p.Status)
 	}
 	if err := checkFilter("workflow", p.Workflow); err != nil {
 		return nil, "", err
 	}
-	rows, err := store.ListRuns(ctx, e.pool, store.RunFilter{Workflow: p.Workflow, Status: p.Status, Before: before, Limit: limit + 1})
+	rows, err := store.ListRuns(ctx, e.pool, store.RunFilter{Workflow: p.Workflow, Status: string(p.Status), Before: before, Limit: limit + 1})
 	if err != nil {
 		return nil, "", fmt.Errorf("pgdurable: %w", err)
 	}

@@ -29,9 +29,6 @@ const (
 // after downtime.
 const DefaultCatchupWindow = time.Hour
 
-// ErrScheduleExists: CreateSchedule with a name already in use.
-var ErrScheduleExists = errors.New("pgdurable: schedule already exists")
-
 // MarshalJSON writes the schedule in the API's snake_case shape, with
 // catchup_window as a Go duration string ("1h0m0s").
 func (s Schedule) MarshalJSON() ([]byte, error) {

@@ -13,14 +13,6 @@ import (
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
-// ErrTimeout is in the error of anything that timed out: AwaitSignal whose
-// timeout passed before a signal arrived, an activity attempt past its
-// StartToCloseTimeout or HeartbeatTimeout (with context.DeadlineExceeded).
-// Recorded, so errors.Is answers the same on replay.
-var ErrTimeout = errors.New("pgdurable: timed out")
-
-const kindSignal = "signal"
-
 // signalOutcome is the record of an AwaitSignal step.
 type signalOutcome struct {
 	Payload  json.RawMessage `json:"payload,omitempty"`
@@ -110,7 +102,7 @@ func (e *Engine) signalRaw(ctx context.Context, tx pgx.Tx, target, name string, 
 			return fmt.Errorf("%w: signal payload: %v", ErrInvalidInput, err)
 		case err != nil:
 			return fmt.Errorf("pgdurable: signalling run %s: %w", runID, err)
-		case isClosed(status):
+		case RunStatus(status).closed():
 			return fmt.Errorf("%w: run %s is %s", ErrRunClosed, runID, status)
 		case wake:
 			return e.queue.Enqueue(ctx, tx, runID, time.Time{})
@@ -122,14 +114,6 @@ func (e *Engine) signalRaw(ctx context.Context, tx pgx.Tx, target, name string, 
 		e.sobs.SignalSent(workflow, name, woken)
 	}
 	return err
-}
-
-func isClosed(status string) bool {
-	switch status {
-	case store.RunCompleted, store.RunFailed, store.RunCompensated, store.RunCancelled:
-		return true
-	}
-	return false
 }
 
 // AwaitSignal waits for the next signal named name sent to this run and
@@ -169,13 +153,13 @@ func (d *delivery) awaitSignal(name string, timeout time.Duration) ([]byte, erro
 	startedAt := d.e.now()
 	var deadline *time.Time
 	written := false
-	rec, ok := d.replay(seq, name, kindSignal)
+	rec, ok := d.replay(seq, name, KindSignal)
 	if !ok {
 		return nil, d.endErr
 	}
 	if rec != nil {
 		if rec.Status == store.StepCompleted {
-			d.e.obs.StepReplayed(d.wf.name, kindSignal)
+			d.e.obs.StepReplayed(d.wf.name, KindSignal)
 			return decodeSignalOutcome(name, rec.Output)
 		}
 		written, deadline, startedAt = true, rec.NextAttemptAt, rec.StartedAt
@@ -217,7 +201,7 @@ func (d *delivery) awaitSignal(name string, timeout time.Duration) ([]byte, erro
 				recs = append(recs, p)
 			}
 			if outcome == nil {
-				rec := &store.StepRecord{Seq: seq, Name: name, Kind: kindSignal, Status: store.StepStarted,
+				rec := &store.StepRecord{Seq: seq, Name: name, Kind: string(KindSignal), Status: store.StepStarted,
 					StartedAt: startedAt, NextAttemptAt: deadline}
 				if len(recs) > 0 {
 					if _, _, err := store.WriteSteps(ctx, tx, d.fence(), "", recs...); err != nil {
@@ -230,7 +214,7 @@ func (d *delivery) awaitSignal(name string, timeout time.Duration) ([]byte, erro
 			if err != nil {
 				return err
 			}
-			recs = append(recs, &store.StepRecord{Seq: seq, Name: name, Kind: kindSignal, Status: store.StepCompleted,
+			recs = append(recs, &store.StepRecord{Seq: seq, Name: name, Kind: string(KindSignal), Status: store.StepCompleted,
 				Attempts: 1, Output: out, NextAttemptAt: deadline, StartedAt: startedAt, CompletedAt: &now})
 			_, _, err = store.WriteSteps(ctx, tx, d.fence(), "", recs...)
 			return err
@@ -255,7 +239,7 @@ func (d *delivery) awaitSignal(name string, timeout time.Duration) ([]byte, erro
 	}
 	d.lastRecorded = seq
 	d.noteCancel(cancel)
-	d.e.obs.StepAttempt(d.wf.name, name, kindSignal, 1, "completed", d.e.now().Sub(startedAt))
+	d.e.obs.StepAttempt(d.wf.name, name, KindSignal, 1, "completed", d.e.now().Sub(startedAt))
 	return outcome.result(name)
 }
 

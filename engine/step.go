@@ -55,7 +55,7 @@ type StepOpts struct {
 // After the delivery ends (parked, waiting for a retry, lease lost), Step
 // returns an error without running fn; the workflow should return it.
 func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error), opts *StepOpts) (T, error) {
-	raw, err := ctx.d.runStep(&stepCall{name: name, kind: kindStep, opts: opts, returnExhausted: opts != nil && opts.ReturnExhausted,
+	raw, err := ctx.d.runStep(&stepCall{name: name, kind: KindStep, opts: opts, returnExhausted: opts != nil && opts.ReturnExhausted,
 		body: func(sctx context.Context, a *attemptState) ([]byte, error) {
 			v, err := fn(sctx)
 			if err != nil {
@@ -65,13 +65,6 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 		}})
 	return decodeOutput[T](name, raw, err)
 }
-
-// Step kinds, as stored in workflow_steps.kind.
-const (
-	kindStep     = "step"
-	kindTx       = "tx"
-	kindActivity = "activity"
-)
 
 // encodeOutput encodes a step's (or a workflow's) result for its record;
 // an encoding over limit bytes is refused, so nothing oversized is stored
@@ -104,8 +97,9 @@ func decodeOutput[T any](name string, raw []byte, err error) (T, error) {
 
 // stepCall is one call of a step of any kind, as runStep executes it.
 type stepCall struct {
-	name, kind string
-	opts       *StepOpts
+	name string
+	kind StepKind
+	opts *StepOpts
 	// requestID: store a request ID before the first attempt (activities).
 	requestID bool
 	// tx: the body writes its completed record in its own transaction.
@@ -122,7 +116,7 @@ type stepCall struct {
 	// parkAs, when set, parks the run with this reason on a permanent
 	// failure or exhausted retries instead of returning the error
 	// (compensation steps: compensation_failed).
-	parkAs string
+	parkAs DeadReason
 	// wake, set for a sleep, gives the time a new sleep waits until; a
 	// recorded sleep waits until its recorded time instead.
 	wake func() time.Time
@@ -179,7 +173,7 @@ func (d *delivery) runStep(call *stepCall) ([]byte, error) {
 	defer d.inStep.Store(false)
 	forward := call.compensationOf == nil
 	if forward && d.cancelRequested.Load() {
-		if rec := d.pos.at(seq); rec == nil || rec.Kind == kindCompensation {
+		if rec := d.pos.at(seq); rec == nil || rec.Kind == string(KindCompensation) {
 			d.pos.giveBack() // never started: the undos take its place
 			return nil, ErrCancelled
 		}

@@ -22,8 +22,6 @@ type systemClock struct{}
 
 func (systemClock) Now() time.Time { return time.Now() }
 
-const kindSleep = "sleep"
-
 // Sleep pauses the run for d, durably: the wake time is recorded as a step
 // (named "sleep"), so a replay does not restart the timer. A pause longer
 // than Config.MaxInlineBackoff ends the delivery and frees the worker: the
@@ -54,7 +52,7 @@ func SleepUntil(ctx *Context, t time.Time) error {
 var maxWake = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
 
 func sleep(ctx *Context, wake func() time.Time) error {
-	_, err := ctx.d.runStep(&stepCall{name: "sleep", kind: kindSleep, wake: wake,
+	_, err := ctx.d.runStep(&stepCall{name: "sleep", kind: KindSleep, wake: wake,
 		body: func(context.Context, *attemptState) ([]byte, error) { return []byte("null"), nil }})
 	return err
 }
@@ -74,6 +72,6 @@ func NewUUID(ctx *Context) (uuid.UUID, error) {
 
 // sleepRecord is the started record of a sleep that waits until wake.
 func sleepRecord(seq int, startedAt, wake time.Time) *store.StepRecord {
-	return &store.StepRecord{Seq: seq, Name: "sleep", Kind: kindSleep, Status: store.StepStarted,
+	return &store.StepRecord{Seq: seq, Name: "sleep", Kind: string(KindSleep), Status: store.StepStarted,
 		StartedAt: startedAt, NextAttemptAt: &wake}
 }

@@ -20,7 +20,7 @@ import (
 var clockStart = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 // countRuns counts runs of db by status.
-func countRuns(t *testing.T, db *enginetest.DB, status string) int {
+func countRuns(t *testing.T, db *enginetest.DB, status engine.RunStatus) int {
 	t.Helper()
 	var n int
 	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM workflow_runs WHERE status = $1`, status).Scan(&n))
@@ -198,7 +198,7 @@ func TestShortAndPastSleepsAreRecorded(t *testing.T) {
 	run, err := b.engine.GetRun(ctx, res.RunID)
 	require.NoError(t, err)
 	require.Len(t, run.Steps, 3)
-	require.Equal(t, []string{"sleep", "sleep", "step"}, []string{run.Steps[0].Kind, run.Steps[1].Kind, run.Steps[2].Kind})
+	require.Equal(t, []string{"sleep", "sleep", "step"}, []string{string(run.Steps[0].Kind), string(run.Steps[1].Kind), string(run.Steps[2].Kind)})
 }
 
 // Now and NewUUID are recorded: the delivery after a long sleep replays

@@ -26,7 +26,7 @@ import (
 //
 // Cost: one transaction (BEGIN, fn's statements, the fenced record, COMMIT).
 func TxStep[T any](ctx *Context, name string, fn func(ctx context.Context, tx pgx.Tx) (T, error), opts *StepOpts) (T, error) {
-	raw, err := ctx.d.runStep(&stepCall{name: name, kind: kindTx, opts: opts, tx: true, body: txBody(fn),
+	raw, err := ctx.d.runStep(&stepCall{name: name, kind: KindTx, opts: opts, tx: true, body: txBody(fn),
 		returnExhausted: opts != nil && opts.ReturnExhausted})
 	return decodeOutput[T](name, raw, err)
 }

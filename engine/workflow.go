@@ -204,7 +204,7 @@ func (w *Workflow[In, Out]) encode(in In) ([]byte, error) {
 // and the registered sentinels.
 type RunError struct {
 	RunID  uuid.UUID
-	Status string     // failed, dead, cancelled, compensated
+	Status RunStatus  // failed, dead, cancelled, compensated
 	Info   *ErrorInfo // the recorded error, if any
 	Err    error      // Info decoded (see ErrorInfo.Err); nil when none was recorded
 }

@@ -39,7 +39,7 @@ func newEngineOn(t *testing.T, pool *pgxpool.Pool, cfg *engine.Config, regs ...e
 	return e
 }
 
-func waitStatus(t *testing.T, e *engine.Engine, runID uuid.UUID, d time.Duration, statuses ...string) *engine.Run {
+func waitStatus(t *testing.T, e *engine.Engine, runID uuid.UUID, d time.Duration, statuses ...engine.RunStatus) *engine.Run {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {

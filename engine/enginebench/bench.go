@@ -287,11 +287,11 @@ type latencies struct {
 // without polling the database from the measuring process.
 type endObserver struct{ ended chan time.Time }
 
-func (o endObserver) RunEnded(uuid.UUID, string, string)                           { o.ended <- time.Now() }
-func (endObserver) RunStarted(string, bool)                                        {}
-func (endObserver) StepAttempt(string, string, string, int, string, time.Duration) {}
-func (endObserver) StepReplayed(string, string)                                    {}
-func (endObserver) LeaseLost(string)                                               {}
+func (o endObserver) RunEnded(uuid.UUID, string, engine.RunStatus)                          { o.ended <- time.Now() }
+func (endObserver) RunStarted(string, bool)                                                 {}
+func (endObserver) StepAttempt(string, string, engine.StepKind, int, string, time.Duration) {}
+func (endObserver) StepReplayed(string, engine.StepKind)                                    {}
+func (endObserver) LeaseLost(string)                                                        {}
 
 func latency(ctx context.Context, pool *pgxpool.Pool, rt *RoundTrips, samples int, log *slog.Logger) (*latencies, error) {
 	var finished atomic.Int64

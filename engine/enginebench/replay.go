@@ -66,10 +66,10 @@ func replayCost(ctx context.Context, pool *pgxpool.Pool, rt *RoundTrips, log *sl
 	return float64(claim.Microseconds()) / 1000, float64(last.Sub(entry).Microseconds()) / 1000, float64(rtLast-rtEntry) / recorded, nil
 }
 
-func waitStatus(ctx context.Context, pool *pgxpool.Pool, runID, status string) error {
+func waitStatus(ctx context.Context, pool *pgxpool.Pool, runID string, status engine.RunStatus) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		var s string
+		var s engine.RunStatus
 		if err := pool.QueryRow(ctx, `SELECT status FROM workflow_runs WHERE run_id = $1`, runID).Scan(&s); err != nil {
 			return err
 		}

@@ -138,14 +138,14 @@ func (m *Metrics) RunStarted(workflow string, existing bool) {
 }
 
 // RunEnded implements engine.Observer.
-func (m *Metrics) RunEnded(_ uuid.UUID, workflow, status string) {
-	m.runsEnded.WithLabelValues(m.workflows.value(workflow), status).Inc()
+func (m *Metrics) RunEnded(_ uuid.UUID, workflow string, status engine.RunStatus) {
+	m.runsEnded.WithLabelValues(m.workflows.value(workflow), string(status)).Inc()
 }
 
 // StepAttempt implements engine.Observer.
-func (m *Metrics) StepAttempt(workflow, step, kind string, _ int, outcome string, d time.Duration) {
+func (m *Metrics) StepAttempt(workflow, step string, kind engine.StepKind, _ int, outcome string, d time.Duration) {
 	workflow, step = m.workflows.value(workflow), m.steps.value(step)
-	m.stepDuration.WithLabelValues(workflow, kind, outcome).Observe(d.Seconds())
+	m.stepDuration.WithLabelValues(workflow, string(kind), outcome).Observe(d.Seconds())
 	m.attempts.WithLabelValues(workflow, step, outcome).Inc()
 	if outcome == "retry" {
 		m.retries.WithLabelValues(workflow, step).Inc()
@@ -153,8 +153,8 @@ func (m *Metrics) StepAttempt(workflow, step, kind string, _ int, outcome string
 }
 
 // StepReplayed implements engine.Observer.
-func (m *Metrics) StepReplayed(workflow, kind string) {
-	m.replays.WithLabelValues(m.workflows.value(workflow), kind).Inc()
+func (m *Metrics) StepReplayed(workflow string, kind engine.StepKind) {
+	m.replays.WithLabelValues(m.workflows.value(workflow), string(kind)).Inc()
 }
 
 // LeaseLost implements engine.Observer.

@@ -28,7 +28,7 @@ func (a *api) listDeadJobs(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	jobs, next, err := a.e.ListDeadJobs(r.Context(), engine.ListDeadJobsParams{
-		Workflow: q.Get("workflow"), Reason: q.Get("reason"), OpenOnly: open,
+		Workflow: q.Get("workflow"), Reason: engine.DeadReason(q.Get("reason")), OpenOnly: open,
 		Limit: limit, Cursor: q.Get("cursor"),
 	})
 	if err != nil {

@@ -58,7 +58,7 @@ func (a *api) listRuns(w http.ResponseWriter, r *http.Request) {
 	}
 	q := r.URL.Query()
 	runs, next, err := a.e.ListRuns(r.Context(), engine.ListRunsParams{
-		Workflow: q.Get("workflow"), Status: q.Get("status"), Limit: limit, Cursor: q.Get("cursor"),
+		Workflow: q.Get("workflow"), Status: engine.RunStatus(q.Get("status")), Limit: limit, Cursor: q.Get("cursor"),
 	})
 	if err != nil {
 		a.engineError(w, r, err)

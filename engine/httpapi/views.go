@@ -74,11 +74,11 @@ func NewCancelResponse(r *engine.Run) Run {
 
 // StartResponse answers a start: the run it created or found.
 type StartResponse struct {
-	RunID      uuid.UUID `json:"run_id"`
-	Workflow   string    `json:"workflow"`
-	WorkflowID string    `json:"workflow_id"`
-	Status     string    `json:"status"`
-	Existing   bool      `json:"existing"`
+	RunID      uuid.UUID        `json:"run_id"`
+	Workflow   string           `json:"workflow"`
+	WorkflowID string           `json:"workflow_id"`
+	Status     engine.RunStatus `json:"status"`
+	Existing   bool             `json:"existing"`
 }
 
 // NewStartResponse is the answer to a start of workflow.
@@ -101,7 +101,7 @@ type DeadJob struct {
 	WorkflowID      string            `json:"workflow_id"`
 	WorkflowVersion int               `json:"workflow_version"`
 	Input           json.RawMessage   `json:"input"`
-	Reason          string            `json:"reason"`
+	Reason          engine.DeadReason `json:"reason"`
 	Step            string            `json:"step,omitempty"`
 	Seq             *int              `json:"seq,omitempty"`
 	Attempts        int               `json:"attempts"`

@@ -48,7 +48,7 @@ func (g *global) deadCmd() *cobra.Command {
 		},
 	}
 	list.Flags().StringVar(&p.Workflow, "workflow", "", "only this workflow")
-	list.Flags().StringVar(&p.Reason, "reason", "", "only this reason")
+	list.Flags().StringVar((*string)(&p.Reason), "reason", "", "only this reason")
 	list.Flags().BoolVar(&p.OpenOnly, "open", false, "only jobs not yet replayed or discarded")
 	list.Flags().IntVar(&p.Limit, "limit", 50, "page size (1..1000)")
 	list.Flags().StringVar(&p.Cursor, "cursor", "", "the next page's cursor")

@@ -254,14 +254,6 @@ func submitOrders(ctx context.Context, apiURL string, orders [][]byte) submitted
 	return s
 }
 
-func terminal(status string) bool {
-	switch status {
-	case engine.StatusCompleted, engine.StatusFailed, engine.StatusCompensated, engine.StatusCancelled, engine.StatusDead:
-		return true
-	}
-	return false
-}
-
 // waitRuns polls until every run is terminal, printing progress each second.
 func waitRuns(ctx context.Context, e *engine.Engine, runs map[string]string, timeout time.Duration, out io.Writer) (map[string]*engine.Run, error) {
 	final := map[string]*engine.Run{}
@@ -276,13 +268,13 @@ func waitRuns(ctx context.Context, e *engine.Engine, runs map[string]string, tim
 			if err != nil {
 				return nil, err
 			}
-			if terminal(run.Status) {
+			if run.Status.Terminal() {
 				final[id] = run
 			}
 		}
 		if time.Since(lastPrint) >= time.Second || len(final) == len(runs) {
 			lastPrint = time.Now()
-			counts := map[string]int{}
+			counts := map[engine.RunStatus]int{}
 			for _, r := range final {
 				counts[r.Status]++
 			}

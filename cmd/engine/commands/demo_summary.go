@@ -4,7 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -18,7 +19,7 @@ func uuidMust(s string) uuid.UUID { return uuid.MustParse(s) }
 
 func printSummary(ctx context.Context, out io.Writer, g *global, pool *pgxpool.Pool, gw *fakegateway.Gateway,
 	tag string, runs map[string]*engine.Run, elapsed time.Duration) error {
-	counts := map[string]int{}
+	counts := map[engine.RunStatus]int{}
 	var compensated, dead, completed []*engine.Run
 	for _, r := range runs {
 		counts[r.Status]++
@@ -51,11 +52,7 @@ func printSummary(ctx context.Context, out io.Writer, g *global, pool *pgxpool.P
 
 	fmt.Fprintf(out, "\n== summary\n")
 	fmt.Fprintf(out, "runs by final status:\n")
-	statuses := make([]string, 0, len(counts))
-	for s := range counts {
-		statuses = append(statuses, s)
-	}
-	sort.Strings(statuses)
+	statuses := slices.Sorted(maps.Keys(counts))
 	for _, s := range statuses {
 		fmt.Fprintf(out, "  %-12s %d\n", s, counts[s])
 	}

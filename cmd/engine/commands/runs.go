@@ -60,7 +60,7 @@ func (g *global) runsCmd() *cobra.Command {
 		},
 	}
 	list.Flags().StringVar(&p.Workflow, "workflow", "", "only this workflow")
-	list.Flags().StringVar(&p.Status, "status", "", "only this status")
+	list.Flags().StringVar((*string)(&p.Status), "status", "", "only this status")
 	list.Flags().IntVar(&p.Limit, "limit", 50, "page size (1..1000)")
 	list.Flags().StringVar(&p.Cursor, "cursor", "", "the next page's cursor")
 
@@ -288,11 +288,15 @@ refuses it (exit 1).`,
 }
 
 // checkOneOf refuses a flag value outside its set ("" means unset).
-func checkOneOf(flag, v string, allowed ...string) error {
+func checkOneOf[T ~string](flag string, v T, allowed ...T) error {
 	if v == "" || slices.Contains(allowed, v) {
 		return nil
 	}
-	return &usageError{fmt.Errorf("%s %q is not one of %s", flag, v, strings.Join(allowed, ", "))}
+	names := make([]string, len(allowed))
+	for i, a := range allowed {
+		names[i] = string(a)
+	}
+	return &usageError{fmt.Errorf("%s %q is not one of %s", flag, v, strings.Join(names, ", "))}
 }
 
 // checkLimit refuses a page size outside 1..1000 (0 is not "no limit").

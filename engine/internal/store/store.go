@@ -27,10 +27,13 @@ type DBTX interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// Conditions the store reports; the engine maps them onto its public errors.
+// Conditions the store reports. ErrNotFound and ErrLeaseLost are the
+// engine's public errors too (engine re-exports them, as River re-exports
+// rivertype.ErrNotFound), so they carry the engine's messages; the engine
+// maps the others onto its own conditions.
 var (
-	ErrNotFound   = errors.New("not found")
-	ErrLeaseLost  = errors.New("lease lost")
+	ErrNotFound   = errors.New("pgdurable: not found")
+	ErrLeaseLost  = errors.New("pgdurable: lease lost to another delivery")
 	ErrConflict   = errors.New("conflict")
 	ErrBadPayload = errors.New("payload rejected by postgres")
 )

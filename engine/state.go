@@ -1,0 +1,101 @@
+package engine
+
+import "github.com/pgdurable/pgdurable/engine/internal/store"
+
+// RunStatus is a run's status, as stored in workflow_runs.status (a CHECK
+// constraint keeps it to these values) and shown by GetRun, ListRuns, the
+// HTTP API and the CLI.
+type RunStatus string
+
+// Run statuses.
+const (
+	StatusPending      RunStatus = store.RunPending      // started, not yet delivered
+	StatusRunning      RunStatus = store.RunRunning      // a delivery holds (or held) the lease
+	StatusWaiting      RunStatus = store.RunWaiting      // waiting for a retry backoff, a timer, a signal, or a crash backoff (see Config.MaxDeliveries)
+	StatusCompleted    RunStatus = store.RunCompleted    // terminal: output recorded
+	StatusFailed       RunStatus = store.RunFailed       // terminal: the workflow returned an error
+	StatusCompensating RunStatus = store.RunCompensating // undoing completed steps
+	StatusCompensated  RunStatus = store.RunCompensated  // terminal: failed, and its steps were undone
+	StatusCancelled    RunStatus = store.RunCancelled    // terminal: cancelled
+	StatusDead         RunStatus = store.RunDead         // terminal until an operator replays it: parked in dead_jobs
+)
+
+// Terminal reports whether a run in status s has ended: completed, failed,
+// compensated, cancelled or dead. Only an operator's replay of a dead run
+// makes it run again.
+func (s RunStatus) Terminal() bool {
+	switch s {
+	case StatusCompleted, StatusFailed, StatusCompensated, StatusCancelled, StatusDead:
+		return true
+	}
+	return false
+}
+
+// active reports whether a run in status s is still to run or running:
+// pending, running, waiting or compensating.
+func (s RunStatus) active() bool {
+	switch s {
+	case StatusPending, StatusRunning, StatusWaiting, StatusCompensating:
+		return true
+	}
+	return false
+}
+
+// closed reports whether a run in status s has ended for good: terminal
+// and not dead (an operator may replay a dead run, which then runs on).
+func (s RunStatus) closed() bool { return s.Terminal() && s != StatusDead }
+
+// valid reports whether s is one of the run statuses.
+func (s RunStatus) valid() bool { return s.Terminal() || s.active() }
+
+// StepKind is what kind of step a record is, as stored in
+// workflow_steps.kind: the call that made it.
+type StepKind string
+
+// Step kinds.
+const (
+	KindStep         StepKind = "step"         // Step, Now, NewUUID
+	KindTx           StepKind = "tx"           // TxStep
+	KindActivity     StepKind = "activity"     // RunActivity (package activities)
+	KindSleep        StepKind = "sleep"        // Sleep, SleepUntil
+	KindSignal       StepKind = "signal"       // AwaitSignal
+	KindCompensation StepKind = "compensation" // an undo registered with Context.Compensate
+)
+
+// StepStatus is a step record's status, as stored in workflow_steps.status.
+type StepStatus string
+
+// Step statuses.
+const (
+	StepStarted   StepStatus = store.StepStarted   // an attempt announced (activities, retries), or a wait begun (sleep, signal)
+	StepCompleted StepStatus = store.StepCompleted // the outcome is recorded; replays return it
+	StepFailed    StepStatus = store.StepFailed    // failed for good, returned to the workflow as a *StepError
+	StepRetrying  StepStatus = store.StepRetrying  // failed an attempt; NextAttemptAt says when the next is due
+	StepParked    StepStatus = store.StepParked    // failed in a way that parked the run as dead
+	StepCancelled StepStatus = store.StepCancelled // stopped by the run's cancellation before it finished
+)
+
+// DeadReason is why a run was parked in dead_jobs.
+type DeadReason string
+
+// Dead-job reasons, as stored in dead_jobs.reason.
+const (
+	ReasonRetriesExhausted   DeadReason = "retries_exhausted"   // a step failed MaximumAttempts times
+	ReasonPermanentError     DeadReason = "permanent_error"     // an unrecoverable error outside a step (an output that does not encode)
+	ReasonPanic              DeadReason = "panic"               // a step or the workflow function panicked
+	ReasonNonDeterminism     DeadReason = "nondeterminism"      // the code no longer replays the recorded steps
+	ReasonPoisonInput        DeadReason = "poison_input"        // the stored input does not decode as the workflow's input type
+	ReasonCrashLoop          DeadReason = "crash_loop"          // MaxDeliveries deliveries in a row crashed without progress
+	ReasonCompensationFailed DeadReason = "compensation_failed" // an undo step failed (reserved for compensations)
+)
+
+// valid reports whether r is a reason a dead job can have. "timeout" is
+// accepted in filters: it is reserved for run timeouts.
+func (r DeadReason) valid() bool {
+	switch r {
+	case ReasonRetriesExhausted, ReasonPermanentError, ReasonPanic, ReasonNonDeterminism,
+		ReasonPoisonInput, ReasonCrashLoop, ReasonCompensationFailed, "timeout":
+		return true
+	}
+	return false
+}
