@@ -1,4 +1,4 @@
-package commands
+package paymentcmd
 
 import (
 	"context"
@@ -17,11 +17,15 @@ import (
 	"github.com/pgdurable/pgdurable/examples/payment/fakegateway"
 )
 
-// benchPayment measures the payment workflow against the fake gateway with
-// its faults off: n runs, started from 8 goroutines, start to the last
+// BenchRow is engine bench's payment row, a commands.BenchRow: the
+// payment workflow against the fake gateway with its faults off, on the
+// bench's database (it adds the example's tables and seeds its
+// inventory), with max(workflows/4, 10) runs started from 8 goroutines on
+// queue bench_payment, in workflows/s from the first start to the last
 // completion. It lives here, not in enginebench, because the engine must
 // not import the example.
-func benchPayment(ctx context.Context, url string, n int) (enginebench.Row, error) {
+func BenchRow(ctx context.Context, url string, workflows int) (enginebench.Row, error) {
+	n := max(workflows/4, 10)
 	row := enginebench.Row{Name: "payment workflow, fake gateway without faults", Unit: "workflows/s"}
 	pool, err := pgxpool.New(ctx, url+"&pool_max_conns=20")
 	if err != nil {
