@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/pgdurable/pgdurable/cmd/engine/commands"
 	"github.com/pgdurable/pgdurable/cmd/engine/internal/localpg"
+	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/examples/payment"
 	"github.com/pgdurable/pgdurable/examples/payment/fakegateway"
 	"github.com/pgdurable/pgdurable/storage/migrations"
@@ -95,6 +97,11 @@ func chaos(ctx context.Context, env *commands.Env, f *chaosFlags) error {
 		return err
 	}
 	if err := payment.Seed(ctx, pool); err != nil {
+		return err
+	}
+	// reader reads the runs and dead jobs; never started, it works none.
+	reader, err := engine.New(pool, &engine.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
 		return err
 	}
 	gw := fakegateway.New(fakegateway.Faults{ServerError: 0.10, RateLimit: 0.05, DropAfter: 0.05, Latency: f.latency})
@@ -175,7 +182,7 @@ func chaos(ctx context.Context, env *commands.Env, f *chaosFlags) error {
 			default:
 			}
 		}
-		open, err := openRuns(ctx, pool, tag)
+		open, err := openRuns(ctx, reader, tag)
 		if err != nil {
 			return err
 		}
@@ -221,7 +228,7 @@ func chaos(ctx context.Context, env *commands.Env, f *chaosFlags) error {
 	elapsed := time.Since(start)
 	fmt.Fprintf(out, "all %d runs finished in %s: %d engine kills, %d backends terminated, %d PostgreSQL restarts\n",
 		len(orders), elapsed.Round(time.Millisecond), kills, terminations, pgRestarts)
-	return verifyChaos(ctx, out, pool, gw, tag, orders)
+	return verifyChaos(ctx, out, reader, pool, gw, tag, orders)
 }
 
 func waitReady(ctx context.Context, listen string) error {

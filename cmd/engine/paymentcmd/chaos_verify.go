@@ -4,39 +4,61 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/examples/payment"
 	"github.com/pgdurable/pgdurable/examples/payment/fakegateway"
 )
 
-func openRuns(ctx context.Context, pool *pgxpool.Pool, tag string) (int, error) {
-	var n int
-	err := pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE starts_with(workflow_id, $1)
-		AND status NOT IN ('completed', 'failed', 'compensated', 'cancelled', 'dead')`, tag+"_").Scan(&n)
-	return n, err
+// runsTagged lists every run whose workflow ID starts with tag+"_", a
+// page of 1,000 at a time.
+func runsTagged(ctx context.Context, e *engine.Engine, tag string) ([]*engine.Run, error) {
+	var all []*engine.Run
+	p := engine.ListRunsParams{WorkflowIDPrefix: tag + "_", Limit: 1000}
+	for {
+		runs, next, err := e.ListRuns(ctx, p)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, runs...)
+		if next == "" {
+			return all, nil
+		}
+		p.Cursor = next
+	}
+}
+
+// openRuns counts the chaos runs not yet finished. Pages are read one
+// after another, but a finished run stays finished, so a count of 0 means
+// that every run (each read once, as run IDs do not change) has finished.
+func openRuns(ctx context.Context, e *engine.Engine, tag string) (int, error) {
+	runs, err := runsTagged(ctx, e, tag)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, r := range runs {
+		if !terminal(r.Status) {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // verifyChaos checks every run's effects against the gateway and the
-// database, prints the counts, and fails on any violation.
-func verifyChaos(ctx context.Context, out io.Writer, pool *pgxpool.Pool, gw *fakegateway.Gateway, tag string, orders []payment.Order) error {
-	type runRow struct {
-		WorkflowID string
-		Status     string
-		Deliveries int
-	}
-	rows, err := pool.Query(ctx, `SELECT workflow_id, status, deliveries FROM workflow_runs WHERE starts_with(workflow_id, $1)`, tag+"_")
-	if err != nil {
-		return err
-	}
-	runs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[runRow])
+// database, prints the counts, and fails on any violation. It reads the
+// runs, their steps and the dead jobs through e, and the example's ledger
+// and reservations with SQL on pool.
+func verifyChaos(ctx context.Context, out io.Writer, e *engine.Engine, pool *pgxpool.Pool, gw *fakegateway.Gateway, tag string, orders []payment.Order) error {
+	runs, err := runsTagged(ctx, e, tag)
 	if err != nil {
 		return err
 	}
 	ledgerRows := map[string]int{}
-	rows, err = pool.Query(ctx, `SELECT order_id, count(*) FROM payment_ledger WHERE starts_with(order_id, $1) GROUP BY order_id`, tag+"_")
+	rows, err := pool.Query(ctx, `SELECT order_id, count(*) FROM payment_ledger WHERE starts_with(order_id, $1) GROUP BY order_id`, tag+"_")
 	if err != nil {
 		return err
 	}
@@ -60,13 +82,19 @@ func verifyChaos(ctx context.Context, out io.Writer, pool *pgxpool.Pool, gw *fak
 		}
 		reserved[id] = true
 	}
-	var retries, badDead int
-	if err := pool.QueryRow(ctx, `SELECT coalesce(sum(greatest(attempts - 1, 0)), 0) FROM workflow_steps s JOIN workflow_runs r USING (run_id)
-		WHERE starts_with(r.workflow_id, $1)`, tag+"_").Scan(&retries); err != nil {
-		return err
+	// Retries: every attempt of a recorded step after its first.
+	var retries int
+	for _, r := range runs {
+		run, err := e.GetRun(ctx, r.RunID)
+		if err != nil {
+			return err
+		}
+		for _, s := range run.Steps {
+			retries += max(s.Attempts-1, 0)
+		}
 	}
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM dead_jobs WHERE starts_with(workflow_id, $1)
-		AND (error_class = '' OR error_message = '' OR input IS NULL OR reason = '')`, tag+"_").Scan(&badDead); err != nil {
+	badDead, err := deadWithoutMetadata(ctx, e, tag)
+	if err != nil {
 		return err
 	}
 
@@ -112,4 +140,26 @@ func verifyChaos(ctx context.Context, out io.Writer, pool *pgxpool.Pool, gw *fak
 	}
 	fmt.Fprintln(out, "chaos: no violations")
 	return nil
+}
+
+// deadWithoutMetadata counts the dead jobs of the chaos runs that lack
+// what an operator needs: an error class and message, the input, a reason.
+func deadWithoutMetadata(ctx context.Context, e *engine.Engine, tag string) (int, error) {
+	n := 0
+	p := engine.ListDeadJobsParams{Workflow: payment.WorkflowName, Limit: 1000}
+	for {
+		jobs, next, err := e.ListDeadJobs(ctx, p)
+		if err != nil {
+			return 0, err
+		}
+		for _, d := range jobs {
+			if strings.HasPrefix(d.WorkflowID, tag+"_") && (d.ErrorClass == "" || d.ErrorMessage == "" || d.Input == nil || d.Reason == "") {
+				n++
+			}
+		}
+		if next == "" {
+			return n, nil
+		}
+		p.Cursor = next
+	}
 }

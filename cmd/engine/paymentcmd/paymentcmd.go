@@ -5,6 +5,10 @@
 // commands does not link the example; cmd/engine adds them back:
 //
 //	commands.Options{Commands: paymentcmd.Commands(), BenchRows: []commands.BenchRow{paymentcmd.BenchRow}}
+//
+// They read the engine's runs, steps and dead jobs through package
+// engine's API (ListRuns, GetRun, ListDeadJobs, an Observer), and only
+// the example's own tables (payment_ledger, payment_reservations) with SQL.
 package paymentcmd
 
 import (
