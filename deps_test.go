@@ -55,3 +55,29 @@ func TestDependencyRule(t *testing.T) {
 		}
 	}
 }
+
+// TestCommandsLeaveOutTheExample enforces issue 11: a binary built on
+// cmd/engine/commands (Execute with its own workflows) does not link the
+// payment example; the shipped cmd/engine adds it from paymentcmd.
+func TestCommandsLeaveOutTheExample(t *testing.T) {
+	t.Parallel()
+	const mod = "github.com/pgdurable/pgdurable/"
+	for _, pkg := range []string{mod + "cmd/engine/commands", mod + "engine/enginebench"} {
+		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v\n%s", pkg, err, out)
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			if strings.HasPrefix(dep, mod+"examples/") || dep == mod+"cmd/engine/paymentcmd" {
+				t.Errorf("%s depends on %s; the payment example's commands belong in cmd/engine/paymentcmd", pkg, dep)
+			}
+		}
+	}
+	out, err := exec.Command("go", "list", "-deps", mod+"cmd/engine").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps cmd/engine: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), mod+"examples/payment\n") {
+		t.Errorf("the shipped cmd/engine no longer links the payment example: its demo, gateway and chaos commands are gone")
+	}
+}

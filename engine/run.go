@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -383,8 +384,15 @@ func (e *Engine) GetRun(ctx context.Context, runID uuid.UUID) (*Run, error) {
 type ListRunsParams struct {
 	Workflow string
 	Status   RunStatus
-	Limit    int    // 1..1000, default 50
-	Cursor   string // NextCursor of the previous page
+	// WorkflowIDPrefix keeps the runs whose workflow ID starts with it,
+	// byte for byte (case-sensitive; "" keeps all): at most 400 bytes of
+	// valid UTF-8 without NUL, else ErrInvalidArgument. No index serves
+	// it: alone, it reads the runs newest first until the page is full,
+	// which suits tools and tests (a batch of runs tagged with a common
+	// prefix) rather than a hot path.
+	WorkflowIDPrefix string
+	Limit            int    // 1..1000, default 50
+	Cursor           string // NextCursor of the previous page
 }
 
 // ListRuns returns runs newest first, and a cursor for the next page ("" on
@@ -400,7 +408,11 @@ func (e *Engine) ListRuns(ctx context.Context, p ListRunsParams) (runs []*Run, n
 	if err := checkFilter("workflow", p.Workflow); err != nil {
 		return nil, "", err
 	}
-	rows, err := store.ListRuns(ctx, e.pool, store.RunFilter{Workflow: p.Workflow, Status: string(p.Status), Before: before, Limit: limit + 1})
+	if err := checkPrefix("workflow ID prefix", p.WorkflowIDPrefix, 400); err != nil {
+		return nil, "", err
+	}
+	rows, err := store.ListRuns(ctx, e.pool, store.RunFilter{Workflow: p.Workflow, Status: string(p.Status),
+		WorkflowIDPrefix: p.WorkflowIDPrefix, Before: before, Limit: limit + 1})
 	if err != nil {
 		return nil, "", fmt.Errorf("pgdurable: %w", err)
 	}
@@ -422,6 +434,21 @@ func checkFilter(what, v string) error {
 	}
 	if err := checkName(what+" filter", v, 400); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	return nil
+}
+
+// checkPrefix validates a prefix filter: a prefix of a stored name may
+// end in white space or stop short of a name's end, so only what no
+// stored name can hold is refused (over max bytes, invalid UTF-8, NUL).
+func checkPrefix(what, v string, max int) error {
+	switch {
+	case len(v) > max:
+		return fmt.Errorf("%w: %s %q is over %d bytes", ErrInvalidArgument, what, truncateText(v, 64), max)
+	case !utf8.ValidString(v):
+		return fmt.Errorf("%w: %s %q is not valid UTF-8", ErrInvalidArgument, what, v)
+	case strings.ContainsRune(v, 0):
+		return fmt.Errorf("%w: %s %q contains a NUL character", ErrInvalidArgument, what, v)
 	}
 	return nil
 }

@@ -1,8 +1,9 @@
 // Command engine runs pgdurable as a service (engine serve) and operates it
 // from the shell: migrations, runs, dead jobs, and the payment demo. This
-// build registers the payment example's workflow when STRIPE_API_KEY is set
-// (PAYMENT_GATEWAY_URL points it at Stripe test mode, stripe-mock or the
-// fake gateway). See README.md.
+// build adds the payment example's commands (demo, gateway, chaos) and
+// bench row from package paymentcmd, and registers its workflow when
+// STRIPE_API_KEY is set (PAYMENT_GATEWAY_URL points it at Stripe test
+// mode, stripe-mock or the fake gateway). See README.md.
 package main
 
 import (
@@ -11,12 +12,13 @@ import (
 	"os"
 
 	"github.com/pgdurable/pgdurable/cmd/engine/commands"
+	"github.com/pgdurable/pgdurable/cmd/engine/paymentcmd"
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/examples/payment"
 )
 
 func main() {
-	opts := commands.Options{Migrate: payment.Migrate}
+	opts := commands.Options{Migrate: payment.Migrate, Commands: paymentcmd.Commands(), BenchRows: []commands.BenchRow{paymentcmd.BenchRow}}
 	if os.Getenv("STRIPE_API_KEY") != "" {
 		gw, err := payment.NewGateway(payment.GatewayConfig{}, os.Getenv)
 		if err != nil {

@@ -425,12 +425,12 @@ func ScaleWorker(ctx context.Context, url string, n int, ready func(), gate <-ch
 		return 0, err
 	}
 	for {
-		var open int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE queue = 'bench_scale'
-			AND status IN ('pending', 'running', 'waiting', 'compensating')`).Scan(&open); err != nil {
+		// Open runs of the queue: pending, running, waiting or compensating.
+		s, err := e.Stats(ctx)
+		if err != nil {
 			return 0, err
 		}
-		if open == 0 {
+		if s.PendingRuns+s.RunningRuns+s.WaitingRuns == 0 {
 			return time.Since(start), nil
 		}
 		time.Sleep(5 * time.Millisecond)

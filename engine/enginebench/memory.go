@@ -54,11 +54,12 @@ func waitingMemory(ctx context.Context, pool *pgxpool.Pool, n int, log *slog.Log
 		return nil, err
 	}
 	for {
-		var waiting int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE workflow_name = 'bench-sleeper' AND status = 'waiting'`).Scan(&waiting); err != nil {
+		// The queue is the sleepers' own: its waiting runs are theirs.
+		s, err := e.Stats(ctx)
+		if err != nil {
 			return nil, err
 		}
-		if waiting >= n {
+		if s.WaitingRuns >= int64(n) {
 			break
 		}
 		select {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pgdurable/pgdurable/cmd/engine/internal/localpg"
 	"github.com/pgdurable/pgdurable/engine/enginebench"
 	"github.com/pgdurable/pgdurable/storage/migrations"
 )
@@ -46,7 +47,7 @@ of replaying 1,000 recorded steps, and the process's memory with --waiting-runs 
 			pool.Close()
 			if !g.jsonOut {
 				opts.Progress = g.opts.Stdout
-				fmt.Fprintf(g.opts.Stdout, "engine bench on %s (%d workflows per row)\n", redact(g.dbURL()), opts.Workflows)
+				fmt.Fprintf(g.opts.Stdout, "engine bench on %s (%d workflows per row)\n", localpg.Redact(g.dbURL()), opts.Workflows)
 			}
 			if cpuProfile != "" {
 				f, err := os.Create(cpuProfile)
@@ -60,14 +61,19 @@ of replaying 1,000 recorded steps, and the process's memory with --waiting-runs 
 			if err != nil {
 				return err
 			}
-			pay, err := benchPayment(cmd.Context(), g.dbURL(), max(opts.Workflows/4, 10))
-			if err != nil {
-				return err
+			var extra []enginebench.Row
+			for _, measure := range g.opts.BenchRows {
+				r, err := measure(cmd.Context(), g.dbURL(), opts.Workflows)
+				if err != nil {
+					return err
+				}
+				if opts.Progress != nil {
+					fmt.Fprintf(opts.Progress, "  %-48s %12.2f %s\n", r.Name, r.Value, r.Unit)
+				}
+				extra = append(extra, r)
 			}
-			if opts.Progress != nil {
-				fmt.Fprintf(opts.Progress, "  %-48s %12.2f %s\n", pay.Name, pay.Value, pay.Unit)
-			}
-			rep.Rows = append(rep.Rows[:len(rep.Rows)-1], pay, rep.Rows[len(rep.Rows)-1])
+			last := rep.Rows[len(rep.Rows)-1] // the memory row stays last
+			rep.Rows = append(append(rep.Rows[:len(rep.Rows)-1], extra...), last)
 			if scale {
 				rows, err := benchScale(cmd.Context(), g.dbURL(), opts.Workflows)
 				if err != nil {

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgdurable/pgdurable/cmd/engine/commands"
+	"github.com/pgdurable/pgdurable/cmd/engine/paymentcmd"
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
 )
@@ -60,13 +61,22 @@ func workflows() []engine.Registration {
 // CSI) of the kind a step's error message may hold.
 const hostileText = "boom \x1b[31mred\x1b]0;owned\x07 \u009b2J done"
 
-// run executes the CLI in-process and returns its exit code and output.
+// withPayment adds what cmd/engine/main.go adds: the payment example's
+// commands (demo, gateway, chaos) and bench row.
+func withPayment(o commands.Options) commands.Options {
+	o.Commands = append(o.Commands, paymentcmd.Commands()...)
+	o.BenchRows = append(o.BenchRows, paymentcmd.BenchRow)
+	return o
+}
+
+// run executes the CLI in-process, with the shipped binary's commands, and
+// returns its exit code and output.
 func run(t *testing.T, db *enginetest.DB, args ...string) (int, string, string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	code := commands.Execute(context.Background(), append([]string{"--database-url", db.URL}, args...), commands.Options{
+	code := commands.Execute(context.Background(), append([]string{"--database-url", db.URL}, args...), withPayment(commands.Options{
 		Workflows: workflows(), Stdout: &out, Stderr: &errOut, Getenv: func(string) string { return "" },
-	})
+	}))
 	return code, out.String(), errOut.String()
 }
 
@@ -297,6 +307,9 @@ func TestBenchCommandPrintsEveryRow(t *testing.T) {
 	require.Positive(t, names["payment workflow, fake gateway without faults"])
 	require.Positive(t, names["river 3 rows in 3 transactions per job"])
 	require.Positive(t, names["RSS with 100 waiting runs"])
+	n := len(rep.Rows)
+	require.Equal(t, "payment workflow, fake gateway without faults", rep.Rows[n-2].Name, "Options.BenchRows come before the memory row")
+	require.Equal(t, "RSS with 100 waiting runs", rep.Rows[n-1].Name)
 }
 
 // chaos and bench fill their database: they refuse the default one, and
@@ -306,7 +319,7 @@ func TestChaosAndBenchRefuseDefaultDatabaseAndBadCounts(t *testing.T) {
 	for _, args := range [][]string{{"chaos"}, {"bench"}} {
 		var errOut bytes.Buffer
 		code := commands.Execute(context.Background(), args,
-			commands.Options{Stdout: &bytes.Buffer{}, Stderr: &errOut, Getenv: func(string) string { return "" }})
+			withPayment(commands.Options{Stdout: &bytes.Buffer{}, Stderr: &errOut, Getenv: func(string) string { return "" }}))
 		require.Equal(t, 2, code, args)
 		require.Contains(t, errOut.String(), "name a database of its own", args)
 	}
@@ -318,7 +331,7 @@ func TestChaosAndBenchRefuseDefaultDatabaseAndBadCounts(t *testing.T) {
 	} {
 		var errOut bytes.Buffer
 		code := commands.Execute(context.Background(), append([]string{"--database-url", url}, strings.Fields(args)...),
-			commands.Options{Stdout: &bytes.Buffer{}, Stderr: &errOut, Getenv: func(string) string { return "" }})
+			withPayment(commands.Options{Stdout: &bytes.Buffer{}, Stderr: &errOut, Getenv: func(string) string { return "" }}))
 		require.Equal(t, 2, code, args)
 		require.Contains(t, errOut.String(), msg, args)
 	}
@@ -466,9 +479,9 @@ func TestCLINeverPrintsThePassword(t *testing.T) {
 	} {
 		for _, args := range [][]string{{"runs", "list"}, {"migrate", "up"}, {"dead", "list"}, {"bench", "--workflows", "1"}, {"demo"}} {
 			var out, errOut bytes.Buffer
-			code := commands.Execute(context.Background(), append([]string{"--database-url", url}, args...), commands.Options{
+			code := commands.Execute(context.Background(), append([]string{"--database-url", url}, args...), withPayment(commands.Options{
 				Workflows: workflows(), Stdout: &out, Stderr: &errOut, Getenv: func(string) string { return "" },
-			})
+			}))
 			require.NotEqual(t, 0, code)
 			require.NotContains(t, out.String()+errOut.String(), "s3cret", "%s %v", url, args)
 			require.NotContains(t, out.String()+errOut.String(), "retpw", "%s %v", url, args)

@@ -2,19 +2,12 @@ package commands
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"sort"
-	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/pgdurable/pgdurable/cmd/engine/internal/localpg"
 )
 
 func (g *global) devCmd() *cobra.Command {
@@ -39,7 +32,7 @@ temporary directory that is removed on exit.`,
 				defer stop()
 				g.databaseURL = url
 			}
-			fmt.Fprintf(g.opts.Stderr, "engine dev: database %s\n", redact(g.dbURL()))
+			fmt.Fprintf(g.opts.Stderr, "engine dev: database %s\n", localpg.Redact(g.dbURL()))
 			f.migrate = true
 			return g.serve(ctx, f)
 		},
@@ -56,121 +49,14 @@ temporary directory that is removed on exit.`,
 // devDatabase finds a database for dev, or starts a throwaway server.
 func devDatabase(ctx context.Context, throwaway bool, g *global) (string, func(), error) {
 	if !throwaway {
-		if url, err := ensureDatabase(ctx, DefaultDatabaseURL, "pgdurable_dev"); err == nil {
+		if url, err := localpg.EnsureDatabase(ctx, DefaultDatabaseURL, "pgdurable_dev"); err == nil {
 			return url, func() {}, nil
 		}
 	}
-	pg, err := startThrowaway(ctx)
+	pg, err := localpg.StartThrowaway(ctx)
 	if err != nil {
 		return "", nil, err
 	}
-	fmt.Fprintf(g.opts.Stderr, "engine dev: started a throwaway PostgreSQL in %s (removed on exit)\n", pg.dir)
-	return pg.url, pg.stop, nil
-}
-
-type throwawayPG struct {
-	dir, url string
-	pgctl    string
-	cred     *syscall.Credential
-}
-
-// findPostgresBin looks for name on PATH, then in the newest
-// /usr/lib/postgresql/*/bin.
-func findPostgresBin(name string) (string, error) {
-	if p, err := exec.LookPath(name); err == nil {
-		return p, nil
-	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) > versionOf(dirs[j]) })
-	for _, d := range dirs {
-		p := filepath.Join(d, name)
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("no %s on PATH or under /usr/lib/postgresql/*/bin: install PostgreSQL or set DATABASE_URL", name)
-}
-
-func versionOf(binDir string) int {
-	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
-	return v
-}
-
-// startThrowaway initialises and starts a PostgreSQL server on a free
-// loopback port in a temporary directory. PostgreSQL refuses to run as
-// root, so as root it runs as the postgres user (or nobody).
-func startThrowaway(ctx context.Context) (*throwawayPG, error) {
-	initdb, err := findPostgresBin("initdb")
-	if err != nil {
-		return nil, err
-	}
-	pgctl, err := findPostgresBin("pg_ctl")
-	if err != nil {
-		return nil, err
-	}
-	dir, err := os.MkdirTemp("", "pgdurable-dev-")
-	if err != nil {
-		return nil, err
-	}
-	pg := &throwawayPG{dir: dir, pgctl: pgctl}
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			u, err = user.Lookup("nobody")
-		}
-		if err != nil {
-			os.RemoveAll(dir)
-			return nil, errors.New("running as root and no postgres or nobody user to run PostgreSQL as")
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		pg.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-		if err := os.Chown(dir, uid, gid); err != nil {
-			os.RemoveAll(dir)
-			return nil, err
-		}
-	}
-	port, err := freeLoopbackPort()
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	data := filepath.Join(dir, "data")
-	if out, err := pg.run(ctx, initdb, "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"); err != nil {
-		pg.stop()
-		return nil, fmt.Errorf("initdb: %w\n%s", err, out)
-	}
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off", port, dir)
-	if out, err := pg.run(ctx, pgctl, "-D", data, "-o", opts, "-l", filepath.Join(dir, "postgres.log"), "-w", "start"); err != nil {
-		pg.stop()
-		return nil, fmt.Errorf("pg_ctl start: %w\n%s", err, out)
-	}
-	pg.url = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
-	return pg, nil
-}
-
-func (pg *throwawayPG) run(ctx context.Context, bin string, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, bin, args...)
-	if pg.cred != nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: pg.cred}
-	}
-	cmd.Dir = pg.dir
-	return cmd.CombinedOutput()
-}
-
-// stop shuts the server down and removes its directory.
-func (pg *throwawayPG) stop() {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	_, _ = pg.run(ctx, pg.pgctl, "-D", filepath.Join(pg.dir, "data"), "-m", "fast", "-w", "stop")
-	_ = os.RemoveAll(pg.dir)
-}
-
-func freeLoopbackPort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	fmt.Fprintf(g.opts.Stderr, "engine dev: started a throwaway PostgreSQL in %s (removed on exit)\n", pg.Dir)
+	return pg.URL, pg.Stop, nil
 }

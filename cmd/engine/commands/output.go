@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
-	"regexp"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -112,31 +110,6 @@ func escapeControls(s string, lines bool) string {
 	}
 	return b.String()
 }
-
-// redact hides a connection string's password in messages, in URL form
-// (postgres://user:password@host/db, and ?password= or ?sslpassword= in
-// its query) and key=value form (password=...).
-func redact(raw string) string {
-	if scheme, _, ok := strings.Cut(raw, "://"); ok && (strings.EqualFold(scheme, "postgres") || strings.EqualFold(scheme, "postgresql")) {
-		u, err := url.Parse(raw)
-		if err != nil {
-			return "(unparseable URL)"
-		}
-		q := u.Query()
-		for _, k := range []string{"password", "sslpassword"} {
-			if q.Has(k) {
-				q.Set(k, "xxxxx")
-			}
-		}
-		u.RawQuery = q.Encode()
-		return u.Redacted()
-	}
-	return kvPassword.ReplaceAllString(raw, "${1}=xxxxx")
-}
-
-// kvPassword matches a key=value connection string's password, quoted
-// ('...' with \' escapes) or not.
-var kvPassword = regexp.MustCompile(`((?:ssl)?password)\s*=\s*('(?:[^'\\]|\\.)*'|\S*)`)
 
 // checkConnString refuses a URL with more than one @ before its query:
 // its parsers disagree on where the password ends, and the part after the

@@ -4,6 +4,11 @@
 // own `engine` with one call:
 //
 //	os.Exit(commands.Execute(ctx, os.Args[1:], commands.Options{Workflows: []engine.Registration{myWorkflow}}))
+//
+// A program adds commands of its own with Options.Commands and rows of its
+// own to engine bench with Options.BenchRows; cmd/engine adds the payment
+// example's commands (demo, gateway, chaos) and bench row so, from package
+// cmd/engine/paymentcmd, which this package does not import.
 package commands
 
 import (
@@ -20,7 +25,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/pgdurable/pgdurable/cmd/engine/internal/localpg"
 	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginebench"
 	"github.com/pgdurable/pgdurable/engine/httpapi"
 )
 
@@ -37,9 +44,31 @@ type Options struct {
 	// Getenv defaults to os.Getenv (tests inject their own).
 	Getenv func(string) string
 	// ServeCommand builds the command that runs `engine <args>` as a child
-	// process (engine chaos); default: this executable.
+	// process (engine chaos; see Env.ServeCommand); default: this executable.
 	ServeCommand func(args ...string) *exec.Cmd
+	// Commands add the program's own commands next to the built-in ones
+	// (cmd/engine adds paymentcmd.Commands: demo, gateway and chaos). Each
+	// function is called once per Execute or NewRoot with the Env the
+	// commands share, and the command it returns (nil: none) is added to
+	// the root; its name must differ from the built-in commands'. As for
+	// those, a wrong number of arguments to it is a usage error (exit 2).
+	// Default: none.
+	Commands []func(*Env) *cobra.Command
+	// BenchRows add rows to engine bench (cmd/engine adds
+	// paymentcmd.BenchRow). They are measured in order after enginebench's
+	// rows, each printed as a progress line when it is done, and placed
+	// before the last row (the memory row) in the table and in --json.
+	// Default: none.
+	BenchRows []BenchRow
 }
+
+// BenchRow measures one row of engine bench beyond enginebench's (see
+// Options.BenchRows). It gets the bench's database URL, migrated with
+// pgdurable's migrations (the row adds any tables of its own), and
+// --workflows (default 2000), the size of each throughput row, to size
+// itself by. It returns the row as enginebench.Row describes it, or an
+// error that fails the bench (exit 1).
+type BenchRow func(ctx context.Context, databaseURL string, workflows int) (enginebench.Row, error)
 
 // DefaultDatabaseURL is used when neither --database-url nor DATABASE_URL is set.
 const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
@@ -120,7 +149,13 @@ func newRoot(opts Options) (*cobra.Command, *global) {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
 	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL, else "+DefaultDatabaseURL+")")
 	root.PersistentFlags().BoolVar(&g.jsonOut, "json", false, "print JSON instead of tables (the HTTP API's shapes; errors as {\"error\": {\"code\", \"message\"}} on stdout)")
-	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.cancelCmd(), g.signalCmd(), g.schedulesCmd(), g.demoCmd(), g.devCmd(), g.gatewayCmd(), g.benchCmd(), g.chaosCmd())
+	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.cancelCmd(), g.signalCmd(), g.schedulesCmd(), g.devCmd(), g.benchCmd())
+	env := &Env{g: g}
+	for _, newCmd := range opts.Commands {
+		if c := newCmd(env); c != nil {
+			root.AddCommand(c)
+		}
+	}
 	usageArgs(root)
 	return root, g
 }
@@ -194,7 +229,7 @@ func (g *global) pool(ctx context.Context, size int32) (*pgxpool.Pool, error) {
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("connecting to PostgreSQL at %s: %w", redact(g.dbURL()), err)
+		return nil, fmt.Errorf("connecting to PostgreSQL at %s: %w", localpg.Redact(g.dbURL()), err)
 	}
 	return pool, nil
 }

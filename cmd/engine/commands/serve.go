@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/pgdurable/pgdurable/cmd/engine/internal/localpg"
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/enginemetrics"
 	"github.com/pgdurable/pgdurable/engine/httpapi"
@@ -69,9 +70,9 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 	switch {
 	case f.apiToken != "" && (strings.TrimSpace(f.apiToken) != f.apiToken || strings.ContainsFunc(f.apiToken, unicode.IsControl)):
 		return &usageError{errors.New("the API token has leading or trailing white space or a control character, which HTTP clients cannot send back intact")}
-	case f.apiToken == "" && !loopback(f.listen):
+	case f.apiToken == "" && !localpg.Loopback(f.listen):
 		return &usageError{fmt.Errorf("--listen %s is not a loopback address: set --api-token or ENGINE_API_TOKEN", f.listen)}
-	case f.apiToken != "" && len(f.apiToken) < minTokenBytes && !loopback(f.listen):
+	case f.apiToken != "" && len(f.apiToken) < minTokenBytes && !localpg.Loopback(f.listen):
 		return &usageError{fmt.Errorf("the API token is %d bytes; beyond loopback it must be at least %d (e.g. openssl rand -hex 32)", len(f.apiToken), minTokenBytes)}
 	}
 	var level slog.Level
@@ -200,17 +201,4 @@ func retryStartup(ctx context.Context, log *slog.Logger, fn func() error) error 
 		case <-time.After(time.Second):
 		}
 	}
-}
-
-// loopback reports whether addr (host:port) only listens on loopback.
-func loopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }

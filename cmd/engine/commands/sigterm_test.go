@@ -133,7 +133,7 @@ func TestChaosShort(t *testing.T) {
 	db := enginetest.NewDB(t)
 	var out, errOut syncBuffer
 	code := commands.Execute(context.Background(), []string{"--database-url", db.URL, "chaos", "--workflows", "200",
-		"--gateway-latency", "150ms", "--engine-workers", "8", "--deadline", "90s"}, commands.Options{
+		"--gateway-latency", "150ms", "--engine-workers", "8", "--deadline", "90s"}, withPayment(commands.Options{
 		Stdout: &out, Stderr: &errOut, Getenv: func(string) string { return "" },
 		ServeCommand: func(args ...string) *exec.Cmd {
 			a, _ := json.Marshal(args)
@@ -141,7 +141,7 @@ func TestChaosShort(t *testing.T) {
 			cmd.Env = append(os.Environ(), envServeChild+"="+string(a))
 			return cmd
 		},
-	})
+	}))
 	t.Log(out.String())
 	require.Equal(t, 0, code, "%s\n%s", out.String(), errOut.String())
 	require.Contains(t, out.String(), "chaos: no violations")

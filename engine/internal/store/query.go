@@ -96,22 +96,24 @@ func GetRun(ctx context.Context, db DBTX, runID uuid.UUID) (*RunRow, []StepRecor
 
 // RunFilter selects runs for ListRuns; zero fields match all.
 type RunFilter struct {
-	Workflow string
-	Status   string
-	Before   *uuid.UUID // keyset cursor: run IDs older than this (UUID v7 order)
-	Limit    int
+	Workflow         string
+	Status           string
+	WorkflowIDPrefix string     // runs whose workflow ID starts with it
+	Before           *uuid.UUID // keyset cursor: run IDs older than this (UUID v7 order)
+	Limit            int
 }
 
 const listRuns = `SELECT ` + runColumns + ` FROM workflow_runs
 WHERE ($1::text = '' OR workflow_name = $1)
   AND ($2::text = '' OR status = $2)
   AND ($3::uuid IS NULL OR run_id < $3)
+  AND ($5::text = '' OR starts_with(workflow_id, $5))
 ORDER BY run_id DESC
 LIMIT $4`
 
 // ListRuns returns runs newest first.
 func ListRuns(ctx context.Context, db DBTX, f RunFilter) ([]*RunRow, error) {
-	rows, err := db.Query(ctx, listRuns, f.Workflow, f.Status, f.Before, f.Limit)
+	rows, err := db.Query(ctx, listRuns, f.Workflow, f.Status, f.Before, f.Limit, f.WorkflowIDPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("listing runs: %w", err)
 	}

@@ -1,4 +1,4 @@
-package commands
+package paymentcmd
 
 import (
 	"context"
@@ -17,7 +17,9 @@ import (
 
 func uuidMust(s string) uuid.UUID { return uuid.MustParse(s) }
 
-func printSummary(ctx context.Context, out io.Writer, g *global, pool *pgxpool.Pool, gw *fakegateway.Gateway,
+// printSummary prints what the demo's runs did; databaseFlag is
+// --database-url as the demo used it, repeated in the commands it suggests.
+func printSummary(ctx context.Context, out io.Writer, databaseFlag string, pool *pgxpool.Pool, gw *fakegateway.Gateway,
 	tag string, runs map[string]*engine.Run, elapsed time.Duration) error {
 	counts := map[engine.RunStatus]int{}
 	var compensated, dead, completed []*engine.Run
@@ -62,8 +64,8 @@ func printSummary(ctx context.Context, out io.Writer, g *global, pool *pgxpool.P
 	fmt.Fprintf(out, "net charge mismatches (completed ≠ charged, compensated ≠ 0): %d\n", mismatches)
 	fmt.Fprintf(out, "elapsed %s, %.1f runs/s\n", elapsed.Round(time.Millisecond), float64(len(runs))/elapsed.Seconds())
 	db := ""
-	if g.databaseURL != "" {
-		db = " --database-url '" + g.databaseURL + "'"
+	if databaseFlag != "" {
+		db = " --database-url '" + databaseFlag + "'"
 	}
 	if len(compensated) > 0 {
 		fmt.Fprintf(out, "a compensated run:  go run ./cmd/engine%s runs show %s\n", db, compensated[0].RunID)

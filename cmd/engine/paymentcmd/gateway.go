@@ -1,4 +1,4 @@
-package commands
+package paymentcmd
 
 import (
 	"context"
@@ -12,10 +12,12 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pgdurable/pgdurable/cmd/engine/commands"
+	"github.com/pgdurable/pgdurable/cmd/engine/internal/localpg"
 	"github.com/pgdurable/pgdurable/examples/payment/fakegateway"
 )
 
-func (g *global) gatewayCmd() *cobra.Command {
+func gatewayCmd(env *commands.Env) *cobra.Command {
 	var listen string
 	var f fakegateway.Faults
 	cmd := &cobra.Command{
@@ -27,8 +29,8 @@ PAYMENT_GATEWAY_URL=http://<listen> STRIPE_API_KEY=sk_test_anything. GET /_ledge
 charged and refunded, net per order and the double-charge count (JSON).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if !loopback(listen) {
-				return &usageError{fmt.Errorf("--listen %s: the fake gateway serves loopback only", listen)}
+			if !localpg.Loopback(listen) {
+				return commands.UsageError(fmt.Errorf("--listen %s: the fake gateway serves loopback only", listen))
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
@@ -47,7 +49,7 @@ charged and refunded, net per order and the double-charge count (JSON).`,
 			}
 			srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 			go func() { _ = srv.Serve(ln) }()
-			fmt.Fprintf(g.opts.Stdout, "fake gateway on http://%s (faults: %.0f%% 5xx, %.0f%% 429, %.0f%% dropped after processing, latency %s); Ctrl-C stops it\n",
+			fmt.Fprintf(env.Stdout(), "fake gateway on http://%s (faults: %.0f%% 5xx, %.0f%% 429, %.0f%% dropped after processing, latency %s); Ctrl-C stops it\n",
 				ln.Addr(), f.ServerError*100, f.RateLimit*100, f.DropAfter*100, f.Latency)
 			<-ctx.Done()
 			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -1,4 +1,4 @@
-package commands
+package paymentcmd
 
 import (
 	"bytes"
@@ -7,16 +7,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/url"
 	"os/signal"
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
+	"github.com/pgdurable/pgdurable/cmd/engine/commands"
+	"github.com/pgdurable/pgdurable/cmd/engine/internal/localpg"
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/httpapi"
 	"github.com/pgdurable/pgdurable/examples/payment"
@@ -31,7 +30,7 @@ type demoFlags struct {
 	logEngine bool
 }
 
-func (g *global) demoCmd() *cobra.Command {
+func demoCmd(env *commands.Env) *cobra.Command {
 	f := &demoFlags{}
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -42,7 +41,7 @@ starts the engine (workers + HTTP API on loopback), submits examples/payment/tes
 through the HTTP API, waits for every run to finish and prints what happened, including the
 gateway's count of double charges (there must be none).`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return g.demo(cmd.Context(), f) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return demo(cmd.Context(), env, f) },
 	}
 	cmd.Flags().DurationVar(&f.timeout, "timeout", 3*time.Minute, "give up waiting for runs after this long")
 	cmd.Flags().BoolVar(&f.faults, "faults", true, "inject gateway faults")
@@ -51,32 +50,32 @@ gateway's count of double charges (there must be none).`,
 	return cmd
 }
 
-func (g *global) demo(ctx context.Context, f *demoFlags) error {
-	out := g.opts.Stdout
+func demo(ctx context.Context, env *commands.Env, f *demoFlags) error {
+	out := env.Stdout()
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if g.databaseURL == "" && g.opts.Getenv("DATABASE_URL") == "" {
+	if env.DatabaseFlag() == "" && env.Getenv("DATABASE_URL") == "" {
 		// Keep the demo's tables out of the server's default database; with
 		// no local server, start a throwaway one as engine dev does.
-		url, err := ensureDatabase(ctx, DefaultDatabaseURL, "pgdurable_demo")
+		url, err := localpg.EnsureDatabase(ctx, commands.DefaultDatabaseURL, "pgdurable_demo")
 		if err != nil {
-			pg, perr := startThrowaway(ctx)
+			pg, perr := localpg.StartThrowaway(ctx)
 			if perr != nil {
-				return fmt.Errorf("no PostgreSQL at %s (%v) and none to start: %w\n(set DATABASE_URL or --database-url)", redact(DefaultDatabaseURL), err, perr)
+				return fmt.Errorf("no PostgreSQL at %s (%v) and none to start: %w\n(set DATABASE_URL or --database-url)", localpg.Redact(commands.DefaultDatabaseURL), err, perr)
 			}
-			defer pg.stop()
-			fmt.Fprintf(out, "started a throwaway PostgreSQL in %s (removed on exit)\n", pg.dir)
-			url = pg.url
+			defer pg.Stop()
+			fmt.Fprintf(out, "started a throwaway PostgreSQL in %s (removed on exit)\n", pg.Dir)
+			url = pg.URL
 		}
-		g.databaseURL = url
+		env.SetDatabaseURL(url)
 	}
-	pool, err := g.pool(ctx, 20)
+	pool, err := env.Pool(ctx, 20)
 	if err != nil {
 		return fmt.Errorf("%w\n(engine demo uses the database that --database-url or DATABASE_URL names, which must exist: "+
 			"createdb it, or unset both and the demo creates pgdurable_demo on the local server)", err)
 	}
 	defer pool.Close()
-	fmt.Fprintf(out, "database     %s\n", redact(g.dbURL()))
+	fmt.Fprintf(out, "database     %s\n", localpg.Redact(env.DatabaseURL()))
 	if _, err := migrations.Migrate(ctx, pool, migrations.Up, nil); err != nil {
 		return err
 	}
@@ -99,13 +98,13 @@ func (g *global) demo(ctx context.Context, f *demoFlags) error {
 	defer stopGW()
 	fmt.Fprintf(out, "gateway      %s (fake Stripe; faults: %v)\n", gwURL, f.faults)
 
-	client, err := payment.NewGateway(payment.GatewayConfig{BaseURL: gwURL, APIKey: "sk_test_demo", Timeout: 10 * time.Second}, g.opts.Getenv)
+	client, err := payment.NewGateway(payment.GatewayConfig{BaseURL: gwURL, APIKey: "sk_test_demo", Timeout: 10 * time.Second}, env.Getenv)
 	if err != nil {
 		return err
 	}
 	logOut := io.Discard
 	if f.logEngine {
-		logOut = g.opts.Stderr
+		logOut = env.Stderr()
 	}
 	log := slog.New(slog.NewJSONHandler(logOut, nil))
 	e, err := engine.New(pool, &engine.Config{Logger: log, MaxWorkers: f.workers,
@@ -150,7 +149,7 @@ func (g *global) demo(ctx context.Context, f *demoFlags) error {
 	defer cancel()
 	_ = e.Stop(sctx)
 	stopped = true
-	return printSummary(ctx, out, g, pool, gw, tag, statuses, elapsed)
+	return printSummary(ctx, out, env.DatabaseFlag(), pool, gw, tag, statuses, elapsed)
 }
 
 // tagOrders prefixes each order's ID with tag, so a demo run never meets
@@ -169,46 +168,6 @@ func tagOrders(tag string, orders [][]byte) [][]byte {
 		out[i], _ = json.Marshal(m)
 	}
 	return out
-}
-
-// ensureDatabase creates database name on the server at base if missing
-// and returns its URL.
-func ensureDatabase(ctx context.Context, base, name string) (string, error) {
-	u, err := url.Parse(base)
-	if err != nil {
-		return "", err
-	}
-	conn, err := pgx.Connect(ctx, base)
-	if err != nil {
-		return "", fmt.Errorf("connecting to PostgreSQL at %s: %w", redact(base), err)
-	}
-	defer conn.Close(ctx)
-	var exists bool
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, name).Scan(&exists); err != nil {
-		return "", err
-	}
-	if !exists {
-		if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-			return "", fmt.Errorf("creating database %s: %w", name, err)
-		}
-	}
-	u.Path = "/" + name
-	return u.String(), nil
-}
-
-// serveLoopback serves h on a free loopback port until the returned stop.
-func serveLoopback(h http.Handler) (string, func(), error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	return "http://" + ln.Addr().String(), func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	}, nil
 }
 
 type submitted struct {

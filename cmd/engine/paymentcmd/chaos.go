@@ -1,4 +1,4 @@
-package commands
+package paymentcmd
 
 import (
 	"bytes"
@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -17,6 +18,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pgdurable/pgdurable/cmd/engine/commands"
+	"github.com/pgdurable/pgdurable/cmd/engine/internal/localpg"
+	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/examples/payment"
 	"github.com/pgdurable/pgdurable/examples/payment/fakegateway"
 	"github.com/pgdurable/pgdurable/storage/migrations"
@@ -32,7 +36,7 @@ type chaosFlags struct {
 	pgRestartCmd    string
 }
 
-func (g *global) chaosCmd() *cobra.Command {
+func chaosCmd(env *commands.Env) *cobra.Command {
 	f := &chaosFlags{}
 	cmd := &cobra.Command{
 		Use:   "chaos",
@@ -47,7 +51,7 @@ charged exactly their amount with one ledger row; compensated ones charged nothi
 with their inventory released; every dead job complete. It exits 1 on any violation.
 Use a database of its own.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return g.chaos(cmd.Context(), f) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return chaos(cmd.Context(), env, f) },
 	}
 	cmd.Flags().IntVar(&f.workflows, "workflows", 2000, "payment runs to submit")
 	cmd.Flags().DurationVar(&f.latency, "gateway-latency", 50*time.Millisecond, "the fake gateway's latency per request (keeps runs in flight while engines die)")
@@ -65,23 +69,23 @@ type engineProc struct {
 	cmd    *exec.Cmd
 }
 
-func (g *global) chaos(ctx context.Context, f *chaosFlags) error {
-	if err := g.ownDatabase("chaos"); err != nil {
+func chaos(ctx context.Context, env *commands.Env, f *chaosFlags) error {
+	if err := env.OwnDatabase("chaos"); err != nil {
 		return err
 	}
 	switch {
 	case f.workflows < 1:
-		return &usageError{fmt.Errorf("--workflows must be at least 1, got %d", f.workflows)}
+		return commands.UsageError(fmt.Errorf("--workflows must be at least 1, got %d", f.workflows))
 	case f.engines < 1:
-		return &usageError{fmt.Errorf("--engines must be at least 1, got %d", f.engines)}
+		return commands.UsageError(fmt.Errorf("--engines must be at least 1, got %d", f.engines))
 	case f.engineWorkers < 1:
-		return &usageError{fmt.Errorf("--engine-workers must be at least 1, got %d", f.engineWorkers)}
+		return commands.UsageError(fmt.Errorf("--engine-workers must be at least 1, got %d", f.engineWorkers))
 	case f.deadline <= 0:
-		return &usageError{fmt.Errorf("--deadline must be positive, got %s", f.deadline)}
+		return commands.UsageError(fmt.Errorf("--deadline must be positive, got %s", f.deadline))
 	}
-	out := g.opts.Stdout
-	dbURL := g.dbURL()
-	pool, err := g.pool(ctx, 8)
+	out := env.Stdout()
+	dbURL := env.DatabaseURL()
+	pool, err := env.Pool(ctx, 8)
 	if err != nil {
 		return err
 	}
@@ -93,6 +97,11 @@ func (g *global) chaos(ctx context.Context, f *chaosFlags) error {
 		return err
 	}
 	if err := payment.Seed(ctx, pool); err != nil {
+		return err
+	}
+	// reader reads the runs and dead jobs; never started, it works none.
+	reader, err := engine.New(pool, &engine.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
 		return err
 	}
 	gw := fakegateway.New(fakegateway.Faults{ServerError: 0.10, RateLimit: 0.05, DropAfter: 0.05, Latency: f.latency})
@@ -111,19 +120,19 @@ func (g *global) chaos(ctx context.Context, f *chaosFlags) error {
 	u.RawQuery = q.Encode()
 	engineURL := u.String()
 	spawn := func(listen string) (*exec.Cmd, error) {
-		cmd := g.opts.serveCommand("--database-url", engineURL, "serve", "--listen", listen, "--shutdown-timeout", "5s",
+		cmd := env.ServeCommand("--database-url", engineURL, "serve", "--listen", listen, "--shutdown-timeout", "5s",
 			"--log-level", "error", "--max-workers", fmt.Sprint(f.engineWorkers))
 		if cmd.Env == nil {
 			cmd.Env = os.Environ()
 		}
 		cmd.Env = append(cmd.Env, "PAYMENT_GATEWAY_URL="+gwURL, "STRIPE_API_KEY=sk_test_chaos")
-		cmd.Stderr = g.opts.Stderr
+		cmd.Stderr = env.Stderr()
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		return cmd, cmd.Start()
 	}
 	procs := make([]*engineProc, f.engines)
 	for i := range procs {
-		port, err := freeLoopbackPort()
+		port, err := localpg.FreeLoopbackPort()
 		if err != nil {
 			return err
 		}
@@ -173,7 +182,7 @@ func (g *global) chaos(ctx context.Context, f *chaosFlags) error {
 			default:
 			}
 		}
-		open, err := openRuns(ctx, pool, tag)
+		open, err := openRuns(ctx, reader, tag)
 		if err != nil {
 			return err
 		}
@@ -219,18 +228,7 @@ func (g *global) chaos(ctx context.Context, f *chaosFlags) error {
 	elapsed := time.Since(start)
 	fmt.Fprintf(out, "all %d runs finished in %s: %d engine kills, %d backends terminated, %d PostgreSQL restarts\n",
 		len(orders), elapsed.Round(time.Millisecond), kills, terminations, pgRestarts)
-	return verifyChaos(ctx, out, pool, gw, tag, orders)
-}
-
-func (o Options) serveCommand(args ...string) *exec.Cmd {
-	if o.ServeCommand != nil {
-		return o.ServeCommand(args...)
-	}
-	self, err := os.Executable()
-	if err != nil {
-		self = os.Args[0]
-	}
-	return exec.Command(self, args...)
+	return verifyChaos(ctx, out, reader, pool, gw, tag, orders)
 }
 
 func waitReady(ctx context.Context, listen string) error {

@@ -1,0 +1,150 @@
+// Package localpg is what the engine's two command packages (commands and
+// paymentcmd) share about this machine: a database found or created on the
+// local PostgreSQL, a throwaway PostgreSQL (engine dev, engine demo),
+// loopback addresses and free ports, and connection strings made fit to
+// print.
+package localpg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// EnsureDatabase creates database name on the server at base if missing
+// and returns its URL (base with its path replaced).
+func EnsureDatabase(ctx context.Context, base, name string) (string, error) {
+	u, err := url.Parse(base)
+	if err != nil {
+		return "", err
+	}
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		return "", fmt.Errorf("connecting to PostgreSQL at %s: %w", Redact(base), err)
+	}
+	defer conn.Close(ctx)
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, name).Scan(&exists); err != nil {
+		return "", err
+	}
+	if !exists {
+		if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+			return "", fmt.Errorf("creating database %s: %w", name, err)
+		}
+	}
+	u.Path = "/" + name
+	return u.String(), nil
+}
+
+// Throwaway is a PostgreSQL server started by StartThrowaway.
+type Throwaway struct {
+	Dir string // its temporary directory (data, socket, log), removed by Stop
+	URL string // its postgres database, as user postgres without a password
+	// pgctl is pg_ctl's path; cred the user it runs as (nil: this one).
+	pgctl string
+	cred  *syscall.Credential
+}
+
+// findPostgresBin looks for name on PATH, then in the newest
+// /usr/lib/postgresql/*/bin.
+func findPostgresBin(name string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) > versionOf(dirs[j]) })
+	for _, d := range dirs {
+		p := filepath.Join(d, name)
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("no %s on PATH or under /usr/lib/postgresql/*/bin: install PostgreSQL or set DATABASE_URL", name)
+}
+
+func versionOf(binDir string) int {
+	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
+	return v
+}
+
+// StartThrowaway initialises and starts a PostgreSQL server on a free
+// loopback port in a temporary directory. PostgreSQL refuses to run as
+// root, so as root it runs as the postgres user (or nobody).
+func StartThrowaway(ctx context.Context) (*Throwaway, error) {
+	initdb, err := findPostgresBin("initdb")
+	if err != nil {
+		return nil, err
+	}
+	pgctl, err := findPostgresBin("pg_ctl")
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "pgdurable-dev-")
+	if err != nil {
+		return nil, err
+	}
+	pg := &Throwaway{Dir: dir, pgctl: pgctl}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			u, err = user.Lookup("nobody")
+		}
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, errors.New("running as root and no postgres or nobody user to run PostgreSQL as")
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		pg.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		if err := os.Chown(dir, uid, gid); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+	}
+	port, err := FreeLoopbackPort()
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	data := filepath.Join(dir, "data")
+	if out, err := pg.run(ctx, initdb, "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"); err != nil {
+		pg.Stop()
+		return nil, fmt.Errorf("initdb: %w\n%s", err, out)
+	}
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off", port, dir)
+	if out, err := pg.run(ctx, pgctl, "-D", data, "-o", opts, "-l", filepath.Join(dir, "postgres.log"), "-w", "start"); err != nil {
+		pg.Stop()
+		return nil, fmt.Errorf("pg_ctl start: %w\n%s", err, out)
+	}
+	pg.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
+	return pg, nil
+}
+
+func (pg *Throwaway) run(ctx context.Context, bin string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, bin, args...)
+	if pg.cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: pg.cred}
+	}
+	cmd.Dir = pg.Dir
+	return cmd.CombinedOutput()
+}
+
+// Stop shuts the server down (fast mode, up to 20 s) and removes its
+// directory.
+func (pg *Throwaway) Stop() {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, _ = pg.run(ctx, pg.pgctl, "-D", filepath.Join(pg.Dir, "data"), "-m", "fast", "-w", "stop")
+	_ = os.RemoveAll(pg.Dir)
+}

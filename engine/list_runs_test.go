@@ -1,0 +1,68 @@
+package engine_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine"
+)
+
+// ListRuns keeps the runs whose workflow ID starts with WorkflowIDPrefix,
+// byte for byte, across pages and with the other filters; a prefix no
+// workflow ID could start with is refused as an invalid argument.
+func TestListRunsByWorkflowIDPrefix(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("noop", func(ctx *engine.Context, in int) (int, error) { return in, nil }, nil)
+	other := engine.Define("other", func(ctx *engine.Context, in int) (int, error) { return in, nil }, nil)
+	b := setup(t, nil, wf, other)
+	ctx := testCtx(t)
+	ids := map[string]uuid.UUID{}
+	for _, id := range []string{"batch-a 1", "batch-a 2", "batch-a 3", "batch-ab", "Batch-a 4", "batch-b 1", "x batch-a 5", "batch-%_"} {
+		res, err := wf.Start(ctx, b.engine, 1, &engine.StartOpts{WorkflowID: id})
+		require.NoError(t, err)
+		ids[id] = res.RunID
+	}
+	res, err := other.Start(ctx, b.engine, 1, &engine.StartOpts{WorkflowID: "batch-a 6"})
+	require.NoError(t, err)
+	ids["other batch-a 6"] = res.RunID
+
+	list := func(p engine.ListRunsParams) []string {
+		t.Helper()
+		var got []string
+		for {
+			runs, next, err := b.engine.ListRuns(ctx, p)
+			require.NoError(t, err)
+			for _, r := range runs {
+				got = append(got, r.WorkflowName+" "+r.WorkflowID)
+			}
+			if next == "" {
+				return got
+			}
+			p.Cursor = next
+		}
+	}
+	require.Equal(t, []string{"other batch-a 6", "noop batch-a 3", "noop batch-a 2", "noop batch-a 1"},
+		list(engine.ListRunsParams{WorkflowIDPrefix: "batch-a ", Limit: 1}), "newest first, one page at a time; the trailing space counts")
+	require.Equal(t, []string{"noop batch-ab", "noop batch-a 3", "noop batch-a 2", "noop batch-a 1"},
+		list(engine.ListRunsParams{WorkflowIDPrefix: "batch-a", Workflow: "noop", Limit: 3}), "with a workflow filter")
+	require.Equal(t, []string{"noop batch-%_"}, list(engine.ListRunsParams{WorkflowIDPrefix: "batch-%"}), "LIKE's wildcards are plain characters")
+	require.Empty(t, list(engine.ListRunsParams{WorkflowIDPrefix: "batch-a", Status: engine.StatusDead}))
+	require.Len(t, list(engine.ListRunsParams{WorkflowIDPrefix: "batch-a 1"}), 1, "a whole workflow ID is its own prefix")
+	require.Len(t, list(engine.ListRunsParams{}), len(ids), "no prefix: every run")
+
+	for prefix, msg := range map[string]string{
+		strings.Repeat("b", 401): "over 400 bytes",
+		"batch-\xff":             "not valid UTF-8",
+		"batch-\x00":             "NUL",
+	} {
+		_, _, err := b.engine.ListRuns(ctx, engine.ListRunsParams{WorkflowIDPrefix: prefix})
+		require.ErrorIs(t, err, engine.ErrInvalidArgument, "%q", prefix)
+		require.ErrorContains(t, err, msg)
+	}
+	runs, _, err := b.engine.ListRuns(ctx, engine.ListRunsParams{WorkflowIDPrefix: strings.Repeat("b", 400)})
+	require.NoError(t, err, "400 bytes is the limit, as for a workflow ID")
+	require.Empty(t, runs)
+}
