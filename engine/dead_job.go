@@ -21,12 +21,12 @@ import (
 type DeadJob struct {
 	ID              uuid.UUID       `json:"id"`
 	RunID           uuid.UUID       `json:"run_id"`
-	WorkflowName    string          `json:"workflow_name"`
+	WorkflowName    string          `json:"workflow"`
 	WorkflowID      string          `json:"workflow_id"`
 	WorkflowVersion int             `json:"workflow_version"`
-	Input           json.RawMessage `json:"input,omitempty"` // the run's original input
+	Input           json.RawMessage `json:"input"` // the run's original input
 	Reason          DeadReason      `json:"reason"`
-	StepName        string          `json:"step_name"` // the failing step, "" when not in a step
+	StepName        string          `json:"step,omitempty"` // the failing step, "" when not in a step
 	Seq             *int            `json:"seq,omitempty"`
 	Attempts        int             `json:"attempts"`   // attempts of the failing step; for crash_loop, the deliveries that died in a row
 	Deliveries      int             `json:"deliveries"` // the run's deliveries when it was parked, the parking one included
@@ -34,15 +34,15 @@ type DeadJob struct {
 	LastFailedAt    time.Time       `json:"last_failed_at"`
 	ErrorClass      string          `json:"error_class"`
 	ErrorMessage    string          `json:"error_message"`
-	Stack           string          `json:"stack"`
+	Stack           string          `json:"stack,omitempty"`
 	// ForwardError, for compensation_failed, is the failure that started
 	// the compensation (ErrorMessage is the undo's).
 	ForwardError *ErrorInfo `json:"forward_error,omitempty"`
 	ParkedAt     time.Time  `json:"parked_at"`
 	ResolvedAt   *time.Time `json:"resolved_at,omitempty"`
-	Resolution   string     `json:"resolution"` // "", "replayed" or "discarded"
-	ResolvedBy   string     `json:"resolved_by"`
-	Note         string     `json:"note"`
+	Resolution   string     `json:"resolution,omitempty"` // "", "replayed" or "discarded"
+	ResolvedBy   string     `json:"resolved_by,omitempty"`
+	Note         string     `json:"note,omitempty"`
 }
 
 func deadJobFromRow(d *store.DeadJobRow) *DeadJob {

@@ -260,10 +260,12 @@ func (e *Engine) insertRunBatch(ctx context.Context, runs []store.NewRun) ([]out
 	return out, nil
 }
 
-// Run is a run as GetRun and ListRuns report it.
+// Run is a run as GetRun and ListRuns report it. Its JSON is the run's one
+// shape, in the HTTP API and the CLI's --json alike; each step adds its
+// duration in milliseconds once it completed ("duration_ms").
 type Run struct {
 	RunID           uuid.UUID       `json:"run_id"`
-	WorkflowName    string          `json:"workflow_name"`
+	WorkflowName    string          `json:"workflow"`
 	WorkflowVersion int             `json:"workflow_version"`
 	WorkflowID      string          `json:"workflow_id"`
 	Status          RunStatus       `json:"status"`
@@ -321,6 +323,22 @@ type StepInfo struct {
 	// CompensationOf is the seq of the forward step a compensation undoes.
 	Compensation   *string `json:"compensation,omitempty"`
 	CompensationOf *int    `json:"compensation_of,omitempty"`
+}
+
+// MarshalJSON writes the step's fields and, once it completed, its
+// duration from StartedAt to CompletedAt in whole milliseconds as
+// "duration_ms".
+func (s StepInfo) MarshalJSON() ([]byte, error) {
+	type fields StepInfo // without this method
+	v := struct {
+		fields
+		DurationMS *int64 `json:"duration_ms,omitempty"`
+	}{fields: fields(s)}
+	if s.CompletedAt != nil {
+		d := s.CompletedAt.Sub(s.StartedAt).Milliseconds()
+		v.DurationMS = &d
+	}
+	return json.Marshal(v)
 }
 
 func runFromRow(r *store.RunRow) *Run {

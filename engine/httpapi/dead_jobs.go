@@ -48,7 +48,7 @@ func (a *api) getDeadJob(w http.ResponseWriter, r *http.Request) {
 		a.engineError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, NewDeadJob(d))
+	writeJSON(w, http.StatusOK, d)
 }
 
 // resolveRequest is the optional body of replay and discard.
@@ -81,6 +81,6 @@ func (a *api) resolveDeadJob(resolve func(context.Context, uuid.UUID, *engine.Re
 			a.engineError(w, r, err)
 			return
 		}
-		writeJSON(w, http.StatusOK, NewDeadJob(d))
+		writeJSON(w, http.StatusOK, d)
 	}
 }

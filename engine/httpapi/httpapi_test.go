@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -570,4 +571,35 @@ func TestStartRefusesBodiesThatAreNotUTF8(t *testing.T) {
 	}
 	runs := b.do(t, "GET", "/v1/runs", "")
 	require.Empty(t, runs.body["runs"])
+}
+
+// The API's run and dead job are the engine's values as encoding/json
+// writes them: one JSON shape per entity, which the CLI's --json prints
+// too.
+func TestRunAndDeadJobBodiesAreTheEngineValues(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	r := b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": "shape", "input": {"amount": 13, "order_id": "shape"}}`)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	runID := uuid.MustParse(r.body["run_id"].(string))
+	b.waitStatus(t, runID.String(), "dead")
+
+	run, err := b.e.GetRun(ctx, runID)
+	require.NoError(t, err)
+	want, err := json.Marshal(run)
+	require.NoError(t, err)
+	got := b.do(t, "GET", "/v1/runs/"+runID.String(), "")
+	require.JSONEq(t, string(want), got.raw)
+	require.Equal(t, "payment", got.body["workflow"])
+	require.NotContains(t, got.body, "workflow_name", "one name per field")
+
+	jobs, _, err := b.e.ListDeadJobs(ctx, engine.ListDeadJobsParams{RunID: runID})
+	require.NoError(t, err)
+	require.Len(t, jobs, 1)
+	want, err = json.Marshal(jobs[0])
+	require.NoError(t, err)
+	got = b.do(t, "GET", "/v1/dead-jobs/"+jobs[0].ID.String(), "")
+	require.JSONEq(t, string(want), got.raw)
+	require.Equal(t, "charge", got.body["step"])
 }

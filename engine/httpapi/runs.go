@@ -48,7 +48,7 @@ func (a *api) getRun(w http.ResponseWriter, r *http.Request) {
 		a.engineError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, NewRun(run))
+	writeJSON(w, http.StatusOK, run)
 }
 
 func (a *api) listRuns(w http.ResponseWriter, r *http.Request) {

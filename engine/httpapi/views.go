@@ -5,71 +5,41 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/pgdurable/pgdurable/engine"
 )
 
-// The API's JSON shapes, one per entity. Other front ends that print runs
-// and dead jobs as JSON (the CLI's --json) use them, so scripts see the
-// same field names whichever they call.
-
-// Run is a run as the API shows it: engine.Run's fields, plus the
-// workflow's name as "workflow" (as in start and schedule bodies) and each
-// step's duration. The outer Steps shadows engine.Run's.
-type Run struct {
-	*engine.Run
-	Workflow string `json:"workflow"`
-	Steps    []Step `json:"steps,omitempty"`
-}
-
-// Step is one recorded step of a Run, with its duration in milliseconds
-// once it completed.
-type Step struct {
-	engine.StepInfo
-	DurationMS *int64 `json:"duration_ms,omitempty"`
-}
-
-// NewRun is r as GET /v1/runs/{id} answers it.
-func NewRun(r *engine.Run) Run {
-	out := Run{Run: r, Workflow: r.WorkflowName}
-	for _, s := range r.Steps {
-		sj := Step{StepInfo: s}
-		if s.CompletedAt != nil {
-			d := s.CompletedAt.Sub(s.StartedAt).Milliseconds()
-			sj.DurationMS = &d
-		}
-		out.Steps = append(out.Steps, sj)
-	}
-	return out
-}
+// The API's JSON shapes are the engine's types (engine.Run, engine.DeadJob,
+// engine.Schedule), which other front ends (the CLI's --json) print too,
+// so scripts see the same field names whichever they call. What follows
+// are the envelopes of lists and of the answers that are not an entity.
 
 // RunList is GET /v1/runs's answer: runs without their input (lists stay
 // small; GET /v1/runs/{id} has it), and the next page's cursor.
 type RunList struct {
-	Runs       []Run  `json:"runs"`
-	NextCursor string `json:"next_cursor,omitempty"`
+	Runs       []*engine.Run `json:"runs"`
+	NextCursor string        `json:"next_cursor,omitempty"`
 }
 
 // NewRunList is a page of runs as GET /v1/runs answers it.
 func NewRunList(runs []*engine.Run, next string) RunList {
-	out := RunList{Runs: []Run{}, NextCursor: next}
+	out := RunList{Runs: make([]*engine.Run, 0, len(runs)), NextCursor: next}
 	for _, run := range runs {
 		c := *run
 		c.Input = nil
-		out.Runs = append(out.Runs, NewRun(&c))
+		out.Runs = append(out.Runs, &c)
 	}
 	return out
 }
 
 // NewCancelResponse is POST /v1/runs/{id}/cancel's answer: the run, without
 // its steps.
-func NewCancelResponse(r *engine.Run) Run {
-	out := NewRun(r)
-	out.Steps = nil
-	return out
+func NewCancelResponse(r *engine.Run) *engine.Run {
+	c := *r
+	c.Steps = nil
+	return &c
 }
 
 // StartResponse answers a start: the run it created or found.
@@ -93,57 +63,20 @@ type SignalResponse struct {
 	Status string `json:"status"`
 }
 
-// DeadJob is a dead job as the API shows it.
-type DeadJob struct {
-	ID              uuid.UUID         `json:"id"`
-	RunID           uuid.UUID         `json:"run_id"`
-	Workflow        string            `json:"workflow"`
-	WorkflowID      string            `json:"workflow_id"`
-	WorkflowVersion int               `json:"workflow_version"`
-	Input           json.RawMessage   `json:"input"`
-	Reason          engine.DeadReason `json:"reason"`
-	Step            string            `json:"step,omitempty"`
-	Seq             *int              `json:"seq,omitempty"`
-	Attempts        int               `json:"attempts"`
-	Deliveries      int               `json:"deliveries"`
-	FirstFailedAt   time.Time         `json:"first_failed_at"`
-	LastFailedAt    time.Time         `json:"last_failed_at"`
-	ErrorClass      string            `json:"error_class"`
-	ErrorMessage    string            `json:"error_message"`
-	Stack           string            `json:"stack,omitempty"`
-	ForwardError    *engine.ErrorInfo `json:"forward_error,omitempty"`
-	ParkedAt        time.Time         `json:"parked_at"`
-	ResolvedAt      *time.Time        `json:"resolved_at,omitempty"`
-	Resolution      string            `json:"resolution,omitempty"`
-	ResolvedBy      string            `json:"resolved_by,omitempty"`
-	Note            string            `json:"note,omitempty"`
-}
-
-// NewDeadJob is d as GET /v1/dead-jobs/{id} answers it.
-func NewDeadJob(d *engine.DeadJob) DeadJob {
-	return DeadJob{
-		ID: d.ID, RunID: d.RunID, Workflow: d.WorkflowName, WorkflowID: d.WorkflowID, WorkflowVersion: d.WorkflowVersion,
-		Input: d.Input, Reason: d.Reason, Step: d.StepName, Seq: d.Seq, Attempts: d.Attempts,
-		FirstFailedAt: d.FirstFailedAt, LastFailedAt: d.LastFailedAt, ErrorClass: d.ErrorClass,
-		ErrorMessage: d.ErrorMessage, Stack: d.Stack, ParkedAt: d.ParkedAt, ResolvedAt: d.ResolvedAt,
-		Resolution: d.Resolution, ResolvedBy: d.ResolvedBy, Note: d.Note, Deliveries: d.Deliveries, ForwardError: d.ForwardError,
-	}
-}
-
 // DeadJobList is GET /v1/dead-jobs's answer: dead jobs without their
 // stacks, and the next page's cursor.
 type DeadJobList struct {
-	DeadJobs   []DeadJob `json:"dead_jobs"`
-	NextCursor string    `json:"next_cursor,omitempty"`
+	DeadJobs   []*engine.DeadJob `json:"dead_jobs"`
+	NextCursor string            `json:"next_cursor,omitempty"`
 }
 
 // NewDeadJobList is a page of dead jobs as GET /v1/dead-jobs answers it.
 func NewDeadJobList(jobs []*engine.DeadJob, next string) DeadJobList {
-	out := DeadJobList{DeadJobs: []DeadJob{}, NextCursor: next}
+	out := DeadJobList{DeadJobs: make([]*engine.DeadJob, 0, len(jobs)), NextCursor: next}
 	for _, j := range jobs {
-		dj := NewDeadJob(j)
-		dj.Stack = ""
-		out.DeadJobs = append(out.DeadJobs, dj)
+		c := *j
+		c.Stack = ""
+		out.DeadJobs = append(out.DeadJobs, &c)
 	}
 	return out
 }

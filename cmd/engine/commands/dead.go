@@ -101,7 +101,7 @@ func (g *global) withDeadJob(ctx context.Context, arg string, do func(*engine.En
 		return err
 	}
 	if g.jsonOut {
-		return writeJSON(g.opts.Stdout, httpapi.NewDeadJob(j))
+		return writeJSON(g.opts.Stdout, j)
 	}
 	w := g.opts.Stdout
 	fmt.Fprintf(w, "dead job %s\n  run          %s (engine runs show %s)\n  workflow     %s (version %d), workflow id %s\n  reason       %s\n",

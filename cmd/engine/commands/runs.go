@@ -76,7 +76,7 @@ func (g *global) runsCmd() *cobra.Command {
 				return err
 			}
 			if g.jsonOut {
-				return writeJSON(g.opts.Stdout, httpapi.NewRun(run))
+				return writeJSON(g.opts.Stdout, run)
 			}
 			g.printRun(run)
 			return nil
