@@ -28,7 +28,12 @@ import (
 func BenchRow(ctx context.Context, url string, workflows int) (enginebench.Row, error) {
 	n := max(workflows/4, 10)
 	row := enginebench.Row{Name: "payment workflow, fake gateway without faults", Unit: "workflows/s"}
-	pool, err := pgxpool.New(ctx, url+"&pool_max_conns=20")
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return row, err
+	}
+	cfg.MaxConns = 20 // the bench's other rows' pool size
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return row, err
 	}

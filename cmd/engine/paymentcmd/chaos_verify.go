@@ -70,6 +70,9 @@ func verifyChaos(ctx context.Context, out io.Writer, e *engine.Engine, pool *pgx
 		}
 		ledgerRows[id] = n
 	}
+	if err := rows.Err(); err != nil {
+		return err // a partial read would let the checks below pass on missing rows
+	}
 	reserved := map[string]bool{}
 	rows, err = pool.Query(ctx, `SELECT DISTINCT order_id FROM payment_reservations WHERE starts_with(order_id, $1)`, tag+"_")
 	if err != nil {
@@ -81,6 +84,9 @@ func verifyChaos(ctx context.Context, out io.Writer, e *engine.Engine, pool *pgx
 			return err
 		}
 		reserved[id] = true
+	}
+	if err := rows.Err(); err != nil {
+		return err
 	}
 	// Retries: every attempt of a recorded step after its first.
 	var retries int
