@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -279,4 +280,53 @@ func TestCancelFromAnotherProcessReachesARunningStepAtTheNextSweep(t *testing.T)
 		t.Fatal("the step never saw the cancellation")
 	}
 	waitStatus(t, worker, res.RunID, engine.StatusCancelled, 10*time.Second)
+}
+
+// A cancellation from another process that the delivery first hears of in
+// AwaitSignal (no heartbeat, sweep or write told it before) still lets the
+// step before the wait be recorded: its record was waiting to be written
+// with the next write, and the wait, woken by the cancellation, wrote
+// nothing. Before, the record was dropped: the run ended cancelled with
+// the undo's record pointing at a step that had none, and a redelivery
+// during the compensation parked the run as nondeterministic.
+func TestCancelHeardByAwaitSignalKeepsTheStepBeforeIt(t *testing.T) {
+	t.Parallel()
+	inStep, cancelled := make(chan struct{}), make(chan struct{})
+	var undone atomic.Int32
+	wf := engine.Define("cancel-at-signal", func(ctx *engine.Context, _ int) (string, error) {
+		if _, err := engine.Step(ctx, "reserve", func(context.Context) (int, error) {
+			close(inStep)
+			<-cancelled // returns after the cancellation committed, before the delivery knows of it
+			return 1, nil
+		}, nil); err != nil {
+			return "", err
+		}
+		if err := ctx.Compensate(engine.Undo{Name: "release", Fn: func(context.Context, *engine.ActivityAttempt) error {
+			undone.Add(1)
+			return nil
+		}}); err != nil {
+			return "", err
+		}
+		_, err := engine.AwaitSignal[int](ctx, "go", 0)
+		return "", err
+	}, nil)
+	db := enginetest.NewDB(t)
+	// No sweep and no heartbeat within the test: AwaitSignal is where the
+	// delivery learns of the cancellation.
+	worker := newEngine(t, db, &engine.Config{LeaseDuration: 60 * time.Second, SweepInterval: time.Hour}, true, wf)
+	other := newEngine(t, db, nil, false, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, other, 0, nil)
+	require.NoError(t, err)
+	<-inStep
+	require.NoError(t, other.Cancel(ctx, res.RunID))
+	close(cancelled)
+	run := waitStatus(t, worker, res.RunID, engine.StatusCancelled, 20*time.Second)
+	require.EqualValues(t, 1, undone.Load())
+	var steps []string
+	for _, s := range run.Steps {
+		steps = append(steps, fmt.Sprintf("%d:%s:%s", s.Seq, s.Name, s.Status))
+	}
+	require.Equal(t, []string{"0:reserve:completed", "1:release:completed"}, steps)
+	require.Equal(t, 0, *run.Steps[1].CompensationOf)
 }

@@ -224,14 +224,17 @@ func (d *delivery) awaitSignal(name string, timeout time.Duration) ([]byte, erro
 		d.end(err)
 		return nil, d.endErr
 	}
-	d.buf.take()
 	if cancel && outcome == nil {
+		// Woken by the cancellation, the transaction wrote nothing: the
+		// previous step's record stays buffered for the compensation's
+		// first write.
 		d.noteCancel(true)
 		if !written {
 			d.pos.giveBack()
 		}
 		return nil, ErrCancelled
 	}
+	d.buf.take() // written by the transaction
 	if outcome == nil {
 		d.log.Debug("waiting for a signal", "signal", name, "seq", seq)
 		d.end(nil)
