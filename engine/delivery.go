@@ -17,6 +17,19 @@ import (
 // *Context, a thin handle on it. Its fields belong to the workflow's
 // goroutine except those that are atomic or guarded (the heartbeat and an
 // activity's Heartbeat run on others).
+//
+// Where its parts live:
+//   - executor.go: how a delivery starts (deliver, execute) and ends
+//     (finish, suspend, handBack, park), and its fenced writes.
+//   - replay.go: positions and the one replay lookup every kind of step
+//     goes through.
+//   - record_buffer.go: records not yet written.
+//   - step.go, attempt_loop.go: a step's call (stepCall), its replay
+//     (runStep) and its attempts (attemptLoop); tx_step.go, activity.go,
+//     timer.go, signal.go and compensation.go build the calls of each kind.
+//   - lease.go: heartbeats and the sweep; group_commit.go: the batchers
+//     all deliveries of a process write through; dispatch.go: worker
+//     slots, direct dispatch and held runs.
 type delivery struct {
 	// ctx is the delivery's context: cancelled (with the cause) when the
 	// lease is lost, the delivery ends or the engine shuts down.

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -28,9 +29,53 @@ const (
 	holdLocal
 )
 
-// maxHeldPerWorker bounds the runs a process holds: MaxWorkers times this.
-// Past it, starts go to River, which shares the backlog across processes.
-const maxHeldPerWorker = 10
+// A process holds a run only while the runs it already holds would start
+// within about holdBudget: a run that would wait longer goes to River,
+// which shares the backlog with the other processes (each of which would
+// hold it no longer). How long the held runs would wait is estimated from
+// how long this process's deliveries take (see deliveryTime): MaxWorkers
+// of them free up per that time. Before any delivery has ended, and
+// however slow they are, a process may hold minHeldPerWorker × MaxWorkers
+// runs; however fast, at most maxHeldPerWorker × MaxWorkers (a held run
+// costs about 100 bytes of memory).
+const (
+	holdBudget       = time.Second
+	minHeldPerWorker = 10
+	maxHeldPerWorker = 100
+)
+
+// maxHeld is how many runs this process may hold now.
+func (e *Engine) maxHeld() int {
+	floor, ceiling := minHeldPerWorker*e.cfg.MaxWorkers, maxHeldPerWorker*e.cfg.MaxWorkers
+	d := e.deliveryTime.get()
+	if d <= 0 {
+		return floor
+	}
+	return max(floor, int(min(float64(e.cfg.MaxWorkers)*float64(holdBudget)/float64(d), float64(ceiling))))
+}
+
+// movingAverage is an exponentially weighted moving average of durations,
+// safe for concurrent use: each new duration weighs 1/16.
+type movingAverage struct {
+	mu  sync.Mutex
+	avg time.Duration
+}
+
+func (m *movingAverage) add(d time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.avg == 0 {
+		m.avg = d
+		return
+	}
+	m.avg += (d - m.avg) / 16
+}
+
+func (m *movingAverage) get() time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.avg
+}
 
 // planStart decides how a run of workflow name started now (in tx, nil for
 // the start's own transaction) reaches a worker. A run is executed by this
@@ -55,10 +100,11 @@ func (e *Engine) planStart(tx pgx.Tx, name string) (registered, startPath) {
 		return wf, dispatchNow
 	default:
 	}
+	limit := e.maxHeld()
 	e.heldMu.Lock()
-	n := len(e.held)
+	hold := len(e.held) < limit
 	e.heldMu.Unlock()
-	if n < maxHeldPerWorker*e.cfg.MaxWorkers {
+	if hold {
 		return wf, holdLocal
 	}
 	return registered{}, viaRiver

@@ -184,6 +184,9 @@ type Engine struct {
 	// holdLocal); heldMu also orders dispatched.Add before stopping.
 	heldMu sync.Mutex
 	held   []heldRun
+	// deliveryTime is how long this process's deliveries take, on
+	// average: it bounds how many runs are worth holding (see maxHeld).
+	deliveryTime movingAverage
 	// ends wakes Wait calls on runs that end in this process: run ID →
 	// channels closed when its end commits.
 	endsMu sync.Mutex

@@ -86,6 +86,7 @@ func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
 // lease under token (claimed at sent), and records how it ended. A non-nil
 // result fails the delivery's River ticket so River tries it again.
 func (e *Engine) execute(ctx context.Context, wf registered, claimed *store.ClaimedRun, token uuid.UUID, sent time.Time) error {
+	defer func(began time.Time) { e.deliveryTime.add(time.Since(began)) }(time.Now())
 	runID := claimed.RunID
 	log := e.log.With("run_id", runID, "workflow", claimed.WorkflowName, "workflow_id", claimed.WorkflowID)
 	dctx, cancel := context.WithCancelCause(ctx)
