@@ -323,6 +323,13 @@ func (a *api) readJSON(w http.ResponseWriter, r *http.Request, v any, shape stri
 		writeError(w, http.StatusBadRequest, "invalid_json", "request body is not valid UTF-8")
 		return false
 	}
+	if esc := loneSurrogate(body); esc != "" {
+		// encoding/json turns an unpaired surrogate escape into U+FFFD
+		// too, with the same effect.
+		writeError(w, http.StatusBadRequest, "invalid_json",
+			"request body holds the escape "+esc+", half of a UTF-16 surrogate pair without its other half, which is no character")
+		return false
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -334,6 +341,42 @@ func (a *api) readJSON(w http.ResponseWriter, r *http.Request, v any, shape stri
 		return false
 	}
 	return true
+}
+
+// loneSurrogate returns the first \u escape in the JSON text b that is
+// half of a UTF-16 surrogate pair without its other half ("" when there
+// is none). Outside strings JSON has no backslashes, so every backslash
+// in b starts an escape.
+func loneSurrogate(b []byte) string {
+	hex := func(i int) (rune, bool) {
+		if i+6 > len(b) || b[i] != '\\' || b[i+1] != 'u' {
+			return 0, false
+		}
+		n, err := strconv.ParseUint(string(b[i+2:i+6]), 16, 16)
+		return rune(n), err == nil
+	}
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' {
+			continue
+		}
+		r, ok := hex(i)
+		if !ok {
+			i++ // a two-character escape: skip its second character
+			continue
+		}
+		switch {
+		case r >= 0xD800 && r <= 0xDBFF:
+			if low, ok := hex(i + 6); ok && low >= 0xDC00 && low <= 0xDFFF {
+				i += 11 // the pair
+				continue
+			}
+			return string(b[i : i+6])
+		case r >= 0xDC00 && r <= 0xDFFF:
+			return string(b[i : i+6])
+		}
+		i += 5
+	}
+	return ""
 }
 
 // ErrorCode maps the engine's conditions onto the API's HTTP status and

@@ -603,3 +603,26 @@ func TestRunAndDeadJobBodiesAreTheEngineValues(t *testing.T) {
 	require.JSONEq(t, string(want), got.raw)
 	require.Equal(t, "charge", got.body["step"])
 }
+
+// An escape of half a UTF-16 surrogate pair is refused too: encoding/json
+// decodes `\ud800` and `\udc00` both to U+FFFD, so workflow IDs "a\ud800b"
+// and "a\udc00b" named one run. A whole pair, and an escaped backslash
+// before "ud800", are characters and are kept.
+func TestStartRefusesUnpairedSurrogateEscapes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for _, id := range []string{`a\ud800b`, `a\udc00b`, `a\uDBFF`, `\ud800\ud800`, `\udfff\ud800`} {
+		r := b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": "`+id+`", "input": {"order_id": "s", "amount": 1}}`)
+		require.Equal(t, 400, r.status, r.raw)
+		require.Equal(t, "invalid_json", errCode(r), r.raw)
+		require.Contains(t, r.body["error"].(map[string]any)["message"], "surrogate", r.raw)
+	}
+	runs := b.do(t, "GET", "/v1/runs", "")
+	require.Empty(t, runs.body["runs"])
+
+	for id, want := range map[string]string{`pair-\ud83d\ude00`: "pair-\U0001F600", `lit-\\ud800`: `lit-\ud800`, `quote-\"\u00e9`: "quote-\"\u00e9"} {
+		r := b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": "`+id+`", "input": {"order_id": "s", "amount": 1}}`)
+		require.Equal(t, http.StatusCreated, r.status, r.raw)
+		require.Equal(t, want, r.body["workflow_id"])
+	}
+}
