@@ -167,11 +167,22 @@ func (d *delivery) awaitSignal(name string, timeout time.Duration) ([]byte, erro
 		t := startedAt.Add(timeout)
 		deadline = &t
 	}
-	if d.cancelRequested.Load() {
+	// stopped ends the wait for the run's cancellation: a wait that was
+	// recorded (the run suspended in it) is recorded as cancelled, written
+	// with the compensation's first write, so a finished run shows no wait
+	// still started; one that was not gives its position back to the undos.
+	stopped := func() ([]byte, error) {
 		if !written {
 			d.pos.giveBack()
+			return nil, ErrCancelled
 		}
+		now := d.e.now()
+		d.buf.stopped = &store.StepRecord{Seq: seq, Name: name, Kind: string(KindSignal), Status: store.StepCancelled,
+			StartedAt: startedAt, CompletedAt: &now}
 		return nil, ErrCancelled
+	}
+	if d.cancelRequested.Load() {
+		return stopped()
 	}
 	if !d.mayStartStep() {
 		return nil, d.endErr
@@ -229,10 +240,7 @@ func (d *delivery) awaitSignal(name string, timeout time.Duration) ([]byte, erro
 		// previous step's record stays buffered for the compensation's
 		// first write.
 		d.noteCancel(true)
-		if !written {
-			d.pos.giveBack()
-		}
-		return nil, ErrCancelled
+		return stopped()
 	}
 	d.buf.take() // written by the transaction
 	if outcome == nil {

@@ -212,3 +212,21 @@ func TestConcurrentSignalsAreEachReceivedOnce(t *testing.T) {
 	require.NoError(t, rows.Err())
 	require.Equal(t, stored, out)
 }
+
+// A wait the run's cancellation ends is recorded as cancelled, like a step
+// the cancellation stops, so a finished run shows no wait still started.
+func TestCancelledWaitIsRecordedCancelled(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, awaitTwo)
+	ctx := testCtx(t)
+	res, err := awaitTwo.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	waitStatus(t, b.engine, res.RunID, engine.StatusWaiting, 10*time.Second)
+	require.NoError(t, b.engine.Cancel(ctx, res.RunID))
+	run := waitStatus(t, b.engine, res.RunID, engine.StatusCancelled, 10*time.Second)
+	require.Len(t, run.Steps, 1)
+	require.Equal(t, engine.StepCancelled, run.Steps[0].Status)
+	require.Equal(t, engine.KindSignal, run.Steps[0].Kind)
+	require.Nil(t, run.Steps[0].NextAttemptAt, "no deadline left on a wait that ended")
+	require.NotNil(t, run.Steps[0].CompletedAt)
+}
