@@ -186,6 +186,9 @@ func TestCLIRunsAndDeadJobs(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "retries_exhausted")
 	require.Contains(t, out, "upstream refused")
+	code, _, errOut = run(t, db, "dead", "show", dead.DeadJobs[0].RunID.String())
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "is a run's ID, and its latest dead job is "+id, "the run's ID leads to its dead job")
 	code, out, _ = run(t, db, "dead", "discard", id, "--by", "ops", "--note", "test data")
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "discarded by ops")
@@ -564,4 +567,18 @@ func TestCLIJSONAndUsage(t *testing.T) {
 	code, out, _ = run(t, db, "--version")
 	require.Equal(t, 0, code)
 	require.Regexp(t, `^engine \S+`, out)
+}
+
+// A command against a database without pgdurable's tables says to migrate,
+// where PostgreSQL says only that a relation does not exist.
+func TestCommandsOnAnUnmigratedDatabaseSayToMigrate(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	code, _, _ := run(t, db, "migrate", "down", "--include-river")
+	require.Equal(t, 0, code)
+	for _, args := range [][]string{{"runs", "list"}, {"dead", "list"}} {
+		code, _, errOut := run(t, db, args...)
+		require.Equal(t, 1, code, args)
+		require.Contains(t, errOut, "run `engine migrate up` first", args)
+	}
 }

@@ -2,6 +2,7 @@ package commands
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/google/uuid"
@@ -97,6 +98,12 @@ func (g *global) withDeadJob(ctx context.Context, arg string, do func(*engine.En
 	}
 	defer pool.Close()
 	j, err := do(e, id)
+	if errors.Is(err, engine.ErrNotFound) {
+		// An operator often has the run's ID at hand: name its dead job.
+		if jobs, _, lerr := e.ListDeadJobs(ctx, engine.ListDeadJobsParams{RunID: id, Limit: 1}); lerr == nil && len(jobs) > 0 {
+			return fmt.Errorf("%w; %s is a run's ID, and its latest dead job is %s", err, id, jobs[0].ID)
+		}
+	}
 	if err != nil {
 		return err
 	}

@@ -22,6 +22,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -83,6 +84,10 @@ func Execute(ctx context.Context, args []string, opts Options) int {
 		// Whatever a library put in the error, a password or token never
 		// reaches the terminal.
 		msg := scrub(err.Error(), g.secrets())
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+			msg += "; the database has no pgdurable tables: run `engine migrate up` first"
+		}
 		var usage *usageError
 		code, exit := "usage", 2
 		if !errors.As(err, &usage) {
