@@ -126,7 +126,8 @@ func (l *attemptLoop) stop(n int) (out []byte, done bool, err error) {
 // record builds this step's record of attempt n.
 func (l *attemptLoop) record(status string, n int) *store.StepRecord {
 	return &store.StepRecord{Seq: l.seq, Name: l.call.name, Kind: string(l.call.kind), Status: status, Attempts: n,
-		RequestID: l.requestID, FirstFailedAt: l.firstFailed, StartedAt: l.startedAt, CompensationOf: l.call.compensationOf}
+		RequestID: l.requestID, FirstFailedAt: l.firstFailed, StartedAt: l.startedAt, CompensationOf: l.call.compensationOf,
+		Fresh: !l.written}
 }
 
 // unannounced is the record as it was before attempt n was announced, for

@@ -355,7 +355,14 @@ func (d *delivery) finishRun(status RunStatus, output, errJSON []byte) error {
 // as do does. ErrLeaseLost when w's fence no longer holds.
 func (d *delivery) commit(w *store.RecordWrite) (store.WriteResult, error) {
 	var res store.WriteResult
+	tries := 0
 	err := d.do(func(context.Context) error {
+		if tries++; tries > 1 {
+			// The earlier try may have committed: upsert this time.
+			for _, r := range w.Records {
+				r.Fresh = false
+			}
+		}
 		o := d.e.records.do(w)
 		if o.err != nil {
 			return o.err

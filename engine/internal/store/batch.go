@@ -72,18 +72,19 @@ WITH f AS (
     FROM f
     WHERE r.run_id = f.run_id AND r.owner_token = f.token
     RETURNING r.run_id, f.token, r.cancel_requested_at IS NOT NULL AS cancel
-), step AS (
-    INSERT INTO workflow_steps AS s (run_id, seq, name, kind, status, attempts, request_id, output, error,
-                                     next_attempt_at, first_failed_at, started_at, completed_at,
-                                     compensation, compensation_of)
-    SELECT u.run_id, u.seq, u.name, u.kind, u.status, u.attempts, u.request_id, u.output::jsonb, u.error::jsonb,
-           u.next_attempt_at, u.first_failed_at, u.started_at, u.completed_at, u.compensation, u.compensation_of
-    FROM unnest($8::uuid[], $9::uuid[], $10::int[], $11::text[], $12::text[], $13::text[], $14::int[], $15::uuid[],
-                $16::text[], $17::text[], $18::timestamptz[], $19::timestamptz[], $20::timestamptz[],
-                $21::timestamptz[], $22::text[], $23::int[])
+), u AS (
+    SELECT u.* FROM unnest($8::uuid[], $9::uuid[], $10::int[], $11::text[], $12::text[], $13::text[], $14::int[], $15::uuid[],
+                           $16::text[], $17::text[], $18::timestamptz[], $19::timestamptz[], $20::timestamptz[],
+                           $21::timestamptz[], $22::text[], $23::int[], $24::bool[])
         AS u(run_id, token, seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
-             first_failed_at, started_at, completed_at, compensation, compensation_of)
+             first_failed_at, started_at, completed_at, compensation, compensation_of, fresh)
     JOIN run ON run.run_id = u.run_id AND run.token = u.token
+), fresh AS (
+    INSERT INTO workflow_steps (` + stepColumnList + `)
+    SELECT ` + stepValues + ` FROM u WHERE u.fresh
+), step AS (
+    INSERT INTO workflow_steps AS s (` + stepColumnList + `)
+    SELECT ` + stepValues + ` FROM u WHERE NOT u.fresh
 ` + stepConflict + `
 )
 SELECT run_id, token, cancel FROM run`
@@ -109,7 +110,18 @@ WITH run AS (
         stalled_deliveries = 0, long_stalled_deliveries = 0
     WHERE r.run_id = $1 AND r.owner_token = $2
     RETURNING r.run_id, r.cancel_requested_at IS NOT NULL AS cancel
-), ` + stepUpsert + `
+), fresh AS (
+    INSERT INTO workflow_steps (` + stepColumnList + `)
+    SELECT run.run_id, $4::int, $5::text, $6::text, $7::text, $8::int, $9::uuid, $10::jsonb, $11::jsonb,
+           $12::timestamptz, $13::timestamptz, $14::timestamptz, $15::timestamptz, $16::text, $17::int
+    FROM run WHERE $4::int IS NOT NULL AND $22::bool
+), step AS (
+    INSERT INTO workflow_steps AS s (` + stepColumnList + `)
+    SELECT run.run_id, $4::int, $5::text, $6::text, $7::text, $8::int, $9::uuid, $10::jsonb, $11::jsonb,
+           $12::timestamptz, $13::timestamptz, $14::timestamptz, $15::timestamptz, $16::text, $17::int
+    FROM run WHERE $4::int IS NOT NULL AND NOT $22::bool
+` + stepConflict + `
+)
 SELECT cancel FROM run`
 
 func writeOne(ctx context.Context, db DBTX, w *RecordWrite) (WriteResult, error) {
@@ -122,7 +134,7 @@ func writeOne(ctx context.Context, db DBTX, w *RecordWrite) (WriteResult, error)
 		status = &w.Status
 	}
 	args := append([]any{w.Fence.RunID, w.Fence.Token, ms(w.Fence.Lease)}, stepArgs(rec)...)
-	args = append(args, status, w.Finish, w.Output, w.Error)
+	args = append(args, status, w.Finish, w.Output, w.Error, rec != nil && rec.Fresh)
 	var res WriteResult
 	err := db.QueryRow(ctx, writeRecord, args...).Scan(&res.CancelRequested)
 	switch err = translate(err); {
@@ -172,7 +184,7 @@ func WriteRecords(ctx context.Context, db DBTX, writes []*RecordWrite) ([]WriteR
 	}
 	rows, err := db.Query(ctx, writeRecords, runID, token, status, finish, output, errText, lease,
 		s.runID, s.token, s.seq, s.name, s.kind, s.status, s.attempts, s.requestID, s.output, s.errs,
-		s.next, s.firstFailed, s.started, s.completed, s.comp, s.compOf)
+		s.next, s.firstFailed, s.started, s.completed, s.comp, s.compOf, s.fresh)
 	if err != nil {
 		return nil, fmt.Errorf("recording steps of %d runs: %w", n, translate(err))
 	}
@@ -208,6 +220,7 @@ type stepColumns struct {
 	compOf                       []*int32
 	next, firstFailed, completed []*time.Time
 	started                      []time.Time
+	fresh                        []bool
 }
 
 func (s *stepColumns) add(f Fence, r *StepRecord) {
@@ -224,7 +237,17 @@ func (s *stepColumns) add(f Fence, r *StepRecord) {
 	s.compOf = append(s.compOf, compOf)
 	s.next, s.firstFailed, s.completed = append(s.next, r.NextAttemptAt), append(s.firstFailed, r.FirstFailedAt), append(s.completed, r.CompletedAt)
 	s.started = append(s.started, r.StartedAt)
+	s.fresh = append(s.fresh, r.Fresh)
 }
+
+// stepColumnList and stepValues are the columns of a step record and their
+// values in a CTE u of unnested records.
+const (
+	stepColumnList = `run_id, seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
+                      first_failed_at, started_at, completed_at, compensation, compensation_of`
+	stepValues = `u.run_id, u.seq, u.name, u.kind, u.status, u.attempts, u.request_id, u.output::jsonb, u.error::jsonb,
+           u.next_attempt_at, u.first_failed_at, u.started_at, u.completed_at, u.compensation, u.compensation_of`
+)
 
 // insertRuns inserts any number of runs in one statement (one array element
 // per run), each unless a run with its workflow ID exists, already claimed
@@ -376,8 +399,10 @@ RETURNING r.run_id, u.token, r.workflow_name, r.workflow_version, r.workflow_id,
           r.stalled_deliveries, r.long_stalled_deliveries, r.status, r.cancel_requested_at IS NOT NULL`
 
 // claimSettings applies to the rest of the claim batch's implicit
-// transaction: its commit is asynchronous (see asyncCommit), and its
-// statements, which look rows up by key, use the keys' indexes. Without
+// transaction: its commit is asynchronous (a claim that a PostgreSQL crash
+// loses leaves no lease behind, and the delivery that held it fails its
+// ticket, so River delivers the run again), and its statements, which
+// look rows up by key, use the keys' indexes. Without
 // statistics (a young database: autovacuum analyzes a table a minute or
 // more after its first rows) PostgreSQL takes a step record's run_id as
 // matching a two-hundredth of the table, so the step load of a batch of

@@ -255,3 +255,43 @@ func TestCompletedRecordsAreNeverOverwritten(t *testing.T) {
 	require.NoError(t, err)
 	require.JSONEq(t, `1`, string(rec.Output))
 }
+
+// A fresh record is inserted without ON CONFLICT, in a batch and alone,
+// beside upserted ones; were its row there after all, the write fails as a
+// conflict and lands nothing, where an upsert of the same record lands.
+func TestWriteRecordsInsertsFreshRecordsPlainly(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := context.Background()
+	a, b := claimed(t, db.Pool, "a"), claimed(t, db.Pool, "b")
+	fresh := func(seq int, name string) *store.StepRecord {
+		r := completedStep(seq, name)
+		r.Fresh = true
+		return r
+	}
+	res, err := store.WriteRecords(ctx, db.Pool, []*store.RecordWrite{
+		{Fence: a, Records: []*store.StepRecord{fresh(0, "s0"), completedStep(1, "s1")}},
+		{Fence: b, Records: []*store.StepRecord{fresh(0, "s0")}},
+	})
+	require.NoError(t, err)
+	require.Equal(t, []store.WriteResult{{Landed: true}, {Landed: true}}, res)
+	res, err = store.WriteRecords(ctx, db.Pool, []*store.RecordWrite{{Fence: b, Records: []*store.StepRecord{fresh(1, "s1")}}})
+	require.NoError(t, err)
+	require.Equal(t, []store.WriteResult{{Landed: true}}, res, "a batch of one")
+	var steps int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_steps WHERE run_id = ANY($1)`, []uuid.UUID{a.RunID, b.RunID}).Scan(&steps))
+	require.Equal(t, 4, steps)
+
+	for _, writes := range [][]*store.RecordWrite{
+		{{Fence: a, Records: []*store.StepRecord{fresh(0, "again")}}},
+		{{Fence: a, Records: []*store.StepRecord{fresh(1, "again")}}, {Fence: b, Records: []*store.StepRecord{completedStep(5, "s5")}}},
+	} {
+		_, err = store.WriteRecords(ctx, db.Pool, writes)
+		require.ErrorIs(t, err, store.ErrConflict)
+	}
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_steps WHERE name = 'again' OR seq = 5`).Scan(&steps))
+	require.Zero(t, steps, "the failed statement landed nothing")
+	res, err = store.WriteRecords(ctx, db.Pool, []*store.RecordWrite{{Fence: a, Records: []*store.StepRecord{completedStep(0, "again")}}})
+	require.NoError(t, err)
+	require.True(t, res[0].Landed, "an upsert of an existing record lands (a completed one is kept)")
+}

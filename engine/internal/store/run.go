@@ -123,9 +123,6 @@ SELECT seq, name, kind, status, attempts, request_id, output, error, next_attemp
        first_failed_at, started_at, completed_at, compensation, compensation_of
 FROM workflow_steps WHERE run_id = $1 ORDER BY seq`
 
-// asyncCommit applies to the rest of the batch's implicit transaction only.
-const asyncCommit = `SELECT set_config('synchronous_commit', 'off', true)`
-
 func scanSteps(rows pgx.Rows) ([]StepRecord, error) {
 	defer rows.Close()
 	var out []StepRecord

@@ -124,6 +124,13 @@ type StepRecord struct {
 	// CompensationOf is the forward step's seq on a compensation step.
 	Compensation   *string
 	CompensationOf *int
+	// Fresh: no record of this (run, seq) can exist yet (the writing
+	// delivery holds the lease, loaded the run's records and has not
+	// written this one), so the record writes (WriteRecords) insert it
+	// without ON CONFLICT, which costs a speculative insertion (an extra
+	// index probe and WAL record) per row. Were a row there after all, the
+	// write fails with ErrConflict and lands nothing.
+	Fresh bool
 }
 
 // Step statuses (the CHECK constraint in 00001_runs.sql).
