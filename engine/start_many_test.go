@@ -117,3 +117,29 @@ func countWorkflowID(t *testing.T, db *enginetest.DB, id string) int {
 	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM workflow_runs WHERE workflow_id = $1`, id).Scan(&n))
 	return n
 }
+
+func ExampleWorkflow_StartMany() {
+	type Invoice struct {
+		ID     string `json:"id"`
+		Amount int    `json:"amount"`
+	}
+	remind := engine.Define("remind", func(ctx *engine.Context, inv Invoice) (bool, error) {
+		return engine.Step(ctx, "email", func(context.Context) (bool, error) { return true, nil }, nil)
+	}, nil)
+	var e *engine.Engine // from engine.New, with remind registered
+	due := []Invoice{{ID: "inv_1", Amount: 4999}, {ID: "inv_2", Amount: 1200}}
+	starts := make([]engine.StartParams[Invoice], len(due))
+	for i, inv := range due {
+		// The invoice ID as the workflow ID: a second batch with the same
+		// invoices finds these runs instead of starting new ones.
+		starts[i] = engine.StartParams[Invoice]{Input: inv, Opts: &engine.StartOpts{WorkflowID: "remind-" + inv.ID}}
+	}
+	if e == nil {
+		return // a sketch: no engine here
+	}
+	res, err := remind.StartMany(context.Background(), e, starts) // one transaction: all start or none
+	if err != nil {
+		return
+	}
+	fmt.Println(len(res), "runs started")
+}
