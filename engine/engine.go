@@ -191,6 +191,8 @@ type Engine struct {
 	// channels closed when its end commits.
 	endsMu sync.Mutex
 	ends   map[uuid.UUID][]chan struct{}
+	// remote hears of ends committed by other processes (see Wait).
+	remote remoteEnds
 
 	mu        sync.Mutex
 	workflows map[string]registered

@@ -243,30 +243,70 @@ func (w *Workflow[In, Out]) Result(ctx context.Context, e *Engine, runID uuid.UU
 
 // Wait returns what Result returns once the run reaches a terminal status
 // (completed, failed, dead, cancelled, compensated), or ctx's error when
-// ctx is done first. A run that ends in e's process (one Start dispatched
-// there, or that e's workers picked up) wakes Wait as its end commits; one
-// that ends in another process is seen at the next check, every poll
-// (default 50ms). A dead run returns a *RunError with Status "dead" at
-// once; it does not wait for an operator's replay. A run of a workflow
-// that no running engine registers stays pending: bound ctx.
+// ctx is done first. It is woken as the run's end commits: at once when
+// the run ends in e's process (one Start dispatched there, or that e's
+// workers picked up); when it ends in another process, by a notification
+// (PostgreSQL's NOTIFY) that the ending statement sends because Wait,
+// having not seen the run end within localGrace, marked it watched and
+// listens on a connection of its own (one per process, while some Wait
+// needs it). poll (default 50ms) is how often Wait reads the run while
+// it cannot be notified; once it can, it reads it every second as well, in
+// case a notification is lost with the listening connection. A dead run
+// returns a *RunError with Status "dead" at once; it does not wait for an
+// operator's replay. A run of a workflow that no running engine registers
+// stays pending: bound ctx.
 func (w *Workflow[In, Out]) Wait(ctx context.Context, e *Engine, runID uuid.UUID, poll time.Duration) (Out, error) {
 	poll = orDefault(poll, 50*time.Millisecond)
 	ended, stop := e.watchEnd(runID)
-	defer stop()
-	for {
+	defer func() { stop() }()
+	var unwatch func() // set while this Wait will be notified of an end elsewhere
+	defer func() {
+		if unwatch != nil {
+			unwatch()
+		}
+	}()
+	for check := 0; ; check++ {
 		out, err := w.Result(ctx, e, runID)
 		if !errors.Is(err, ErrRunNotFinished) {
 			return out, err
 		}
-		t := time.NewTimer(poll)
+		wait := poll
+		switch {
+		case unwatch != nil:
+			wait = max(poll, remoteBackstop)
+		case check == 0:
+			// Most runs end where they were started: give that a moment
+			// before marking the run watched, which is a write.
+			wait = min(poll, localGrace)
+		default:
+			if status, done, err := e.watchRemote(ctx, runID); err == nil {
+				unwatch = done
+				if status.Terminal() {
+					continue // it ended before the mark: read its result
+				}
+				wait = max(poll, remoteBackstop)
+			}
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return out, ctx.Err()
 		case <-ended:
-			ended = nil // read the result it committed, then poll
+			// An end, here or notified; or the listener failed and woke
+			// every Wait, which then watches again if its run still runs.
+			stop()
+			ended, stop = e.watchEnd(runID)
+			if unwatch != nil {
+				unwatch()
+				unwatch = nil
+			}
 		case <-t.C:
 		}
 		t.Stop()
 	}
 }
+
+// localGrace is how long Wait waits for a run to end in its own process
+// before it arranges to be notified of an end elsewhere.
+const localGrace = 50 * time.Millisecond

@@ -71,7 +71,7 @@ WITH f AS (
         stalled_deliveries = 0, long_stalled_deliveries = 0
     FROM f
     WHERE r.run_id = f.run_id AND r.owner_token = f.token
-    RETURNING r.run_id, f.token, r.cancel_requested_at IS NOT NULL AS cancel
+    RETURNING r.run_id, f.token, r.cancel_requested_at IS NOT NULL AS cancel, f.finish AND r.watched AS notify
 ), u AS (
     SELECT u.* FROM unnest($8::uuid[], $9::uuid[], $10::int[], $11::text[], $12::text[], $13::text[], $14::int[], $15::uuid[],
                            $16::text[], $17::text[], $18::timestamptz[], $19::timestamptz[], $20::timestamptz[],
@@ -86,8 +86,8 @@ WITH f AS (
     INSERT INTO workflow_steps AS s (` + stepColumnList + `)
     SELECT ` + stepValues + ` FROM u WHERE NOT u.fresh
 ` + stepConflict + `
-)
-SELECT run_id, token, cancel FROM run`
+), ` + notifyEnded + `
+SELECT run_id, token, cancel FROM run WHERE (SELECT count(*) FROM notified) >= 0`
 
 // writeRecord is writeRecords for one write of at most one record, with
 // scalar parameters: its generic plan is as good as a custom one, so
@@ -109,7 +109,7 @@ WITH run AS (
         await_signal = CASE WHEN $19::bool THEN NULL ELSE r.await_signal END,
         stalled_deliveries = 0, long_stalled_deliveries = 0
     WHERE r.run_id = $1 AND r.owner_token = $2
-    RETURNING r.run_id, r.cancel_requested_at IS NOT NULL AS cancel
+    RETURNING r.run_id, r.cancel_requested_at IS NOT NULL AS cancel, $19::bool AND r.watched AS notify
 ), fresh AS (
     INSERT INTO workflow_steps (` + stepColumnList + `)
     SELECT run.run_id, $4::int, $5::text, $6::text, $7::text, $8::int, $9::uuid, $10::jsonb, $11::jsonb,
@@ -121,8 +121,8 @@ WITH run AS (
            $12::timestamptz, $13::timestamptz, $14::timestamptz, $15::timestamptz, $16::text, $17::int
     FROM run WHERE $4::int IS NOT NULL AND NOT $22::bool
 ` + stepConflict + `
-)
-SELECT cancel FROM run`
+), ` + notifyEnded + `
+SELECT cancel FROM run WHERE (SELECT count(*) FROM notified) >= 0`
 
 func writeOne(ctx context.Context, db DBTX, w *RecordWrite) (WriteResult, error) {
 	var rec *StepRecord

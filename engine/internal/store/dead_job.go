@@ -31,8 +31,8 @@ WITH run AS (
     UPDATE workflow_runs SET status = 'dead', error = $18::jsonb, completed_at = now(),
         owner_token = NULL, lease_expires_at = NULL, wake_at = NULL
     WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0
-    RETURNING run_id, workflow_name, workflow_id, workflow_version, input
-), ` + stepUpsert + `,
+    RETURNING run_id, workflow_name, workflow_id, workflow_version, input, watched AS notify
+), ` + stepUpsert + `, ` + notifyEnded + `,
 dead AS (
     INSERT INTO dead_jobs (id, run_id, workflow_name, workflow_id, workflow_version, input, reason, step_name, seq,
                            attempts, first_failed_at, last_failed_at, error_class, error_message, stack,
@@ -41,7 +41,7 @@ dead AS (
            $23, $24, $25, $26, $27, $28, $29, $30::jsonb
     FROM run
 )
-SELECT count(*) FROM run`
+SELECT count(*) FROM run WHERE (SELECT count(*) FROM notified) >= 0`
 
 // ParkRun marks the run dead and inserts its dead_jobs row, writing the
 // pending step record (may be nil) in the same statement. ErrLeaseLost when

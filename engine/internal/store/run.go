@@ -155,6 +155,29 @@ const stepConflict = `    ON CONFLICT (run_id, seq) DO UPDATE SET
         compensation_of = coalesce(excluded.compensation_of, s.compensation_of)
     WHERE s.status <> 'completed'`
 
+// RunEndedChannel is the channel on which the statements that end a
+// watched run (see WatchRun) notify, with the run's ID as the payload.
+const RunEndedChannel = "pgdurable_run_ended"
+
+// notifyEnded is a CTE that notifies RunEndedChannel of each row of the
+// preceding "run" CTE whose notify column is true; the statement's final
+// SELECT evaluates it (an unreferenced CTE does not run). PostgreSQL sends
+// the notifications when the transaction commits, and none if it rolls
+// back.
+const notifyEnded = `
+notified AS (
+    SELECT pg_notify('` + RunEndedChannel + `', run_id::text) FROM run WHERE notify
+)`
+
+// WatchRun marks a run watched, so that the statement that ends it
+// notifies RunEndedChannel, and returns its status as of then: a run that
+// ended before the mark sends nothing, and its status says so.
+// ErrNotFound for an unknown run.
+func WatchRun(ctx context.Context, db DBTX, runID uuid.UUID) (status string, err error) {
+	err = db.QueryRow(ctx, `UPDATE workflow_runs SET watched = true WHERE run_id = $1 RETURNING status`, runID).Scan(&status)
+	return status, translate(err)
+}
+
 // stepUpsert is a CTE that writes one step record ($4..$15) for the run the
 // preceding "run" CTE returned; it writes nothing when that CTE returned no
 // row (the fence failed) or when $4 is NULL (no record to write).
