@@ -247,9 +247,9 @@ func (w *Workflow[In, Out]) Result(ctx context.Context, e *Engine, runID uuid.UU
 // the run ends in e's process (one Start dispatched there, or that e's
 // workers picked up); when it ends in another process, by a notification
 // (PostgreSQL's NOTIFY) that the ending statement sends because Wait,
-// having not seen the run end within localGrace, marked it watched and
-// listens on a connection of its own (one per process, while some Wait
-// needs it). poll (default 50ms) is how often Wait reads the run while
+// having not seen the run end within 50ms, marked it watched (one write)
+// and listens on a connection of its own (one per process, while some
+// Wait needs it, not taken from e's pool). poll (default 50ms) is how often Wait reads the run while
 // it cannot be notified; once it can, it reads it every second as well, in
 // case a notification is lost with the listening connection. A dead run
 // returns a *RunError with Status "dead" at once; it does not wait for an
