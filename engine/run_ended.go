@@ -34,8 +34,7 @@ type listener struct {
 }
 
 // remoteBackstop is how often a Wait that will be notified of the run's
-// end still reads it, in case a notification is lost with the listener's
-// connection.
+// end still reads it, whatever its poll, in case a notification is lost.
 const remoteBackstop = time.Second
 
 // watchRemote arranges for e to hear of runID's end when another process
@@ -128,7 +127,10 @@ func (e *Engine) listen(ctx context.Context, l *listener) {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
-				e.log.Warn("listening for run ends failed; waits poll until they listen again", "error", err)
+				e.log.Warn("listening for run ends failed; waits listen again", "error", err)
+				// Retired first, so the Waits it wakes start another
+				// listener instead of joining this one.
+				e.retireListener(l)
 				e.wakeAllWaits()
 			}
 			return
@@ -136,6 +138,17 @@ func (e *Engine) listen(ctx context.Context, l *listener) {
 		if id, err := uuid.Parse(n.Payload); err == nil {
 			e.notifyEnded(id)
 		}
+	}
+}
+
+// retireListener stops l from being joined: the next Wait to join starts
+// another.
+func (e *Engine) retireListener(l *listener) {
+	r := &e.remote
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.listening == l {
+		r.listening = nil
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdurable/pgdurable/engine"
@@ -110,6 +111,47 @@ func TestWaitIsNotifiedOfADeadRunInAnotherProcess(t *testing.T) {
 		require.ErrorAs(t, err, &runErr)
 		require.Equal(t, engine.StatusDead, runErr.Status)
 	case <-time.After(10 * time.Second):
+		t.Fatal("Wait did not return")
+	}
+}
+
+// A notification that never comes (here: the run unmarked behind Wait's
+// back, so its end sends none) costs a Wait at most its one-second
+// backstop read, not its poll (a minute here).
+func TestWaitReadsItsRunEverySecondWhileNotified(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	wf := engine.Define("unnotified", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.Step(ctx, "block", func(context.Context) (int, error) {
+			<-release
+			return 1, nil
+		}, nil)
+	}, nil)
+	db := enginetest.NewDB(t)
+	newEngine(t, db, nil, true, wf)
+	client := newEngine(t, db, nil, false, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, client, 0, nil)
+	require.NoError(t, err)
+	got := make(chan time.Time, 1)
+	go func() {
+		_, err := wf.Wait(ctx, client, res.RunID, time.Minute)
+		assert.NoError(t, err)
+		got <- time.Now()
+	}()
+	eventually(t, 10*time.Second, "the client's Wait to watch the run", func() bool {
+		var watched bool
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT watched FROM workflow_runs WHERE run_id = $1`, res.RunID).Scan(&watched))
+		return watched
+	})
+	_, err = db.Pool.Exec(ctx, `UPDATE workflow_runs SET watched = false WHERE run_id = $1`, res.RunID)
+	require.NoError(t, err)
+	close(release)
+	released := time.Now()
+	select {
+	case at := <-got:
+		require.Less(t, at.Sub(released), 3*time.Second, "the backstop read, not the poll")
+	case <-time.After(20 * time.Second):
 		t.Fatal("Wait did not return")
 	}
 }

@@ -273,7 +273,7 @@ func (w *Workflow[In, Out]) Wait(ctx context.Context, e *Engine, runID uuid.UUID
 		wait := poll
 		switch {
 		case unwatch != nil:
-			wait = max(poll, remoteBackstop)
+			wait = remoteBackstop
 		case check == 0:
 			// Most runs end where they were started: give that a moment
 			// before marking the run watched, which is a write.
@@ -284,7 +284,7 @@ func (w *Workflow[In, Out]) Wait(ctx context.Context, e *Engine, runID uuid.UUID
 				if status.Terminal() {
 					continue // it ended before the mark: read its result
 				}
-				wait = max(poll, remoteBackstop)
+				wait = remoteBackstop
 			}
 		}
 		t := time.NewTimer(wait)
