@@ -289,6 +289,11 @@ func (l *attemptLoop) begin(attempt int) (announced, stop bool, out []byte, err 
 		}
 		return true, false, nil, nil
 	}
+	if l.call.tx {
+		// A tx step writes the previous step's record in its own
+		// transaction, with its own record: both commit or neither.
+		return false, false, nil, nil
+	}
 	if !d.flush() {
 		return false, true, nil, d.endErr
 	}

@@ -46,6 +46,9 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 		d := a.d
 		var out []byte
 		var fnDone, already bool
+		// prev is the previous step's record, not yet written: it commits
+		// with this one (see begin), and stays buffered if this rolls back.
+		prev := d.buf.pending
 		sent := time.Now()
 		err := pgx.BeginFunc(d.ctx, d.e.pool, func(tx pgx.Tx) error {
 			v, err := fn(sctx, tx)
@@ -55,21 +58,29 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			if out, err = encodeOutput(v, d.e.cfg.MaxPayloadBytes); err != nil {
 				return err
 			}
-			cancel, written, err := store.WriteSteps(d.ctx, tx, d.fence(), "", a.completed(out))
+			recs := []*store.StepRecord{a.completed(out)}
+			if prev != nil {
+				recs = []*store.StepRecord{prev, recs[0]}
+			}
+			cancel, written, err := store.WriteSteps(d.ctx, tx, d.fence(), "", recs...)
 			d.noteCancel(cancel)
 			if err != nil {
 				return err
 			}
-			if written == 0 {
+			if written < len(recs) { // the previous record always writes: this one is recorded already
 				already = true
 				return errAlreadyRecorded // roll this attempt's writes back
 			}
 			fnDone = true
 			return nil
 		})
+		if err != nil && prev != nil {
+			prev.Fresh = false // its insert may have committed: upsert it from now on
+		}
 		switch {
 		case err == nil:
 			a.recorded = true
+			d.buf.take() // prev, committed with the step's record
 			d.extendedAt(sent)
 			return out, nil
 		case errors.Is(err, store.ErrLeaseLost):
@@ -78,7 +89,10 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			rec, gerr := store.GetStep(d.ctx, d.e.pool, d.runID, a.seq)
 			switch {
 			case gerr == nil && rec.Status == store.StepCompleted:
+				// The commit that recorded it (this attempt's or an
+				// earlier one's) wrote prev too.
 				a.recorded = true
+				d.buf.take()
 				return rec.Output, nil
 			case gerr != nil && !errors.Is(gerr, store.ErrNotFound):
 				// Cannot tell whether the commit landed: end this delivery

@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -131,4 +132,57 @@ func TestTxStepOfLeaseLoserRollsBack(t *testing.T) {
 		return n == 0
 	})
 	require.Equal(t, []string{"B"}, reservations(t, b, res.RunID))
+}
+
+// The record of the step before a tx step commits in the tx step's own
+// transaction: both land, in order, and a rolled-back attempt of the tx
+// step leaves the earlier record to its retry's write; the earlier step
+// runs once and replays.
+func TestTxStepCommitsThePreviousRecordWithItsOwn(t *testing.T) {
+	t.Parallel()
+	var before, attempts, after atomic.Int64
+	wf := engine.Define("tx-carries", func(ctx *engine.Context, fail int) (string, error) {
+		id, err := engine.Step(ctx, "pick", func(context.Context) (int64, error) { return before.Add(1), nil }, nil)
+		if err != nil {
+			return "", err
+		}
+		if _, err := engine.TxStep(ctx, "reserve", func(sctx context.Context, tx pgx.Tx) (bool, error) {
+			if _, err := tx.Exec(sctx, `INSERT INTO reservations VALUES ($1, $2)`, ctx.RunID(), fmt.Sprint(id)); err != nil {
+				return false, err
+			}
+			if attempts.Add(1) <= int64(fail) {
+				return false, errors.New("serialization failure") // rolled back, retried
+			}
+			return true, nil
+		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: 10 * time.Millisecond}}); err != nil {
+			return "", err
+		}
+		// A long backoff: the next delivery replays both steps.
+		_, err = engine.Step(ctx, "later", func(context.Context) (int, error) {
+			if after.Add(1)%2 == 1 {
+				return 0, engine.RetryAfter(errors.New("not yet"), 1200*time.Millisecond)
+			}
+			return 1, nil
+		}, nil)
+		return fmt.Sprint(id), err
+	}, nil)
+	b := setup(t, nil, wf)
+	createReservations(t, b)
+	ctx := testCtx(t)
+	for fail, want := range []string{"1", "2"} {
+		res, err := wf.Start(ctx, b.engine, fail, nil)
+		require.NoError(t, err)
+		out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+		require.NoError(t, err)
+		require.Equal(t, want, out, "pick ran once and replayed")
+		require.Equal(t, []string{want}, reservations(t, b, res.RunID))
+		run, err := b.engine.GetRun(ctx, res.RunID)
+		require.NoError(t, err)
+		require.Len(t, run.Steps, 3)
+		require.Equal(t, "pick", run.Steps[0].Name)
+		require.Equal(t, engine.StepCompleted, run.Steps[0].Status)
+		require.Equal(t, fail+1, run.Steps[1].Attempts)
+		attempts.Store(0)
+	}
+	require.EqualValues(t, 2, before.Load())
 }
