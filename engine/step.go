@@ -40,8 +40,9 @@ type StepOpts struct {
 // ways, so live runs and replays see the same value.
 //
 // Outcomes:
-//   - fn returns a value: recorded (one round trip, written before the next
-//     step starts or with the run's completion) and returned.
+//   - fn returns a value: recorded (written before the next step starts,
+//     in the same round trip as its announcement, in a next tx step's
+//     transaction, or with the run's completion) and returned.
 //   - fn returns an error: retried per the RetryPolicy; attempts are counted
 //     in Postgres. A backoff over Config.MaxInlineBackoff ends this delivery
 //     and frees the worker until the retry is due.
