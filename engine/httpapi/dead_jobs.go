@@ -14,11 +14,14 @@ import (
 )
 
 func (a *api) listDeadJobs(w http.ResponseWriter, r *http.Request) {
+	q, ok := queryParams(w, r, "workflow", "reason", "open", "limit", "cursor")
+	if !ok {
+		return
+	}
 	limit, ok := queryLimit(w, r)
 	if !ok {
 		return
 	}
-	q := r.URL.Query()
 	open := false
 	if v := q.Get("open"); v != "" {
 		var err error

@@ -626,3 +626,27 @@ func TestStartRefusesUnpairedSurrogateEscapes(t *testing.T) {
 		require.Equal(t, want, r.body["workflow_id"])
 	}
 }
+
+// A list refuses a query parameter it does not take, or one given twice,
+// naming it: a misspelt filter would otherwise list everything. The
+// workflow ID prefix filters runs.
+func TestListsRefuseUnknownAndRepeatedParameters(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for _, path := range []string{"/v1/runs?stauts=dead", "/v1/runs?status=dead&status=completed", "/v1/dead-jobs?run=x",
+		"/v1/runs?workflow=payment&" + strings.Repeat("k", 5000) + "=1"} {
+		r := b.do(t, "GET", path, "")
+		require.Equal(t, 400, r.status, "%s: %s", path[:min(len(path), 60)], r.raw)
+		require.Equal(t, "invalid_parameter", errCode(r))
+		require.Less(t, len(r.raw), 600, "the name is cut short in the message")
+	}
+	require.Contains(t, b.do(t, "GET", "/v1/runs?stauts=dead", "").raw, `\"stauts\"`)
+
+	for _, id := range []string{"batch7_1", "batch7_2", "other_1"} {
+		r := b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": "`+id+`", "input": {"order_id": "o", "amount": 1}}`)
+		require.Equal(t, http.StatusCreated, r.status, r.raw)
+	}
+	list := b.do(t, "GET", "/v1/runs?workflow_id_prefix=batch7_", "")
+	require.Equal(t, http.StatusOK, list.status, list.raw)
+	require.Len(t, list.body["runs"].([]any), 2)
+}

@@ -4,8 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
+	"net/url"
+	"slices"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -52,13 +57,17 @@ func (a *api) getRun(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) listRuns(w http.ResponseWriter, r *http.Request) {
+	q, ok := queryParams(w, r, "workflow", "status", "workflow_id_prefix", "limit", "cursor")
+	if !ok {
+		return
+	}
 	limit, ok := queryLimit(w, r)
 	if !ok {
 		return
 	}
-	q := r.URL.Query()
 	runs, next, err := a.e.ListRuns(r.Context(), engine.ListRunsParams{
-		Workflow: q.Get("workflow"), Status: engine.RunStatus(q.Get("status")), Limit: limit, Cursor: q.Get("cursor"),
+		Workflow: q.Get("workflow"), Status: engine.RunStatus(q.Get("status")), WorkflowIDPrefix: q.Get("workflow_id_prefix"),
+		Limit: limit, Cursor: q.Get("cursor"),
 	})
 	if err != nil {
 		a.engineError(w, r, err)
@@ -112,6 +121,41 @@ func pathUUID(w http.ResponseWriter, r *http.Request, key string) (uuid.UUID, bo
 		return uuid.Nil, false
 	}
 	return id, true
+}
+
+// queryParams returns the request's query parameters when each is one of
+// allowed and given once; otherwise it answers 400 invalid_parameter
+// naming the parameter, so a misspelt filter (?stauts=dead) is refused
+// instead of ignored, which would list everything.
+func queryParams(w http.ResponseWriter, r *http.Request, allowed ...string) (url.Values, bool) {
+	q := r.URL.Query()
+	for _, k := range slices.Sorted(maps.Keys(q)) {
+		switch {
+		case !slices.Contains(allowed, k):
+			takes := "no query parameters"
+			if len(allowed) > 0 {
+				takes = "only " + strings.Join(allowed, ", ")
+			}
+			writeError(w, http.StatusBadRequest, "invalid_parameter",
+				fmt.Sprintf("unknown query parameter %q: %s %s takes %s", truncate(k, 100), r.Method, r.URL.Path, takes))
+			return nil, false
+		case len(q[k]) > 1:
+			writeError(w, http.StatusBadRequest, "invalid_parameter", fmt.Sprintf("query parameter %q is given %d times", k, len(q[k])))
+			return nil, false
+		}
+	}
+	return q, true
+}
+
+// truncate keeps at most n bytes of s, on a character boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
 
 func queryLimit(w http.ResponseWriter, r *http.Request) (int, bool) {
