@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -108,6 +109,53 @@ func (e *Engine) planStart(tx pgx.Tx, name string) (registered, startPath) {
 		return wf, holdLocal
 	}
 	return registered{}, viaRiver
+}
+
+// newRun is a start's row: a new run ID and the workflow ID (the run's ID
+// unless opts gives one), with the input's size and the ID checked.
+func (e *Engine) newRun(name string, version int, input []byte, opts *StartOpts) (store.NewRun, error) {
+	if len(input) > e.cfg.MaxPayloadBytes {
+		return store.NewRun{}, e.tooLarge(name, len(input))
+	}
+	runID, err := uuid.NewV7()
+	if err != nil {
+		return store.NewRun{}, fmt.Errorf("pgdurable: generating run ID: %w", err)
+	}
+	workflowID := runID.String()
+	if opts != nil && opts.WorkflowID != "" {
+		workflowID = opts.WorkflowID
+	}
+	if err := checkName("workflow ID", workflowID, 400); err != nil {
+		return store.NewRun{}, fmt.Errorf("%w: %v", ErrInvalidInput, err)
+	}
+	return store.NewRun{RunID: runID, WorkflowName: name, WorkflowVersion: version, WorkflowID: workflowID,
+		Input: input, Queue: e.cfg.Queue, ScheduleName: scheduleOf(opts)}, nil
+}
+
+// route readies r for path: a run to dispatch is inserted claimed by this
+// process, one to hold is inserted held.
+func (e *Engine) route(r *store.NewRun, path startPath) {
+	switch path {
+	case dispatchNow:
+		r.Claim = &store.Fence{RunID: r.RunID, Token: uuid.New(), Lease: e.cfg.LeaseDuration}
+	case holdLocal:
+		r.Hold = e.cfg.LeaseDuration
+	}
+}
+
+// afterStart hands a started run to its worker once its insert returned:
+// a fresh run (inserted, not found existing) is dispatched or held as
+// planned; a start that dispatches nothing gives back the slot it took.
+func (e *Engine) afterStart(wf registered, path startPath, r store.NewRun, fresh bool, sent time.Time) {
+	switch {
+	case path == dispatchNow && fresh:
+		e.dispatch(wf, &store.ClaimedRun{RunID: r.RunID, WorkflowName: r.WorkflowName, WorkflowVersion: r.WorkflowVersion,
+			WorkflowID: r.WorkflowID, Input: r.Input, Deliveries: 1, StalledDeliveries: 1, Status: store.RunRunning}, r.Claim.Token, sent)
+	case path == dispatchNow:
+		e.releaseSlot()
+	case path == holdLocal && fresh:
+		e.hold(wf, r.RunID)
+	}
 }
 
 // heldRun is a run this process holds until a worker of its is free.

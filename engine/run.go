@@ -86,32 +86,14 @@ func (e *Engine) startRegistered(ctx context.Context, tx pgx.Tx, name string, in
 // the concurrent starts of this process, in one statement (see
 // insertRuns); with tx, in the caller's transaction.
 func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version int, input []byte, opts *StartOpts) (*StartResult, error) {
-	if len(input) > e.cfg.MaxPayloadBytes {
-		return nil, e.tooLarge(name, len(input))
-	}
-	runID, err := uuid.NewV7()
+	r, err := e.newRun(name, version, input, opts)
 	if err != nil {
-		return nil, fmt.Errorf("pgdurable: generating run ID: %w", err)
+		return nil, err
 	}
-	workflowID := runID.String()
-	if opts != nil && opts.WorkflowID != "" {
-		workflowID = opts.WorkflowID
-	}
-	if err := checkName("workflow ID", workflowID, 400); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidInput, err)
-	}
+	workflowID := r.WorkflowID
 	var res *StartResult
 	wf, path := e.planStart(tx, name)
-	r := store.NewRun{
-		RunID: runID, WorkflowName: name, WorkflowVersion: version,
-		WorkflowID: workflowID, Input: input, Queue: e.cfg.Queue, ScheduleName: scheduleOf(opts),
-	}
-	switch path {
-	case dispatchNow:
-		r.Claim = &store.Fence{RunID: runID, Token: uuid.New(), Lease: e.cfg.LeaseDuration}
-	case holdLocal:
-		r.Hold = e.cfg.LeaseDuration
-	}
+	e.route(&r, path)
 	sent := time.Now()
 	var ins *store.InsertedRun
 	if tx != nil {
@@ -120,15 +102,7 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		o := e.starts.do(r)
 		ins, err = o.res, o.err
 	}
-	switch {
-	case path == dispatchNow && err == nil && !ins.Existing:
-		e.dispatch(wf, &store.ClaimedRun{RunID: runID, WorkflowName: name, WorkflowVersion: version, WorkflowID: workflowID,
-			Input: input, Deliveries: 1, StalledDeliveries: 1, Status: store.RunRunning}, r.Claim.Token, sent)
-	case path == dispatchNow:
-		e.releaseSlot()
-	case path == holdLocal && err == nil && !ins.Existing:
-		e.hold(wf, runID)
-	}
+	e.afterStart(wf, path, r, err == nil && !ins.Existing, sent)
 	switch {
 	case errors.Is(err, store.ErrConflict):
 		return nil, fmt.Errorf("%w: workflow %q, ID %q (run %s)", ErrWorkflowIDConflict, name, workflowID, ins.RunID)

@@ -62,25 +62,14 @@ func (w *Workflow[In, Out]) startMany(ctx context.Context, e *Engine, tx pgx.Tx,
 		if err != nil {
 			return nil, fmt.Errorf("start %d: %w", i, err)
 		}
-		if len(input) > e.cfg.MaxPayloadBytes {
-			return nil, fmt.Errorf("start %d: %w", i, e.tooLarge(w.name, len(input)))
+		if len(input) <= e.cfg.MaxPayloadBytes { // over it, newRun says so for this start
+			if total += len(input); total > maxStartManyBytes {
+				return nil, fmt.Errorf("%w: the inputs of one StartMany call are over %d bytes together", ErrInvalidArgument, maxStartManyBytes)
+			}
 		}
-		if total += len(input); total > maxStartManyBytes {
-			return nil, fmt.Errorf("%w: the inputs of one StartMany call are over %d bytes together", ErrInvalidArgument, maxStartManyBytes)
+		if runs[i], err = e.newRun(w.name, w.opts.Version, input, s.Opts); err != nil {
+			return nil, fmt.Errorf("start %d: %w", i, err)
 		}
-		runID, err := uuid.NewV7()
-		if err != nil {
-			return nil, fmt.Errorf("pgdurable: generating run ID: %w", err)
-		}
-		workflowID := runID.String()
-		if s.Opts != nil && s.Opts.WorkflowID != "" {
-			workflowID = s.Opts.WorkflowID
-		}
-		if err := checkName("workflow ID", workflowID, 400); err != nil {
-			return nil, fmt.Errorf("start %d: %w: %v", i, ErrInvalidInput, err)
-		}
-		runs[i] = store.NewRun{RunID: runID, WorkflowName: w.name, WorkflowVersion: w.opts.Version,
-			WorkflowID: workflowID, Input: input, Queue: e.cfg.Queue, ScheduleName: scheduleOf(s.Opts)}
 	}
 	if len(runs) == 0 {
 		return []*StartResult{}, nil
@@ -100,15 +89,12 @@ func (w *Workflow[In, Out]) startMany(ctx context.Context, e *Engine, tx pgx.Tx,
 		if paths[i] != viaRiver {
 			wf = p
 		}
-		switch {
-		case paths[i] == dispatchNow:
-			runs[i].Claim = &store.Fence{RunID: runs[i].RunID, Token: uuid.New(), Lease: e.cfg.LeaseDuration}
-		case paths[i] == holdLocal && room > 0:
-			runs[i].Hold = e.cfg.LeaseDuration
-			room--
-		case paths[i] == holdLocal:
-			paths[i] = viaRiver
+		if paths[i] == holdLocal {
+			if room--; room < 0 {
+				paths[i] = viaRiver
+			}
 		}
+		e.route(&runs[i], paths[i])
 	}
 	sent := time.Now()
 	var inserted []store.InsertedRunResult
@@ -132,16 +118,7 @@ func (w *Workflow[In, Out]) startMany(ctx context.Context, e *Engine, tx pgx.Tx,
 	})
 	out := make([]*StartResult, len(runs))
 	for i, r := range runs {
-		fresh := err == nil && !inserted[i].Run.Existing
-		switch {
-		case paths[i] == dispatchNow && fresh:
-			e.dispatch(wf, &store.ClaimedRun{RunID: r.RunID, WorkflowName: w.name, WorkflowVersion: w.opts.Version,
-				WorkflowID: r.WorkflowID, Input: r.Input, Deliveries: 1, StalledDeliveries: 1, Status: store.RunRunning}, r.Claim.Token, sent)
-		case paths[i] == dispatchNow:
-			e.releaseSlot()
-		case paths[i] == holdLocal && fresh:
-			e.hold(wf, r.RunID)
-		}
+		e.afterStart(wf, paths[i], r, err == nil && !inserted[i].Run.Existing, sent)
 		if err == nil {
 			ins := inserted[i].Run
 			out[i] = &StartResult{RunID: ins.RunID, WorkflowID: r.WorkflowID, Existing: ins.Existing, Status: RunStatus(ins.Status)}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -40,11 +41,7 @@ func TestWaitIsNotifiedOfAnEndInAnotherProcess(t *testing.T) {
 		out, err := wf.Wait(ctx, client, res.RunID, time.Minute)
 		got <- result{out, err, time.Now()}
 	}()
-	eventually(t, 10*time.Second, "the client's Wait to watch the run", func() bool {
-		var watched bool
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT watched FROM workflow_runs WHERE run_id = $1`, res.RunID).Scan(&watched))
-		return watched
-	})
+	waitWatched(t, db, res.RunID)
 	close(release)
 	released := time.Now()
 	select {
@@ -99,11 +96,7 @@ func TestWaitIsNotifiedOfADeadRunInAnotherProcess(t *testing.T) {
 		_, err := wf.Wait(ctx, client, res.RunID, time.Minute)
 		got <- err
 	}()
-	eventually(t, 10*time.Second, "the client's Wait to watch the run", func() bool {
-		var watched bool
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT watched FROM workflow_runs WHERE run_id = $1`, res.RunID).Scan(&watched))
-		return watched
-	})
+	waitWatched(t, db, res.RunID)
 	close(release)
 	select {
 	case err := <-got:
@@ -139,11 +132,7 @@ func TestWaitReadsItsRunEverySecondWhileNotified(t *testing.T) {
 		assert.NoError(t, err)
 		got <- time.Now()
 	}()
-	eventually(t, 10*time.Second, "the client's Wait to watch the run", func() bool {
-		var watched bool
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT watched FROM workflow_runs WHERE run_id = $1`, res.RunID).Scan(&watched))
-		return watched
-	})
+	waitWatched(t, db, res.RunID)
 	_, err = db.Pool.Exec(ctx, `UPDATE workflow_runs SET watched = false WHERE run_id = $1`, res.RunID)
 	require.NoError(t, err)
 	close(release)
@@ -154,4 +143,14 @@ func TestWaitReadsItsRunEverySecondWhileNotified(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("Wait did not return")
 	}
+}
+
+// waitWatched waits until a Wait has marked runID watched.
+func waitWatched(t *testing.T, db *enginetest.DB, runID uuid.UUID) {
+	t.Helper()
+	eventually(t, 10*time.Second, "the client's Wait to watch the run", func() bool {
+		var watched bool
+		require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT watched FROM workflow_runs WHERE run_id = $1`, runID).Scan(&watched))
+		return watched
+	})
 }
