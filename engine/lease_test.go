@@ -79,3 +79,41 @@ func TestStopAndCancelHandsRunsBackAtOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, run.Steps[1].Attempts)
 }
+
+// A ticket that River fetched and whose delivery died before claiming the
+// run is found however many stale tickets come before it: a killed
+// process leaves a running ticket per delivery it ran until River's
+// rescuer comes for them, and a first page of 1,000 of those hid the
+// orphan behind them until then.
+func TestOrphanedTicketIsFoundBehindManyStaleOnes(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("orphan-behind", func(ctx *engine.Context, n int) (int, error) {
+		return engine.Step(ctx, "one", func(context.Context) (int, error) { return n, nil }, nil)
+	}, nil)
+	db := enginetest.NewDB(t)
+	ctx := testCtx(t)
+	// Older stale tickets, for runs that ended elsewhere; too young for
+	// River's rescuer, which takes them after a minute.
+	_, err := db.Pool.Exec(ctx, `INSERT INTO river_job (args, kind, queue, state, attempt, max_attempts, priority,
+		attempted_at, attempted_by, scheduled_at)
+		SELECT jsonb_build_object('run_id', gen_random_uuid()), 'pgdurable.run', 'pgdurable', 'running', 1, 25, 1,
+		       now() - interval '25 seconds', ARRAY['dead-process'], now()
+		FROM generate_series(1, 1500)`)
+	require.NoError(t, err)
+	client := newEngine(t, db, &engine.Config{LeaseDuration: time.Second}, false, wf)
+	res, err := wf.Start(ctx, client, 7, nil)
+	require.NoError(t, err)
+	// Its ticket was fetched by a process that died before its claim.
+	_, err = db.Pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now() - interval '20 seconds',
+		attempted_by = ARRAY['dead-process'] WHERE args->>'run_id' = $1`, res.RunID.String())
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `UPDATE workflow_runs SET enqueued_at = now() - interval '20 seconds' WHERE run_id = $1`, res.RunID)
+	require.NoError(t, err)
+
+	worker := newEngine(t, db, &engine.Config{LeaseDuration: time.Second}, true, wf)
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second) // River's rescuer would come only after 35 s
+	defer cancel()
+	out, err := wf.Wait(wctx, worker, res.RunID, 50*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 7, out)
+}

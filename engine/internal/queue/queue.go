@@ -191,24 +191,39 @@ func ignoreNotStarted(err error) error {
 // that is alive, or one whose process died after River's fetch. The engine
 // tells them apart by the run's lease.
 func (q *Queue) StaleTickets(ctx context.Context, olderThan time.Duration) ([]uuid.UUID, error) {
-	res, err := q.client.JobList(ctx, river.NewJobListParams().
-		Kinds(Kind).Queues(q.queue).States(rivertype.JobStateRunning).First(staleTicketBatch))
-	if err != nil {
-		return nil, fmt.Errorf("listing running deliveries: %w", err)
-	}
 	horizon := time.Now().Add(-olderThan)
 	var ids []uuid.UUID
-	for _, j := range res.Jobs {
-		if j.AttemptedAt == nil || j.AttemptedAt.After(horizon) {
-			continue
+	// Every page, not only the first: the tickets of deliveries that a
+	// killed process ran stay running until River's rescuer comes for them
+	// (ticketRescueAfter), and a first page full of them hid the orphans
+	// behind it until then.
+	params := river.NewJobListParams().Kinds(Kind).Queues(q.queue).States(rivertype.JobStateRunning).First(staleTicketBatch)
+	for range staleTicketPages {
+		res, err := q.client.JobList(ctx, params)
+		if err != nil {
+			return nil, fmt.Errorf("listing running deliveries: %w", err)
 		}
-		var a Args
-		if err := json.Unmarshal(j.EncodedArgs, &a); err != nil {
-			continue // not ours to judge; River's rescuer handles it
+		for _, j := range res.Jobs {
+			if j.AttemptedAt == nil || j.AttemptedAt.After(horizon) {
+				continue
+			}
+			var a Args
+			if err := json.Unmarshal(j.EncodedArgs, &a); err != nil {
+				continue // not ours to judge; River's rescuer handles it
+			}
+			ids = append(ids, a.RunID)
 		}
-		ids = append(ids, a.RunID)
+		if len(res.Jobs) < staleTicketBatch {
+			break
+		}
+		params = params.After(res.LastCursor)
 	}
 	return ids, nil
 }
 
-const staleTicketBatch = 1000
+// staleTicketBatch and staleTicketPages bound one look for stale tickets:
+// 20,000 running tickets, 1,000 a page.
+const (
+	staleTicketBatch = 1000
+	staleTicketPages = 20
+)
