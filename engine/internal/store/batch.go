@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Fence is the right of one delivery to write a run's records: the run,
@@ -133,7 +134,7 @@ func writeOne(ctx context.Context, db DBTX, w *RecordWrite) (WriteResult, error)
 	if w.Status != "" {
 		status = &w.Status
 	}
-	args := append([]any{w.Fence.RunID, w.Fence.Token, ms(w.Fence.Lease)}, stepArgs(rec)...)
+	args := append([]any{uuidParam(w.Fence.RunID), uuidParam(w.Fence.Token), ms(w.Fence.Lease)}, stepArgs(rec)...)
 	args = append(args, status, w.Finish, w.Output, w.Error, rec != nil && rec.Fresh)
 	var res WriteResult
 	err := db.QueryRow(ctx, writeRecord, args...).Scan(&res.CancelRequested)
@@ -165,19 +166,19 @@ func WriteRecords(ctx context.Context, db DBTX, writes []*RecordWrite) ([]WriteR
 	}
 	n := len(writes)
 	var (
-		runID, token    = make([]uuid.UUID, n), make([]uuid.UUID, n)
-		status          = make([]*string, n)
+		runID, token    = make(uuidArray, n), make(uuidArray, n)
+		status          = make(pgtype.FlatArray[pgtype.Text], n)
 		finish          = make([]bool, n)
 		lease           = make([]int64, n)
-		output, errText = make([]*string, n), make([]*string, n)
+		output, errText = make(pgtype.FlatArray[pgtype.Text], n), make(pgtype.FlatArray[pgtype.Text], n)
 		s               stepColumns
 	)
 	for i, w := range writes {
-		runID[i], token[i], finish[i], lease[i] = w.Fence.RunID, w.Fence.Token, w.Finish, ms(w.Fence.Lease)
+		runID[i], token[i], finish[i], lease[i] = uuidParam(w.Fence.RunID), uuidParam(w.Fence.Token), w.Finish, ms(w.Fence.Lease)
 		if w.Status != "" {
-			status[i] = &w.Status
+			status[i] = pgtype.Text{String: w.Status, Valid: true}
 		}
-		output[i], errText[i] = jsonText(w.Output), jsonText(w.Error)
+		output[i], errText[i] = jsonParam(w.Output), jsonParam(w.Error)
 		for _, r := range w.Records {
 			s.add(w.Fence, r)
 		}
@@ -212,30 +213,26 @@ func WriteRecords(ctx context.Context, db DBTX, writes []*RecordWrite) ([]WriteR
 
 // stepColumns holds step records as the parallel arrays unnest reads.
 type stepColumns struct {
-	runID, token                 []uuid.UUID
+	runID, token                 uuidArray
 	seq, attempts                []int32
 	name, kind, status           []string
-	requestID                    []*uuid.UUID
-	output, errs, comp           []*string
-	compOf                       []*int32
-	next, firstFailed, completed []*time.Time
+	requestID                    uuidArray
+	output, errs, comp           pgtype.FlatArray[pgtype.Text]
+	compOf                       pgtype.FlatArray[pgtype.Int4]
+	next, firstFailed, completed pgtype.FlatArray[pgtype.Timestamptz]
 	started                      []time.Time
 	fresh                        []bool
 }
 
 func (s *stepColumns) add(f Fence, r *StepRecord) {
-	s.runID, s.token = append(s.runID, f.RunID), append(s.token, f.Token)
+	s.runID, s.token = append(s.runID, uuidParam(f.RunID)), append(s.token, uuidParam(f.Token))
 	s.seq, s.attempts = append(s.seq, int32(r.Seq)), append(s.attempts, int32(r.Attempts))
 	s.name, s.kind, s.status = append(s.name, r.Name), append(s.kind, r.Kind), append(s.status, r.Status)
-	s.requestID = append(s.requestID, r.RequestID)
-	s.output, s.errs, s.comp = append(s.output, jsonText(r.Output)), append(s.errs, jsonText(r.Error)), append(s.comp, r.Compensation)
-	var compOf *int32
-	if r.CompensationOf != nil {
-		v := int32(*r.CompensationOf)
-		compOf = &v
-	}
-	s.compOf = append(s.compOf, compOf)
-	s.next, s.firstFailed, s.completed = append(s.next, r.NextAttemptAt), append(s.firstFailed, r.FirstFailedAt), append(s.completed, r.CompletedAt)
+	s.requestID = append(s.requestID, uuidOrNull(r.RequestID))
+	s.output, s.errs, s.comp = append(s.output, jsonParam(r.Output)), append(s.errs, jsonParam(r.Error)), append(s.comp, textOrNull(r.Compensation))
+	s.compOf = append(s.compOf, int4OrNull(r.CompensationOf))
+	s.next, s.firstFailed = append(s.next, timeOrNull(r.NextAttemptAt)), append(s.firstFailed, timeOrNull(r.FirstFailedAt))
+	s.completed = append(s.completed, timeOrNull(r.CompletedAt))
 	s.started = append(s.started, r.StartedAt)
 	s.fresh = append(s.fresh, r.Fresh)
 }
@@ -316,18 +313,18 @@ func InsertRuns(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunResul
 func insertSorted(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunResult, error) {
 	n := len(runs)
 	var (
-		runID, token     = make([]uuid.UUID, n), make([]*uuid.UUID, n)
+		runID, token     = make(uuidArray, n), make(uuidArray, n)
 		name, workflowID = make([]string, n), make([]string, n)
 		input, queue     = make([]string, n), make([]string, n)
-		schedule         = make([]*string, n)
+		schedule         = make(pgtype.FlatArray[pgtype.Text], n)
 		version          = make([]int32, n)
 		lease, hold      = make([]int64, n), make([]int64, n)
 	)
 	for i, r := range runs {
-		runID[i], name[i], version[i], workflowID[i] = r.RunID, r.WorkflowName, int32(r.WorkflowVersion), r.WorkflowID
-		input[i], queue[i], schedule[i] = string(r.Input), r.Queue, r.ScheduleName
+		runID[i], name[i], version[i], workflowID[i] = uuidParam(r.RunID), r.WorkflowName, int32(r.WorkflowVersion), r.WorkflowID
+		input[i], queue[i], schedule[i] = string(r.Input), r.Queue, textOrNull(r.ScheduleName)
 		if r.Claim != nil {
-			token[i], lease[i] = &r.Claim.Token, ms(r.Claim.Lease)
+			token[i], lease[i] = uuidParam(r.Claim.Token), ms(r.Claim.Lease)
 		}
 		hold[i] = ms(r.Hold)
 	}
@@ -434,9 +431,9 @@ type ClaimResult struct {
 // deliveries) claim it at most once: the other finds it leased.
 func ClaimRuns(ctx context.Context, db DBTX, fences []Fence, now time.Time) ([]ClaimResult, error) {
 	n := len(fences)
-	ids, tokens, lease := make([]uuid.UUID, n), make([]uuid.UUID, n), make([]int64, n)
+	ids, tokens, lease := make(uuidArray, n), make(uuidArray, n), make([]int64, n)
 	for i, f := range fences {
-		ids[i], tokens[i], lease[i] = f.RunID, f.Token, ms(f.Lease)
+		ids[i], tokens[i], lease[i] = uuidParam(f.RunID), uuidParam(f.Token), ms(f.Lease)
 	}
 	b := &pgx.Batch{}
 	b.Queue(claimSettings)
@@ -506,7 +503,7 @@ func ClaimRuns(ctx context.Context, db DBTX, fences []Fence, now time.Time) ([]C
 	if len(missed) == 0 {
 		return out, nil
 	}
-	rows, err = db.Query(ctx, claimMisses, missed)
+	rows, err = db.Query(ctx, claimMisses, uuids(missed))
 	if err != nil {
 		return fail(err)
 	}
@@ -569,9 +566,9 @@ func Heartbeats(ctx context.Context, db DBTX, beats []Beat) ([]BeatResult, error
 		return []BeatResult{{Landed: true, CancelRequested: cancel, Marked: marked}}, nil
 	}
 	n := len(beats)
-	ids, tokens, lease, mark := make([]uuid.UUID, n), make([]uuid.UUID, n), make([]int64, n), make([]bool, n)
+	ids, tokens, lease, mark := make(uuidArray, n), make(uuidArray, n), make([]int64, n), make([]bool, n)
 	for i, b := range beats {
-		ids[i], tokens[i], lease[i], mark[i] = b.Fence.RunID, b.Fence.Token, ms(b.Fence.Lease), b.MarkLong
+		ids[i], tokens[i], lease[i], mark[i] = uuidParam(b.Fence.RunID), uuidParam(b.Fence.Token), ms(b.Fence.Lease), b.MarkLong
 	}
 	rows, err := db.Query(ctx, heartbeats, ids, tokens, lease, mark)
 	if err != nil {

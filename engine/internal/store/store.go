@@ -162,7 +162,7 @@ func stepArgs(rec *StepRecord) []any {
 	if rec == nil {
 		return []any{nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
 	}
-	return []any{rec.Seq, rec.Name, rec.Kind, rec.Status, rec.Attempts, rec.RequestID,
+	return []any{rec.Seq, rec.Name, rec.Kind, rec.Status, rec.Attempts, uuidOrNull(rec.RequestID),
 		rec.Output, rec.Error, rec.NextAttemptAt, rec.FirstFailedAt, rec.StartedAt, rec.CompletedAt,
 		rec.Compensation, rec.CompensationOf}
 }
