@@ -78,6 +78,10 @@ type delivery struct {
 	// see beatIfDue).
 	lastBeatSent atomic.Int64
 
+	// progressed: a record write of this delivery updated the run row,
+	// resetting its stalled-delivery counts (see keepsLease).
+	progressed bool
+
 	ended  bool  // this delivery has handed the run back; no more writes
 	endErr error // what Step returns from now on
 	// unstorable: a record was refused by PostgreSQL for its data and the

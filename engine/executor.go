@@ -331,14 +331,27 @@ func (d *delivery) write(recs ...*store.StepRecord) bool { return d.writeStatus(
 // writeStatus is write that also moves the run to status ("" unchanged).
 func (d *delivery) writeStatus(status RunStatus, recs ...*store.StepRecord) bool {
 	sent := time.Now()
-	res, err := d.commit(&store.RecordWrite{Fence: d.fence(), Records: recs, Status: string(status)})
+	w := &store.RecordWrite{Fence: d.fence(), Records: recs, Status: string(status), KeepLease: d.keepsLease()}
+	res, err := d.commit(w)
 	if err != nil {
 		d.end(err)
 		return false
 	}
-	d.extendedAt(sent)
+	if !w.KeepLease || status != "" {
+		d.extendedAt(sent)
+		d.progressed = true
+	}
 	d.noteCancel(res.CancelRequested)
 	return true
+}
+
+// keepsLease reports whether the next record write may leave the run row
+// as it is (store.RecordWrite.KeepLease): once this delivery's progress is
+// in the row (its stalled-delivery counts reset by a write that extended
+// the lease), a write extends the lease only when the lease is a
+// heartbeat interval old, like the heartbeat, instead of on every step.
+func (d *delivery) keepsLease() bool {
+	return d.progressed && d.leaseLeft() > d.e.cfg.LeaseDuration-d.e.cfg.HeartbeatInterval
 }
 
 // finishRun ends the run with a terminal status, writing the pending

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -35,6 +36,14 @@ type RecordWrite struct {
 	Finish bool
 	Output []byte
 	Error  []byte
+	// KeepLease checks the fence under a share lock on the run row instead
+	// of updating it: the write neither extends the lease nor resets the
+	// run's stalled-delivery counts, and writes no new version of the run
+	// row (which, with the run's indexes and its pruning, cost more than
+	// the record itself). Ignored with Status or Finish. The lock makes a
+	// concurrent claim wait for this write's commit, so the claim's step
+	// load sees the record or the write is fenced out; never both missed.
+	KeepLease bool
 }
 
 // WriteResult is what one write of a batch learned.
@@ -57,9 +66,9 @@ type WriteResult struct {
 const writeRecords = `
 -- pgdurable: workflow_steps records and workflow_runs fences of a batch of deliveries
 WITH f AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bool[], $5::text[], $6::text[], $7::bigint[])
-        AS f(run_id, token, status, finish, output, error, lease_ms)
-), run AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bool[], $5::text[], $6::text[], $7::bigint[], $25::bool[])
+        AS f(run_id, token, status, finish, output, error, lease_ms, keep)
+), extended AS (
     UPDATE workflow_runs r SET
         status = coalesce(f.status, r.status),
         lease_expires_at = CASE WHEN f.finish THEN NULL ELSE now() + f.lease_ms * interval '1 millisecond' END,
@@ -71,8 +80,15 @@ WITH f AS (
         await_signal = CASE WHEN f.finish THEN NULL ELSE r.await_signal END,
         stalled_deliveries = 0, long_stalled_deliveries = 0
     FROM f
-    WHERE r.run_id = f.run_id AND r.owner_token = f.token
+    WHERE r.run_id = f.run_id AND r.owner_token = f.token AND NOT f.keep
     RETURNING r.run_id, f.token, r.cancel_requested_at IS NOT NULL AS cancel, f.finish AND r.watched AS notify
+), kept AS (
+    SELECT r.run_id, f.token, r.cancel_requested_at IS NOT NULL AS cancel, false AS notify
+    FROM workflow_runs r JOIN f ON r.run_id = f.run_id AND r.owner_token = f.token
+    WHERE f.keep
+    FOR SHARE OF r
+), run AS (
+    SELECT * FROM extended UNION ALL SELECT * FROM kept
 ), u AS (
     SELECT u.* FROM unnest($8::uuid[], $9::uuid[], $10::int[], $11::text[], $12::text[], $13::text[], $14::int[], $15::uuid[],
                            $16::text[], $17::text[], $18::timestamptz[], $19::timestamptz[], $20::timestamptz[],
@@ -98,7 +114,7 @@ SELECT run_id, token, cancel FROM run WHERE (SELECT count(*) FROM notified) >= 0
 // shows.
 const writeRecord = `
 -- pgdurable: workflow_steps record and workflow_runs fence of one delivery
-WITH run AS (
+WITH extended AS (
     UPDATE workflow_runs r SET
         status = coalesce($18::text, r.status),
         lease_expires_at = CASE WHEN $19::bool THEN NULL ELSE now() + $3::bigint * interval '1 millisecond' END,
@@ -109,8 +125,14 @@ WITH run AS (
         wake_at = CASE WHEN $19::bool THEN NULL ELSE r.wake_at END,
         await_signal = CASE WHEN $19::bool THEN NULL ELSE r.await_signal END,
         stalled_deliveries = 0, long_stalled_deliveries = 0
-    WHERE r.run_id = $1 AND r.owner_token = $2
+    WHERE r.run_id = $1 AND r.owner_token = $2 AND NOT $23::bool
     RETURNING r.run_id, r.cancel_requested_at IS NOT NULL AS cancel, $19::bool AND r.watched AS notify
+), kept AS (
+    SELECT r.run_id, r.cancel_requested_at IS NOT NULL AS cancel, false AS notify
+    FROM workflow_runs r WHERE r.run_id = $1 AND r.owner_token = $2 AND $23::bool
+    FOR SHARE
+), run AS (
+    SELECT * FROM extended UNION ALL SELECT * FROM kept
 ), fresh AS (
     INSERT INTO workflow_steps (` + stepColumnList + `)
     SELECT run.run_id, $4::int, $5::text, $6::text, $7::text, $8::int, $9::uuid, $10::jsonb, $11::jsonb,
@@ -125,6 +147,10 @@ WITH run AS (
 ), ` + notifyEnded + `
 SELECT cancel FROM run WHERE (SELECT count(*) FROM notified) >= 0`
 
+// keeps reports whether w leaves the run row as it is (see
+// RecordWrite.KeepLease).
+func (w *RecordWrite) keeps() bool { return w.KeepLease && w.Status == "" && !w.Finish }
+
 func writeOne(ctx context.Context, db DBTX, w *RecordWrite) (WriteResult, error) {
 	var rec *StepRecord
 	if len(w.Records) == 1 {
@@ -135,7 +161,7 @@ func writeOne(ctx context.Context, db DBTX, w *RecordWrite) (WriteResult, error)
 		status = &w.Status
 	}
 	args := append([]any{uuidParam(w.Fence.RunID), uuidParam(w.Fence.Token), ms(w.Fence.Lease)}, stepArgs(rec)...)
-	args = append(args, status, w.Finish, w.Output, w.Error, rec != nil && rec.Fresh)
+	args = append(args, status, w.Finish, w.Output, w.Error, rec != nil && rec.Fresh, w.keeps())
 	var res WriteResult
 	err := db.QueryRow(ctx, writeRecord, args...).Scan(&res.CancelRequested)
 	switch err = translate(err); {
@@ -168,13 +194,14 @@ func WriteRecords(ctx context.Context, db DBTX, writes []*RecordWrite) ([]WriteR
 	var (
 		runID, token    = make(uuidArray, n), make(uuidArray, n)
 		status          = make(pgtype.FlatArray[pgtype.Text], n)
-		finish          = make([]bool, n)
+		finish, keep    = make([]bool, n), make([]bool, n)
 		lease           = make([]int64, n)
 		output, errText = make(pgtype.FlatArray[pgtype.Text], n), make(pgtype.FlatArray[pgtype.Text], n)
 		s               stepColumns
 	)
-	for i, w := range writes {
+	for i, w := range inRunOrder(writes, func(w *RecordWrite) uuid.UUID { return w.Fence.RunID }) {
 		runID[i], token[i], finish[i], lease[i] = uuidParam(w.Fence.RunID), uuidParam(w.Fence.Token), w.Finish, ms(w.Fence.Lease)
+		keep[i] = w.keeps()
 		if w.Status != "" {
 			status[i] = pgtype.Text{String: w.Status, Valid: true}
 		}
@@ -185,7 +212,7 @@ func WriteRecords(ctx context.Context, db DBTX, writes []*RecordWrite) ([]WriteR
 	}
 	rows, err := db.Query(ctx, writeRecords, runID, token, status, finish, output, errText, lease,
 		s.runID, s.token, s.seq, s.name, s.kind, s.status, s.attempts, s.requestID, s.output, s.errs,
-		s.next, s.firstFailed, s.started, s.completed, s.comp, s.compOf, s.fresh)
+		s.next, s.firstFailed, s.started, s.completed, s.comp, s.compOf, s.fresh, keep)
 	if err != nil {
 		return nil, fmt.Errorf("recording steps of %d runs: %w", n, translate(err))
 	}
@@ -209,6 +236,22 @@ func WriteRecords(ctx context.Context, db DBTX, writes []*RecordWrite) ([]WriteR
 		out[i] = WriteResult{Landed: ok, CancelRequested: cancel}
 	}
 	return out, nil
+}
+
+// inRunOrder is items sorted by run ID (a copy). The batch statements lock
+// run rows in the order of their arrays, and a process's write, heartbeat
+// and claim batches run concurrently and may share runs (a delivery's
+// record write and its heartbeat; a zombie's write and the run's new
+// claim): in one order, two of them wait for each other instead of
+// deadlocking (which PostgreSQL breaks only after deadlock_timeout, a
+// second, by failing one).
+func inRunOrder[T any](items []T, run func(T) uuid.UUID) []T {
+	sorted := slices.Clone(items)
+	slices.SortFunc(sorted, func(a, b T) int {
+		x, y := run(a), run(b)
+		return bytes.Compare(x[:], y[:])
+	})
+	return sorted
 }
 
 // stepColumns holds step records as the parallel arrays unnest reads.
@@ -432,7 +475,7 @@ type ClaimResult struct {
 func ClaimRuns(ctx context.Context, db DBTX, fences []Fence, now time.Time) ([]ClaimResult, error) {
 	n := len(fences)
 	ids, tokens, lease := make(uuidArray, n), make(uuidArray, n), make([]int64, n)
-	for i, f := range fences {
+	for i, f := range inRunOrder(fences, func(f Fence) uuid.UUID { return f.RunID }) {
 		ids[i], tokens[i], lease[i] = uuidParam(f.RunID), uuidParam(f.Token), ms(f.Lease)
 	}
 	b := &pgx.Batch{}
@@ -567,7 +610,7 @@ func Heartbeats(ctx context.Context, db DBTX, beats []Beat) ([]BeatResult, error
 	}
 	n := len(beats)
 	ids, tokens, lease, mark := make(uuidArray, n), make(uuidArray, n), make([]int64, n), make([]bool, n)
-	for i, b := range beats {
+	for i, b := range inRunOrder(beats, func(b Beat) uuid.UUID { return b.Fence.RunID }) {
 		ids[i], tokens[i], lease[i], mark[i] = uuidParam(b.Fence.RunID), uuidParam(b.Fence.Token), ms(b.Fence.Lease), b.MarkLong
 	}
 	rows, err := db.Query(ctx, heartbeats, ids, tokens, lease, mark)

@@ -295,3 +295,82 @@ func TestWriteRecordsInsertsFreshRecordsPlainly(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, res[0].Landed, "an upsert of an existing record lands (a completed one is kept)")
 }
+
+// A KeepLease write lands its records without updating the run row (its
+// lease and stalled counts stay), alone and in a batch, and a zombie's is
+// fenced out. It holds a share lock on the row until it commits: a claim
+// of the run waits for it and then loads its record, so a record never
+// lands unseen by the run's next delivery.
+func TestKeepLeaseWritesLockTheRunRowInsteadOfUpdatingIt(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := context.Background()
+	a, b, zombie := claimed(t, db.Pool, "a"), claimed(t, db.Pool, "b"), claimed(t, db.Pool, "zombie")
+	_, err := db.Pool.Exec(ctx, `UPDATE workflow_runs SET owner_token = $2 WHERE run_id = $1`, zombie.RunID, uuid.New())
+	require.NoError(t, err)
+	type row struct {
+		lease   time.Time
+		stalled int
+		ctid    string
+	}
+	read := func(runID uuid.UUID) row {
+		var r row
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT lease_expires_at, stalled_deliveries, ctid::text FROM workflow_runs WHERE run_id = $1`, runID).
+			Scan(&r.lease, &r.stalled, &r.ctid))
+		return r
+	}
+	beforeA, beforeB := read(a.RunID), read(b.RunID)
+	require.Equal(t, 1, beforeA.stalled)
+
+	res, err := store.WriteRecords(ctx, db.Pool, []*store.RecordWrite{{Fence: a, Records: []*store.StepRecord{completedStep(0, "s0")}, KeepLease: true}})
+	require.NoError(t, err)
+	require.Equal(t, []store.WriteResult{{Landed: true}}, res)
+	res, err = store.WriteRecords(ctx, db.Pool, []*store.RecordWrite{
+		{Fence: a, Records: []*store.StepRecord{completedStep(1, "s1"), completedStep(2, "s2")}, KeepLease: true},
+		{Fence: b, Records: []*store.StepRecord{completedStep(0, "s0")}, KeepLease: true},
+		{Fence: zombie, Records: []*store.StepRecord{completedStep(0, "zombie")}, KeepLease: true},
+	})
+	require.NoError(t, err)
+	require.Equal(t, []store.WriteResult{{Landed: true}, {Landed: true}, {Landed: false}}, res)
+	require.Equal(t, beforeA, read(a.RunID), "the run row is not updated")
+	require.Equal(t, beforeB, read(b.RunID), "the run row is not updated")
+	var steps int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_steps WHERE run_id = $1`, a.RunID).Scan(&steps))
+	require.Equal(t, 3, steps)
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_steps WHERE run_id = $1`, zombie.RunID).Scan(&steps))
+	require.Zero(t, steps, "a zombie's record is not written")
+
+	// A write that changes the status updates the row even with KeepLease.
+	res, err = store.WriteRecords(ctx, db.Pool, []*store.RecordWrite{{Fence: b, Status: store.RunCompensating, KeepLease: true}})
+	require.NoError(t, err)
+	require.True(t, res[0].Landed)
+	require.Zero(t, read(b.RunID).stalled, "a status write records progress")
+
+	// The lock: a claim of a's run (its lease run out) waits for the
+	// write's commit, then sees its record.
+	_, err = db.Pool.Exec(ctx, `UPDATE workflow_runs SET lease_expires_at = now() - interval '1 second' WHERE run_id = $1`, a.RunID)
+	require.NoError(t, err)
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	res, err = store.WriteRecords(ctx, tx, []*store.RecordWrite{{Fence: a, Records: []*store.StepRecord{completedStep(3, "s3")}, KeepLease: true}})
+	require.NoError(t, err)
+	require.True(t, res[0].Landed)
+	claimedC := make(chan []store.ClaimResult, 1)
+	go func() {
+		c, err := store.ClaimRuns(ctx, db.Pool, []store.Fence{{RunID: a.RunID, Token: uuid.New(), Lease: time.Minute}}, time.Now())
+		if err != nil {
+			t.Error(err)
+		}
+		claimedC <- c
+	}()
+	select {
+	case <-claimedC:
+		t.Fatal("the claim did not wait for the write holding the row's share lock")
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, tx.Commit(ctx))
+	c := <-claimedC
+	require.NotNil(t, c[0].Run)
+	require.Len(t, c[0].Run.Steps, 4, "the claim loads the record the write committed")
+}
