@@ -30,8 +30,10 @@
 // a run dies, its lease expires and the sweep gives the run a River
 // delivery. A delivery holds the run's
 // lease, a fencing token on the run row that every record write checks in
-// the same statement, so a delivery that lost its lease (a paused process, a
-// duplicate ticket) stops with ErrLeaseLost and never starts another step.
+// the same statement (under a share lock on the row, so a claim by another
+// delivery waits for the write to commit), so a delivery that lost its
+// lease (a paused process, a duplicate ticket) stops with ErrLeaseLost and
+// never starts another step.
 // The records of all of a process's deliveries are written together:
 // whatever records, starts, claims and heartbeats queued while the
 // previous batch committed go out as one statement in one transaction,

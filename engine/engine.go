@@ -39,12 +39,16 @@ type Config struct {
 	FetchCooldown     time.Duration
 	FetchPollInterval time.Duration
 
-	// LeaseDuration is how long a delivery owns a run without writing or
-	// heartbeating. A crashed worker's run is picked up again about this
-	// long after its last write. Default 10s; minimum 1s.
+	// LeaseDuration is how long a delivery owns a run without extending
+	// its lease. A crashed worker's run is picked up again about this long
+	// after its lease was last extended: by the delivery's first record
+	// write, then by a heartbeat or a record write once per
+	// HeartbeatInterval (writes in between only check the lease). Default
+	// 10s; minimum 1s.
 	LeaseDuration time.Duration
-	// HeartbeatInterval is how often a delivery extends its lease while a
-	// step runs. Default LeaseDuration/3.
+	// HeartbeatInterval is how often a delivery extends its lease, by a
+	// heartbeat while a step runs or with a record write. Default
+	// LeaseDuration/3.
 	HeartbeatInterval time.Duration
 	// SweepInterval is how often (on average) each engine looks for runs
 	// whose lease expired and waiting runs that are due. It bounds how late

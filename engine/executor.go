@@ -324,7 +324,8 @@ func (d *delivery) close(status RunStatus, err error) {
 	}
 }
 
-// write records recs now (fenced, extending the lease, one round trip).
+// write records recs now (fenced, one round trip; see keepsLease for
+// when it extends the lease).
 // False when the delivery ended.
 func (d *delivery) write(recs ...*store.StepRecord) bool { return d.writeStatus("", recs...) }
 
