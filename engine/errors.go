@@ -43,6 +43,11 @@ var (
 	// bounds (Config.MaxSignalsPerRun, MaxSignalBytesPerRun); the message
 	// names it.
 	ErrLimitExceeded = errors.New("pgdurable: limit exceeded")
+	// ErrSignalKeyConflict: the signal's idempotency key (SignalOpts.Key)
+	// was sent to this run before with another name or payload. The same
+	// key with the same name and payload is a retry, accepted and not
+	// stored again.
+	ErrSignalKeyConflict = errors.New("pgdurable: signal idempotency key already used with another signal")
 )
 
 // ErrCancelled is what forward steps return once the run's cancellation is

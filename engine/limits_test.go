@@ -66,16 +66,16 @@ func TestSignalsAreBoundedPerRun(t *testing.T) {
 	res, err := wf.Start(ctx, b.engine, 0, nil)
 	require.NoError(t, err)
 	for range 3 {
-		require.NoError(t, b.engine.Signal(ctx, res.RunID.String(), "other", "x"))
+		require.NoError(t, b.engine.Signal(ctx, res.RunID.String(), "other", "x", nil))
 	}
-	err = b.engine.Signal(ctx, res.RunID.String(), "other", "x")
+	err = b.engine.Signal(ctx, res.RunID.String(), "other", "x", nil)
 	require.ErrorIs(t, err, engine.ErrLimitExceeded)
 	require.ErrorContains(t, err, "holds 3 signals")
 
 	res2, err := wf.Start(ctx, b.engine, 1, nil)
 	require.NoError(t, err)
-	require.NoError(t, b.engine.Signal(ctx, res2.RunID.String(), "other", strings.Repeat("y", 40)))
-	err = b.engine.Signal(ctx, res2.RunID.String(), "other", strings.Repeat("y", 40))
+	require.NoError(t, b.engine.Signal(ctx, res2.RunID.String(), "other", strings.Repeat("y", 40), nil))
+	err = b.engine.Signal(ctx, res2.RunID.String(), "other", strings.Repeat("y", 40), nil)
 	require.ErrorIs(t, err, engine.ErrLimitExceeded)
 	require.ErrorContains(t, err, "64-byte bound")
 	run, err := b.engine.GetRun(ctx, res2.RunID)
@@ -114,8 +114,8 @@ func TestClientJSONThatDecodesTwoWaysIsRefused(t *testing.T) {
 
 	sig, err := waiter.Start(ctx, b.engine, 0, nil)
 	require.NoError(t, err)
-	require.ErrorIs(t, b.engine.SignalJSON(ctx, sig.RunID.String(), "s", []byte(strings.Repeat("[", 200)+strings.Repeat("]", 200))), engine.ErrInvalidInput)
-	require.ErrorIs(t, b.engine.SignalJSON(ctx, sig.RunID.String(), "s", []byte(`1e999999`)), engine.ErrInvalidInput, "a number PostgreSQL cannot store")
+	require.ErrorIs(t, b.engine.SignalJSON(ctx, sig.RunID.String(), "s", []byte(strings.Repeat("[", 200)+strings.Repeat("]", 200)), nil), engine.ErrInvalidInput)
+	require.ErrorIs(t, b.engine.SignalJSON(ctx, sig.RunID.String(), "s", []byte(`1e999999`), nil), engine.ErrInvalidInput, "a number PostgreSQL cannot store")
 }
 
 // Names an operator reads (workflow IDs, signal names) carry no invisible

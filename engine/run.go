@@ -275,6 +275,8 @@ type SignalInfo struct {
 	SentAt      time.Time       `json:"sent_at"`
 	ConsumedSeq *int            `json:"consumed_seq,omitempty"`
 	ConsumedAt  *time.Time      `json:"consumed_at,omitempty"`
+	// Key is the signal's idempotency key (SignalOpts.Key), "" for none.
+	Key string `json:"idempotency_key,omitempty"`
 }
 
 // StepInfo is one recorded step of a run.
@@ -366,8 +368,12 @@ func (e *Engine) GetRun(ctx context.Context, runID uuid.UUID) (*Run, error) {
 		})
 	}
 	for _, s := range signals {
-		run.Signals = append(run.Signals, SignalInfo{ID: s.ID, Name: s.Name, Payload: s.Payload, SentAt: s.CreatedAt,
-			ConsumedSeq: s.ConsumedSeq, ConsumedAt: s.ConsumedAt})
+		info := SignalInfo{ID: s.ID, Name: s.Name, Payload: s.Payload, SentAt: s.CreatedAt,
+			ConsumedSeq: s.ConsumedSeq, ConsumedAt: s.ConsumedAt}
+		if s.Key != nil {
+			info.Key = *s.Key
+		}
+		run.Signals = append(run.Signals, info)
 	}
 	return run, nil
 }

@@ -273,7 +273,7 @@ func TestScheduleOverlapPolicies(t *testing.T) {
 			handled(t, e, "p", clock)
 		}
 		first := engine.ScheduleWorkflowID("p", time.Date(2026, 1, 1, 0, 1, 0, 0, time.UTC))
-		require.NoError(t, e.Signal(ctx, first, "release", 1))
+		require.NoError(t, e.Signal(ctx, first, "release", 1, nil))
 		second := engine.ScheduleWorkflowID("p", time.Date(2026, 1, 1, 0, 2, 0, 0, time.UTC))
 		fs := func() []string {
 			var out []string

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgdurable/pgdurable/engine/internal/store"
@@ -19,54 +20,76 @@ type signalOutcome struct {
 	TimedOut bool            `json:"timed_out,omitempty"`
 }
 
+// SignalOpts are a signal's options. The zero value and nil are the
+// defaults.
+type SignalOpts struct {
+	// Key is the signal's idempotency key (1 to 200 bytes; "" for none),
+	// unique per run: a signal sent again with the same key, name and
+	// payload (a client's retry after a lost response) is accepted and not
+	// stored again, so the run receives it once; with another name or
+	// payload it fails with ErrSignalKeyConflict.
+	Key string
+}
+
+func (o *SignalOpts) key() string {
+	if o == nil {
+		return ""
+	}
+	return o.Key
+}
+
 // Signal sends a signal named name with payload (any JSON-encodable value;
 // nil sends JSON null) to the run target names: a run ID, or a workflow ID
 // when it names runs of one workflow only. Signals are buffered in the
 // order sent until the run's AwaitSignal for that name consumes them, each
 // exactly once; a run waiting for this name is woken at once (its delivery
-// is enqueued in the same transaction).
+// is enqueued in the same transaction). opts may be nil.
 //
 // Errors: ErrNotFound (no such run), ErrRunClosed (the run completed,
 // failed, was compensated or cancelled: nothing will read the signal),
-// ErrInvalidArgument (a bad name, an ambiguous workflow ID), ErrInvalidInput
-// (payload does not encode or is over Config.MaxPayloadBytes),
-// ErrLimitExceeded (the run holds Config.MaxSignalsPerRun signals, or the
-// payload would take it over Config.MaxSignalBytesPerRun: signals are kept
-// once consumed, for replays). A dead run accepts signals: a replay may
-// read them.
-func (e *Engine) Signal(ctx context.Context, target, name string, payload any) error {
-	return e.signal(ctx, nil, target, name, payload)
+// ErrInvalidArgument (a bad name or key, an ambiguous workflow ID),
+// ErrInvalidInput (payload does not encode or is over
+// Config.MaxPayloadBytes), ErrSignalKeyConflict (opts.Key was used for
+// another signal), ErrLimitExceeded (the run holds Config.MaxSignalsPerRun
+// signals, or the payload would take it over Config.MaxSignalBytesPerRun:
+// signals are kept once consumed, for replays). A dead run accepts
+// signals: a replay may read them.
+func (e *Engine) Signal(ctx context.Context, target, name string, payload any, opts *SignalOpts) error {
+	return e.signal(ctx, nil, target, name, payload, opts)
 }
 
 // SignalTx is Signal in the caller's transaction: the signal exists, and
 // wakes the run, only if tx commits (the outbox pattern, as StartTx).
-func (e *Engine) SignalTx(ctx context.Context, tx pgx.Tx, target, name string, payload any) error {
-	return e.signal(ctx, tx, target, name, payload)
+func (e *Engine) SignalTx(ctx context.Context, tx pgx.Tx, target, name string, payload any, opts *SignalOpts) error {
+	return e.signal(ctx, tx, target, name, payload, opts)
 }
 
 // SignalJSON is Signal with a payload already encoded as JSON (the HTTP API
 // and the CLI pass it through); it must be one valid JSON value.
-func (e *Engine) SignalJSON(ctx context.Context, target, name string, payload []byte) error {
+func (e *Engine) SignalJSON(ctx context.Context, target, name string, payload []byte, opts *SignalOpts) error {
 	if !json.Valid(payload) {
 		return fmt.Errorf("%w: signal payload is not valid JSON", ErrInvalidInput)
 	}
-	return e.signalRaw(ctx, nil, target, name, payload)
+	return e.signalRaw(ctx, nil, target, name, payload, opts)
 }
 
-func (e *Engine) signal(ctx context.Context, tx pgx.Tx, target, name string, payload any) error {
+func (e *Engine) signal(ctx context.Context, tx pgx.Tx, target, name string, payload any, opts *SignalOpts) error {
 	raw, err := json.Marshal(payload)
 	if err != nil {
 		return fmt.Errorf("%w: encoding signal payload: %v", ErrInvalidInput, err)
 	}
-	return e.signalRaw(ctx, tx, target, name, raw)
+	return e.signalRaw(ctx, tx, target, name, raw, opts)
 }
 
-func (e *Engine) signalRaw(ctx context.Context, tx pgx.Tx, target, name string, payload []byte) error {
+// checkSignal checks a signal's name, key and payload before it is sent.
+func (e *Engine) checkSignal(name string, payload []byte, opts *SignalOpts) error {
 	if err := checkName("signal name", name, 200); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
-	if err := checkName("run", target, 400); err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	if key := opts.key(); key != "" {
+		if err := checkName("signal idempotency key", key, 200); err != nil {
+			return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		}
 	}
 	if len(payload) > e.cfg.MaxPayloadBytes {
 		return fmt.Errorf("%w: signal payload is %d bytes, over the %d-byte limit", ErrInvalidInput, len(payload), e.cfg.MaxPayloadBytes)
@@ -77,8 +100,17 @@ func (e *Engine) signalRaw(ctx context.Context, tx pgx.Tx, target, name string, 
 	if err := checkJSONShape(payload, true); err != nil {
 		return fmt.Errorf("%w: signal payload: %v", ErrInvalidInput, err)
 	}
-	var workflow string
-	var woken bool
+	return nil
+}
+
+func (e *Engine) signalRaw(ctx context.Context, tx pgx.Tx, target, name string, payload []byte, opts *SignalOpts) error {
+	if err := e.checkSignal(name, payload, opts); err != nil {
+		return err
+	}
+	if err := checkName("run", target, 400); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	var sent store.SignalSent
 	err := e.inTx(ctx, tx, func(tx pgx.Tx) error {
 		runID, err := store.ResolveRun(ctx, tx, target)
 		switch {
@@ -89,31 +121,41 @@ func (e *Engine) signalRaw(ctx context.Context, tx pgx.Tx, target, name string, 
 		case err != nil:
 			return fmt.Errorf("pgdurable: signalling %q: %w", target, err)
 		}
-		status, wake, wf, err := store.SendSignal(ctx, tx, runID, name, payload,
-			store.SignalLimits{Count: e.cfg.MaxSignalsPerRun, Bytes: e.cfg.MaxSignalBytesPerRun})
-		workflow, woken = wf, wake
-		switch {
-		case errors.Is(err, store.ErrNotFound):
-			return fmt.Errorf("%w: run %s", ErrNotFound, runID)
-		case errors.Is(err, store.ErrLimit):
-			return fmt.Errorf("%w: %s (Config.MaxSignalsPerRun, MaxSignalBytesPerRun)", ErrLimitExceeded,
-				strings.TrimPrefix(err.Error(), store.ErrLimit.Error()+": "))
-		case errors.Is(err, store.ErrBadPayload):
-			return fmt.Errorf("%w: signal payload: %v", ErrInvalidInput, err)
-		case err != nil:
-			return fmt.Errorf("pgdurable: signalling run %s: %w", runID, err)
-		case RunStatus(status).closed():
-			return fmt.Errorf("%w: run %s is %s", ErrRunClosed, runID, status)
-		case wake:
-			return e.queue.Enqueue(ctx, tx, runID, time.Time{})
-		}
-		return nil
+		sent, err = e.sendSignal(ctx, tx, runID, name, payload, opts)
+		return err
 	})
-	if err == nil {
+	if err == nil && !sent.Duplicate {
 		// With SignalTx the caller's commit is still ahead: counted as stored.
-		e.sobs.SignalSent(workflow, name, woken)
+		e.sobs.SignalSent(sent.Workflow, name, sent.Woken)
 	}
 	return err
+}
+
+// sendSignal stores a checked signal for runID in tx and enqueues the
+// run's delivery when the signal wakes it.
+func (e *Engine) sendSignal(ctx context.Context, tx pgx.Tx, runID uuid.UUID, name string, payload []byte, opts *SignalOpts) (store.SignalSent, error) {
+	sent, err := store.SendSignal(ctx, tx, store.SignalParams{RunID: runID, Name: name, Payload: payload, Key: opts.key(),
+		Limits: store.SignalLimits{Count: e.cfg.MaxSignalsPerRun, Bytes: e.cfg.MaxSignalBytesPerRun}})
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return sent, fmt.Errorf("%w: run %s", ErrNotFound, runID)
+	case errors.Is(err, store.ErrLimit):
+		return sent, fmt.Errorf("%w: %s (Config.MaxSignalsPerRun, MaxSignalBytesPerRun)", ErrLimitExceeded,
+			strings.TrimPrefix(err.Error(), store.ErrLimit.Error()+": "))
+	case errors.Is(err, store.ErrKeyReused):
+		return sent, fmt.Errorf("%w: %s", ErrSignalKeyConflict, strings.TrimPrefix(err.Error(), store.ErrKeyReused.Error()+": "))
+	case errors.Is(err, store.ErrBadPayload):
+		return sent, fmt.Errorf("%w: signal payload: %v", ErrInvalidInput, err)
+	case err != nil:
+		return sent, fmt.Errorf("pgdurable: signalling run %s: %w", runID, err)
+	case sent.Duplicate:
+		return sent, nil // the first send was accepted, whatever the run did since
+	case RunStatus(sent.Status).closed():
+		return sent, fmt.Errorf("%w: run %s is %s", ErrRunClosed, runID, sent.Status)
+	case sent.Woken:
+		return sent, e.queue.Enqueue(ctx, tx, runID, time.Time{})
+	}
+	return sent, nil
 }
 
 // AwaitSignal waits for the next signal named name sent to this run and

@@ -39,8 +39,8 @@ func TestSignalsAreBufferedAndReceivedInOrder(t *testing.T) {
 	res, err := awaitTwo.Start(ctx, b.engine, 0, &engine.StartOpts{WorkflowID: "order-7"})
 	require.NoError(t, err)
 	// Sent at once: the first probably before the run starts waiting.
-	require.NoError(t, b.engine.Signal(ctx, res.RunID.String(), "approve", approval{By: "alice"}))
-	require.NoError(t, b.engine.Signal(ctx, "order-7", "approve", approval{By: "bob"})) // by workflow ID
+	require.NoError(t, b.engine.Signal(ctx, res.RunID.String(), "approve", approval{By: "alice"}, nil))
+	require.NoError(t, b.engine.Signal(ctx, "order-7", "approve", approval{By: "bob"}, nil)) // by workflow ID
 	out, err := awaitTwo.Wait(ctx, b.engine, res.RunID, 20*time.Millisecond)
 	require.NoError(t, err)
 	require.Equal(t, []string{"alice", "bob"}, out)
@@ -62,17 +62,17 @@ func TestSignalWakesAWaitingRun(t *testing.T) {
 	ctx := testCtx(t)
 	res, err := awaitTwo.Start(ctx, b.engine, 0, nil)
 	require.NoError(t, err)
-	require.NoError(t, b.engine.Signal(ctx, res.RunID.String(), "approve", approval{By: "alice"}))
+	require.NoError(t, b.engine.Signal(ctx, res.RunID.String(), "approve", approval{By: "alice"}, nil))
 	run := waitStatus(t, b.engine, res.RunID, engine.StatusWaiting, 10*time.Second)
 	require.Equal(t, "approve", run.AwaitSignal)
-	require.NoError(t, b.engine.Signal(ctx, res.RunID.String(), "other", 1)) // another name: stays asleep
+	require.NoError(t, b.engine.Signal(ctx, res.RunID.String(), "other", 1, nil)) // another name: stays asleep
 	time.Sleep(300 * time.Millisecond)
 	run, err = b.engine.GetRun(ctx, res.RunID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusWaiting, run.Status)
 
 	sent := time.Now()
-	require.NoError(t, b.engine.Signal(ctx, res.RunID.String(), "approve", approval{By: "bob"}))
+	require.NoError(t, b.engine.Signal(ctx, res.RunID.String(), "approve", approval{By: "bob"}, nil))
 	out, err := awaitTwo.Wait(ctx, b.engine, res.RunID, 5*time.Millisecond)
 	require.NoError(t, err)
 	require.Equal(t, []string{"alice", "bob"}, out)
@@ -106,7 +106,7 @@ func TestAwaitSignalTimesOut(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, run.Steps[0].TimedOut, "the record says the wait timed out")
 	// A signal sent after the timeout finds the run finished.
-	err = b.engine.Signal(ctx, res.RunID.String(), "approve", approval{By: "late"})
+	err = b.engine.Signal(ctx, res.RunID.String(), "approve", approval{By: "late"}, nil)
 	require.ErrorIs(t, err, engine.ErrRunClosed)
 }
 
@@ -118,18 +118,18 @@ func TestSignalRejectsBadInput(t *testing.T) {
 	res, err := awaitTwo.Start(ctx, b.engine, 0, nil)
 	require.NoError(t, err)
 	id := res.RunID.String()
-	require.ErrorIs(t, b.engine.Signal(ctx, "no-such-run", "approve", 1), engine.ErrNotFound)
-	require.ErrorIs(t, b.engine.Signal(ctx, "01a22c94-802a-7ed0-abb6-1a3a198a504e", "approve", 1), engine.ErrNotFound)
-	require.ErrorIs(t, b.engine.Signal(ctx, id, "", 1), engine.ErrInvalidArgument)
-	require.ErrorIs(t, b.engine.Signal(ctx, id, "approve", strings.Repeat("x", 200)), engine.ErrInvalidInput)
-	require.ErrorIs(t, b.engine.Signal(ctx, id, "approve", "nul\x00"), engine.ErrInvalidInput)
-	require.ErrorIs(t, b.engine.Signal(ctx, id, "approve", func() {}), engine.ErrInvalidInput)
-	require.ErrorIs(t, b.engine.SignalJSON(ctx, id, "approve", []byte(`{"by":`)), engine.ErrInvalidInput)
+	require.ErrorIs(t, b.engine.Signal(ctx, "no-such-run", "approve", 1, nil), engine.ErrNotFound)
+	require.ErrorIs(t, b.engine.Signal(ctx, "01a22c94-802a-7ed0-abb6-1a3a198a504e", "approve", 1, nil), engine.ErrNotFound)
+	require.ErrorIs(t, b.engine.Signal(ctx, id, "", 1, nil), engine.ErrInvalidArgument)
+	require.ErrorIs(t, b.engine.Signal(ctx, id, "approve", strings.Repeat("x", 200), nil), engine.ErrInvalidInput)
+	require.ErrorIs(t, b.engine.Signal(ctx, id, "approve", "nul\x00", nil), engine.ErrInvalidInput)
+	require.ErrorIs(t, b.engine.Signal(ctx, id, "approve", func() {}, nil), engine.ErrInvalidInput)
+	require.ErrorIs(t, b.engine.SignalJSON(ctx, id, "approve", []byte(`{"by":`), nil), engine.ErrInvalidInput)
 
 	// A signal in a transaction that rolls back never arrives.
 	tx, err := b.db.Pool.Begin(ctx)
 	require.NoError(t, err)
-	require.NoError(t, b.engine.SignalTx(ctx, tx, id, "approve", approval{By: "ghost"}))
+	require.NoError(t, b.engine.SignalTx(ctx, tx, id, "approve", approval{By: "ghost"}, nil))
 	require.NoError(t, tx.Rollback(ctx))
 	var n int
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_signals WHERE run_id = $1`, res.RunID).Scan(&n))
@@ -146,7 +146,7 @@ func TestCancelWakesARunWaitingForASignal(t *testing.T) {
 	waitStatus(t, b.engine, res.RunID, engine.StatusWaiting, 10*time.Second)
 	require.NoError(t, b.engine.Cancel(ctx, res.RunID))
 	waitStatus(t, b.engine, res.RunID, engine.StatusCancelled, 10*time.Second)
-	require.ErrorIs(t, b.engine.Signal(ctx, res.RunID.String(), "approve", approval{}), engine.ErrRunClosed)
+	require.ErrorIs(t, b.engine.Signal(ctx, res.RunID.String(), "approve", approval{}, nil), engine.ErrRunClosed)
 }
 
 func ExampleAwaitSignal() {
@@ -187,7 +187,7 @@ func TestConcurrentSignalsAreEachReceivedOnce(t *testing.T) {
 	require.NoError(t, err)
 	errs := make(chan error, n)
 	for i := range n {
-		go func() { errs <- b.engine.Signal(ctx, res.RunID.String(), "item", i) }()
+		go func() { errs <- b.engine.Signal(ctx, res.RunID.String(), "item", i, nil) }()
 	}
 	for range n {
 		require.NoError(t, <-errs)
@@ -229,4 +229,61 @@ func TestCancelledWaitIsRecordedCancelled(t *testing.T) {
 	require.Equal(t, engine.KindSignal, run.Steps[0].Kind)
 	require.Nil(t, run.Steps[0].NextAttemptAt, "no deadline left on a wait that ended")
 	require.NotNil(t, run.Steps[0].CompletedAt)
+}
+
+// A keyed signal sent 5 times (a client retrying) is stored and received
+// once, also once the run has finished; the key with another payload is a
+// conflict; a bad key is refused.
+func TestSignalKeySentFiveTimesIsReceivedOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, awaitTwo)
+	ctx := testCtx(t)
+	res, err := awaitTwo.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	key := &engine.SignalOpts{Key: "req-1"}
+	for range 5 {
+		require.NoError(t, b.engine.Signal(ctx, res.RunID.String(), "approve", approval{By: "alice"}, key))
+	}
+	err = b.engine.Signal(ctx, res.RunID.String(), "approve", approval{By: "mallory"}, key)
+	require.ErrorIs(t, err, engine.ErrSignalKeyConflict)
+	err = b.engine.Signal(ctx, res.RunID.String(), "reject", approval{By: "alice"}, key)
+	require.ErrorIs(t, err, engine.ErrSignalKeyConflict, "the same key for another signal name")
+	_, err = awaitTwo.Result(ctx, b.engine, res.RunID)
+	require.ErrorIs(t, err, engine.ErrRunNotFinished, "one signal received: the second wait still waits")
+
+	require.NoError(t, b.engine.Signal(ctx, res.RunID.String(), "approve", approval{By: "bob"}, &engine.SignalOpts{Key: "req-2"}))
+	out, err := awaitTwo.Wait(ctx, b.engine, res.RunID, 20*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, []string{"alice", "bob"}, out)
+	// The run finished: a retry of an accepted signal is still accepted; a new one is refused.
+	require.NoError(t, b.engine.Signal(ctx, res.RunID.String(), "approve", approval{By: "bob"}, &engine.SignalOpts{Key: "req-2"}))
+	require.ErrorIs(t, b.engine.Signal(ctx, res.RunID.String(), "approve", approval{By: "bob"}, &engine.SignalOpts{Key: "req-3"}), engine.ErrRunClosed)
+
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Len(t, run.Signals, 2)
+	require.Equal(t, "req-1", run.Signals[0].Key)
+	require.Equal(t, "req-2", run.Signals[1].Key)
+	require.ErrorIs(t, b.engine.Signal(ctx, res.RunID.String(), "approve", nil, &engine.SignalOpts{Key: strings.Repeat("k", 201)}), engine.ErrInvalidArgument)
+}
+
+// Concurrent senders of one key store one signal.
+func TestConcurrentSendersOfOneSignalKeyStoreOneSignal(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, awaitTwo)
+	ctx := testCtx(t)
+	res, err := awaitTwo.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	errs := make(chan error, 20)
+	for range 20 {
+		go func() {
+			errs <- b.engine.Signal(ctx, res.RunID.String(), "approve", approval{By: "alice"}, &engine.SignalOpts{Key: "same"})
+		}()
+	}
+	for range 20 {
+		require.NoError(t, <-errs)
+	}
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_signals WHERE run_id = $1`, res.RunID).Scan(&n))
+	require.Equal(t, 1, n)
 }

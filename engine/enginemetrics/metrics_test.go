@@ -114,7 +114,7 @@ func TestMetricsCountScheduleFiresAndSignals(t *testing.T) {
 		r, err := e.GetRun(ctx, mustRun(t, db, runID))
 		return err == nil && r.Status == engine.StatusWaiting
 	}, 20*time.Second, 20*time.Millisecond)
-	require.NoError(t, e.Signal(ctx, runID, "go", 1))
+	require.NoError(t, e.Signal(ctx, runID, "go", 1, nil))
 
 	expected := `
 # HELP pgdurable_schedule_fires_total Schedule fires handled, by outcome (started, buffered, skipped) and skip reason (missed, overlap).

@@ -398,6 +398,8 @@ func ErrorCode(err error) (status int, code string) {
 		return http.StatusConflict, "schedule_exists"
 	case errors.Is(err, engine.ErrRunClosed):
 		return http.StatusConflict, "run_closed"
+	case errors.Is(err, engine.ErrSignalKeyConflict):
+		return http.StatusConflict, "signal_key_conflict"
 	case errors.Is(err, engine.ErrLimitExceeded):
 		return http.StatusConflict, "limit_exceeded"
 	case errors.Is(err, engine.ErrDeadJobResolved):

@@ -315,6 +315,32 @@ func TestSignalRoute(t *testing.T) {
 	require.Equal(t, "run_closed", r.body["error"].(map[string]any)["code"])
 }
 
+// The Idempotency-Key header is the signal's key: a retried request is
+// accepted and delivers the signal once, the key with another payload is
+// 409 signal_key_conflict, and a key over 200 bytes is 400.
+func TestSignalIdempotencyKeyHeader(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	r := b.do(t, "POST", "/v1/workflows/approval/runs", `{"id": "key-1", "input": {"order_id": "o", "amount": 1}}`)
+	require.Equal(t, 201, r.status, r.raw)
+	runID := r.body["run_id"].(string)
+	for range 3 {
+		r = b.do(t, "POST", "/v1/runs/key-1/signals/approve", `{"by": "ann"}`, "Idempotency-Key", "k-1")
+		require.Equal(t, 202, r.status, r.raw)
+	}
+	r = b.do(t, "POST", "/v1/runs/key-1/signals/approve", `{"by": "eve"}`, "Idempotency-Key", "k-1")
+	require.Equal(t, 409, r.status, r.raw)
+	require.Equal(t, "signal_key_conflict", r.body["error"].(map[string]any)["code"])
+	r = b.do(t, "POST", "/v1/runs/key-1/signals/approve", `{"by": "ann"}`, "Idempotency-Key", strings.Repeat("k", 201))
+	require.Equal(t, 400, r.status, r.raw)
+	waitFor(t, func() bool { return b.do(t, "GET", "/v1/runs/"+runID, "").body["status"] == "completed" })
+	got := b.do(t, "GET", "/v1/runs/"+runID, "").body
+	require.Len(t, got["signals"], 1)
+	require.Equal(t, "k-1", got["signals"].([]any)[0].(map[string]any)["idempotency_key"])
+	r = b.do(t, "POST", "/v1/runs/key-1/signals/approve", `{"by": "ann"}`, "Idempotency-Key", "k-1")
+	require.Equal(t, 202, r.status, "a retry after the run finished is still the accepted signal: %s", r.raw)
+}
+
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)

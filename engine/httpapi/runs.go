@@ -96,10 +96,16 @@ func (a *api) cancelRun(w http.ResponseWriter, r *http.Request) {
 }
 
 // signal sends the request body (one JSON value; empty means null) as a
-// signal to the run, named by run ID or workflow ID: 202 when buffered,
-// 404 unknown run, 409 run finished, 400 bad name or payload.
+// signal to the run, named by run ID or workflow ID, with the request's
+// Idempotency-Key header (if any) as the signal's key: 202 when buffered
+// (or a retry of a keyed signal), 404 unknown run, 409 run finished or key
+// used for another signal, 400 bad name, key or payload.
 func (a *api) signal(w http.ResponseWriter, r *http.Request) {
 	target, name := r.PathValue("run_id"), r.PathValue("name")
+	opts, ok := signalOpts(w, r)
+	if !ok {
+		return
+	}
 	body, ok := a.readBody(w, r)
 	if !ok {
 		return
@@ -107,11 +113,25 @@ func (a *api) signal(w http.ResponseWriter, r *http.Request) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		body = []byte("null")
 	}
-	if err := a.e.SignalJSON(r.Context(), target, name, body); err != nil {
+	if err := a.e.SignalJSON(r.Context(), target, name, body, opts); err != nil {
 		a.engineError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusAccepted, SignalResponse{Run: target, Signal: name, Status: "accepted"})
+}
+
+// signalOpts reads the signal's idempotency key from the Idempotency-Key
+// header (Stripe's name for it); a header given twice is refused.
+func signalOpts(w http.ResponseWriter, r *http.Request) (*engine.SignalOpts, bool) {
+	keys := r.Header.Values("Idempotency-Key")
+	switch len(keys) {
+	case 0:
+		return nil, true
+	case 1:
+		return &engine.SignalOpts{Key: keys[0]}, true
+	}
+	writeError(w, http.StatusBadRequest, "invalid_parameter", "header Idempotency-Key is given more than once")
+	return nil, false
 }
 
 func pathUUID(w http.ResponseWriter, r *http.Request, key string) (uuid.UUID, bool) {

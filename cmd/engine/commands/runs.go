@@ -236,7 +236,7 @@ func parseID(what, s string) (uuid.UUID, error) {
 }
 
 func (g *global) signalCmd() *cobra.Command {
-	var payloadFile string
+	var payloadFile, key string
 	cmd := &cobra.Command{
 		Use:   "signal RUN NAME [PAYLOAD_JSON]",
 		Short: "Send a signal to a run (by run ID or workflow ID); its AwaitSignal receives it",
@@ -273,7 +273,11 @@ refuses it (exit 1).`,
 				return err
 			}
 			defer pool.Close()
-			if err := e.SignalJSON(cmd.Context(), args[0], args[1], payload); err != nil {
+			var opts *engine.SignalOpts
+			if key != "" {
+				opts = &engine.SignalOpts{Key: key}
+			}
+			if err := e.SignalJSON(cmd.Context(), args[0], args[1], payload, opts); err != nil {
 				return err
 			}
 			if g.jsonOut {
@@ -284,6 +288,7 @@ refuses it (exit 1).`,
 		},
 	}
 	cmd.Flags().StringVar(&payloadFile, "payload-file", "", `read the payload from this file ("-": stdin)`)
+	cmd.Flags().StringVar(&key, "key", "", "idempotency key (1 to 200 bytes): sending again with the same key, name and payload\ndelivers the signal once")
 	return cmd
 }
 

@@ -56,6 +56,7 @@ type Signal struct {
 	CreatedAt   time.Time
 	ConsumedSeq *int
 	ConsumedAt  *time.Time
+	Key         *string
 }
 
 // GetRun reads a run, its steps and its signals in one round trip;
@@ -64,7 +65,7 @@ func GetRun(ctx context.Context, db DBTX, runID uuid.UUID) (*RunRow, []StepRecor
 	b := &pgx.Batch{}
 	b.Queue(`SELECT `+runColumns+` FROM workflow_runs WHERE run_id = $1`, runID)
 	b.Queue(loadSteps, runID)
-	b.Queue(`SELECT id, name, payload, created_at, consumed_seq, consumed_at FROM workflow_signals WHERE run_id = $1 ORDER BY id`, runID)
+	b.Queue(`SELECT id, name, payload, created_at, consumed_seq, consumed_at, idempotency_key FROM workflow_signals WHERE run_id = $1 ORDER BY id`, runID)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
 	run, err := scanRun(br.QueryRow())
@@ -85,7 +86,7 @@ func GetRun(ctx context.Context, db DBTX, runID uuid.UUID) (*RunRow, []StepRecor
 	}
 	signals, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Signal, error) {
 		var s Signal
-		err := r.Scan(&s.ID, &s.Name, &s.Payload, &s.CreatedAt, &s.ConsumedSeq, &s.ConsumedAt)
+		err := r.Scan(&s.ID, &s.Name, &s.Payload, &s.CreatedAt, &s.ConsumedSeq, &s.ConsumedAt, &s.Key)
 		return s, err
 	})
 	if err != nil {

@@ -52,8 +52,8 @@ const sendSignal = `
 WITH target AS (
     SELECT run_id, status, await_signal, workflow_name FROM workflow_runs WHERE run_id = $1 FOR UPDATE
 ), ins AS (
-    INSERT INTO workflow_signals (run_id, name, payload)
-    SELECT run_id, $2, $3::jsonb FROM target
+    INSERT INTO workflow_signals (run_id, name, payload, idempotency_key)
+    SELECT run_id, $2, $3::jsonb, $4 FROM target
     WHERE status NOT IN ('completed', 'failed', 'compensated', 'cancelled')
     RETURNING id
 ), woken AS (
@@ -82,40 +82,100 @@ const lockSignalled = `SELECT 1 FROM workflow_runs WHERE run_id = $1 FOR UPDATE`
 
 const signalTotals = `SELECT count(*), coalesce(sum(octet_length(payload::text)), 0) FROM workflow_signals WHERE run_id = $1`
 
-// SendSignal buffers a signal for runID and returns the run's status
-// before it and its workflow's name. A finished run (completed, failed, compensated, cancelled)
-// gets no signal; the caller reports it closed. wake: the run was waiting
-// for this name and is now pending; the caller enqueues its delivery in the
-// same transaction. ErrNotFound when there is no such run; ErrLimit (with
-// the totals in its message) when the signal would take the run over limits.
-func SendSignal(ctx context.Context, tx DBTX, runID uuid.UUID, name string, payload []byte, limits SignalLimits) (status string, wake bool, workflow string, err error) {
+// keyedSignal finds the signal a key was sent with; the run's lock (taken
+// first) makes the check and the insert after it one step for concurrent
+// senders of the key.
+const keyedSignal = `
+SELECT s.name = $3 AND s.payload = $4::jsonb, r.status, r.workflow_name
+FROM workflow_signals s JOIN workflow_runs r ON r.run_id = s.run_id
+WHERE s.run_id = $1 AND s.idempotency_key = $2`
+
+// SignalParams is one signal to send: its name and JSON payload, and its
+// idempotency key ("" for none).
+type SignalParams struct {
+	RunID   uuid.UUID
+	Name    string
+	Payload []byte
+	Key     string
+	Limits  SignalLimits
+}
+
+// SignalSent is what SendSignal did.
+type SignalSent struct {
+	// Status is the run's status before the signal; Workflow its name.
+	Status, Workflow string
+	// Woken: the run was waiting for this name and is now pending; the
+	// caller enqueues its delivery in the same transaction.
+	Woken bool
+	// Duplicate: a signal with this key, name and payload was sent to the
+	// run before; nothing was stored.
+	Duplicate bool
+}
+
+// ErrKeyReused: the idempotency key was sent with another signal (name or
+// payload) to this run.
+var ErrKeyReused = errors.New("idempotency key reused")
+
+// SendSignal buffers a signal for p.RunID. A finished run (completed,
+// failed, compensated, cancelled) gets no signal (Status tells; the caller
+// reports it closed). A keyed signal whose key the run has seen is a
+// Duplicate when its name and payload (as jsonb) are the same, else
+// ErrKeyReused. ErrNotFound when there is no such run; ErrLimit (with the
+// totals in its message) when the signal would take the run over limits.
+func SendSignal(ctx context.Context, tx DBTX, p SignalParams) (SignalSent, error) {
+	runID := p.RunID
+	var key *string
+	if p.Key != "" {
+		key = &p.Key
+	}
 	b := &pgx.Batch{}
 	b.Queue(lockSignalled, runID)
 	b.Queue(signalTotals, runID)
+	if key != nil {
+		b.Queue(keyedSignal, runID, p.Key, p.Name, string(p.Payload))
+	}
 	br := tx.SendBatch(ctx, b)
 	var one int
 	var count, bytes int64
-	err = br.QueryRow().Scan(&one)
+	var sent SignalSent
+	var same *bool
+	err := br.QueryRow().Scan(&one)
 	if err == nil {
 		err = br.QueryRow().Scan(&count, &bytes)
+	}
+	if err == nil && key != nil {
+		var sameKey bool
+		switch err = br.QueryRow().Scan(&sameKey, &sent.Status, &sent.Workflow); {
+		case err == nil:
+			same = &sameKey
+		case errors.Is(err, pgx.ErrNoRows):
+			err = nil
+		}
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return "", false, "", translate(err)
+		return SignalSent{}, translate(err)
 	}
-	switch {
+	if same != nil {
+		if !*same {
+			return SignalSent{}, fmt.Errorf("%w: key %q was sent to run %s with another signal", ErrKeyReused, p.Key, runID)
+		}
+		sent.Duplicate = true
+		return sent, nil
+	}
+	switch limits := p.Limits; {
 	case limits.Count > 0 && count >= int64(limits.Count):
-		return "", false, "", fmt.Errorf("%w: run %s holds %d signals, the most it may", ErrLimit, runID, count)
-	case limits.Bytes > 0 && bytes+int64(len(payload)) > limits.Bytes:
-		return "", false, "", fmt.Errorf("%w: run %s holds %d bytes of signals; %d more would pass the %d-byte bound", ErrLimit, runID, bytes, len(payload), limits.Bytes)
+		return SignalSent{}, fmt.Errorf("%w: run %s holds %d signals, the most it may", ErrLimit, runID, count)
+	case limits.Bytes > 0 && bytes+int64(len(p.Payload)) > limits.Bytes:
+		return SignalSent{}, fmt.Errorf("%w: run %s holds %d bytes of signals; %d more would pass the %d-byte bound", ErrLimit, runID, bytes, len(p.Payload), limits.Bytes)
 	}
-	err = tx.QueryRow(ctx, sendSignal, runID, name, string(payload)).Scan(&status, &wake, &workflow)
+	err = tx.QueryRow(ctx, sendSignal, runID, p.Name, string(p.Payload), key).Scan(&sent.Status, &sent.Woken, &sent.Workflow)
 	if err != nil {
-		return "", false, "", translate(err)
+		return SignalSent{}, translate(err)
 	}
-	return status, wake, workflow, nil
+	return sent, nil
 }
 
 const lockOwnedRun = `SELECT cancel_requested_at IS NOT NULL FROM workflow_runs WHERE run_id = $1 AND owner_token = $2 FOR UPDATE`
