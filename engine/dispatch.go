@@ -82,11 +82,12 @@ func (m *movingAverage) get() time.Duration {
 // the start's own transaction) reaches a worker. A run is executed by this
 // process (dispatchNow or holdLocal) when the engine is started and not
 // stopping and registers the workflow; never when started in the caller's
-// transaction, which exists only once the caller commits. For dispatchNow
+// transaction, which exists only once the caller commits, nor when delayed
+// (StartOpts.StartAt: the sweep wakes it when due). For dispatchNow
 // the caller holds a worker slot: dispatch releases it, and a start that
 // does not dispatch after all must release it itself.
-func (e *Engine) planStart(tx pgx.Tx, name string) (registered, startPath) {
-	if tx != nil || e.stopping.Load() {
+func (e *Engine) planStart(tx pgx.Tx, name string, delayed bool) (registered, startPath) {
+	if tx != nil || delayed || e.stopping.Load() {
 		return registered{}, viaRiver
 	}
 	e.mu.Lock()
@@ -128,8 +129,12 @@ func (e *Engine) newRun(name string, version int, input []byte, opts *StartOpts)
 	if err := checkName("workflow ID", workflowID, 400); err != nil {
 		return store.NewRun{}, fmt.Errorf("%w: %v", ErrInvalidInput, err)
 	}
+	startAt, err := opts.startAt(e.now())
+	if err != nil {
+		return store.NewRun{}, err
+	}
 	return store.NewRun{RunID: runID, WorkflowName: name, WorkflowVersion: version, WorkflowID: workflowID,
-		Input: input, Queue: e.cfg.Queue, ScheduleName: scheduleOf(opts)}, nil
+		Input: input, Queue: e.cfg.Queue, ScheduleName: scheduleOf(opts), StartAt: startAt}, nil
 }
 
 // route readies r for path: a run to dispatch is inserted claimed by this

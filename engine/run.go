@@ -25,8 +25,37 @@ type StartOpts struct {
 	// ErrWorkflowIDConflict.
 	// Default: the new run's ID.
 	WorkflowID string
+	// StartAt delays the run: it is inserted waiting (its WakeAt this
+	// time, by Config.Clock) and no worker picks it up before then; while
+	// it waits it holds no worker, goroutine or River job, and it can be
+	// cancelled (Engine.Cancel) or started at once (Engine.StartNow). A
+	// zero or past time starts it now.
+	StartAt time.Time
+	// Delay is StartAt as a wait from now. Set at most one of the two
+	// (ErrInvalidArgument otherwise, and for a negative Delay).
+	Delay time.Duration
 
 	schedule string // set by the scheduler: the schedule whose fire starts the run
+}
+
+// startAt is when a run started now with opts is due: nil for now.
+func (o *StartOpts) startAt(now time.Time) (*time.Time, error) {
+	switch {
+	case o == nil:
+		return nil, nil
+	case o.Delay < 0:
+		return nil, fmt.Errorf("%w: StartOpts.Delay %s is negative", ErrInvalidArgument, o.Delay)
+	case o.Delay > 0 && !o.StartAt.IsZero():
+		return nil, fmt.Errorf("%w: StartOpts has both StartAt and Delay; set one", ErrInvalidArgument)
+	}
+	at := o.StartAt
+	if o.Delay > 0 {
+		at = now.Add(o.Delay)
+	}
+	if !at.After(now) {
+		return nil, nil
+	}
+	return &at, nil
 }
 
 // StartResult identifies the run a start created or found.
@@ -92,7 +121,7 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	}
 	workflowID := r.WorkflowID
 	var res *StartResult
-	wf, path := e.planStart(tx, name)
+	wf, path := e.planStart(tx, name, r.StartAt != nil)
 	e.route(&r, path)
 	sent := time.Now()
 	var ins *store.InsertedRun
@@ -117,6 +146,33 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		e.log.DebugContext(ctx, "run started", "run_id", res.RunID, "workflow", name, "workflow_id", workflowID)
 	}
 	return res, nil
+}
+
+// StartNow starts a delayed run (StartOpts.StartAt or Delay) at once
+// instead of at its start time: it becomes pending and a worker picks it up
+// as any new run. A run already pending (started now by an earlier call,
+// or never delayed) is left as it is.
+//
+// Errors: ErrNotFound (no such run), ErrRunClosed (it finished: cancelled
+// while waiting, say), ErrInvalidArgument (it is not a delayed run waiting
+// to start: it has started).
+func (e *Engine) StartNow(ctx context.Context, runID uuid.UUID) error {
+	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		status, woken, err := store.StartNow(ctx, tx, runID)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return fmt.Errorf("%w: run %s", ErrNotFound, runID)
+		case err != nil:
+			return fmt.Errorf("pgdurable: starting run %s now: %w", runID, err)
+		case woken:
+			return e.queue.Enqueue(ctx, tx, runID, time.Time{})
+		case RunStatus(status).closed():
+			return fmt.Errorf("%w: run %s is %s", ErrRunClosed, runID, status)
+		case RunStatus(status) == StatusPending:
+			return nil // started now by an earlier call, not picked up yet
+		}
+		return fmt.Errorf("%w: run %s is %s and has started; StartNow starts a delayed run", ErrInvalidArgument, runID, status)
+	})
 }
 
 func scheduleOf(opts *StartOpts) *string {
@@ -144,7 +200,7 @@ func (e *Engine) inTx(ctx context.Context, tx pgx.Tx, fn func(pgx.Tx) error) err
 // is new.
 func (e *Engine) insertRunTx(ctx context.Context, tx pgx.Tx, r store.NewRun) (*store.InsertedRun, error) {
 	ins, err := store.InsertRun(ctx, tx, r)
-	if err != nil || ins.Existing {
+	if err != nil || ins.Existing || !needsTicket(r) {
 		return ins, err
 	}
 	return ins, e.queue.Enqueue(ctx, tx, ins.RunID, time.Time{})
@@ -198,8 +254,9 @@ func (e *Engine) insertRuns(runs []store.NewRun) []outcome[*store.InsertedRun] {
 	return out
 }
 
-// needsTicket: r is new work for River (not claimed or held by this process).
-func needsTicket(r store.NewRun) bool { return r.Claim == nil && r.Hold == 0 }
+// needsTicket: r is new work for River now (not claimed or held by this
+// process, not delayed: the sweep enqueues a delayed run when it is due).
+func needsTicket(r store.NewRun) bool { return r.Claim == nil && r.Hold == 0 && r.StartAt == nil }
 
 // insertRunBatch inserts runs in one statement, and, for the new ones that
 // no process executes at once, their River tickets in the same transaction.

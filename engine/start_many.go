@@ -85,7 +85,7 @@ func (w *Workflow[In, Out]) startMany(ctx context.Context, e *Engine, tx pgx.Tx,
 	e.heldMu.Unlock()
 	for i := range runs {
 		var p registered
-		p, paths[i] = e.planStart(tx, w.name)
+		p, paths[i] = e.planStart(tx, w.name, runs[i].StartAt != nil)
 		if paths[i] != viaRiver {
 			wf = p
 		}

@@ -11,7 +11,7 @@ type RunStatus string
 const (
 	StatusPending      RunStatus = store.RunPending      // started, not yet delivered
 	StatusRunning      RunStatus = store.RunRunning      // a delivery holds (or held) the lease
-	StatusWaiting      RunStatus = store.RunWaiting      // waiting for a retry backoff, a timer, a signal, or a crash backoff (see Config.MaxDeliveries)
+	StatusWaiting      RunStatus = store.RunWaiting      // waiting for a retry backoff, a timer, a signal, a crash backoff (see Config.MaxDeliveries), or its delayed start (StartOpts.StartAt)
 	StatusCompleted    RunStatus = store.RunCompleted    // terminal: output recorded
 	StatusFailed       RunStatus = store.RunFailed       // terminal: the workflow returned an error
 	StatusCompensating RunStatus = store.RunCompensating // undoing completed steps

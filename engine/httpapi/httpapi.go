@@ -96,6 +96,7 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	v1.HandleFunc("GET /v1/runs/{run_id}", a.getRun)
 	v1.HandleFunc("GET /v1/runs", a.listRuns)
 	v1.HandleFunc("POST /v1/runs/{run_id}/cancel", a.cancelRun)
+	v1.HandleFunc("POST /v1/runs/{run_id}/start-now", a.startNow)
 	v1.HandleFunc("POST /v1/runs/{run_id}/signals/{name}", a.signal)
 	v1.HandleFunc("GET /v1/schedules", a.listSchedules)
 	v1.HandleFunc("POST /v1/schedules", a.createSchedule)

@@ -315,6 +315,42 @@ func TestSignalRoute(t *testing.T) {
 	require.Equal(t, "run_closed", r.body["error"].(map[string]any)["code"])
 }
 
+// A start with a delay or a start time waits; start-now starts it; a bad
+// delay, both at once, or start-now on a run that finished are refused.
+func TestDelayedStartRoutes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	r := b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": "later-1", "input": {"order_id": "o1", "amount": 1}, "delay": "24h"}`)
+	require.Equal(t, 201, r.status, r.raw)
+	require.Equal(t, "waiting", r.body["status"])
+	runID := r.body["run_id"].(string)
+	r = b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": "later-2", "input": {"order_id": "o2", "amount": 1}, "start_at": "2999-01-01T00:00:00Z"}`)
+	require.Equal(t, 201, r.status, r.raw)
+	require.Equal(t, "waiting", r.body["status"])
+	got := b.do(t, "GET", "/v1/runs/later-2", "").body
+	require.Equal(t, "2999-01-01T00:00:00Z", got["wake_at"])
+
+	for _, body := range []string{
+		`{"id": "bad-1", "input": {"order_id": "o", "amount": 1}, "delay": "tomorrow"}`,
+		`{"id": "bad-2", "input": {"order_id": "o", "amount": 1}, "delay": "-5s"}`,
+		`{"id": "bad-3", "input": {"order_id": "o", "amount": 1}, "delay": "5s", "start_at": "2999-01-01T00:00:00Z"}`,
+	} {
+		r = b.do(t, "POST", "/v1/workflows/payment/runs", body)
+		require.Equal(t, 400, r.status, r.raw)
+		require.Equal(t, "invalid_parameter", r.body["error"].(map[string]any)["code"], r.raw)
+	}
+	r = b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": "bad-4", "input": {"order_id": "o", "amount": 1}, "start_at": "soon"}`)
+	require.Equal(t, 400, r.status, r.raw)
+
+	r = b.do(t, "POST", "/v1/runs/later-1/start-now", ``)
+	require.Equal(t, 200, r.status, r.raw)
+	waitFor(t, func() bool { return b.do(t, "GET", "/v1/runs/"+runID, "").body["status"] == "completed" })
+	r = b.do(t, "POST", "/v1/runs/later-1/start-now", ``)
+	require.Equal(t, 409, r.status, r.raw)
+	require.Equal(t, "run_closed", r.body["error"].(map[string]any)["code"])
+	require.Equal(t, 404, b.do(t, "POST", "/v1/runs/no-such-run/start-now", ``).status)
+}
+
 // The Idempotency-Key header is the signal's key: a retried request is
 // accepted and delivers the signal once, the key with another payload is
 // 409 signal_key_conflict, and a key over 200 bytes is 400.

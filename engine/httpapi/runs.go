@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -17,19 +18,43 @@ import (
 	"github.com/pgdurable/pgdurable/engine"
 )
 
-// startRequest is the body of POST /v1/workflows/{name}/runs.
+// startRequest is the body of POST /v1/workflows/{name}/runs: the workflow
+// ID, the input, and optionally a start time (RFC 3339) or a delay (a
+// duration such as "90s" or "1h30m") to start the run later.
 type startRequest struct {
-	ID    string          `json:"id"`
-	Input json.RawMessage `json:"input"`
+	ID      string          `json:"id"`
+	Input   json.RawMessage `json:"input"`
+	StartAt time.Time       `json:"start_at"`
+	Delay   string          `json:"delay"`
+}
+
+const startShape = `{"id": string, "input": any JSON, "start_at": RFC 3339 time, "delay": duration such as "90s"}`
+
+// opts is the request's StartOpts.
+func (req *startRequest) opts() (*engine.StartOpts, error) {
+	opts := &engine.StartOpts{WorkflowID: req.ID, StartAt: req.StartAt}
+	if req.Delay != "" {
+		d, err := time.ParseDuration(req.Delay)
+		if err != nil {
+			return nil, fmt.Errorf("%w: delay %.40q is not a duration such as \"90s\" or \"1h30m\"", engine.ErrInvalidArgument, req.Delay)
+		}
+		opts.Delay = d
+	}
+	return opts, nil
 }
 
 func (a *api) startRun(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	var req startRequest
-	if !a.readJSON(w, r, &req, `{"id": string, "input": any JSON}`) {
+	if !a.readJSON(w, r, &req, startShape) {
 		return
 	}
-	res, err := a.e.StartJSON(r.Context(), name, req.Input, &engine.StartOpts{WorkflowID: req.ID})
+	opts, err := req.opts()
+	if err != nil {
+		a.engineError(w, r, err)
+		return
+	}
+	res, err := a.e.StartJSON(r.Context(), name, req.Input, opts)
 	if err != nil {
 		a.engineError(w, r, err)
 		return
@@ -93,6 +118,26 @@ func (a *api) cancelRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusAccepted, NewCancelResponse(run))
+}
+
+// startNow starts a delayed run at once: 200 with the run, 404 unknown
+// run, 409 run finished, 400 a run that has started.
+func (a *api) startNow(w http.ResponseWriter, r *http.Request) {
+	id, err := a.e.FindRun(r.Context(), r.PathValue("run_id"))
+	if err != nil {
+		a.engineError(w, r, err)
+		return
+	}
+	if err := a.e.StartNow(r.Context(), id); err != nil {
+		a.engineError(w, r, err)
+		return
+	}
+	run, err := a.e.GetRun(r.Context(), id)
+	if err != nil {
+		a.engineError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, run)
 }
 
 // signal sends the request body (one JSON value; empty means null) as a

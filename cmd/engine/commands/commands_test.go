@@ -582,3 +582,38 @@ func TestCommandsOnAnUnmigratedDatabaseSayToMigrate(t *testing.T) {
 		require.Contains(t, errOut, "run `engine migrate up` first", args)
 	}
 }
+
+// engine start --delay inserts the run waiting; start-now makes it due;
+// a bad --start-at is a usage error; signal --key is sent once.
+func TestCLIDelayedStartAndSignalKey(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	code, out, errOut := run(t, db, "start", "double", "--id", "later", "--input", `{"n": 2}`, "--delay", "1h")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "status waiting")
+	code, _, errOut = run(t, db, "start", "double", "--id", "bad", "--input", `{"n": 2}`, "--start-at", "tomorrow")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "RFC 3339")
+	code, out, errOut = run(t, db, "start-now", "later")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "started now")
+	code, out, _ = run(t, db, "runs", "show", "later", "--json")
+	require.Equal(t, 0, code)
+	var r engine.Run
+	require.NoError(t, json.Unmarshal([]byte(out), &r))
+	require.Equal(t, engine.StatusPending, r.Status)
+	require.Nil(t, r.WakeAt)
+
+	code, _, errOut = run(t, db, "start", "approval", "--id", "ap", "--input", `{"n": 0}`)
+	require.Equal(t, 0, code, errOut)
+	for range 3 {
+		code, _, errOut = run(t, db, "signal", "ap", "approve", `{"by": "ann"}`, "--key", "k1")
+		require.Equal(t, 0, code, errOut)
+	}
+	code, _, errOut = run(t, db, "signal", "ap", "approve", `{"by": "eve"}`, "--key", "k1")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "idempotency key")
+	var n int
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM workflow_signals`).Scan(&n))
+	require.Equal(t, 1, n)
+}

@@ -169,21 +169,33 @@ func (g *global) printRun(run *engine.Run) {
 }
 
 func (g *global) startCmd() *cobra.Command {
-	var id, input string
+	var id, input, startAt string
+	var delay time.Duration
 	cmd := &cobra.Command{
 		Use:   "start WORKFLOW",
 		Short: "Start a run of a workflow this binary registers",
-		Args:  cobra.ExactArgs(1),
+		Long: `Starts a run of WORKFLOW with --input. With --delay or --start-at the run waits (status
+waiting, no worker held) until then; "engine start-now RUN" starts it earlier, "engine cancel RUN"
+cancels it.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if !json.Valid([]byte(input)) {
 				return &usageError{fmt.Errorf("--input is not valid JSON: %q", input)}
+			}
+			opts := &engine.StartOpts{WorkflowID: id, Delay: delay}
+			if startAt != "" {
+				t, err := time.Parse(time.RFC3339, startAt)
+				if err != nil {
+					return &usageError{fmt.Errorf("--start-at %q is not an RFC 3339 time such as 2026-12-24T18:00:00Z", startAt)}
+				}
+				opts.StartAt = t
 			}
 			e, pool, err := g.client(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			res, err := e.StartJSON(cmd.Context(), args[0], json.RawMessage(input), &engine.StartOpts{WorkflowID: id})
+			res, err := e.StartJSON(cmd.Context(), args[0], json.RawMessage(input), opts)
 			if err != nil {
 				return err
 			}
@@ -200,7 +212,35 @@ func (g *global) startCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&id, "id", "", "workflow ID: the start's idempotency key (default: the run ID)")
 	cmd.Flags().StringVar(&input, "input", "null", "the run's input, as JSON")
+	cmd.Flags().DurationVar(&delay, "delay", 0, "start the run this long from now (90s, 1h30m)")
+	cmd.Flags().StringVar(&startAt, "start-at", "", "start the run at this RFC 3339 time")
 	return cmd
+}
+
+func (g *global) startNowCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "start-now RUN",
+		Short: "Start a delayed run (by run ID or workflow ID) at once instead of at its start time",
+		Args:  cobra.ExactArgs(1),
+		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, args []string) error {
+			id, err := e.FindRun(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			if err := e.StartNow(ctx, id); err != nil {
+				return err
+			}
+			if g.jsonOut {
+				run, err := e.GetRun(ctx, id)
+				if err != nil {
+					return err
+				}
+				return writeJSON(g.opts.Stdout, run)
+			}
+			fmt.Fprintf(g.opts.Stdout, "run %s: started now\n", id)
+			return nil
+		}),
+	}
 }
 
 func (g *global) cancelCmd() *cobra.Command {

@@ -295,16 +295,18 @@ const (
 // back.
 const insertRuns = `
 INSERT INTO workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
-                           status, owner_token, lease_expires_at, deliveries, stalled_deliveries, started_at, held_until)
+                           status, owner_token, lease_expires_at, deliveries, stalled_deliveries, started_at, held_until,
+                           wake_at)
 SELECT u.run_id, u.name, u.version, u.workflow_id, u.input::jsonb, u.queue, u.schedule,
-       CASE WHEN u.token IS NULL THEN 'pending' ELSE 'running' END, u.token,
+       CASE WHEN u.token IS NOT NULL THEN 'running' WHEN u.start_at IS NOT NULL THEN 'waiting' ELSE 'pending' END, u.token,
        CASE WHEN u.token IS NOT NULL THEN now() + u.lease_ms * interval '1 millisecond' END,
        CASE WHEN u.token IS NULL THEN 0 ELSE 1 END, CASE WHEN u.token IS NULL THEN 0 ELSE 1 END,
        CASE WHEN u.token IS NOT NULL THEN now() END,
-       CASE WHEN u.hold_ms > 0 THEN now() + u.hold_ms * interval '1 millisecond' END
+       CASE WHEN u.hold_ms > 0 THEN now() + u.hold_ms * interval '1 millisecond' END,
+       u.start_at
 FROM unnest($1::uuid[], $2::text[], $3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::uuid[], $9::bigint[],
-            $10::bigint[])
-    AS u(run_id, name, version, workflow_id, input, queue, schedule, token, lease_ms, hold_ms)
+            $10::bigint[], $11::timestamptz[])
+    AS u(run_id, name, version, workflow_id, input, queue, schedule, token, lease_ms, hold_ms, start_at)
 ON CONFLICT (workflow_name, workflow_id) DO NOTHING
 RETURNING run_id`
 
@@ -362,6 +364,7 @@ func insertSorted(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunRes
 		schedule         = make(pgtype.FlatArray[pgtype.Text], n)
 		version          = make([]int32, n)
 		lease, hold      = make([]int64, n), make([]int64, n)
+		startAt          = make(pgtype.FlatArray[pgtype.Timestamptz], n)
 	)
 	for i, r := range runs {
 		runID[i], name[i], version[i], workflowID[i] = uuidParam(r.RunID), r.WorkflowName, int32(r.WorkflowVersion), r.WorkflowID
@@ -369,9 +372,9 @@ func insertSorted(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunRes
 		if r.Claim != nil {
 			token[i], lease[i] = uuidParam(r.Claim.Token), ms(r.Claim.Lease)
 		}
-		hold[i] = ms(r.Hold)
+		hold[i], startAt[i] = ms(r.Hold), timeOrNull(r.StartAt)
 	}
-	rows, err := db.Query(ctx, insertRuns, runID, name, version, workflowID, input, queue, schedule, token, lease, hold)
+	rows, err := db.Query(ctx, insertRuns, runID, name, version, workflowID, input, queue, schedule, token, lease, hold, startAt)
 	if err != nil {
 		return nil, fmt.Errorf("inserting %d runs: %w", n, translate(err))
 	}
@@ -391,11 +394,7 @@ func insertSorted(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunRes
 	out := make([]InsertedRunResult, n)
 	for i, r := range runs {
 		if inserted[r.RunID] {
-			status := RunPending
-			if r.Claim != nil {
-				status = RunRunning
-			}
-			out[i].Run = &InsertedRun{RunID: r.RunID, Status: status}
+			out[i].Run = &InsertedRun{RunID: r.RunID, Status: r.insertedStatus()}
 			continue
 		}
 		out[i].Run, out[i].Err = existing(ctx, db, r)

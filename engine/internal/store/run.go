@@ -27,6 +27,10 @@ type NewRun struct {
 	// its frees up; when the hold passes first, the sweep gives it a job.
 	// InsertRuns only.
 	Hold time.Duration
+	// StartAt, when set, inserts the run waiting until then (wake_at), with
+	// no River job: the sweep wakes it when it is due. Not with Claim or
+	// Hold.
+	StartAt *time.Time
 }
 
 // InsertedRun reports the outcome of InsertRun.
@@ -38,13 +42,16 @@ type InsertedRun struct {
 
 const insertRun = `
 INSERT INTO workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
-                           status, owner_token, lease_expires_at, deliveries, stalled_deliveries, started_at, held_until)
+                           status, owner_token, lease_expires_at, deliveries, stalled_deliveries, started_at, held_until,
+                           wake_at)
 VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7,
-        CASE WHEN $8::uuid IS NULL THEN 'pending' ELSE 'running' END, $8::uuid,
+        CASE WHEN $8::uuid IS NOT NULL THEN 'running' WHEN $11::timestamptz IS NOT NULL THEN 'waiting' ELSE 'pending' END,
+        $8::uuid,
         CASE WHEN $8::uuid IS NOT NULL THEN now() + $9::bigint * interval '1 millisecond' END,
         CASE WHEN $8::uuid IS NULL THEN 0 ELSE 1 END, CASE WHEN $8::uuid IS NULL THEN 0 ELSE 1 END,
         CASE WHEN $8::uuid IS NOT NULL THEN now() END,
-        CASE WHEN $10::bigint > 0 THEN now() + $10::bigint * interval '1 millisecond' END)
+        CASE WHEN $10::bigint > 0 THEN now() + $10::bigint * interval '1 millisecond' END,
+        $11::timestamptz)
 ON CONFLICT (workflow_name, workflow_id) DO NOTHING
 RETURNING run_id`
 
@@ -62,19 +69,29 @@ func InsertRun(ctx context.Context, db DBTX, r NewRun) (*InsertedRun, error) {
 	var id uuid.UUID
 	var token *uuid.UUID
 	var lease int64
-	status := RunPending
 	if r.Claim != nil {
-		token, lease, status = &r.Claim.Token, ms(r.Claim.Lease), RunRunning
+		token, lease = &r.Claim.Token, ms(r.Claim.Lease)
 	}
 	err := db.QueryRow(ctx, insertRun, r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID, r.Input, r.Queue, r.ScheduleName,
-		token, lease, ms(r.Hold)).Scan(&id)
+		token, lease, ms(r.Hold), r.StartAt).Scan(&id)
 	if err == nil {
-		return &InsertedRun{RunID: id, Status: status}, nil
+		return &InsertedRun{RunID: id, Status: r.insertedStatus()}, nil
 	}
 	if err = translate(err); err != ErrNotFound {
 		return nil, err
 	}
 	return existing(ctx, db, r)
+}
+
+// insertedStatus is the status r is inserted with.
+func (r *NewRun) insertedStatus() string {
+	switch {
+	case r.Claim != nil:
+		return RunRunning
+	case r.StartAt != nil:
+		return RunWaiting
+	}
+	return RunPending
 }
 
 // existing reads the run that holds r's workflow ID.
@@ -552,4 +569,28 @@ func ReleaseHeld(ctx context.Context, tx DBTX, runIDs []uuid.UUID) ([]uuid.UUID,
 		return nil, fmt.Errorf("releasing held runs: %w", err)
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+}
+
+// startNow wakes a delayed run that no delivery has picked up yet: one
+// waiting, never started, and not waiting for a signal.
+const startNow = `
+WITH target AS (
+    SELECT run_id, status, started_at IS NULL AND await_signal IS NULL AS delayed
+    FROM workflow_runs WHERE run_id = $1 FOR UPDATE
+), woken AS (
+    UPDATE workflow_runs r SET status = 'pending', wake_at = NULL, enqueued_at = now()
+    FROM target
+    WHERE r.run_id = target.run_id AND target.status = 'waiting' AND target.delayed
+    RETURNING r.run_id
+)
+SELECT status, (SELECT count(*) FROM woken) > 0 FROM target`
+
+// StartNow makes a delayed run (inserted with NewRun.StartAt, not yet
+// due) due now and pending; woken false leaves it as it was, with status
+// saying why (another status, or waiting after it started: a timer or a
+// signal). The caller enqueues its delivery in the same transaction.
+// ErrNotFound for no such run.
+func StartNow(ctx context.Context, tx DBTX, runID uuid.UUID) (status string, woken bool, err error) {
+	err = tx.QueryRow(ctx, startNow, runID).Scan(&status, &woken)
+	return status, woken, translate(err)
 }
