@@ -47,8 +47,8 @@ type Config struct {
 	// 10s; minimum 1s.
 	LeaseDuration time.Duration
 	// HeartbeatInterval is how often a delivery extends its lease, by a
-	// heartbeat while a step runs or with a record write. Default
-	// LeaseDuration/3.
+	// heartbeat while a step runs or with a record write; shorter than
+	// LeaseDuration (New refuses it otherwise). Default LeaseDuration/3.
 	HeartbeatInterval time.Duration
 	// SweepInterval is how often (on average) each engine looks for runs
 	// whose lease expired and waiting runs that are due. It bounds how late
@@ -132,6 +132,9 @@ func (c Config) withDefaults() (Config, error) {
 	switch {
 	case c.LeaseDuration < time.Second:
 		return c, fmt.Errorf("pgdurable: LeaseDuration %s is below the 1s minimum", c.LeaseDuration)
+	case c.HeartbeatInterval < 0 || c.SweepInterval < 0 || c.MaxInlineBackoff < 0:
+		return c, fmt.Errorf("pgdurable: HeartbeatInterval (%s), SweepInterval (%s) and MaxInlineBackoff (%s) cannot be negative",
+			c.HeartbeatInterval, c.SweepInterval, c.MaxInlineBackoff)
 	case c.HeartbeatInterval >= c.LeaseDuration:
 		return c, fmt.Errorf("pgdurable: HeartbeatInterval %s must be shorter than LeaseDuration %s", c.HeartbeatInterval, c.LeaseDuration)
 	case c.MaxWorkers < 0 || c.MaxDeliveries < 0 || c.MaxPayloadBytes < 0 || c.MaxSignalsPerRun < 0 || c.MaxSignalBytesPerRun < 0:

@@ -90,6 +90,17 @@ func (e *Engine) startRegistered(ctx context.Context, tx pgx.Tx, name string, in
 	if !ok {
 		return nil, fmt.Errorf("%w: %q is not registered in this process (registered: %s)", ErrUnknownWorkflow, name, e.registeredNames())
 	}
+	input, err := e.checkInput(r, name, input)
+	if err != nil {
+		return nil, err
+	}
+	return e.startJSON(ctx, tx, name, r.version, input, opts)
+}
+
+// checkInput checks a JSON input for the registered workflow r named name
+// (empty means null): its size, its encoding, that it decodes as r's input
+// type, and that PostgreSQL can store it.
+func (e *Engine) checkInput(r registered, name string, input json.RawMessage) (json.RawMessage, error) {
 	if len(input) == 0 {
 		input = json.RawMessage("null")
 	}
@@ -108,7 +119,7 @@ func (e *Engine) startRegistered(ctx context.Context, tx pgx.Tx, name string, in
 	if err := checkJSONShape(input, true); err != nil {
 		return nil, fmt.Errorf("%w: input of workflow %q: %v", ErrInvalidInput, name, err)
 	}
-	return e.startJSON(ctx, tx, name, r.version, input, opts)
+	return input, nil
 }
 
 // startJSON is the one start path. With tx nil the run is inserted with

@@ -87,3 +87,22 @@ func TestHeartbeatsWriteAtMostOncePerInterval(t *testing.T) {
 	t.Logf("%d Heartbeat calls, %d run updates (heartbeats and the completion)", out, updates)
 	require.LessOrEqual(t, updates, int64(6), "about one heartbeat write per second, plus the completion")
 }
+
+// New refuses lease settings it cannot honour: a lease under a second, a
+// heartbeat no shorter than the lease, negative intervals.
+func TestNewRefusesBadLeaseSettings(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	for _, cfg := range []engine.Config{
+		{LeaseDuration: 500 * time.Millisecond},
+		{LeaseDuration: time.Second, HeartbeatInterval: 5 * time.Second},
+		{HeartbeatInterval: -time.Second},
+		{SweepInterval: -time.Second},
+		{MaxInlineBackoff: -time.Second},
+	} {
+		_, err := engine.New(db.Pool, &cfg)
+		require.Error(t, err, "%+v", cfg)
+	}
+	_, err := engine.New(db.Pool, &engine.Config{LeaseDuration: time.Second, HeartbeatInterval: 990 * time.Millisecond})
+	require.NoError(t, err)
+}

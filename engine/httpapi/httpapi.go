@@ -93,6 +93,7 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	mux := http.NewServeMux()
 	v1 := http.NewServeMux()
 	v1.HandleFunc("POST /v1/workflows/{name}/runs", a.startRun)
+	v1.HandleFunc("POST /v1/workflows/{name}/signal-with-start", a.signalWithStart)
 	v1.HandleFunc("GET /v1/runs/{run_id}", a.getRun)
 	v1.HandleFunc("GET /v1/runs", a.listRuns)
 	v1.HandleFunc("POST /v1/runs/{run_id}/cancel", a.cancelRun)

@@ -351,6 +351,34 @@ func TestDelayedStartRoutes(t *testing.T) {
 	require.Equal(t, 404, b.do(t, "POST", "/v1/runs/no-such-run/start-now", ``).status)
 }
 
+// signal-with-start starts the run the first time (201) and signals it
+// either way (200 once it exists); it needs an ID and a signal name.
+func TestSignalWithStartRoute(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	body := `{"id": "sws-1", "input": {"order_id": "o", "amount": 1}, "signal": "approve", "payload": {"by": "ann"}}`
+	r := b.do(t, "POST", "/v1/workflows/approval/signal-with-start", body, "Idempotency-Key", "sws-k")
+	require.Equal(t, 201, r.status, r.raw)
+	runID := r.body["run_id"].(string)
+	r = b.do(t, "POST", "/v1/workflows/approval/signal-with-start", body, "Idempotency-Key", "sws-k")
+	require.Equal(t, 200, r.status, r.raw)
+	require.Equal(t, runID, r.body["run_id"])
+	waitFor(t, func() bool { return b.do(t, "GET", "/v1/runs/"+runID, "").body["status"] == "completed" })
+	got := b.do(t, "GET", "/v1/runs/"+runID, "").body
+	require.Equal(t, "ann", got["output"])
+	require.Len(t, got["signals"], 1, "the keyed retry stored nothing")
+
+	r = b.do(t, "POST", "/v1/workflows/approval/signal-with-start", `{"input": {"order_id": "o", "amount": 1}, "signal": "approve"}`)
+	require.Equal(t, 400, r.status, r.raw)
+	r = b.do(t, "POST", "/v1/workflows/approval/signal-with-start", `{"id": "sws-2", "input": {"order_id": "o", "amount": 1}}`)
+	require.Equal(t, 400, r.status, r.raw)
+	r = b.do(t, "POST", "/v1/workflows/nope/signal-with-start", `{"id": "sws-3", "signal": "approve"}`)
+	require.Equal(t, 404, r.status, r.raw)
+	r = b.do(t, "POST", "/v1/workflows/approval/signal-with-start", body)
+	require.Equal(t, 409, r.status, r.raw)
+	require.Equal(t, "run_closed", r.body["error"].(map[string]any)["code"])
+}
+
 // The Idempotency-Key header is the signal's key: a retried request is
 // accepted and delivers the signal once, the key with another payload is
 // 409 signal_key_conflict, and a key over 200 bytes is 400.

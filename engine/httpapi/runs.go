@@ -66,6 +66,49 @@ func (a *api) startRun(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, NewStartResponse(name, res))
 }
 
+// signalWithStartRequest is the body of POST
+// /v1/workflows/{name}/signal-with-start: a start's fields (the workflow ID
+// required) and the signal to send.
+type signalWithStartRequest struct {
+	startRequest
+	Signal  string          `json:"signal"`
+	Payload json.RawMessage `json:"payload"`
+}
+
+// signalWithStart signals the run with the body's workflow ID, starting it
+// first if there is none: 201 started, 200 existed (signalled), 409 run
+// finished or key used for another signal, 404 unknown workflow, 400 bad
+// input, signal name, key or payload.
+func (a *api) signalWithStart(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	sopts, ok := signalOpts(w, r)
+	if !ok {
+		return
+	}
+	var req signalWithStartRequest
+	if !a.readJSON(w, r, &req, `{"id": string, "input": any JSON, "signal": string, "payload": any JSON, "start_at": RFC 3339 time, "delay": duration}`) {
+		return
+	}
+	opts, err := req.opts()
+	if err != nil {
+		a.engineError(w, r, err)
+		return
+	}
+	if len(req.Payload) == 0 {
+		req.Payload = json.RawMessage("null")
+	}
+	res, err := a.e.SignalWithStartJSON(r.Context(), name, req.Input, opts, req.Signal, req.Payload, sopts)
+	if err != nil {
+		a.engineError(w, r, err)
+		return
+	}
+	status := http.StatusCreated
+	if res.Existing {
+		status = http.StatusOK
+	}
+	writeJSON(w, status, NewStartResponse(name, res))
+}
+
 // getRun takes a run ID or a workflow ID, as cancel and signal do.
 func (a *api) getRun(w http.ResponseWriter, r *http.Request) {
 	id, err := a.e.FindRun(r.Context(), r.PathValue("run_id"))

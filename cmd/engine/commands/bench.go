@@ -19,10 +19,13 @@ func (g *global) benchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure the engine next to hand-written River on this database",
-		Long: `Runs, in one process against one database: River no-op jobs and 3-rows-in-3-transactions
-jobs (the references), 3- and 10-step no-op workflows with their starts (workflows/s, steps/s,
-the ratio to River, commits and round trips per workflow), one-at-a-time latency, and the cost
-of replaying 1,000 recorded steps, and the process's memory with --waiting-runs runs asleep. Use a database of its own: it adds tables and jobs.`,
+		Long: `Runs, in one process against one database: River no-op jobs and jobs writing 3 (and 10) rows in
+3 (and 10) transactions (the references), 3- and 10-step no-op workflows with their starts
+(workflows/s, steps/s, the ratio to River, commits, round trips and WAL per workflow),
+one-at-a-time latency, the cost of replaying 1,000 recorded steps, the payment workflow against
+the fake gateway (750 runs, whatever --workflows says), and the process's memory with
+--waiting-runs runs asleep. It prints each row as it is measured, then the table (or, with
+--json, only the JSON). Use a database of its own: it migrates it and adds tables and jobs.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if scaleShare > 0 {

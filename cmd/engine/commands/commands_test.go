@@ -616,4 +616,17 @@ func TestCLIDelayedStartAndSignalKey(t *testing.T) {
 	var n int
 	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM workflow_signals`).Scan(&n))
 	require.Equal(t, 1, n)
+
+	// signal --start: signal-with-start.
+	code, out, errOut = run(t, db, "signal", "sws", "approve", `{"by": "bo"}`, "--start", "approval", "--input", `{"n": 0}`)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "started")
+	code, out, errOut = run(t, db, "signal", "sws", "approve", `{"by": "bo"}`, "--start", "approval", "--input", `{"n": 0}`)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "existed")
+	code, _, errOut = run(t, db, "signal", "sws", "approve", "--input", `{"n": 0}`)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--input is for --start")
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM workflow_signals`).Scan(&n))
+	require.Equal(t, 3, n)
 }

@@ -276,14 +276,15 @@ func parseID(what, s string) (uuid.UUID, error) {
 }
 
 func (g *global) signalCmd() *cobra.Command {
-	var payloadFile, key string
+	var payloadFile, key, start, input string
 	cmd := &cobra.Command{
 		Use:   "signal RUN NAME [PAYLOAD_JSON]",
 		Short: "Send a signal to a run (by run ID or workflow ID); its AwaitSignal receives it",
 		Long: `Sends signal NAME with PAYLOAD_JSON (one JSON value; default null, or read from --payload-file,
 "-" for stdin) to the run RUN, a run ID or a workflow ID. Signals are buffered in order until the
 run's AwaitSignal for NAME takes them; a run waiting for NAME wakes at once. A finished run
-refuses it (exit 1).`,
+refuses it (exit 1). With --start WORKFLOW, RUN is a workflow ID: the run of WORKFLOW with that
+ID is signalled, and started first with --input if there is none, in one transaction.`,
 		Args: cobra.RangeArgs(2, 3),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			payload := []byte("null")
@@ -308,6 +309,12 @@ refuses it (exit 1).`,
 			if !json.Valid(payload) {
 				return &usageError{fmt.Errorf("the payload is not valid JSON: %.80q", payload)}
 			}
+			if start == "" && cmd.Flags().Changed("input") {
+				return &usageError{errors.New("--input is for --start")}
+			}
+			if !json.Valid([]byte(input)) {
+				return &usageError{fmt.Errorf("--input is not valid JSON: %q", input)}
+			}
 			e, pool, err := g.client(cmd.Context())
 			if err != nil {
 				return err
@@ -316,6 +323,21 @@ refuses it (exit 1).`,
 			var opts *engine.SignalOpts
 			if key != "" {
 				opts = &engine.SignalOpts{Key: key}
+			}
+			if start != "" {
+				res, err := e.SignalWithStartJSON(cmd.Context(), start, json.RawMessage(input), &engine.StartOpts{WorkflowID: args[0]}, args[1], payload, opts)
+				if err != nil {
+					return err
+				}
+				if g.jsonOut {
+					return writeJSON(g.opts.Stdout, httpapi.NewStartResponse(start, res))
+				}
+				verb := "started"
+				if res.Existing {
+					verb = "existed"
+				}
+				fmt.Fprintf(g.opts.Stdout, "run %s %s (workflow id %s): signal %q sent\n", res.RunID, verb, text(res.WorkflowID), args[1])
+				return nil
 			}
 			if err := e.SignalJSON(cmd.Context(), args[0], args[1], payload, opts); err != nil {
 				return err
@@ -328,6 +350,8 @@ refuses it (exit 1).`,
 		},
 	}
 	cmd.Flags().StringVar(&payloadFile, "payload-file", "", `read the payload from this file ("-": stdin)`)
+	cmd.Flags().StringVar(&start, "start", "", "signal-with-start: RUN is a workflow ID of this workflow, started with --input if it has no run")
+	cmd.Flags().StringVar(&input, "input", "null", "with --start: the input of a run it starts, as JSON")
 	cmd.Flags().StringVar(&key, "key", "", "idempotency key (1 to 200 bytes): sending again with the same key, name and payload\ndelivers the signal once")
 	return cmd
 }
