@@ -202,7 +202,7 @@ func runAttempt[T any](sctx context.Context, d *delivery, name string, opts *Act
 
 // attemptTimeout is a transient error classed "timeout" or "heartbeat_timeout".
 func attemptTimeout(name string, a *ActivityAttempt, cause, err error) error {
-	class := "timeout"
+	class := ClassTimeout
 	if errors.Is(cause, errNoHeartbeat) {
 		class = "heartbeat_timeout"
 	}

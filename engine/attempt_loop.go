@@ -64,6 +64,9 @@ func (d *delivery) newAttemptLoop(call *stepCall, seq int, rec *store.StepRecord
 		return l
 	}
 	l.attempts, l.firstFailed, l.nextAttempt, l.requestID, l.lastErr = rec.Attempts, rec.FirstFailedAt, rec.NextAttemptAt, rec.RequestID, rec.Error
+	// The step started when its first record says, whichever delivery
+	// wrote it: its ScheduleToCloseTimeout counts from there.
+	l.startedAt = rec.StartedAt
 	switch {
 	case rec.Status == store.StepStarted && rec.Attempts > 0:
 		// Attempt rec.Attempts began and has no outcome: its worker
@@ -208,7 +211,7 @@ func (l *attemptLoop) next() (out []byte, done bool, err error) {
 			rec.Output, rec.CompletedAt = out, &now
 			return rec
 		}
-		out, p, err = d.attempt(l.ctx, l.call.body, a)
+		out, p, err = l.attempt(a)
 	}
 	observe := func(outcome string) {
 		d.e.obs.StepAttempt(d.wf.name, l.call.name, l.call.kind, attempt, outcome, time.Since(attemptStart))
@@ -328,7 +331,8 @@ func (l *attemptLoop) failed(attempt int, err error, p *panicInfo, observe func(
 		d.park(rec, &parkReason{reason: reason, info: info, rec: rec})
 		return nil, true, d.endErr
 	}
-	if errors.As(err, &unserializable) || IsPermanent(err) || attempt >= l.policy.MaximumAttempts {
+	var late *scheduleToCloseError
+	if errors.As(err, &unserializable) || IsPermanent(err) || attempt >= l.policy.MaximumAttempts || errors.As(err, &late) {
 		exhausted := !IsPermanent(err) && unserializable == nil
 		var info *ErrorInfo
 		switch {
@@ -374,6 +378,11 @@ func (l *attemptLoop) failed(attempt int, err error, p *panicInfo, observe func(
 		delay = ra.delay
 	}
 	next := now.Add(delay)
+	if deadline, ok := l.deadline(); ok && next.After(deadline) {
+		// The retry would begin past the step's deadline: the step fails
+		// as if its retries ran out, the timeout in its error.
+		return l.failed(attempt, &scheduleToCloseError{timeout: l.call.opts.ScheduleToCloseTimeout, last: err}, nil, observe)
+	}
 	rec.Status, rec.Error, rec.NextAttemptAt = store.StepRetrying, info.json(), &next
 	l.lastErr = rec.Error
 	observe("retry")
@@ -397,3 +406,98 @@ func (l *attemptLoop) failed(attempt int, err error, p *panicInfo, observe func(
 	l.attempts = attempt
 	return nil, false, nil
 }
+
+// deadline is when the step's ScheduleToCloseTimeout ends, if it has one.
+func (l *attemptLoop) deadline() (time.Time, bool) {
+	if l.call.opts == nil || l.call.opts.ScheduleToCloseTimeout <= 0 {
+		return time.Time{}, false
+	}
+	return l.startedAt.Add(l.call.opts.ScheduleToCloseTimeout), true
+}
+
+// attempt runs one attempt of the step's body, bounded by its
+// StartToCloseTimeout and by what is left of its ScheduleToCloseTimeout.
+// Past the bound the attempt's context is cancelled: a tx step is awaited
+// (its transaction must end first; it rolls back), any other body gets
+// abandonGrace to return and is abandoned after it.
+func (l *attemptLoop) attempt(a *attemptState) ([]byte, *panicInfo, error) {
+	d := l.d
+	var timeout time.Duration
+	if o := l.call.opts; o != nil {
+		timeout = o.StartToCloseTimeout
+	}
+	var cause error = errStepStartToClose
+	if deadline, ok := l.deadline(); ok {
+		if left := deadline.Sub(d.e.now()); timeout <= 0 || left < timeout {
+			timeout, cause = max(left, time.Millisecond), errStepScheduleToClose
+		}
+	}
+	if timeout <= 0 {
+		return d.attempt(l.ctx, l.call.body, a)
+	}
+	ctx, cancel := context.WithTimeoutCause(l.ctx, timeout, cause)
+	defer cancel()
+	timedOut := func() bool { return l.ctx.Err() == nil && ctx.Err() != nil }
+	type result struct {
+		out []byte
+		p   *panicInfo
+		err error
+	}
+	done := make(chan result, 1)
+	run := func() {
+		out, p, err := d.attempt(ctx, l.call.body, a)
+		done <- result{out, p, err}
+	}
+	if l.call.tx {
+		run()
+	} else {
+		go run()
+	}
+	var r result
+	select {
+	case r = <-done:
+	case <-ctx.Done():
+		if !timedOut() {
+			r = <-done // the run's cancellation or the delivery's end: as without a timeout
+			break
+		}
+		select {
+		case r = <-done:
+		case <-time.After(abandonGrace):
+			return nil, nil, l.attemptTimeout(a.attempt, context.Cause(ctx), nil)
+		}
+	}
+	if r.p == nil && r.err != nil && timedOut() {
+		return nil, nil, l.attemptTimeout(a.attempt, context.Cause(ctx), r.err)
+	}
+	return r.out, r.p, r.err
+}
+
+// attemptTimeout is the transient failure, classed "timeout", of an
+// attempt past its bound; err is what the body returned, if it did.
+func (l *attemptLoop) attemptTimeout(attempt int, cause, err error) error {
+	msg := fmt.Errorf("step %q attempt %d: %w", l.call.name, attempt, cause)
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		msg = fmt.Errorf("%w (the step returned: %v)", msg, err)
+	}
+	return WithClass(msg, ClassTimeout)
+}
+
+var (
+	errStepStartToClose    = &timeoutError{"start-to-close timeout"}
+	errStepScheduleToClose = &timeoutError{"schedule-to-close timeout"}
+)
+
+// scheduleToCloseError ends a step whose next retry would begin past its
+// ScheduleToCloseTimeout.
+type scheduleToCloseError struct {
+	timeout time.Duration
+	last    error
+}
+
+func (e *scheduleToCloseError) Error() string {
+	return fmt.Sprintf("schedule-to-close timeout: the step's %s would pass before its next attempt (last: %v)", e.timeout, errorText(e.last))
+}
+func (e *scheduleToCloseError) Unwrap() error        { return e.last }
+func (e *scheduleToCloseError) Is(target error) bool { return target == ErrTimeout }
+func (e *scheduleToCloseError) ErrorClass() string   { return ClassTimeout }

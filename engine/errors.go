@@ -60,8 +60,9 @@ var ErrCancelled = errors.New("pgdurable: run cancelled")
 var ErrRunClosed = errors.New("pgdurable: run already finished")
 
 // ErrTimeout is in the error of anything that timed out: AwaitSignal whose
-// timeout passed before a signal arrived, an activity attempt past its
-// StartToCloseTimeout or HeartbeatTimeout (with context.DeadlineExceeded).
+// timeout passed before a signal arrived, a step or activity attempt past
+// its StartToCloseTimeout, an activity's past its HeartbeatTimeout (with
+// context.DeadlineExceeded), a step past its ScheduleToCloseTimeout.
 // Recorded, so errors.Is answers the same on replay.
 var ErrTimeout = errors.New("pgdurable: timed out")
 
@@ -93,6 +94,7 @@ const (
 	ClassWorkerLost     = "worker_lost"      // an attempt began and never ended: its worker died or lost its lease
 	ClassOutputTooLarge = "output_too_large" // a result whose JSON is over Config.MaxPayloadBytes
 	ClassUnsettled      = "unsettled"        // a cancelled run could not learn an activity's outcome
+	ClassTimeout        = "timeout"          // an attempt past its StartToCloseTimeout, a step past its ScheduleToCloseTimeout
 )
 
 // ErrOutputTooLarge is in the error of a step, activity or workflow whose

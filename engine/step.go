@@ -32,6 +32,31 @@ type StepOpts struct {
 	// cut), and only an operator, or a replay with the same request ID once
 	// the service is back, can tell.
 	ReturnExhausted bool
+	// StartToCloseTimeout bounds each attempt (0: no bound). Past it the
+	// attempt's context is cancelled and the attempt fails with class
+	// "timeout" (transient: retried per the policy; errors.Is finds
+	// ErrTimeout in what the workflow gets once retries end). A Step whose
+	// function ignores its context is abandoned after a short grace (it
+	// may still finish in the background; its result is dropped). A
+	// TxStep's attempt is awaited, since its transaction must end before
+	// the next one begins, and rolls back: what committed is what counts.
+	StartToCloseTimeout time.Duration
+	// ScheduleToCloseTimeout bounds the step as a whole, all attempts and
+	// backoffs, from its first attempt's start, across deliveries (0: no
+	// bound): an attempt gets at most the time left, and a retry whose
+	// backoff would end past it is not made; the step fails as if its
+	// retries ran out, with the timeout in its error (ErrTimeout).
+	ScheduleToCloseTimeout time.Duration
+}
+
+func (o *StepOpts) validate() error {
+	switch {
+	case o == nil:
+		return nil
+	case o.StartToCloseTimeout < 0 || o.ScheduleToCloseTimeout < 0:
+		return errors.New("StartToCloseTimeout and ScheduleToCloseTimeout cannot be negative")
+	}
+	return o.RetryPolicy.validate()
 }
 
 // Step runs fn as the run's next step and records its outcome; when the
@@ -161,11 +186,9 @@ func (d *delivery) enterStep(what, name string) (int, error) {
 // runStep is the replay logic shared by every kind of step.
 func (d *delivery) runStep(call *stepCall) ([]byte, error) {
 	name, kind, opts := call.name, call.kind, call.opts
-	if opts != nil {
-		if err := opts.RetryPolicy.validate(); err != nil {
-			// Not recorded and no position used: the same on replay.
-			return nil, fmt.Errorf("%w: step %q: %v", ErrInvalidArgument, name, err)
-		}
+	if err := opts.validate(); err != nil {
+		// Not recorded and no position used: the same on replay.
+		return nil, fmt.Errorf("%w: step %q: %v", ErrInvalidArgument, name, err)
 	}
 	seq, err := d.enterStep("step", name)
 	if err != nil {

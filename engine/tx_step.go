@@ -55,6 +55,12 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			if err != nil {
 				return err
 			}
+			var late *timeoutError
+			if errors.As(context.Cause(sctx), &late) {
+				// The attempt passed its timeout before fn returned: it
+				// failed, and what fn wrote rolls back.
+				return late
+			}
 			if out, err = encodeOutput(v, d.e.cfg.MaxPayloadBytes); err != nil {
 				return err
 			}
