@@ -51,6 +51,9 @@ type delivery struct {
 	sagaCause *ErrorInfo
 	// deliveries counts this run's deliveries, this one included.
 	deliveries int
+	// deadline is when the run's timeout ends (StartOpts.RunTimeout), nil
+	// for none.
+	deadline *time.Time
 
 	e          *Engine
 	wf         registered

@@ -134,7 +134,7 @@ func (e *Engine) newRun(name string, version int, input []byte, opts *StartOpts)
 		return store.NewRun{}, err
 	}
 	return store.NewRun{RunID: runID, WorkflowName: name, WorkflowVersion: version, WorkflowID: workflowID,
-		Input: input, Queue: e.cfg.Queue, ScheduleName: scheduleOf(opts), StartAt: startAt}, nil
+		Input: input, Queue: e.cfg.Queue, ScheduleName: scheduleOf(opts), StartAt: startAt, RunTimeout: runTimeoutOf(opts)}, nil
 }
 
 // route readies r for path: a run to dispatch is inserted claimed by this
@@ -143,6 +143,10 @@ func (e *Engine) route(r *store.NewRun, path startPath) {
 	switch path {
 	case dispatchNow:
 		r.Claim = &store.Fence{RunID: r.RunID, Token: uuid.New(), Lease: e.cfg.LeaseDuration}
+		if r.RunTimeout > 0 {
+			deadline := e.now().Add(r.RunTimeout) // picked up now
+			r.Deadline = &deadline
+		}
 	case holdLocal:
 		r.Hold = e.cfg.LeaseDuration
 	}
@@ -155,7 +159,8 @@ func (e *Engine) afterStart(wf registered, path startPath, r store.NewRun, fresh
 	switch {
 	case path == dispatchNow && fresh:
 		e.dispatch(wf, &store.ClaimedRun{RunID: r.RunID, WorkflowName: r.WorkflowName, WorkflowVersion: r.WorkflowVersion,
-			WorkflowID: r.WorkflowID, Input: r.Input, Deliveries: 1, StalledDeliveries: 1, Status: store.RunRunning}, r.Claim.Token, sent)
+			WorkflowID: r.WorkflowID, Input: r.Input, Deliveries: 1, StalledDeliveries: 1, Status: store.RunRunning,
+			Deadline: r.Deadline}, r.Claim.Token, sent)
 	case path == dispatchNow:
 		e.releaseSlot()
 	case path == holdLocal && fresh:

@@ -96,7 +96,7 @@ func (e *Engine) execute(ctx context.Context, wf registered, claimed *store.Clai
 	d := &delivery{
 		ctx: dctx, cancel: cancel, fwd: fwd, cancelFwd: cancelFwd, e: e, wf: wf, runID: runID,
 		workflowID: claimed.WorkflowID, token: token, log: log, pos: positions{recorded: claimed.Steps}, lastRecorded: -1,
-		claimedAt: sent, deliveries: claimed.Deliveries,
+		claimedAt: sent, deliveries: claimed.Deliveries, deadline: claimed.Deadline,
 	}
 	d.handle = &Context{Context: dctx, d: d}
 	d.extendedAt(sent)
@@ -193,6 +193,8 @@ func (d *delivery) finish(out []byte, err error, p *panicInfo) {
 			class = ClassOutputTooLarge
 		}
 		d.park(nil, &parkReason{reason: ReasonPermanentError, info: newErrorInfo(err, class)})
+	case d.cancelRequested.Load() && d.deadline != nil && !d.e.now().Before(*d.deadline):
+		d.compensate(StatusCancelled, newErrorInfo(&runTimeoutError{deadline: *d.deadline}, ClassTimeout))
 	case d.cancelRequested.Load():
 		d.compensate(StatusCancelled, newErrorInfo(ErrCancelled, ClassCancelled))
 	case err == nil && d.pos.replaying():
@@ -603,4 +605,17 @@ func (d *delivery) park(rec *store.StepRecord, why *parkReason) {
 	d.close(StatusDead, d.do(func(ctx context.Context) error {
 		return store.ParkRun(ctx, d.e.pool, d.fence(), rec, p)
 	}))
+}
+
+// runTimeoutError is the error of a run cancelled at its deadline
+// (StartOpts.RunTimeout): errors.Is finds ErrTimeout and ErrCancelled in
+// it, live and once recorded.
+type runTimeoutError struct{ deadline time.Time }
+
+func (e *runTimeoutError) Error() string {
+	return "run timeout: the run's deadline (StartOpts.RunTimeout from its first pick-up) passed at " +
+		e.deadline.UTC().Format(time.RFC3339Nano) + "; it was cancelled"
+}
+func (e *runTimeoutError) Is(target error) bool {
+	return target == ErrTimeout || target == ErrCancelled
 }

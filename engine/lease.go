@@ -179,7 +179,7 @@ func (e *Engine) sweep(ctx context.Context) (int, error) {
 		}
 		ids := make([]uuid.UUID, 0, len(swept))
 		for _, s := range swept {
-			if s.Cause != store.SweptCrashBackoff {
+			if s.Cause != store.SweptCrashBackoff && s.Cause != store.SweptTimedOut {
 				ids = append(ids, s.RunID)
 			}
 		}
@@ -192,6 +192,13 @@ func (e *Engine) sweep(ctx context.Context) (int, error) {
 		switch s.Cause {
 		case store.SweptLeaseExpired:
 			e.log.Warn("lease expired; run re-enqueued for another delivery", "run_id", s.RunID)
+		case store.SweptTimedOut:
+			// A delivery of this process hears of it now; one elsewhere at
+			// its engine's next sweep (pollCancels), write or heartbeat.
+			if d, ok := e.live.Load(s.RunID); ok {
+				d.(*delivery).noteCancel(true)
+			}
+			e.log.Info("run timeout passed; run cancelled", "run_id", s.RunID)
 		case store.SweptCrashBackoff:
 			e.log.Warn("lease expired again without progress; run held back before its next delivery",
 				"run_id", s.RunID, "stalled_deliveries", s.Stalled, "wake_at", s.WakeAt.UTC().Format(time.RFC3339Nano))

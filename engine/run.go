@@ -34,6 +34,14 @@ type StartOpts struct {
 	// Delay is StartAt as a wait from now. Set at most one of the two
 	// (ErrInvalidArgument otherwise, and for a negative Delay).
 	Delay time.Duration
+	// RunTimeout bounds the run (0: no bound; negative: ErrInvalidArgument).
+	// Its clock starts when a worker first picks the run up (after any
+	// delay); at the deadline the run's cancellation is requested, as
+	// Engine.Cancel would: its forward steps stop, its compensations run,
+	// and it ends cancelled, its error holding ErrTimeout and ErrCancelled.
+	// A sleeping or waiting run is woken for it. The deadline is kept
+	// across deliveries and set again when a dead run is replayed.
+	RunTimeout time.Duration
 
 	schedule string // set by the scheduler: the schedule whose fire starts the run
 }
@@ -43,6 +51,8 @@ func (o *StartOpts) startAt(now time.Time) (*time.Time, error) {
 	switch {
 	case o == nil:
 		return nil, nil
+	case o.RunTimeout < 0:
+		return nil, fmt.Errorf("%w: StartOpts.RunTimeout %s is negative", ErrInvalidArgument, o.RunTimeout)
 	case o.Delay < 0:
 		return nil, fmt.Errorf("%w: StartOpts.Delay %s is negative", ErrInvalidArgument, o.Delay)
 	case o.Delay > 0 && !o.StartAt.IsZero():
@@ -184,6 +194,13 @@ func (e *Engine) StartNow(ctx context.Context, runID uuid.UUID) error {
 		}
 		return fmt.Errorf("%w: run %s is %s and has started; StartNow starts a delayed run", ErrInvalidArgument, runID, status)
 	})
+}
+
+func runTimeoutOf(opts *StartOpts) time.Duration {
+	if opts == nil {
+		return 0
+	}
+	return opts.RunTimeout
 }
 
 func scheduleOf(opts *StartOpts) *string {
@@ -329,9 +346,14 @@ type Run struct {
 	CompletedAt       *time.Time `json:"completed_at,omitempty"`
 	// CancelRequestedAt is when Cancel was first called for the run; a run
 	// with it set stops its forward steps, compensates and ends cancelled.
-	CancelRequestedAt *time.Time   `json:"cancel_requested_at,omitempty"`
-	Steps             []StepInfo   `json:"steps,omitempty"`   // filled by GetRun only
-	Signals           []SignalInfo `json:"signals,omitempty"` // filled by GetRun only, in the order sent
+	CancelRequestedAt *time.Time `json:"cancel_requested_at,omitempty"`
+	// RunTimeoutMS is the run's timeout in milliseconds (StartOpts.RunTimeout),
+	// 0 for none; DeadlineAt is when it ends, set from its first pick-up
+	// until it ends.
+	RunTimeoutMS int64        `json:"run_timeout_ms,omitempty"`
+	DeadlineAt   *time.Time   `json:"deadline_at,omitempty"`
+	Steps        []StepInfo   `json:"steps,omitempty"`   // filled by GetRun only
+	Signals      []SignalInfo `json:"signals,omitempty"` // filled by GetRun only, in the order sent
 }
 
 // SignalInfo is a signal sent to a run: ConsumedSeq is the AwaitSignal step
@@ -392,6 +414,7 @@ func runFromRow(r *store.RunRow) *Run {
 		Error: decodeErrorInfo(r.Error), Deliveries: r.Deliveries, StalledDeliveries: r.Stalled, WakeAt: r.WakeAt,
 		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, CompletedAt: r.CompletedAt,
 		AwaitSignal: deref(r.AwaitSignal), ScheduleName: deref(r.ScheduleName), CancelRequestedAt: r.CancelRequestedAt,
+		RunTimeoutMS: derefInt(r.RunTimeoutMS), DeadlineAt: r.DeadlineAt,
 	}
 }
 
@@ -533,4 +556,11 @@ func pageParams(limit int, cursor string) (int, *uuid.UUID, error) {
 		return 0, nil, fmt.Errorf("%w: invalid cursor %q", ErrInvalidArgument, cursor)
 	}
 	return limit, &id, nil
+}
+
+func derefInt(p *int64) int64 {
+	if p == nil {
+		return 0
+	}
+	return *p
 }

@@ -341,6 +341,12 @@ func TestDelayedStartRoutes(t *testing.T) {
 	}
 	r = b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": "bad-4", "input": {"order_id": "o", "amount": 1}, "start_at": "soon"}`)
 	require.Equal(t, 400, r.status, r.raw)
+	r = b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": "bad-5", "input": {"order_id": "o", "amount": 1}, "run_timeout": "-1s"}`)
+	require.Equal(t, 400, r.status, r.raw)
+	r = b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": "timed", "input": {"order_id": "o", "amount": 1}, "run_timeout": "1h"}`)
+	require.Equal(t, 201, r.status, r.raw)
+	waitFor(t, func() bool { return b.do(t, "GET", "/v1/runs/timed", "").body["status"] == "completed" })
+	require.EqualValues(t, 3600000, b.do(t, "GET", "/v1/runs/timed", "").body["run_timeout_ms"])
 
 	r = b.do(t, "POST", "/v1/runs/later-1/start-now", ``)
 	require.Equal(t, 200, r.status, r.raw)

@@ -22,23 +22,30 @@ import (
 // ID, the input, and optionally a start time (RFC 3339) or a delay (a
 // duration such as "90s" or "1h30m") to start the run later.
 type startRequest struct {
-	ID      string          `json:"id"`
-	Input   json.RawMessage `json:"input"`
-	StartAt time.Time       `json:"start_at"`
-	Delay   string          `json:"delay"`
+	ID         string          `json:"id"`
+	Input      json.RawMessage `json:"input"`
+	StartAt    time.Time       `json:"start_at"`
+	Delay      string          `json:"delay"`
+	RunTimeout string          `json:"run_timeout"`
 }
 
-const startShape = `{"id": string, "input": any JSON, "start_at": RFC 3339 time, "delay": duration such as "90s"}`
+const startShape = `{"id": string, "input": any JSON, "start_at": RFC 3339 time, "delay": duration such as "90s", "run_timeout": duration}`
 
 // opts is the request's StartOpts.
 func (req *startRequest) opts() (*engine.StartOpts, error) {
 	opts := &engine.StartOpts{WorkflowID: req.ID, StartAt: req.StartAt}
-	if req.Delay != "" {
-		d, err := time.ParseDuration(req.Delay)
-		if err != nil {
-			return nil, fmt.Errorf("%w: delay %.40q is not a duration such as \"90s\" or \"1h30m\"", engine.ErrInvalidArgument, req.Delay)
+	for _, f := range []struct {
+		name, value string
+		to          *time.Duration
+	}{{"delay", req.Delay, &opts.Delay}, {"run_timeout", req.RunTimeout, &opts.RunTimeout}} {
+		if f.value == "" {
+			continue
 		}
-		opts.Delay = d
+		d, err := time.ParseDuration(f.value)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s %.40q is not a duration such as \"90s\" or \"1h30m\"", engine.ErrInvalidArgument, f.name, f.value)
+		}
+		*f.to = d
 	}
 	return opts, nil
 }
@@ -86,7 +93,7 @@ func (a *api) signalWithStart(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req signalWithStartRequest
-	if !a.readJSON(w, r, &req, `{"id": string, "input": any JSON, "signal": string, "payload": any JSON, "start_at": RFC 3339 time, "delay": duration}`) {
+	if !a.readJSON(w, r, &req, `{"id": string, "input": any JSON, "signal": string, "payload": any JSON, "start_at": RFC 3339 time, "delay": duration, "run_timeout": duration}`) {
 		return
 	}
 	opts, err := req.opts()

@@ -170,7 +170,7 @@ func (g *global) printRun(run *engine.Run) {
 
 func (g *global) startCmd() *cobra.Command {
 	var id, input, startAt string
-	var delay time.Duration
+	var delay, runTimeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "start WORKFLOW",
 		Short: "Start a run of a workflow this binary registers",
@@ -182,7 +182,7 @@ cancels it.`,
 			if !json.Valid([]byte(input)) {
 				return &usageError{fmt.Errorf("--input is not valid JSON: %q", input)}
 			}
-			opts := &engine.StartOpts{WorkflowID: id, Delay: delay}
+			opts := &engine.StartOpts{WorkflowID: id, Delay: delay, RunTimeout: runTimeout}
 			if startAt != "" {
 				t, err := time.Parse(time.RFC3339, startAt)
 				if err != nil {
@@ -214,6 +214,7 @@ cancels it.`,
 	cmd.Flags().StringVar(&input, "input", "null", "the run's input, as JSON")
 	cmd.Flags().DurationVar(&delay, "delay", 0, "start the run this long from now (90s, 1h30m)")
 	cmd.Flags().StringVar(&startAt, "start-at", "", "start the run at this RFC 3339 time")
+	cmd.Flags().DurationVar(&runTimeout, "run-timeout", 0, "cancel the run this long after a worker first picks it up (compensations run)")
 	return cmd
 }
 

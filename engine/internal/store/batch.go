@@ -77,6 +77,7 @@ WITH f AS (
         error = CASE WHEN f.finish THEN f.error::jsonb ELSE r.error END,
         completed_at = CASE WHEN f.finish THEN now() ELSE r.completed_at END,
         wake_at = CASE WHEN f.finish THEN NULL ELSE r.wake_at END,
+        deadline_at = CASE WHEN f.finish THEN NULL ELSE r.deadline_at END,
         await_signal = CASE WHEN f.finish THEN NULL ELSE r.await_signal END,
         stalled_deliveries = 0, long_stalled_deliveries = 0
     FROM f
@@ -123,6 +124,7 @@ WITH extended AS (
         error = CASE WHEN $19::bool THEN $21::jsonb ELSE r.error END,
         completed_at = CASE WHEN $19::bool THEN now() ELSE r.completed_at END,
         wake_at = CASE WHEN $19::bool THEN NULL ELSE r.wake_at END,
+        deadline_at = CASE WHEN $19::bool THEN NULL ELSE r.deadline_at END,
         await_signal = CASE WHEN $19::bool THEN NULL ELSE r.await_signal END,
         stalled_deliveries = 0, long_stalled_deliveries = 0
     WHERE r.run_id = $1 AND r.owner_token = $2 AND NOT $23::bool
@@ -296,17 +298,17 @@ const (
 const insertRuns = `
 INSERT INTO workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
                            status, owner_token, lease_expires_at, deliveries, stalled_deliveries, started_at, held_until,
-                           wake_at)
+                           wake_at, run_timeout_ms, deadline_at)
 SELECT u.run_id, u.name, u.version, u.workflow_id, u.input::jsonb, u.queue, u.schedule,
        CASE WHEN u.token IS NOT NULL THEN 'running' WHEN u.start_at IS NOT NULL THEN 'waiting' ELSE 'pending' END, u.token,
        CASE WHEN u.token IS NOT NULL THEN now() + u.lease_ms * interval '1 millisecond' END,
        CASE WHEN u.token IS NULL THEN 0 ELSE 1 END, CASE WHEN u.token IS NULL THEN 0 ELSE 1 END,
        CASE WHEN u.token IS NOT NULL THEN now() END,
        CASE WHEN u.hold_ms > 0 THEN now() + u.hold_ms * interval '1 millisecond' END,
-       u.start_at
+       u.start_at, nullif(u.timeout_ms, 0), u.deadline
 FROM unnest($1::uuid[], $2::text[], $3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::uuid[], $9::bigint[],
-            $10::bigint[], $11::timestamptz[])
-    AS u(run_id, name, version, workflow_id, input, queue, schedule, token, lease_ms, hold_ms, start_at)
+            $10::bigint[], $11::timestamptz[], $12::bigint[], $13::timestamptz[])
+    AS u(run_id, name, version, workflow_id, input, queue, schedule, token, lease_ms, hold_ms, start_at, timeout_ms, deadline)
 ON CONFLICT (workflow_name, workflow_id) DO NOTHING
 RETURNING run_id`
 
@@ -365,6 +367,8 @@ func insertSorted(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunRes
 		version          = make([]int32, n)
 		lease, hold      = make([]int64, n), make([]int64, n)
 		startAt          = make(pgtype.FlatArray[pgtype.Timestamptz], n)
+		timeout          = make([]int64, n)
+		deadline         = make(pgtype.FlatArray[pgtype.Timestamptz], n)
 	)
 	for i, r := range runs {
 		runID[i], name[i], version[i], workflowID[i] = uuidParam(r.RunID), r.WorkflowName, int32(r.WorkflowVersion), r.WorkflowID
@@ -373,8 +377,10 @@ func insertSorted(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunRes
 			token[i], lease[i] = uuidParam(r.Claim.Token), ms(r.Claim.Lease)
 		}
 		hold[i], startAt[i] = ms(r.Hold), timeOrNull(r.StartAt)
+		timeout[i], deadline[i] = ms(r.RunTimeout), timeOrNull(r.Deadline)
 	}
-	rows, err := db.Query(ctx, insertRuns, runID, name, version, workflowID, input, queue, schedule, token, lease, hold, startAt)
+	rows, err := db.Query(ctx, insertRuns, runID, name, version, workflowID, input, queue, schedule, token, lease, hold, startAt,
+		timeout, deadline)
 	if err != nil {
 		return nil, fmt.Errorf("inserting %d runs: %w", n, translate(err))
 	}
@@ -428,14 +434,15 @@ UPDATE workflow_runs r SET
     started_at = coalesce(r.started_at, now()),
     wake_at = NULL,
     await_signal = NULL,
-    held_until = NULL
+    held_until = NULL,
+    deadline_at = coalesce(r.deadline_at, $4::timestamptz + r.run_timeout_ms * interval '1 millisecond')
 FROM unnest($1::uuid[], $2::uuid[], $3::bigint[]) AS u(run_id, token, lease_ms)
 WHERE r.run_id = u.run_id
   AND r.status IN ('pending', 'running', 'waiting', 'compensating')
   AND (r.owner_token IS NULL OR r.lease_expires_at < now())
   AND (r.wake_at IS NULL OR r.wake_at <= $4)
 RETURNING r.run_id, u.token, r.workflow_name, r.workflow_version, r.workflow_id, r.input, r.deliveries,
-          r.stalled_deliveries, r.long_stalled_deliveries, r.status, r.cancel_requested_at IS NOT NULL`
+          r.stalled_deliveries, r.long_stalled_deliveries, r.status, r.cancel_requested_at IS NOT NULL, r.deadline_at`
 
 // claimSettings applies to the rest of the claim batch's implicit
 // transaction: its commit is asynchronous (a claim that a PostgreSQL crash
@@ -500,7 +507,7 @@ func ClaimRuns(ctx context.Context, db DBTX, fences []Fence, now time.Time) ([]C
 		c := &ClaimedRun{}
 		var token uuid.UUID
 		if err := rows.Scan(&c.RunID, &token, &c.WorkflowName, &c.WorkflowVersion, &c.WorkflowID, &c.Input, &c.Deliveries,
-			&c.StalledDeliveries, &c.LongStalled, &c.Status, &c.CancelRequested); err != nil {
+			&c.StalledDeliveries, &c.LongStalled, &c.Status, &c.CancelRequested, &c.Deadline); err != nil {
 			rows.Close()
 			return fail(err)
 		}

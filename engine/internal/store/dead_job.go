@@ -29,7 +29,7 @@ type Park struct {
 const parkRun = `
 WITH run AS (
     UPDATE workflow_runs SET status = 'dead', error = $18::jsonb, completed_at = now(),
-        owner_token = NULL, lease_expires_at = NULL, wake_at = NULL
+        owner_token = NULL, lease_expires_at = NULL, wake_at = NULL, deadline_at = NULL
     WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0
     RETURNING run_id, workflow_name, workflow_id, workflow_version, input, watched AS notify
 ), ` + stepUpsert + `, ` + notifyEnded + `,

@@ -31,17 +31,19 @@ type RunRow struct {
 	StartedAt         *time.Time
 	CompletedAt       *time.Time
 	CancelRequestedAt *time.Time
+	RunTimeoutMS      *int64
+	DeadlineAt        *time.Time
 }
 
 const runColumns = `run_id, workflow_name, workflow_version, workflow_id, status, input, output, error,
     deliveries, stalled_deliveries, owner_token, lease_expires_at, wake_at, await_signal, schedule_name, queue, created_at, started_at, completed_at,
-    cancel_requested_at`
+    cancel_requested_at, run_timeout_ms, deadline_at`
 
 func scanRun(row pgx.Row) (*RunRow, error) {
 	var r RunRow
 	err := row.Scan(&r.RunID, &r.WorkflowName, &r.WorkflowVersion, &r.WorkflowID, &r.Status, &r.Input, &r.Output,
 		&r.Error, &r.Deliveries, &r.Stalled, &r.OwnerToken, &r.LeaseExpiresAt, &r.WakeAt, &r.AwaitSignal, &r.ScheduleName, &r.Queue, &r.CreatedAt,
-		&r.StartedAt, &r.CompletedAt, &r.CancelRequestedAt)
+		&r.StartedAt, &r.CompletedAt, &r.CancelRequestedAt, &r.RunTimeoutMS, &r.DeadlineAt)
 	if err != nil {
 		return nil, translate(err)
 	}

@@ -31,6 +31,12 @@ type NewRun struct {
 	// no River job: the sweep wakes it when it is due. Not with Claim or
 	// Hold.
 	StartAt *time.Time
+	// RunTimeout, when not zero, is the run's timeout: the claim that
+	// first picks it up sets its deadline that long after the claim's
+	// time, and at the deadline the sweep requests its cancellation.
+	// With Claim, Deadline is that deadline, set at the insert.
+	RunTimeout time.Duration
+	Deadline   *time.Time
 }
 
 // InsertedRun reports the outcome of InsertRun.
@@ -43,7 +49,7 @@ type InsertedRun struct {
 const insertRun = `
 INSERT INTO workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
                            status, owner_token, lease_expires_at, deliveries, stalled_deliveries, started_at, held_until,
-                           wake_at)
+                           wake_at, run_timeout_ms, deadline_at)
 VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7,
         CASE WHEN $8::uuid IS NOT NULL THEN 'running' WHEN $11::timestamptz IS NOT NULL THEN 'waiting' ELSE 'pending' END,
         $8::uuid,
@@ -51,7 +57,7 @@ VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7,
         CASE WHEN $8::uuid IS NULL THEN 0 ELSE 1 END, CASE WHEN $8::uuid IS NULL THEN 0 ELSE 1 END,
         CASE WHEN $8::uuid IS NOT NULL THEN now() END,
         CASE WHEN $10::bigint > 0 THEN now() + $10::bigint * interval '1 millisecond' END,
-        $11::timestamptz)
+        $11::timestamptz, nullif($12::bigint, 0), $13::timestamptz)
 ON CONFLICT (workflow_name, workflow_id) DO NOTHING
 RETURNING run_id`
 
@@ -73,7 +79,7 @@ func InsertRun(ctx context.Context, db DBTX, r NewRun) (*InsertedRun, error) {
 		token, lease = &r.Claim.Token, ms(r.Claim.Lease)
 	}
 	err := db.QueryRow(ctx, insertRun, r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID, r.Input, r.Queue, r.ScheduleName,
-		token, lease, ms(r.Hold), r.StartAt).Scan(&id)
+		token, lease, ms(r.Hold), r.StartAt, ms(r.RunTimeout), r.Deadline).Scan(&id)
 	if err == nil {
 		return &InsertedRun{RunID: id, Status: r.insertedStatus()}, nil
 	}
@@ -123,7 +129,10 @@ type ClaimedRun struct {
 	LongStalled     int
 	Status          string // running, or compensating
 	CancelRequested bool
-	Steps           []StepRecord
+	// Deadline is when the run's timeout ends (StartOpts.RunTimeout), nil
+	// for none.
+	Deadline *time.Time
+	Steps    []StepRecord
 }
 
 // ClaimMiss says why a delivery did not get the lease.
@@ -422,12 +431,13 @@ const (
 	SweptCrashBackoff = "crash_backoff" // died again without progress: held until WakeAt; a later sweep enqueues it
 	SweptWake         = "wake"          // a waiting run is due
 	SweptHeld         = "held"          // a run held by its starting process was not run in time: enqueue it now
+	SweptTimedOut     = "timed_out"     // a running run passed its deadline: its cancellation is requested, its delivery hears of it
 )
 
 // SweptRun is a run the sweep handed a new delivery.
 type SweptRun struct {
 	RunID uuid.UUID
-	Cause string // SweptLeaseExpired, SweptCrashBackoff, SweptWake or SweptHeld
+	Cause string // SweptLeaseExpired, SweptCrashBackoff, SweptWake, SweptHeld or SweptTimedOut
 	// WakeAt and Stalled are set for crash_backoff: when the run is due,
 	// and how many deliveries in a row died without progress.
 	WakeAt  *time.Time
@@ -473,6 +483,12 @@ WITH expired AS (
     ORDER BY held_until
     LIMIT $1
     FOR UPDATE SKIP LOCKED
+), timed_out AS (
+    SELECT run_id, status FROM workflow_runs
+    WHERE deadline_at <= $3 AND queue = $2 AND cancel_requested_at IS NULL AND status IN ('pending', 'running', 'waiting')
+    ORDER BY deadline_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
 ), swept AS (
     UPDATE workflow_runs r SET owner_token = NULL, lease_expires_at = NULL,
         status = CASE WHEN r.stalled_deliveries >= 2 AND r.status = 'running' THEN 'waiting' ELSE r.status END,
@@ -485,7 +501,16 @@ WITH expired AS (
     UPDATE workflow_runs r SET status = CASE WHEN r.status = 'waiting' THEN 'pending' ELSE r.status END,
         wake_at = NULL, await_signal = NULL, enqueued_at = now()
     WHERE r.run_id IN (SELECT run_id FROM due UNION SELECT run_id FROM cancelled)
+      AND r.run_id NOT IN (SELECT run_id FROM timed_out)
     RETURNING r.run_id
+), timeout_cancelled AS (
+    UPDATE workflow_runs r SET cancel_requested_at = now(),
+        status = CASE WHEN t.status = 'waiting' THEN 'pending' ELSE r.status END,
+        wake_at = CASE WHEN t.status = 'waiting' THEN NULL ELSE r.wake_at END,
+        await_signal = CASE WHEN t.status = 'waiting' THEN NULL ELSE r.await_signal END,
+        enqueued_at = CASE WHEN t.status = 'waiting' THEN now() ELSE r.enqueued_at END
+    FROM timed_out t WHERE r.run_id = t.run_id
+    RETURNING r.run_id, t.status = 'waiting' AS woken
 ), released AS (
     UPDATE workflow_runs r SET held_until = NULL, enqueued_at = now()
     FROM held WHERE r.run_id = held.run_id
@@ -495,7 +520,9 @@ SELECT run_id, CASE WHEN wake_at IS NULL THEN 'lease_expired' ELSE 'crash_backof
 UNION ALL
 SELECT run_id, 'wake', NULL, 0 FROM woken
 UNION ALL
-SELECT run_id, 'held', NULL, 0 FROM released`
+SELECT run_id, 'held', NULL, 0 FROM released
+UNION ALL
+SELECT run_id, CASE WHEN woken THEN 'wake' ELSE 'timed_out' END, NULL, 0 FROM timeout_cancelled`
 
 // Sweep hands up to limit runs of each kind on queue back for delivery; the
 // caller enqueues a ticket in the same transaction for each whose Cause is
