@@ -416,67 +416,93 @@ func (l *attemptLoop) deadline() (time.Time, bool) {
 }
 
 // attempt runs one attempt of the step's body, bounded by its
-// StartToCloseTimeout and by what is left of its ScheduleToCloseTimeout.
-// Past the bound the attempt's context is cancelled: a tx step is awaited
-// (its transaction must end first; it rolls back), any other body gets
-// abandonGrace to return and is abandoned after it.
+// StartToCloseTimeout and by what is left of its ScheduleToCloseTimeout
+// (see bounded).
 func (l *attemptLoop) attempt(a *attemptState) ([]byte, *panicInfo, error) {
 	d := l.d
-	var timeout time.Duration
-	if o := l.call.opts; o != nil {
-		timeout = o.StartToCloseTimeout
+	timeout, cause := attemptBound(l.call.opts, l.startedAt, d.e.now())
+	out, p, timedOut, err := bounded(l.ctx, timeout, cause, l.call.tx, func(ctx context.Context) ([]byte, *panicInfo, error) {
+		return d.attempt(ctx, l.call.body, a)
+	})
+	if timedOut {
+		return nil, nil, stepTimeout(l.call.name, a.attempt, cause, err)
 	}
-	var cause error = errStepStartToClose
-	if deadline, ok := l.deadline(); ok {
-		if left := deadline.Sub(d.e.now()); timeout <= 0 || left < timeout {
+	return out, p, err
+}
+
+// attemptBound is how long an attempt of a step with opts, started at
+// started, may take from now, and the timeout that bounds it: its
+// StartToCloseTimeout or what is left of its ScheduleToCloseTimeout,
+// whichever ends first (0: no bound).
+func attemptBound(opts *StepOpts, started, now time.Time) (time.Duration, error) {
+	if opts == nil {
+		return 0, nil
+	}
+	timeout, cause := opts.StartToCloseTimeout, error(errStepStartToClose)
+	if opts.ScheduleToCloseTimeout > 0 {
+		if left := started.Add(opts.ScheduleToCloseTimeout).Sub(now); timeout <= 0 || left < timeout {
 			timeout, cause = max(left, time.Millisecond), errStepScheduleToClose
 		}
 	}
+	return timeout, cause
+}
+
+// bounded runs one attempt (run) in a context of parent that ends after
+// timeout with cause (timeout <= 0: no bound). Past the bound, an awaited
+// attempt (a tx step's: its transaction must end first) is waited for;
+// any other gets abandonGrace to return and is abandoned after it (it may
+// still finish in the background; its result is dropped). timedOut
+// reports that the bound passed while parent was live; err is then what
+// the attempt returned, if it did.
+func bounded(parent context.Context, timeout time.Duration, cause error, awaited bool,
+	run func(context.Context) ([]byte, *panicInfo, error)) (out []byte, p *panicInfo, timedOut bool, err error) {
 	if timeout <= 0 {
-		return d.attempt(l.ctx, l.call.body, a)
+		out, p, err = run(parent)
+		return out, p, false, err
 	}
-	ctx, cancel := context.WithTimeoutCause(l.ctx, timeout, cause)
+	ctx, cancel := context.WithTimeoutCause(parent, timeout, cause)
 	defer cancel()
-	timedOut := func() bool { return l.ctx.Err() == nil && ctx.Err() != nil }
+	expired := func() bool { return parent.Err() == nil && ctx.Err() != nil }
 	type result struct {
 		out []byte
 		p   *panicInfo
 		err error
 	}
 	done := make(chan result, 1)
-	run := func() {
-		out, p, err := d.attempt(ctx, l.call.body, a)
+	attempt := func() {
+		out, p, err := run(ctx)
 		done <- result{out, p, err}
 	}
-	if l.call.tx {
-		run()
+	if awaited {
+		attempt()
 	} else {
-		go run()
+		go attempt()
 	}
 	var r result
 	select {
 	case r = <-done:
 	case <-ctx.Done():
-		if !timedOut() {
-			r = <-done // the run's cancellation or the delivery's end: as without a timeout
+		if !expired() {
+			r = <-done // parent ended (a cancellation, the delivery's end): as without a bound
 			break
 		}
 		select {
 		case r = <-done:
 		case <-time.After(abandonGrace):
-			return nil, nil, l.attemptTimeout(a.attempt, context.Cause(ctx), nil)
+			return nil, nil, true, nil
 		}
 	}
-	if r.p == nil && r.err != nil && timedOut() {
-		return nil, nil, l.attemptTimeout(a.attempt, context.Cause(ctx), r.err)
+	if r.p == nil && r.err != nil && expired() {
+		return nil, nil, true, r.err
 	}
-	return r.out, r.p, r.err
+	return r.out, r.p, false, r.err
 }
 
-// attemptTimeout is the transient failure, classed "timeout", of an
-// attempt past its bound; err is what the body returned, if it did.
-func (l *attemptLoop) attemptTimeout(attempt int, cause, err error) error {
-	msg := fmt.Errorf("step %q attempt %d: %w", l.call.name, attempt, cause)
+// stepTimeout is the transient failure, classed "timeout", of attempt of
+// step name past its bound (cause); err is what the attempt returned, if
+// it did.
+func stepTimeout(name string, attempt int, cause, err error) error {
+	msg := fmt.Errorf("step %q attempt %d: %w", name, attempt, cause)
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		msg = fmt.Errorf("%w (the step returned: %v)", msg, err)
 	}

@@ -83,7 +83,11 @@ type delivery struct {
 
 	// progressed: a record write of this delivery updated the run row,
 	// resetting its stalled-delivery counts (see keepsLease).
-	progressed bool
+	// Atomic: parallel steps (Go) write from their own goroutines.
+	progressed atomic.Bool
+	// writeMu keeps one record write of this delivery in flight: a batch of
+	// the record writer holds at most one write per fence.
+	writeMu sync.Mutex
 
 	ended  bool  // this delivery has handed the run back; no more writes
 	endErr error // what Step returns from now on

@@ -95,7 +95,7 @@ func (e *Engine) execute(ctx context.Context, wf registered, claimed *store.Clai
 	defer cancelFwd(nil)
 	d := &delivery{
 		ctx: dctx, cancel: cancel, fwd: fwd, cancelFwd: cancelFwd, e: e, wf: wf, runID: runID,
-		workflowID: claimed.WorkflowID, token: token, log: log, pos: positions{recorded: claimed.Steps}, lastRecorded: -1,
+		workflowID: claimed.WorkflowID, token: token, log: log, pos: newPositions(claimed.Steps), lastRecorded: -1,
 		claimedAt: sent, deliveries: claimed.Deliveries, deadline: claimed.Deadline,
 	}
 	d.handle = &Context{Context: dctx, d: d}
@@ -342,7 +342,7 @@ func (d *delivery) writeStatus(status RunStatus, recs ...*store.StepRecord) bool
 	}
 	if !w.KeepLease || status != "" {
 		d.extendedAt(sent)
-		d.progressed = true
+		d.progressed.Store(true)
 	}
 	d.noteCancel(res.CancelRequested)
 	return true
@@ -354,7 +354,7 @@ func (d *delivery) writeStatus(status RunStatus, recs ...*store.StepRecord) bool
 // the lease), a write extends the lease only when the lease is a
 // heartbeat interval old, like the heartbeat, instead of on every step.
 func (d *delivery) keepsLease() bool {
-	return d.progressed && d.leaseLeft() > d.e.cfg.LeaseDuration-d.e.cfg.HeartbeatInterval
+	return d.progressed.Load() && d.leaseLeft() > d.e.cfg.LeaseDuration-d.e.cfg.HeartbeatInterval
 }
 
 // finishRun ends the run with a terminal status, writing the pending
@@ -370,6 +370,8 @@ func (d *delivery) finishRun(status RunStatus, output, errJSON []byte) error {
 // the writes of other deliveries in flight, retrying a transient failure
 // as do does. ErrLeaseLost when w's fence no longer holds.
 func (d *delivery) commit(w *store.RecordWrite) (store.WriteResult, error) {
+	d.writeMu.Lock()
+	defer d.writeMu.Unlock()
 	var res store.WriteResult
 	tries := 0
 	err := d.do(func(context.Context) error {

@@ -11,8 +11,22 @@ import (
 // has a record replays it instead of running. Positions follow calls, not
 // completions, so a replay lines up with the run that recorded it.
 type positions struct {
-	recorded []store.StepRecord // by seq
+	recorded []store.StepRecord // by seq; a hole (a position with no record) has an empty Name
 	next     int                // the next step's position
+}
+
+// newPositions places steps (in seq order, as a claim loads them) at their
+// positions. Parallel steps (Go) may leave holes: a later position
+// recorded while an earlier one still ran when the delivery ended.
+func newPositions(steps []store.StepRecord) positions {
+	if n := len(steps); n == 0 || steps[n-1].Seq == n-1 {
+		return positions{recorded: steps} // dense: the common case, no copy
+	}
+	recorded := make([]store.StepRecord, steps[len(steps)-1].Seq+1)
+	for _, s := range steps {
+		recorded[s.Seq] = s
+	}
+	return positions{recorded: recorded}
 }
 
 // take is the next step's position.
@@ -30,7 +44,7 @@ func (p *positions) giveBack() { p.next-- }
 // at is position seq's record from an earlier delivery, nil for a
 // position no delivery recorded.
 func (p *positions) at(seq int) *store.StepRecord {
-	if seq < 0 || seq >= len(p.recorded) {
+	if seq < 0 || seq >= len(p.recorded) || p.recorded[seq].Name == "" {
 		return nil
 	}
 	return &p.recorded[seq]

@@ -88,7 +88,7 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			a.recorded = true
 			d.buf.take() // prev, committed with the step's record
 			d.extendedAt(sent)
-			d.progressed = true
+			d.progressed.Store(true)
 			return out, nil
 		case errors.Is(err, store.ErrLeaseLost):
 			return nil, err
