@@ -152,14 +152,34 @@ func crashWorkflows(pool *pgxpool.Pool) []engine.Registration {
 		}
 		return total, nil
 	}, nil)
-	return []engine.Registration{three, flaky, lost, tx, batch}
+	// fanout runs 100 tx steps in parallel, 10 at a time, each writing its
+	// business row (reservations, note = its index) in its transaction and
+	// counting its calls outside it, then returns their results in order.
+	fanout := engine.Define("crash-fanout", func(ctx *engine.Context, in crashIn) ([]int, error) {
+		fs := make([]*engine.Future[int], 100)
+		for i := range fs {
+			name := fmt.Sprint("f", i)
+			fs[i] = engine.GoTx(ctx, name, func(sctx context.Context, tx pgx.Tx) (int, error) {
+				if err := bumpCalls(context.WithoutCancel(sctx), pool, ctx.RunID(), name); err != nil {
+					return 0, err
+				}
+				if _, err := tx.Exec(sctx, `INSERT INTO reservations (run_id, note) VALUES ($1, $2)`, ctx.RunID(), name); err != nil {
+					return 0, err
+				}
+				time.Sleep(20 * time.Millisecond)
+				return i, nil
+			}, nil)
+		}
+		return engine.All(ctx, fs)
+	}, &engine.WorkflowOpts{MaxParallelSteps: 10})
+	return []engine.Registration{three, flaky, lost, tx, batch, fanout}
 }
 
 func createCallsTable(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
 	_, err := pool.Exec(context.Background(),
 		`CREATE TABLE step_calls (run_id uuid, step text, n int NOT NULL, PRIMARY KEY (run_id, step));
-		 CREATE TABLE reservations (run_id uuid NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`)
+		 CREATE TABLE reservations (run_id uuid NOT NULL, note text, created_at timestamptz NOT NULL DEFAULT now())`)
 	require.NoError(t, err)
 }
 

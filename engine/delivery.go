@@ -89,6 +89,16 @@ type delivery struct {
 	// the record writer holds at most one write per fence.
 	writeMu sync.Mutex
 
+	// Parallel steps (future.go), set up by the first: a slot per step
+	// running, their context (the forward steps', also cancelled when the
+	// workflow function returns), the steps running, and the park of one
+	// that panicked.
+	branchSlots    chan struct{}
+	branchCtx      context.Context
+	cancelBranches context.CancelCauseFunc
+	branches       sync.WaitGroup
+	branchPark     atomic.Pointer[parkReason]
+
 	ended  bool  // this delivery has handed the run back; no more writes
 	endErr error // what Step returns from now on
 	// unstorable: a record was refused by PostgreSQL for its data and the

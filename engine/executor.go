@@ -121,6 +121,7 @@ func (e *Engine) execute(ctx context.Context, wf registered, claimed *store.Clai
 		return nil
 	}
 	out, p, err := d.runWorkflow(claimed.Input)
+	d.stopBranches()
 	d.finish(out, err, p)
 	return d.ticketErr
 }

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,6 +19,11 @@ type WorkflowOpts struct {
 	Version int
 	// RetryPolicy fills fields its steps leave zero, before the engine's.
 	RetryPolicy *RetryPolicy
+	// MaxParallelSteps bounds the steps of one run started with Go or GoTx
+	// that run at once (default 32): Go waits for one to end before it
+	// starts another, so a fan-out over 10,000 items holds 32 goroutines
+	// (and, for GoTx, at most 32 pool connections). Negative is an error.
+	MaxParallelSteps int
 }
 
 // Workflow is a registered-by-name Go function, defined with Define. In and
@@ -52,9 +58,14 @@ func Define[In, Out any](name string, fn func(ctx *Context, in In) (Out, error),
 		w.err = fmt.Errorf("pgdurable: workflow %q has a nil function", name)
 	case w.opts.RetryPolicy.validate() != nil:
 		w.err = fmt.Errorf("pgdurable: workflow %q: %w", name, w.opts.RetryPolicy.validate())
+	case w.opts.MaxParallelSteps < 0:
+		w.err = fmt.Errorf("pgdurable: workflow %q: MaxParallelSteps %d is negative", name, w.opts.MaxParallelSteps)
 	}
 	return w
 }
+
+// defaultMaxParallelSteps is WorkflowOpts.MaxParallelSteps's default.
+const defaultMaxParallelSteps = 32
 
 // Name returns the workflow's stored name.
 func (w *Workflow[In, Out]) Name() string { return w.name }
@@ -66,10 +77,11 @@ type Registration interface {
 
 // registered is a workflow with its types erased, as the executor runs it.
 type registered struct {
-	name    string
-	version int
-	retry   *RetryPolicy
-	err     error
+	name        string
+	version     int
+	retry       *RetryPolicy
+	maxParallel int
+	err         error
 	// decode checks that input decodes as In.
 	decode func(input []byte) error
 	// run decodes input, calls the function and encodes its output.
@@ -95,10 +107,11 @@ func (e *errUnserializableOutput) Unwrap() error { return e.err }
 
 func (w *Workflow[In, Out]) registration() registered {
 	return registered{
-		name:    w.name,
-		version: w.opts.Version,
-		retry:   w.opts.RetryPolicy,
-		err:     w.err,
+		name:        w.name,
+		version:     w.opts.Version,
+		retry:       w.opts.RetryPolicy,
+		maxParallel: cmp.Or(w.opts.MaxParallelSteps, defaultMaxParallelSteps),
+		err:         w.err,
 		decode: func(input []byte) error {
 			_, err := decodeStrict[In](input)
 			return err

@@ -1,0 +1,433 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdurable/pgdurable/engine/internal/store"
+)
+
+// Future is the result of a step started with Go or GoTx, which runs while
+// the workflow goes on. Get waits for it.
+type Future[T any] struct {
+	d    *delivery
+	name string
+	done chan struct{}
+	// Set before done closes.
+	raw []byte
+	err error
+	// park, set by a step that panicked, parks the run when Get (or the
+	// workflow's return) sees it: as a panic in a sequential step does.
+	park *parkReason
+}
+
+// Get waits for the step and returns its result, decoded as T: the value,
+// or the error Step would return (a *StepError once its retries end or it
+// failed permanently; ErrCancelled after the run's cancellation). Call it
+// from the workflow function, with the workflow's ctx; any number of times.
+func (f *Future[T]) Get(ctx *Context) (T, error) {
+	var zero T
+	if ctx == nil || ctx.d != f.d {
+		return zero, errors.New("pgdurable: Future.Get called with another run's Context")
+	}
+	<-f.done
+	raw, err := f.d.settleBranch(f.raw, f.err, f.park)
+	if err != nil {
+		return zero, err
+	}
+	return decodeOutput[T](f.name, raw, nil)
+}
+
+// Ready reports whether the step has its outcome (Get would not wait).
+// It is not recorded: use it for progress, not to choose what the
+// workflow does, which a replay must repeat.
+func (f *Future[T]) Ready() bool {
+	select {
+	case <-f.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// All waits for every future and returns their values in the order given.
+// The error is the first one in that order (the others still ran to their
+// end; Get each to see them).
+func All[T any](ctx *Context, fs []*Future[T]) ([]T, error) {
+	out := make([]T, len(fs))
+	var first error
+	for i, f := range fs {
+		v, err := f.Get(ctx)
+		if err != nil && first == nil {
+			first = err
+		}
+		out[i] = v
+	}
+	return out, first
+}
+
+// Go starts fn as the run's next step without waiting for it: the step
+// takes its position now, in call order, so a replay lines up whatever
+// order parallel steps finish in, and runs on a goroutine of its own while
+// the workflow goes on to its next call. A recorded step (a replay) is
+// ready at once and fn does not run. Records of parallel steps land as
+// each finishes.
+//
+// At most WorkflowOpts.MaxParallelSteps of a run's steps started with Go
+// or GoTx run at once; Go waits for one to finish before starting another.
+// A parallel step is retried per its RetryPolicy in place (its backoffs
+// hold a worker slot, however long), and its failure is returned by Get,
+// as with StepOpts.ReturnExhausted, whatever the run's compensations; a
+// panic parks the run. Undos are not registered for parallel steps (use
+// ctx.Compensate after Get). A future the workflow never waits for is
+// cancelled when the workflow function returns.
+func Go[T any](ctx *Context, name string, fn func(context.Context) (T, error), opts *StepOpts) *Future[T] {
+	return startBranch[T](ctx, name, KindStep, opts, func(sctx context.Context, _ *branch) ([]byte, error) {
+		v, err := fn(sctx)
+		if err != nil {
+			return nil, err
+		}
+		return encodeOutput(v, ctx.d.e.cfg.MaxPayloadBytes)
+	})
+}
+
+// GoTx is Go for a tx step: fn runs in a transaction on the engine's
+// database, which commits with the step's record (exactly once, as
+// TxStep). A GoTx step holds a pool connection while it runs.
+func GoTx[T any](ctx *Context, name string, fn func(context.Context, pgx.Tx) (T, error), opts *StepOpts) *Future[T] {
+	return startBranch[T](ctx, name, KindTx, opts, branchTxBody(fn))
+}
+
+// branch is one parallel step as its goroutine runs it.
+type branch struct {
+	d         *delivery
+	seq       int
+	name      string
+	kind      StepKind
+	opts      *StepOpts
+	policy    RetryPolicy
+	startedAt time.Time
+	attempts  int
+	first     *time.Time // first failure
+	lastErr   []byte
+	fresh     bool // no record of this position exists yet
+}
+
+func (b *branch) record(status string, n int) *store.StepRecord {
+	return &store.StepRecord{Seq: b.seq, Name: b.name, Kind: string(b.kind), Status: status, Attempts: n,
+		FirstFailedAt: b.first, StartedAt: b.startedAt, Fresh: b.fresh}
+}
+
+func startBranch[T any](ctx *Context, name string, kind StepKind, opts *StepOpts,
+	body func(context.Context, *branch) ([]byte, error)) *Future[T] {
+	d := ctx.d
+	f := &Future[T]{d: d, name: name, done: make(chan struct{})}
+	resolve := func(raw []byte, err error) *Future[T] {
+		f.raw, f.err = raw, err
+		close(f.done)
+		return f
+	}
+	if err := opts.validate(); err != nil {
+		return resolve(nil, fmt.Errorf("%w: step %q: %v", ErrInvalidArgument, name, err))
+	}
+	seq, err := d.enterStep("step", name)
+	if err != nil {
+		return resolve(nil, err)
+	}
+	d.inStep.Store(false) // the workflow goes on while it runs
+	if d.cancelRequested.Load() {
+		if rec := d.pos.at(seq); rec == nil || rec.Kind == string(KindCompensation) {
+			d.pos.giveBack()
+			return resolve(nil, ErrCancelled)
+		}
+	}
+	rec, ok := d.replay(seq, name, kind)
+	if !ok {
+		return resolve(nil, d.endErr)
+	}
+	if rec != nil {
+		switch rec.Status {
+		case store.StepCompleted:
+			d.e.obs.StepReplayed(d.wf.name, kind)
+			return resolve(rec.Output, nil)
+		case store.StepFailed:
+			return resolve(nil, stepErrorFromRecord(rec))
+		case store.StepCancelled:
+			return resolve(nil, ErrCancelled)
+		}
+	}
+	b := &branch{d: d, seq: seq, name: name, kind: kind, opts: opts, startedAt: d.e.now(), fresh: rec == nil}
+	if opts != nil && opts.RetryPolicy != nil {
+		b.policy = *opts.RetryPolicy
+	}
+	b.policy = b.policy.merge(d.wf.retry, &d.e.retry)
+	if rec != nil {
+		b.attempts, b.first, b.lastErr, b.startedAt = rec.Attempts, rec.FirstFailedAt, rec.Error, rec.StartedAt
+	}
+	if !d.takeBranchSlot() {
+		return resolve(nil, d.ctx.Err())
+	}
+	d.branches.Add(1)
+	go func() {
+		defer d.branches.Done()
+		defer d.releaseBranchSlot()
+		raw, park, err := b.run(body)
+		f.raw, f.err, f.park = raw, err, park
+		if park != nil {
+			d.branchPark.CompareAndSwap(nil, park)
+		}
+		close(f.done)
+	}()
+	return f
+}
+
+// run makes the branch's attempts until it has an outcome: its output, its
+// failure (recorded, returned by Get), an interruption (the delivery's
+// context ended: Get ends the delivery), or a panic (park).
+func (b *branch) run(body func(context.Context, *branch) ([]byte, error)) (_ []byte, _ *parkReason, _ error) {
+	d := b.d
+	for {
+		attempt := b.attempts + 1
+		if d.ctx.Err() != nil {
+			return nil, nil, d.ctx.Err()
+		}
+		if d.branchCtx.Err() != nil {
+			return nil, nil, ErrCancelled
+		}
+		started := time.Now()
+		timeout, cause := attemptBound(b.opts, b.startedAt, d.e.now())
+		out, p, timedOut, err := bounded(d.branchCtx, timeout, cause, b.kind == KindTx, func(ctx context.Context) (out []byte, p *panicInfo, err error) {
+			defer func() {
+				if r := recover(); r != nil {
+					p = &panicInfo{value: r, stack: debug.Stack()}
+				}
+			}()
+			out, err = body(ctx, b)
+			return out, nil, err
+		})
+		if timedOut {
+			err = stepTimeout(b.name, attempt, cause, err)
+		}
+		observe := func(outcome string) {
+			d.e.obs.StepAttempt(d.wf.name, b.name, b.kind, attempt, outcome, time.Since(started))
+		}
+		switch {
+		case p != nil:
+			observe("parked")
+			info := stepFailure(&PanicError{Value: fmt.Sprint(p.value)}, ClassPanic, b.name, b.seq, attempt)
+			info.Stack = truncateStack(p.stack)
+			rec := b.record(store.StepParked, attempt)
+			rec.Error = info.json()
+			return nil, &parkReason{reason: ReasonPanic, info: info, rec: rec}, nil
+		case err == nil:
+			observe("completed")
+			if b.kind == KindTx {
+				return out, nil, nil // recorded in its own transaction
+			}
+			now := d.e.now()
+			rec := b.record(store.StepCompleted, attempt)
+			rec.Output, rec.CompletedAt = out, &now
+			if err := b.write(rec); err != nil {
+				return nil, nil, err
+			}
+			return out, nil, nil
+		case errors.Is(err, store.ErrLeaseLost) || d.ctx.Err() != nil:
+			observe("interrupted")
+			return nil, nil, err
+		case d.branchCtx.Err() != nil && !timedOut:
+			observe("cancelled")
+			return nil, nil, ErrCancelled
+		}
+		now := d.e.now()
+		if b.first == nil {
+			b.first = &now
+		}
+		delay := b.policy.backoff(attempt)
+		var ra *retryAfterError
+		if errors.As(err, &ra) && ra.delay > delay {
+			delay = ra.delay
+		}
+		next := now.Add(delay)
+		var unserializable *errUnserializableOutput
+		late := false
+		if b.opts != nil && b.opts.ScheduleToCloseTimeout > 0 && next.After(b.startedAt.Add(b.opts.ScheduleToCloseTimeout)) {
+			err, late = &scheduleToCloseError{timeout: b.opts.ScheduleToCloseTimeout, last: err}, true
+		}
+		if errors.As(err, &unserializable) || IsPermanent(err) || attempt >= b.policy.MaximumAttempts || late {
+			observe("failed")
+			var info *ErrorInfo
+			switch {
+			case errors.Is(err, ErrOutputTooLarge):
+				info = stepFailure(err, ClassOutputTooLarge, b.name, b.seq, attempt)
+			case unserializable != nil:
+				info = stepFailure(err, ClassUnserializable, b.name, b.seq, attempt)
+			case IsPermanent(err):
+				info = stepFailure(err, classOf(err, ClassPermanent), b.name, b.seq, attempt)
+			default:
+				info = stepFailure(&retriesExhaustedError{attempts: attempt, err: err}, classOf(err, ClassTransient), b.name, b.seq, attempt)
+			}
+			rec := b.record(store.StepFailed, attempt)
+			rec.Error, rec.CompletedAt = info.json(), &now
+			if err := b.write(rec); err != nil {
+				return nil, nil, err
+			}
+			return nil, nil, stepErrorFromRecord(rec)
+		}
+		observe("retry")
+		info := stepFailure(err, classOf(err, ClassTransient), b.name, b.seq, attempt)
+		rec := b.record(store.StepRetrying, attempt)
+		rec.Error, rec.NextAttemptAt = info.json(), &next
+		if err := b.write(rec); err != nil {
+			return nil, nil, err
+		}
+		b.attempts, b.lastErr = attempt, rec.Error
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-d.branchCtx.Done():
+			t.Stop()
+		}
+	}
+}
+
+// write writes the branch's record fenced, with the delivery's other
+// writes serialized (see delivery.writeMu).
+func (b *branch) write(rec *store.StepRecord) error {
+	d := b.d
+	sent := time.Now()
+	w := &store.RecordWrite{Fence: d.fence(), Records: []*store.StepRecord{rec}, KeepLease: d.keepsLease()}
+	res, err := d.commit(w)
+	if err != nil {
+		return err
+	}
+	b.fresh = false
+	if !w.KeepLease {
+		d.extendedAt(sent)
+		d.progressed.Store(true)
+	}
+	d.noteCancel(res.CancelRequested)
+	return nil
+}
+
+// branchTxBody is txBody for a parallel tx step: its record alone commits
+// with fn's writes (the workflow's own buffered record is not its to
+// write).
+func branchTxBody[T any](fn func(context.Context, pgx.Tx) (T, error)) func(context.Context, *branch) ([]byte, error) {
+	return func(sctx context.Context, b *branch) ([]byte, error) {
+		d := b.d
+		var out []byte
+		var already bool
+		attempt := b.attempts + 1
+		sent := time.Now()
+		err := pgx.BeginFunc(d.ctx, d.e.pool, func(tx pgx.Tx) error {
+			v, err := fn(sctx, tx)
+			if err != nil {
+				return err
+			}
+			var late *timeoutError
+			if errors.As(context.Cause(sctx), &late) {
+				return late // past its timeout: it failed, its writes roll back
+			}
+			if out, err = encodeOutput(v, d.e.cfg.MaxPayloadBytes); err != nil {
+				return err
+			}
+			now := d.e.now()
+			rec := b.record(store.StepCompleted, attempt)
+			rec.Output, rec.CompletedAt = out, &now
+			cancel, written, err := store.WriteSteps(d.ctx, tx, d.fence(), "", rec)
+			d.noteCancel(cancel)
+			if err != nil {
+				return err
+			}
+			if written == 0 {
+				already = true
+				return errAlreadyRecorded
+			}
+			return nil
+		})
+		switch {
+		case err == nil:
+			d.extendedAt(sent)
+			d.progressed.Store(true)
+			return out, nil
+		case already:
+			rec, gerr := store.GetStep(d.ctx, d.e.pool, d.runID, b.seq)
+			if gerr == nil && rec.Status == store.StepCompleted {
+				return rec.Output, nil
+			}
+			return nil, &outcomeUnknownError{err: fmt.Errorf("tx step %q already recorded, but reading its record: %v", b.name, gerr)}
+		}
+		b.fresh = false // its insert may have committed: upsert from now on
+		return nil, err
+	}
+}
+
+// settleBranch turns a parallel step's outcome into what Get returns, on
+// the workflow's goroutine: a park is carried out, an interruption ends
+// the delivery.
+func (d *delivery) settleBranch(raw []byte, err error, park *parkReason) ([]byte, error) {
+	if d.ended {
+		return nil, d.endErr
+	}
+	var unknown *outcomeUnknownError
+	switch {
+	case park != nil:
+		d.park(park.rec, park)
+		return nil, d.endErr
+	case errors.Is(err, store.ErrLeaseLost) || errors.As(err, &unknown):
+		d.end(err)
+		return nil, d.endErr
+	case d.ctx.Err() != nil && err != nil && !errors.As(err, new(*StepError)):
+		d.interrupted()
+		return nil, d.endErr
+	case err != nil:
+		var se *StepError
+		if errors.As(err, &se) || errors.Is(err, ErrCancelled) || errors.Is(err, ErrInvalidArgument) {
+			return nil, err
+		}
+		// A write of the branch failed: as a failed write of the workflow's.
+		d.end(err)
+		return nil, d.endErr
+	}
+	return raw, nil
+}
+
+// takeBranchSlot waits for one of the run's MaxParallelSteps; false when
+// the delivery ends first.
+func (d *delivery) takeBranchSlot() bool {
+	if d.branchSlots == nil {
+		d.branchSlots = make(chan struct{}, d.wf.maxParallel)
+		d.branchCtx, d.cancelBranches = context.WithCancelCause(d.fwd)
+	}
+	select {
+	case d.branchSlots <- struct{}{}:
+		return true
+	case <-d.ctx.Done():
+		return false
+	}
+}
+
+func (d *delivery) releaseBranchSlot() { <-d.branchSlots }
+
+// stopBranches cancels the parallel steps still running when the workflow
+// function returned, and waits for them: no write of this delivery follows
+// its end. A branch that panicked unseen parks the run.
+func (d *delivery) stopBranches() {
+	if d.branchSlots == nil {
+		return
+	}
+	d.cancelBranches(errWorkflowReturned)
+	d.branches.Wait()
+	if p := d.branchPark.Load(); p != nil && !d.ended {
+		d.park(p.rec, p)
+	}
+}
+
+// errWorkflowReturned cancels the parallel steps the workflow function
+// left running when it returned.
+var errWorkflowReturned = errors.New("pgdurable: the workflow function returned while this parallel step ran")

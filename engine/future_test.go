@@ -1,0 +1,224 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
+)
+
+// Ten steps started with Go run at once (each sleeps 200 ms; together they
+// take well under 2 s), All returns their results in call order, and each
+// is recorded at its position.
+func TestGoRunsStepsInParallelAndAllKeepsCallOrder(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("fan-ten", func(ctx *engine.Context, _ int) ([]int, error) {
+		fs := make([]*engine.Future[int], 10)
+		for i := range fs {
+			fs[i] = engine.Go(ctx, fmt.Sprint("p", i), func(context.Context) (int, error) {
+				time.Sleep(time.Duration(10-i) * 20 * time.Millisecond) // later calls finish first
+				return i * i, nil
+			}, nil)
+		}
+		return engine.All(ctx, fs)
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	start := time.Now()
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, []int{0, 1, 4, 9, 16, 25, 36, 49, 64, 81}, out)
+	require.Less(t, time.Since(start), 2*time.Second, "the steps ran in parallel")
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Len(t, run.Steps, 10)
+	for i, s := range run.Steps {
+		require.Equal(t, i, s.Seq)
+		require.Equal(t, fmt.Sprint("p", i), s.Name)
+		require.JSONEq(t, fmt.Sprint(i*i), string(s.Output))
+	}
+}
+
+// MaxParallelSteps bounds the steps running at once; sequential steps mix
+// with parallel ones, and a replay (a later delivery, after a sleep that
+// ends the first) runs none of the recorded ones again.
+func TestParallelStepsAreBoundedAndReplayed(t *testing.T) {
+	t.Parallel()
+	var running, peak, calls atomic.Int64
+	wf := engine.Define("fan-bounded", func(ctx *engine.Context, _ int) (int, error) {
+		first, err := engine.Step(ctx, "first", func(context.Context) (int, error) { calls.Add(1); return 1, nil }, nil)
+		if err != nil {
+			return 0, err
+		}
+		fs := make([]*engine.Future[int], 40)
+		for i := range fs {
+			fs[i] = engine.Go(ctx, "work", func(context.Context) (int, error) {
+				calls.Add(1)
+				n := running.Add(1)
+				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+				}
+				time.Sleep(10 * time.Millisecond)
+				running.Add(-1)
+				return 1, nil
+			}, nil)
+		}
+		vals, err := engine.All(ctx, fs)
+		if err != nil {
+			return 0, err
+		}
+		if err := engine.Sleep(ctx, 2*time.Second); err != nil { // ends this delivery: the next replays
+			return 0, err
+		}
+		total := first
+		for _, v := range vals {
+			total += v
+		}
+		return total, nil
+	}, &engine.WorkflowOpts{MaxParallelSteps: 4})
+	b := setup(t, &engine.Config{SweepInterval: 50 * time.Millisecond}, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 41, out)
+	require.LessOrEqual(t, peak.Load(), int64(4))
+	require.Equal(t, int64(4), peak.Load(), "the bound was used")
+	require.EqualValues(t, 41, calls.Load(), "the replay ran no recorded step again")
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, 2, run.Deliveries)
+}
+
+// A parallel step's failure is recorded and returned by Get (a permanent
+// one at once, a transient one once its retries end), the same on replay;
+// a panic parks the run.
+func TestParallelStepFailuresAreReturnedAndPanicsPark(t *testing.T) {
+	t.Parallel()
+	var flaky atomic.Int64
+	wf := engine.Define("fan-fail", func(ctx *engine.Context, _ int) (string, error) {
+		bad := engine.Go(ctx, "bad", func(context.Context) (int, error) { return 0, engine.Permanent(errors.New("declined")) }, nil)
+		retried := engine.Go(ctx, "retried", func(context.Context) (int, error) {
+			flaky.Add(1)
+			return 0, errors.New("503")
+		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: time.Millisecond, MaximumAttempts: 3}})
+		_, err1 := bad.Get(ctx)
+		_, err2 := retried.Get(ctx)
+		var se *engine.StepError
+		if !errors.As(err1, &se) || se.Class != engine.ClassPermanent || !errors.Is(err2, engine.ErrRetriesExhausted) {
+			return "", fmt.Errorf("unexpected: %v / %v", err1, err2)
+		}
+		return "handled", nil
+	}, nil)
+	panics := engine.Define("fan-panic", func(ctx *engine.Context, _ int) (int, error) {
+		f := engine.Go(ctx, "boom", func(context.Context) (int, error) { panic("bad code") }, nil)
+		return f.Get(ctx)
+	}, nil)
+	b := setup(t, nil, wf, panics)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, "handled", out)
+	require.EqualValues(t, 3, flaky.Load())
+
+	pres, err := panics.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	waitStatus(t, b.engine, pres.RunID, engine.StatusDead, 10*time.Second)
+	dead, _, err := b.engine.ListDeadJobs(ctx, engine.ListDeadJobsParams{})
+	require.NoError(t, err)
+	require.NotEmpty(t, dead)
+	require.Equal(t, engine.ReasonPanic, dead[0].Reason)
+}
+
+// A future the workflow never waits for is cancelled when the workflow
+// function returns, and waited for: nothing of it is written after the run
+// ended.
+func TestUnawaitedParallelStepIsCancelledWhenTheWorkflowReturns(t *testing.T) {
+	t.Parallel()
+	started, stopped := make(chan struct{}), make(chan error, 1)
+	wf := engine.Define("fan-forgotten", func(ctx *engine.Context, _ int) (string, error) {
+		engine.Go(ctx, "forgotten", func(sctx context.Context) (int, error) {
+			close(started)
+			<-sctx.Done()
+			stopped <- context.Cause(sctx)
+			return 0, sctx.Err()
+		}, nil)
+		return engine.Step(ctx, "after", func(context.Context) (string, error) { <-started; return "done", nil }, nil)
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, "done", out)
+	require.Error(t, <-stopped)
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Len(t, run.Steps, 1, "only the awaited step is recorded")
+	require.Equal(t, "after", run.Steps[0].Name)
+}
+
+// 100 parallel tx steps, the worker SIGKILLed mid-fan-out: every step's
+// row is written exactly once, the steps recorded before the kill never run
+// again, and the result is in call order.
+func TestKillMidFanOutRunsEachParallelStepOnce(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	createCallsTable(t, db.Pool)
+	ctx := testCtx(t)
+	child := enginetest.StartWorker(t, db, 2*time.Second, enginetest.EnvWorkerStarts+"=crash-fanout:1")
+	eventually(t, 60*time.Second, "30 parallel steps recorded", func() bool {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_steps WHERE status = 'completed'`).Scan(&n))
+		return n >= 30
+	})
+	enginetest.Kill(t, child)
+	recorded := map[string]int{}
+	rows, err := db.Pool.Query(ctx, `SELECT s.name, coalesce(c.n, 0) FROM workflow_steps s
+		LEFT JOIN step_calls c ON c.run_id = s.run_id AND c.step = s.name WHERE s.status = 'completed'`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var name string
+		var n int
+		require.NoError(t, rows.Scan(&name, &n))
+		recorded[name] = n
+	}
+	require.NoError(t, rows.Err())
+	require.Less(t, len(recorded), 100, "killed mid-fan-out")
+	t.Logf("killed with %d of 100 parallel steps recorded", len(recorded))
+
+	newEngine(t, db, &engine.Config{LeaseDuration: 2 * time.Second, SweepInterval: 100 * time.Millisecond}, true, crashWorkflows(db.Pool)...)
+	var runID string
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT run_id::text FROM workflow_runs`).Scan(&runID))
+	eventually(t, 60*time.Second, "the run to complete", func() bool {
+		var status string
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT status FROM workflow_runs`).Scan(&status))
+		return status == "completed"
+	})
+	for name, before := range recorded {
+		require.Equal(t, before, calls(t, db.Pool, uuid.MustParse(runID), name), "%s was recorded before the kill: it never ran again", name)
+	}
+	var rowsPerStep, distinct int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT note) FROM reservations`).Scan(&rowsPerStep, &distinct))
+	require.Equal(t, 100, rowsPerStep, "each parallel tx step's row once")
+	require.Equal(t, 100, distinct)
+	var output []int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT output FROM workflow_runs`).Scan(&output))
+	for i, v := range output {
+		require.Equal(t, i, v)
+	}
+	require.Len(t, output, 100)
+}
