@@ -1,7 +1,7 @@
-// Package payment is pgdurable's example: a checkout workflow that reserves
-// inventory, charges a card through Stripe's API, records the payment and
-// sends a receipt, undoing what it did when the card is declined or an item
-// sells out.
+// Package payment is pgdurable's example: a checkout workflow that claims
+// the order, reserves its items in parallel, charges a card through
+// Stripe's API, records the payment and sends a receipt, undoing what it
+// did when the card is declined or an item sells out.
 //
 // It runs unchanged against Stripe test mode, stripe-mock, or the fake
 // gateway in package fakegateway (set PAYMENT_GATEWAY_URL and

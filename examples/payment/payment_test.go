@@ -94,14 +94,23 @@ func TestDeclineCompensates(t *testing.T) {
 func TestSoldOutCompensatesWithoutCharging(t *testing.T) {
 	t.Parallel()
 	f := setup(t, fakegateway.Faults{})
-	res, err := f.wf.Start(f.ctx, f.e, order("ord_3", 100, "pm_card_visa", payment.Item{SKU: "sku_limited", Qty: 5}), nil)
+	// Items are reserved in parallel: the tee's reservation may land
+	// before the limited item sells out; the claim's undo releases it.
+	res, err := f.wf.Start(f.ctx, f.e, order("ord_3", 100, "pm_card_visa", payment.Item{SKU: "sku_tee", Qty: 1},
+		payment.Item{SKU: "sku_limited", Qty: 5}), nil)
 	require.NoError(t, err)
 	_, err = f.wf.Wait(f.ctx, f.e, res.RunID, 10*time.Millisecond)
 	var runErr *engine.RunError
 	require.ErrorAs(t, err, &runErr)
-	require.Equal(t, engine.StatusFailed, runErr.Status, "nothing to undo yet: the reservation itself failed")
+	require.Equal(t, engine.StatusCompensated, runErr.Status, "the claim (and any item reserved) was undone")
 	require.Equal(t, "out_of_stock", runErr.Info.Class)
 	require.Empty(t, f.gw.Ledger().Charges)
+	var reserved, reservations, claims int
+	require.NoError(t, f.db.Pool.QueryRow(f.ctx, `SELECT (SELECT coalesce(sum(reserved), 0) FROM payment_inventory),
+		(SELECT count(*) FROM payment_reservations), (SELECT count(*) FROM payment_orders)`).Scan(&reserved, &reservations, &claims))
+	require.Zero(t, reserved, "every reserved item released")
+	require.Zero(t, reservations)
+	require.Zero(t, claims, "the order is given back")
 }
 
 func TestInvalidOrderIsRejectedAtStart(t *testing.T) {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -21,12 +19,13 @@ const WorkflowName = "payment"
 
 // New defines the payment workflow over gateway g:
 //
-//	validate → reserve inventory (tx step: claims the order, reserves its items; undo: release both)
-//	→ charge (activity; undo: refund) → record payment in the ledger (tx step, one row per order;
-//	undo: remove the row) → send receipt (activity)
+//	validate → claim the order (tx step; undo: release the order and its reservations)
+//	→ reserve each item, in parallel (a tx step per item, engine.GoTx) → charge (activity;
+//	undo: refund) → record payment in the ledger (tx step, one row per order; undo: remove
+//	the row) → send receipt (activity)
 //
 // One order is one charge whatever workflow ID a client picks: the first
-// run claims the order, and a second run for it fails at the reservation
+// run claims the order, and a second run for it fails at the claim
 // (ErrOrderTaken, class order_taken) without reserving, charging or
 // refunding anything. Clients should use the order ID as the workflow ID:
 // a repeated start then returns the first run.
@@ -55,12 +54,26 @@ func New(g *Gateway, cfg *Config) *engine.Workflow[Order, Receipt] {
 			return Receipt{}, err
 		}
 		saga := compensation.New(ctx)
-		if _, err := compensation.TxStep(saga, "reserve_inventory", func(sctx context.Context, tx pgx.Tx) (int, error) {
-			return reserve(sctx, tx, ctx, o)
-		}, compensation.TxUndo[int]{Name: "release_inventory", Fn: func(sctx context.Context, tx pgx.Tx, _ int) error {
+		// The claim's undo releases whatever the run reserved (it may have
+		// reserved some items when another sells out) and gives the order
+		// back.
+		if _, err := compensation.TxStep(saga, "claim_order", func(sctx context.Context, tx pgx.Tx) (bool, error) {
+			return true, claimOrder(sctx, tx, o.OrderID, ctx.RunID(), ctx.WorkflowID())
+		}, compensation.TxUndo[bool]{Name: "release_inventory", Fn: func(sctx context.Context, tx pgx.Tx, _ bool) error {
 			return release(sctx, tx, o.OrderID, ctx.RunID())
 		}}, nil); err != nil {
 			return Receipt{}, err
+		}
+		// Each item is reserved in its own transaction, all at once: one
+		// inventory row per transaction, so concurrent orders never deadlock.
+		reservations := make([]*engine.Future[int], len(o.Items))
+		for i, it := range o.Items {
+			reservations[i] = engine.GoTx(ctx, "reserve_item", func(sctx context.Context, tx pgx.Tx) (int, error) {
+				return reserveItem(sctx, tx, ctx.RunID(), o.OrderID, it)
+			}, nil)
+		}
+		if _, err := engine.All(ctx, reservations); err != nil {
+			return Receipt{}, err // out of stock: the claim's undo releases what was reserved
 		}
 		ch, err := compensation.Activity(saga, charge, o, compensation.Undo[Charge]{
 			Name: "refund", Fn: g.Refund, RetryPolicy: retry, StartToCloseTimeout: 30 * time.Second,
@@ -91,7 +104,7 @@ func New(g *Gateway, cfg *Config) *engine.Workflow[Order, Receipt] {
 			err = nil
 		}
 		return Receipt{OrderID: o.OrderID, PaymentIntent: ch.PaymentIntent, Amount: ch.Amount, Currency: ch.Currency, ReceiptSent: sent}, err
-	}, &engine.WorkflowOpts{Version: 1})
+	}, &engine.WorkflowOpts{Version: 2})
 }
 
 // Config tunes the workflow. A nil *Config takes the defaults.
@@ -141,32 +154,22 @@ func claimOrder(ctx context.Context, tx pgx.Tx, orderID string, runID uuid.UUID,
 	return nil
 }
 
-// reserve claims the order and takes its items from stock: all or nothing.
-// Rows are locked in SKU order, so concurrent orders never deadlock.
-func reserve(ctx context.Context, tx pgx.Tx, wctx *engine.Context, o Order) (int, error) {
-	if err := claimOrder(ctx, tx, o.OrderID, wctx.RunID(), wctx.WorkflowID()); err != nil {
+// reserveItem takes one item of an order from stock, for run runID.
+func reserveItem(ctx context.Context, tx pgx.Tx, runID uuid.UUID, orderID string, it Item) (int, error) {
+	tag, err := tx.Exec(ctx, `UPDATE payment_inventory SET reserved = reserved + $2
+		WHERE sku = $1 AND stock - reserved >= $2`, it.SKU, it.Qty)
+	if err != nil {
 		return 0, err
 	}
-	items := slices.Clone(o.Items)
-	slices.SortFunc(items, func(a, b Item) int { return strings.Compare(a.SKU, b.SKU) })
-	units := 0
-	for _, it := range items {
-		tag, err := tx.Exec(ctx, `UPDATE payment_inventory SET reserved = reserved + $2
-			WHERE sku = $1 AND stock - reserved >= $2`, it.SKU, it.Qty)
-		if err != nil {
-			return 0, err
-		}
-		if tag.RowsAffected() == 0 {
-			return 0, engine.WithClass(engine.Permanent(fmt.Errorf("%s: unknown SKU or not enough stock for %d", it.SKU, it.Qty)), "out_of_stock")
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO payment_reservations (order_id, sku, qty, run_id) VALUES ($1, $2, $3, $4)
-			ON CONFLICT (order_id, sku) DO UPDATE SET qty = payment_reservations.qty + excluded.qty`,
-			o.OrderID, it.SKU, it.Qty, wctx.RunID()); err != nil {
-			return 0, err
-		}
-		units += it.Qty
+	if tag.RowsAffected() == 0 {
+		return 0, engine.WithClass(engine.Permanent(fmt.Errorf("%s: unknown SKU or not enough stock for %d", it.SKU, it.Qty)), "out_of_stock")
 	}
-	return units, nil
+	if _, err := tx.Exec(ctx, `INSERT INTO payment_reservations (order_id, sku, qty, run_id) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (order_id, sku) DO UPDATE SET qty = payment_reservations.qty + excluded.qty`,
+		orderID, it.SKU, it.Qty, runID); err != nil {
+		return 0, err
+	}
+	return it.Qty, nil
 }
 
 // release returns this run's reservations for an order to stock and gives
