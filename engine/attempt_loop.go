@@ -284,6 +284,9 @@ func (l *attemptLoop) begin(attempt int) (announced, stop bool, out []byte, err 
 			return false, true, nil, d.endErr
 		}
 		l.written = true
+		if !d.mayStartStep() { // as after a flush, below
+			return true, true, nil, d.endErr
+		}
 		if l.stoppable() {
 			// The announcement brought the cancellation: the attempt
 			// does not start, and is not counted.
@@ -297,7 +300,10 @@ func (l *attemptLoop) begin(attempt int) (announced, stop bool, out []byte, err 
 		// transaction, with its own record: both commit or neither.
 		return false, false, nil, nil
 	}
-	if !d.flush() {
+	if !d.flush() || !d.mayStartStep() {
+		// The lease is checked again after the flush: a process paused
+		// while its flush committed wakes up to a reply that proves
+		// nothing about now, when another delivery may own the run.
 		return false, true, nil, d.endErr
 	}
 	return false, false, nil, nil

@@ -28,6 +28,7 @@ const (
 	envPauseFirst = "PGDURABLE_TEST_PAUSE_BEFORE_S1" // workflow code idles 2 s before s1
 	envBlockInTx  = "PGDURABLE_TEST_BLOCK_IN_TX"     // crash-tx: hang inside the tx step, before commit
 	envBlockAfter = "PGDURABLE_TEST_BLOCK_AFTER_TX"  // crash-tx: hang in the step after the tx step
+	envSlowS1     = "PGDURABLE_TEST_SLOW_S1"         // crash-three: s1 takes 300 ms after counting its call
 )
 
 func TestMain(m *testing.M) {
@@ -59,7 +60,11 @@ func crashWorkflows(pool *pgxpool.Pool) []engine.Registration {
 					time.Sleep(300 * time.Millisecond)
 					os.Exit(3) // the poison run takes its worker down on every delivery
 				}
-				return 1, bumpCalls(context.WithoutCancel(sctx), pool, ctx.RunID(), name)
+				err := bumpCalls(context.WithoutCancel(sctx), pool, ctx.RunID(), name)
+				if name == "s1" && os.Getenv(envSlowS1) == "1" {
+					time.Sleep(300 * time.Millisecond)
+				}
+				return 1, err
 			}, nil)
 			if err != nil {
 				return 0, err

@@ -85,8 +85,10 @@ type delivery struct {
 	// resetting its stalled-delivery counts (see keepsLease).
 	// Atomic: parallel steps (Go) write from their own goroutines.
 	progressed atomic.Bool
-	// writeMu keeps one record write of this delivery in flight: a batch of
-	// the record writer holds at most one write per fence.
+	// writeMu keeps one record write or heartbeat of this delivery in
+	// flight: a batch of the record writer holds at most one write per
+	// fence, and a run is never in a write batch and a heartbeat batch at
+	// once (see beat). Taken after longMu.
 	writeMu sync.Mutex
 
 	// Parallel steps (future.go), set up by the first: a slot per step

@@ -355,7 +355,10 @@ func (d *delivery) writeStatus(status RunStatus, recs ...*store.StepRecord) bool
 // the lease), a write extends the lease only when the lease is a
 // heartbeat interval old, like the heartbeat, instead of on every step.
 func (d *delivery) keepsLease() bool {
-	return d.progressed.Load() && d.leaseLeft() > d.e.cfg.LeaseDuration-d.e.cfg.HeartbeatInterval
+	lease := d.e.cfg.LeaseDuration
+	// Never below half the lease: the check before each step renews one
+	// with less left (see mayStartStep).
+	return d.progressed.Load() && d.leaseLeft() > max(lease-d.e.cfg.HeartbeatInterval, lease/2)
 }
 
 // finishRun ends the run with a terminal status, writing the pending
@@ -449,6 +452,13 @@ func (d *delivery) beat() error {
 	// The mark and a hand-back's undo of it must not interleave (see long).
 	d.longMu.Lock()
 	defer d.longMu.Unlock()
+	// Nor a heartbeat and a record write of this delivery: with one of the
+	// two in flight at a time, no run is in a heartbeat batch and a write
+	// batch at once, so the batches never wait for each other's rows in
+	// opposite orders (a deadlock PostgreSQL breaks only after a second,
+	// failing both batches; at a 1 s lease that lost healthy runs' leases).
+	d.writeMu.Lock()
+	defer d.writeMu.Unlock()
 	markLong := !d.long && time.Since(d.claimedAt) >= d.e.cfg.LeaseDuration
 	o := d.e.beats.do(store.Beat{Fence: d.fence(), MarkLong: markLong})
 	cancelRequested, marked, err := o.res.CancelRequested, o.res.Marked, o.err

@@ -41,8 +41,10 @@ func (e *Engine) heartbeat(d *delivery) (stop func()) {
 					d.cancel(ErrLeaseLost)
 					return
 				}
-				if left > e.cfg.LeaseDuration-interval/2 {
-					continue // a record write extended the lease moments ago
+				if left > interval+interval/2 {
+					// A record write extended the lease lately: it still
+					// has half an interval to spare at the next tick.
+					continue
 				}
 				// An activity's Heartbeat may have just sent one.
 				err := d.beatIfDue(interval / 2)

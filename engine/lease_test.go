@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdurable/pgdurable/engine"
@@ -116,4 +117,35 @@ func TestOrphanedTicketIsFoundBehindManyStaleOnes(t *testing.T) {
 	out, err := wf.Wait(wctx, worker, res.RunID, 50*time.Millisecond)
 	require.NoError(t, err)
 	require.Equal(t, 7, out)
+}
+
+// A heartbeat interval close to the lease still keeps it: a beat is skipped
+// only while the lease has half an interval to spare at the next tick.
+// Before, a beat right after the claim was skipped whenever the lease had
+// more than LeaseDuration − interval/2 left, and with an interval near the
+// lease the next tick came too late (found by an attack pass: 9 of 30 runs
+// lost their lease at a 3 s lease and a 2.5 s interval).
+func TestHeartbeatIntervalNearTheLeaseKeepsIt(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("long-step-near-lease", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.Step(ctx, "long", func(context.Context) (int, error) {
+			time.Sleep(3 * time.Second)
+			return 1, nil
+		}, nil)
+	}, nil)
+	b := setup(t, &engine.Config{LeaseDuration: time.Second, HeartbeatInterval: 900 * time.Millisecond}, wf)
+	ctx := testCtx(t)
+	ids := make([]uuid.UUID, 10)
+	for i := range ids {
+		res, err := wf.Start(ctx, b.engine, 0, nil)
+		require.NoError(t, err)
+		ids[i] = res.RunID
+	}
+	for _, id := range ids {
+		_, err := wf.Wait(ctx, b.engine, id, 20*time.Millisecond)
+		require.NoError(t, err)
+		run, err := b.engine.GetRun(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, 1, run.Deliveries, "the lease held through the step")
+	}
 }

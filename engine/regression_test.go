@@ -52,6 +52,53 @@ func TestPausedWorkerDoesNotStartStepsAfterTakeover(t *testing.T) {
 	}
 }
 
+// A worker paused while its flush of a record was committing must not
+// start the next step when it resumes: the commit landed while it still
+// held the lease, but by the time the reply reaches it another worker has
+// taken the run over and finished it. The lease is checked again after the
+// flush (found by an attack pass: the resumed worker ran the step again).
+func TestWorkerPausedDuringItsFlushDoesNotStartTheNextStep(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	createCallsTable(t, db.Pool)
+	wfs := crashWorkflows(db.Pool)
+	client := newEngine(t, db, nil, false, wfs...)
+	ctx := testCtx(t)
+	res, err := client.StartJSON(ctx, "crash-three", []byte(`{}`), nil)
+	require.NoError(t, err)
+
+	// While s1 runs (300 ms), hold the run row, so the child's flush of
+	// s1's record (as s2 begins) waits on it.
+	lock, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(ctx) }()
+	child := enginetest.StartWorker(t, db, 2*time.Second, envSlowS1+"=1")
+	eventually(t, 30*time.Second, "the child to run s1", func() bool { return calls(t, db.Pool, res.RunID, "s1") == 1 })
+	_, err = lock.Exec(ctx, `SELECT 1 FROM workflow_runs WHERE run_id = $1 FOR UPDATE`, res.RunID)
+	require.NoError(t, err)
+	eventually(t, 30*time.Second, "the child's flush to wait for the row", func() bool {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event_type = 'Lock' AND query LIKE '%pgdurable: workflow_steps record%'`).Scan(&n))
+		return n > 0
+	})
+	require.NoError(t, child.Process.Signal(syscall.SIGSTOP))
+	require.NoError(t, lock.Commit(ctx)) // the flush commits while the child is stopped
+	eventually(t, 10*time.Second, "s1's record to land", func() bool {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_steps WHERE run_id = $1`, res.RunID).Scan(&n))
+		return n == 1
+	})
+
+	worker := newEngine(t, db, &engine.Config{LeaseDuration: time.Second}, true, wfs...)
+	waitStatus(t, worker, res.RunID, engine.StatusCompleted, 30*time.Second)
+	require.NoError(t, child.Process.Signal(syscall.SIGCONT))
+	time.Sleep(1500 * time.Millisecond) // the child gets its flush's reply and decides
+	for _, s := range []string{"s1", "s2", "s3"} {
+		require.Equal(t, 1, calls(t, db.Pool, res.RunID, s), s)
+	}
+}
+
 // A worker that died after River fetched a ticket but before it claimed
 // the run leaves the run unleased: the orphan sweep re-enqueues it.
 func TestTicketOfDeadWorkerIsRedelivered(t *testing.T) {
