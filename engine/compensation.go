@@ -88,6 +88,7 @@ func (d *delivery) compensate(status RunStatus, info *ErrorInfo) {
 	}
 	d.compensating = true
 	d.sagaCause = info
+	d.pos.skipForward()
 	d.log.Info("compensating", "undos", len(d.compensations), "error_class", info.Class)
 	for i := len(d.compensations) - 1; i >= 0; i-- {
 		comp := d.compensations[i]

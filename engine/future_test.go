@@ -222,3 +222,65 @@ func TestKillMidFanOutRunsEachParallelStepOnce(t *testing.T) {
 	}
 	require.Len(t, output, 100)
 }
+
+// A run cancelled after a delivery left a parallel step unrecorded (a hole)
+// below recorded ones ends cancelled with its undo run once: the cancelled
+// replay keeps the hole's position, so the later steps replay at theirs and
+// the undo takes the position after the last of them. Before, the hole's
+// position was given back, everything after it shifted, and the run was
+// parked as nondeterministic (found by an attack pass).
+func TestCancelledRunWithAnUnrecordedParallelStepCompensates(t *testing.T) {
+	t.Parallel()
+	for _, withUndo := range []bool{true, false} {
+		t.Run(fmt.Sprint("undo=", withUndo), func(t *testing.T) {
+			t.Parallel()
+			var undos atomic.Int64
+			wf := engine.Define(fmt.Sprint("hole-cancel-", withUndo), func(ctx *engine.Context, _ int) (int, error) {
+				if _, err := engine.Step(ctx, "s0", func(context.Context) (int, error) { return 1, nil }, nil); err != nil {
+					return 0, err
+				}
+				if withUndo {
+					if err := ctx.Compensate(engine.Undo{Name: "u0", Fn: func(context.Context, *engine.ActivityAttempt) error {
+						undos.Add(1)
+						return nil
+					}}); err != nil {
+						return 0, err
+					}
+				}
+				a := engine.Go(ctx, "a", func(sctx context.Context) (int, error) { <-sctx.Done(); return 0, sctx.Err() }, nil)
+				b := engine.Go(ctx, "b", func(context.Context) (int, error) { return 2, nil }, nil)
+				if _, err := b.Get(ctx); err != nil {
+					return 0, err
+				}
+				if err := engine.Sleep(ctx, time.Hour); err != nil { // a is cancelled as this delivery ends: a hole at 1
+					return 0, err
+				}
+				return a.Get(ctx)
+			}, nil)
+			b := setup(t, nil, wf)
+			ctx := testCtx(t)
+			res, err := wf.Start(ctx, b.engine, 0, nil)
+			require.NoError(t, err)
+			waitStatus(t, b.engine, res.RunID, engine.StatusWaiting, 10*time.Second)
+			run, err := b.engine.GetRun(ctx, res.RunID)
+			require.NoError(t, err)
+			var seqs []int
+			for _, s := range run.Steps {
+				seqs = append(seqs, s.Seq)
+			}
+			require.Equal(t, []int{0, 2, 3}, seqs, "a hole at a's position")
+			require.NoError(t, b.engine.Cancel(ctx, res.RunID))
+			_, err = wf.Wait(ctx, b.engine, res.RunID, 20*time.Millisecond)
+			require.ErrorIs(t, err, engine.ErrCancelled)
+			run, err = b.engine.GetRun(ctx, res.RunID)
+			require.NoError(t, err)
+			require.Equal(t, engine.StatusCancelled, run.Status)
+			if withUndo {
+				require.EqualValues(t, 1, undos.Load())
+				last := run.Steps[len(run.Steps)-1]
+				require.Equal(t, "u0", last.Name)
+				require.Equal(t, 4, last.Seq, "the undo follows the last recorded step")
+			}
+		})
+	}
+}

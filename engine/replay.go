@@ -38,8 +38,28 @@ func (p *positions) take() int {
 
 // giveBack returns the position take just handed out, for a step that
 // never started and left nothing recorded (a run's cancellation stopped
-// it first): the undos take its place.
-func (p *positions) giveBack() { p.next-- }
+// it first): the undos take its place. Not when a later position is
+// recorded (a parallel step left this one a hole): the position stays
+// taken, so the steps after it replay at their own.
+func (p *positions) giveBack() {
+	if !p.replaying() {
+		p.next--
+	}
+}
+
+// skipForward moves past every recorded position that is not an undo's,
+// before the undos run: a cancelled or failed replay may stop (at a hole
+// a parallel step left) before steps that an earlier delivery recorded
+// after it, and the undos' positions follow the last forward record, as
+// they did in the delivery that recorded them.
+func (p *positions) skipForward() {
+	for i := len(p.recorded) - 1; i >= p.next; i-- {
+		if r := p.at(i); r != nil && r.Kind != string(KindCompensation) {
+			p.next = i + 1
+			return
+		}
+	}
+}
 
 // at is position seq's record from an earlier delivery, nil for a
 // position no delivery recorded.
