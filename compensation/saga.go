@@ -63,11 +63,13 @@ type TxUndo[T any] struct {
 	RetryPolicy *engine.RetryPolicy
 }
 
-func (u Undo[T]) register(ctx *engine.Context, result T) error {
+// undo is u for result as the engine runs it (a missing Fn stays missing,
+// for the engine to report).
+func (u Undo[T]) undo(result T) engine.Undo {
 	if u.Fn == nil {
-		return ctx.Compensate(engine.Undo{Name: u.Name}) // reports the missing function
+		return engine.Undo{Name: u.Name}
 	}
-	return ctx.Compensate(engine.Undo{
+	return engine.Undo{
 		Name: u.Name,
 		Fn: func(actx context.Context, _ *engine.ActivityAttempt) error {
 			call, _ := activities.CallFromContext(actx)
@@ -75,18 +77,24 @@ func (u Undo[T]) register(ctx *engine.Context, result T) error {
 		},
 		RetryPolicy:         u.RetryPolicy,
 		StartToCloseTimeout: u.StartToCloseTimeout,
-	})
+	}
 }
 
-func (u TxUndo[T]) register(ctx *engine.Context, result T) error {
+func (u Undo[T]) register(ctx *engine.Context, result T) error { return ctx.Compensate(u.undo(result)) }
+
+func (u TxUndo[T]) undo(result T) engine.Undo {
 	if u.Fn == nil {
-		return ctx.Compensate(engine.Undo{Name: u.Name})
+		return engine.Undo{Name: u.Name}
 	}
-	return ctx.Compensate(engine.Undo{
+	return engine.Undo{
 		Name:        u.Name,
 		Tx:          func(tctx context.Context, tx pgx.Tx) error { return u.Fn(tctx, tx, result) },
 		RetryPolicy: u.RetryPolicy,
-	})
+	}
+}
+
+func (u TxUndo[T]) register(ctx *engine.Context, result T) error {
+	return ctx.Compensate(u.undo(result))
 }
 
 // Step runs forward as engine.Step and, when it succeeds (live or on
@@ -116,4 +124,17 @@ func Activity[Req, Resp any](s *Saga, a *activities.Activity[Req, Resp], req Req
 		return out, err
 	}
 	return out, undo.register(s.ctx, out)
+}
+
+// Go runs forward as a parallel step (engine.GoUndo) whose undo is
+// registered when it completes: undos run newest first by the time their
+// steps completed, and a step that did not complete registers none.
+func Go[T any](s *Saga, name string, forward func(context.Context) (T, error), undo Undo[T], opts *engine.StepOpts) *engine.Future[T] {
+	return engine.GoUndo(s.ctx, name, forward, undo.undo, opts)
+}
+
+// GoTx runs forward as a parallel tx step (engine.GoTxUndo) with a
+// database undo, as Go.
+func GoTx[T any](s *Saga, name string, forward func(context.Context, pgx.Tx) (T, error), undo TxUndo[T], opts *engine.StepOpts) *engine.Future[T] {
+	return engine.GoTxUndo(s.ctx, name, forward, undo.undo, opts)
 }

@@ -209,6 +209,7 @@ func (l *attemptLoop) next() (out []byte, done bool, err error) {
 			now := d.e.now()
 			rec := l.record(store.StepCompleted, attempt)
 			rec.Output, rec.CompletedAt = out, &now
+			a.completedAt = now
 			return rec
 		}
 		out, p, err = l.attempt(a)
@@ -219,7 +220,7 @@ func (l *attemptLoop) next() (out []byte, done bool, err error) {
 	if err == nil && p == nil {
 		observe("completed")
 		if a.recorded {
-			d.lastRecorded = l.seq
+			d.lastRecorded, d.lastRecordedAt = l.seq, a.completedAt
 		} else {
 			d.buf.pending = a.completed(out)
 		}
@@ -355,7 +356,7 @@ func (l *attemptLoop) failed(attempt int, err error, p *panicInfo, observe func(
 		if call.parkAs != "" {
 			reason = call.parkAs
 		}
-		if call.parkAs != "" || (exhausted && !call.returnExhausted && (len(d.compensations) == 0 || call.requestID)) {
+		if call.parkAs != "" || (exhausted && !call.returnExhausted && (!d.hasCompensations() || call.requestID)) {
 			// Nothing can undo this automatically: an operator must act.
 			// An activity that ran out of retries may have taken effect
 			// on an attempt whose answer was lost; compensating now would

@@ -1,9 +1,11 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -34,10 +36,13 @@ type Undo struct {
 	StartToCloseTimeout time.Duration
 }
 
-// compensation is an undo registered for the forward step at seq.
+// compensation is an undo registered for the forward step at seq, which
+// completed at done (its record's completed_at, to the microsecond, as
+// PostgreSQL keeps it).
 type compensation struct {
 	seq  int
 	undo Undo
+	done time.Time
 }
 
 // Compensate registers u as the compensation of the step that just
@@ -47,6 +52,14 @@ type compensation struct {
 // record. It returns an error (and registers nothing) when the latest step
 // did not succeed or u is malformed.
 func (c *Context) Compensate(u Undo) error {
+	if err := u.check(); err != nil {
+		return err
+	}
+	return c.d.registerUndo(u)
+}
+
+// check reports what is malformed in u.
+func (u *Undo) check() error {
 	if err := checkName("undo name", u.Name, 200); err != nil {
 		return fmt.Errorf("pgdurable: %w", err)
 	}
@@ -56,27 +69,69 @@ func (c *Context) Compensate(u Undo) error {
 	if err := u.RetryPolicy.validate(); err != nil {
 		return fmt.Errorf("%w: undo %q: %v", ErrInvalidArgument, u.Name, err)
 	}
-	return c.d.registerUndo(u)
+	return nil
 }
 
 // registerUndo registers u with the latest step, which must have succeeded.
 func (d *delivery) registerUndo(u Undo) error {
 	seq := d.pos.next - 1
-	if n := len(d.compensations); n > 0 && d.compensations[n-1].seq == seq {
-		return fmt.Errorf("pgdurable: step %d already has an undo (%q); register one undo per step", seq, d.compensations[n-1].undo.Name)
+	d.compMu.Lock()
+	defer d.compMu.Unlock()
+	for _, c := range d.compensations {
+		if c.seq == seq {
+			return fmt.Errorf("pgdurable: step %d already has an undo (%q); register one undo per step", seq, c.undo.Name)
+		}
 	}
+	var done time.Time
 	switch {
 	case d.buf.pending != nil && d.buf.pending.Seq == seq && d.buf.pending.Status == store.StepCompleted:
 		d.buf.pending.Compensation = &u.Name
+		done = *d.buf.pending.CompletedAt
 	case d.pos.at(seq) != nil && d.pos.at(seq).Status == store.StepCompleted:
 		// replayed: the undo's name was stored with the record
+		if at := d.pos.at(seq).CompletedAt; at != nil {
+			done = *at
+		}
 	case seq >= 0 && d.lastRecorded == seq:
 		// a tx step, recorded in its own transaction: name it with the undo's record
+		done = d.lastRecordedAt
 	default:
 		return fmt.Errorf("pgdurable: undo %q must be registered right after a step that succeeded", u.Name)
 	}
-	d.compensations = append(d.compensations, &compensation{seq: seq, undo: u})
+	d.compensations = append(d.compensations, &compensation{seq: seq, undo: u, done: done.Truncate(time.Microsecond)})
 	return nil
+}
+
+// registerBranchUndo registers u for the parallel step at seq, which
+// completed at done; safe on the step's goroutine.
+func (d *delivery) registerBranchUndo(seq int, u Undo, done time.Time) {
+	d.compMu.Lock()
+	defer d.compMu.Unlock()
+	d.compensations = append(d.compensations, &compensation{seq: seq, undo: u, done: done.Truncate(time.Microsecond)})
+	d.parallelUndos = true
+}
+
+// hasCompensations reports whether an undo is registered.
+func (d *delivery) hasCompensations() bool {
+	d.compMu.Lock()
+	defer d.compMu.Unlock()
+	return len(d.compensations) > 0
+}
+
+// undoOrder puts the registered undos in the order their forward steps
+// completed, oldest first (then by position), when parallel steps
+// registered some: they register as they complete, live, and as the
+// workflow reaches them, on replay, so only their records' completion
+// times give both the same order. Sequential undos keep their order.
+func (d *delivery) undoOrder() []*compensation {
+	d.compMu.Lock()
+	defer d.compMu.Unlock()
+	if d.parallelUndos {
+		slices.SortStableFunc(d.compensations, func(a, b *compensation) int {
+			return cmp.Or(a.done.Compare(b.done), cmp.Compare(a.seq, b.seq))
+		})
+	}
+	return slices.Clone(d.compensations)
 }
 
 // compensate runs the registered undos newest first, each a durable step,
@@ -89,9 +144,10 @@ func (d *delivery) compensate(status RunStatus, info *ErrorInfo) {
 	d.compensating = true
 	d.sagaCause = info
 	d.pos.skipForward()
-	d.log.Info("compensating", "undos", len(d.compensations), "error_class", info.Class)
-	for i := len(d.compensations) - 1; i >= 0; i-- {
-		comp := d.compensations[i]
+	undos := d.undoOrder()
+	d.log.Info("compensating", "undos", len(undos), "error_class", info.Class)
+	for i := len(undos) - 1; i >= 0; i-- {
+		comp := undos[i]
 		if _, err := d.runStep(undoCall(comp)); err != nil {
 			return // parked (compensation_failed) or interrupted: the delivery ended
 		}

@@ -44,8 +44,10 @@ type delivery struct {
 	fwd             context.Context
 	cancelFwd       context.CancelCauseFunc
 	cancelRequested atomic.Bool
-	compensations   []*compensation // registered undos, oldest first
-	compensating    bool            // the undos are running
+	compensations   []*compensation // registered undos, oldest first; under compMu (parallel steps register theirs)
+	compMu          sync.Mutex
+	parallelUndos   bool // a parallel step registered an undo (see undoOrder)
+	compensating    bool // the undos are running
 	// sagaCause is the failure (or cancellation) the undos run for, kept
 	// with the run's error if an undo fails.
 	sagaCause *ErrorInfo
@@ -66,8 +68,9 @@ type delivery struct {
 	buf recordBuffer // records of finished steps not yet written
 	// lastRecorded is the seq of the latest step that wrote its own record
 	// (a tx step), -1 for none.
-	lastRecorded int
-	inStep       atomic.Bool // a step is running: guards nested and concurrent Step calls
+	lastRecorded   int
+	lastRecordedAt time.Time   // its record's completion time
+	inStep         atomic.Bool // a step is running: guards nested and concurrent Step calls
 
 	// claimedAt is when this delivery took the lease (monotonic); once it
 	// has lived a whole lease without progress, its next heartbeat counts

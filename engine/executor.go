@@ -209,7 +209,7 @@ func (d *delivery) finish(out []byte, err error, p *panicInfo) {
 		if errors.As(err, &se) {
 			info.Class, info.Step, info.Seq, info.Attempt = se.Class, se.Step, &se.Seq, se.Attempt
 		}
-		if len(d.compensations) > 0 {
+		if d.hasCompensations() {
 			d.compensate(StatusCompensated, info)
 			return
 		}

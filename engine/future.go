@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -83,9 +84,9 @@ func All[T any](ctx *Context, fs []*Future[T]) ([]T, error) {
 // A parallel step is retried per its RetryPolicy in place (its backoffs
 // hold a worker slot, however long), and its failure is returned by Get,
 // as with StepOpts.ReturnExhausted, whatever the run's compensations; a
-// panic parks the run. Undos are not registered for parallel steps (use
-// ctx.Compensate after Get). A future the workflow never waits for is
-// cancelled when the workflow function returns.
+// panic parks the run. GoUndo registers an undo as the step completes. A
+// future the workflow never waits for is cancelled when the workflow
+// function returns.
 func Go[T any](ctx *Context, name string, fn func(context.Context) (T, error), opts *StepOpts) *Future[T] {
 	return startBranch[T](ctx, name, KindStep, opts, func(sctx context.Context, _ *branch) ([]byte, error) {
 		v, err := fn(sctx)
@@ -103,6 +104,47 @@ func GoTx[T any](ctx *Context, name string, fn func(context.Context, pgx.Tx) (T,
 	return startBranch[T](ctx, name, KindTx, opts, branchTxBody(fn))
 }
 
+// GoUndo is Go with a compensation: when the step completes, undo(result)
+// is registered as its undo (a saga's, see Context.Compensate), so a run
+// that fails or is cancelled afterwards undoes it. Parallel steps'
+// undos run, with the others, newest first by the time their steps
+// completed (recorded, so a replay keeps the order); a step that did not
+// complete registers none, and steps still running when the run fails are
+// cancelled before the undos run. An undo that is malformed (see Undo)
+// fails the step with ErrInvalidArgument. Package compensation wraps it.
+func GoUndo[T any](ctx *Context, name string, fn func(context.Context) (T, error), undo func(result T) Undo, opts *StepOpts) *Future[T] {
+	return Go(ctx, name, fn, withUndo(opts, undo))
+}
+
+// GoTxUndo is GoTx with a compensation, as GoUndo.
+func GoTxUndo[T any](ctx *Context, name string, fn func(context.Context, pgx.Tx) (T, error), undo func(result T) Undo, opts *StepOpts) *Future[T] {
+	return GoTx(ctx, name, fn, withUndo(opts, undo))
+}
+
+// withUndo carries a parallel step's undo builder to startBranch inside a
+// copy of its options.
+func withUndo[T any](opts *StepOpts, undo func(T) Undo) *StepOpts {
+	o := &StepOpts{}
+	if opts != nil {
+		*o = *opts
+	}
+	o.undo = func(raw []byte) (*Undo, error) {
+		if undo == nil {
+			return nil, nil
+		}
+		var v T
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return nil, fmt.Errorf("pgdurable: decoding the result for its undo: %w", err)
+		}
+		u := undo(v)
+		if err := u.check(); err != nil {
+			return nil, err
+		}
+		return &u, nil
+	}
+	return o
+}
+
 // branch is one parallel step as its goroutine runs it.
 type branch struct {
 	d         *delivery
@@ -116,6 +158,17 @@ type branch struct {
 	first     *time.Time // first failure
 	lastErr   []byte
 	fresh     bool // no record of this position exists yet
+	// undo, once the step completed with one (GoUndo), and when.
+	undo   *Undo
+	doneAt time.Time
+}
+
+// undoFor builds the branch's undo for its output (nil without GoUndo).
+func (b *branch) undoFor(out []byte) (*Undo, error) {
+	if b.opts == nil || b.opts.undo == nil {
+		return nil, nil
+	}
+	return b.opts.undo(out)
 }
 
 func (b *branch) record(status string, n int) *store.StepRecord {
@@ -154,6 +207,17 @@ func startBranch[T any](ctx *Context, name string, kind StepKind, opts *StepOpts
 		switch rec.Status {
 		case store.StepCompleted:
 			d.e.obs.StepReplayed(d.wf.name, kind)
+			if opts != nil && opts.undo != nil && rec.Compensation != nil {
+				u, err := opts.undo(rec.Output)
+				if err != nil {
+					return resolve(nil, fmt.Errorf("%w: step %q: %v", ErrInvalidArgument, name, err))
+				}
+				var done time.Time
+				if rec.CompletedAt != nil {
+					done = *rec.CompletedAt
+				}
+				d.registerBranchUndo(seq, *u, done)
+			}
 			return resolve(rec.Output, nil)
 		case store.StepFailed:
 			return resolve(nil, stepErrorFromRecord(rec))
@@ -227,13 +291,27 @@ func (b *branch) run(body func(context.Context, *branch) ([]byte, error)) (_ []b
 		case err == nil:
 			observe("completed")
 			if b.kind == KindTx {
-				return out, nil, nil // recorded in its own transaction
+				// Recorded in its own transaction, with its undo's name.
+				if b.undo != nil {
+					d.registerBranchUndo(b.seq, *b.undo, b.doneAt)
+				}
+				return out, nil, nil
+			}
+			u, err := b.undoFor(out)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%w: step %q: %v", ErrInvalidArgument, b.name, err)
 			}
 			now := d.e.now()
 			rec := b.record(store.StepCompleted, attempt)
 			rec.Output, rec.CompletedAt = out, &now
+			if u != nil {
+				rec.Compensation = &u.Name
+			}
 			if err := b.write(rec); err != nil {
 				return nil, nil, err
+			}
+			if u != nil {
+				d.registerBranchUndo(b.seq, *u, now)
 			}
 			return out, nil, nil
 		case errors.Is(err, store.ErrLeaseLost) || d.ctx.Err() != nil:
@@ -336,9 +414,17 @@ func branchTxBody[T any](fn func(context.Context, pgx.Tx) (T, error)) func(conte
 			if out, err = encodeOutput(v, d.e.cfg.MaxPayloadBytes); err != nil {
 				return err
 			}
+			u, err := b.undoFor(out)
+			if err != nil {
+				return Permanent(fmt.Errorf("%w: step %q: %v", ErrInvalidArgument, b.name, err))
+			}
 			now := d.e.now()
 			rec := b.record(store.StepCompleted, attempt)
 			rec.Output, rec.CompletedAt = out, &now
+			if u != nil {
+				rec.Compensation = &u.Name
+			}
+			b.undo, b.doneAt = u, now
 			cancel, written, err := store.WriteSteps(d.ctx, tx, d.fence(), "", rec)
 			d.noteCancel(cancel)
 			if err != nil {

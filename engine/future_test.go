@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +12,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgdurable/pgdurable/activities"
+	"github.com/pgdurable/pgdurable/compensation"
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
 )
@@ -283,4 +286,64 @@ func TestCancelledRunWithAnUnrecordedParallelStepCompensates(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Undos of parallel steps (compensation.Go) are registered as the steps
+// complete and run newest first by completion, not by call: six steps
+// finishing in reverse call order are undone in call order. A step that
+// never completed registers none. One undo's retry ends the delivery
+// mid-compensation; the next delivery replays the undos in the same order
+// from the records and the run ends compensated.
+func TestParallelUndosRunNewestFirstByCompletion(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var undone []int
+	var tries atomic.Int64
+	wf := engine.Define("fan-saga", func(ctx *engine.Context, _ int) (int, error) {
+		saga := compensation.New(ctx)
+		fs := make([]*engine.Future[int], 6)
+		for i := range fs {
+			fs[i] = compensation.Go(saga, fmt.Sprint("book", i), func(context.Context) (int, error) {
+				time.Sleep(time.Duration(6-i) * 40 * time.Millisecond) // the last called completes first
+				return i, nil
+			}, compensation.Undo[int]{Name: fmt.Sprint("unbook", i), Fn: func(_ context.Context, _ activities.Call, r int) error {
+				if r == 2 && tries.Add(1) == 1 {
+					return errors.New("503") // retried after 1.5 s: the delivery ends and the next replays
+				}
+				mu.Lock()
+				undone = append(undone, r)
+				mu.Unlock()
+				return nil
+			}, RetryPolicy: &engine.RetryPolicy{InitialInterval: 1500 * time.Millisecond, BackoffCoefficient: 1}}, nil)
+		}
+		stuck := compensation.Go(saga, "stuck", func(sctx context.Context) (int, error) {
+			<-sctx.Done()
+			return 0, sctx.Err()
+		}, compensation.Undo[int]{Name: "unstuck", Fn: func(context.Context, activities.Call, int) error {
+			mu.Lock()
+			undone = append(undone, -1)
+			mu.Unlock()
+			return nil
+		}}, nil)
+		_ = stuck
+		if _, err := engine.All(ctx, fs); err != nil {
+			return 0, err
+		}
+		_, err := engine.Step(ctx, "pay", func(context.Context) (int, error) { return 0, engine.Permanent(errors.New("declined")) }, nil)
+		return 0, err
+	}, nil)
+	b := setup(t, &engine.Config{SweepInterval: 50 * time.Millisecond}, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	_, err = wf.Wait(ctx, b.engine, res.RunID, 20*time.Millisecond)
+	var runErr *engine.RunError
+	require.ErrorAs(t, err, &runErr)
+	require.Equal(t, engine.StatusCompensated, runErr.Status)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []int{0, 1, 2, 3, 4, 5}, undone, "newest first by completion; the stuck step registered nothing")
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, run.Deliveries, 2, "the undo's retry ended a delivery mid-compensation")
 }

@@ -269,6 +269,7 @@ func (d *delivery) awaitSignal(name string, timeout time.Duration) ([]byte, erro
 			}
 			recs = append(recs, &store.StepRecord{Seq: seq, Name: name, Kind: string(KindSignal), Status: store.StepCompleted,
 				Attempts: 1, Output: out, NextAttemptAt: deadline, StartedAt: startedAt, CompletedAt: &now})
+			d.lastRecordedAt = now // for an undo registered with this step
 			_, _, err = store.WriteSteps(ctx, tx, d.fence(), "", recs...)
 			return err
 		})

@@ -47,6 +47,9 @@ type StepOpts struct {
 	// backoff would end past it is not made; the step fails as if its
 	// retries ran out, with the timeout in its error (ErrTimeout).
 	ScheduleToCloseTimeout time.Duration
+
+	// undo builds a parallel step's undo from its output (GoUndo).
+	undo func(out []byte) (*Undo, error)
 }
 
 func (o *StepOpts) validate() error {
@@ -157,8 +160,9 @@ type attemptState struct {
 	requestID    uuid.UUID
 	// completed builds the record of a successful attempt; a body that
 	// writes it in its own transaction (a tx step) sets recorded.
-	completed func(out []byte) *store.StepRecord
-	recorded  bool
+	completed   func(out []byte) *store.StepRecord
+	completedAt time.Time // the completed record's time, once built
+	recorded    bool
 }
 
 type panicInfo struct {
