@@ -339,7 +339,7 @@ type Run struct {
 	// in crash backoff until WakeAt.
 	StalledDeliveries int        `json:"stalled_deliveries"`
 	WakeAt            *time.Time `json:"wake_at,omitempty"`       // when a waiting run is next due
-	AwaitSignal       string     `json:"await_signal,omitempty"`  // the signal a waiting run waits for
+	AwaitSignal       string     `json:"await_signal,omitempty"`  // the signal a waiting run waits for (a SelectSignal's: its names, comma-separated)
 	ScheduleName      string     `json:"schedule_name,omitempty"` // the schedule whose fire started it
 	CreatedAt         time.Time  `json:"created_at"`
 	StartedAt         *time.Time `json:"started_at,omitempty"`
@@ -413,7 +413,7 @@ func runFromRow(r *store.RunRow) *Run {
 		WorkflowID: r.WorkflowID, Status: RunStatus(r.Status), Input: r.Input, Output: r.Output,
 		Error: decodeErrorInfo(r.Error), Deliveries: r.Deliveries, StalledDeliveries: r.Stalled, WakeAt: r.WakeAt,
 		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, CompletedAt: r.CompletedAt,
-		AwaitSignal: deref(r.AwaitSignal), ScheduleName: deref(r.ScheduleName), CancelRequestedAt: r.CancelRequestedAt,
+		AwaitSignal: strings.ReplaceAll(deref(r.AwaitSignal), store.AwaitSeparator, ", "), ScheduleName: deref(r.ScheduleName), CancelRequestedAt: r.CancelRequestedAt,
 		RunTimeoutMS: derefInt(r.RunTimeoutMS), DeadlineAt: r.DeadlineAt,
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -14,10 +15,13 @@ import (
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
-// signalOutcome is the record of an AwaitSignal step.
+// signalOutcome is the record of an AwaitSignal or SelectSignal step.
 type signalOutcome struct {
 	Payload  json.RawMessage `json:"payload,omitempty"`
 	TimedOut bool            `json:"timed_out,omitempty"`
+	// Signal is the name of the signal a SelectSignal received (AwaitSignal
+	// records none: it waits for one name).
+	Signal string `json:"signal,omitempty"`
 }
 
 // SignalOpts are a signal's options. The zero value and nil are the
@@ -176,7 +180,10 @@ func (e *Engine) sendSignal(ctx context.Context, tx pgx.Tx, runID uuid.UUID, nam
 // the error that ended the delivery, which the workflow should return.
 func AwaitSignal[T any](ctx *Context, name string, timeout time.Duration) (T, error) {
 	var out T
-	raw, err := ctx.d.awaitSignal(name, timeout)
+	if err := checkName("signal name", name, 200); err != nil {
+		return out, fmt.Errorf("pgdurable: %w", err)
+	}
+	_, raw, err := ctx.d.awaitSignal(name, []string{name}, timeout)
 	if err != nil {
 		return out, err
 	}
@@ -186,10 +193,53 @@ func AwaitSignal[T any](ctx *Context, name string, timeout time.Duration) (T, er
 	return out, nil
 }
 
-func (d *delivery) awaitSignal(name string, timeout time.Duration) ([]byte, error) {
+// MaxSelectSignals bounds the signal names one SelectSignal waits for.
+const MaxSelectSignals = 20
+
+// SelectSignal waits for the first of several signals, or for timeout: it
+// returns the name of the signal it received and its payload (one JSON
+// value), the oldest buffered one of those names when several are. Taking
+// it and recording this step commit together, as AwaitSignal's, and the
+// outcome is recorded as a step of kind "signal" named name, so a replay
+// takes the same branch whatever signals arrived since. With none of them
+// buffered the run is suspended, holding nothing, until one is sent (a
+// signal of any of the names wakes it) or timeout passes (<= 0: no
+// timeout), when SelectSignal returns "" and an error wrapping ErrTimeout.
+// AwaitSignal is SelectSignal for one name, its payload decoded.
+//
+// signals holds 1 to MaxSelectSignals distinct signal names
+// (ErrInvalidArgument otherwise, not recorded). Other errors as
+// AwaitSignal's.
+func SelectSignal(ctx *Context, name string, signals []string, timeout time.Duration) (signal string, payload json.RawMessage, err error) {
+	if err := checkName("select name", name, 200); err != nil {
+		return "", nil, fmt.Errorf("pgdurable: %w", err)
+	}
+	if len(signals) == 0 || len(signals) > MaxSelectSignals {
+		return "", nil, fmt.Errorf("%w: SelectSignal %q waits for %d signal names; it takes 1 to %d", ErrInvalidArgument, name, len(signals), MaxSelectSignals)
+	}
+	for i, s := range signals {
+		if err := checkName("signal name", s, 200); err != nil {
+			return "", nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		}
+		if slices.Contains(signals[:i], s) {
+			return "", nil, fmt.Errorf("%w: SelectSignal %q names signal %q twice", ErrInvalidArgument, name, s)
+		}
+	}
+	return ctx.d.awaitSignal(name, signals, timeout)
+}
+
+func (d *delivery) awaitSignal(name string, names []string, timeout time.Duration) (string, []byte, error) {
+	signal, raw, err := d.awaitSignals(name, names, timeout)
+	if len(names) == 1 && err == nil {
+		signal = names[0]
+	}
+	return signal, raw, err
+}
+
+func (d *delivery) awaitSignals(name string, names []string, timeout time.Duration) (string, []byte, error) {
 	seq, err := d.enterStep("signal", name)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	defer d.inStep.Store(false)
 	startedAt := d.e.now()
@@ -197,7 +247,7 @@ func (d *delivery) awaitSignal(name string, timeout time.Duration) ([]byte, erro
 	written := false
 	rec, ok := d.replay(seq, name, KindSignal)
 	if !ok {
-		return nil, d.endErr
+		return "", nil, d.endErr
 	}
 	if rec != nil {
 		if rec.Status == store.StepCompleted {
@@ -213,21 +263,21 @@ func (d *delivery) awaitSignal(name string, timeout time.Duration) ([]byte, erro
 	// recorded (the run suspended in it) is recorded as cancelled, written
 	// with the compensation's first write, so a finished run shows no wait
 	// still started; one that was not gives its position back to the undos.
-	stopped := func() ([]byte, error) {
+	stopped := func() (string, []byte, error) {
 		if !written {
 			d.pos.giveBack()
-			return nil, ErrCancelled
+			return "", nil, ErrCancelled
 		}
 		now := d.e.now()
 		d.buf.stopped = &store.StepRecord{Seq: seq, Name: name, Kind: string(KindSignal), Status: store.StepCancelled,
 			StartedAt: startedAt, CompletedAt: &now}
-		return nil, ErrCancelled
+		return "", nil, ErrCancelled
 	}
 	if d.cancelRequested.Load() {
 		return stopped()
 	}
 	if !d.mayStartStep() {
-		return nil, d.endErr
+		return "", nil, d.endErr
 	}
 
 	var outcome *signalOutcome
@@ -235,7 +285,7 @@ func (d *delivery) awaitSignal(name string, timeout time.Duration) ([]byte, erro
 	err = d.doOnce(func(ctx context.Context) error {
 		return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
 			outcome, cancel = nil, false
-			payload, found, cancelled, err := store.TakeSignal(ctx, tx, d.fence(), name, seq)
+			got, payload, found, cancelled, err := store.TakeSignal(ctx, tx, d.fence(), names, seq)
 			if err != nil {
 				return err
 			}
@@ -244,6 +294,9 @@ func (d *delivery) awaitSignal(name string, timeout time.Duration) ([]byte, erro
 			switch {
 			case found:
 				outcome = &signalOutcome{Payload: payload}
+				if len(names) > 1 {
+					outcome.Signal = got
+				}
 			case deadline != nil && !now.Before(*deadline):
 				outcome = &signalOutcome{TimedOut: true}
 			case cancelled:
@@ -261,7 +314,7 @@ func (d *delivery) awaitSignal(name string, timeout time.Duration) ([]byte, erro
 						return err
 					}
 				}
-				return store.SuspendForSignal(ctx, tx, d.fence(), rec, name, deadline)
+				return store.SuspendForSignal(ctx, tx, d.fence(), rec, names, deadline)
 			}
 			out, err := json.Marshal(outcome)
 			if err != nil {
@@ -276,7 +329,7 @@ func (d *delivery) awaitSignal(name string, timeout time.Duration) ([]byte, erro
 	})
 	if err != nil {
 		d.end(err)
-		return nil, d.endErr
+		return "", nil, d.endErr
 	}
 	if cancel && outcome == nil {
 		// Woken by the cancellation, the transaction wrote nothing: the
@@ -289,7 +342,7 @@ func (d *delivery) awaitSignal(name string, timeout time.Duration) ([]byte, erro
 	if outcome == nil {
 		d.log.Debug("waiting for a signal", "signal", name, "seq", seq)
 		d.end(nil)
-		return nil, d.endErr
+		return "", nil, d.endErr
 	}
 	d.lastRecorded = seq
 	d.noteCancel(cancel)
@@ -304,18 +357,19 @@ func signalTimedOut(raw []byte) bool {
 	return json.Unmarshal(raw, &o) == nil && o.TimedOut
 }
 
-func decodeSignalOutcome(name string, raw []byte) ([]byte, error) {
+func decodeSignalOutcome(name string, raw []byte) (string, []byte, error) {
 	var o signalOutcome
 	if err := json.Unmarshal(raw, &o); err != nil {
-		return nil, fmt.Errorf("pgdurable: decoding recorded signal %q: %w", name, err)
+		return "", nil, fmt.Errorf("pgdurable: decoding recorded signal %q: %w", name, err)
 	}
 	return o.result(name)
 }
 
-// result is what AwaitSignal returns for this outcome, live or replayed.
-func (o *signalOutcome) result(name string) ([]byte, error) {
+// result is what AwaitSignal and SelectSignal return for this outcome,
+// live or replayed: the signal received (SelectSignal's) and its payload.
+func (o *signalOutcome) result(name string) (string, []byte, error) {
 	if o.TimedOut {
-		return nil, fmt.Errorf("%w waiting for signal %q", ErrTimeout, name)
+		return "", nil, fmt.Errorf("%w waiting for signal %q", ErrTimeout, name)
 	}
-	return o.Payload, nil
+	return o.Signal, o.Payload, nil
 }

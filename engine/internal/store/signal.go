@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -59,7 +60,7 @@ WITH target AS (
 ), woken AS (
     UPDATE workflow_runs r SET status = 'pending', wake_at = NULL, await_signal = NULL, enqueued_at = now()
     FROM target
-    WHERE r.run_id = target.run_id AND target.status = 'waiting' AND target.await_signal = $2
+    WHERE r.run_id = target.run_id AND target.status = 'waiting' AND $2 = ANY(string_to_array(target.await_signal, chr(31)))
     RETURNING r.run_id
 )
 SELECT target.status, (SELECT count(*) FROM woken) > 0, target.workflow_name FROM target`
@@ -181,38 +182,43 @@ func SendSignal(ctx context.Context, tx DBTX, p SignalParams) (SignalSent, error
 const lockOwnedRun = `SELECT cancel_requested_at IS NOT NULL FROM workflow_runs WHERE run_id = $1 AND owner_token = $2 FOR UPDATE`
 
 const nextSignal = `
-SELECT id, payload FROM workflow_signals
-WHERE run_id = $1 AND name = $2 AND consumed_seq IS NULL
+SELECT id, name, payload FROM workflow_signals
+WHERE run_id = $1 AND name = ANY($2) AND consumed_seq IS NULL
 ORDER BY id LIMIT 1`
+
+// AwaitSeparator joins the names a run waits for in workflow_runs.await_signal
+// (ASCII unit separator: signal names hold no control characters).
+const AwaitSeparator = "\x1f"
 
 const consumeSignal = `UPDATE workflow_signals SET consumed_seq = $2, consumed_at = now() WHERE id = $1`
 
 // TakeSignal, in tx, locks the run (fenced by token: ErrLeaseLost) and
-// takes its oldest unconsumed signal named name for step seq. found is
-// false when none is buffered; the run stays locked until tx ends, so no
-// signal can arrive unseen before the caller suspends it.
-func TakeSignal(ctx context.Context, tx pgx.Tx, f Fence, name string, seq int) (payload []byte, found, cancel bool, err error) {
+// takes its oldest unconsumed signal named one of names for step seq (the
+// first sent wins). found is false when none is buffered; the run stays
+// locked until tx ends, so no signal can arrive unseen before the caller
+// suspends it.
+func TakeSignal(ctx context.Context, tx pgx.Tx, f Fence, names []string, seq int) (name string, payload []byte, found, cancel bool, err error) {
 	runID := f.RunID
 	if err := tx.QueryRow(ctx, lockOwnedRun, runID, f.Token).Scan(&cancel); err != nil {
 		if translate(err) == ErrNotFound {
-			return nil, false, false, ErrLeaseLost
+			return "", nil, false, false, ErrLeaseLost
 		}
-		return nil, false, false, fmt.Errorf("locking run %s: %w", runID, translate(err))
+		return "", nil, false, false, fmt.Errorf("locking run %s: %w", runID, translate(err))
 	}
 	var id int64
 	// A new statement after the lock: its snapshot sees every signal
 	// committed before the lock was granted.
-	err = tx.QueryRow(ctx, nextSignal, runID, name).Scan(&id, &payload)
+	err = tx.QueryRow(ctx, nextSignal, runID, names).Scan(&id, &name, &payload)
 	if translate(err) == ErrNotFound {
-		return nil, false, cancel, nil
+		return "", nil, false, cancel, nil
 	}
 	if err != nil {
-		return nil, false, cancel, fmt.Errorf("reading signals of run %s: %w", runID, translate(err))
+		return "", nil, false, cancel, fmt.Errorf("reading signals of run %s: %w", runID, translate(err))
 	}
 	if _, err := tx.Exec(ctx, consumeSignal, id, seq); err != nil {
-		return nil, false, cancel, fmt.Errorf("consuming signal %d of run %s: %w", id, runID, translate(err))
+		return "", nil, false, cancel, fmt.Errorf("consuming signal %d of run %s: %w", id, runID, translate(err))
 	}
-	return payload, true, cancel, nil
+	return name, payload, true, cancel, nil
 }
 
 const awaitSignal = `
@@ -224,10 +230,11 @@ WITH run AS (
 ), ` + stepUpsert + `
 SELECT count(*) FROM run`
 
-// SuspendForSignal hands the run back waiting for a signal named name,
-// until wakeAt (nil: no timeout), writing rec (the wait's started record).
-func SuspendForSignal(ctx context.Context, tx DBTX, f Fence, rec *StepRecord, name string, wakeAt *time.Time) error {
+// SuspendForSignal hands the run back waiting for a signal named one of
+// names, until wakeAt (nil: no timeout), writing rec (the wait's started
+// record).
+func SuspendForSignal(ctx context.Context, tx DBTX, f Fence, rec *StepRecord, names []string, wakeAt *time.Time) error {
 	args := append([]any{f.RunID, f.Token, 0}, stepArgs(rec)...)
-	args = append(args, wakeAt, name)
+	args = append(args, wakeAt, strings.Join(names, AwaitSeparator))
 	return fenced(tx.QueryRow(ctx, awaitSignal, args...), "suspending run %s for a signal", f.RunID)
 }
