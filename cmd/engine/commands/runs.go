@@ -100,6 +100,12 @@ func (g *global) printRun(run *engine.Run) {
 	if run.CancelRequestedAt != nil {
 		fmt.Fprintf(w, "  cancel       requested %s\n", cell(run.CancelRequestedAt))
 	}
+	switch {
+	case run.DeadlineAt != nil:
+		fmt.Fprintf(w, "  timeout      %s, at %s\n", time.Duration(run.RunTimeoutMS)*time.Millisecond, cell(run.DeadlineAt))
+	case run.RunTimeoutMS > 0:
+		fmt.Fprintf(w, "  timeout      %s from its first pick-up\n", time.Duration(run.RunTimeoutMS)*time.Millisecond)
+	}
 	if run.Error != nil {
 		fmt.Fprintf(w, "  error        %s: %s\n", cell(run.Error.Class), oneLine(run.Error.Message, 200))
 	}
@@ -121,6 +127,8 @@ func (g *global) printRun(run *engine.Run) {
 			fmt.Fprintf(w, "  waiting for  signal %q until %s\n", run.AwaitSignal, cell(run.WakeAt))
 		case run.AwaitSignal != "":
 			fmt.Fprintf(w, "  waiting for  signal %q\n", run.AwaitSignal)
+		case run.WakeAt != nil && run.StartedAt == nil:
+			fmt.Fprintf(w, "  starts at    %s (delayed; engine start-now starts it now)\n", cell(run.WakeAt))
 		case run.WakeAt != nil:
 			fmt.Fprintf(w, "  waiting until %s\n", cell(run.WakeAt))
 		}
