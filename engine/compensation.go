@@ -196,6 +196,8 @@ func undoCall(comp *compensation) *stepCall {
 // changes nothing, so a client may retry. Returns ErrNotFound for an
 // unknown run and ErrRunClosed for one that completed, failed, was
 // compensated or is dead.
+//
+// FindRun turns a workflow ID into the run ID Cancel takes.
 func (e *Engine) Cancel(ctx context.Context, runID uuid.UUID) error {
 	if err := e.cancel(ctx, nil, runID); err != nil {
 		return err

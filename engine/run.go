@@ -169,7 +169,8 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	return res, nil
 }
 
-// StartNow starts a delayed run (StartOpts.StartAt or Delay) at once
+// StartNow starts a delayed run (StartOpts.StartAt or Delay; FindRun turns
+// a workflow ID into its run ID) at once
 // instead of at its start time: it becomes pending and a worker picks it up
 // as any new run. A run already pending (started now by an earlier call,
 // or never delayed) is left as it is.
@@ -338,12 +339,14 @@ type Run struct {
 	// Config.MaxDeliveries), and a waiting run with no AwaitSignal is held
 	// in crash backoff until WakeAt.
 	StalledDeliveries int        `json:"stalled_deliveries"`
-	WakeAt            *time.Time `json:"wake_at,omitempty"`       // when a waiting run is next due
-	AwaitSignal       string     `json:"await_signal,omitempty"`  // the signal a waiting run waits for (a SelectSignal's: its names, comma-separated)
-	ScheduleName      string     `json:"schedule_name,omitempty"` // the schedule whose fire started it
-	CreatedAt         time.Time  `json:"created_at"`
-	StartedAt         *time.Time `json:"started_at,omitempty"`
-	CompletedAt       *time.Time `json:"completed_at,omitempty"`
+	WakeAt            *time.Time `json:"wake_at,omitempty"`      // when a waiting run is next due
+	AwaitSignal       string     `json:"await_signal,omitempty"` // the signal a waiting run waits for (a SelectSignal's: its names, comma-separated)
+	// AwaitSignals lists the names a SelectSignal waits for (nil for one).
+	AwaitSignals []string   `json:"await_signals,omitempty"`
+	ScheduleName string     `json:"schedule_name,omitempty"` // the schedule whose fire started it
+	CreatedAt    time.Time  `json:"created_at"`
+	StartedAt    *time.Time `json:"started_at,omitempty"`
+	CompletedAt  *time.Time `json:"completed_at,omitempty"`
 	// CancelRequestedAt is when Cancel was first called for the run; a run
 	// with it set stops its forward steps, compensates and ends cancelled.
 	CancelRequestedAt *time.Time `json:"cancel_requested_at,omitempty"`
@@ -408,8 +411,13 @@ func (s StepInfo) MarshalJSON() ([]byte, error) {
 }
 
 func runFromRow(r *store.RunRow) *Run {
+	var awaits []string
+	if names := strings.Split(deref(r.AwaitSignal), store.AwaitSeparator); len(names) > 1 {
+		awaits = names
+	}
 	return &Run{
-		RunID: r.RunID, WorkflowName: r.WorkflowName, WorkflowVersion: r.WorkflowVersion,
+		AwaitSignals: awaits,
+		RunID:        r.RunID, WorkflowName: r.WorkflowName, WorkflowVersion: r.WorkflowVersion,
 		WorkflowID: r.WorkflowID, Status: RunStatus(r.Status), Input: r.Input, Output: r.Output,
 		Error: decodeErrorInfo(r.Error), Deliveries: r.Deliveries, StalledDeliveries: r.Stalled, WakeAt: r.WakeAt,
 		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, CompletedAt: r.CompletedAt,

@@ -40,6 +40,7 @@ func TestSelectSignalTakesTheFirstAndReplaysTheSameBranch(t *testing.T) {
 	run, err := b.engine.GetRun(ctx, res.RunID)
 	require.NoError(t, err)
 	require.Equal(t, "approve, reject", run.AwaitSignal)
+	require.Equal(t, []string{"approve", "reject"}, run.AwaitSignals)
 	require.NoError(t, b.engine.Signal(ctx, res.RunID.String(), "reject", "ann", nil))
 	waitFor := func() {
 		for {

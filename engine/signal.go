@@ -31,7 +31,10 @@ type SignalOpts struct {
 	// unique per run: a signal sent again with the same key, name and
 	// payload (a client's retry after a lost response) is accepted and not
 	// stored again, so the run receives it once; with another name or
-	// payload it fails with ErrSignalKeyConflict.
+	// payload it fails with ErrSignalKeyConflict. Payloads are compared as
+	// PostgreSQL's jsonb compares them (key order and white space do not
+	// matter), and a retry is answered as the first send was: Signal does
+	// not tell the two apart.
 	Key string
 }
 
@@ -198,7 +201,9 @@ const MaxSelectSignals = 20
 
 // SelectSignal waits for the first of several signals, or for timeout: it
 // returns the name of the signal it received and its payload (one JSON
-// value), the oldest buffered one of those names when several are. Taking
+// value, as PostgreSQL's jsonb stores it: its white space and key order
+// may differ from what was sent), the oldest buffered one of those names
+// when several are. Taking
 // it and recording this step commit together, as AwaitSignal's, and the
 // outcome is recorded as a step of kind "signal" named name, so a replay
 // takes the same branch whatever signals arrived since. With none of them

@@ -36,7 +36,7 @@ type StepOpts struct {
 	// attempt's context is cancelled and the attempt fails with class
 	// "timeout" (transient: retried per the policy; errors.Is finds
 	// ErrTimeout in what the workflow gets once retries end). A Step whose
-	// function ignores its context is abandoned after a short grace (it
+	// function ignores its context is abandoned 100 ms later (it
 	// may still finish in the background; its result is dropped). A
 	// TxStep's attempt is awaited, since its transaction must end before
 	// the next one begins, and rolls back: what committed is what counts.

@@ -124,10 +124,10 @@ func (g *global) printRun(run *engine.Run) {
 	if run.Status == engine.StatusWaiting || run.Status == engine.StatusCompensating {
 		switch {
 		case run.AwaitSignal != "" && run.WakeAt != nil:
-			fmt.Fprintf(w, "  waiting for  signal %q until %s\n", run.AwaitSignal, cell(run.WakeAt))
+			fmt.Fprintf(w, "  waiting for  %s until %s\n", awaited(run), cell(run.WakeAt))
 		case run.AwaitSignal != "":
-			fmt.Fprintf(w, "  waiting for  signal %q\n", run.AwaitSignal)
-		case run.WakeAt != nil && run.StartedAt == nil:
+			fmt.Fprintf(w, "  waiting for  %s\n", awaited(run))
+		case run.WakeAt != nil && run.StartedAt == nil && run.Deliveries == 0:
 			fmt.Fprintf(w, "  starts at    %s (delayed; engine start-now starts it now)\n", cell(run.WakeAt))
 		case run.WakeAt != nil:
 			fmt.Fprintf(w, "  waiting until %s\n", cell(run.WakeAt))
@@ -383,4 +383,17 @@ func checkLimit(n int) error {
 		return &usageError{fmt.Errorf("--limit %d is outside 1..1000", n)}
 	}
 	return nil
+}
+
+// awaited names the signals a waiting run waits for: `signal "a"`, or
+// `one of signals "a", "b"` for a SelectSignal.
+func awaited(run *engine.Run) string {
+	if len(run.AwaitSignals) == 0 {
+		return fmt.Sprintf("signal %q", run.AwaitSignal)
+	}
+	quoted := make([]string, len(run.AwaitSignals))
+	for i, n := range run.AwaitSignals {
+		quoted[i] = fmt.Sprintf("%q", n)
+	}
+	return "one of signals " + strings.Join(quoted, ", ")
 }
