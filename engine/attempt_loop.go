@@ -324,7 +324,6 @@ func (l *attemptLoop) failed(attempt int, err error, p *panicInfo, observe func(
 		l.settled++
 	}
 	rec := l.record("", attempt)
-	var unserializable *errUnserializableOutput
 	if p != nil {
 		info := stepFailure(&PanicError{Value: fmt.Sprint(p.value)}, ClassPanic, name, l.seq, attempt)
 		info.Stack = truncateStack(p.stack)
@@ -338,20 +337,12 @@ func (l *attemptLoop) failed(attempt int, err error, p *panicInfo, observe func(
 		d.park(rec, &parkReason{reason: reason, info: info, rec: rec})
 		return nil, true, d.endErr
 	}
-	var late *scheduleToCloseError
-	if errors.As(err, &unserializable) || IsPermanent(err) || attempt >= l.policy.MaximumAttempts || errors.As(err, &late) {
-		exhausted := !IsPermanent(err) && unserializable == nil
-		var info *ErrorInfo
-		switch {
-		case errors.Is(err, ErrOutputTooLarge):
-			info = stepFailure(err, ClassOutputTooLarge, name, l.seq, attempt)
-		case unserializable != nil:
-			info = stepFailure(err, ClassUnserializable, name, l.seq, attempt)
-		case exhausted:
-			info = stepFailure(&retriesExhaustedError{attempts: attempt, err: err}, classOf(err, ClassTransient), name, l.seq, attempt)
-		default:
-			info = stepFailure(err, classOf(err, ClassPermanent), name, l.seq, attempt)
-		}
+	delay := retryDelay(l.policy, attempt, err)
+	next := now.Add(delay)
+	// A retry that would begin past the step's deadline is not made: the
+	// step fails as if its retries ran out, the timeout in its error.
+	err = lateRetry(call.opts, l.startedAt, next, err, attempt, l.policy.MaximumAttempts)
+	if info, final, exhausted := finalFailure(err, name, l.seq, attempt, l.policy.MaximumAttempts); final {
 		reason := ReasonRetriesExhausted
 		if call.parkAs != "" {
 			reason = call.parkAs
@@ -379,17 +370,6 @@ func (l *attemptLoop) failed(attempt int, err error, p *panicInfo, observe func(
 	}
 	info := stepFailure(err, classOf(err, ClassTransient), name, l.seq, attempt)
 	info.NoEffect, info.SettleAttempts = l.noEffect, l.settled
-	delay := l.policy.backoff(attempt)
-	var ra *retryAfterError
-	if errors.As(err, &ra) && ra.delay > delay {
-		delay = ra.delay
-	}
-	next := now.Add(delay)
-	if deadline, ok := l.deadline(); ok && next.After(deadline) {
-		// The retry would begin past the step's deadline: the step fails
-		// as if its retries ran out, the timeout in its error.
-		return l.failed(attempt, &scheduleToCloseError{timeout: l.call.opts.ScheduleToCloseTimeout, last: err}, nil, observe)
-	}
 	rec.Status, rec.Error, rec.NextAttemptAt = store.StepRetrying, info.json(), &next
 	l.lastErr = rec.Error
 	observe("retry")
@@ -414,12 +394,58 @@ func (l *attemptLoop) failed(attempt int, err error, p *panicInfo, observe func(
 	return nil, false, nil
 }
 
-// deadline is when the step's ScheduleToCloseTimeout ends, if it has one.
-func (l *attemptLoop) deadline() (time.Time, bool) {
-	if l.call.opts == nil || l.call.opts.ScheduleToCloseTimeout <= 0 {
-		return time.Time{}, false
+// retryDelay is the wait before the attempt after attempt: the policy's
+// backoff, or longer when the error asks for it (RetryAfter).
+func retryDelay(p RetryPolicy, attempt int, err error) time.Duration {
+	delay := p.backoff(attempt)
+	var ra *retryAfterError
+	if errors.As(err, &ra) && ra.delay > delay {
+		delay = ra.delay
 	}
-	return l.startedAt.Add(l.call.opts.ScheduleToCloseTimeout), true
+	return delay
+}
+
+// retryable reports whether a failed attempt may be tried again: its
+// output was storable, it did not fail permanently, attempts are left, and
+// the step's time is not up (see lateRetry).
+func retryable(err error, attempt, maxAttempts int) bool {
+	var unserializable *errUnserializableOutput
+	var late *scheduleToCloseError
+	return !errors.As(err, &unserializable) && !IsPermanent(err) && attempt < maxAttempts && !errors.As(err, &late)
+}
+
+// lateRetry is err, or, when err is retryable but a retry at next would
+// begin past the ScheduleToCloseTimeout of a step (opts) that started at
+// started, a *scheduleToCloseError around it.
+func lateRetry(opts *StepOpts, started, next time.Time, err error, attempt, maxAttempts int) error {
+	if !retryable(err, attempt, maxAttempts) || opts == nil || opts.ScheduleToCloseTimeout <= 0 || !next.After(started.Add(opts.ScheduleToCloseTimeout)) {
+		return err
+	}
+	return &scheduleToCloseError{timeout: opts.ScheduleToCloseTimeout, last: err}
+}
+
+// finalFailure classifies a failed attempt: final when it is not to be
+// retried (its output cannot be stored, it failed permanently, or it was
+// the last of maxAttempts or of the step's time), with the error to record;
+// exhausted when out of attempts or time rather than failed for good.
+func finalFailure(err error, name string, seq, attempt, maxAttempts int) (info *ErrorInfo, final, exhausted bool) {
+	if retryable(err, attempt, maxAttempts) {
+		return nil, false, false
+	}
+	var unserializable *errUnserializableOutput
+	errors.As(err, &unserializable)
+	exhausted = !IsPermanent(err) && unserializable == nil
+	switch {
+	case errors.Is(err, ErrOutputTooLarge):
+		info = stepFailure(err, ClassOutputTooLarge, name, seq, attempt)
+	case unserializable != nil:
+		info = stepFailure(err, ClassUnserializable, name, seq, attempt)
+	case exhausted:
+		info = stepFailure(&retriesExhaustedError{attempts: attempt, err: err}, classOf(err, ClassTransient), name, seq, attempt)
+	default:
+		info = stepFailure(err, classOf(err, ClassPermanent), name, seq, attempt)
+	}
+	return info, true, exhausted
 }
 
 // attempt runs one attempt of the step's body, bounded by its

@@ -325,30 +325,11 @@ func (b *branch) run(body func(context.Context, *branch) ([]byte, error)) (_ []b
 		if b.first == nil {
 			b.first = &now
 		}
-		delay := b.policy.backoff(attempt)
-		var ra *retryAfterError
-		if errors.As(err, &ra) && ra.delay > delay {
-			delay = ra.delay
-		}
+		delay := retryDelay(b.policy, attempt, err)
 		next := now.Add(delay)
-		var unserializable *errUnserializableOutput
-		late := false
-		if b.opts != nil && b.opts.ScheduleToCloseTimeout > 0 && next.After(b.startedAt.Add(b.opts.ScheduleToCloseTimeout)) {
-			err, late = &scheduleToCloseError{timeout: b.opts.ScheduleToCloseTimeout, last: err}, true
-		}
-		if errors.As(err, &unserializable) || IsPermanent(err) || attempt >= b.policy.MaximumAttempts || late {
+		err = lateRetry(b.opts, b.startedAt, next, err, attempt, b.policy.MaximumAttempts)
+		if info, final, _ := finalFailure(err, b.name, b.seq, attempt, b.policy.MaximumAttempts); final {
 			observe("failed")
-			var info *ErrorInfo
-			switch {
-			case errors.Is(err, ErrOutputTooLarge):
-				info = stepFailure(err, ClassOutputTooLarge, b.name, b.seq, attempt)
-			case unserializable != nil:
-				info = stepFailure(err, ClassUnserializable, b.name, b.seq, attempt)
-			case IsPermanent(err):
-				info = stepFailure(err, classOf(err, ClassPermanent), b.name, b.seq, attempt)
-			default:
-				info = stepFailure(&retriesExhaustedError{attempts: attempt, err: err}, classOf(err, ClassTransient), b.name, b.seq, attempt)
-			}
 			rec := b.record(store.StepFailed, attempt)
 			rec.Error, rec.CompletedAt = info.json(), &now
 			if err := b.write(rec); err != nil {

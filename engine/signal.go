@@ -183,9 +183,6 @@ func (e *Engine) sendSignal(ctx context.Context, tx pgx.Tx, runID uuid.UUID, nam
 // the error that ended the delivery, which the workflow should return.
 func AwaitSignal[T any](ctx *Context, name string, timeout time.Duration) (T, error) {
 	var out T
-	if err := checkName("signal name", name, 200); err != nil {
-		return out, fmt.Errorf("pgdurable: %w", err)
-	}
 	_, raw, err := ctx.d.awaitSignal(name, []string{name}, timeout)
 	if err != nil {
 		return out, err
@@ -230,18 +227,17 @@ func SelectSignal(ctx *Context, name string, signals []string, timeout time.Dura
 			return "", nil, fmt.Errorf("%w: SelectSignal %q names signal %q twice", ErrInvalidArgument, name, s)
 		}
 	}
-	return ctx.d.awaitSignal(name, signals, timeout)
-}
-
-func (d *delivery) awaitSignal(name string, names []string, timeout time.Duration) (string, []byte, error) {
-	signal, raw, err := d.awaitSignals(name, names, timeout)
-	if len(names) == 1 && err == nil {
-		signal = names[0]
+	signal, payload, err = ctx.d.awaitSignal(name, signals, timeout)
+	if err == nil && signal == "" {
+		signal = signals[0] // a wait for one name records none
 	}
-	return signal, raw, err
+	return signal, payload, err
 }
 
-func (d *delivery) awaitSignals(name string, names []string, timeout time.Duration) (string, []byte, error) {
+// awaitSignal is AwaitSignal and SelectSignal: a step named name waiting
+// for the first signal of names. The signal's name is recorded (and
+// returned) only when there are several.
+func (d *delivery) awaitSignal(name string, names []string, timeout time.Duration) (string, []byte, error) {
 	seq, err := d.enterStep("signal", name)
 	if err != nil {
 		return "", nil, err

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -62,6 +63,12 @@ func (a *api) startRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := a.e.StartJSON(r.Context(), name, req.Input, opts)
+	a.writeStart(w, r, name, res, err)
+}
+
+// writeStart answers a start: 201 with the new run, 200 with the run that
+// existed, or the error.
+func (a *api) writeStart(w http.ResponseWriter, r *http.Request, name string, res *engine.StartResult, err error) {
 	if err != nil {
 		a.engineError(w, r, err)
 		return
@@ -105,15 +112,7 @@ func (a *api) signalWithStart(w http.ResponseWriter, r *http.Request) {
 		req.Payload = json.RawMessage("null")
 	}
 	res, err := a.e.SignalWithStartJSON(r.Context(), name, req.Input, opts, req.Signal, req.Payload, sopts)
-	if err != nil {
-		a.engineError(w, r, err)
-		return
-	}
-	status := http.StatusCreated
-	if res.Existing {
-		status = http.StatusOK
-	}
-	writeJSON(w, status, NewStartResponse(name, res))
+	a.writeStart(w, r, name, res, err)
 }
 
 // getRun takes a run ID or a workflow ID, as cancel and signal do.
@@ -153,41 +152,35 @@ func (a *api) listRuns(w http.ResponseWriter, r *http.Request) {
 
 // cancelRun takes a run ID or a workflow ID, as signal and the CLI do.
 func (a *api) cancelRun(w http.ResponseWriter, r *http.Request) {
-	id, err := a.e.FindRun(r.Context(), r.PathValue("run_id"))
-	if err != nil {
-		a.engineError(w, r, err)
-		return
+	if run, ok := a.runAction(w, r, a.e.Cancel); ok {
+		writeJSON(w, http.StatusAccepted, NewCancelResponse(run))
 	}
-	if err := a.e.Cancel(r.Context(), id); err != nil {
-		a.engineError(w, r, err)
-		return
-	}
-	run, err := a.e.GetRun(r.Context(), id)
-	if err != nil {
-		a.engineError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusAccepted, NewCancelResponse(run))
 }
 
 // startNow starts a delayed run at once: 200 with the run, 404 unknown
 // run, 409 run finished, 400 a run that has started.
 func (a *api) startNow(w http.ResponseWriter, r *http.Request) {
+	if run, ok := a.runAction(w, r, a.e.StartNow); ok {
+		writeJSON(w, http.StatusOK, run)
+	}
+}
+
+// runAction applies act to the run the path names (a run ID or a
+// workflow ID) and reads the run after it; false when it answered an error.
+func (a *api) runAction(w http.ResponseWriter, r *http.Request, act func(context.Context, uuid.UUID) error) (*engine.Run, bool) {
 	id, err := a.e.FindRun(r.Context(), r.PathValue("run_id"))
+	if err == nil {
+		err = act(r.Context(), id)
+	}
+	var run *engine.Run
+	if err == nil {
+		run, err = a.e.GetRun(r.Context(), id)
+	}
 	if err != nil {
 		a.engineError(w, r, err)
-		return
+		return nil, false
 	}
-	if err := a.e.StartNow(r.Context(), id); err != nil {
-		a.engineError(w, r, err)
-		return
-	}
-	run, err := a.e.GetRun(r.Context(), id)
-	if err != nil {
-		a.engineError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, run)
+	return run, true
 }
 
 // signal sends the request body (one JSON value; empty means null) as a
