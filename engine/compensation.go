@@ -143,6 +143,10 @@ func (d *delivery) compensate(status RunStatus, info *ErrorInfo) {
 	}
 	d.compensating = true
 	d.sagaCause = info
+	// Children first: a child started after a step is undone before it.
+	if !d.closeChildren(true, ParentCloseCancel, ParentCloseWait) {
+		return
+	}
 	d.pos.skipForward()
 	undos := d.undoOrder()
 	d.log.Info("compensating", "undos", len(undos), "error_class", info.Class)

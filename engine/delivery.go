@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
 // delivery is one delivery of a run: the executor. It holds the lease
@@ -103,6 +105,15 @@ type delivery struct {
 	cancelBranches context.CancelCauseFunc
 	branches       sync.WaitGroup
 	branchPark     atomic.Pointer[parkReason]
+
+	// Child runs (child.go): the run's parent, if it is a child; whether
+	// it started children (a record of kind child); the outcomes of
+	// children this delivery recorded, by position; the children its end
+	// cancelled.
+	parent         *store.ParentRef
+	hasChildren    bool
+	childEnded     map[int]*store.StepRecord
+	closedChildren []uuid.UUID
 
 	ended  bool  // this delivery has handed the run back; no more writes
 	endErr error // what Step returns from now on

@@ -96,7 +96,13 @@ func (e *Engine) execute(ctx context.Context, wf registered, claimed *store.Clai
 	d := &delivery{
 		ctx: dctx, cancel: cancel, fwd: fwd, cancelFwd: cancelFwd, e: e, wf: wf, runID: runID,
 		workflowID: claimed.WorkflowID, token: token, log: log, pos: newPositions(claimed.Steps), lastRecorded: -1,
-		claimedAt: sent, deliveries: claimed.Deliveries, deadline: claimed.Deadline,
+		claimedAt: sent, deliveries: claimed.Deliveries, deadline: claimed.Deadline, parent: claimed.Parent,
+	}
+	for i := range claimed.Steps {
+		if claimed.Steps[i].Kind == string(KindChild) {
+			d.hasChildren = true
+			break
+		}
 	}
 	d.handle = &Context{Context: dctx, d: d}
 	d.extendedAt(sent)
@@ -201,6 +207,9 @@ func (d *delivery) finish(out []byte, err error, p *panicInfo) {
 	case err == nil && d.pos.replaying():
 		d.parkUnreplayed("workflow returned")
 	case err == nil:
+		if !d.closeChildren(false, ParentCloseWait) {
+			return
+		}
 		d.close(StatusCompleted, d.finishRun(StatusCompleted, out, nil))
 		d.log.Debug("run completed")
 	default:
@@ -211,6 +220,9 @@ func (d *delivery) finish(out []byte, err error, p *panicInfo) {
 		}
 		if d.hasCompensations() {
 			d.compensate(StatusCompensated, info)
+			return
+		}
+		if !d.closeChildren(false, ParentCloseWait) {
 			return
 		}
 		d.close(StatusFailed, d.finishRun(StatusFailed, nil, info.json()))
@@ -366,6 +378,9 @@ func (d *delivery) keepsLease() bool {
 func (d *delivery) finishRun(status RunStatus, output, errJSON []byte) error {
 	w := &store.RecordWrite{Fence: d.fence(), Status: string(status), Finish: true, Output: output, Error: errJSON}
 	w.Records = d.buf.takeWith(nil)
+	if d.related() {
+		return d.endTx(w, status)
+	}
 	_, err := d.commit(w)
 	return err
 }
@@ -616,7 +631,15 @@ func (d *delivery) park(rec *store.StepRecord, why *parkReason) {
 	}
 	d.log.Warn("run parked as dead", "reason", why.reason, "error_class", why.info.Class, "error", why.info.Message)
 	d.close(StatusDead, d.do(func(ctx context.Context) error {
-		return store.ParkRun(ctx, d.e.pool, d.fence(), rec, p)
+		if !d.related() {
+			return store.ParkRun(ctx, d.e.pool, d.fence(), rec, p)
+		}
+		return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
+			if err := store.ParkRun(ctx, tx, d.fence(), rec, p); err != nil {
+				return err
+			}
+			return d.endRelated(ctx, tx, StatusDead)
+		})
 	}))
 }
 

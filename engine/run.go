@@ -353,10 +353,32 @@ type Run struct {
 	// RunTimeoutMS is the run's timeout in milliseconds (StartOpts.RunTimeout),
 	// 0 for none; DeadlineAt is when it ends, set from its first pick-up
 	// until it ends.
-	RunTimeoutMS int64        `json:"run_timeout_ms,omitempty"`
-	DeadlineAt   *time.Time   `json:"deadline_at,omitempty"`
-	Steps        []StepInfo   `json:"steps,omitempty"`   // filled by GetRun only
-	Signals      []SignalInfo `json:"signals,omitempty"` // filled by GetRun only, in the order sent
+	RunTimeoutMS int64      `json:"run_timeout_ms,omitempty"`
+	DeadlineAt   *time.Time `json:"deadline_at,omitempty"`
+	// ParentRunID is the parent run of a child run (StartChild), ParentSeq
+	// the parent's step that started it, and ParentClosePolicy what the
+	// parent's close does to it.
+	ParentRunID       *uuid.UUID        `json:"parent_run_id,omitempty"`
+	ParentSeq         *int              `json:"parent_seq,omitempty"`
+	ParentClosePolicy ParentClosePolicy `json:"parent_close_policy,omitempty"`
+	// AwaitChildren lists the positions of the children a waiting run
+	// waits for (ChildRun.Get, or its close waiting for them).
+	AwaitChildren []int        `json:"await_children,omitempty"`
+	Steps         []StepInfo   `json:"steps,omitempty"`    // filled by GetRun only
+	Signals       []SignalInfo `json:"signals,omitempty"`  // filled by GetRun only, in the order sent
+	Children      []ChildInfo  `json:"children,omitempty"` // filled by GetRun only: the first 1,000 by position
+}
+
+// ChildInfo is a child run of a run, as GetRun lists it.
+type ChildInfo struct {
+	Seq               int               `json:"seq"` // the parent's step that started it
+	RunID             uuid.UUID         `json:"run_id"`
+	WorkflowName      string            `json:"workflow"`
+	WorkflowID        string            `json:"workflow_id"`
+	Status            RunStatus         `json:"status"`
+	ParentClosePolicy ParentClosePolicy `json:"parent_close_policy"`
+	CreatedAt         time.Time         `json:"created_at"`
+	CompletedAt       *time.Time        `json:"completed_at,omitempty"`
 }
 
 // SignalInfo is a signal sent to a run: ConsumedSeq is the AwaitSignal step
@@ -411,17 +433,28 @@ func (s StepInfo) MarshalJSON() ([]byte, error) {
 }
 
 func runFromRow(r *store.RunRow) *Run {
-	var awaits []string
-	if names := strings.Split(deref(r.AwaitSignal), store.AwaitSeparator); len(names) > 1 {
+	var names, awaits []string
+	var children []int
+	if r.AwaitSignal != nil {
+		for _, a := range strings.Split(*r.AwaitSignal, store.AwaitSeparator) {
+			if seq, ok := store.ChildSeqOf(a); ok {
+				children = append(children, seq)
+			} else {
+				names = append(names, a)
+			}
+		}
+	}
+	if len(names) > 1 {
 		awaits = names
 	}
 	return &Run{
-		AwaitSignals: awaits,
-		RunID:        r.RunID, WorkflowName: r.WorkflowName, WorkflowVersion: r.WorkflowVersion,
+		AwaitSignals: awaits, AwaitChildren: children,
+		ParentRunID: r.ParentRunID, ParentSeq: r.ParentSeq, ParentClosePolicy: ParentClosePolicy(deref(r.ParentClosePolicy)),
+		RunID: r.RunID, WorkflowName: r.WorkflowName, WorkflowVersion: r.WorkflowVersion,
 		WorkflowID: r.WorkflowID, Status: RunStatus(r.Status), Input: r.Input, Output: r.Output,
 		Error: decodeErrorInfo(r.Error), Deliveries: r.Deliveries, StalledDeliveries: r.Stalled, WakeAt: r.WakeAt,
 		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, CompletedAt: r.CompletedAt,
-		AwaitSignal: strings.ReplaceAll(deref(r.AwaitSignal), store.AwaitSeparator, ", "), ScheduleName: deref(r.ScheduleName), CancelRequestedAt: r.CancelRequestedAt,
+		AwaitSignal: strings.Join(names, ", "), ScheduleName: deref(r.ScheduleName), CancelRequestedAt: r.CancelRequestedAt,
 		RunTimeoutMS: derefInt(r.RunTimeoutMS), DeadlineAt: r.DeadlineAt,
 	}
 }
@@ -449,15 +482,15 @@ func (e *Engine) FindRun(ctx context.Context, runOrWorkflowID string) (uuid.UUID
 
 // GetRun reads a run with its steps; ErrNotFound when there is none.
 func (e *Engine) GetRun(ctx context.Context, runID uuid.UUID) (*Run, error) {
-	row, steps, signals, err := store.GetRun(ctx, e.pool, runID)
+	detail, err := store.GetRun(ctx, e.pool, runID)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("%w: run %s", ErrNotFound, runID)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("pgdurable: reading run %s: %w", runID, err)
 	}
-	run := runFromRow(row)
-	for _, s := range steps {
+	run := runFromRow(detail.Run)
+	for _, s := range detail.Steps {
 		run.Steps = append(run.Steps, StepInfo{
 			Seq: s.Seq, Name: s.Name, Kind: StepKind(s.Kind), Status: StepStatus(s.Status), Attempts: s.Attempts,
 			RequestID: s.RequestID, Output: s.Output, Error: decodeErrorInfo(s.Error),
@@ -466,7 +499,12 @@ func (e *Engine) GetRun(ctx context.Context, runID uuid.UUID) (*Run, error) {
 			TimedOut: s.Kind == string(KindSignal) && s.Status == store.StepCompleted && signalTimedOut(s.Output),
 		})
 	}
-	for _, s := range signals {
+	for _, c := range detail.Children {
+		run.Children = append(run.Children, ChildInfo{Seq: c.Seq, RunID: c.RunID, WorkflowName: c.WorkflowName,
+			WorkflowID: c.WorkflowID, Status: RunStatus(c.Status), ParentClosePolicy: ParentClosePolicy(c.ClosePolicy),
+			CreatedAt: c.CreatedAt, CompletedAt: c.CompletedAt})
+	}
+	for _, s := range detail.Signals {
 		info := SignalInfo{ID: s.ID, Name: s.Name, Payload: s.Payload, SentAt: s.CreatedAt,
 			ConsumedSeq: s.ConsumedSeq, ConsumedAt: s.ConsumedAt}
 		if s.Key != nil {

@@ -58,7 +58,8 @@ const (
 	KindTx           StepKind = "tx"           // TxStep
 	KindActivity     StepKind = "activity"     // RunActivity (package activities)
 	KindSleep        StepKind = "sleep"        // Sleep, SleepUntil
-	KindSignal       StepKind = "signal"       // AwaitSignal
+	KindSignal       StepKind = "signal"       // AwaitSignal, SelectSignal
+	KindChild        StepKind = "child"        // StartChild, ChildWorkflow
 	KindCompensation StepKind = "compensation" // an undo registered with Context.Compensate
 )
 

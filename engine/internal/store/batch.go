@@ -442,7 +442,8 @@ WHERE r.run_id = u.run_id
   AND (r.owner_token IS NULL OR r.lease_expires_at < now())
   AND (r.wake_at IS NULL OR r.wake_at <= $4)
 RETURNING r.run_id, u.token, r.workflow_name, r.workflow_version, r.workflow_id, r.input, r.deliveries,
-          r.stalled_deliveries, r.long_stalled_deliveries, r.status, r.cancel_requested_at IS NOT NULL, r.deadline_at`
+          r.stalled_deliveries, r.long_stalled_deliveries, r.status, r.cancel_requested_at IS NOT NULL, r.deadline_at,
+          r.parent_run_id, r.parent_seq`
 
 // claimSettings applies to the rest of the claim batch's implicit
 // transaction: its commit is asynchronous (a claim that a PostgreSQL crash
@@ -506,10 +507,15 @@ func ClaimRuns(ctx context.Context, db DBTX, fences []Fence, now time.Time) ([]C
 	for rows.Next() {
 		c := &ClaimedRun{}
 		var token uuid.UUID
+		var parent *uuid.UUID
+		var parentSeq *int
 		if err := rows.Scan(&c.RunID, &token, &c.WorkflowName, &c.WorkflowVersion, &c.WorkflowID, &c.Input, &c.Deliveries,
-			&c.StalledDeliveries, &c.LongStalled, &c.Status, &c.CancelRequested, &c.Deadline); err != nil {
+			&c.StalledDeliveries, &c.LongStalled, &c.Status, &c.CancelRequested, &c.Deadline, &parent, &parentSeq); err != nil {
 			rows.Close()
 			return fail(err)
+		}
+		if parent != nil && parentSeq != nil {
+			c.Parent = &ParentRef{RunID: *parent, Seq: *parentSeq}
 		}
 		claimed[key{c.RunID, token}] = c
 		byRun[c.RunID] = c

@@ -33,17 +33,20 @@ type RunRow struct {
 	CancelRequestedAt *time.Time
 	RunTimeoutMS      *int64
 	DeadlineAt        *time.Time
+	ParentRunID       *uuid.UUID
+	ParentSeq         *int
+	ParentClosePolicy *string
 }
 
 const runColumns = `run_id, workflow_name, workflow_version, workflow_id, status, input, output, error,
     deliveries, stalled_deliveries, owner_token, lease_expires_at, wake_at, await_signal, schedule_name, queue, created_at, started_at, completed_at,
-    cancel_requested_at, run_timeout_ms, deadline_at`
+    cancel_requested_at, run_timeout_ms, deadline_at, parent_run_id, parent_seq, parent_close_policy`
 
 func scanRun(row pgx.Row) (*RunRow, error) {
 	var r RunRow
 	err := row.Scan(&r.RunID, &r.WorkflowName, &r.WorkflowVersion, &r.WorkflowID, &r.Status, &r.Input, &r.Output,
 		&r.Error, &r.Deliveries, &r.Stalled, &r.OwnerToken, &r.LeaseExpiresAt, &r.WakeAt, &r.AwaitSignal, &r.ScheduleName, &r.Queue, &r.CreatedAt,
-		&r.StartedAt, &r.CompletedAt, &r.CancelRequestedAt, &r.RunTimeoutMS, &r.DeadlineAt)
+		&r.StartedAt, &r.CompletedAt, &r.CancelRequestedAt, &r.RunTimeoutMS, &r.DeadlineAt, &r.ParentRunID, &r.ParentSeq, &r.ParentClosePolicy)
 	if err != nil {
 		return nil, translate(err)
 	}
@@ -61,30 +64,43 @@ type Signal struct {
 	Key         *string
 }
 
-// GetRun reads a run, its steps and its signals in one round trip;
-// ErrNotFound when absent.
-func GetRun(ctx context.Context, db DBTX, runID uuid.UUID) (*RunRow, []StepRecord, []Signal, error) {
+// MaxListedChildren bounds the children GetRun lists.
+const MaxListedChildren = 1000
+
+// RunDetail is a run with its steps, its signals and its children (up
+// to MaxListedChildren of them, by position).
+type RunDetail struct {
+	Run      *RunRow
+	Steps    []StepRecord
+	Signals  []Signal
+	Children []ChildRow
+}
+
+// GetRun reads a run, its steps, its signals and its children in one
+// round trip; ErrNotFound when absent.
+func GetRun(ctx context.Context, db DBTX, runID uuid.UUID) (*RunDetail, error) {
 	b := &pgx.Batch{}
 	b.Queue(`SELECT `+runColumns+` FROM workflow_runs WHERE run_id = $1`, runID)
 	b.Queue(loadSteps, runID)
 	b.Queue(`SELECT id, name, payload, created_at, consumed_seq, consumed_at, idempotency_key FROM workflow_signals WHERE run_id = $1 ORDER BY id`, runID)
+	b.Queue(listChildren, runID, MaxListedChildren)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
 	run, err := scanRun(br.QueryRow())
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("loading steps of run %s: %w", runID, err)
+		return nil, fmt.Errorf("loading steps of run %s: %w", runID, err)
 	}
 	steps, err := scanSteps(rows)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("loading steps of run %s: %w", runID, err)
+		return nil, fmt.Errorf("loading steps of run %s: %w", runID, err)
 	}
 	rows, err = br.Query()
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("loading signals of run %s: %w", runID, err)
+		return nil, fmt.Errorf("loading signals of run %s: %w", runID, err)
 	}
 	signals, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Signal, error) {
 		var s Signal
@@ -92,9 +108,17 @@ func GetRun(ctx context.Context, db DBTX, runID uuid.UUID) (*RunRow, []StepRecor
 		return s, err
 	})
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("loading signals of run %s: %w", runID, err)
+		return nil, fmt.Errorf("loading signals of run %s: %w", runID, err)
 	}
-	return run, steps, signals, br.Close()
+	rows, err = br.Query()
+	if err != nil {
+		return nil, fmt.Errorf("listing the children of run %s: %w", runID, err)
+	}
+	children, err := collectChildren(rows)
+	if err != nil {
+		return nil, fmt.Errorf("listing the children of run %s: %w", runID, err)
+	}
+	return &RunDetail{Run: run, Steps: steps, Signals: signals, Children: children}, br.Close()
 }
 
 // RunFilter selects runs for ListRuns; zero fields match all.

@@ -37,6 +37,9 @@ type NewRun struct {
 	// With Claim, Deadline is that deadline, set at the insert.
 	RunTimeout time.Duration
 	Deadline   *time.Time
+	// Parent, for a child run (InsertChild only), places it under its
+	// parent.
+	Parent *ParentRef
 }
 
 // InsertedRun reports the outcome of InsertRun.
@@ -49,7 +52,7 @@ type InsertedRun struct {
 const insertRun = `
 INSERT INTO workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
                            status, owner_token, lease_expires_at, deliveries, stalled_deliveries, started_at, held_until,
-                           wake_at, run_timeout_ms, deadline_at)
+                           wake_at, run_timeout_ms, deadline_at, parent_run_id, parent_seq, parent_close_policy)
 VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7,
         CASE WHEN $8::uuid IS NOT NULL THEN 'running' WHEN $11::timestamptz IS NOT NULL THEN 'waiting' ELSE 'pending' END,
         $8::uuid,
@@ -57,7 +60,7 @@ VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7,
         CASE WHEN $8::uuid IS NULL THEN 0 ELSE 1 END, CASE WHEN $8::uuid IS NULL THEN 0 ELSE 1 END,
         CASE WHEN $8::uuid IS NOT NULL THEN now() END,
         CASE WHEN $10::bigint > 0 THEN now() + $10::bigint * interval '1 millisecond' END,
-        $11::timestamptz, nullif($12::bigint, 0), $13::timestamptz)
+        $11::timestamptz, nullif($12::bigint, 0), $13::timestamptz, $14::uuid, $15::int, $16::text)
 ON CONFLICT (workflow_name, workflow_id) DO NOTHING
 RETURNING run_id`
 
@@ -79,7 +82,7 @@ func InsertRun(ctx context.Context, db DBTX, r NewRun) (*InsertedRun, error) {
 		token, lease = &r.Claim.Token, ms(r.Claim.Lease)
 	}
 	err := db.QueryRow(ctx, insertRun, r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID, r.Input, r.Queue, r.ScheduleName,
-		token, lease, ms(r.Hold), r.StartAt, ms(r.RunTimeout), r.Deadline).Scan(&id)
+		token, lease, ms(r.Hold), r.StartAt, ms(r.RunTimeout), r.Deadline, nil, nil, nil).Scan(&id)
 	if err == nil {
 		return &InsertedRun{RunID: id, Status: r.insertedStatus()}, nil
 	}
@@ -132,7 +135,10 @@ type ClaimedRun struct {
 	// Deadline is when the run's timeout ends (StartOpts.RunTimeout), nil
 	// for none.
 	Deadline *time.Time
-	Steps    []StepRecord
+	// Parent is the run's parent, for a child run (its ClosePolicy not
+	// loaded).
+	Parent *ParentRef
+	Steps  []StepRecord
 }
 
 // ClaimMiss says why a delivery did not get the lease.

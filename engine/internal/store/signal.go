@@ -221,9 +221,9 @@ func TakeSignal(ctx context.Context, tx pgx.Tx, f Fence, names []string, seq int
 	return name, payload, true, cancel, nil
 }
 
-const awaitSignal = `
+const suspendAwaitingRun = `
 WITH run AS (
-    UPDATE workflow_runs SET status = 'waiting', wake_at = $18, await_signal = $19, owner_token = NULL,
+    UPDATE workflow_runs SET status = $20, wake_at = $18, await_signal = $19, owner_token = NULL,
         lease_expires_at = NULL, stalled_deliveries = 0, long_stalled_deliveries = 0
     WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0
     RETURNING run_id
@@ -234,7 +234,14 @@ SELECT count(*) FROM run`
 // names, until wakeAt (nil: no timeout), writing rec (the wait's started
 // record).
 func SuspendForSignal(ctx context.Context, tx DBTX, f Fence, rec *StepRecord, names []string, wakeAt *time.Time) error {
+	return suspendAwaiting(ctx, tx, f, rec, RunWaiting, names, wakeAt)
+}
+
+// suspendAwaiting hands the run back in status (waiting, or compensating)
+// until one of awaits (signal names, child tokens) wakes it or wakeAt
+// passes (nil: no timeout), writing rec (may be nil).
+func suspendAwaiting(ctx context.Context, tx DBTX, f Fence, rec *StepRecord, status string, awaits []string, wakeAt *time.Time) error {
 	args := append([]any{f.RunID, f.Token, 0}, stepArgs(rec)...)
-	args = append(args, wakeAt, strings.Join(names, AwaitSeparator))
-	return fenced(tx.QueryRow(ctx, awaitSignal, args...), "suspending run %s for a signal", f.RunID)
+	args = append(args, wakeAt, strings.Join(awaits, AwaitSeparator), status)
+	return fenced(tx.QueryRow(ctx, suspendAwaitingRun, args...), "suspending run %s", f.RunID)
 }

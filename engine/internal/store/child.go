@@ -1,0 +1,252 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// ParentRef places a child run under its parent: the parent's run, the
+// parent's step position that started it, and its parent-close policy
+// (cancel, abandon or wait).
+type ParentRef struct {
+	RunID       uuid.UUID
+	Seq         int
+	ClosePolicy string
+}
+
+// ChildToken is what a parent waiting for its child at position seq holds
+// in await_signal: a record separator (chr(30)) and the position, which no
+// signal name can be (names hold no control characters).
+func ChildToken(seq int) string { return "\x1e" + strconv.Itoa(seq) }
+
+// ChildSeqOf reports the position a token of ChildToken names.
+func ChildSeqOf(token string) (int, bool) {
+	rest, ok := strings.CutPrefix(token, "\x1e")
+	if !ok {
+		return 0, false
+	}
+	seq, err := strconv.Atoi(rest)
+	return seq, err == nil
+}
+
+// finalStatuses are the statuses a child ends in, as its parent sees it:
+// terminal (a dead child's parent learns it died; an operator's replay of
+// the child does not reach a parent that has moved on).
+const finalStatuses = `('completed', 'failed', 'compensated', 'cancelled', 'dead')`
+
+// ErrChildIDTaken: a child's workflow ID is held by a run that is not
+// that child.
+var ErrChildIDTaken = errors.New("workflow ID taken")
+
+const childByWorkflowID = `
+SELECT run_id, parent_run_id IS NOT DISTINCT FROM $3 AND parent_seq IS NOT DISTINCT FROM $4
+FROM workflow_runs WHERE workflow_name = $1 AND workflow_id = $2`
+
+// InsertChild inserts the child run r (r.Parent set) in tx, the parent's
+// delivery's transaction, which also writes the parent's record of it. A
+// run with r's workflow ID that is this child (the parent's earlier try
+// committed) is returned with Existing set; one that is another run is
+// ErrChildIDTaken, with that run's ID.
+func InsertChild(ctx context.Context, tx DBTX, r NewRun) (*InsertedRun, error) {
+	var id uuid.UUID
+	p := r.Parent
+	err := tx.QueryRow(ctx, insertRun, r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID, r.Input, r.Queue, r.ScheduleName,
+		nil, 0, 0, r.StartAt, ms(r.RunTimeout), nil, p.RunID, p.Seq, p.ClosePolicy).Scan(&id)
+	if err == nil {
+		return &InsertedRun{RunID: id, Status: r.insertedStatus()}, nil
+	}
+	if err = translate(err); err != ErrNotFound {
+		return nil, err
+	}
+	var ours bool
+	if err := tx.QueryRow(ctx, childByWorkflowID, r.WorkflowName, r.WorkflowID, p.RunID, p.Seq).Scan(&id, &ours); err != nil {
+		return nil, fmt.Errorf("reading the run holding workflow ID %q: %w", r.WorkflowID, translate(err))
+	}
+	if !ours {
+		return &InsertedRun{RunID: id, Existing: true}, ErrChildIDTaken
+	}
+	return &InsertedRun{RunID: id, Existing: true}, nil
+}
+
+// ChildEnd is how a child run ended.
+type ChildEnd struct {
+	Seq    int
+	RunID  uuid.UUID
+	Status string
+	Output []byte
+	Error  []byte
+}
+
+const childEnds = `
+SELECT parent_seq, run_id, status, output, error FROM workflow_runs
+WHERE parent_run_id = $1 AND parent_seq = ANY($2) AND status IN ` + finalStatuses
+
+// ChildEnds reads how those of parent's children at seqs that have ended
+// ended.
+func ChildEnds(ctx context.Context, db DBTX, parent uuid.UUID, seqs []int) ([]ChildEnd, error) {
+	rows, err := db.Query(ctx, childEnds, parent, seqs)
+	if err != nil {
+		return nil, fmt.Errorf("reading the children of run %s: %w", parent, translate(err))
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ChildEnd, error) {
+		var c ChildEnd
+		err := r.Scan(&c.Seq, &c.RunID, &c.Status, &c.Output, &c.Error)
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading the children of run %s: %w", parent, translate(err))
+	}
+	return out, nil
+}
+
+const openChildren = `
+SELECT parent_seq FROM workflow_runs
+WHERE parent_run_id = $1 AND parent_close_policy = ANY($2) AND status IN ('pending', 'running', 'waiting', 'compensating')
+ORDER BY parent_seq LIMIT $3`
+
+// OpenChildren returns the positions of up to limit of parent's children
+// with one of policies that have not ended, lowest first.
+func OpenChildren(ctx context.Context, db DBTX, parent uuid.UUID, policies []string, limit int) ([]int, error) {
+	rows, err := db.Query(ctx, openChildren, parent, policies, limit)
+	if err != nil {
+		return nil, fmt.Errorf("reading the open children of run %s: %w", parent, translate(err))
+	}
+	seqs, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		return nil, fmt.Errorf("reading the open children of run %s: %w", parent, translate(err))
+	}
+	return seqs, nil
+}
+
+// The parent's row is locked by this update (or by the parent's own
+// suspension, which updates it before it reads its children): a child
+// that ends while the parent suspends either finds it waiting for it or
+// is seen ended by the parent's check after its suspension.
+const wakeParent = `
+UPDATE workflow_runs SET status = CASE WHEN status = 'waiting' THEN 'pending' ELSE status END,
+    wake_at = NULL, await_signal = NULL, enqueued_at = now()
+WHERE run_id = $1 AND owner_token IS NULL AND status IN ('waiting', 'compensating')
+  AND $2 = ANY(string_to_array(await_signal, chr(31)))
+RETURNING run_id`
+
+// WakeParent, in the transaction that ends the child at parent's position
+// seq, makes the parent pending when it waits for that child; the caller
+// enqueues its delivery in the same transaction when woken.
+func WakeParent(ctx context.Context, tx DBTX, parent uuid.UUID, seq int) (woken bool, err error) {
+	var id uuid.UUID
+	err = tx.QueryRow(ctx, wakeParent, parent, ChildToken(seq)).Scan(&id)
+	switch err = translate(err); {
+	case err == ErrNotFound:
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("waking parent run %s: %w", parent, err)
+	}
+	return true, nil
+}
+
+const cancelChildren = `
+WITH target AS (
+    SELECT run_id, status FROM workflow_runs
+    WHERE parent_run_id = $1 AND parent_close_policy = ANY($2) AND status IN ('pending', 'running', 'waiting')
+      AND cancel_requested_at IS NULL
+    ORDER BY run_id
+    FOR UPDATE
+)
+UPDATE workflow_runs r SET
+    cancel_requested_at = now(),
+    status = CASE WHEN target.status = 'waiting' THEN 'pending' ELSE r.status END,
+    wake_at = CASE WHEN target.status = 'waiting' THEN NULL ELSE r.wake_at END,
+    await_signal = CASE WHEN target.status = 'waiting' THEN NULL ELSE r.await_signal END,
+    enqueued_at = CASE WHEN target.status = 'waiting' THEN now() ELSE r.enqueued_at END
+FROM target WHERE r.run_id = target.run_id
+RETURNING r.run_id, target.status = 'waiting'`
+
+// CancelChildren requests the cancellation of parent's children with one
+// of policies that are still running (as CancelRun: a compensating child
+// is left to finish its undos). It returns the children it cancelled and
+// those of them it woke (waiting: the caller enqueues their deliveries in
+// the same transaction).
+func CancelChildren(ctx context.Context, tx DBTX, parent uuid.UUID, policies []string) (cancelled, woken []uuid.UUID, err error) {
+	rows, err := tx.Query(ctx, cancelChildren, parent, policies)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cancelling the children of run %s: %w", parent, translate(err))
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id uuid.UUID
+		var wake bool
+		if err := rows.Scan(&id, &wake); err != nil {
+			return nil, nil, fmt.Errorf("cancelling the children of run %s: %w", parent, err)
+		}
+		cancelled = append(cancelled, id)
+		if wake {
+			woken = append(woken, id)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("cancelling the children of run %s: %w", parent, translate(err))
+	}
+	return cancelled, woken, nil
+}
+
+// ErrChildEnded: a child the parent was about to wait for has ended.
+var ErrChildEnded = errors.New("a child ended")
+
+const anyChildEnded = `
+SELECT EXISTS (SELECT 1 FROM workflow_runs
+WHERE parent_run_id = $1 AND parent_seq = ANY($2) AND status IN ` + finalStatuses + `)`
+
+// SuspendForChildren, in tx, hands the parent run f fences back waiting
+// (status waiting or compensating) for any of its children at seqs to
+// end, writing pending. It updates the run row first and then looks at
+// the children: ErrChildEnded when one has ended already (the caller rolls
+// tx back and reads it).
+func SuspendForChildren(ctx context.Context, tx DBTX, f Fence, pending *StepRecord, status string, seqs []int) error {
+	tokens := make([]string, len(seqs))
+	for i, s := range seqs {
+		tokens[i] = ChildToken(s)
+	}
+	if err := suspendAwaiting(ctx, tx, f, pending, status, tokens, nil); err != nil {
+		return err
+	}
+	var ended bool
+	if err := tx.QueryRow(ctx, anyChildEnded, f.RunID, seqs).Scan(&ended); err != nil {
+		return fmt.Errorf("reading the children of run %s: %w", f.RunID, translate(err))
+	}
+	if ended {
+		return ErrChildEnded
+	}
+	return nil
+}
+
+func collectChildren(rows pgx.Rows) ([]ChildRow, error) {
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ChildRow, error) {
+		var c ChildRow
+		err := r.Scan(&c.Seq, &c.RunID, &c.WorkflowName, &c.WorkflowID, &c.Status, &c.ClosePolicy, &c.CreatedAt, &c.CompletedAt)
+		return c, err
+	})
+}
+
+// ChildRow is one child of a run, as the run's view lists it.
+type ChildRow struct {
+	Seq          int
+	RunID        uuid.UUID
+	WorkflowName string
+	WorkflowID   string
+	Status       string
+	ClosePolicy  string
+	CreatedAt    time.Time
+	CompletedAt  *time.Time
+}
+
+const listChildren = `
+SELECT parent_seq, run_id, workflow_name, workflow_id, status, parent_close_policy, created_at, completed_at
+FROM workflow_runs WHERE parent_run_id = $1
+ORDER BY parent_seq, run_id LIMIT $2`
