@@ -8,10 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
 )
 
 // A parent starts three children, each waiting for a signal, and gets
@@ -252,4 +254,44 @@ func TestCancellingAParentCancelsAndCompensatesItsChildren(t *testing.T) {
 	require.ElementsMatch(t, []string{"reserve 0", "reserve 1", "reserve 2"}, log[1:4])
 	require.ElementsMatch(t, []string{"release 0", "release 1", "release 2"}, log[4:7])
 	require.Equal(t, "unbook", log[7], "the parent's undo runs after its children's")
+}
+
+// The worker of a parent and its three children is SIGKILLed while the
+// children are inside their tx steps (the parent waiting for them): a new
+// engine finishes the children, each child was started once and wrote
+// its row once, and the parent completes with all three results in order.
+func TestKillWhileChildrenRunParentCompletesWithAllResults(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	createCallsTable(t, db.Pool)
+	ctx := testCtx(t)
+	worker := enginetest.StartWorker(t, db, 2*time.Second, enginetest.EnvWorkerStarts+"=crash-parent:1", envBlockKids+"=1")
+	eventually(t, 60*time.Second, "three children inside their tx steps", func() bool {
+		var running, waiting int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE parent_run_id IS NOT NULL AND status = 'running'),
+			count(*) FILTER (WHERE parent_run_id IS NULL AND status = 'waiting') FROM workflow_runs`).Scan(&running, &waiting))
+		var inTx int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND state = 'idle in transaction'`).Scan(&inTx))
+		return running == 3 && waiting == 1 && inTx >= 3
+	})
+	enginetest.Kill(t, worker)
+
+	newEngine(t, db, &engine.Config{LeaseDuration: 2 * time.Second, SweepInterval: 100 * time.Millisecond}, true, crashWorkflows(db.Pool)...)
+	var parentID uuid.UUID
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT run_id FROM workflow_runs WHERE parent_run_id IS NULL`).Scan(&parentID))
+	eventually(t, 60*time.Second, "the parent to complete", func() bool {
+		var status string
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT status FROM workflow_runs WHERE run_id = $1`, parentID).Scan(&status))
+		return status == "completed"
+	})
+	var output []int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT output FROM workflow_runs WHERE run_id = $1`, parentID).Scan(&output))
+	require.Equal(t, []int{0, 1, 4}, output)
+	var children, rows, distinct int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE parent_run_id = $1`, parentID).Scan(&children))
+	require.Equal(t, 3, children, "each child started once")
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT note) FROM reservations`).Scan(&rows, &distinct))
+	require.Equal(t, 3, rows, "each child's tx step committed once")
+	require.Equal(t, 3, distinct)
 }

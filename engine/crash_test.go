@@ -29,6 +29,7 @@ const (
 	envBlockInTx  = "PGDURABLE_TEST_BLOCK_IN_TX"     // crash-tx: hang inside the tx step, before commit
 	envBlockAfter = "PGDURABLE_TEST_BLOCK_AFTER_TX"  // crash-tx: hang in the step after the tx step
 	envSlowS1     = "PGDURABLE_TEST_SLOW_S1"         // crash-three: s1 takes 300 ms after counting its call
+	envBlockKids  = "PGDURABLE_TEST_BLOCK_KIDS"      // crash-kid: hang inside the tx step, before commit
 )
 
 func TestMain(m *testing.M) {
@@ -177,7 +178,40 @@ func crashWorkflows(pool *pgxpool.Pool) []engine.Registration {
 		}
 		return engine.All(ctx, fs)
 	}, &engine.WorkflowOpts{MaxParallelSteps: 10})
-	return []engine.Registration{three, flaky, lost, tx, batch, fanout}
+	// kid writes its business row in a tx step (hanging before the commit
+	// under envBlockKids); parent starts three kids and returns their
+	// results in order.
+	kid := engine.Define("crash-kid", func(ctx *engine.Context, i int) (int, error) {
+		return engine.TxStep(ctx, "kid-work", func(sctx context.Context, tx pgx.Tx) (int, error) {
+			if _, err := tx.Exec(sctx, `INSERT INTO reservations (run_id, note) VALUES ($1, $2)`, ctx.RunID(), fmt.Sprint("kid ", i)); err != nil {
+				return 0, err
+			}
+			if os.Getenv(envBlockKids) == "1" {
+				<-make(chan struct{}) // hold the transaction open until the test kills the worker
+			}
+			return i * i, nil
+		}, nil)
+	}, nil)
+	parent := engine.Define("crash-parent", func(ctx *engine.Context, _ crashIn) ([]int, error) {
+		var kids []*engine.ChildRun[int]
+		for i := range 3 {
+			c, err := engine.StartChild(ctx, kid, i, nil)
+			if err != nil {
+				return nil, err
+			}
+			kids = append(kids, c)
+		}
+		out := make([]int, len(kids))
+		for i, c := range kids {
+			v, err := c.Get(ctx)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = v
+		}
+		return out, nil
+	}, nil)
+	return []engine.Registration{three, flaky, lost, tx, batch, fanout, kid, parent}
 }
 
 func createCallsTable(t *testing.T, pool *pgxpool.Pool) {
