@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -637,4 +638,35 @@ func TestCLIDelayedStartAndSignalKey(t *testing.T) {
 	require.Contains(t, errOut, "--input is for --start")
 	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM workflow_signals`).Scan(&n))
 	require.Equal(t, 3, n)
+}
+
+// runs show names a child's parent, and lists a parent's children and
+// the child it waits for.
+func TestRunsShowParentAndChildren(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	kid := engine.Define("show-kid", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.AwaitSignal[int](ctx, "go", 0)
+	}, nil)
+	parent := engine.Define("show-parent", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.ChildWorkflow(ctx, kid, 1, &engine.ChildOpts{WorkflowID: "the-kid", ParentClosePolicy: engine.ParentCloseAbandon})
+	}, nil)
+	e := enginetest.NewEngine(t, db, nil, true, parent, kid)
+	ctx := context.Background()
+	res, err := parent.Start(ctx, e, 0, &engine.StartOpts{WorkflowID: "the-parent"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		run, err := e.GetRun(ctx, res.RunID)
+		require.NoError(t, err)
+		return run.Status == engine.StatusWaiting && len(run.AwaitChildren) == 1
+	}, 10*time.Second, 20*time.Millisecond)
+	code, out, errOut := run(t, db, "runs", "show", "the-parent")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "waiting for  the child run of step 0 to end")
+	require.Regexp(t, `CHILD OF STEP +RUN ID +WORKFLOW +WORKFLOW ID +STATUS +ON PARENT CLOSE`, out)
+	require.Regexp(t, `0 +[0-9a-f-]{36} +show-kid +the-kid +waiting +abandon`, out)
+	code, out, errOut = run(t, db, "runs", "show", "the-kid")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, fmt.Sprintf("parent       %s (its step 0; when it closes first: abandon)", res.RunID))
+	require.Contains(t, out, `waiting for  signal "go"`)
 }

@@ -123,6 +123,8 @@ func (g *global) printRun(run *engine.Run) {
 	}
 	if run.Status == engine.StatusWaiting || run.Status == engine.StatusCompensating {
 		switch {
+		case len(run.AwaitChildren) > 0:
+			fmt.Fprintf(w, "  waiting for  %s\n", awaitedChildren(run.AwaitChildren))
 		case run.AwaitSignal != "" && run.WakeAt != nil:
 			fmt.Fprintf(w, "  waiting for  %s until %s\n", awaited(run), cell(run.WakeAt))
 		case run.AwaitSignal != "":
@@ -135,6 +137,9 @@ func (g *global) printRun(run *engine.Run) {
 	}
 	if run.ScheduleName != "" {
 		fmt.Fprintf(w, "  schedule     %s\n", cell(run.ScheduleName))
+	}
+	if run.ParentRunID != nil && run.ParentSeq != nil {
+		fmt.Fprintf(w, "  parent       %s (its step %d; when it closes first: %s)\n", *run.ParentRunID, *run.ParentSeq, run.ParentClosePolicy)
 	}
 	fmt.Fprintln(w)
 	t := newTable(w, "SEQ", "NAME", "KIND", "STATUS", "ATTEMPTS", "REQUEST ID", "DURATION", "ERROR")
@@ -161,6 +166,14 @@ func (g *global) printRun(run *engine.Run) {
 		t.row(s.Seq, name, s.Kind, s.Status, s.Attempts, req, dur, msg)
 	}
 	t.flush()
+	if len(run.Children) > 0 {
+		fmt.Fprintln(w)
+		t = newTable(w, "CHILD OF STEP", "RUN ID", "WORKFLOW", "WORKFLOW ID", "STATUS", "ON PARENT CLOSE")
+		for _, c := range run.Children {
+			t.row(c.Seq, c.RunID, c.WorkflowName, text(c.WorkflowID), c.Status, c.ParentClosePolicy)
+		}
+		t.flush()
+	}
 	if len(run.Signals) == 0 {
 		return
 	}
@@ -383,6 +396,19 @@ func checkLimit(n int) error {
 		return &usageError{fmt.Errorf("--limit %d is outside 1..1000", n)}
 	}
 	return nil
+}
+
+// awaitedChildren names the children a waiting run waits for by the
+// steps that started them.
+func awaitedChildren(seqs []int) string {
+	steps := make([]string, len(seqs))
+	for i, s := range seqs {
+		steps[i] = fmt.Sprint(s)
+	}
+	if len(seqs) == 1 {
+		return "the child run of step " + steps[0] + " to end"
+	}
+	return "one of the child runs of steps " + strings.Join(steps, ", ") + " to end"
 }
 
 // awaited names the signals a waiting run waits for: `signal "a"`, or
