@@ -530,7 +530,7 @@ func (d *delivery) settleStartedChildren() bool {
 // its end does to related runs: its parent, waiting for it, is woken; its
 // children of policy cancel still running are cancelled when it closed.
 func (d *delivery) endRelated(ctx context.Context, tx pgx.Tx, status RunStatus) error {
-	if p := d.parent; p != nil {
+	if p := d.parent; p != nil && status != StatusContinued { // a continued child's chain goes on
 		woken, err := store.WakeParent(ctx, tx, p.RunID, p.Seq)
 		if err != nil {
 			return err

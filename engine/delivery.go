@@ -111,6 +111,7 @@ type delivery struct {
 	// children this delivery recorded, by position; the children its end
 	// cancelled.
 	parent         *store.ParentRef
+	runTimeout     time.Duration // StartOpts.RunTimeout, for a ContinueAsNew's run
 	hasChildren    bool
 	childEnded     map[int]*store.StepRecord
 	closedChildren []uuid.UUID

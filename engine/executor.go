@@ -97,6 +97,7 @@ func (e *Engine) execute(ctx context.Context, wf registered, claimed *store.Clai
 		ctx: dctx, cancel: cancel, fwd: fwd, cancelFwd: cancelFwd, e: e, wf: wf, runID: runID,
 		workflowID: claimed.WorkflowID, token: token, log: log, pos: newPositions(claimed.Steps), lastRecorded: -1,
 		claimedAt: sent, deliveries: claimed.Deliveries, deadline: claimed.Deadline, parent: claimed.Parent,
+		runTimeout: claimed.RunTimeout,
 	}
 	for i := range claimed.Steps {
 		if claimed.Steps[i].Kind == string(KindChild) {
@@ -183,6 +184,8 @@ func (d *delivery) finish(out []byte, err error, p *panicInfo) {
 	}
 	var poison *errPoisonInput
 	var unserializable *errUnserializableOutput
+	var next *continueAsNewError
+	errors.As(err, &next)
 	switch {
 	case p != nil:
 		info := newErrorInfo(&PanicError{Value: fmt.Sprint(p.value)}, ClassPanic)
@@ -204,8 +207,13 @@ func (d *delivery) finish(out []byte, err error, p *panicInfo) {
 		d.compensate(StatusCancelled, newErrorInfo(&runTimeoutError{deadline: *d.deadline}, ClassTimeout))
 	case d.cancelRequested.Load():
 		d.compensate(StatusCancelled, newErrorInfo(ErrCancelled, ClassCancelled))
-	case err == nil && d.pos.replaying():
+	case (err == nil || next != nil) && d.pos.replaying():
 		d.parkUnreplayed("workflow returned")
+	case next != nil:
+		if !d.closeChildren(false, ParentCloseWait) {
+			return
+		}
+		d.continueAsNew(next.input)
 	case err == nil:
 		if !d.closeChildren(false, ParentCloseWait) {
 			return

@@ -361,6 +361,9 @@ type Run struct {
 	ParentRunID       *uuid.UUID        `json:"parent_run_id,omitempty"`
 	ParentSeq         *int              `json:"parent_seq,omitempty"`
 	ParentClosePolicy ParentClosePolicy `json:"parent_close_policy,omitempty"`
+	// ContinuedRunID, on a run that ended with ContinueAsNew (status
+	// continued), is the run that took over its workflow ID.
+	ContinuedRunID *uuid.UUID `json:"continued_run_id,omitempty"`
 	// AwaitChildren lists the positions of the children a waiting run
 	// waits for (ChildRun.Get, or its close waiting for them).
 	AwaitChildren []int        `json:"await_children,omitempty"`
@@ -449,7 +452,7 @@ func runFromRow(r *store.RunRow) *Run {
 	}
 	return &Run{
 		AwaitSignals: awaits, AwaitChildren: children,
-		ParentRunID: r.ParentRunID, ParentSeq: r.ParentSeq, ParentClosePolicy: ParentClosePolicy(deref(r.ParentClosePolicy)),
+		ParentRunID: r.ParentRunID, ParentSeq: r.ParentSeq, ContinuedRunID: r.ContinuedRunID, ParentClosePolicy: ParentClosePolicy(deref(r.ParentClosePolicy)),
 		RunID: r.RunID, WorkflowName: r.WorkflowName, WorkflowVersion: r.WorkflowVersion,
 		WorkflowID: r.WorkflowID, Status: RunStatus(r.Status), Input: r.Input, Output: r.Output,
 		Error: decodeErrorInfo(r.Error), Deliveries: r.Deliveries, StalledDeliveries: r.Stalled, WakeAt: r.WakeAt,

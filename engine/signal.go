@@ -119,17 +119,22 @@ func (e *Engine) signalRaw(ctx context.Context, tx pgx.Tx, target, name string, 
 	}
 	var sent store.SignalSent
 	err := e.inTx(ctx, tx, func(tx pgx.Tx) error {
-		runID, err := store.ResolveRun(ctx, tx, target)
-		switch {
-		case errors.Is(err, store.ErrNotFound):
-			return fmt.Errorf("%w: run %q", ErrNotFound, target)
-		case errors.Is(err, store.ErrAmbiguous):
-			return fmt.Errorf("%w: workflow ID %q is used by runs of several workflows; signal by run ID", ErrInvalidArgument, target)
-		case err != nil:
-			return fmt.Errorf("pgdurable: signalling %q: %w", target, err)
+		for hop := 0; ; hop++ {
+			runID, err := store.ResolveRun(ctx, tx, target)
+			switch {
+			case errors.Is(err, store.ErrNotFound):
+				return fmt.Errorf("%w: run %q", ErrNotFound, target)
+			case errors.Is(err, store.ErrAmbiguous):
+				return fmt.Errorf("%w: workflow ID %q is used by runs of several workflows; signal by run ID", ErrInvalidArgument, target)
+			case err != nil:
+				return fmt.Errorf("pgdurable: signalling %q: %w", target, err)
+			}
+			sent, err = e.sendSignal(ctx, tx, runID, name, payload, opts)
+			if sent.Status == store.RunContinued && !sent.Duplicate && runID.String() != target && hop < maxSignalHops {
+				continue // the run continued as new since the workflow ID named it: signal the new one
+			}
+			return err
 		}
-		sent, err = e.sendSignal(ctx, tx, runID, name, payload, opts)
-		return err
 	})
 	if err == nil && !sent.Duplicate {
 		// With SignalTx the caller's commit is still ahead: counted as stored.
@@ -137,6 +142,10 @@ func (e *Engine) signalRaw(ctx context.Context, tx pgx.Tx, target, name string, 
 	}
 	return err
 }
+
+// maxSignalHops bounds how many times a signal by workflow ID follows the
+// workflow's chain of runs while they continue as new under it.
+const maxSignalHops = 3
 
 // sendSignal stores a checked signal for runID in tx and enqueues the
 // run's delivery when the signal wakes it.

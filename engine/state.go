@@ -18,14 +18,15 @@ const (
 	StatusCompensated  RunStatus = store.RunCompensated  // terminal: failed, and its steps were undone
 	StatusCancelled    RunStatus = store.RunCancelled    // terminal: cancelled
 	StatusDead         RunStatus = store.RunDead         // terminal until an operator replays it: parked in dead_jobs
+	StatusContinued    RunStatus = store.RunContinued    // terminal: ended by ContinueAsNew; Run.ContinuedRunID took over its workflow ID
 )
 
 // Terminal reports whether a run in status s has ended: completed, failed,
-// compensated, cancelled or dead. Only an operator's replay of a dead run
-// makes it run again.
+// compensated, cancelled, dead or continued. Only an operator's replay of
+// a dead run makes it run again.
 func (s RunStatus) Terminal() bool {
 	switch s {
-	case StatusCompleted, StatusFailed, StatusCompensated, StatusCancelled, StatusDead:
+	case StatusCompleted, StatusFailed, StatusCompensated, StatusCancelled, StatusDead, StatusContinued:
 		return true
 	}
 	return false

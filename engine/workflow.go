@@ -10,6 +10,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
 // WorkflowOpts tunes a workflow. A nil *WorkflowOpts takes the defaults.
@@ -235,13 +237,37 @@ func (e *RunError) Error() string {
 }
 
 // Result returns a finished run's output, a *RunError when it ended any
-// other way than completed, or ErrRunNotFinished.
+// other way than completed, or ErrRunNotFinished. A run that continued as
+// new (ContinueAsNew) is followed to the latest run of its chain, whose
+// outcome Result returns.
 func (w *Workflow[In, Out]) Result(ctx context.Context, e *Engine, runID uuid.UUID) (Out, error) {
+	out, _, err := w.result(ctx, e, runID)
+	return out, err
+}
+
+// result is Result, also returning the run it read (the latest of the
+// chain runID continued into).
+func (w *Workflow[In, Out]) result(ctx context.Context, e *Engine, runID uuid.UUID) (Out, uuid.UUID, error) {
 	var out Out
 	run, err := e.GetRun(ctx, runID)
 	if err != nil {
-		return out, err
+		return out, runID, err
 	}
+	if run.Status == StatusContinued {
+		latest, err := store.LatestRun(ctx, e.pool, run.WorkflowName, run.WorkflowID)
+		if err != nil {
+			return out, runID, fmt.Errorf("pgdurable: finding the latest run of workflow ID %q: %w", run.WorkflowID, err)
+		}
+		out, err := w.Result(ctx, e, latest)
+		return out, latest, err
+	}
+	out, err = w.runResult(run)
+	return out, runID, err
+}
+
+func (w *Workflow[In, Out]) runResult(run *Run) (Out, error) {
+	var out Out
+	runID := run.RunID
 	switch run.Status {
 	case StatusCompleted:
 		if err := json.Unmarshal(run.Output, &out); err != nil {
@@ -255,7 +281,8 @@ func (w *Workflow[In, Out]) Result(ctx context.Context, e *Engine, runID uuid.UU
 }
 
 // Wait returns what Result returns once the run reaches a terminal status
-// (completed, failed, dead, cancelled, compensated), or ctx's error when
+// (completed, failed, dead, cancelled, compensated; a run that continued
+// as new is followed to the latest run of its chain), or ctx's error when
 // ctx is done first. It is woken as the run's end commits: at once when
 // the run ends in e's process (one Start dispatched there, or that e's
 // workers picked up); when it ends in another process, by a notification
@@ -279,9 +306,21 @@ func (w *Workflow[In, Out]) Wait(ctx context.Context, e *Engine, runID uuid.UUID
 		}
 	}()
 	for check := 0; ; check++ {
-		out, err := w.Result(ctx, e, runID)
+		out, latest, err := w.result(ctx, e, runID)
 		if !errors.Is(err, ErrRunNotFinished) {
 			return out, err
+		}
+		if latest != runID {
+			// The run continued as new: wait for the latest of its chain.
+			runID = latest
+			stop()
+			ended, stop = e.watchEnd(runID)
+			if unwatch != nil {
+				unwatch()
+				unwatch = nil
+			}
+			check = -1
+			continue
 		}
 		wait := poll
 		switch {

@@ -309,7 +309,7 @@ SELECT u.run_id, u.name, u.version, u.workflow_id, u.input::jsonb, u.queue, u.sc
 FROM unnest($1::uuid[], $2::text[], $3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::uuid[], $9::bigint[],
             $10::bigint[], $11::timestamptz[], $12::bigint[], $13::timestamptz[])
     AS u(run_id, name, version, workflow_id, input, queue, schedule, token, lease_ms, hold_ms, start_at, timeout_ms, deadline)
-ON CONFLICT (workflow_name, workflow_id) DO NOTHING
+ON CONFLICT (workflow_name, workflow_id) WHERE status <> 'continued' DO NOTHING
 RETURNING run_id`
 
 // InsertedRunResult is one run's outcome in InsertRuns: Run, or Err
@@ -443,7 +443,7 @@ WHERE r.run_id = u.run_id
   AND (r.wake_at IS NULL OR r.wake_at <= $4)
 RETURNING r.run_id, u.token, r.workflow_name, r.workflow_version, r.workflow_id, r.input, r.deliveries,
           r.stalled_deliveries, r.long_stalled_deliveries, r.status, r.cancel_requested_at IS NOT NULL, r.deadline_at,
-          r.parent_run_id, r.parent_seq`
+          r.parent_run_id, r.parent_seq, r.parent_close_policy, r.run_timeout_ms`
 
 // claimSettings applies to the rest of the claim batch's implicit
 // transaction: its commit is asynchronous (a claim that a PostgreSQL crash
@@ -509,13 +509,19 @@ func ClaimRuns(ctx context.Context, db DBTX, fences []Fence, now time.Time) ([]C
 		var token uuid.UUID
 		var parent *uuid.UUID
 		var parentSeq *int
+		var policy *string
+		var timeout *int64
 		if err := rows.Scan(&c.RunID, &token, &c.WorkflowName, &c.WorkflowVersion, &c.WorkflowID, &c.Input, &c.Deliveries,
-			&c.StalledDeliveries, &c.LongStalled, &c.Status, &c.CancelRequested, &c.Deadline, &parent, &parentSeq); err != nil {
+			&c.StalledDeliveries, &c.LongStalled, &c.Status, &c.CancelRequested, &c.Deadline, &parent, &parentSeq,
+			&policy, &timeout); err != nil {
 			rows.Close()
 			return fail(err)
 		}
-		if parent != nil && parentSeq != nil {
-			c.Parent = &ParentRef{RunID: *parent, Seq: *parentSeq}
+		if parent != nil && parentSeq != nil && policy != nil {
+			c.Parent = &ParentRef{RunID: *parent, Seq: *parentSeq, ClosePolicy: *policy}
+		}
+		if timeout != nil {
+			c.RunTimeout = time.Duration(*timeout) * time.Millisecond
 		}
 		claimed[key{c.RunID, token}] = c
 		byRun[c.RunID] = c

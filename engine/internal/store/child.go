@@ -47,7 +47,7 @@ var ErrChildIDTaken = errors.New("workflow ID taken")
 
 const childByWorkflowID = `
 SELECT run_id, parent_run_id IS NOT DISTINCT FROM $3 AND parent_seq IS NOT DISTINCT FROM $4
-FROM workflow_runs WHERE workflow_name = $1 AND workflow_id = $2`
+FROM workflow_runs WHERE workflow_name = $1 AND workflow_id = $2 AND status <> 'continued'`
 
 // InsertChild inserts the child run r (r.Parent set) in tx, the parent's
 // delivery's transaction, which also writes the parent's record of it. A
@@ -57,8 +57,9 @@ FROM workflow_runs WHERE workflow_name = $1 AND workflow_id = $2`
 func InsertChild(ctx context.Context, tx DBTX, r NewRun) (*InsertedRun, error) {
 	var id uuid.UUID
 	p := r.Parent
-	err := tx.QueryRow(ctx, insertRun, r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID, r.Input, r.Queue, r.ScheduleName,
-		nil, 0, 0, r.StartAt, ms(r.RunTimeout), nil, p.RunID, p.Seq, p.ClosePolicy).Scan(&id)
+	args := []any{r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID, r.Input, r.Queue, r.ScheduleName,
+		nil, 0, 0, r.StartAt, ms(r.RunTimeout), nil}
+	err := tx.QueryRow(ctx, insertRun, append(args, parentArgs(p)...)...).Scan(&id)
 	if err == nil {
 		return &InsertedRun{RunID: id, Status: r.insertedStatus()}, nil
 	}

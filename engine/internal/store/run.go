@@ -37,8 +37,7 @@ type NewRun struct {
 	// With Claim, Deadline is that deadline, set at the insert.
 	RunTimeout time.Duration
 	Deadline   *time.Time
-	// Parent, for a child run (InsertChild only), places it under its
-	// parent.
+	// Parent, for a child run, places it under its parent.
 	Parent *ParentRef
 }
 
@@ -61,14 +60,14 @@ VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7,
         CASE WHEN $8::uuid IS NOT NULL THEN now() END,
         CASE WHEN $10::bigint > 0 THEN now() + $10::bigint * interval '1 millisecond' END,
         $11::timestamptz, nullif($12::bigint, 0), $13::timestamptz, $14::uuid, $15::int, $16::text)
-ON CONFLICT (workflow_name, workflow_id) DO NOTHING
+ON CONFLICT (workflow_name, workflow_id) WHERE status <> 'continued' DO NOTHING
 RETURNING run_id`
 
 // existingRun compares inputs as jsonb, so key order and whitespace do not
 // matter (Stripe's rule: same key + same parameters is the same request).
 const existingRun = `
 SELECT run_id, input = $3::jsonb, status FROM workflow_runs
-WHERE workflow_name = $1 AND workflow_id = $2`
+WHERE workflow_name = $1 AND workflow_id = $2 AND status <> 'continued'`
 
 // InsertRun inserts r unless a run with its workflow ID exists. An existing
 // run with the same input is returned with Existing set; one with another
@@ -81,8 +80,9 @@ func InsertRun(ctx context.Context, db DBTX, r NewRun) (*InsertedRun, error) {
 	if r.Claim != nil {
 		token, lease = &r.Claim.Token, ms(r.Claim.Lease)
 	}
-	err := db.QueryRow(ctx, insertRun, r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID, r.Input, r.Queue, r.ScheduleName,
-		token, lease, ms(r.Hold), r.StartAt, ms(r.RunTimeout), r.Deadline, nil, nil, nil).Scan(&id)
+	args := []any{r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID, r.Input, r.Queue, r.ScheduleName,
+		token, lease, ms(r.Hold), r.StartAt, ms(r.RunTimeout), r.Deadline}
+	err := db.QueryRow(ctx, insertRun, append(args, parentArgs(r.Parent)...)...).Scan(&id)
 	if err == nil {
 		return &InsertedRun{RunID: id, Status: r.insertedStatus()}, nil
 	}
@@ -90,6 +90,14 @@ func InsertRun(ctx context.Context, db DBTX, r NewRun) (*InsertedRun, error) {
 		return nil, err
 	}
 	return existing(ctx, db, r)
+}
+
+// parentArgs are insertRun's parent parameters for p (nil: none).
+func parentArgs(p *ParentRef) []any {
+	if p == nil {
+		return []any{nil, nil, nil}
+	}
+	return []any{p.RunID, p.Seq, p.ClosePolicy}
 }
 
 // insertedStatus is the status r is inserted with.
@@ -135,10 +143,11 @@ type ClaimedRun struct {
 	// Deadline is when the run's timeout ends (StartOpts.RunTimeout), nil
 	// for none.
 	Deadline *time.Time
-	// Parent is the run's parent, for a child run (its ClosePolicy not
-	// loaded).
+	// Parent is the run's parent, for a child run.
 	Parent *ParentRef
-	Steps  []StepRecord
+	// RunTimeout is the run's timeout (0: none).
+	RunTimeout time.Duration
+	Steps      []StepRecord
 }
 
 // ClaimMiss says why a delivery did not get the lease.
@@ -626,4 +635,44 @@ SELECT status, (SELECT count(*) FROM woken) > 0 FROM target`
 func StartNow(ctx context.Context, tx DBTX, runID uuid.UUID) (status string, woken bool, err error) {
 	err = tx.QueryRow(ctx, startNow, runID).Scan(&status, &woken)
 	return status, woken, translate(err)
+}
+
+// continueRun ends the run its fence holds as continued by run $4,
+// notifying RunEndedChannel if it is watched.
+const continueRun = `
+WITH run AS (
+    UPDATE workflow_runs SET status = 'continued', continued_run_id = $4, owner_token = NULL, lease_expires_at = NULL,
+        completed_at = now(), wake_at = NULL, deadline_at = NULL, await_signal = NULL,
+        stalled_deliveries = 0, long_stalled_deliveries = 0
+    WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0
+    RETURNING run_id, watched AS notify
+), ` + notifyEnded + `
+SELECT count(*) FROM run WHERE (SELECT count(*) FROM notified) >= 0`
+
+const moveSignals = `UPDATE workflow_signals SET run_id = $2 WHERE run_id = $1 AND consumed_seq IS NULL`
+
+// ContinueRun, in tx, ends the run f fences as continued by next, a run
+// the caller inserts next in the same transaction, then hands the signals
+// over with MoveSignals. ErrLeaseLost when f no longer holds.
+func ContinueRun(ctx context.Context, tx DBTX, f Fence, next uuid.UUID) error {
+	return fenced(tx.QueryRow(ctx, continueRun, f.RunID, f.Token, 0, next), "continuing run %s", f.RunID)
+}
+
+// MoveSignals hands the signals run from had not consumed to run to (a
+// continued run's to the run that continues it), so none is lost between
+// the two.
+func MoveSignals(ctx context.Context, tx DBTX, from, to uuid.UUID) error {
+	if _, err := tx.Exec(ctx, moveSignals, from, to); err != nil {
+		return fmt.Errorf("moving the signals of run %s to run %s: %w", from, to, translate(err))
+	}
+	return nil
+}
+
+// LatestRun returns the run that holds a workflow ID now: the latest of
+// its chain of continued runs.
+func LatestRun(ctx context.Context, db DBTX, workflowName, workflowID string) (uuid.UUID, error) {
+	var id uuid.UUID
+	err := db.QueryRow(ctx, `SELECT run_id FROM workflow_runs WHERE workflow_name = $1 AND workflow_id = $2 AND status <> 'continued'`,
+		workflowName, workflowID).Scan(&id)
+	return id, translate(err)
 }

@@ -14,7 +14,8 @@ import (
 // ErrAmbiguous: a workflow ID names runs of several workflows.
 var ErrAmbiguous = errors.New("ambiguous")
 
-const runByWorkflowID = `SELECT run_id FROM workflow_runs WHERE workflow_id = $1 LIMIT 2`
+// A workflow ID names the latest run of its chain (continue-as-new).
+const runByWorkflowID = `SELECT run_id FROM workflow_runs WHERE workflow_id = $1 AND status <> 'continued' LIMIT 2`
 
 // ResolveRun finds the run target names: a run ID, else a workflow ID
 // (unique per workflow name; ErrAmbiguous when two workflows use it).
@@ -55,7 +56,7 @@ WITH target AS (
 ), ins AS (
     INSERT INTO workflow_signals (run_id, name, payload, idempotency_key)
     SELECT run_id, $2, $3::jsonb, $4 FROM target
-    WHERE status NOT IN ('completed', 'failed', 'compensated', 'cancelled')
+    WHERE status NOT IN ('completed', 'failed', 'compensated', 'cancelled', 'continued')
     RETURNING id
 ), woken AS (
     UPDATE workflow_runs r SET status = 'pending', wake_at = NULL, await_signal = NULL, enqueued_at = now()

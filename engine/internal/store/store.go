@@ -154,6 +154,7 @@ const (
 	RunCompensated  = "compensated"
 	RunCancelled    = "cancelled"
 	RunDead         = "dead"
+	RunContinued    = "continued"
 )
 
 // stepArgs returns the positional arguments for stepUpsert's $n.. placeholders,

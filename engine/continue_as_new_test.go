@@ -1,0 +1,101 @@
+package engine_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine"
+)
+
+// A loop of 1,000 iterations, each a run of one step that continues as new
+// with the next count: every run holds only its own step (its replay loads
+// one record), 1,000 runs are continued, each naming the next, the
+// workflow ID resolves to the last, and Wait on the first run follows the
+// chain to the last run's result.
+func TestContinueAsNewLoopKeepsEachRunsHistoryToItsOwnSteps(t *testing.T) {
+	t.Parallel()
+	const iterations = 1000
+	loop := engine.Define("can-loop", func(ctx *engine.Context, n int) (int, error) {
+		next, err := engine.Step(ctx, "tick", func(context.Context) (int, error) { return n + 1, nil }, nil)
+		if err != nil {
+			return 0, err
+		}
+		if next < iterations {
+			return 0, engine.ContinueAsNew(ctx, next)
+		}
+		return next, nil
+	}, nil)
+	b := setup(t, nil, loop)
+	ctx := testCtx(t)
+	res, err := loop.Start(ctx, b.engine, 0, &engine.StartOpts{WorkflowID: "the-loop"})
+	require.NoError(t, err)
+	out, err := loop.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, iterations, out)
+
+	var runs, continued, completed, maxSteps, minSteps int
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `
+		SELECT count(*), count(*) FILTER (WHERE status = 'continued'), count(*) FILTER (WHERE status = 'completed'),
+		       max(steps), min(steps)
+		FROM (SELECT r.status, (SELECT count(*) FROM workflow_steps s WHERE s.run_id = r.run_id) AS steps
+		      FROM workflow_runs r WHERE workflow_id = 'the-loop') x`).Scan(&runs, &continued, &completed, &maxSteps, &minSteps))
+	require.Equal(t, iterations, runs)
+	require.Equal(t, iterations-1, continued)
+	require.Equal(t, 1, completed)
+	require.Equal(t, 1, maxSteps, "each run records only its own step")
+	require.Equal(t, 1, minSteps)
+
+	latest, err := b.engine.FindRun(ctx, "the-loop")
+	require.NoError(t, err)
+	run, err := b.engine.GetRun(ctx, latest)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompleted, run.Status)
+	require.JSONEq(t, "999", string(run.Input))
+	first, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusContinued, first.Status)
+	require.NotNil(t, first.ContinuedRunID)
+	second, err := b.engine.GetRun(ctx, *first.ContinuedRunID)
+	require.NoError(t, err)
+	require.JSONEq(t, "1", string(second.Input))
+	require.Equal(t, "the-loop", second.WorkflowID)
+}
+
+// Signals a run had not consumed when it continued as new reach the new
+// run, and a signal sent by workflow ID reaches the latest run; a start
+// with the workflow ID finds the latest run, not a new one.
+func TestContinueAsNewCarriesSignalsAndTheWorkflowID(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("can-signals", func(ctx *engine.Context, round int) ([]string, error) {
+		got, err := engine.AwaitSignal[string](ctx, "msg", 0)
+		if err != nil {
+			return nil, err
+		}
+		if round == 0 {
+			return nil, engine.ContinueAsNew(ctx, 1)
+		}
+		second, err := engine.AwaitSignal[string](ctx, "msg", 0)
+		if err != nil {
+			return nil, err
+		}
+		return []string{got, second}, nil
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, &engine.StartOpts{WorkflowID: "chat"})
+	require.NoError(t, err)
+	// Three signals at once: the first run takes one, the other two move on.
+	for _, m := range []string{"a", "b", "c"} {
+		require.NoError(t, b.engine.Signal(ctx, "chat", "msg", m, nil))
+	}
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, []string{"b", "c"}, out)
+	again, err := wf.Start(ctx, b.engine, 1, &engine.StartOpts{WorkflowID: "chat"})
+	require.NoError(t, err)
+	require.True(t, again.Existing, "the workflow ID names the latest run of the chain")
+	require.NotEqual(t, res.RunID, again.RunID)
+}
