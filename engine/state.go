@@ -61,6 +61,7 @@ const (
 	KindSleep        StepKind = "sleep"        // Sleep, SleepUntil
 	KindSignal       StepKind = "signal"       // AwaitSignal, SelectSignal
 	KindChild        StepKind = "child"        // StartChild, ChildWorkflow
+	KindSelect       StepKind = "select"       // Select, First
 	KindCompensation StepKind = "compensation" // an undo registered with Context.Compensate
 )
 

@@ -214,12 +214,19 @@ func SuspendForChildren(ctx context.Context, tx DBTX, f Fence, pending *StepReco
 	for i, s := range seqs {
 		tokens[i] = ChildToken(s)
 	}
-	if err := suspendAwaiting(ctx, tx, f, pending, status, tokens, nil); err != nil {
+	if err := SuspendAwaiting(ctx, tx, f, pending, status, tokens, nil); err != nil {
 		return err
 	}
+	return CheckChildrenOpen(ctx, tx, f.RunID, seqs)
+}
+
+// CheckChildrenOpen returns ErrChildEnded when one of parent's children at
+// seqs has ended. After the parent's suspension updated its row (in the
+// same transaction), a child that ends later finds the parent waiting.
+func CheckChildrenOpen(ctx context.Context, tx DBTX, parent uuid.UUID, seqs []int) error {
 	var ended bool
-	if err := tx.QueryRow(ctx, anyChildEnded, f.RunID, seqs).Scan(&ended); err != nil {
-		return fmt.Errorf("reading the children of run %s: %w", f.RunID, translate(err))
+	if err := tx.QueryRow(ctx, anyChildEnded, parent, seqs).Scan(&ended); err != nil {
+		return fmt.Errorf("reading the children of run %s: %w", parent, translate(err))
 	}
 	if ended {
 		return ErrChildEnded

@@ -235,13 +235,13 @@ SELECT count(*) FROM run`
 // names, until wakeAt (nil: no timeout), writing rec (the wait's started
 // record).
 func SuspendForSignal(ctx context.Context, tx DBTX, f Fence, rec *StepRecord, names []string, wakeAt *time.Time) error {
-	return suspendAwaiting(ctx, tx, f, rec, RunWaiting, names, wakeAt)
+	return SuspendAwaiting(ctx, tx, f, rec, RunWaiting, names, wakeAt)
 }
 
-// suspendAwaiting hands the run back in status (waiting, or compensating)
-// until one of awaits (signal names, child tokens) wakes it or wakeAt
+// SuspendAwaiting hands the run back in status (waiting, or compensating)
+// until one of awaits (signal names, ChildToken tokens) wakes it or wakeAt
 // passes (nil: no timeout), writing rec (may be nil).
-func suspendAwaiting(ctx context.Context, tx DBTX, f Fence, rec *StepRecord, status string, awaits []string, wakeAt *time.Time) error {
+func SuspendAwaiting(ctx context.Context, tx DBTX, f Fence, rec *StepRecord, status string, awaits []string, wakeAt *time.Time) error {
 	args := append([]any{f.RunID, f.Token, 0}, stepArgs(rec)...)
 	args = append(args, wakeAt, strings.Join(awaits, AwaitSeparator), status)
 	return fenced(tx.QueryRow(ctx, suspendAwaitingRun, args...), "suspending run %s", f.RunID)

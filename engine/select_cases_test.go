@@ -1,0 +1,149 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine"
+)
+
+// First returns the first parallel step to finish; the replay (after a
+// sleep ends the first delivery) returns the same one although by then
+// every step has finished, and no step runs again.
+func TestFirstReturnsTheFirstFutureAndReplaysTheSameOne(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	type out struct {
+		Index int `json:"index"`
+		Value int `json:"value"`
+	}
+	wf := engine.Define("select-first", func(ctx *engine.Context, _ int) (out, error) {
+		fs := make([]*engine.Future[int], 3)
+		for i := range fs {
+			fs[i] = engine.Go(ctx, fmt.Sprint("racer", i), func(context.Context) (int, error) {
+				calls.Add(1)
+				time.Sleep(time.Duration(3-i) * 150 * time.Millisecond) // the last one finishes first
+				return i * 100, nil
+			}, nil)
+		}
+		i, v, err := engine.First(ctx, "fastest", fs)
+		if err != nil {
+			return out{}, err
+		}
+		if _, err := engine.All(ctx, fs); err != nil {
+			return out{}, err
+		}
+		if err := engine.Sleep(ctx, 2*time.Second); err != nil { // ends this delivery: the next replays
+			return out{}, err
+		}
+		return out{Index: i, Value: v}, nil
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	got, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, out{Index: 2, Value: 200}, got)
+	require.Equal(t, int64(3), calls.Load(), "no step ran again on replay")
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, engine.KindSelect, run.Steps[3].Kind)
+	require.Equal(t, "fastest", run.Steps[3].Name)
+	require.GreaterOrEqual(t, run.Deliveries, 2)
+}
+
+// A Select over a child run, a signal and a timer: the run suspends
+// (waiting, its await listing the signal and the child) and the signal
+// wins; the next Select's timer beats a child that waits for ever; a
+// third Select's child wins once it ends. Each outcome is recorded.
+func TestSelectOverAChildASignalAndATimer(t *testing.T) {
+	t.Parallel()
+	child := engine.Define("select-child", func(ctx *engine.Context, _ int) (string, error) {
+		return engine.AwaitSignal[string](ctx, "finish", 0)
+	}, nil)
+	wf := engine.Define("select-mixed", func(ctx *engine.Context, _ int) ([]string, error) {
+		c, err := engine.StartChild(ctx, child, 0, nil)
+		if err != nil {
+			return nil, err
+		}
+		var got []string
+		sel, err := engine.Select(ctx, "first", engine.OnChild(c), engine.OnSignal("poke"), engine.OnTimer(time.Hour))
+		if err != nil {
+			return nil, err
+		}
+		got = append(got, fmt.Sprintf("%d:%s:%s", sel.Index, sel.Signal, sel.Payload))
+		sel, err = engine.Select(ctx, "second", engine.OnChild(c), engine.OnTimer(300*time.Millisecond))
+		if err != nil {
+			return nil, err
+		}
+		got = append(got, fmt.Sprint(sel.Index))
+		sel, err = engine.Select(ctx, "third", engine.OnChild(c), engine.OnSignal("never"))
+		if err != nil {
+			return nil, err
+		}
+		v, err := c.Get(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return append(got, fmt.Sprint(sel.Index, ":", v)), nil
+	}, nil)
+	b := setup(t, &engine.Config{SweepInterval: 50 * time.Millisecond}, wf, child)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		run, err := b.engine.GetRun(ctx, res.RunID)
+		require.NoError(t, err)
+		return run.Status == engine.StatusWaiting && len(run.AwaitChildren) == 1 && run.AwaitSignal == "poke"
+	}, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, b.engine.Signal(ctx, res.RunID.String(), "poke", "hi", nil))
+	require.Eventually(t, func() bool {
+		run, err := b.engine.GetRun(ctx, res.RunID)
+		require.NoError(t, err)
+		return len(run.Steps) >= 3 && run.Steps[2].Status == engine.StepCompleted // the timer won
+	}, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, b.engine.Signal(ctx, fmt.Sprintf("%s/0", res.RunID), "finish", "done", nil))
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, []string{`1:poke:"hi"`, "1", "0:done"}, out)
+}
+
+// Malformed selects are refused before anything is recorded.
+func TestSelectRefusesMalformedCases(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("select-bad", func(ctx *engine.Context, _ int) ([]string, error) {
+		var msgs []string
+		for _, cases := range [][]engine.SelectCase{
+			nil,
+			{engine.OnSignal("a"), engine.OnSignal("a")},
+			{engine.OnTimer(-time.Second)},
+			{{}},
+			{engine.OnFuture[int](nil)},
+			{engine.OnSignal("bad\x00name")},
+		} {
+			_, err := engine.Select(ctx, "s", cases...)
+			if !errors.Is(err, engine.ErrInvalidArgument) {
+				return nil, fmt.Errorf("want ErrInvalidArgument, got %v", err)
+			}
+			msgs = append(msgs, err.Error())
+		}
+		return msgs, nil
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Len(t, out, 6)
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Empty(t, run.Steps)
+}
