@@ -65,12 +65,26 @@ func CallFromContext(ctx context.Context) (Call, bool) {
 // parked as dead with reason retries_exhausted, keeping the request ID for
 // an operator's replay).
 func Execute[Req, Resp any](ctx *engine.Context, a *Activity[Req, Resp], req Req) (Resp, error) {
-	opts := &engine.ActivityOpts{
+	return engine.RunActivity(ctx, a.Name, a.opts(), a.fn(req))
+}
+
+// Go starts a as the run's next step without waiting for it (see
+// engine.GoActivity): a parallel activity with the same request-ID rules
+// as Execute's; its Future's Get returns the response.
+func Go[Req, Resp any](ctx *engine.Context, a *Activity[Req, Resp], req Req) *engine.Future[Resp] {
+	return engine.GoActivity(ctx, a.Name, a.opts(), a.fn(req))
+}
+
+func (a *Activity[Req, Resp]) opts() *engine.ActivityOpts {
+	return &engine.ActivityOpts{
 		RetryPolicy:         a.RetryPolicy,
 		StartToCloseTimeout: a.StartToCloseTimeout,
 		HeartbeatTimeout:    a.HeartbeatTimeout,
 	}
-	return engine.RunActivity(ctx, a.Name, opts, func(actx context.Context, at *engine.ActivityAttempt) (Resp, error) {
+}
+
+func (a *Activity[Req, Resp]) fn(req Req) func(context.Context, *engine.ActivityAttempt) (Resp, error) {
+	return func(actx context.Context, at *engine.ActivityAttempt) (Resp, error) {
 		return a.Fn(actx, Call{RequestID: at.RequestID, Attempt: at.Attempt, attempt: at}, req)
-	})
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgdurable/pgdurable/engine/internal/store"
@@ -121,6 +122,41 @@ func GoTxUndo[T any](ctx *Context, name string, fn func(context.Context, pgx.Tx)
 	return GoTx(ctx, name, fn, withUndo(opts, undo))
 }
 
+// GoActivity is RunActivity started without waiting, as Go: a request ID
+// is stored (in the record of its position) before its first attempt and
+// sent with every attempt, after crashes and replays too. An activity that
+// does not heartbeat (ActivityOpts.HeartbeatTimeout 0) is not stopped by
+// the run's cancellation nor by the workflow function's return once it
+// began: it runs its attempts to a definite outcome, so an effect it had
+// is known and GoActivityUndo's undo runs for it. As with RunActivity, an
+// activity that runs out of retries parks the run (one of its attempts
+// may have taken effect, its answer lost), unless
+// ActivityOpts.ReturnExhausted returns the failure to Get.
+func GoActivity[T any](ctx *Context, name string, opts *ActivityOpts, fn func(ctx context.Context, a *ActivityAttempt) (T, error)) *Future[T] {
+	return goActivity(ctx, name, opts, fn, nil)
+}
+
+// GoActivityUndo is GoActivity with a compensation, as GoUndo.
+func GoActivityUndo[T any](ctx *Context, name string, opts *ActivityOpts, fn func(ctx context.Context, a *ActivityAttempt) (T, error),
+	undo func(result T) Undo) *Future[T] {
+	return goActivity(ctx, name, opts, fn, undo)
+}
+
+func goActivity[T any](ctx *Context, name string, opts *ActivityOpts, fn func(context.Context, *ActivityAttempt) (T, error),
+	undo func(T) Undo) *Future[T] {
+	if opts == nil {
+		opts = &ActivityOpts{}
+	}
+	sopts := &StepOpts{RetryPolicy: opts.RetryPolicy, ReturnExhausted: opts.ReturnExhausted}
+	if undo != nil {
+		sopts = withUndo(sopts, undo)
+	}
+	sopts.activity = opts
+	return startBranch[T](ctx, name, KindActivity, sopts, func(sctx context.Context, b *branch) ([]byte, error) {
+		return runAttempt(sctx, b.d, name, opts, &ActivityAttempt{RequestID: b.requestID, Attempt: b.attempts + 1}, fn)
+	})
+}
+
 // withUndo carries a parallel step's undo builder to startBranch inside a
 // copy of its options.
 func withUndo[T any](opts *StepOpts, undo func(T) Undo) *StepOpts {
@@ -155,6 +191,7 @@ type branch struct {
 	policy    RetryPolicy
 	startedAt time.Time
 	attempts  int
+	requestID uuid.UUID  // an activity's, stored before its first attempt
 	first     *time.Time // first failure
 	lastErr   []byte
 	fresh     bool // no record of this position exists yet
@@ -172,8 +209,29 @@ func (b *branch) undoFor(out []byte) (*Undo, error) {
 }
 
 func (b *branch) record(status string, n int) *store.StepRecord {
-	return &store.StepRecord{Seq: b.seq, Name: b.name, Kind: string(b.kind), Status: status, Attempts: n,
+	rec := &store.StepRecord{Seq: b.seq, Name: b.name, Kind: string(b.kind), Status: status, Attempts: n,
 		FirstFailedAt: b.first, StartedAt: b.startedAt, Fresh: b.fresh}
+	if b.requestID != uuid.Nil {
+		rec.RequestID = &b.requestID
+	}
+	return rec
+}
+
+// settles reports whether the branch runs to a definite outcome whatever
+// the run's cancellation: an activity that does not heartbeat, once its
+// request ID is stored (see GoActivity).
+func (b *branch) settles() bool {
+	return b.kind == KindActivity && b.opts.activity.HeartbeatTimeout <= 0 && b.requestID != uuid.Nil
+}
+
+// ctx is the context the branch's attempts run in: the delivery's for a
+// settling activity, else the parallel steps' (cancelled by the run's
+// cancellation and the workflow function's return).
+func (b *branch) ctx() context.Context {
+	if b.settles() {
+		return b.d.ctx
+	}
+	return b.d.branchCtx
 }
 
 func startBranch[T any](ctx *Context, name string, kind StepKind, opts *StepOpts,
@@ -232,6 +290,9 @@ func startBranch[T any](ctx *Context, name string, kind StepKind, opts *StepOpts
 	b.policy = b.policy.merge(d.wf.retry, &d.e.retry)
 	if rec != nil {
 		b.attempts, b.first, b.lastErr, b.startedAt = rec.Attempts, rec.FirstFailedAt, rec.Error, rec.StartedAt
+		if rec.RequestID != nil {
+			b.requestID = *rec.RequestID
+		}
 	}
 	if !d.takeBranchSlot() {
 		return resolve(nil, d.ctx.Err())
@@ -260,12 +321,19 @@ func (b *branch) run(body func(context.Context, *branch) ([]byte, error)) (_ []b
 		if d.ctx.Err() != nil {
 			return nil, nil, d.ctx.Err()
 		}
-		if d.branchCtx.Err() != nil {
+		if b.ctx().Err() != nil {
 			return nil, nil, ErrCancelled
+		}
+		if b.kind == KindActivity && b.requestID == uuid.Nil {
+			// The request ID is stored before the first attempt.
+			b.requestID = uuid.New()
+			if err := b.write(b.record(store.StepStarted, 0)); err != nil {
+				return nil, nil, err
+			}
 		}
 		started := time.Now()
 		timeout, cause := attemptBound(b.opts, b.startedAt, d.e.now())
-		out, p, timedOut, err := bounded(d.branchCtx, timeout, cause, b.kind == KindTx, func(ctx context.Context) (out []byte, p *panicInfo, err error) {
+		out, p, timedOut, err := bounded(b.ctx(), timeout, cause, b.kind == KindTx, func(ctx context.Context) (out []byte, p *panicInfo, err error) {
 			defer func() {
 				if r := recover(); r != nil {
 					p = &panicInfo{value: r, stack: debug.Stack()}
@@ -317,7 +385,7 @@ func (b *branch) run(body func(context.Context, *branch) ([]byte, error)) (_ []b
 		case errors.Is(err, store.ErrLeaseLost) || d.ctx.Err() != nil:
 			observe("interrupted")
 			return nil, nil, err
-		case d.branchCtx.Err() != nil && !timedOut:
+		case b.ctx().Err() != nil && !timedOut:
 			observe("cancelled")
 			return nil, nil, ErrCancelled
 		}
@@ -328,7 +396,15 @@ func (b *branch) run(body func(context.Context, *branch) ([]byte, error)) (_ []b
 		delay := retryDelay(b.policy, attempt, err)
 		next := now.Add(delay)
 		err = lateRetry(b.opts, b.startedAt, next, err, attempt, b.policy.MaximumAttempts)
-		if info, final, _ := finalFailure(err, b.name, b.seq, attempt, b.policy.MaximumAttempts); final {
+		if info, final, exhausted := finalFailure(err, b.name, b.seq, attempt, b.policy.MaximumAttempts); final {
+			if exhausted && b.kind == KindActivity && !b.opts.ReturnExhausted {
+				// One of its attempts may have taken effect, its answer
+				// lost: parked for an operator, as RunActivity's.
+				observe("parked")
+				rec := b.record(store.StepParked, attempt)
+				rec.Error = info.json()
+				return nil, &parkReason{reason: ReasonRetriesExhausted, info: info, rec: rec}, nil
+			}
 			observe("failed")
 			rec := b.record(store.StepFailed, attempt)
 			rec.Error, rec.CompletedAt = info.json(), &now
@@ -348,7 +424,7 @@ func (b *branch) run(body func(context.Context, *branch) ([]byte, error)) (_ []b
 		t := time.NewTimer(delay)
 		select {
 		case <-t.C:
-		case <-d.branchCtx.Done():
+		case <-b.ctx().Done():
 			t.Stop()
 		}
 	}

@@ -347,3 +347,71 @@ func TestParallelUndosRunNewestFirstByCompletion(t *testing.T) {
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, run.Deliveries, 2, "the undo's retry ended a delivery mid-compensation")
 }
+
+// Parallel activities get a request ID stored before their first attempt
+// and the same on every retry; an activity that exhausts its retries parks
+// the run (its attempts may have taken effect) unless ReturnExhausted
+// hands the failure to Get.
+func TestGoActivityKeepsItsRequestIDAcrossRetries(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	seen := map[string][]uuid.UUID{}
+	quick := &engine.RetryPolicy{InitialInterval: 10 * time.Millisecond, MaximumAttempts: 3}
+	wf := engine.Define("go-activities", func(ctx *engine.Context, exhaust bool) ([]string, error) {
+		fs := make([]*engine.Future[string], 4)
+		for i := range fs {
+			name := fmt.Sprint("call", i)
+			fs[i] = engine.GoActivity(ctx, name, &engine.ActivityOpts{RetryPolicy: quick, ReturnExhausted: !exhaust},
+				func(_ context.Context, a *engine.ActivityAttempt) (string, error) {
+					mu.Lock()
+					seen[name] = append(seen[name], a.RequestID)
+					mu.Unlock()
+					if i == 3 {
+						return "", errors.New("503")
+					}
+					if a.Attempt < 2 {
+						return "", errors.New("flaky")
+					}
+					return name, nil
+				})
+		}
+		out, err := engine.All(ctx, fs[:3])
+		if err != nil {
+			return nil, err
+		}
+		if _, err := fs[3].Get(ctx); err == nil || !errors.Is(err, engine.ErrRetriesExhausted) {
+			return nil, fmt.Errorf("want the exhausted failure, got %v", err)
+		}
+		return out, nil
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, false, nil)
+	require.NoError(t, err)
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, []string{"call0", "call1", "call2"}, out)
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	for i := range 4 {
+		ids := seen[fmt.Sprint("call", i)]
+		require.GreaterOrEqual(t, len(ids), 2)
+		for _, id := range ids {
+			require.Equal(t, ids[0], id, "one request ID for every attempt")
+		}
+		require.Equal(t, engine.KindActivity, run.Steps[i].Kind)
+		require.Equal(t, ids[0], *run.Steps[i].RequestID)
+	}
+
+	res, err = wf.Start(ctx, b.engine, true, nil)
+	require.NoError(t, err)
+	_, err = wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	var runErr *engine.RunError
+	require.ErrorAs(t, err, &runErr)
+	require.Equal(t, engine.StatusDead, runErr.Status)
+	jobs, _, err := b.engine.ListDeadJobs(ctx, engine.ListDeadJobsParams{})
+	require.NoError(t, err)
+	require.Len(t, jobs, 1)
+	require.Equal(t, engine.ReasonRetriesExhausted, jobs[0].Reason)
+	require.Equal(t, "call3", jobs[0].StepName)
+}

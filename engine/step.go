@@ -50,6 +50,8 @@ type StepOpts struct {
 
 	// undo builds a parallel step's undo from its output (GoUndo).
 	undo func(out []byte) (*Undo, error)
+	// activity is a parallel activity's options (GoActivity).
+	activity *ActivityOpts
 }
 
 func (o *StepOpts) validate() error {
