@@ -21,8 +21,9 @@ type ParentClosePolicy string
 
 // Parent-close policies.
 const (
-	// ParentCloseCancel (the default) requests the child's cancellation as
-	// the parent closes: it compensates and ends cancelled.
+	// ParentCloseCancel (the default) requests the child's cancellation
+	// once the parent's workflow function has returned (or, failing, as
+	// its undos begin): the child compensates and ends cancelled.
 	ParentCloseCancel ParentClosePolicy = "cancel"
 	// ParentCloseAbandon leaves the child running on its own.
 	ParentCloseAbandon ParentClosePolicy = "abandon"
@@ -453,27 +454,32 @@ func (d *delivery) suspendForChildren(seqs []int) bool {
 	return false
 }
 
+// Which children the parent cancels, and waits for, before it closes:
+// once its workflow function returned (completed, failed with nothing to
+// undo, continued as new), and before its undos run.
+var (
+	closeCancels    = []string{string(ParentCloseCancel)}
+	closeWaits      = []string{string(ParentCloseWait)}
+	compensateStops = []string{string(ParentCloseCancel), string(ParentCloseWait)}
+)
+
 // closeChildren is what the parent does with its children before it
-// closes: with cancel, it requests the cancellation of those of policies
-// cancel and wait (the parent is compensating); then it waits until every
-// child of policies waiting has ended. True once none is open; false when
-// the delivery ended (the parent suspended until one ends, or a write
-// failed).
-func (d *delivery) closeChildren(cancel bool, waiting ...ParentClosePolicy) bool {
+// closes: it requests the cancellation of those of policies cancel, then
+// waits until every child of policies wait has ended. True once none is
+// open; false when the delivery ended (the parent suspended until one
+// ends, or a write failed).
+func (d *delivery) closeChildren(cancel, wait []string) bool {
 	if !d.hasChildren {
 		return true
 	}
-	policies := make([]string, len(waiting))
-	for i, p := range waiting {
-		policies[i] = string(p)
-	}
-	if cancel {
+	policies := wait
+	if len(cancel) > 0 {
 		var cancelled []uuid.UUID
 		err := d.do(func(ctx context.Context) error {
 			return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
 				var woken []uuid.UUID
 				var err error
-				if cancelled, woken, err = store.CancelChildren(ctx, tx, d.runID, policies); err != nil {
+				if cancelled, woken, err = store.CancelChildren(ctx, tx, d.runID, cancel); err != nil {
 					return err
 				}
 				return d.e.queue.EnqueueMany(ctx, tx, woken)

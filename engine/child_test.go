@@ -295,3 +295,87 @@ func TestKillWhileChildrenRunParentCompletesWithAllResults(t *testing.T) {
 	require.Equal(t, 3, rows, "each child's tx step committed once")
 	require.Equal(t, 3, distinct)
 }
+
+// Parent-close policies: when the parent completes, its cancel child is
+// cancelled, its abandon child keeps running, and the parent stays open
+// (waiting) until its wait child ends, then completes with the output its
+// function returned.
+func TestParentClosePolicies(t *testing.T) {
+	t.Parallel()
+	child := engine.Define("close-kid", func(ctx *engine.Context, _ string) (string, error) {
+		return engine.AwaitSignal[string](ctx, "finish", 0)
+	}, nil)
+	parent := engine.Define("close-parent", func(ctx *engine.Context, _ int) (string, error) {
+		for _, p := range []engine.ParentClosePolicy{engine.ParentCloseCancel, engine.ParentCloseAbandon, engine.ParentCloseWait} {
+			if _, err := engine.StartChild(ctx, child, string(p), &engine.ChildOpts{WorkflowID: "kid-" + string(p), ParentClosePolicy: p}); err != nil {
+				return "", err
+			}
+		}
+		return "parent done", nil
+	}, nil)
+	b := setup(t, nil, parent, child)
+	ctx := testCtx(t)
+	res, err := parent.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	status := func(id string) engine.RunStatus {
+		runID, err := b.engine.FindRun(ctx, id)
+		require.NoError(t, err)
+		run, err := b.engine.GetRun(ctx, runID)
+		require.NoError(t, err)
+		return run.Status
+	}
+	require.Eventually(t, func() bool {
+		return status(res.RunID.String()) == engine.StatusWaiting && status("kid-cancel") == engine.StatusCancelled
+	}, 10*time.Second, 10*time.Millisecond, "the parent waits for its wait child; its cancel child is cancelled")
+	require.Equal(t, engine.StatusWaiting, status("kid-abandon"))
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, []int{2}, run.AwaitChildren)
+
+	require.NoError(t, b.engine.Signal(ctx, "kid-wait", "finish", "ok", nil))
+	out, err := parent.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, "parent done", out)
+	require.Equal(t, engine.StatusCompleted, status("kid-wait"))
+	require.Equal(t, engine.StatusWaiting, status("kid-abandon"), "an abandoned child outlives its parent")
+	run, err = b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StepCompleted, run.Steps[2].Status, "the wait child's outcome is recorded")
+}
+
+// A child workflow ID held by another run fails StartChild with
+// ErrWorkflowIDConflict, recorded (no child run, a replay fails alike);
+// bad ChildOpts are refused unrecorded.
+func TestStartChildRefusesATakenWorkflowIDAndBadOpts(t *testing.T) {
+	t.Parallel()
+	child := engine.Define("taken-kid", func(ctx *engine.Context, _ int) (int, error) { return 1, nil }, nil)
+	parent := engine.Define("taken-parent", func(ctx *engine.Context, _ int) (string, error) {
+		_, err := engine.StartChild(ctx, child, 0, &engine.ChildOpts{ParentClosePolicy: "sometimes"})
+		if !errors.Is(err, engine.ErrInvalidArgument) {
+			return "", fmt.Errorf("bad policy: %v", err)
+		}
+		_, err = engine.StartChild(ctx, child, 0, &engine.ChildOpts{WorkflowID: "taken"})
+		if !errors.Is(err, engine.ErrWorkflowIDConflict) {
+			return "", fmt.Errorf("taken ID: %v", err)
+		}
+		if err := engine.Sleep(ctx, 1500*time.Millisecond); err != nil { // the next delivery replays the refusal
+			return "", err
+		}
+		return "refused", nil
+	}, nil)
+	b := setup(t, nil, parent, child)
+	ctx := testCtx(t)
+	_, err := child.Start(ctx, b.engine, 5, &engine.StartOpts{WorkflowID: "taken"})
+	require.NoError(t, err)
+	res, err := parent.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	out, err := parent.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, "refused", out)
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Empty(t, run.Children)
+	require.Equal(t, engine.KindChild, run.Steps[0].Kind)
+	require.Equal(t, engine.StepFailed, run.Steps[0].Status)
+	require.GreaterOrEqual(t, run.Deliveries, 2)
+}

@@ -144,7 +144,7 @@ func (d *delivery) compensate(status RunStatus, info *ErrorInfo) {
 	d.compensating = true
 	d.sagaCause = info
 	// Children first: a child started after a step is undone before it.
-	if !d.closeChildren(true, ParentCloseCancel, ParentCloseWait) {
+	if !d.closeChildren(compensateStops, compensateStops) {
 		return
 	}
 	d.pos.skipForward()

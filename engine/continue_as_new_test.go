@@ -2,6 +2,8 @@ package engine_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -98,4 +100,54 @@ func TestContinueAsNewCarriesSignalsAndTheWorkflowID(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, again.Existing, "the workflow ID names the latest run of the chain")
 	require.NotEqual(t, res.RunID, again.RunID)
+}
+
+// A cancellation requested before a run continues wins: the run
+// compensates and ends cancelled, and no new run starts.
+func TestCancelBeatsContinueAsNew(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("can-cancel", func(ctx *engine.Context, n int) (int, error) {
+		if _, err := engine.AwaitSignal[int](ctx, "next", 0); err != nil {
+			return 0, err
+		}
+		return 0, engine.ContinueAsNew(ctx, n+1)
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, &engine.StartOpts{WorkflowID: "can-cancel-1"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		run, err := b.engine.GetRun(ctx, res.RunID)
+		require.NoError(t, err)
+		return run.Status == engine.StatusWaiting
+	}, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, b.engine.Cancel(ctx, res.RunID))
+	_, err = wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.ErrorIs(t, err, engine.ErrCancelled)
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs`).Scan(&n))
+	require.Equal(t, 1, n)
+}
+
+// ContinueAsNew with an input that does not decode as the workflow's input
+// is refused where it is called.
+func TestContinueAsNewRefusesAnInputOfTheWrongType(t *testing.T) {
+	t.Parallel()
+	type in struct {
+		N int `json:"n"`
+	}
+	wf := engine.Define("can-type", func(ctx *engine.Context, _ in) (string, error) {
+		err := engine.ContinueAsNew(ctx, "not an object")
+		if !errors.Is(err, engine.ErrInvalidInput) {
+			return "", fmt.Errorf("want ErrInvalidInput, got %v", err)
+		}
+		return "refused", nil
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, in{}, nil)
+	require.NoError(t, err)
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, "refused", out)
 }

@@ -78,11 +78,24 @@
 //
 // # Waiting: timers and signals
 //
-// Sleep, SleepUntil and AwaitSignal record what the run waits for and end
-// the delivery: a waiting run holds no goroutine, connection, worker slot
+// Sleep, SleepUntil, AwaitSignal, SelectSignal, Select and a child's Get
+// record what the run waits for and end the delivery: a waiting run holds no goroutine, connection, worker slot
 // or River job. The sweep wakes it when its time comes; Engine.Signal wakes
 // it at once. Now and NewUUID record their values so replays see the same
 // ones. Time comes from Config.Clock.
+//
+// # Composition
+//
+// Go, GoTx and GoActivity start steps without waiting and return a
+// *Future (Get, All, First); positions are taken in call order, so a
+// replay lines up whatever order they finished in. StartChild and
+// ChildWorkflow start another workflow as a child run, exactly once, and
+// return its result or a *ChildError; its ParentClosePolicy says what the
+// parent's close does to it. Select waits for the first ready of futures,
+// child runs, signals and timers, recorded so a replay takes the same
+// branch. ContinueAsNew ends a run by starting the next run of its
+// workflow under the same workflow ID, so an endless loop keeps its
+// history, and its replay, to one iteration.
 //
 // # Schedules
 //

@@ -210,12 +210,12 @@ func (d *delivery) finish(out []byte, err error, p *panicInfo) {
 	case (err == nil || next != nil) && d.pos.replaying():
 		d.parkUnreplayed("workflow returned")
 	case next != nil:
-		if !d.closeChildren(false, ParentCloseWait) {
+		if !d.closeChildren(closeCancels, closeWaits) {
 			return
 		}
 		d.continueAsNew(next.input)
 	case err == nil:
-		if !d.closeChildren(false, ParentCloseWait) {
+		if !d.closeChildren(closeCancels, closeWaits) {
 			return
 		}
 		d.close(StatusCompleted, d.finishRun(StatusCompleted, out, nil))
@@ -230,7 +230,7 @@ func (d *delivery) finish(out []byte, err error, p *panicInfo) {
 			d.compensate(StatusCompensated, info)
 			return
 		}
-		if !d.closeChildren(false, ParentCloseWait) {
+		if !d.closeChildren(closeCancels, closeWaits) {
 			return
 		}
 		d.close(StatusFailed, d.finishRun(StatusFailed, nil, info.json()))

@@ -201,16 +201,17 @@ func register(e *errorEntry) error {
 // The engine's own sentinels and types, registered with the package.
 var _ = func() error {
 	for name, s := range map[string]error{
-		"context.Canceled":              context.Canceled,
-		"context.DeadlineExceeded":      context.DeadlineExceeded,
-		"io.EOF":                        io.EOF,
-		"io.ErrUnexpectedEOF":           io.ErrUnexpectedEOF,
-		"pgdurable.ErrTimeout":          ErrTimeout,
-		"pgdurable.ErrRetriesExhausted": ErrRetriesExhausted,
-		"pgdurable.ErrCancelled":        ErrCancelled,
-		"pgdurable.ErrWorkerLost":       ErrWorkerLost,
-		"pgdurable.ErrOutputTooLarge":   ErrOutputTooLarge,
-		"pgdurable.ErrInvalidInput":     ErrInvalidInput,
+		"context.Canceled":                context.Canceled,
+		"context.DeadlineExceeded":        context.DeadlineExceeded,
+		"io.EOF":                          io.EOF,
+		"io.ErrUnexpectedEOF":             io.ErrUnexpectedEOF,
+		"pgdurable.ErrTimeout":            ErrTimeout,
+		"pgdurable.ErrRetriesExhausted":   ErrRetriesExhausted,
+		"pgdurable.ErrCancelled":          ErrCancelled,
+		"pgdurable.ErrWorkerLost":         ErrWorkerLost,
+		"pgdurable.ErrOutputTooLarge":     ErrOutputTooLarge,
+		"pgdurable.ErrInvalidInput":       ErrInvalidInput,
+		"pgdurable.ErrWorkflowIDConflict": ErrWorkflowIDConflict,
 	} {
 		if err := RegisterSentinel(name, s); err != nil {
 			panic(err) // the engine's own names: a programming error

@@ -59,8 +59,12 @@ func setup(t *testing.T, opts *httpapi.Options) *bundle {
 		}](ctx, "approve", 0)
 		return a.By, err
 	}, nil)
+	// approvals waits for an approval as a child run.
+	approvals := engine.Define("approvals", func(ctx *engine.Context, o order) (string, error) {
+		return engine.ChildWorkflow(ctx, approval, o, nil)
+	}, nil)
 	db := enginetest.NewDB(t)
-	e := enginetest.NewEngine(t, db, nil, true, wf, approval)
+	e := enginetest.NewEngine(t, db, nil, true, wf, approval, approvals)
 	if opts == nil {
 		opts = &httpapi.Options{}
 	}
@@ -745,4 +749,33 @@ func TestListsRefuseUnknownAndRepeatedParameters(t *testing.T) {
 	list := b.do(t, "GET", "/v1/runs?workflow_id_prefix=batch7_", "")
 	require.Equal(t, http.StatusOK, list.status, list.raw)
 	require.Len(t, list.body["runs"].([]any), 2)
+}
+
+// GET /v1/runs/{id} shows a parent's children and the child it waits for,
+// and a child's parent; cancelling the parent over HTTP cancels the child.
+func TestRunBodiesShowParentAndChildren(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	r := b.do(t, "POST", "/v1/workflows/approvals/runs", `{"id": "parent-1", "input": {"order_id": "o", "amount": 1}}`)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	b.waitStatus(t, "parent-1", "waiting")
+	var parent map[string]any
+	require.Eventually(t, func() bool {
+		parent = b.do(t, "GET", "/v1/runs/parent-1", "").body
+		return len(parent["await_children"].([]any)) == 1
+	}, 10*time.Second, 10*time.Millisecond)
+	kids := parent["children"].([]any)
+	require.Len(t, kids, 1)
+	kid := kids[0].(map[string]any)
+	require.Equal(t, "approval", kid["workflow"])
+	require.Equal(t, parent["run_id"].(string)+"/0", kid["workflow_id"])
+	require.Equal(t, "cancel", kid["parent_close_policy"])
+	child := b.do(t, "GET", "/v1/runs/"+kid["run_id"].(string), "").body
+	require.Equal(t, parent["run_id"], child["parent_run_id"])
+	require.EqualValues(t, 0, child["parent_seq"])
+
+	c := b.do(t, "POST", "/v1/runs/parent-1/cancel", "")
+	require.Equal(t, http.StatusAccepted, c.status, c.raw)
+	b.waitStatus(t, "parent-1", "cancelled")
+	b.waitStatus(t, kid["run_id"].(string), "cancelled")
 }
