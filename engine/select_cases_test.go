@@ -147,3 +147,47 @@ func TestSelectRefusesMalformedCases(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, run.Steps)
 }
+
+// A run suspended in a Select that is cancelled wakes at once, records the
+// Select as cancelled and ends cancelled; a Select of timers alone waits
+// for nothing but its earliest timer.
+func TestCancelledSelectAndATimersOnlySelect(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("select-cancel", func(ctx *engine.Context, timersOnly bool) (int, error) {
+		if timersOnly {
+			sel, err := engine.Select(ctx, "timers", engine.OnTimer(time.Hour), engine.OnTimer(1200*time.Millisecond))
+			return sel.Index, err
+		}
+		sel, err := engine.Select(ctx, "wait", engine.OnSignal("never"), engine.OnTimer(time.Hour))
+		return sel.Index, err
+	}, nil)
+	b := setup(t, &engine.Config{SweepInterval: 50 * time.Millisecond}, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, false, nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		run, err := b.engine.GetRun(ctx, res.RunID)
+		require.NoError(t, err)
+		return run.Status == engine.StatusWaiting && run.AwaitSignal == "never"
+	}, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, b.engine.Cancel(ctx, res.RunID))
+	_, err = wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.ErrorIs(t, err, engine.ErrCancelled)
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StepCancelled, run.Steps[0].Status)
+
+	res, err = wf.Start(ctx, b.engine, true, nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		run, err := b.engine.GetRun(ctx, res.RunID)
+		require.NoError(t, err)
+		return run.Status == engine.StatusWaiting && run.WakeAt != nil
+	}, 10*time.Second, 10*time.Millisecond)
+	run, err = b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Empty(t, run.AwaitSignal)
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 1, out, "the earliest timer wins")
+}

@@ -242,7 +242,12 @@ func SuspendForSignal(ctx context.Context, tx DBTX, f Fence, rec *StepRecord, na
 // until one of awaits (signal names, ChildToken tokens) wakes it or wakeAt
 // passes (nil: no timeout), writing rec (may be nil).
 func SuspendAwaiting(ctx context.Context, tx DBTX, f Fence, rec *StepRecord, status string, awaits []string, wakeAt *time.Time) error {
+	var await *string // a wait for a timer alone waits for nothing else
+	if len(awaits) > 0 {
+		joined := strings.Join(awaits, AwaitSeparator)
+		await = &joined
+	}
 	args := append([]any{f.RunID, f.Token, 0}, stepArgs(rec)...)
-	args = append(args, wakeAt, strings.Join(awaits, AwaitSeparator), status)
+	args = append(args, wakeAt, await, status)
 	return fenced(tx.QueryRow(ctx, suspendAwaitingRun, args...), "suspending run %s", f.RunID)
 }
