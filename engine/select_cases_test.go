@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdurable/pgdurable/engine"
@@ -190,4 +191,55 @@ func TestCancelledSelectAndATimersOnlySelect(t *testing.T) {
 	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
 	require.NoError(t, err)
 	require.Equal(t, 1, out, "the earliest timer wins")
+}
+
+// Select's signal and timer racing, 100 runs: each run takes exactly one
+// branch (the signal taken, or the timer with the signal left buffered),
+// and its replay after a sleep takes the same.
+func TestSelectSignalAndTimerRaceHundredRuns(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("select-cases-race", func(ctx *engine.Context, _ int) (string, error) {
+		sel, err := engine.Select(ctx, "race", engine.OnSignal("go"), engine.OnTimer(250*time.Millisecond))
+		if err != nil {
+			return "", err
+		}
+		if err := engine.Sleep(ctx, 1100*time.Millisecond); err != nil { // the replay decides again, from the record
+			return "", err
+		}
+		return []string{"go", "timeout"}[sel.Index], nil
+	}, nil)
+	b := setup(t, &engine.Config{SweepInterval: 50 * time.Millisecond}, wf)
+	ctx := testCtx(t)
+	ids := make([]uuid.UUID, 100)
+	for i := range ids {
+		res, err := wf.Start(ctx, b.engine, i, nil)
+		require.NoError(t, err)
+		ids[i] = res.RunID
+	}
+	time.Sleep(200 * time.Millisecond)
+	for _, id := range ids {
+		go func() { _ = b.engine.Signal(ctx, id.String(), "go", nil, nil) }() // races the 250 ms timer
+	}
+	counts := map[string]int{}
+	for _, id := range ids {
+		out, err := wf.Wait(ctx, b.engine, id, 20*time.Millisecond)
+		require.NoError(t, err)
+		counts[out]++
+		run, err := b.engine.GetRun(ctx, id)
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, run.Deliveries, 2, "replayed after the sleep")
+		consumed := 0
+		for _, s := range run.Signals {
+			if s.ConsumedSeq != nil {
+				consumed++
+			}
+		}
+		if out == "go" {
+			require.Equal(t, 1, consumed, "the signal branch took it")
+		} else {
+			require.Zero(t, consumed, "the timer branch left it buffered")
+		}
+	}
+	t.Logf("branches taken: %v", counts)
+	require.Equal(t, 100, counts["go"]+counts["timeout"])
 }
