@@ -97,7 +97,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "pgdurable_start_idempotent_hits_total", Help: "Starts that found an existing run with the same workflow ID and input.",
 		}, []string{"workflow"}),
 		runsEnded: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "pgdurable_runs_finished_total", Help: "Runs that reached a terminal status (completed, failed, compensated, cancelled, dead).",
+			Name: "pgdurable_runs_finished_total", Help: "Runs that reached a terminal status (completed, failed, compensated, cancelled, dead, continued).",
 		}, []string{"workflow", "status"}),
 		stepDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "pgdurable_step_attempt_duration_seconds", Help: "Duration of step attempts, by outcome.",
