@@ -56,7 +56,8 @@ var (
 var ErrCancelled = errors.New("pgdurable: run cancelled")
 
 // ErrRunClosed: the run already finished (completed, failed, compensated,
-// cancelled or dead); it cannot be cancelled or signalled.
+// cancelled, continued as new, or dead); it cannot be cancelled or
+// signalled.
 var ErrRunClosed = errors.New("pgdurable: run already finished")
 
 // ErrTimeout is in the error of anything that timed out: AwaitSignal whose

@@ -19,7 +19,7 @@ type Observer interface {
 	// idempotent start hit).
 	RunStarted(workflow string, existing bool)
 	// RunEnded: run runID reached status (completed, failed, compensated,
-	// cancelled, dead) and the record is committed.
+	// cancelled, dead, continued) and the record is committed.
 	RunEnded(runID uuid.UUID, workflow string, status RunStatus)
 	// StepAttempt: one attempt of a step ended. outcome is completed,
 	// retry, failed (recorded and returned), parked, cancelled or
