@@ -281,6 +281,7 @@ func (d *delivery) startChild(name string, version int, input []byte, opts *Chil
 	d.extendedAt(started)
 	d.progressed.Store(true)
 	d.noteCancel(cancel)
+	d.noteChildRecord(rec)
 	if taken {
 		d.e.obs.StepAttempt(d.wf.name, name, KindChild, 1, "failed", time.Since(started))
 		return 0, uuid.Nil, "", stepErrorFromRecord(rec)
@@ -297,10 +298,18 @@ func (o *ChildOpts) runTimeout() time.Duration {
 	return o.RunTimeout
 }
 
+// noteChildRecord keeps rec, a record of a child this delivery wrote.
+func (d *delivery) noteChildRecord(rec *store.StepRecord) {
+	if d.childRecs == nil {
+		d.childRecs = map[int]*store.StepRecord{}
+	}
+	d.childRecs[rec.Seq] = rec
+}
+
 // childRecord is the parent's latest record of its child at seq: written
 // by this delivery, or by an earlier one.
 func (d *delivery) childRecord(seq int) *store.StepRecord {
-	if rec, ok := d.childEnded[seq]; ok {
+	if rec, ok := d.childRecs[seq]; ok {
 		return rec
 	}
 	return d.pos.at(seq)
@@ -321,7 +330,7 @@ func (d *delivery) childResult(seq int, name string) ([]byte, error) {
 			switch rec.Status {
 			case store.StepCompleted:
 				return rec.Output, nil
-			case store.StepFailed:
+			case store.StepFailed, store.StepCancelled:
 				return nil, childErrorFromRecord(rec)
 			}
 		}
@@ -365,7 +374,7 @@ func (d *delivery) settleChildren(seqs []int) (int, error) {
 	for _, c := range ends {
 		rec := d.childRecord(c.Seq)
 		if rec == nil {
-			continue // not started by this run's code (cannot happen)
+			continue // not this delivery's to record: a Get of it will
 		}
 		done := *rec
 		now := d.e.now()
@@ -377,17 +386,17 @@ func (d *delivery) settleChildren(seqs []int) (int, error) {
 			ce := &ChildError{Workflow: done.Name, RunID: *done.RequestID, Status: RunStatus(c.Status), Info: info}
 			rec := &ErrorInfo{Class: childErrorClass(c.Status), Message: ce.Error(), Cause: info, Step: done.Name, Seq: &done.Seq}
 			done.Status, done.Output, done.Error = store.StepFailed, nil, rec.json()
+			if c.Status == store.RunCancelled {
+				done.Status = store.StepCancelled // a cancelled child is no failure of the parent's
+			}
 		}
 		recs = append(recs, &done)
 	}
 	if !d.write(recs...) {
 		return 0, d.endErr
 	}
-	if d.childEnded == nil {
-		d.childEnded = map[int]*store.StepRecord{}
-	}
 	for _, r := range recs {
-		d.childEnded[r.Seq] = r
+		d.noteChildRecord(r)
 	}
 	return len(recs), nil
 }
@@ -477,6 +486,11 @@ func (d *delivery) closeChildren(cancel, wait []string) bool {
 		var cancelled []uuid.UUID
 		err := d.do(func(ctx context.Context) error {
 			return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
+				// Its own row first: a child continuing as new meanwhile
+				// commits its new run before, or waits (see store.LockRun).
+				if err := store.LockRun(ctx, tx, d.runID); err != nil {
+					return err
+				}
 				var woken []uuid.UUID
 				var err error
 				if cancelled, woken, err = store.CancelChildren(ctx, tx, d.runID, cancel); err != nil {
@@ -558,6 +572,15 @@ func (d *delivery) endRelated(ctx context.Context, tx pgx.Tx, status RunStatus) 
 	return nil
 }
 
+// lockParent locks the parent's row, if the run has a parent, before the
+// transaction that ends the run writes its own (see store.LockRun).
+func (d *delivery) lockParent(ctx context.Context, tx pgx.Tx) error {
+	if d.parent == nil {
+		return nil
+	}
+	return store.LockRun(ctx, tx, d.parent.RunID)
+}
+
 // related reports whether the run's end touches other runs (see
 // endRelated): it has a parent, or it started children.
 func (d *delivery) related() bool { return d.parent != nil || d.hasChildren }
@@ -575,6 +598,9 @@ func (d *delivery) endTx(w *store.RecordWrite, status RunStatus) error {
 			}
 		}
 		return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
+			if err := d.lockParent(ctx, tx); err != nil {
+				return err
+			}
 			res, err := store.WriteRecords(ctx, tx, []*store.RecordWrite{w})
 			if err != nil {
 				return err

@@ -243,7 +243,7 @@ func TestCancellingAParentCancelsAndCompensatesItsChildren(t *testing.T) {
 	require.Equal(t, engine.StatusCancelled, run.Status)
 	for _, c := range run.Children {
 		require.Equal(t, engine.StatusCancelled, c.Status, "child %d", c.Seq)
-		require.Equal(t, engine.StepFailed, run.Steps[c.Seq].Status, "the parent recorded how its child ended")
+		require.Equal(t, engine.StepCancelled, run.Steps[c.Seq].Status, "the parent recorded how its child ended")
 	}
 	rows, err := b.db.Pool.Query(ctx, `SELECT what FROM child_log ORDER BY id`)
 	require.NoError(t, err)
@@ -378,4 +378,42 @@ func TestStartChildRefusesATakenWorkflowIDAndBadOpts(t *testing.T) {
 	require.Equal(t, engine.KindChild, run.Steps[0].Kind)
 	require.Equal(t, engine.StepFailed, run.Steps[0].Status)
 	require.GreaterOrEqual(t, run.Deliveries, 2)
+}
+
+// A child's Get while a parallel step of the parent still runs: the
+// delivery waits in place, looks at the child meanwhile, and returns its
+// result once it ended (found by a fresh-user pass: it hung).
+func TestChildGetWhileAParallelStepRuns(t *testing.T) {
+	t.Parallel()
+	child := engine.Define("gwf-kid", func(ctx *engine.Context, _ int) (string, error) {
+		return engine.AwaitSignal[string](ctx, "go", 0)
+	}, nil)
+	wf := engine.Define("gwf-parent", func(ctx *engine.Context, _ int) (string, error) {
+		f := engine.Go(ctx, "slow", func(context.Context) (string, error) {
+			time.Sleep(time.Second)
+			return "f", nil
+		}, nil)
+		c, err := engine.StartChild(ctx, child, 0, nil)
+		if err != nil {
+			return "", err
+		}
+		v, err := c.Get(ctx)
+		if err != nil {
+			return "", err
+		}
+		w, err := f.Get(ctx)
+		return v + "+" + w, err
+	}, nil)
+	b := setup(t, nil, wf, child)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		return b.engine.Signal(ctx, res.RunID.String()+"/1", "go", "kid", nil) == nil
+	}, 5*time.Second, 20*time.Millisecond)
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := wf.Wait(wctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, "kid+f", out)
 }

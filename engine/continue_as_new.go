@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -69,13 +70,15 @@ func (d *delivery) continueAsNew(input []byte) {
 	r.Parent = d.parent
 	wf, path := e.planStart(nil, d.wf.name, false)
 	e.route(&r, path)
-	pending := d.buf.takeAll()
 	sent := time.Now()
 	d.writeMu.Lock()
 	err = d.do(func(ctx context.Context) error {
 		return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-			if len(pending) > 0 {
-				if _, _, err := store.WriteSteps(ctx, tx, d.fence(), "", pending...); err != nil {
+			if err := d.lockParent(ctx, tx); err != nil { // ancestors first (see store.LockRun)
+				return err
+			}
+			if p := d.buf.pending; p != nil {
+				if _, _, err := store.WriteSteps(ctx, tx, d.fence(), "", p); err != nil {
 					return err
 				}
 			}
@@ -101,6 +104,14 @@ func (d *delivery) continueAsNew(input []byte) {
 	})
 	d.writeMu.Unlock()
 	e.afterStart(wf, path, r, err == nil, sent)
+	if errors.Is(err, store.ErrCancelRequested) {
+		// A cancellation accepted before the run ended wins: nothing was
+		// written; the run compensates and ends cancelled instead.
+		d.noteCancel(true)
+		d.compensate(StatusCancelled, d.cancelInfo())
+		return
+	}
+	d.buf.take() // written by the transaction
 	if err == nil {
 		e.noteCancelled(d.closedChildren)
 		e.obs.RunStarted(d.wf.name, false)

@@ -107,13 +107,13 @@ type delivery struct {
 	branchPark     atomic.Pointer[parkReason]
 
 	// Child runs (child.go): the run's parent, if it is a child; whether
-	// it started children (a record of kind child); the outcomes of
-	// children this delivery recorded, by position; the children its end
-	// cancelled.
+	// it started children (a record of kind child); the records of
+	// children this delivery wrote (their start, their outcome), by
+	// position; the children its end cancelled.
 	parent         *store.ParentRef
 	runTimeout     time.Duration // StartOpts.RunTimeout, for a ContinueAsNew's run
 	hasChildren    bool
-	childEnded     map[int]*store.StepRecord
+	childRecs      map[int]*store.StepRecord
 	closedChildren []uuid.UUID
 
 	ended  bool  // this delivery has handed the run back; no more writes

@@ -203,10 +203,8 @@ func (d *delivery) finish(out []byte, err error, p *panicInfo) {
 			class = ClassOutputTooLarge
 		}
 		d.park(nil, &parkReason{reason: ReasonPermanentError, info: newErrorInfo(err, class)})
-	case d.cancelRequested.Load() && d.deadline != nil && !d.e.now().Before(*d.deadline):
-		d.compensate(StatusCancelled, newErrorInfo(&runTimeoutError{deadline: *d.deadline}, ClassTimeout))
 	case d.cancelRequested.Load():
-		d.compensate(StatusCancelled, newErrorInfo(ErrCancelled, ClassCancelled))
+		d.compensate(StatusCancelled, d.cancelInfo())
 	case (err == nil || next != nil) && d.pos.replaying():
 		d.parkUnreplayed("workflow returned")
 	case next != nil:
@@ -643,12 +641,25 @@ func (d *delivery) park(rec *store.StepRecord, why *parkReason) {
 			return store.ParkRun(ctx, d.e.pool, d.fence(), rec, p)
 		}
 		return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
+			if err := d.lockParent(ctx, tx); err != nil {
+				return err
+			}
 			if err := store.ParkRun(ctx, tx, d.fence(), rec, p); err != nil {
 				return err
 			}
 			return d.endRelated(ctx, tx, StatusDead)
 		})
 	}))
+}
+
+// cancelInfo is the error a cancelled run ends with: its timeout's once
+// its deadline passed (the sweep requested the cancellation), else
+// ErrCancelled.
+func (d *delivery) cancelInfo() *ErrorInfo {
+	if d.deadline != nil && !d.e.now().Before(*d.deadline) {
+		return newErrorInfo(&runTimeoutError{deadline: *d.deadline}, ClassTimeout)
+	}
+	return newErrorInfo(ErrCancelled, ClassCancelled)
 }
 
 // runTimeoutError is the error of a run cancelled at its deadline

@@ -340,6 +340,10 @@ func (b *branch) run(body func(context.Context, *branch) ([]byte, error)) (_ []b
 				}
 			}()
 			out, err = body(ctx, b)
+			var pe *panicError // an activity's, recovered on its own goroutine
+			if errors.As(err, &pe) {
+				return nil, pe.p, nil
+			}
 			return out, nil, err
 		})
 		if timedOut {

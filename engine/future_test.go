@@ -415,3 +415,30 @@ func TestGoActivityKeepsItsRequestIDAcrossRetries(t *testing.T) {
 	require.Equal(t, engine.ReasonRetriesExhausted, jobs[0].Reason)
 	require.Equal(t, "call3", jobs[0].StepName)
 }
+
+// A parallel activity that panics parks the run at once with reason panic,
+// as a sequential one does; it is not retried as a transient failure
+// (found by a fresh-user pass).
+func TestGoActivityPanicParksTheRun(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	wf := engine.Define("go-activity-panic", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.GoActivity(ctx, "kaboom", nil, func(context.Context, *engine.ActivityAttempt) (int, error) {
+			calls.Add(1)
+			panic("kaboom")
+		}).Get(ctx)
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	_, err = wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	var runErr *engine.RunError
+	require.ErrorAs(t, err, &runErr)
+	require.Equal(t, engine.StatusDead, runErr.Status)
+	jobs, _, err := b.engine.ListDeadJobs(ctx, engine.ListDeadJobsParams{RunID: res.RunID})
+	require.NoError(t, err)
+	require.Len(t, jobs, 1)
+	require.Equal(t, engine.ReasonPanic, jobs[0].Reason)
+	require.Equal(t, int64(1), calls.Load())
+}

@@ -55,7 +55,7 @@ func TestMetricsCountRunsStepsAndQueue(t *testing.T) {
 	require.Error(t, err)
 
 	expected := `
-# HELP pgdurable_runs_finished_total Runs that reached a terminal status (completed, failed, compensated, cancelled, dead).
+# HELP pgdurable_runs_finished_total Runs that reached a terminal status (completed, failed, compensated, cancelled, dead, continued).
 # TYPE pgdurable_runs_finished_total counter
 pgdurable_runs_finished_total{status="completed",workflow="metered"} 1
 pgdurable_runs_finished_total{status="dead",workflow="metered"} 1

@@ -126,10 +126,26 @@ func OpenChildren(ctx context.Context, db DBTX, parent uuid.UUID, policies []str
 	return seqs, nil
 }
 
-// The parent's row is locked by this update (or by the parent's own
-// suspension, which updates it before it reads its children): a child
-// that ends while the parent suspends either finds it waiting for it or
-// is seen ended by the parent's check after its suspension.
+// LockRun locks a run's row for the rest of tx. The transaction that
+// ends a child (or continues it as new) locks its parent's row first,
+// before its own: with the parent's suspension (which updates the
+// parent's row, then looks at its children) that orders the two, so the
+// child either finds the parent waiting and wakes it, or commits its end
+// before the parent's look, which then sees it. And with the parent's
+// close, which holds the parent's row while it cancels its children,
+// it orders a child's continue-as-new (whose new run the close must see)
+// and takes the rows in one order, ancestors first, so the two never
+// deadlock.
+func LockRun(ctx context.Context, tx DBTX, runID uuid.UUID) error {
+	var one int
+	err := tx.QueryRow(ctx, `SELECT 1 FROM workflow_runs WHERE run_id = $1 FOR UPDATE`, runID).Scan(&one)
+	if err = translate(err); err != nil && err != ErrNotFound {
+		return fmt.Errorf("locking run %s: %w", runID, err)
+	}
+	return nil
+}
+
+// wakeParent runs after LockRun(parent) in the same transaction.
 const wakeParent = `
 UPDATE workflow_runs SET status = CASE WHEN status = 'waiting' THEN 'pending' ELSE status END,
     wake_at = NULL, await_signal = NULL, enqueued_at = now()
@@ -138,8 +154,9 @@ WHERE run_id = $1 AND owner_token IS NULL AND status IN ('waiting', 'compensatin
 RETURNING run_id`
 
 // WakeParent, in the transaction that ends the child at parent's position
-// seq, makes the parent pending when it waits for that child; the caller
-// enqueues its delivery in the same transaction when woken.
+// seq (which locked the parent's row first, see LockRun), makes the
+// parent pending when it waits for that child; the caller enqueues its
+// delivery in the same transaction when woken.
 func WakeParent(ctx context.Context, tx DBTX, parent uuid.UUID, seq int) (woken bool, err error) {
 	var id uuid.UUID
 	err = tx.QueryRow(ctx, wakeParent, parent, ChildToken(seq)).Scan(&id)

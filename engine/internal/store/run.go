@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -644,18 +645,36 @@ WITH run AS (
     UPDATE workflow_runs SET status = 'continued', continued_run_id = $4, owner_token = NULL, lease_expires_at = NULL,
         completed_at = now(), wake_at = NULL, deadline_at = NULL, await_signal = NULL,
         stalled_deliveries = 0, long_stalled_deliveries = 0
-    WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0
+    WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0 AND cancel_requested_at IS NULL
     RETURNING run_id, watched AS notify
 ), ` + notifyEnded + `
-SELECT count(*) FROM run WHERE (SELECT count(*) FROM notified) >= 0`
+SELECT count(*), (SELECT cancel_requested_at IS NOT NULL FROM workflow_runs WHERE run_id = $1 AND owner_token = $2)
+FROM run WHERE (SELECT count(*) FROM notified) >= 0`
+
+// ErrCancelRequested: the run's cancellation was requested; it cannot
+// continue as new.
+var ErrCancelRequested = errors.New("cancellation requested")
 
 const moveSignals = `UPDATE workflow_signals SET run_id = $2 WHERE run_id = $1 AND consumed_seq IS NULL`
 
 // ContinueRun, in tx, ends the run f fences as continued by next, a run
 // the caller inserts next in the same transaction, then hands the signals
-// over with MoveSignals. ErrLeaseLost when f no longer holds.
+// over with MoveSignals. ErrLeaseLost when f no longer holds;
+// ErrCancelRequested when the run's cancellation was requested (the run
+// compensates instead: a cancellation accepted before the run ends wins).
 func ContinueRun(ctx context.Context, tx DBTX, f Fence, next uuid.UUID) error {
-	return fenced(tx.QueryRow(ctx, continueRun, f.RunID, f.Token, 0, next), "continuing run %s", f.RunID)
+	var n int
+	var cancel *bool
+	if err := tx.QueryRow(ctx, continueRun, f.RunID, f.Token, 0, next).Scan(&n, &cancel); err != nil {
+		return fmt.Errorf("continuing run %s: %w", f.RunID, translate(err))
+	}
+	switch {
+	case n > 0:
+		return nil
+	case cancel != nil && *cancel:
+		return ErrCancelRequested
+	}
+	return ErrLeaseLost
 }
 
 // MoveSignals hands the signals run from had not consumed to run to (a

@@ -1,0 +1,207 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine"
+)
+
+// These races were found by an attack pass on child runs and
+// continue-as-new; each test failed before its fix.
+
+// A child ends while its parent is still running a step, and its commit
+// is slow (a deferred trigger sleeps at COMMIT, after the end's wake-up
+// ran): the parent, calling Get meanwhile, must not suspend for a child
+// whose end it cannot see yet and then never be woken. The child's end
+// locks the parent's row first, so the parent's suspension waits for it
+// and then sees the child ended.
+func TestParentSuspensionRacingASlowChildEndIsWoken(t *testing.T) {
+	t.Parallel()
+	child := engine.Define("race-slow-child", func(ctx *engine.Context, in int) (int, error) { return in + 1, nil }, nil)
+	parent := engine.Define("race-slow-parent", func(ctx *engine.Context, _ int) (int, error) {
+		c, err := engine.StartChild(ctx, child, 41, nil)
+		if err != nil {
+			return 0, err
+		}
+		if _, err := engine.Step(ctx, "busy", func(context.Context) (int, error) {
+			time.Sleep(1500 * time.Millisecond) // the child ends meanwhile
+			return 0, nil
+		}, nil); err != nil {
+			return 0, err
+		}
+		return c.Get(ctx)
+	}, nil)
+	b := setup(t, nil, parent, child)
+	ctx := testCtx(t)
+	_, err := b.db.Pool.Exec(ctx, `
+CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(3); RETURN NULL; END $$;
+CREATE CONSTRAINT TRIGGER slow_child_commit AFTER UPDATE ON workflow_runs DEFERRABLE INITIALLY DEFERRED
+FOR EACH ROW WHEN (NEW.status = 'completed' AND OLD.status <> 'completed' AND NEW.parent_run_id IS NOT NULL)
+EXECUTE FUNCTION slow_commit();`)
+	require.NoError(t, err)
+	res, err := parent.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	out, err := parent.Wait(wctx, b.engine, res.RunID, 20*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 42, out)
+}
+
+// A child that ended during its parent's delivery (the parent busy in a
+// step) is found by the parent's Get in that delivery, from the start
+// record that delivery wrote; before, Get looked only at earlier
+// deliveries' records and spun.
+func TestGetFindsAChildThatEndedInTheSameDelivery(t *testing.T) {
+	t.Parallel()
+	child := engine.Define("race-same-child", func(ctx *engine.Context, in int) (int, error) { return in + 1, nil }, nil)
+	parent := engine.Define("race-same-parent", func(ctx *engine.Context, _ int) (int, error) {
+		c, err := engine.StartChild(ctx, child, 41, nil)
+		if err != nil {
+			return 0, err
+		}
+		if _, err := engine.Step(ctx, "busy", func(context.Context) (int, error) {
+			time.Sleep(500 * time.Millisecond)
+			return 0, nil
+		}, nil); err != nil {
+			return 0, err
+		}
+		sel, err := engine.Select(ctx, "ended", engine.OnChild(c), engine.OnTimer(time.Hour))
+		if err != nil || sel.Index != 0 {
+			return 0, fmt.Errorf("select: %d, %v", sel.Index, err)
+		}
+		return c.Get(ctx)
+	}, nil)
+	b := setup(t, nil, parent, child)
+	ctx := testCtx(t)
+	res, err := parent.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := parent.Wait(wctx, b.engine, res.RunID, 20*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 42, out)
+}
+
+// 200 parents, each running five children one after another that end at
+// once: every parent completes (none left waiting for a child that ended,
+// none spinning).
+func TestManyParentsOfQuickChildrenAllComplete(t *testing.T) {
+	t.Parallel()
+	child := engine.Define("race-quick-child", func(ctx *engine.Context, in int) (int, error) { return in + 1, nil }, nil)
+	parent := engine.Define("race-quick-parent", func(ctx *engine.Context, _ int) (int, error) {
+		sum := 0
+		for i := range 5 {
+			v, err := engine.ChildWorkflow(ctx, child, i, nil)
+			if err != nil {
+				return 0, err
+			}
+			sum += v
+		}
+		return sum, nil
+	}, nil)
+	b := setup(t, nil, parent, child)
+	ctx := testCtx(t)
+	for i := range 200 {
+		_, err := parent.Start(ctx, b.engine, i, nil)
+		require.NoError(t, err)
+	}
+	eventually(t, 45*time.Second, "every parent to complete", func() bool {
+		var open int
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs
+			WHERE workflow_name = 'race-quick-parent' AND status <> 'completed'`).Scan(&open))
+		return open == 0
+	})
+	var wrong int
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs
+		WHERE workflow_name = 'race-quick-parent' AND output <> '15'::jsonb`).Scan(&wrong))
+	require.Zero(t, wrong)
+}
+
+// A cancellation another process commits while a run is between its last
+// write and its ContinueAsNew wins: the run compensates and ends
+// cancelled, and the chain stops. Before, the run continued and the new
+// run did not inherit the cancellation.
+func TestCancelFromAnotherProcessStopsAContinueAsNewLoop(t *testing.T) {
+	t.Parallel()
+	loop := engine.Define("race-cancel-loop", func(ctx *engine.Context, n int) (int, error) {
+		next, err := engine.Step(ctx, "tick", func(context.Context) (int, error) { return n + 1, nil }, nil)
+		if err != nil {
+			return 0, err
+		}
+		time.Sleep(100 * time.Millisecond) // workflow code between its last step and its return
+		return 0, engine.ContinueAsNew(ctx, next)
+	}, nil)
+	b := setup(t, nil, loop)
+	client := newEngine(t, b.db, nil, false, loop) // another process's engine: an API server
+	ctx := testCtx(t)
+	for trial := range 6 {
+		wid := fmt.Sprintf("race-cancel-%d", trial)
+		res, err := loop.Start(ctx, b.engine, 0, &engine.StartOpts{WorkflowID: wid})
+		require.NoError(t, err)
+		time.Sleep(time.Duration(300+rand.IntN(300)) * time.Millisecond)
+		for {
+			id, err := client.FindRun(ctx, wid)
+			require.NoError(t, err)
+			if err := client.Cancel(ctx, id); err == nil {
+				break
+			} else if !errors.Is(err, engine.ErrRunClosed) {
+				require.NoError(t, err)
+			}
+		}
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err = loop.Wait(wctx, b.engine, res.RunID, 20*time.Millisecond)
+		cancel()
+		require.ErrorIs(t, err, engine.ErrCancelled, "trial %d", trial)
+	}
+}
+
+// A child that loops with ContinueAsNew, in another process, under the
+// default policy cancel: the parent's completion stops the whole chain.
+func TestParentCloseCancelsAChildThatContinuesAsNew(t *testing.T) {
+	t.Parallel()
+	child := engine.Define("race-loop-child", func(ctx *engine.Context, n int) (int, error) {
+		next, err := engine.Step(ctx, "tick", func(context.Context) (int, error) { return n + 1, nil }, nil)
+		if err != nil {
+			return 0, err
+		}
+		time.Sleep(50 * time.Millisecond)
+		return 0, engine.ContinueAsNew(ctx, next)
+	}, nil)
+	parent := engine.Define("race-loop-parent", func(ctx *engine.Context, _ int) (int, error) {
+		if _, err := engine.StartChild(ctx, child, 0, nil); err != nil {
+			return 0, err
+		}
+		if _, err := engine.Step(ctx, "busy", func(context.Context) (int, error) {
+			time.Sleep(500 * time.Millisecond)
+			return 0, nil
+		}, nil); err != nil {
+			return 0, err
+		}
+		return 1, nil
+	}, nil)
+	b := setup(t, nil, parent)
+	newEngine(t, b.db, nil, true, child) // the child runs in another process
+	ctx := testCtx(t)
+	res, err := parent.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	_, err = parent.Wait(ctx, b.engine, res.RunID, 20*time.Millisecond)
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, "the child chain to end", func() bool {
+		var open int
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs
+			WHERE parent_run_id = $1 AND status IN ('pending', 'running', 'waiting', 'compensating')`, res.RunID).Scan(&open))
+		return open == 0
+	})
+	var status string
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT status FROM workflow_runs WHERE parent_run_id = $1 AND status <> 'continued'`,
+		res.RunID).Scan(&status))
+	require.Equal(t, "cancelled", status)
+}
