@@ -38,7 +38,8 @@ const (
 type ChildOpts struct {
 	// WorkflowID is the child's workflow ID (1 to 400 bytes). Default:
 	// the parent's run ID and the child's step position,
-	// "<parent run ID>/<position>", the same on every replay. A given ID
+	// "<parent run ID>:<position>", the same on every replay (a path segment
+	// as it is, in the HTTP API). A given ID
 	// that a run other than this child holds fails StartChild with
 	// ErrWorkflowIDConflict, recorded, so a replay fails the same way.
 	WorkflowID string
@@ -78,7 +79,7 @@ func (o *ChildOpts) policy() ParentClosePolicy {
 
 func (o *ChildOpts) workflowID(parent uuid.UUID, seq int) string {
 	if o == nil || o.WorkflowID == "" {
-		return fmt.Sprintf("%s/%d", parent, seq)
+		return fmt.Sprintf("%s:%d", parent, seq)
 	}
 	return o.WorkflowID
 }

@@ -65,7 +65,7 @@ func TestChildWorkflowsReturnTheirResultsToTheParent(t *testing.T) {
 	require.Equal(t, []int{0}, run.AwaitChildren)
 	for i, c := range run.Children {
 		require.Equal(t, i, c.Seq)
-		require.Equal(t, fmt.Sprintf("%s/%d", res.RunID, i), c.WorkflowID)
+		require.Equal(t, fmt.Sprintf("%s:%d", res.RunID, i), c.WorkflowID)
 		require.Equal(t, engine.ParentCloseCancel, c.ParentClosePolicy)
 		require.Equal(t, "child-echo", c.WorkflowName)
 		require.Equal(t, engine.KindChild, run.Steps[i].Kind)
@@ -409,7 +409,7 @@ func TestChildGetWhileAParallelStepRuns(t *testing.T) {
 	res, err := wf.Start(ctx, b.engine, 0, nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
-		return b.engine.Signal(ctx, res.RunID.String()+"/1", "go", "kid", nil) == nil
+		return b.engine.Signal(ctx, res.RunID.String()+":1", "go", "kid", nil) == nil
 	}, 5*time.Second, 20*time.Millisecond)
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

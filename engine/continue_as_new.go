@@ -68,6 +68,7 @@ func (d *delivery) continueAsNew(input []byte) {
 		return
 	}
 	r.Parent = d.parent
+	r.ContinuedFrom = &d.runID
 	wf, path := e.planStart(nil, d.wf.name, false)
 	e.route(&r, path)
 	sent := time.Now()

@@ -100,6 +100,12 @@ func TestContinueAsNewCarriesSignalsAndTheWorkflowID(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, again.Existing, "the workflow ID names the latest run of the chain")
 	require.NotEqual(t, res.RunID, again.RunID)
+	retried, err := wf.Start(ctx, b.engine, 0, &engine.StartOpts{WorkflowID: "chat"})
+	require.NoError(t, err, "the chain's first start, retried, is the same start")
+	require.True(t, retried.Existing)
+	require.Equal(t, again.RunID, retried.RunID)
+	_, err = wf.Start(ctx, b.engine, 7, &engine.StartOpts{WorkflowID: "chat"})
+	require.ErrorIs(t, err, engine.ErrWorkflowIDConflict)
 }
 
 // A cancellation requested before a run continues wins: the run

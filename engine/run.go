@@ -331,7 +331,7 @@ type Run struct {
 	Status          RunStatus       `json:"status"`
 	Input           json.RawMessage `json:"input,omitempty"`
 	Output          json.RawMessage `json:"output,omitempty"` // set when completed
-	Error           *ErrorInfo      `json:"error,omitempty"`  // set when failed or dead
+	Error           *ErrorInfo      `json:"error,omitempty"`  // set when failed, compensated, cancelled or dead
 	Deliveries      int             `json:"deliveries"`       // how many times a worker picked it up
 	// StalledDeliveries is how many deliveries since the run's last
 	// progress (a recorded step), a running one included: on a run that is
@@ -364,6 +364,9 @@ type Run struct {
 	// ContinuedRunID, on a run that ended with ContinueAsNew (status
 	// continued), is the run that took over its workflow ID.
 	ContinuedRunID *uuid.UUID `json:"continued_run_id,omitempty"`
+	// FirstRunID, on a run a ContinueAsNew started, is the first run of
+	// its chain.
+	FirstRunID *uuid.UUID `json:"first_run_id,omitempty"`
 	// AwaitChildren lists the positions of the children a waiting run
 	// waits for (ChildRun.Get, or its close waiting for them).
 	AwaitChildren []int        `json:"await_children,omitempty"`
@@ -452,7 +455,7 @@ func runFromRow(r *store.RunRow) *Run {
 	}
 	return &Run{
 		AwaitSignals: awaits, AwaitChildren: children,
-		ParentRunID: r.ParentRunID, ParentSeq: r.ParentSeq, ContinuedRunID: r.ContinuedRunID, ParentClosePolicy: ParentClosePolicy(deref(r.ParentClosePolicy)),
+		ParentRunID: r.ParentRunID, ParentSeq: r.ParentSeq, ContinuedRunID: r.ContinuedRunID, FirstRunID: r.FirstRunID, ParentClosePolicy: ParentClosePolicy(deref(r.ParentClosePolicy)),
 		RunID: r.RunID, WorkflowName: r.WorkflowName, WorkflowVersion: r.WorkflowVersion,
 		WorkflowID: r.WorkflowID, Status: RunStatus(r.Status), Input: r.Input, Output: r.Output,
 		Error: decodeErrorInfo(r.Error), Deliveries: r.Deliveries, StalledDeliveries: r.Stalled, WakeAt: r.WakeAt,
@@ -530,7 +533,7 @@ type ListRunsParams struct {
 	// prefix) rather than a hot path.
 	WorkflowIDPrefix string
 	Limit            int    // 1..1000, default 50
-	Cursor           string // NextCursor of the previous page
+	Cursor           string // the nextCursor the previous page's ListRuns returned
 }
 
 // ListRuns returns runs newest first, and a cursor for the next page ("" on

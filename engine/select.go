@@ -136,6 +136,9 @@ func Select(ctx *Context, name string, cases ...SelectCase) (Selected, error) {
 // a step named name, then Get.
 func First[T any](ctx *Context, name string, fs []*Future[T]) (int, T, error) {
 	var zero T
+	if len(fs) == 0 {
+		return -1, zero, fmt.Errorf("%w: First %q of no futures", ErrInvalidArgument, name)
+	}
 	cases := make([]SelectCase, len(fs))
 	for i, f := range fs {
 		cases[i] = OnFuture(f)

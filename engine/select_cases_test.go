@@ -110,7 +110,7 @@ func TestSelectOverAChildASignalAndATimer(t *testing.T) {
 		require.NoError(t, err)
 		return len(run.Steps) >= 3 && run.Steps[2].Status == engine.StepCompleted // the timer won
 	}, 10*time.Second, 10*time.Millisecond)
-	require.NoError(t, b.engine.Signal(ctx, fmt.Sprintf("%s/0", res.RunID), "finish", "done", nil))
+	require.NoError(t, b.engine.Signal(ctx, fmt.Sprintf("%s:0", res.RunID), "finish", "done", nil))
 	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
 	require.NoError(t, err)
 	require.Equal(t, []string{`1:poke:"hi"`, "1", "0:done"}, out)

@@ -53,7 +53,8 @@ func (o *SignalOpts) key() string {
 // is enqueued in the same transaction). opts may be nil.
 //
 // Errors: ErrNotFound (no such run), ErrRunClosed (the run completed,
-// failed, was compensated or cancelled: nothing will read the signal),
+// failed, was compensated or cancelled, or continued as new: nothing will
+// read the signal; a workflow ID names the latest run of a chain),
 // ErrInvalidArgument (a bad name or key, an ambiguous workflow ID),
 // ErrInvalidInput (payload does not encode or is over
 // Config.MaxPayloadBytes), ErrSignalKeyConflict (opts.Key was used for

@@ -768,9 +768,10 @@ func TestRunBodiesShowParentAndChildren(t *testing.T) {
 	require.Len(t, kids, 1)
 	kid := kids[0].(map[string]any)
 	require.Equal(t, "approval", kid["workflow"])
-	require.Equal(t, parent["run_id"].(string)+"/0", kid["workflow_id"])
+	require.Equal(t, parent["run_id"].(string)+":0", kid["workflow_id"])
 	require.Equal(t, "cancel", kid["parent_close_policy"])
-	child := b.do(t, "GET", "/v1/runs/"+kid["run_id"].(string), "").body
+	child := b.do(t, "GET", "/v1/runs/"+kid["workflow_id"].(string), "").body // the default child workflow ID is a path segment
+	require.Equal(t, kid["run_id"], child["run_id"])
 	require.Equal(t, parent["run_id"], child["parent_run_id"])
 	require.EqualValues(t, 0, child["parent_seq"])
 

@@ -220,7 +220,7 @@ func TestServeNeedsMigratedSchema(t *testing.T) {
 	require.Contains(t, errOut, "engine migrate up")
 	code, out, _ := run(t, db, "migrate", "up")
 	require.Equal(t, 0, code)
-	require.Contains(t, out, "pgdurable versions [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15]")
+	require.Contains(t, out, "pgdurable versions [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16]")
 }
 
 // The demo runs the payment story end to end and must report 0 double
@@ -669,4 +669,54 @@ func TestRunsShowParentAndChildren(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, fmt.Sprintf("parent       %s (its step 0; when it closes first: abandon)", res.RunID))
 	require.Contains(t, out, `waiting for  signal "go"`)
+}
+
+// runs show names everything a Select waits for, and links the runs of a
+// continue-as-new chain.
+func TestRunsShowASelectAndAContinuedChain(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	kid := engine.Define("show-sel-kid", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.AwaitSignal[int](ctx, "go", 0)
+	}, nil)
+	sel := engine.Define("show-select", func(ctx *engine.Context, _ int) (int, error) {
+		c, err := engine.StartChild(ctx, kid, 0, nil)
+		if err != nil {
+			return 0, err
+		}
+		s, err := engine.Select(ctx, "first", engine.OnChild(c), engine.OnSignal("poke"), engine.OnTimer(time.Hour))
+		return s.Index, err
+	}, nil)
+	loop := engine.Define("show-loop", func(ctx *engine.Context, n int) (int, error) {
+		if n < 2 {
+			return 0, engine.ContinueAsNew(ctx, n+1)
+		}
+		return engine.AwaitSignal[int](ctx, "stop", 0)
+	}, nil)
+	e := enginetest.NewEngine(t, db, nil, true, kid, sel, loop)
+	ctx := context.Background()
+	res, err := sel.Start(ctx, e, 0, &engine.StartOpts{WorkflowID: "the-select"})
+	require.NoError(t, err)
+	first, err := loop.Start(ctx, e, 0, &engine.StartOpts{WorkflowID: "the-loop"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		run, err := e.GetRun(ctx, res.RunID)
+		require.NoError(t, err)
+		latest, err := e.FindRun(ctx, "the-loop")
+		require.NoError(t, err)
+		last, err := e.GetRun(ctx, latest)
+		require.NoError(t, err)
+		return run.Status == engine.StatusWaiting && len(run.AwaitChildren) == 1 && last.Status == engine.StatusWaiting
+	}, 10*time.Second, 20*time.Millisecond)
+	code, out, errOut := run(t, db, "runs", "show", "the-select")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, `waiting for  the child run of step 0 to end, or signal "poke", or until`)
+	code, out, errOut = run(t, db, "runs", "show", first.RunID.String())
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "status       continued")
+	require.Contains(t, out, "continued    as run ")
+	code, out, errOut = run(t, db, "runs", "show", "the-loop")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, fmt.Sprintf("chain        started by run %s", first.RunID))
+	require.Contains(t, out, `waiting for  signal "stop"`)
 }

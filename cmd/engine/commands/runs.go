@@ -122,13 +122,18 @@ func (g *global) printRun(run *engine.Run) {
 		fmt.Fprintf(w, "  crashes      %d deliveries in a row died without progress (a worker crashed or was killed)\n", died)
 	}
 	if run.Status == engine.StatusWaiting || run.Status == engine.StatusCompensating {
+		var what []string // a Select's children and signals, or one of them
+		if len(run.AwaitChildren) > 0 {
+			what = append(what, awaitedChildren(run.AwaitChildren))
+		}
+		if run.AwaitSignal != "" {
+			what = append(what, awaited(run))
+		}
 		switch {
-		case len(run.AwaitChildren) > 0:
-			fmt.Fprintf(w, "  waiting for  %s\n", awaitedChildren(run.AwaitChildren))
-		case run.AwaitSignal != "" && run.WakeAt != nil:
-			fmt.Fprintf(w, "  waiting for  %s until %s\n", awaited(run), cell(run.WakeAt))
-		case run.AwaitSignal != "":
-			fmt.Fprintf(w, "  waiting for  %s\n", awaited(run))
+		case len(what) > 0 && run.WakeAt != nil:
+			fmt.Fprintf(w, "  waiting for  %s, or until %s\n", strings.Join(what, ", or "), cell(run.WakeAt))
+		case len(what) > 0:
+			fmt.Fprintf(w, "  waiting for  %s\n", strings.Join(what, ", or "))
 		case run.WakeAt != nil && run.StartedAt == nil && run.Deliveries == 0:
 			fmt.Fprintf(w, "  starts at    %s (delayed; engine start-now starts it now)\n", cell(run.WakeAt))
 		case run.WakeAt != nil:
@@ -137,6 +142,12 @@ func (g *global) printRun(run *engine.Run) {
 	}
 	if run.ScheduleName != "" {
 		fmt.Fprintf(w, "  schedule     %s\n", cell(run.ScheduleName))
+	}
+	if run.ContinuedRunID != nil {
+		fmt.Fprintf(w, "  continued    as run %s (ContinueAsNew: it holds the workflow ID now)\n", *run.ContinuedRunID)
+	}
+	if run.FirstRunID != nil {
+		fmt.Fprintf(w, "  chain        started by run %s (continued as new since)\n", *run.FirstRunID)
 	}
 	if run.ParentRunID != nil && run.ParentSeq != nil {
 		fmt.Fprintf(w, "  parent       %s (its step %d; when it closes first: %s)\n", *run.ParentRunID, *run.ParentSeq, run.ParentClosePolicy)

@@ -37,17 +37,18 @@ type RunRow struct {
 	ParentSeq         *int
 	ParentClosePolicy *string
 	ContinuedRunID    *uuid.UUID
+	FirstRunID        *uuid.UUID
 }
 
 const runColumns = `run_id, workflow_name, workflow_version, workflow_id, status, input, output, error,
     deliveries, stalled_deliveries, owner_token, lease_expires_at, wake_at, await_signal, schedule_name, queue, created_at, started_at, completed_at,
-    cancel_requested_at, run_timeout_ms, deadline_at, parent_run_id, parent_seq, parent_close_policy, continued_run_id`
+    cancel_requested_at, run_timeout_ms, deadline_at, parent_run_id, parent_seq, parent_close_policy, continued_run_id, first_run_id`
 
 func scanRun(row pgx.Row) (*RunRow, error) {
 	var r RunRow
 	err := row.Scan(&r.RunID, &r.WorkflowName, &r.WorkflowVersion, &r.WorkflowID, &r.Status, &r.Input, &r.Output,
 		&r.Error, &r.Deliveries, &r.Stalled, &r.OwnerToken, &r.LeaseExpiresAt, &r.WakeAt, &r.AwaitSignal, &r.ScheduleName, &r.Queue, &r.CreatedAt,
-		&r.StartedAt, &r.CompletedAt, &r.CancelRequestedAt, &r.RunTimeoutMS, &r.DeadlineAt, &r.ParentRunID, &r.ParentSeq, &r.ParentClosePolicy, &r.ContinuedRunID)
+		&r.StartedAt, &r.CompletedAt, &r.CancelRequestedAt, &r.RunTimeoutMS, &r.DeadlineAt, &r.ParentRunID, &r.ParentSeq, &r.ParentClosePolicy, &r.ContinuedRunID, &r.FirstRunID)
 	if err != nil {
 		return nil, translate(err)
 	}

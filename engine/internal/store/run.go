@@ -40,6 +40,9 @@ type NewRun struct {
 	Deadline   *time.Time
 	// Parent, for a child run, places it under its parent.
 	Parent *ParentRef
+	// ContinuedFrom, for a run ContinueAsNew starts, is the run it
+	// continues (InsertRun only): the new run records its chain's first.
+	ContinuedFrom *uuid.UUID
 }
 
 // InsertedRun reports the outcome of InsertRun.
@@ -52,7 +55,7 @@ type InsertedRun struct {
 const insertRun = `
 INSERT INTO workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
                            status, owner_token, lease_expires_at, deliveries, stalled_deliveries, started_at, held_until,
-                           wake_at, run_timeout_ms, deadline_at, parent_run_id, parent_seq, parent_close_policy)
+                           wake_at, run_timeout_ms, deadline_at, parent_run_id, parent_seq, parent_close_policy, first_run_id)
 VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7,
         CASE WHEN $8::uuid IS NOT NULL THEN 'running' WHEN $11::timestamptz IS NOT NULL THEN 'waiting' ELSE 'pending' END,
         $8::uuid,
@@ -60,15 +63,20 @@ VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7,
         CASE WHEN $8::uuid IS NULL THEN 0 ELSE 1 END, CASE WHEN $8::uuid IS NULL THEN 0 ELSE 1 END,
         CASE WHEN $8::uuid IS NOT NULL THEN now() END,
         CASE WHEN $10::bigint > 0 THEN now() + $10::bigint * interval '1 millisecond' END,
-        $11::timestamptz, nullif($12::bigint, 0), $13::timestamptz, $14::uuid, $15::int, $16::text)
+        $11::timestamptz, nullif($12::bigint, 0), $13::timestamptz, $14::uuid, $15::int, $16::text,
+        (SELECT coalesce(p.first_run_id, p.run_id) FROM workflow_runs p WHERE p.run_id = $17::uuid))
 ON CONFLICT (workflow_name, workflow_id) WHERE status <> 'continued' DO NOTHING
 RETURNING run_id`
 
 // existingRun compares inputs as jsonb, so key order and whitespace do not
 // matter (Stripe's rule: same key + same parameters is the same request).
+// A run a chain continued into (ContinueAsNew) also matches its chain's
+// first input: the start that began the chain, retried.
 const existingRun = `
-SELECT run_id, input = $3::jsonb, status FROM workflow_runs
-WHERE workflow_name = $1 AND workflow_id = $2 AND status <> 'continued'`
+SELECT r.run_id, r.input = $3::jsonb OR coalesce((SELECT f.input = $3::jsonb FROM workflow_runs f WHERE f.run_id = r.first_run_id), false),
+       r.status
+FROM workflow_runs r
+WHERE r.workflow_name = $1 AND r.workflow_id = $2 AND r.status <> 'continued'`
 
 // InsertRun inserts r unless a run with its workflow ID exists. An existing
 // run with the same input is returned with Existing set; one with another
@@ -83,7 +91,8 @@ func InsertRun(ctx context.Context, db DBTX, r NewRun) (*InsertedRun, error) {
 	}
 	args := []any{r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID, r.Input, r.Queue, r.ScheduleName,
 		token, lease, ms(r.Hold), r.StartAt, ms(r.RunTimeout), r.Deadline}
-	err := db.QueryRow(ctx, insertRun, append(args, parentArgs(r.Parent)...)...).Scan(&id)
+	args = append(args, parentArgs(r.Parent)...)
+	err := db.QueryRow(ctx, insertRun, append(args, r.ContinuedFrom)...).Scan(&id)
 	if err == nil {
 		return &InsertedRun{RunID: id, Status: r.insertedStatus()}, nil
 	}
