@@ -63,7 +63,7 @@ func (o *ChildOpts) validate() error {
 		return fmt.Errorf("%w: ChildOpts.RunTimeout %s is negative", ErrInvalidArgument, o.RunTimeout)
 	}
 	if o.WorkflowID != "" {
-		if err := checkName("workflow ID", o.WorkflowID, 400); err != nil {
+		if err := checkWorkflowID(o.WorkflowID); err != nil {
 			return fmt.Errorf("%w: ChildOpts.WorkflowID: %v", ErrInvalidArgument, err)
 		}
 	}
@@ -494,7 +494,7 @@ func (d *delivery) closeChildren(cancel, wait []string) bool {
 				}
 				var woken []uuid.UUID
 				var err error
-				if cancelled, woken, err = store.CancelChildren(ctx, tx, d.runID, cancel); err != nil {
+				if cancelled, woken, err = store.CancelChildren(ctx, tx, d.runID, cancel, cancelledJSON()); err != nil {
 					return err
 				}
 				return d.e.queue.EnqueueMany(ctx, tx, woken)
@@ -563,7 +563,7 @@ func (d *delivery) endRelated(ctx context.Context, tx pgx.Tx, status RunStatus) 
 		}
 	}
 	if d.hasChildren && status.closed() {
-		cancelled, woken, err := store.CancelChildren(ctx, tx, d.runID, []string{string(ParentCloseCancel)})
+		cancelled, woken, err := store.CancelChildren(ctx, tx, d.runID, []string{string(ParentCloseCancel)}, cancelledJSON())
 		if err != nil {
 			return err
 		}
@@ -617,6 +617,10 @@ func (d *delivery) endTx(w *store.RecordWrite, status RunStatus) error {
 	}
 	return err
 }
+
+// cancelledJSON is the recorded error of a run cancelled before it ever
+// ran.
+func cancelledJSON() []byte { return newErrorInfo(ErrCancelled, ClassCancelled).json() }
 
 // noteCancelled tells the deliveries in this process of runs whose
 // cancellation was just committed (another process's hear of it at their

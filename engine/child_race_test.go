@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -204,4 +206,158 @@ func TestParentCloseCancelsAChildThatContinuesAsNew(t *testing.T) {
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT status FROM workflow_runs WHERE parent_run_id = $1 AND status <> 'continued'`,
 		res.RunID).Scan(&status))
 	require.Equal(t, "cancelled", status)
+}
+
+// Eight senders signal a continue-as-new loop that continues after every
+// one or two signals, by workflow ID: every send succeeds (a signal
+// follows the chain to its latest run rather than report it closed) and
+// every signal is received once across the chain.
+func TestSignalsByWorkflowIDFollowAFastContinueAsNewLoop(t *testing.T) {
+	t.Parallel()
+	const senders, per = 8, 25
+	wf := engine.Define("race-signal-loop", func(ctx *engine.Context, got []int) ([]int, error) {
+		if len(got) >= senders*per {
+			return got, nil
+		}
+		v, err := engine.AwaitSignal[int](ctx, "n", 0)
+		if err != nil {
+			return nil, err
+		}
+		got = append(got, v)
+		if len(got)%3 != 0 {
+			if v, err = engine.AwaitSignal[int](ctx, "n", 0); err != nil {
+				return nil, err
+			}
+			got = append(got, v)
+		}
+		return nil, engine.ContinueAsNew(ctx, got)
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, []int{}, &engine.StartOpts{WorkflowID: "signal-loop"})
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	errs := make(chan error, senders*per)
+	for s := range senders {
+		wg.Go(func() {
+			for i := range per {
+				if err := b.engine.Signal(ctx, "signal-loop", "n", s*per+i, nil); err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 20*time.Millisecond)
+	require.NoError(t, err)
+	seen := map[int]int{}
+	for _, v := range out {
+		seen[v]++
+	}
+	for i := range senders * per {
+		require.Equal(t, 1, seen[i], "signal %d", i)
+	}
+}
+
+// A parent cancelled while its child, whose workflow no engine registers,
+// was never picked up: the child ends cancelled at once (it has nothing to
+// undo) and the parent ends cancelled, instead of waiting for a worker
+// that never comes.
+func TestCancelledParentEndsAChildThatNeverStarted(t *testing.T) {
+	t.Parallel()
+	ghost := engine.Define("race-ghost", func(ctx *engine.Context, _ int) (string, error) { return "", nil }, nil)
+	parent := engine.Define("race-ghost-parent", func(ctx *engine.Context, _ int) (string, error) {
+		return engine.ChildWorkflow(ctx, ghost, 0, nil)
+	}, nil)
+	b := setup(t, nil, parent) // ghost is registered nowhere
+	ctx := testCtx(t)
+	res, err := parent.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	waitStatus(t, b.engine, res.RunID, engine.StatusWaiting, 10*time.Second)
+	require.NoError(t, b.engine.Cancel(ctx, res.RunID))
+	_, err = parent.Wait(ctx, b.engine, res.RunID, 20*time.Millisecond)
+	require.ErrorIs(t, err, engine.ErrCancelled)
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCancelled, run.Children[0].Status)
+	kid, err := b.engine.GetRun(ctx, run.Children[0].RunID)
+	require.NoError(t, err)
+	require.NotNil(t, kid.Error)
+	require.ErrorIs(t, kid.Error.Err(), engine.ErrCancelled)
+}
+
+// A dead child replayed by an operator after its parent closed (the
+// parent took the dead outcome and completed) is cancelled, as its policy
+// cancel says, instead of running on as an orphan.
+func TestDeadChildReplayedAfterItsParentClosedIsCancelled(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	kid := engine.Define("race-dead-kid", func(ctx *engine.Context, _ int) (string, error) {
+		if _, err := engine.Step(ctx, "p", func(context.Context) (string, error) {
+			if calls.Add(1) == 1 {
+				panic("kaput")
+			}
+			return "alive", nil
+		}, nil); err != nil {
+			return "", err
+		}
+		return engine.AwaitSignal[string](ctx, "forever", 0)
+	}, nil)
+	parent := engine.Define("race-dead-parent", func(ctx *engine.Context, _ int) (string, error) {
+		c, err := engine.StartChild(ctx, kid, 0, nil)
+		if err != nil {
+			return "", err
+		}
+		_, err = c.Get(ctx)
+		var ce *engine.ChildError
+		if !errors.As(err, &ce) || ce.Status != engine.StatusDead {
+			return "", fmt.Errorf("want a dead child, got %v", err)
+		}
+		return "saw it die", nil
+	}, nil)
+	b := setup(t, nil, parent, kid)
+	ctx := testCtx(t)
+	res, err := parent.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	out, err := parent.Wait(ctx, b.engine, res.RunID, 20*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, "saw it die", out)
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	kidID := run.Children[0].RunID
+	jobs, _, err := b.engine.ListDeadJobs(ctx, engine.ListDeadJobsParams{RunID: kidID})
+	require.NoError(t, err)
+	require.Len(t, jobs, 1)
+	_, err = b.engine.ReplayDeadJob(ctx, jobs[0].ID, nil)
+	require.NoError(t, err)
+	waitStatus(t, b.engine, kidID, engine.StatusCancelled, 10*time.Second)
+}
+
+// A workflow ID of . or .. is refused: no URL path carries it as a
+// segment, so the HTTP API could not name the run by it.
+func TestDotWorkflowIDsAreRefused(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("dot-ids", func(ctx *engine.Context, _ int) (int, error) {
+		_, err := engine.StartChild(ctx, engine.Define("dot-kid", func(*engine.Context, int) (int, error) { return 0, nil }, nil), 0,
+			&engine.ChildOpts{WorkflowID: ".."})
+		if !errors.Is(err, engine.ErrInvalidArgument) {
+			return 0, fmt.Errorf("child: %v", err)
+		}
+		return 1, nil
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	for _, id := range []string{".", ".."} {
+		_, err := wf.Start(ctx, b.engine, 0, &engine.StartOpts{WorkflowID: id})
+		require.ErrorIs(t, err, engine.ErrInvalidInput, id)
+	}
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 20*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 1, out)
 }

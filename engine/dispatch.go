@@ -126,7 +126,7 @@ func (e *Engine) newRun(name string, version int, input []byte, opts *StartOpts)
 	if opts != nil && opts.WorkflowID != "" {
 		workflowID = opts.WorkflowID
 	}
-	if err := checkName("workflow ID", workflowID, 400); err != nil {
+	if err := checkWorkflowID(workflowID); err != nil {
 		return store.NewRun{}, fmt.Errorf("%w: %v", ErrInvalidInput, err)
 	}
 	startAt, err := opts.startAt(e.now())

@@ -352,6 +352,16 @@ func truncateStack(s []byte) string {
 // characters), line or paragraph separators, or white space at either end,
 // so a name shows an operator what it is. Names are quoted (%q) in its
 // errors for the same reason.
+// checkWorkflowID checks a workflow ID: a name of 1 to 400 bytes, and not
+// "." or "..", which no URL path can carry as a segment (the HTTP API
+// takes a workflow ID wherever it takes a run ID).
+func checkWorkflowID(id string) error {
+	if id == "." || id == ".." {
+		return fmt.Errorf("workflow ID %q is a path segment no URL can carry (. and .. are refused)", id)
+	}
+	return checkName("workflow ID", id, 400)
+}
+
 func checkName(kind, name string, max int) error {
 	switch {
 	case len(name) == 0 || len(name) > max:

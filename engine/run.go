@@ -19,10 +19,10 @@ import (
 // StartOpts are per-start options. A nil *StartOpts starts a run with a new
 // UUID v7 as its workflow ID.
 type StartOpts struct {
-	// WorkflowID is the start's idempotency key (1 to 400 bytes), unique
-	// per workflow name: starting the same workflow with the same ID and the
-	// same input returns the existing run; with a different input,
-	// ErrWorkflowIDConflict.
+	// WorkflowID is the start's idempotency key (1 to 400 bytes, not . or
+	// ..), unique per workflow name: starting the same workflow with the
+	// same ID and the same input returns the existing run; with a different
+	// input, ErrWorkflowIDConflict.
 	// Default: the new run's ID.
 	WorkflowID string
 	// StartAt delays the run: it is inserted waiting (its WakeAt this

@@ -145,8 +145,12 @@ func (e *Engine) signalRaw(ctx context.Context, tx pgx.Tx, target, name string, 
 }
 
 // maxSignalHops bounds how many times a signal by workflow ID follows the
-// workflow's chain of runs while they continue as new under it.
-const maxSignalHops = 3
+// workflow's chain of runs while they continue as new under it: each hop
+// finds the chain's latest run and locks it, which holds it from
+// continuing until the signal commits (and then the signal moves with
+// it), so only a chain that continued between the look-up and the lock
+// needs another hop.
+const maxSignalHops = 100
 
 // sendSignal stores a checked signal for runID in tx and enqueues the
 // run's delivery when the signal wakes it.

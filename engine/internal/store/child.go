@@ -170,30 +170,43 @@ func WakeParent(ctx context.Context, tx DBTX, parent uuid.UUID, seq int) (woken 
 	return true, nil
 }
 
+// A child no delivery ever picked up (pending, or waiting for its delayed
+// start) has nothing to undo: it ends cancelled here, with errJSON, rather
+// than wait for a worker (one that registers its workflow may never come).
 const cancelChildren = `
 WITH target AS (
-    SELECT run_id, status FROM workflow_runs
+    SELECT run_id, status, deliveries = 0 AND owner_token IS NULL AND status IN ('pending', 'waiting') AS never
+    FROM workflow_runs
     WHERE parent_run_id = $1 AND parent_close_policy = ANY($2) AND status IN ('pending', 'running', 'waiting')
-      AND cancel_requested_at IS NULL
+      AND (cancel_requested_at IS NULL OR (deliveries = 0 AND owner_token IS NULL))
     ORDER BY run_id
     FOR UPDATE
-)
-UPDATE workflow_runs r SET
-    cancel_requested_at = now(),
-    status = CASE WHEN target.status = 'waiting' THEN 'pending' ELSE r.status END,
-    wake_at = CASE WHEN target.status = 'waiting' THEN NULL ELSE r.wake_at END,
-    await_signal = CASE WHEN target.status = 'waiting' THEN NULL ELSE r.await_signal END,
-    enqueued_at = CASE WHEN target.status = 'waiting' THEN now() ELSE r.enqueued_at END
-FROM target WHERE r.run_id = target.run_id
-RETURNING r.run_id, target.status = 'waiting'`
+), upd AS (
+    UPDATE workflow_runs r SET
+        cancel_requested_at = coalesce(r.cancel_requested_at, now()),
+        status = CASE WHEN target.never THEN 'cancelled' WHEN target.status = 'waiting' THEN 'pending' ELSE r.status END,
+        error = CASE WHEN target.never THEN $3::jsonb ELSE r.error END,
+        completed_at = CASE WHEN target.never THEN now() ELSE r.completed_at END,
+        deadline_at = CASE WHEN target.never THEN NULL ELSE r.deadline_at END,
+        held_until = CASE WHEN target.never THEN NULL ELSE r.held_until END,
+        wake_at = CASE WHEN target.status = 'waiting' OR target.never THEN NULL ELSE r.wake_at END,
+        await_signal = CASE WHEN target.status = 'waiting' OR target.never THEN NULL ELSE r.await_signal END,
+        enqueued_at = CASE WHEN target.status = 'waiting' AND NOT target.never THEN now() ELSE r.enqueued_at END
+    FROM target WHERE r.run_id = target.run_id
+    RETURNING r.run_id, target.status = 'waiting' AND NOT target.never AS woken, target.never AND r.watched AS notify
+), run AS (
+    SELECT run_id, notify FROM upd
+), ` + notifyEnded + `
+SELECT run_id, woken FROM upd WHERE (SELECT count(*) FROM notified) >= 0`
 
 // CancelChildren requests the cancellation of parent's children with one
 // of policies that are still running (as CancelRun: a compensating child
-// is left to finish its undos). It returns the children it cancelled and
-// those of them it woke (waiting: the caller enqueues their deliveries in
-// the same transaction).
-func CancelChildren(ctx context.Context, tx DBTX, parent uuid.UUID, policies []string) (cancelled, woken []uuid.UUID, err error) {
-	rows, err := tx.Query(ctx, cancelChildren, parent, policies)
+// is left to finish its undos); one that never started ends cancelled at
+// once, with errJSON as its error. It returns the children it cancelled
+// and those of them it woke (waiting: the caller enqueues their
+// deliveries in the same transaction).
+func CancelChildren(ctx context.Context, tx DBTX, parent uuid.UUID, policies []string, errJSON []byte) (cancelled, woken []uuid.UUID, err error) {
+	rows, err := tx.Query(ctx, cancelChildren, parent, policies, string(errJSON))
 	if err != nil {
 		return nil, nil, fmt.Errorf("cancelling the children of run %s: %w", parent, translate(err))
 	}

@@ -156,12 +156,19 @@ func ResolveDeadJob(ctx context.Context, db DBTX, id uuid.UUID, resolution, by, 
 
 // Replay re-opens a dead run: the parked step's attempts are reset so it
 // runs again with a fresh retry budget, every other recorded step stays.
+// A child of policy cancel whose parent closed meanwhile (its close passed
+// the dead child by) is replayed cancelled: it compensates and ends, as
+// the policy says.
 const replayRun = `
 WITH run AS (
-    UPDATE workflow_runs SET status = 'pending', error = NULL, completed_at = NULL, wake_at = NULL,
-        stalled_deliveries = 0, long_stalled_deliveries = 0, enqueued_at = now()
-    WHERE run_id = $1 AND status = 'dead'
-    RETURNING run_id, queue
+    UPDATE workflow_runs r SET status = 'pending', error = NULL, completed_at = NULL, wake_at = NULL,
+        stalled_deliveries = 0, long_stalled_deliveries = 0, enqueued_at = now(),
+        cancel_requested_at = CASE WHEN r.parent_close_policy = 'cancel' AND EXISTS (
+            SELECT 1 FROM workflow_runs p WHERE p.run_id = r.parent_run_id
+            AND p.status IN ('completed', 'failed', 'compensated', 'cancelled', 'continued'))
+            THEN coalesce(r.cancel_requested_at, now()) ELSE r.cancel_requested_at END
+    WHERE r.run_id = $1 AND r.status = 'dead'
+    RETURNING r.run_id, r.queue
 ), step AS (
     UPDATE workflow_steps s SET status = 'retrying', attempts = 0, next_attempt_at = NULL,
         error = s.error - 'settle_attempts'
