@@ -87,6 +87,14 @@ type Config struct {
 	// Observer receives run and step events for metrics or tracing
 	// (engine/enginemetrics). Default: none.
 	Observer Observer
+	// Retention is how long finished runs are kept (completed, failed,
+	// compensated, cancelled, continued, and dead runs whose dead jobs are
+	// resolved): once a minute each engine's sweep deletes those that
+	// ended longer ago, with their steps, signals and dead-job rows, and
+	// schedule fires as old (see Engine.Prune, which says what is always
+	// kept). Default DefaultRetention (7 days); negative keeps them for
+	// ever.
+	Retention time.Duration
 	// Clock is the time timers, signal timeouts, retry backoffs and
 	// schedules follow. Default the system clock; tests inject
 	// enginetest.Clock to move time.
@@ -123,6 +131,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.MaxPayloadBytes = orDefault(c.MaxPayloadBytes, defaultMaxPayload)
 	c.MaxSignalsPerRun = orDefault(c.MaxSignalsPerRun, defaultMaxSignals)
 	c.MaxSignalBytesPerRun = orDefault(c.MaxSignalBytesPerRun, defaultSignalBytes)
+	c.Retention = orDefault(c.Retention, DefaultRetention)
 	if c.Observer == nil {
 		c.Observer = nopObserver{}
 	}

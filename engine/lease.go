@@ -81,6 +81,7 @@ const sweepBatch = 500
 func (e *Engine) sweepLoop(ctx context.Context) {
 	defer e.active.Done()
 	var lastOrphanCheck time.Time
+	prune := time.Now() // the first pass prunes
 	for {
 		wait := e.cfg.SweepInterval/2 + rand.N(e.cfg.SweepInterval)
 		select {
@@ -102,6 +103,10 @@ func (e *Engine) sweepLoop(ctx context.Context) {
 		}
 		if err := e.pollCancels(ctx); err != nil && ctx.Err() == nil {
 			e.log.Warn("cancellation check failed", "error", err)
+		}
+		if e.cfg.Retention > 0 && !time.Now().Before(prune) {
+			e.retentionPass(ctx)
+			prune = nextPrune(time.Now())
 		}
 		if time.Since(lastOrphanCheck) >= orphanCheckInterval(e.cfg.LeaseDuration) {
 			lastOrphanCheck = time.Now()

@@ -61,6 +61,10 @@ type Stats struct {
 	RunningRuns      int64         // runs a delivery holds, or held when its worker died
 	WaitingRuns      int64         // runs waiting for a retry or timer
 	OpenDeadJobs     int64         // dead jobs neither replayed nor discarded
+	// TableBytes is the size of each of the engine's tables with its
+	// indexes (workflow_runs, workflow_steps, workflow_signals, dead_jobs,
+	// schedule_fires), which retention (Config.Retention) bounds.
+	TableBytes map[string]int64
 }
 
 // Stats reads the queue's state on this engine's queue: a few index scans,
@@ -70,6 +74,10 @@ func (e *Engine) Stats(ctx context.Context) (*Stats, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgdurable: reading stats: %w", err)
 	}
+	sizes, err := store.TableSizes(ctx, e.pool)
+	if err != nil {
+		return nil, fmt.Errorf("pgdurable: %w", err)
+	}
 	return &Stats{PendingRuns: s.Pending, OldestPendingAge: s.OldestPendingAge, RunningRuns: s.Running,
-		WaitingRuns: s.Waiting, OpenDeadJobs: s.OpenDeadJobs}, nil
+		WaitingRuns: s.Waiting, OpenDeadJobs: s.OpenDeadJobs, TableBytes: sizes}, nil
 }

@@ -38,6 +38,7 @@ type Metrics struct {
 	leaseLosses  *prometheus.CounterVec
 	fires        *prometheus.CounterVec
 	signals      *prometheus.CounterVec
+	pruned       *prometheus.CounterVec
 
 	workflows, steps, schedules, signalNames *boundedLabel
 }
@@ -121,9 +122,12 @@ func New(reg prometheus.Registerer) *Metrics {
 		signals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pgdurable_signals_sent_total", Help: "Signals stored for runs; woken=true when the run was waiting for that name.",
 		}, []string{"workflow", "signal", "woken"}),
+		pruned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pgdurable_pruned_rows_total", Help: "Rows deleted by retention (Config.Retention, Engine.Prune), by table.",
+		}, []string{"table"}),
 	}
 	reg.MustRegister(m.runsStarted, m.startHits, m.runsEnded, m.stepDuration, m.attempts, m.retries, m.replays, m.leaseLosses,
-		m.fires, m.signals)
+		m.fires, m.signals, m.pruned)
 	return m
 }
 
@@ -176,12 +180,13 @@ var (
 	descRunning = prometheus.NewDesc("pgdurable_runs_running", "Runs a delivery holds.", nil, nil)
 	descWaiting = prometheus.NewDesc("pgdurable_runs_waiting", "Runs waiting for a retry or a timer.", nil, nil)
 	descDead    = prometheus.NewDesc("pgdurable_dead_jobs_open", "Dead jobs neither replayed nor discarded.", nil, nil)
+	descTables  = prometheus.NewDesc("pgdurable_table_bytes", "Size of the engine's tables with their indexes (retention bounds them).", []string{"table"}, nil)
 )
 
 type queueCollector struct{ e *engine.Engine }
 
 func (q *queueCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPending, descOldest, descRunning, descWaiting, descDead} {
+	for _, d := range []*prometheus.Desc{descPending, descOldest, descRunning, descWaiting, descDead, descTables} {
 		ch <- d
 	}
 }
@@ -199,6 +204,14 @@ func (q *queueCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descRunning, prometheus.GaugeValue, float64(s.RunningRuns))
 	ch <- prometheus.MustNewConstMetric(descWaiting, prometheus.GaugeValue, float64(s.WaitingRuns))
 	ch <- prometheus.MustNewConstMetric(descDead, prometheus.GaugeValue, float64(s.OpenDeadJobs))
+	for table, n := range s.TableBytes {
+		ch <- prometheus.MustNewConstMetric(descTables, prometheus.GaugeValue, float64(n), table)
+	}
+}
+
+// RowsPruned implements engine.RetentionObserver.
+func (m *Metrics) RowsPruned(table string, n int64) {
+	m.pruned.WithLabelValues(table).Add(float64(n))
 }
 
 // ScheduleFired implements engine.ScheduleObserver.

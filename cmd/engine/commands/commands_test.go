@@ -720,3 +720,23 @@ func TestRunsShowASelectAndAContinuedChain(t *testing.T) {
 	require.Contains(t, out, fmt.Sprintf("chain        started by run %s", first.RunID))
 	require.Contains(t, out, `waiting for  signal "stop"`)
 }
+
+// runs prune deletes finished runs past --older-than; --dry-run counts
+// them; a missing --older-than is a usage error.
+func TestRunsPrune(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	_, err := db.Pool.Exec(context.Background(), `
+INSERT INTO workflow_runs (run_id, workflow_name, workflow_id, status, input, completed_at)
+VALUES ('00000000-0001-7000-8000-000000000001', 'double', 'ancient', 'completed', '1', now() - interval '40 days')`)
+	require.NoError(t, err)
+	code, out, errOut := run(t, db, "runs", "prune", "--older-than", "720h", "--dry-run")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "would delete 1 runs (0 steps, 0 signals, 0 dead jobs) and 0 schedule fires that ended over 720h0m0s ago")
+	code, out, errOut = run(t, db, "runs", "prune", "--older-than", "720h", "--json")
+	require.Equal(t, 0, code, errOut)
+	require.JSONEq(t, `{"runs": 1, "steps": 0, "signals": 0, "dead_jobs": 0, "schedule_fires": 0}`, out)
+	code, _, errOut = run(t, db, "runs", "prune")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--older-than must be a duration above 0")
+}

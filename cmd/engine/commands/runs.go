@@ -29,7 +29,7 @@ func (g *global) runsCmd() *cobra.Command {
 			}
 			if err := checkOneOf("--status", p.Status, engine.StatusPending, engine.StatusRunning, engine.StatusWaiting,
 				engine.StatusCompleted, engine.StatusFailed, engine.StatusCompensating, engine.StatusCompensated,
-				engine.StatusCancelled, engine.StatusDead); err != nil {
+				engine.StatusCancelled, engine.StatusDead, engine.StatusContinued); err != nil {
 				return err
 			}
 			e, pool, err := g.client(cmd.Context())
@@ -82,7 +82,40 @@ func (g *global) runsCmd() *cobra.Command {
 			return nil
 		}),
 	}
-	cmd.AddCommand(list, show)
+	var prune engine.PruneParams
+	pruneCmd := &cobra.Command{
+		Use:   "prune --older-than DURATION",
+		Short: "Delete finished runs that ended longer ago than --older-than (engines also do it for their Retention)",
+		Long: `Deletes the runs that ended more than --older-than ago (completed, failed, compensated,
+cancelled, continued, and dead runs whose dead jobs were all resolved as long ago) with their
+steps, signals and dead-job rows, and schedule fires recorded as long ago, in batches of 500
+that never wait for a worker. It keeps every run with an unresolved dead job, and a child run
+whose parent still runs. Every engine prunes like this once a minute for its Config.Retention
+(default 7 days); this is for a one-off. --dry-run counts what it would delete.`,
+		Args: cobra.NoArgs,
+		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, _ []string) error {
+			if prune.OlderThan <= 0 {
+				return &usageError{fmt.Errorf("--older-than must be a duration above 0, such as 720h")}
+			}
+			res, err := e.Prune(ctx, prune)
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return writeJSON(g.opts.Stdout, res)
+			}
+			verb := "deleted"
+			if prune.DryRun {
+				verb = "would delete"
+			}
+			fmt.Fprintf(g.opts.Stdout, "%s %d runs (%d steps, %d signals, %d dead jobs) and %d schedule fires that ended over %s ago\n",
+				verb, res.Runs, res.Steps, res.Signals, res.DeadJobs, res.ScheduleFires, prune.OlderThan)
+			return nil
+		}),
+	}
+	pruneCmd.Flags().DurationVar(&prune.OlderThan, "older-than", 0, "delete runs that ended longer ago than this (e.g. 720h)")
+	pruneCmd.Flags().BoolVar(&prune.DryRun, "dry-run", false, "count what would be deleted; delete nothing")
+	cmd.AddCommand(list, show, pruneCmd)
 	return cmd
 }
 

@@ -1,0 +1,125 @@
+package store
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Finished runs a prune may delete: ended for good (dead runs only once
+// every dead job of theirs is resolved, before the cutoff), and not a
+// child whose parent still runs or is dead (it may yet read the child's
+// outcome). The run IDs are UUID v7, ordered by creation time, so the
+// primary key finds the runs created before the cutoff without an index
+// of its own; $1 is the smallest UUID v7 of the cutoff's millisecond.
+const prunable = `
+    r.run_id < $1 AND r.completed_at < $2
+    AND (r.status IN ('completed', 'failed', 'compensated', 'cancelled', 'continued')
+         OR (r.status = 'dead' AND NOT EXISTS (
+             SELECT 1 FROM dead_jobs j WHERE j.run_id = r.run_id AND (j.resolved_at IS NULL OR j.resolved_at >= $2))))
+    AND (r.parent_run_id IS NULL OR NOT EXISTS (
+         SELECT 1 FROM workflow_runs p WHERE p.run_id = r.parent_run_id
+         AND p.status IN ('pending', 'running', 'waiting', 'compensating', 'dead')))`
+
+// pruneRuns deletes one batch: the runs are locked SKIP LOCKED, so a
+// prune never waits for (or blocks) a worker or another prune, and their
+// steps, signals and dead jobs go in the same statement.
+const pruneRuns = `
+WITH doomed AS (
+    SELECT r.run_id FROM workflow_runs r
+    WHERE ` + prunable + `
+    ORDER BY r.run_id
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), steps AS (
+    DELETE FROM workflow_steps s USING doomed WHERE s.run_id = doomed.run_id RETURNING 1
+), signals AS (
+    DELETE FROM workflow_signals s USING doomed WHERE s.run_id = doomed.run_id RETURNING 1
+), jobs AS (
+    DELETE FROM dead_jobs j USING doomed WHERE j.run_id = doomed.run_id RETURNING 1
+), runs AS (
+    DELETE FROM workflow_runs r USING doomed WHERE r.run_id = doomed.run_id RETURNING 1
+)
+SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM steps), (SELECT count(*) FROM signals), (SELECT count(*) FROM jobs)`
+
+const countPrunable = `
+SELECT count(*),
+       coalesce(sum((SELECT count(*) FROM workflow_steps s WHERE s.run_id = r.run_id)), 0),
+       coalesce(sum((SELECT count(*) FROM workflow_signals s WHERE s.run_id = r.run_id)), 0),
+       coalesce(sum((SELECT count(*) FROM dead_jobs j WHERE j.run_id = r.run_id)), 0)
+FROM workflow_runs r WHERE ` + prunable
+
+const pruneFires = `
+DELETE FROM schedule_fires f USING (
+    SELECT schedule_name, fire_at FROM schedule_fires WHERE recorded_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED
+) old WHERE f.schedule_name = old.schedule_name AND f.fire_at = old.fire_at`
+
+// Pruned counts the rows one prune deleted (or, dry, would delete).
+type Pruned struct {
+	Runs, Steps, Signals, DeadJobs, ScheduleFires int64
+}
+
+// PruneBatch deletes up to limit finished runs that ended before cutoff,
+// with their steps, signals and dead jobs, and up to limit schedule fires
+// recorded before it.
+func PruneBatch(ctx context.Context, db DBTX, cutoff time.Time, limit int) (Pruned, error) {
+	var p Pruned
+	if err := db.QueryRow(ctx, pruneRuns, uuidFloor(cutoff), cutoff, limit).Scan(&p.Runs, &p.Steps, &p.Signals, &p.DeadJobs); err != nil {
+		return p, fmt.Errorf("pruning runs: %w", translate(err))
+	}
+	tag, err := db.Exec(ctx, pruneFires, cutoff, limit)
+	if err != nil {
+		return p, fmt.Errorf("pruning schedule fires: %w", translate(err))
+	}
+	p.ScheduleFires = tag.RowsAffected()
+	return p, nil
+}
+
+// CountPrunable counts what pruning everything that ended before cutoff
+// would delete.
+func CountPrunable(ctx context.Context, db DBTX, cutoff time.Time) (Pruned, error) {
+	var p Pruned
+	if err := db.QueryRow(ctx, countPrunable, uuidFloor(cutoff), cutoff).Scan(&p.Runs, &p.Steps, &p.Signals, &p.DeadJobs); err != nil {
+		return p, fmt.Errorf("counting prunable runs: %w", translate(err))
+	}
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM schedule_fires WHERE recorded_at < $1`, cutoff).Scan(&p.ScheduleFires); err != nil {
+		return p, fmt.Errorf("counting prunable schedule fires: %w", translate(err))
+	}
+	return p, nil
+}
+
+// uuidFloor is the smallest UUID v7 of t's millisecond: every run created
+// before t has a smaller run ID (clock skew between processes aside,
+// which completed_at's check covers).
+func uuidFloor(t time.Time) uuid.UUID {
+	var id uuid.UUID
+	var ms [8]byte
+	binary.BigEndian.PutUint64(ms[:], uint64(t.UnixMilli()))
+	copy(id[:6], ms[2:])
+	return id
+}
+
+// TableSizes returns the bytes (with indexes and TOAST) of the engine's
+// tables, by name.
+func TableSizes(ctx context.Context, db DBTX) (map[string]int64, error) {
+	rows, err := db.Query(ctx, `
+SELECT t, pg_total_relation_size(t::regclass)
+FROM unnest(ARRAY['workflow_runs', 'workflow_steps', 'workflow_signals', 'dead_jobs', 'schedule_fires']) AS t`)
+	if err != nil {
+		return nil, fmt.Errorf("reading table sizes: %w", translate(err))
+	}
+	defer rows.Close()
+	out := map[string]int64{}
+	for rows.Next() {
+		var name string
+		var n int64
+		if err := rows.Scan(&name, &n); err != nil {
+			return nil, err
+		}
+		out[name] = n
+	}
+	return out, rows.Err()
+}

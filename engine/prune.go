@@ -1,0 +1,141 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/pgdurable/pgdurable/engine/internal/store"
+)
+
+// DefaultRetention is Config.Retention's default: finished runs are kept a
+// week.
+const DefaultRetention = 7 * 24 * time.Hour
+
+// pruneBatch is how many runs one prune statement deletes; pruneEvery how
+// often each engine's sweep prunes, and pruneBudget how long one pass may
+// take before it leaves the rest for the next.
+const (
+	pruneBatch  = 500
+	pruneEvery  = time.Minute
+	pruneBudget = 5 * time.Second
+)
+
+// PruneParams says what Engine.Prune deletes.
+type PruneParams struct {
+	// OlderThan is how long ago a run must have ended to be deleted
+	// (more than 0).
+	OlderThan time.Duration
+	// DryRun counts what would be deleted and deletes nothing.
+	DryRun bool
+}
+
+// PruneResult counts the rows a prune deleted (or, dry, would delete).
+type PruneResult struct {
+	Runs          int64 `json:"runs"`
+	Steps         int64 `json:"steps"`
+	Signals       int64 `json:"signals"`
+	DeadJobs      int64 `json:"dead_jobs"`
+	ScheduleFires int64 `json:"schedule_fires"`
+}
+
+func (r *PruneResult) add(p store.Pruned) {
+	r.Runs += p.Runs
+	r.Steps += p.Steps
+	r.Signals += p.Signals
+	r.DeadJobs += p.DeadJobs
+	r.ScheduleFires += p.ScheduleFires
+}
+
+// RetentionObserver is an Observer that also hears of the rows a prune
+// deleted, by table (workflow_runs, workflow_steps, workflow_signals,
+// dead_jobs, schedule_fires). Optional, checked with a type assertion.
+type RetentionObserver interface {
+	RowsPruned(table string, n int64)
+}
+
+// Prune deletes the runs that ended more than p.OlderThan ago (completed,
+// failed, compensated, cancelled, continued, and dead runs whose dead jobs
+// are all resolved, as long ago), with their steps, signals and dead-job
+// rows, and schedule fires recorded as long ago; all of every queue. It
+// keeps every run with an unresolved dead job, and a child whose parent
+// still runs (or is dead), which may yet read its outcome. It deletes in
+// batches of 500 runs, each its own transaction that skips rows others
+// hold locked, so it never waits for a worker nor makes one wait. Every
+// engine does this in its sweep once a minute for Config.Retention; use
+// Prune (or engine runs prune) for a one-off. Errors: ErrInvalidArgument
+// for an OlderThan not above 0; ctx's; the database's.
+func (e *Engine) Prune(ctx context.Context, p PruneParams) (PruneResult, error) {
+	var res PruneResult
+	if p.OlderThan <= 0 {
+		return res, fmt.Errorf("%w: PruneParams.OlderThan %s is not above 0", ErrInvalidArgument, p.OlderThan)
+	}
+	cutoff := e.now().Add(-p.OlderThan)
+	if p.DryRun {
+		n, err := store.CountPrunable(ctx, e.pool, cutoff)
+		if err != nil {
+			return res, fmt.Errorf("pgdurable: %w", err)
+		}
+		res.add(n)
+		return res, nil
+	}
+	for {
+		n, err := e.pruneBatch(ctx, cutoff)
+		res.add(n)
+		if err != nil {
+			return res, err
+		}
+		if n.Runs < pruneBatch && n.ScheduleFires < pruneBatch {
+			return res, nil
+		}
+	}
+}
+
+func (e *Engine) pruneBatch(ctx context.Context, cutoff time.Time) (store.Pruned, error) {
+	n, err := store.PruneBatch(ctx, e.pool, cutoff, pruneBatch)
+	if err != nil {
+		return n, fmt.Errorf("pgdurable: %w", err)
+	}
+	if o, ok := e.cfg.Observer.(RetentionObserver); ok {
+		for table, c := range map[string]int64{"workflow_runs": n.Runs, "workflow_steps": n.Steps,
+			"workflow_signals": n.Signals, "dead_jobs": n.DeadJobs, "schedule_fires": n.ScheduleFires} {
+			if c > 0 {
+				o.RowsPruned(table, c)
+			}
+		}
+	}
+	return n, nil
+}
+
+// retentionPass is the sweep's prune: batches until none is full or
+// pruneBudget has passed. Engines prune at once without blocking each
+// other (SKIP LOCKED).
+func (e *Engine) retentionPass(ctx context.Context) {
+	cutoff := e.now().Add(-e.cfg.Retention)
+	deadline := time.Now().Add(pruneBudget)
+	var total PruneResult
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		n, err := e.pruneBatch(ctx, cutoff)
+		total.add(n)
+		if err != nil {
+			if ctx.Err() == nil {
+				e.log.Warn("retention prune failed", "error", err)
+			}
+			break
+		}
+		if n.Runs < pruneBatch && n.ScheduleFires < pruneBatch {
+			break
+		}
+	}
+	if total.Runs > 0 || total.ScheduleFires > 0 {
+		e.log.Info("pruned finished runs past retention", "runs", total.Runs, "steps", total.Steps,
+			"schedule_fires", total.ScheduleFires, "retention", e.cfg.Retention)
+	}
+}
+
+// nextPrune is when a sweep that pruned at from prunes next: a minute on,
+// spread so that engines started together do not prune in step.
+func nextPrune(from time.Time) time.Time {
+	return from.Add(pruneEvery/2 + rand.N(pruneEvery))
+}
