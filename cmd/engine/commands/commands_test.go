@@ -740,3 +740,39 @@ VALUES ('00000000-0001-7000-8000-000000000001', 'double', 'ancient', 'completed'
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "--older-than must be a duration above 0")
 }
+
+// start --wait follows the run to its end: its steps as they are recorded,
+// exit 0 once it completed, 1 (with the run's error, or with --json the
+// run) when it ended otherwise; runs show --follow does the same for a
+// run already started.
+func TestStartWaitAndRunsShowFollow(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	e := enginetest.NewEngine(t, db, nil, true, workflows()...) // the server that works the runs
+	code, out, errOut := run(t, db, "start", "double", "--id", "w-1", "--input", `{"n": 3}`, "--wait")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `step 0 +double +step +completed`, out)
+	require.Contains(t, out, "completed: output 6")
+
+	code, out, errOut = run(t, db, "start", "double", "--id", "w-2", "--input", `{"n": -1}`, "--wait")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, errOut, "ended dead")
+	require.Regexp(t, `step 0 +double +step +parked +attempt 2`, out)
+
+	code, out, _ = run(t, db, "start", "double", "--id", "w-3", "--input", `{"n": -2}`, "--wait", "--json")
+	require.Equal(t, 1, code)
+	var ended engine.Run
+	require.NoError(t, json.Unmarshal([]byte(out), &ended), out)
+	require.Equal(t, engine.StatusDead, ended.Status)
+
+	res, err := e.StartJSON(context.Background(), "approval", []byte(`{}`), &engine.StartOpts{WorkflowID: "w-approve"})
+	require.NoError(t, err)
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		_ = e.Signal(context.Background(), res.RunID.String(), "approve", map[string]string{"by": "ann"}, nil)
+	}()
+	code, out, errOut = run(t, db, "runs", "show", "w-approve", "--follow")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, `waiting for signal "approve"`)
+	require.Contains(t, out, `completed: output "ann"`)
+}

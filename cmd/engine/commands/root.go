@@ -89,8 +89,14 @@ func Execute(ctx context.Context, args []string, opts Options) int {
 			msg += "; the database has no pgdurable tables: run `engine migrate up` first"
 		}
 		var usage *usageError
+		var outcome *runOutcomeError
 		code, exit := "usage", 2
-		if !errors.As(err, &usage) {
+		switch {
+		case errors.As(err, &outcome) && g.jsonOut:
+			return 1 // the run, as it ended, is printed
+		case errors.As(err, &outcome):
+			code, exit = "run_not_completed", 1
+		case !errors.As(err, &usage):
 			_, code = httpapi.ErrorCode(err)
 			exit = 1
 		}

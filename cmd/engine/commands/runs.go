@@ -64,12 +64,20 @@ func (g *global) runsCmd() *cobra.Command {
 	list.Flags().IntVar(&p.Limit, "limit", 50, "page size (1..1000)")
 	list.Flags().StringVar(&p.Cursor, "cursor", "", "the next page's cursor")
 
+	var followRun bool
 	show := &cobra.Command{
 		Use: "show RUN", Short: "Show a run (by run ID or workflow ID) and its step timeline", Args: cobra.ExactArgs(1),
 		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, args []string) error {
 			id, err := e.FindRun(ctx, args[0])
 			if err != nil {
 				return err
+			}
+			if followRun {
+				run, err := g.follow(ctx, e, id)
+				if err != nil {
+					return err
+				}
+				return g.endFollow(run)
 			}
 			run, err := e.GetRun(ctx, id)
 			if err != nil {
@@ -82,6 +90,7 @@ func (g *global) runsCmd() *cobra.Command {
 			return nil
 		}),
 	}
+	show.Flags().BoolVar(&followRun, "follow", false, "print the run's steps as they are recorded until it ends; exit 0 if it completed, 1 otherwise")
 	var prune engine.PruneParams
 	pruneCmd := &cobra.Command{
 		Use:   "prune --older-than DURATION",
@@ -236,6 +245,7 @@ func (g *global) printRun(run *engine.Run) {
 func (g *global) startCmd() *cobra.Command {
 	var id, input, startAt string
 	var delay, runTimeout time.Duration
+	var wait bool
 	cmd := &cobra.Command{
 		Use:   "start WORKFLOW",
 		Short: "Start a run of a workflow this binary registers",
@@ -264,15 +274,24 @@ cancels it.`,
 			if err != nil {
 				return err
 			}
-			if g.jsonOut {
+			if g.jsonOut && !wait {
 				return writeJSON(g.opts.Stdout, httpapi.NewStartResponse(args[0], res))
 			}
 			verb := "started"
 			if res.Existing {
 				verb = "already exists"
 			}
-			fmt.Fprintf(g.opts.Stdout, "run %s %s (workflow id %s, status %s)\n", res.RunID, verb, text(res.WorkflowID), res.Status)
-			return nil
+			if !g.jsonOut {
+				fmt.Fprintf(g.opts.Stdout, "run %s %s (workflow id %s, status %s)\n", res.RunID, verb, text(res.WorkflowID), res.Status)
+			}
+			if !wait {
+				return nil
+			}
+			run, err := g.follow(cmd.Context(), e, res.RunID)
+			if err != nil {
+				return err
+			}
+			return g.endFollow(run)
 		},
 	}
 	cmd.Flags().StringVar(&id, "id", "", "workflow ID: the start's idempotency key (default: the run ID)")
@@ -280,6 +299,7 @@ cancels it.`,
 	cmd.Flags().DurationVar(&delay, "delay", 0, "start the run this long from now (90s, 1h30m)")
 	cmd.Flags().StringVar(&startAt, "start-at", "", "start the run at this RFC 3339 time")
 	cmd.Flags().DurationVar(&runTimeout, "run-timeout", 0, "cancel the run this long after a worker first picks it up (compensations run)")
+	cmd.Flags().BoolVar(&wait, "wait", false, "follow the run: print its steps as they are recorded, and exit 0 once it completes, 1 if it ends otherwise (--json: the run as it ended)")
 	return cmd
 }
 

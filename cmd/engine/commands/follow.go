@@ -1,0 +1,141 @@
+package commands
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/pgdurable/pgdurable/engine"
+)
+
+// followPoll is how often a followed run is read.
+const followPoll = 200 * time.Millisecond
+
+// stillPending is how long a followed run may stay pending, never picked
+// up, before the follower says why that may be.
+const stillPending = 5 * time.Second
+
+// runOutcomeError ends a command that followed a run to an end other
+// than completed: exit status 1, with the run's status and error.
+type runOutcomeError struct{ run *engine.Run }
+
+func (e *runOutcomeError) Error() string {
+	msg := "no error recorded"
+	if e.run.Error != nil {
+		msg = e.run.Error.Class + ": " + e.run.Error.Message
+	}
+	return fmt.Sprintf("run %s ended %s: %s", e.run.RunID, e.run.Status, msg)
+}
+
+// follow prints a run's steps as they are recorded and its status as it
+// changes, until it ends (following a continue-as-new chain to its last
+// run), and returns it as it ended. With JSON output it prints nothing
+// until then. ctx ends the follow, not the run.
+func (g *global) follow(ctx context.Context, e *engine.Engine, runID uuid.UUID) (*engine.Run, error) {
+	w := g.opts.Stdout
+	seen := map[int]engine.StepStatus{}
+	var status engine.RunStatus
+	began := time.Now()
+	hinted := false
+	for {
+		run, err := e.GetRun(ctx, runID)
+		if err != nil {
+			return nil, err
+		}
+		if !g.jsonOut {
+			for _, s := range run.Steps {
+				if seen[s.Seq] == s.Status {
+					continue
+				}
+				seen[s.Seq] = s.Status
+				fmt.Fprintf(w, "  step %-3d %-24s %-12s %-10s%s\n", s.Seq, cell(s.Name), s.Kind, s.Status, stepNote(s))
+			}
+			if run.Status != status {
+				status = run.Status
+				fmt.Fprintf(w, "run %s %s\n", run.RunID, statusNote(run))
+			}
+			if !hinted && run.Status == engine.StatusPending && run.Deliveries == 0 && time.Since(began) > stillPending {
+				hinted = true
+				fmt.Fprintf(w, "  (still pending after %s: no worker has picked it up; is an engine that registers workflow %q serving this database?)\n",
+					stillPending, cell(run.WorkflowName))
+			}
+		}
+		if run.Status == engine.StatusContinued && run.ContinuedRunID != nil {
+			runID, seen, status = *run.ContinuedRunID, map[int]engine.StepStatus{}, ""
+			continue
+		}
+		if run.Status.Terminal() {
+			return run, nil
+		}
+		t := time.NewTimer(followPoll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("stopped following run %s (it goes on): %w", runID, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// stepNote is what a followed step's line adds: its attempts, duration and
+// error.
+func stepNote(s engine.StepInfo) string {
+	var parts []string
+	if s.Attempts > 1 {
+		parts = append(parts, fmt.Sprintf("attempt %d", s.Attempts))
+	}
+	if s.CompletedAt != nil {
+		parts = append(parts, s.CompletedAt.Sub(s.StartedAt).Round(time.Millisecond).String())
+	}
+	if s.NextAttemptAt != nil && s.Status == engine.StepRetrying {
+		parts = append(parts, "next at "+cell(s.NextAttemptAt))
+	}
+	if s.Error != nil {
+		parts = append(parts, s.Error.Class+": "+oneLine(s.Error.Message, 120))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " " + strings.Join(parts, ", ")
+}
+
+// statusNote describes a followed run's new status.
+func statusNote(run *engine.Run) string {
+	switch run.Status {
+	case engine.StatusCompleted:
+		return "completed: output " + oneLine(string(run.Output), 200)
+	case engine.StatusContinued:
+		return "continued as new"
+	case engine.StatusWaiting:
+		if len(run.AwaitChildren) > 0 {
+			return "waiting for " + awaitedChildren(run.AwaitChildren)
+		}
+		if run.AwaitSignal != "" {
+			return "waiting for " + awaited(run)
+		}
+		if run.WakeAt != nil {
+			return "waiting until " + cell(run.WakeAt)
+		}
+	}
+	if run.Error != nil && run.Status.Terminal() {
+		return string(run.Status) + ": " + cell(run.Error.Class) + ": " + oneLine(run.Error.Message, 200)
+	}
+	return string(run.Status)
+}
+
+// endFollow prints a followed run as it ended (its JSON with --json) and
+// fails the command unless it completed.
+func (g *global) endFollow(run *engine.Run) error {
+	if g.jsonOut {
+		if err := writeJSON(g.opts.Stdout, run); err != nil {
+			return err
+		}
+	}
+	if run.Status != engine.StatusCompleted {
+		return &runOutcomeError{run: run}
+	}
+	return nil
+}
