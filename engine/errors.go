@@ -96,6 +96,7 @@ const (
 	ClassOutputTooLarge = "output_too_large" // a result whose JSON is over Config.MaxPayloadBytes
 	ClassUnsettled      = "unsettled"        // a cancelled run could not learn an activity's outcome
 	ClassTimeout        = "timeout"          // an attempt past its StartToCloseTimeout, a step past its ScheduleToCloseTimeout
+	ClassTerminated     = "terminated"       // an operator ended the run at once (Engine.Terminate)
 )
 
 // ErrOutputTooLarge is in the error of a step, activity or workflow whose

@@ -19,14 +19,15 @@ const (
 	StatusCancelled    RunStatus = store.RunCancelled    // terminal: cancelled
 	StatusDead         RunStatus = store.RunDead         // terminal until an operator replays it: parked in dead_jobs
 	StatusContinued    RunStatus = store.RunContinued    // terminal: ended by ContinueAsNew; Run.ContinuedRunID took over its workflow ID
+	StatusTerminated   RunStatus = store.RunTerminated   // terminal: ended at once by an operator (Engine.Terminate), no compensations run
 )
 
 // Terminal reports whether a run in status s has ended: completed, failed,
-// compensated, cancelled, dead or continued. Only an operator's replay of
-// a dead run makes it run again.
+// compensated, cancelled, dead, continued or terminated. Only an
+// operator's replay of a dead run makes it run again.
 func (s RunStatus) Terminal() bool {
 	switch s {
-	case StatusCompleted, StatusFailed, StatusCompensated, StatusCancelled, StatusDead, StatusContinued:
+	case StatusCompleted, StatusFailed, StatusCompensated, StatusCancelled, StatusDead, StatusContinued, StatusTerminated:
 		return true
 	}
 	return false

@@ -274,7 +274,7 @@ func (w *Workflow[In, Out]) runResult(run *Run) (Out, error) {
 			return out, fmt.Errorf("decoding output of run %s: %w", runID, err)
 		}
 		return out, nil
-	case StatusFailed, StatusDead, StatusCancelled, StatusCompensated:
+	case StatusFailed, StatusDead, StatusCancelled, StatusCompensated, StatusTerminated:
 		return out, &RunError{RunID: runID, Status: run.Status, Info: run.Error, Err: run.Error.Err()}
 	}
 	return out, ErrRunNotFinished

@@ -780,3 +780,27 @@ func TestRunBodiesShowParentAndChildren(t *testing.T) {
 	b.waitStatus(t, "parent-1", "cancelled")
 	b.waitStatus(t, kid["run_id"].(string), "cancelled")
 }
+
+// POST /v1/runs/{id}/terminate ends a run at once, with its reason; a
+// request without one is refused, a retry succeeds, and a finished run is
+// 409.
+func TestTerminateOverHTTP(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	r := b.do(t, "POST", "/v1/workflows/approval/runs", `{"id": "term-1", "input": {"order_id": "o", "amount": 1}}`)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	b.waitStatus(t, "term-1", "waiting")
+	bad := b.do(t, "POST", "/v1/runs/term-1/terminate", `{}`)
+	require.Equal(t, 400, bad.status, bad.raw)
+	ok := b.do(t, "POST", "/v1/runs/term-1/terminate", `{"reason": "test run", "by": "ann"}`)
+	require.Equal(t, http.StatusOK, ok.status, ok.raw)
+	require.Equal(t, "terminated", ok.body["status"])
+	require.Equal(t, "terminated by ann: test run", ok.body["error"].(map[string]any)["message"])
+	again := b.do(t, "POST", "/v1/runs/term-1/terminate", `{"reason": "retry"}`)
+	require.Equal(t, http.StatusOK, again.status, again.raw)
+	p := b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": "term-done", "input": {"order_id": "o", "amount": 1}}`)
+	require.Equal(t, http.StatusCreated, p.status, p.raw)
+	b.waitStatus(t, "term-done", "completed")
+	closed := b.do(t, "POST", "/v1/runs/term-done/terminate", `{"reason": "late"}`)
+	require.Equal(t, http.StatusConflict, closed.status, closed.raw)
+}

@@ -157,6 +157,27 @@ func (a *api) cancelRun(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// TerminateRequest is POST /v1/runs/{run_id}/terminate's body.
+type TerminateRequest struct {
+	Reason string `json:"reason"`
+	By     string `json:"by,omitempty"`
+}
+
+// terminateRun ends a run at once without compensations (Engine.Terminate):
+// 200 with the run, 404 unknown run, 409 run finished, 400 no reason.
+func (a *api) terminateRun(w http.ResponseWriter, r *http.Request) {
+	var req TerminateRequest
+	if !a.readJSON(w, r, &req, `{"reason": "...", "by": "..."}`) {
+		return
+	}
+	terminate := func(ctx context.Context, id uuid.UUID) error {
+		return a.e.Terminate(ctx, id, engine.TerminateOpts{Reason: req.Reason, By: req.By})
+	}
+	if run, ok := a.runAction(w, r, terminate); ok {
+		writeJSON(w, http.StatusOK, run)
+	}
+}
+
 // startNow starts a delayed run at once: 200 with the run, 404 unknown
 // run, 409 run finished, 400 a run that has started.
 func (a *api) startNow(w http.ResponseWriter, r *http.Request) {

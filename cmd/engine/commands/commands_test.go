@@ -220,7 +220,7 @@ func TestServeNeedsMigratedSchema(t *testing.T) {
 	require.Contains(t, errOut, "engine migrate up")
 	code, out, _ := run(t, db, "migrate", "up")
 	require.Equal(t, 0, code)
-	require.Contains(t, out, "pgdurable versions [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16]")
+	require.Contains(t, out, "pgdurable versions [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17]")
 }
 
 // The demo runs the payment story end to end and must report 0 double
@@ -658,7 +658,7 @@ func TestRunsShowParentAndChildren(t *testing.T) {
 	require.Eventually(t, func() bool {
 		run, err := e.GetRun(ctx, res.RunID)
 		require.NoError(t, err)
-		return run.Status == engine.StatusWaiting && len(run.AwaitChildren) == 1
+		return run.Status == engine.StatusWaiting && len(run.AwaitChildren) == 1 && run.Children[0].Status == engine.StatusWaiting
 	}, 10*time.Second, 20*time.Millisecond)
 	code, out, errOut := run(t, db, "runs", "show", "the-parent")
 	require.Equal(t, 0, code, errOut)
@@ -775,4 +775,22 @@ func TestStartWaitAndRunsShowFollow(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, `waiting for signal "approve"`)
 	require.Contains(t, out, `completed: output "ann"`)
+}
+
+// engine terminate needs --reason, and ends the run.
+func TestTerminateCommand(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	code, _, errOut := run(t, db, "start", "approval", "--id", "to-end", "--input", `{}`)
+	require.Equal(t, 0, code, errOut)
+	code, _, errOut = run(t, db, "terminate", "to-end")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--reason is required")
+	code, out, errOut := run(t, db, "terminate", "to-end", "--reason", "a test", "--by", "ann")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "terminated")
+	code, out, errOut = run(t, db, "runs", "show", "to-end")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "status       terminated")
+	require.Contains(t, out, "terminated by ann: a test")
 }

@@ -29,7 +29,7 @@ func (g *global) runsCmd() *cobra.Command {
 			}
 			if err := checkOneOf("--status", p.Status, engine.StatusPending, engine.StatusRunning, engine.StatusWaiting,
 				engine.StatusCompleted, engine.StatusFailed, engine.StatusCompensating, engine.StatusCompensated,
-				engine.StatusCancelled, engine.StatusDead, engine.StatusContinued); err != nil {
+				engine.StatusCancelled, engine.StatusDead, engine.StatusContinued, engine.StatusTerminated); err != nil {
 				return err
 			}
 			e, pool, err := g.client(cmd.Context())
@@ -351,6 +351,43 @@ func (g *global) cancelCmd() *cobra.Command {
 			return nil
 		}),
 	}
+}
+
+func (g *global) terminateCmd() *cobra.Command {
+	var opts engine.TerminateOpts
+	cmd := &cobra.Command{
+		Use:   "terminate RUN --reason TEXT",
+		Short: "End a run (by run ID or workflow ID) at once, without compensations: it ends terminated",
+		Long: `Ends the run at once: its status becomes terminated and its error records --reason and --by.
+Unlike cancel, nothing more of it runs, not even its compensations: use it when you know why
+(a run stuck on a bug you will not fix, a test run). Its open dead job is resolved as discarded;
+its parent, if it waits for it, is woken; its children of policies cancel and wait are cancelled.`,
+		Args: cobra.ExactArgs(1),
+		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, args []string) error {
+			if opts.Reason == "" {
+				return &usageError{fmt.Errorf("--reason is required: say why the run is terminated")}
+			}
+			id, err := e.FindRun(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			if err := e.Terminate(ctx, id, opts); err != nil {
+				return err
+			}
+			if g.jsonOut {
+				run, err := e.GetRun(ctx, id)
+				if err != nil {
+					return err
+				}
+				return writeJSON(g.opts.Stdout, run)
+			}
+			fmt.Fprintf(g.opts.Stdout, "run %s: terminated\n", id)
+			return nil
+		}),
+	}
+	cmd.Flags().StringVar(&opts.Reason, "reason", "", "why the run is terminated (required; kept in its error)")
+	cmd.Flags().StringVar(&opts.By, "by", "", "who terminates it (kept with the reason)")
+	return cmd
 }
 
 func parseID(what, s string) (uuid.UUID, error) {

@@ -39,7 +39,7 @@ func ChildSeqOf(token string) (int, bool) {
 // finalStatuses are the statuses a child ends in, as its parent sees it:
 // terminal (a dead child's parent learns it died; an operator's replay of
 // the child does not reach a parent that has moved on).
-const finalStatuses = `('completed', 'failed', 'compensated', 'cancelled', 'dead')`
+const finalStatuses = `('completed', 'failed', 'compensated', 'cancelled', 'dead', 'terminated')`
 
 // ErrChildIDTaken: a child's workflow ID is held by a run that is not
 // that child.

@@ -165,7 +165,7 @@ WITH run AS (
         stalled_deliveries = 0, long_stalled_deliveries = 0, enqueued_at = now(),
         cancel_requested_at = CASE WHEN r.parent_close_policy = 'cancel' AND EXISTS (
             SELECT 1 FROM workflow_runs p WHERE p.run_id = r.parent_run_id
-            AND p.status IN ('completed', 'failed', 'compensated', 'cancelled', 'continued'))
+            AND p.status IN ('completed', 'failed', 'compensated', 'cancelled', 'continued', 'terminated'))
             THEN coalesce(r.cancel_requested_at, now()) ELSE r.cancel_requested_at END
     WHERE r.run_id = $1 AND r.status = 'dead'
     RETURNING r.run_id, r.queue

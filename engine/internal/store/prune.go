@@ -17,7 +17,7 @@ import (
 // of its own; $1 is the smallest UUID v7 of the cutoff's millisecond.
 const prunable = `
     r.run_id < $1 AND r.completed_at < $2
-    AND (r.status IN ('completed', 'failed', 'compensated', 'cancelled', 'continued')
+    AND (r.status IN ('completed', 'failed', 'compensated', 'cancelled', 'continued', 'terminated')
          OR (r.status = 'dead' AND NOT EXISTS (
              SELECT 1 FROM dead_jobs j WHERE j.run_id = r.run_id AND (j.resolved_at IS NULL OR j.resolved_at >= $2))))
     AND (r.parent_run_id IS NULL OR NOT EXISTS (

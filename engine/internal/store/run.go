@@ -704,3 +704,55 @@ func LatestRun(ctx context.Context, db DBTX, workflowName, workflowID string) (u
 		workflowName, workflowID).Scan(&id)
 	return id, translate(err)
 }
+
+const runParent = `SELECT parent_run_id, parent_seq, status, workflow_name FROM workflow_runs WHERE run_id = $1`
+
+// terminateRun ends an active or dead run at once: no delivery may write
+// it again (its owner token is cleared, so a delivery still running it
+// finds its lease lost at its next write), its open dead job is resolved
+// as discarded, and a watched run's end is notified.
+const terminateRun = `
+WITH run AS (
+    UPDATE workflow_runs SET status = 'terminated', error = $2::jsonb, owner_token = NULL, lease_expires_at = NULL,
+        completed_at = now(), wake_at = NULL, deadline_at = NULL, await_signal = NULL, held_until = NULL
+    WHERE run_id = $1 AND status IN ('pending', 'running', 'waiting', 'compensating', 'dead')
+    RETURNING run_id, watched AS notify
+), job AS (
+    UPDATE dead_jobs j SET resolved_at = now(), resolution = 'discarded', resolved_by = $3, note = $4
+    FROM run WHERE j.run_id = run.run_id AND j.resolved_at IS NULL
+), ` + notifyEnded + `
+SELECT count(*) FROM run WHERE (SELECT count(*) FROM notified) >= 0`
+
+// Terminated is what TerminateRun did.
+type Terminated struct {
+	Status   string // the run's status before (terminated when it already was)
+	Workflow string
+	Parent   *ParentRef // its parent, for a child (ClosePolicy not set)
+	Ended    bool       // this call ended it
+}
+
+// TerminateRun, in tx, ends runID as terminated with errJSON as its error
+// (an open dead job is resolved as discarded by `by`, with note), after
+// locking its parent's row (ancestors first, see LockRun). A run already
+// closed is left as it is (Status says how it ended). ErrNotFound when
+// there is no such run.
+func TerminateRun(ctx context.Context, tx DBTX, runID uuid.UUID, errJSON []byte, by, note string) (Terminated, error) {
+	var t Terminated
+	var parent *uuid.UUID
+	var seq *int
+	if err := tx.QueryRow(ctx, runParent, runID).Scan(&parent, &seq, &t.Status, &t.Workflow); err != nil {
+		return t, translate(err)
+	}
+	if parent != nil && seq != nil {
+		t.Parent = &ParentRef{RunID: *parent, Seq: *seq}
+		if err := LockRun(ctx, tx, *parent); err != nil {
+			return t, err
+		}
+	}
+	var n int
+	if err := tx.QueryRow(ctx, terminateRun, runID, string(errJSON), by, note).Scan(&n); err != nil {
+		return t, fmt.Errorf("terminating run %s: %w", runID, translate(err))
+	}
+	t.Ended = n > 0
+	return t, nil
+}

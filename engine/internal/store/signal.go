@@ -56,7 +56,7 @@ WITH target AS (
 ), ins AS (
     INSERT INTO workflow_signals (run_id, name, payload, idempotency_key)
     SELECT run_id, $2, $3::jsonb, $4 FROM target
-    WHERE status NOT IN ('completed', 'failed', 'compensated', 'cancelled', 'continued')
+    WHERE status NOT IN ('completed', 'failed', 'compensated', 'cancelled', 'continued', 'terminated')
     RETURNING id
 ), woken AS (
     UPDATE workflow_runs r SET status = 'pending', wake_at = NULL, await_signal = NULL, enqueued_at = now()

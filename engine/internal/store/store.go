@@ -155,6 +155,7 @@ const (
 	RunCancelled    = "cancelled"
 	RunDead         = "dead"
 	RunContinued    = "continued"
+	RunTerminated   = "terminated"
 )
 
 // stepArgs returns the positional arguments for stepUpsert's $n.. placeholders,

@@ -1,0 +1,112 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdurable/pgdurable/engine/internal/store"
+)
+
+// TerminateOpts says why a run is terminated, and by whom: both are kept
+// in the run's error (and in its dead job's resolution, if it had one),
+// and logged.
+type TerminateOpts struct {
+	// Reason is why (1 to 1,000 bytes): required.
+	Reason string
+	// By names who terminated it (up to 200 bytes; "" for nobody named).
+	By string
+}
+
+// Terminate ends a run at once, for the operator who knows why: its status
+// becomes terminated and its error says who terminated it and why (class
+// "terminated"). Unlike Cancel, nothing more of it runs: no compensation,
+// no step. A delivery running it in this process stops now; one in
+// another process finds its lease gone at its next record write or
+// heartbeat and stops (a step already running finishes, and its record is
+// refused). An open dead job is resolved as discarded. What its end does
+// to other runs happens as for any end: its parent, waiting for it, is
+// woken (Get returns a *ChildError with status terminated), and its
+// children of policies cancel and wait are cancelled.
+//
+// Terminating a terminated run succeeds (a client may retry). Errors:
+// ErrNotFound, ErrRunClosed (it completed, failed, was compensated,
+// cancelled or continued), ErrInvalidArgument (a bad reason or name).
+func (e *Engine) Terminate(ctx context.Context, runID uuid.UUID, opts TerminateOpts) error {
+	if err := checkText("termination reason", opts.Reason, 1, 1000); err != nil {
+		return err
+	}
+	if err := checkText("terminated by", opts.By, 0, 200); err != nil {
+		return err
+	}
+	msg := "terminated: " + opts.Reason
+	if opts.By != "" {
+		msg = "terminated by " + opts.By + ": " + opts.Reason
+	}
+	info := &ErrorInfo{Class: ClassTerminated, Message: msg}
+	var t store.Terminated
+	var cancelled []uuid.UUID
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		var err error
+		if t, err = store.TerminateRun(ctx, tx, runID, info.json(), opts.By, msg); err != nil {
+			return err
+		}
+		if !t.Ended {
+			return nil
+		}
+		if p := t.Parent; p != nil {
+			woken, err := store.WakeParent(ctx, tx, p.RunID, p.Seq)
+			if err != nil {
+				return err
+			}
+			if woken {
+				if err := e.queue.Enqueue(ctx, tx, p.RunID, time.Time{}); err != nil {
+					return err
+				}
+			}
+		}
+		var woken []uuid.UUID
+		if cancelled, woken, err = store.CancelChildren(ctx, tx, runID, compensateStops, cancelledJSON()); err != nil {
+			return err
+		}
+		return e.queue.EnqueueMany(ctx, tx, woken)
+	})
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return fmt.Errorf("%w: run %s", ErrNotFound, runID)
+	case err != nil:
+		return fmt.Errorf("pgdurable: terminating run %s: %w", runID, err)
+	case !t.Ended && RunStatus(t.Status) == StatusTerminated:
+		return nil // terminated already: a retried request
+	case !t.Ended:
+		return fmt.Errorf("%w: run %s is %s", ErrRunClosed, runID, t.Status)
+	}
+	if d, ok := e.live.Load(runID); ok {
+		d.(*delivery).cancel(ErrLeaseLost) // its lease is gone: it stops, writing nothing
+	}
+	e.noteCancelled(cancelled)
+	e.log.Warn("run terminated", "run_id", runID, "workflow", t.Workflow, "by", opts.By, "reason", opts.Reason, "was", t.Status)
+	e.obs.RunEnded(runID, t.Workflow, StatusTerminated)
+	e.notifyEnded(runID)
+	return nil
+}
+
+// checkText checks free text an operator gives (a reason, a name): valid
+// UTF-8 without NUL, min to max bytes.
+func checkText(what, s string, minLen, maxLen int) error {
+	switch {
+	case len(s) < minLen || len(s) > maxLen:
+		return fmt.Errorf("%w: %s must be %d to %d bytes", ErrInvalidArgument, what, minLen, maxLen)
+	case !utf8.ValidString(s):
+		return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidArgument, what)
+	case strings.ContainsRune(s, 0):
+		return fmt.Errorf("%w: %s contains a NUL character", ErrInvalidArgument, what)
+	}
+	return nil
+}

@@ -1,0 +1,120 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine"
+)
+
+// Terminate ends a running run at once: no compensation runs, the step
+// running finishes without its record landing, the run's error says who
+// and why, a retry succeeds, and a finished run is refused.
+func TestTerminateEndsARunningRunAtOnceWithoutCompensating(t *testing.T) {
+	t.Parallel()
+	var undos, after atomic.Int64
+	inStep := make(chan struct{})
+	wf := engine.Define("terminate-me", func(ctx *engine.Context, _ int) (int, error) {
+		if _, err := engine.Step(ctx, "first", func(context.Context) (int, error) { return 1, nil }, nil); err != nil {
+			return 0, err
+		}
+		if err := ctx.Compensate(engine.Undo{Name: "undo-first", Fn: func(context.Context, *engine.ActivityAttempt) error {
+			undos.Add(1)
+			return nil
+		}}); err != nil {
+			return 0, err
+		}
+		_, err := engine.Step(ctx, "slow", func(sctx context.Context) (int, error) {
+			close(inStep)
+			<-sctx.Done() // the termination stops the delivery
+			return 0, sctx.Err()
+		}, nil)
+		if err != nil {
+			return 0, err
+		}
+		after.Add(1)
+		return 2, nil
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	<-inStep
+	require.NoError(t, b.engine.Terminate(ctx, res.RunID, engine.TerminateOpts{Reason: "stuck on bug 42", By: "ann"}))
+	_, err = wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	var runErr *engine.RunError
+	require.ErrorAs(t, err, &runErr)
+	require.Equal(t, engine.StatusTerminated, runErr.Status)
+	require.Equal(t, engine.ClassTerminated, runErr.Info.Class)
+	require.Equal(t, "terminated by ann: stuck on bug 42", runErr.Info.Message)
+	time.Sleep(300 * time.Millisecond) // nothing more runs
+	require.Zero(t, undos.Load(), "no compensation")
+	require.Zero(t, after.Load())
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusTerminated, run.Status)
+	require.Len(t, run.Steps, 1, "the step that was running left no record")
+
+	require.NoError(t, b.engine.Terminate(ctx, res.RunID, engine.TerminateOpts{Reason: "again"}), "a retry succeeds")
+	require.ErrorIs(t, b.engine.Terminate(ctx, res.RunID, engine.TerminateOpts{}), engine.ErrInvalidArgument)
+}
+
+// A terminated child wakes its waiting parent, whose Get returns a
+// *ChildError with status terminated; a dead run terminated has its dead
+// job resolved; a completed run is refused with ErrRunClosed.
+func TestTerminateAChildADeadRunAndAFinishedOne(t *testing.T) {
+	t.Parallel()
+	child := engine.Define("terminate-kid", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.AwaitSignal[int](ctx, "never", 0)
+	}, nil)
+	parent := engine.Define("terminate-parent", func(ctx *engine.Context, _ int) (string, error) {
+		_, err := engine.ChildWorkflow(ctx, child, 0, &engine.ChildOpts{WorkflowID: "the-kid"})
+		var ce *engine.ChildError
+		if !errors.As(err, &ce) {
+			return "", err
+		}
+		return string(ce.Status), nil
+	}, nil)
+	dies := engine.Define("terminate-dead", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.Step(ctx, "boom", func(context.Context) (int, error) { panic("boom") }, nil)
+	}, nil)
+	quick := engine.Define("terminate-quick", func(ctx *engine.Context, _ int) (int, error) { return 1, nil }, nil)
+	b := setup(t, nil, parent, child, dies, quick)
+	ctx := testCtx(t)
+	res, err := parent.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		id, err := b.engine.FindRun(ctx, "the-kid")
+		if err != nil {
+			return false
+		}
+		run, err := b.engine.GetRun(ctx, id)
+		return err == nil && run.Status == engine.StatusWaiting
+	}, 10*time.Second, 10*time.Millisecond)
+	kid, err := b.engine.FindRun(ctx, "the-kid")
+	require.NoError(t, err)
+	require.NoError(t, b.engine.Terminate(ctx, kid, engine.TerminateOpts{Reason: "test"}))
+	out, err := parent.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, "terminated", out)
+
+	dead, err := dies.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	waitStatus(t, b.engine, dead.RunID, engine.StatusDead, 10*time.Second)
+	require.NoError(t, b.engine.Terminate(ctx, dead.RunID, engine.TerminateOpts{Reason: "poison", By: "bob"}))
+	jobs, _, err := b.engine.ListDeadJobs(ctx, engine.ListDeadJobsParams{RunID: dead.RunID})
+	require.NoError(t, err)
+	require.Len(t, jobs, 1)
+	require.NotNil(t, jobs[0].ResolvedAt)
+
+	q, err := quick.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	_, err = quick.Wait(ctx, b.engine, q.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.ErrorIs(t, b.engine.Terminate(ctx, q.RunID, engine.TerminateOpts{Reason: "late"}), engine.ErrRunClosed)
+}
