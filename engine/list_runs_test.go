@@ -3,6 +3,7 @@ package engine_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -65,4 +66,30 @@ func TestListRunsByWorkflowIDPrefix(t *testing.T) {
 	runs, _, err := b.engine.ListRuns(ctx, engine.ListRunsParams{WorkflowIDPrefix: strings.Repeat("b", 400)})
 	require.NoError(t, err, "400 bytes is the limit, as for a workflow ID")
 	require.Empty(t, runs)
+}
+
+// ListRuns keeps the runs created, or finished, in a time range: the
+// creation range goes by run ID (UUID v7), the finish range by
+// completed_at.
+func TestListRunsByCreatedAndFinishedTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := testCtx(t)
+	insertOldRuns(t, b.db.Pool, "ten-days-", "completed", 3, 0, 10*24*time.Hour)
+	insertOldRuns(t, b.db.Pool, "two-days-", "failed", 2, 0, 2*24*time.Hour)
+	_, err := b.db.Pool.Exec(ctx, `INSERT INTO workflow_runs (run_id, workflow_name, workflow_id, status, input)
+		VALUES ('`+uuid.Must(uuid.NewV7()).String()+`', 'history', 'now-1', 'pending', '1')`)
+	require.NoError(t, err)
+	now := time.Now()
+	count := func(p engine.ListRunsParams) int {
+		runs, _, err := b.engine.ListRuns(ctx, p)
+		require.NoError(t, err)
+		return len(runs)
+	}
+	require.Equal(t, 6, count(engine.ListRunsParams{}))
+	require.Equal(t, 3, count(engine.ListRunsParams{CreatedBefore: now.Add(-5 * 24 * time.Hour)}))
+	require.Equal(t, 3, count(engine.ListRunsParams{CreatedAfter: now.Add(-5 * 24 * time.Hour)}))
+	require.Equal(t, 2, count(engine.ListRunsParams{CreatedAfter: now.Add(-5 * 24 * time.Hour), CreatedBefore: now.Add(-time.Hour)}))
+	require.Equal(t, 2, count(engine.ListRunsParams{FinishedAfter: now.Add(-5 * 24 * time.Hour)}))
+	require.Equal(t, 5, count(engine.ListRunsParams{FinishedBefore: now}), "a run not finished is left out")
 }

@@ -532,8 +532,15 @@ type ListRunsParams struct {
 	// which suits tools and tests (a batch of runs tagged with a common
 	// prefix) rather than a hot path.
 	WorkflowIDPrefix string
-	Limit            int    // 1..1000, default 50
-	Cursor           string // the nextCursor the previous page's ListRuns returned
+	// CreatedAfter and CreatedBefore keep the runs created in [after,
+	// before) (zero: no bound), to the millisecond; the run IDs' order
+	// serves them (UUID v7). FinishedAfter and FinishedBefore keep those
+	// that finished in that range (a run not finished is left out); no
+	// index serves them.
+	CreatedAfter, CreatedBefore   time.Time
+	FinishedAfter, FinishedBefore time.Time
+	Limit                         int    // 1..1000, default 50
+	Cursor                        string // the nextCursor the previous page's ListRuns returned
 }
 
 // ListRuns returns runs newest first, and a cursor for the next page ("" on
@@ -553,7 +560,9 @@ func (e *Engine) ListRuns(ctx context.Context, p ListRunsParams) (runs []*Run, n
 		return nil, "", err
 	}
 	rows, err := store.ListRuns(ctx, e.pool, store.RunFilter{Workflow: p.Workflow, Status: string(p.Status),
-		WorkflowIDPrefix: p.WorkflowIDPrefix, Before: before, Limit: limit + 1})
+		WorkflowIDPrefix: p.WorkflowIDPrefix, Before: before, Limit: limit + 1,
+		CreatedAfter: timeOrNil(p.CreatedAfter), CreatedBefore: timeOrNil(p.CreatedBefore),
+		FinishedAfter: timeOrNil(p.FinishedAfter), FinishedBefore: timeOrNil(p.FinishedBefore)})
 	if err != nil {
 		return nil, "", fmt.Errorf("pgdurable: %w", err)
 	}
@@ -608,6 +617,13 @@ func pageParams(limit int, cursor string) (int, *uuid.UUID, error) {
 		return 0, nil, fmt.Errorf("%w: invalid cursor %q", ErrInvalidArgument, cursor)
 	}
 	return limit, &id, nil
+}
+
+func timeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }
 
 func derefInt(p *int64) int64 {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -803,4 +804,24 @@ func TestTerminateOverHTTP(t *testing.T) {
 	b.waitStatus(t, "term-done", "completed")
 	closed := b.do(t, "POST", "/v1/runs/term-done/terminate", `{"reason": "late"}`)
 	require.Equal(t, http.StatusConflict, closed.status, closed.raw)
+}
+
+// The runs list takes created and finished time ranges as RFC 3339 times;
+// anything else is 400 invalid_parameter.
+func TestListRunsByTimeOverHTTP(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	r := b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": "timed", "input": {"order_id": "o", "amount": 1}}`)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	b.waitStatus(t, "timed", "completed")
+	hourAgo := url.QueryEscape(time.Now().Add(-time.Hour).Format(time.RFC3339))
+	inAnHour := url.QueryEscape(time.Now().Add(time.Hour).Format(time.RFC3339))
+	list := b.do(t, "GET", "/v1/runs?created_after="+hourAgo+"&finished_before="+inAnHour, "")
+	require.Equal(t, http.StatusOK, list.status, list.raw)
+	require.Len(t, list.body["runs"].([]any), 1)
+	list = b.do(t, "GET", "/v1/runs?created_before="+hourAgo, "")
+	require.Empty(t, list.body["runs"])
+	bad := b.do(t, "GET", "/v1/runs?finished_after=yesterday", "")
+	require.Equal(t, 400, bad.status)
+	require.Equal(t, "invalid_parameter", errCode(bad))
 }

@@ -131,7 +131,8 @@ func (a *api) getRun(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) listRuns(w http.ResponseWriter, r *http.Request) {
-	q, ok := queryParams(w, r, "workflow", "status", "workflow_id_prefix", "limit", "cursor")
+	q, ok := queryParams(w, r, "workflow", "status", "workflow_id_prefix", "limit", "cursor",
+		"created_after", "created_before", "finished_after", "finished_before")
 	if !ok {
 		return
 	}
@@ -139,10 +140,22 @@ func (a *api) listRuns(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	runs, next, err := a.e.ListRuns(r.Context(), engine.ListRunsParams{
+	p := engine.ListRunsParams{
 		Workflow: q.Get("workflow"), Status: engine.RunStatus(q.Get("status")), WorkflowIDPrefix: q.Get("workflow_id_prefix"),
 		Limit: limit, Cursor: q.Get("cursor"),
-	})
+	}
+	for name, dst := range map[string]*time.Time{"created_after": &p.CreatedAfter, "created_before": &p.CreatedBefore,
+		"finished_after": &p.FinishedAfter, "finished_before": &p.FinishedBefore} {
+		if v := q.Get(name); v != "" {
+			t, err := time.Parse(time.RFC3339Nano, v)
+			if err != nil {
+				writeError(w, http.StatusBadRequest, "invalid_parameter", fmt.Sprintf("%s %q is not an RFC 3339 time such as 2026-12-01T00:00:00Z", name, truncate(v, 64)))
+				return
+			}
+			*dst = t
+		}
+	}
+	runs, next, err := a.e.ListRuns(r.Context(), p)
 	if err != nil {
 		a.engineError(w, r, err)
 		return

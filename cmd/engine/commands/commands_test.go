@@ -794,3 +794,21 @@ func TestTerminateCommand(t *testing.T) {
 	require.Contains(t, out, "status       terminated")
 	require.Contains(t, out, "terminated by ann: a test")
 }
+
+// runs list filters by creation and finish time: RFC 3339 times or
+// durations ago; anything else is a usage error.
+func TestRunsListByTime(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	code, _, errOut := run(t, db, "start", "approval", "--id", "recent", "--input", `{}`)
+	require.Equal(t, 0, code, errOut)
+	code, out, errOut := run(t, db, "runs", "list", "--created-after", "1h")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "recent")
+	code, out, errOut = run(t, db, "runs", "list", "--created-before", "1h")
+	require.Equal(t, 0, code, errOut)
+	require.NotContains(t, out, "recent")
+	code, _, errOut = run(t, db, "runs", "list", "--finished-after", "yesterday")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "neither an RFC 3339 time")
+}

@@ -21,11 +21,23 @@ import (
 func (g *global) runsCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "runs", Short: "List and inspect runs"}
 	var p engine.ListRunsParams
+	var createdAfter, createdBefore, finishedAfter, finishedBefore string
 	list := &cobra.Command{
 		Use: "list", Short: "List runs, newest first", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkLimit(p.Limit); err != nil {
 				return err
+			}
+			for flag, v := range map[string]struct {
+				s   string
+				dst *time.Time
+			}{"--created-after": {createdAfter, &p.CreatedAfter}, "--created-before": {createdBefore, &p.CreatedBefore},
+				"--finished-after": {finishedAfter, &p.FinishedAfter}, "--finished-before": {finishedBefore, &p.FinishedBefore}} {
+				t, err := timeFlag(flag, v.s, time.Now())
+				if err != nil {
+					return err
+				}
+				*v.dst = t
 			}
 			if err := checkOneOf("--status", p.Status, engine.StatusPending, engine.StatusRunning, engine.StatusWaiting,
 				engine.StatusCompleted, engine.StatusFailed, engine.StatusCompensating, engine.StatusCompensated,
@@ -63,6 +75,10 @@ func (g *global) runsCmd() *cobra.Command {
 	list.Flags().StringVar((*string)(&p.Status), "status", "", "only this status")
 	list.Flags().IntVar(&p.Limit, "limit", 50, "page size (1..1000)")
 	list.Flags().StringVar(&p.Cursor, "cursor", "", "the next page's cursor")
+	list.Flags().StringVar(&createdAfter, "created-after", "", "only runs created at or after this RFC 3339 time, or this long ago (24h)")
+	list.Flags().StringVar(&createdBefore, "created-before", "", "only runs created before this time (as --created-after)")
+	list.Flags().StringVar(&finishedAfter, "finished-after", "", "only runs that finished at or after this time (as --created-after)")
+	list.Flags().StringVar(&finishedBefore, "finished-before", "", "only runs that finished before this time (as --created-after)")
 
 	var followRun bool
 	show := &cobra.Command{
@@ -388,6 +404,21 @@ its parent, if it waits for it, is woken; its children of policies cancel and wa
 	cmd.Flags().StringVar(&opts.Reason, "reason", "", "why the run is terminated (required; kept in its error)")
 	cmd.Flags().StringVar(&opts.By, "by", "", "who terminates it (kept with the reason)")
 	return cmd
+}
+
+// timeFlag parses a time flag: an RFC 3339 time, or a duration meaning
+// that long before now; "" is the zero time (no bound).
+func timeFlag(flag, v string, now time.Time) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		return t, nil
+	}
+	if d, err := time.ParseDuration(v); err == nil && d >= 0 {
+		return now.Add(-d), nil
+	}
+	return time.Time{}, &usageError{fmt.Errorf("%s %q is neither an RFC 3339 time (2026-12-01T00:00:00Z) nor a duration ago (24h)", flag, v)}
 }
 
 func parseID(what, s string) (uuid.UUID, error) {

@@ -130,6 +130,11 @@ type RunFilter struct {
 	WorkflowIDPrefix string     // runs whose workflow ID starts with it
 	Before           *uuid.UUID // keyset cursor: run IDs older than this (UUID v7 order)
 	Limit            int
+	// Created and finished time ranges ([after, before); nil: open). The
+	// creation range is a run ID range: run IDs are UUID v7, ordered by
+	// creation time, so the primary key serves it.
+	CreatedAfter, CreatedBefore   *time.Time
+	FinishedAfter, FinishedBefore *time.Time
 }
 
 const listRuns = `SELECT ` + runColumns + ` FROM workflow_runs
@@ -137,12 +142,23 @@ WHERE ($1::text = '' OR workflow_name = $1)
   AND ($2::text = '' OR status = $2)
   AND ($3::uuid IS NULL OR run_id < $3)
   AND ($5::text = '' OR starts_with(workflow_id, $5))
+  AND ($6::uuid IS NULL OR run_id >= $6) AND ($7::uuid IS NULL OR run_id < $7)
+  AND ($8::timestamptz IS NULL OR completed_at >= $8) AND ($9::timestamptz IS NULL OR completed_at < $9)
 ORDER BY run_id DESC
 LIMIT $4`
 
+func floorOrNull(t *time.Time) *uuid.UUID {
+	if t == nil {
+		return nil
+	}
+	id := uuidFloor(*t)
+	return &id
+}
+
 // ListRuns returns runs newest first.
 func ListRuns(ctx context.Context, db DBTX, f RunFilter) ([]*RunRow, error) {
-	rows, err := db.Query(ctx, listRuns, f.Workflow, f.Status, f.Before, f.Limit, f.WorkflowIDPrefix)
+	rows, err := db.Query(ctx, listRuns, f.Workflow, f.Status, f.Before, f.Limit, f.WorkflowIDPrefix,
+		floorOrNull(f.CreatedAfter), floorOrNull(f.CreatedBefore), f.FinishedAfter, f.FinishedBefore)
 	if err != nil {
 		return nil, fmt.Errorf("listing runs: %w", err)
 	}
