@@ -175,6 +175,9 @@ type Engine struct {
 	now    func() time.Time
 	retry  RetryPolicy // cfg.RetryPolicy merged over DefaultRetryPolicy
 	active sync.WaitGroup
+	// processID names this process's row in engine_processes while it is
+	// started (see ListWorkflows).
+	processID uuid.UUID
 
 	draining atomic.Bool // Stop was called: deliveries hand runs back at the next step
 	stopping atomic.Bool // Stop or StopAndCancel was called: no more direct dispatch
@@ -239,6 +242,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		obs:       c.Observer,
 		now:       c.Clock.Now,
 		workflows: map[string]registered{},
+		processID: uuid.New(),
 	}
 	e.retry = (RetryPolicy{}).merge(c.RetryPolicy, &DefaultRetryPolicy)
 	e.records = newRecordWriter(e)
@@ -343,6 +347,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	if err := e.queue.Start(context.WithoutCancel(ctx)); err != nil {
 		return fmt.Errorf("pgdurable: starting workers: %w", err)
 	}
+	e.seeProcess(ctx)
 	sweepCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	e.stopSweep = cancel
 	e.active.Add(1)
@@ -391,6 +396,7 @@ func (e *Engine) stop(ctx context.Context, stopQueue func(context.Context) error
 	}
 	e.stopSweep()
 	e.active.Wait()
+	e.forgetProcess()
 	if err != nil {
 		return fmt.Errorf("pgdurable: stopping workers: %w", err)
 	}

@@ -82,6 +82,7 @@ func (e *Engine) sweepLoop(ctx context.Context) {
 	defer e.active.Done()
 	var lastOrphanCheck time.Time
 	prune := time.Now() // the first pass prunes
+	seen := time.Now()  // Start recorded this process
 	for {
 		wait := e.cfg.SweepInterval/2 + rand.N(e.cfg.SweepInterval)
 		select {
@@ -103,6 +104,10 @@ func (e *Engine) sweepLoop(ctx context.Context) {
 		}
 		if err := e.pollCancels(ctx); err != nil && ctx.Err() == nil {
 			e.log.Warn("cancellation check failed", "error", err)
+		}
+		if time.Since(seen) >= processBeat {
+			seen = time.Now()
+			e.seeProcess(ctx)
 		}
 		if e.cfg.Retention > 0 && !time.Now().Before(prune) {
 			e.retentionPass(ctx)

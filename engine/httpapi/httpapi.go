@@ -13,6 +13,7 @@
 //	POST /v1/runs/{run_id}/cancel         202 accepted, 404, 409 already finished; {run_id} may be a workflow ID
 //	POST /v1/runs/{run_id}/terminate      {"reason": "...", "by": "..."} → 200 the run, ended at once without
 //	                                      compensations; 404, 409 already finished, 400 no reason
+//	GET  /v1/workflows                    {"workflows": [...]}: what live engine processes register, where
 //	GET  /v1/schedules                    {"schedules": [...]}
 //	POST /v1/schedules                    {"name", "cron", "time_zone", "workflow", "input", "overlap",
 //	                                      "catchup_window": "1h", "paused"} → 201, 409 schedule_exists, 400, 404 unknown workflow
@@ -101,6 +102,7 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	v1.HandleFunc("POST /v1/runs/{run_id}/cancel", a.cancelRun)
 	v1.HandleFunc("POST /v1/runs/{run_id}/start-now", a.startNow)
 	v1.HandleFunc("POST /v1/runs/{run_id}/terminate", a.terminateRun)
+	v1.HandleFunc("GET /v1/workflows", a.listWorkflows)
 	v1.HandleFunc("POST /v1/runs/{run_id}/signals/{name}", a.signal)
 	v1.HandleFunc("GET /v1/schedules", a.listSchedules)
 	v1.HandleFunc("POST /v1/schedules", a.createSchedule)

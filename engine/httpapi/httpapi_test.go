@@ -825,3 +825,17 @@ func TestListRunsByTimeOverHTTP(t *testing.T) {
 	require.Equal(t, 400, bad.status)
 	require.Equal(t, "invalid_parameter", errCode(bad))
 }
+
+// GET /v1/workflows lists what the live engine processes register.
+func TestListWorkflowsOverHTTP(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	r := b.do(t, "GET", "/v1/workflows", "")
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	var names []string
+	for _, w := range r.body["workflows"].([]any) {
+		names = append(names, w.(map[string]any)["name"].(string))
+	}
+	require.Equal(t, []string{"approval", "approvals", "payment"}, names)
+	require.Equal(t, 400, b.do(t, "GET", "/v1/workflows?x=1", "").status)
+}

@@ -170,6 +170,25 @@ func (a *api) cancelRun(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// WorkflowList is GET /v1/workflows's body.
+type WorkflowList struct {
+	Workflows []engine.WorkflowInfo `json:"workflows"`
+}
+
+// listWorkflows answers what live engine processes register
+// (Engine.ListWorkflows).
+func (a *api) listWorkflows(w http.ResponseWriter, r *http.Request) {
+	if _, ok := queryParams(w, r); !ok {
+		return
+	}
+	wfs, err := a.e.ListWorkflows(r.Context())
+	if err != nil {
+		a.engineError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, WorkflowList{Workflows: wfs})
+}
+
 // TerminateRequest is POST /v1/runs/{run_id}/terminate's body.
 type TerminateRequest struct {
 	Reason string `json:"reason"`

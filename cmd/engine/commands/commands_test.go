@@ -220,7 +220,7 @@ func TestServeNeedsMigratedSchema(t *testing.T) {
 	require.Contains(t, errOut, "engine migrate up")
 	code, out, _ := run(t, db, "migrate", "up")
 	require.Equal(t, 0, code)
-	require.Contains(t, out, "pgdurable versions [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17]")
+	require.Contains(t, out, "pgdurable versions [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18]")
 }
 
 // The demo runs the payment story end to end and must report 0 double
@@ -811,4 +811,17 @@ func TestRunsListByTime(t *testing.T) {
 	code, _, errOut = run(t, db, "runs", "list", "--finished-after", "yesterday")
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "neither an RFC 3339 time")
+}
+
+// engine workflows list shows what the live engine processes register.
+func TestWorkflowsList(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	code, out, errOut := run(t, db, "workflows", "list")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "no live engine process")
+	enginetest.NewEngine(t, db, nil, true, workflows()...)
+	code, out, errOut = run(t, db, "workflows", "list")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `double +1 +[^ ]+:\d+ \(queue pgdurable\)`, out)
 }

@@ -369,6 +369,46 @@ func (g *global) cancelCmd() *cobra.Command {
 	}
 }
 
+func (g *global) workflowsCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "workflows", Short: "What the live engine processes register"}
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List the workflows live engine processes register, with their versions and processes",
+		Long: `Lists each workflow that a started engine process registers (one seen in the last 30 s, on
+any queue), with the versions registered and the processes (host, pid, queue): what can run
+where. A process records itself when its engine starts and every 10 s after.`,
+		Args: cobra.NoArgs,
+		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, _ []string) error {
+			wfs, err := e.ListWorkflows(ctx)
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return writeJSON(g.opts.Stdout, httpapi.WorkflowList{Workflows: wfs})
+			}
+			t := newTable(g.opts.Stdout, "WORKFLOW", "VERSIONS", "PROCESSES")
+			for _, w := range wfs {
+				versions := make([]string, len(w.Versions))
+				for i, v := range w.Versions {
+					versions[i] = fmt.Sprint(v)
+				}
+				procs := make([]string, len(w.Processes))
+				for i, p := range w.Processes {
+					procs[i] = fmt.Sprintf("%s:%d (queue %s)", p.Hostname, p.PID, p.Queue)
+				}
+				t.row(w.Name, strings.Join(versions, ", "), strings.Join(procs, "; "))
+			}
+			t.flush()
+			if len(wfs) == 0 {
+				fmt.Fprintln(g.opts.Stdout, "no live engine process: start one (engine serve or engine dev)")
+			}
+			return nil
+		}),
+	}
+	cmd.AddCommand(list)
+	return cmd
+}
+
 func (g *global) terminateCmd() *cobra.Command {
 	var opts engine.TerminateOpts
 	cmd := &cobra.Command{
