@@ -137,3 +137,60 @@ func TestRetentionSweepPrunesOldRuns(t *testing.T) {
 	require.Equal(t, 1, recent)
 	require.Equal(t, 1, steps)
 }
+
+// A continue-as-new chain whose latest run still runs keeps its continued
+// runs: a retried start with the chain's first input still finds the
+// latest run, and Wait on the first run ID still follows the chain. Once
+// the chain ended, its runs go (found by an attack pass).
+func TestPruneKeepsALiveChainsEarlierRuns(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("prune-chain", func(ctx *engine.Context, n int) (int, error) {
+		if n < 2 {
+			return 0, engine.ContinueAsNew(ctx, n+1)
+		}
+		return engine.AwaitSignal[int](ctx, "stop", 0)
+	}, nil)
+	b := setup(t, &engine.Config{Retention: -1}, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, &engine.StartOpts{WorkflowID: "chain"})
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, "the chain's third run to wait", func() bool {
+		id, err := b.engine.FindRun(ctx, "chain")
+		require.NoError(t, err)
+		run, err := b.engine.GetRun(ctx, id)
+		require.NoError(t, err)
+		return run.Status == engine.StatusWaiting
+	})
+	time.Sleep(50 * time.Millisecond)
+	pruned, err := b.engine.Prune(ctx, engine.PruneParams{OlderThan: 20 * time.Millisecond})
+	require.NoError(t, err)
+	require.Zero(t, pruned.Runs, "the live chain's continued runs are kept")
+	again, err := wf.Start(ctx, b.engine, 0, &engine.StartOpts{WorkflowID: "chain"})
+	require.NoError(t, err)
+	require.True(t, again.Existing)
+	require.NoError(t, b.engine.Signal(ctx, "chain", "stop", 7, nil))
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 7, out)
+	time.Sleep(50 * time.Millisecond)
+	pruned, err = b.engine.Prune(ctx, engine.PruneParams{OlderThan: 20 * time.Millisecond})
+	require.NoError(t, err)
+	require.Equal(t, int64(3), pruned.Runs, "the ended chain goes whole")
+}
+
+// A time range before 1970 does not wrap around: every run is created
+// after it (found by an attack pass).
+func TestListRunsBefore1970(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("list-1970", func(*engine.Context, int) (int, error) { return 1, nil }, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	_, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	runs, _, err := b.engine.ListRuns(ctx, engine.ListRunsParams{CreatedAfter: time.Date(1969, 12, 31, 0, 0, 0, 0, time.UTC)})
+	require.NoError(t, err)
+	require.Len(t, runs, 1)
+	runs, _, err = b.engine.ListRuns(ctx, engine.ListRunsParams{CreatedBefore: time.Date(1960, 1, 1, 0, 0, 0, 0, time.UTC)})
+	require.NoError(t, err)
+	require.Empty(t, runs)
+}

@@ -116,5 +116,7 @@ func TestTerminateAChildADeadRunAndAFinishedOne(t *testing.T) {
 	require.NoError(t, err)
 	_, err = quick.Wait(ctx, b.engine, q.RunID, 10*time.Millisecond)
 	require.NoError(t, err)
-	require.ErrorIs(t, b.engine.Terminate(ctx, q.RunID, engine.TerminateOpts{Reason: "late"}), engine.ErrRunClosed)
+	err = b.engine.Terminate(ctx, q.RunID, engine.TerminateOpts{Reason: "late"})
+	require.ErrorIs(t, err, engine.ErrRunClosed)
+	require.ErrorContains(t, err, "is completed")
 }

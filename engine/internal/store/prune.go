@@ -10,9 +10,11 @@ import (
 )
 
 // Finished runs a prune may delete: ended for good (dead runs only once
-// every dead job of theirs is resolved, before the cutoff), and not a
-// child whose parent still runs or is dead (it may yet read the child's
-// outcome). The run IDs are UUID v7, ordered by creation time, so the
+// every dead job of theirs is resolved, before the cutoff), not a child
+// whose parent still runs or is dead (it may yet read the child's
+// outcome), and not a continued run whose chain's latest run still runs
+// or is dead (a retried start is matched against the chain's first run,
+// and a Wait on an earlier run ID follows the chain). The run IDs are UUID v7, ordered by creation time, so the
 // primary key finds the runs created before the cutoff without an index
 // of its own; $1 is the smallest UUID v7 of the cutoff's millisecond.
 const prunable = `
@@ -22,7 +24,10 @@ const prunable = `
              SELECT 1 FROM dead_jobs j WHERE j.run_id = r.run_id AND (j.resolved_at IS NULL OR j.resolved_at >= $2))))
     AND (r.parent_run_id IS NULL OR NOT EXISTS (
          SELECT 1 FROM workflow_runs p WHERE p.run_id = r.parent_run_id
-         AND p.status IN ('pending', 'running', 'waiting', 'compensating', 'dead')))`
+         AND p.status IN ('pending', 'running', 'waiting', 'compensating', 'dead')))
+    AND (r.status <> 'continued' OR NOT EXISTS (
+         SELECT 1 FROM workflow_runs h WHERE h.workflow_name = r.workflow_name AND h.workflow_id = r.workflow_id
+         AND h.status IN ('pending', 'running', 'waiting', 'compensating', 'dead')))`
 
 // pruneRuns deletes one batch: the runs are locked SKIP LOCKED, so a
 // prune never waits for (or blocks) a worker or another prune, and their
@@ -97,7 +102,7 @@ func CountPrunable(ctx context.Context, db DBTX, cutoff time.Time) (Pruned, erro
 func uuidFloor(t time.Time) uuid.UUID {
 	var id uuid.UUID
 	var ms [8]byte
-	binary.BigEndian.PutUint64(ms[:], uint64(t.UnixMilli()))
+	binary.BigEndian.PutUint64(ms[:], uint64(max(t.UnixMilli(), 0))) // before 1970: no run is older
 	copy(id[:6], ms[2:])
 	return id
 }

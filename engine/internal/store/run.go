@@ -754,5 +754,11 @@ func TerminateRun(ctx context.Context, tx DBTX, runID uuid.UUID, errJSON []byte,
 		return t, fmt.Errorf("terminating run %s: %w", runID, translate(err))
 	}
 	t.Ended = n > 0
+	if !t.Ended {
+		// It ended meanwhile (its row was locked by its end): say how.
+		if err := tx.QueryRow(ctx, `SELECT status FROM workflow_runs WHERE run_id = $1`, runID).Scan(&t.Status); err != nil {
+			return t, fmt.Errorf("reading run %s: %w", runID, translate(err))
+		}
+	}
 	return t, nil
 }
