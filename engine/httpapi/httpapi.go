@@ -14,6 +14,9 @@
 //	POST /v1/runs/{run_id}/terminate      {"reason": "...", "by": "..."} → 200 the run, ended at once without
 //	                                      compensations; 404, 409 already finished, 400 no reason
 //	GET  /v1/workflows                    {"workflows": [...]}: what live engine processes register, where
+//	POST /v1/bulk/cancel-runs             {"workflow", "status", "workflow_id_prefix", "created_after", "created_before",
+//	                                      "dry_run"} → 200 {"matched", "done", "skipped", "more", "dry_run"}
+//	POST /v1/bulk/replay-dead-jobs, /v1/bulk/discard-dead-jobs  {"workflow", "reason", "by", "note", "dry_run"} → 200 the same
 //	GET  /v1/schedules                    {"schedules": [...]}
 //	POST /v1/schedules                    {"name", "cron", "time_zone", "workflow", "input", "overlap",
 //	                                      "catchup_window": "1h", "paused"} → 201, 409 schedule_exists, 400, 404 unknown workflow
@@ -103,6 +106,9 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	v1.HandleFunc("POST /v1/runs/{run_id}/start-now", a.startNow)
 	v1.HandleFunc("POST /v1/runs/{run_id}/terminate", a.terminateRun)
 	v1.HandleFunc("GET /v1/workflows", a.listWorkflows)
+	v1.HandleFunc("POST /v1/bulk/cancel-runs", a.bulkCancel)
+	v1.HandleFunc("POST /v1/bulk/replay-dead-jobs", a.bulkDeadJobs(true))
+	v1.HandleFunc("POST /v1/bulk/discard-dead-jobs", a.bulkDeadJobs(false))
 	v1.HandleFunc("POST /v1/runs/{run_id}/signals/{name}", a.signal)
 	v1.HandleFunc("GET /v1/schedules", a.listSchedules)
 	v1.HandleFunc("POST /v1/schedules", a.createSchedule)

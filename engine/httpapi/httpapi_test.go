@@ -839,3 +839,31 @@ func TestListWorkflowsOverHTTP(t *testing.T) {
 	require.Equal(t, []string{"approval", "approvals", "payment"}, names)
 	require.Equal(t, 400, b.do(t, "GET", "/v1/workflows?x=1", "").status)
 }
+
+// The bulk routes act on what a filter matches, with a dry run first.
+func TestBulkActionsOverHTTP(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for _, id := range []string{"bulk-1", "bulk-2"} {
+		r := b.do(t, "POST", "/v1/workflows/approval/runs", `{"id": "`+id+`", "input": {"order_id": "o", "amount": 1}}`)
+		require.Equal(t, http.StatusCreated, r.status, r.raw)
+		b.waitStatus(t, id, "waiting")
+	}
+	dry := b.do(t, "POST", "/v1/bulk/cancel-runs", `{"workflow": "approval", "dry_run": true}`)
+	require.Equal(t, http.StatusOK, dry.status, dry.raw)
+	require.EqualValues(t, 2, dry.body["matched"])
+	require.EqualValues(t, 0, dry.body["done"])
+	done := b.do(t, "POST", "/v1/bulk/cancel-runs", `{"workflow": "approval", "workflow_id_prefix": "bulk-"}`)
+	require.Equal(t, http.StatusOK, done.status, done.raw)
+	require.EqualValues(t, 2, done.body["done"])
+	b.waitStatus(t, "bulk-1", "cancelled")
+	bad := b.do(t, "POST", "/v1/bulk/cancel-runs", `{"status": "completed"}`)
+	require.Equal(t, 400, bad.status, bad.raw)
+
+	r := b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": "bulk-dead", "input": {"order_id": "o", "amount": 13}}`)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	b.waitStatus(t, "bulk-dead", "dead")
+	disc := b.do(t, "POST", "/v1/bulk/discard-dead-jobs", `{"workflow": "payment", "by": "ann", "note": "test"}`)
+	require.Equal(t, http.StatusOK, disc.status, disc.raw)
+	require.EqualValues(t, 1, disc.body["done"])
+}

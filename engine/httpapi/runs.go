@@ -335,3 +335,63 @@ func queryLimit(w http.ResponseWriter, r *http.Request) (int, bool) {
 	}
 	return n, true
 }
+
+// BulkCancelRequest is POST /v1/bulk/cancel-runs's body: the runs to
+// cancel, as GET /v1/runs filters them (times in RFC 3339).
+type BulkCancelRequest struct {
+	Workflow         string           `json:"workflow,omitempty"`
+	Status           engine.RunStatus `json:"status,omitempty"`
+	WorkflowIDPrefix string           `json:"workflow_id_prefix,omitempty"`
+	CreatedAfter     time.Time        `json:"created_after,omitzero"`
+	CreatedBefore    time.Time        `json:"created_before,omitzero"`
+	DryRun           bool             `json:"dry_run,omitempty"`
+}
+
+// bulkCancel cancels the active runs a filter matches (Engine.CancelRuns):
+// 200 with the counts.
+func (a *api) bulkCancel(w http.ResponseWriter, r *http.Request) {
+	var req BulkCancelRequest
+	if !a.readJSON(w, r, &req, `{"workflow": "...", "status": "...", "workflow_id_prefix": "...", "created_after": "...", "created_before": "...", "dry_run": true}`) {
+		return
+	}
+	res, err := a.e.CancelRuns(r.Context(), engine.ListRunsParams{Workflow: req.Workflow, Status: req.Status,
+		WorkflowIDPrefix: req.WorkflowIDPrefix, CreatedAfter: req.CreatedAfter, CreatedBefore: req.CreatedBefore}, req.DryRun)
+	if err != nil {
+		a.engineError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+// BulkDeadJobsRequest is the body of POST /v1/bulk/replay-dead-jobs and
+// /v1/bulk/discard-dead-jobs: the open dead jobs to resolve, as GET
+// /v1/dead-jobs filters them, and the resolution's by and note.
+type BulkDeadJobsRequest struct {
+	Workflow string            `json:"workflow,omitempty"`
+	Reason   engine.DeadReason `json:"reason,omitempty"`
+	By       string            `json:"by,omitempty"`
+	Note     string            `json:"note,omitempty"`
+	DryRun   bool              `json:"dry_run,omitempty"`
+}
+
+// bulkDeadJobs replays (or discards) the open dead jobs a filter matches:
+// 200 with the counts.
+func (a *api) bulkDeadJobs(replay bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req BulkDeadJobsRequest
+		if !a.readJSON(w, r, &req, `{"workflow": "...", "reason": "...", "by": "...", "note": "...", "dry_run": true}`) {
+			return
+		}
+		act := a.e.DiscardDeadJobs
+		if replay {
+			act = a.e.ReplayDeadJobs
+		}
+		res, err := act(r.Context(), engine.ListDeadJobsParams{Workflow: req.Workflow, Reason: req.Reason},
+			&engine.ResolveOpts{By: req.By, Note: req.Note}, req.DryRun)
+		if err != nil {
+			a.engineError(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, res)
+	}
+}

@@ -825,3 +825,27 @@ func TestWorkflowsList(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Regexp(t, `double +1 +[^ ]+:\d+ \(queue pgdurable\)`, out)
 }
+
+// runs cancel-matching and dead discard-matching act on what their
+// filters match, need a filter, and count with --dry-run.
+func TestMatchingCommands(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	e := enginetest.NewEngine(t, db, nil, true, workflows()...)
+	for _, id := range []string{"m-1", "m-2"} {
+		_, err := e.StartJSON(context.Background(), "approval", []byte(`{}`), &engine.StartOpts{WorkflowID: id})
+		require.NoError(t, err)
+	}
+	code, _, errOut := run(t, db, "runs", "cancel-matching")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "give --workflow")
+	code, out, errOut := run(t, db, "runs", "cancel-matching", "--workflow-id-prefix", "m-", "--dry-run")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "2 runs match (dry run: nothing cancelled)")
+	code, out, errOut = run(t, db, "runs", "cancel-matching", "--workflow-id-prefix", "m-")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "2 runs matched: 2 cancelled, 0 skipped")
+	code, out, errOut = run(t, db, "dead", "discard-matching", "--workflow", "double", "--dry-run")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "0 dead jobs match")
+}

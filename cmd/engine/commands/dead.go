@@ -83,7 +83,7 @@ func (g *global) deadCmd() *cobra.Command {
 		c.Flags().StringVar(&by, "by", "", "who resolves it (recorded)")
 		c.Flags().StringVar(&note, "note", "", "why (recorded)")
 	}
-	cmd.AddCommand(list, show, replay, discard)
+	cmd.AddCommand(list, show, replay, discard, g.deadMatchingCmd(true), g.deadMatchingCmd(false))
 	return cmd
 }
 
@@ -130,6 +130,59 @@ func (g *global) withDeadJob(ctx context.Context, arg string, do func(*engine.En
 	}
 	if j.Stack != "" {
 		fmt.Fprintf(w, "\n%s\n", escapeControls(j.Stack, true))
+	}
+	return nil
+}
+
+// deadMatchingCmd is dead replay-matching (replay) or discard-matching:
+// resolve every open dead job a filter matches.
+func (g *global) deadMatchingCmd(replay bool) *cobra.Command {
+	var p engine.ListDeadJobsParams
+	var opts engine.ResolveOpts
+	var dry bool
+	verb, use := "Discard", "discard-matching"
+	if replay {
+		verb, use = "Replay", "replay-matching"
+	}
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: verb + " every open dead job --workflow and --reason match (at most 10,000; --dry-run counts them)",
+		Args:  cobra.NoArgs,
+		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, _ []string) error {
+			if p.Workflow == "" && p.Reason == "" {
+				return &usageError{fmt.Errorf("give --workflow or --reason (or both): %s acts on every open dead job they match", use)}
+			}
+			act := e.DiscardDeadJobs
+			if replay {
+				act = e.ReplayDeadJobs
+			}
+			res, err := act(ctx, p, &opts, dry)
+			if err != nil {
+				return err
+			}
+			return g.printBulk(res, map[bool]string{true: "replayed", false: "discarded"}[replay], "dead jobs")
+		}),
+	}
+	cmd.Flags().StringVar(&p.Workflow, "workflow", "", "only dead jobs of this workflow")
+	cmd.Flags().StringVar((*string)(&p.Reason), "reason", "", "only dead jobs with this reason")
+	cmd.Flags().StringVar(&opts.By, "by", "", "who resolves them (kept with each)")
+	cmd.Flags().StringVar(&opts.Note, "note", "", "a note kept with each")
+	cmd.Flags().BoolVar(&dry, "dry-run", false, "count what would be resolved; resolve nothing")
+	return cmd
+}
+
+// printBulk prints a bulk action's counts.
+func (g *global) printBulk(res engine.BulkResult, did, what string) error {
+	if g.jsonOut {
+		return writeJSON(g.opts.Stdout, res)
+	}
+	if res.DryRun {
+		fmt.Fprintf(g.opts.Stdout, "%d %s match (dry run: nothing %s)\n", res.Matched, what, did)
+	} else {
+		fmt.Fprintf(g.opts.Stdout, "%d %s matched: %d %s, %d skipped (changed meanwhile)\n", res.Matched, what, res.Done, did, res.Skipped)
+	}
+	if res.More {
+		fmt.Fprintln(g.opts.Stdout, "more match than one action takes (10,000): run it again")
 	}
 	return nil
 }

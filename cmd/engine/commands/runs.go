@@ -140,7 +140,38 @@ whose parent still runs. Every engine prunes like this once a minute for its Con
 	}
 	pruneCmd.Flags().DurationVar(&prune.OlderThan, "older-than", 0, "delete runs that ended longer ago than this (e.g. 720h)")
 	pruneCmd.Flags().BoolVar(&prune.DryRun, "dry-run", false, "count what would be deleted; delete nothing")
-	cmd.AddCommand(list, show, pruneCmd)
+	var bulk engine.ListRunsParams
+	var bulkAfter, bulkBefore string
+	var bulkDry bool
+	cancelMatching := &cobra.Command{
+		Use:   "cancel-matching",
+		Short: "Cancel every active run the filters match (at most 10,000; --dry-run counts them)",
+		Args:  cobra.NoArgs,
+		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, _ []string) error {
+			if bulk.Workflow == "" && bulk.WorkflowIDPrefix == "" && bulkAfter == "" && bulkBefore == "" {
+				return &usageError{fmt.Errorf("give --workflow, --workflow-id-prefix, --created-after or --created-before: cancel-matching cancels every active run they match")}
+			}
+			var err error
+			if bulk.CreatedAfter, err = timeFlag("--created-after", bulkAfter, time.Now()); err != nil {
+				return err
+			}
+			if bulk.CreatedBefore, err = timeFlag("--created-before", bulkBefore, time.Now()); err != nil {
+				return err
+			}
+			res, err := e.CancelRuns(ctx, bulk, bulkDry)
+			if err != nil {
+				return err
+			}
+			return g.printBulk(res, "cancelled", "runs")
+		}),
+	}
+	cancelMatching.Flags().StringVar(&bulk.Workflow, "workflow", "", "only runs of this workflow")
+	cancelMatching.Flags().StringVar((*string)(&bulk.Status), "status", "", "only runs in this status (pending, running, waiting)")
+	cancelMatching.Flags().StringVar(&bulk.WorkflowIDPrefix, "workflow-id-prefix", "", "only runs whose workflow ID starts with this")
+	cancelMatching.Flags().StringVar(&bulkAfter, "created-after", "", "only runs created at or after this time (RFC 3339, or a duration ago)")
+	cancelMatching.Flags().StringVar(&bulkBefore, "created-before", "", "only runs created before this time")
+	cancelMatching.Flags().BoolVar(&bulkDry, "dry-run", false, "count what would be cancelled; cancel nothing")
+	cmd.AddCommand(list, show, pruneCmd, cancelMatching)
 	return cmd
 }
 

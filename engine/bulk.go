@@ -1,0 +1,131 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+)
+
+// MaxBulk bounds the runs or dead jobs one bulk action acts on; a filter
+// that matches more is acted on in part (BulkResult.More) and may be run
+// again.
+const MaxBulk = 10_000
+
+// BulkResult is what a bulk action did, or, dry, would do.
+type BulkResult struct {
+	// Matched counts what the filter matched (at most MaxBulk), Done what
+	// the action applied to, Skipped what had changed meanwhile (a run that
+	// finished, a dead job resolved another way): not errors.
+	Matched int `json:"matched"`
+	Done    int `json:"done"`
+	Skipped int `json:"skipped"`
+	// More: the filter matched more than MaxBulk; run the action again.
+	More   bool `json:"more"`
+	DryRun bool `json:"dry_run"`
+}
+
+// CancelRuns cancels every run the filter matches that is still active
+// (pending, running, waiting; see Cancel), at most MaxBulk of them, one
+// Cancel each; with dryRun it only counts them. p.Status, when set, must
+// be an active status; p.Limit and p.Cursor are ignored. Runs that
+// finished meanwhile are skipped. Errors: ErrInvalidArgument (a bad
+// filter), or the first failure (the result counts what was done before
+// it).
+func (e *Engine) CancelRuns(ctx context.Context, p ListRunsParams, dryRun bool) (BulkResult, error) {
+	if p.Status != "" && !p.Status.active() {
+		return BulkResult{}, fmt.Errorf("%w: a bulk cancel takes a status of pending, running, waiting or compensating, not %q", ErrInvalidArgument, p.Status)
+	}
+	statuses := []RunStatus{StatusPending, StatusRunning, StatusWaiting}
+	if p.Status != "" {
+		statuses = []RunStatus{p.Status}
+	}
+	var ids []uuid.UUID
+	res := BulkResult{DryRun: dryRun}
+	for _, s := range statuses {
+		q := p
+		q.Status, q.Limit, q.Cursor = s, 1000, ""
+		for len(ids) <= MaxBulk {
+			runs, next, err := e.ListRuns(ctx, q)
+			if err != nil {
+				return res, err
+			}
+			for _, r := range runs {
+				ids = append(ids, r.RunID)
+			}
+			if next == "" {
+				break
+			}
+			q.Cursor = next
+		}
+	}
+	if len(ids) > MaxBulk {
+		ids, res.More = ids[:MaxBulk], true
+	}
+	res.Matched = len(ids)
+	if dryRun {
+		return res, nil
+	}
+	for _, id := range ids {
+		switch err := e.Cancel(ctx, id); {
+		case errors.Is(err, ErrRunClosed) || errors.Is(err, ErrNotFound):
+			res.Skipped++
+		case err != nil:
+			return res, err
+		default:
+			res.Done++
+		}
+	}
+	return res, nil
+}
+
+// ReplayDeadJobs replays every open dead job the filter matches (see
+// ReplayDeadJob), at most MaxBulk; DiscardDeadJobs discards them. With
+// dryRun they only count them. p.OpenOnly is implied; p.Limit and
+// p.Cursor are ignored. Jobs resolved meanwhile are skipped.
+func (e *Engine) ReplayDeadJobs(ctx context.Context, p ListDeadJobsParams, opts *ResolveOpts, dryRun bool) (BulkResult, error) {
+	return e.resolveDeadJobs(ctx, p, dryRun, func(id uuid.UUID) error { _, err := e.ReplayDeadJob(ctx, id, opts); return err })
+}
+
+// DiscardDeadJobs is ReplayDeadJobs that discards.
+func (e *Engine) DiscardDeadJobs(ctx context.Context, p ListDeadJobsParams, opts *ResolveOpts, dryRun bool) (BulkResult, error) {
+	return e.resolveDeadJobs(ctx, p, dryRun, func(id uuid.UUID) error { _, err := e.DiscardDeadJob(ctx, id, opts); return err })
+}
+
+func (e *Engine) resolveDeadJobs(ctx context.Context, p ListDeadJobsParams, dryRun bool, act func(uuid.UUID) error) (BulkResult, error) {
+	p.OpenOnly, p.Limit, p.Cursor = true, 1000, ""
+	var ids []uuid.UUID
+	res := BulkResult{DryRun: dryRun}
+	for len(ids) <= MaxBulk {
+		jobs, next, err := e.ListDeadJobs(ctx, p)
+		if err != nil {
+			return res, err
+		}
+		for _, j := range jobs {
+			ids = append(ids, j.ID)
+		}
+		if next == "" {
+			break
+		}
+		p.Cursor = next
+	}
+	if len(ids) > MaxBulk {
+		ids, res.More = ids[:MaxBulk], true
+	}
+	res.Matched = len(ids)
+	if dryRun {
+		return res, nil
+	}
+	for _, id := range ids {
+		switch err := act(id); {
+		case errors.Is(err, ErrDeadJobResolved) || errors.Is(err, ErrNotFound):
+			res.Skipped++
+		case err != nil:
+			return res, err
+		default:
+			res.Done++
+		}
+	}
+	return res, nil
+}

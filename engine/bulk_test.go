@@ -1,0 +1,86 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine"
+)
+
+// CancelRuns cancels the active runs a filter matches, after a dry run
+// that counts them and changes nothing; runs of other workflows or other
+// prefixes are left alone. ReplayDeadJobs replays the open dead jobs of a
+// workflow once the bug is fixed, DiscardDeadJobs discards the rest.
+func TestBulkCancelReplayAndDiscard(t *testing.T) {
+	t.Parallel()
+	waits := engine.Define("bulk-waits", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.AwaitSignal[int](ctx, "never", 0)
+	}, nil)
+	var fixed atomic.Bool
+	flaky := engine.Define("bulk-flaky", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.Step(ctx, "call", func(context.Context) (int, error) {
+			if !fixed.Load() {
+				panic("bug")
+			}
+			return 1, nil
+		}, nil)
+	}, nil)
+	b := setup(t, nil, waits, flaky)
+	ctx := testCtx(t)
+	for i := range 6 {
+		id := fmt.Sprintf("batch-a-%d", i)
+		if i >= 4 {
+			id = fmt.Sprintf("batch-b-%d", i)
+		}
+		_, err := waits.Start(ctx, b.engine, i, &engine.StartOpts{WorkflowID: id})
+		require.NoError(t, err)
+	}
+	for i := range 3 {
+		_, err := flaky.Start(ctx, b.engine, i, nil)
+		require.NoError(t, err)
+	}
+	eventually(t, 10*time.Second, "six waiting runs and three dead ones", func() bool {
+		var waiting, dead int
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'waiting'), count(*) FILTER (WHERE status = 'dead')
+			FROM workflow_runs`).Scan(&waiting, &dead))
+		return waiting == 6 && dead == 3
+	})
+
+	dry, err := b.engine.CancelRuns(ctx, engine.ListRunsParams{Workflow: "bulk-waits", WorkflowIDPrefix: "batch-a-"}, true)
+	require.NoError(t, err)
+	require.Equal(t, engine.BulkResult{Matched: 4, DryRun: true}, dry)
+	res, err := b.engine.CancelRuns(ctx, engine.ListRunsParams{Workflow: "bulk-waits", WorkflowIDPrefix: "batch-a-"}, false)
+	require.NoError(t, err)
+	require.Equal(t, engine.BulkResult{Matched: 4, Done: 4}, res)
+	eventually(t, 10*time.Second, "the four to end cancelled", func() bool {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE status = 'cancelled'`).Scan(&n))
+		return n == 4
+	})
+	var stillWaiting int
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE status = 'waiting'`).Scan(&stillWaiting))
+	require.Equal(t, 2, stillWaiting, "batch-b runs are left alone")
+	_, err = b.engine.CancelRuns(ctx, engine.ListRunsParams{Status: engine.StatusCompleted}, true)
+	require.ErrorIs(t, err, engine.ErrInvalidArgument)
+
+	fixed.Store(true)
+	dry, err = b.engine.ReplayDeadJobs(ctx, engine.ListDeadJobsParams{Workflow: "bulk-flaky"}, nil, true)
+	require.NoError(t, err)
+	require.Equal(t, 3, dry.Matched)
+	res, err = b.engine.ReplayDeadJobs(ctx, engine.ListDeadJobsParams{Workflow: "bulk-flaky"}, &engine.ResolveOpts{By: "ann"}, false)
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Done)
+	eventually(t, 10*time.Second, "the replayed runs to complete", func() bool {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE workflow_name = 'bulk-flaky' AND status = 'completed'`).Scan(&n))
+		return n == 3
+	})
+	res, err = b.engine.DiscardDeadJobs(ctx, engine.ListDeadJobsParams{Workflow: "bulk-flaky"}, nil, false)
+	require.NoError(t, err)
+	require.Zero(t, res.Matched, "no open dead job is left")
+}
