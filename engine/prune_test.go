@@ -18,20 +18,20 @@ import (
 const oldRunID = `encode(overlay(uuid_send(gen_random_uuid()) placing substring(int8send(floor(extract(epoch FROM %s) * 1000)::bigint) FROM 3) FROM 1 FOR 6), 'hex')::uuid`
 
 // insertOldRuns inserts n finished runs of status that ended age ago,
-// each with steps records, and returns nothing: the rows stand for a
-// month of history.
+// each with steps records, in one statement (an engine's retention sweep
+// may run meanwhile): rows that stand for a month of history.
 func insertOldRuns(t *testing.T, pool *pgxpool.Pool, prefix, status string, n, steps int, age time.Duration) {
 	t.Helper()
-	ctx := context.Background()
 	ts := fmt.Sprintf("now() - interval '%d seconds' + g * interval '1 millisecond'", int(age.Seconds()))
-	_, err := pool.Exec(ctx, fmt.Sprintf(`
-INSERT INTO workflow_runs (run_id, workflow_name, workflow_id, status, input, output, created_at, started_at, completed_at)
-SELECT `+oldRunID+`, 'history', $1 || g, $2, '1', '2', %[2]s, %[2]s, %[2]s FROM generate_series(1, $3) g`, ts, ts), prefix, status, n)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `
+	_, err := pool.Exec(context.Background(), fmt.Sprintf(`
+WITH runs AS (
+    INSERT INTO workflow_runs (run_id, workflow_name, workflow_id, status, input, output, created_at, started_at, completed_at)
+    SELECT `+oldRunID+`, 'history', $1 || g, $2, '1', '2', %[2]s, %[2]s, %[2]s FROM generate_series(1, $3) g
+    RETURNING run_id, created_at
+)
 INSERT INTO workflow_steps (run_id, seq, name, kind, status, attempts, output, started_at, completed_at)
 SELECT r.run_id, s, 's', 'step', 'completed', 1, '1', r.created_at, r.created_at
-FROM workflow_runs r, generate_series(0, $2 - 1) s WHERE starts_with(r.workflow_id, $1)`, prefix, steps)
+FROM runs r, generate_series(0, $4 - 1) s`, ts, ts), prefix, status, n, steps)
 	require.NoError(t, err)
 }
 
