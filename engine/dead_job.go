@@ -70,7 +70,7 @@ type ListDeadJobsParams struct {
 	RunID    uuid.UUID // uuid.Nil: any run
 	OpenOnly bool      // only jobs not yet replayed or discarded
 	Limit    int       // 1..1000, default 50
-	Cursor   string    // NextCursor of the previous page
+	Cursor   string    // the nextCursor the previous page's ListDeadJobs returned
 }
 
 // ListDeadJobs returns dead jobs newest first, and the next page's cursor
