@@ -19,7 +19,7 @@ import (
 )
 
 func (g *global) runsCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "runs", Short: "List and inspect runs"}
+	cmd := &cobra.Command{Use: "runs", Short: "List, inspect, follow, prune and bulk-cancel runs"}
 	var p engine.ListRunsParams
 	var createdAfter, createdBefore, finishedAfter, finishedBefore string
 	list := &cobra.Command{
