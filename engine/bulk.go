@@ -42,42 +42,27 @@ func (e *Engine) CancelRuns(ctx context.Context, p ListRunsParams, dryRun bool) 
 		statuses = []RunStatus{p.Status}
 	}
 	var ids []uuid.UUID
-	res := BulkResult{DryRun: dryRun}
+	more := false
 	for _, s := range statuses {
 		q := p
-		q.Status, q.Limit, q.Cursor = s, 1000, ""
-		for len(ids) <= MaxBulk {
+		q.Status, q.Limit = s, 1000
+		m, err := collectPages(&ids, func(cursor string) ([]uuid.UUID, string, error) {
+			q.Cursor = cursor
 			runs, next, err := e.ListRuns(ctx, q)
-			if err != nil {
-				return res, err
+			page := make([]uuid.UUID, len(runs))
+			for i, r := range runs {
+				page[i] = r.RunID
 			}
-			for _, r := range runs {
-				ids = append(ids, r.RunID)
-			}
-			if next == "" {
-				break
-			}
-			q.Cursor = next
+			return page, next, err
+		})
+		if err != nil {
+			return BulkResult{DryRun: dryRun}, err
+		}
+		if more = m; more {
+			break
 		}
 	}
-	if len(ids) > MaxBulk {
-		ids, res.More = ids[:MaxBulk], true
-	}
-	res.Matched = len(ids)
-	if dryRun {
-		return res, nil
-	}
-	for _, id := range ids {
-		switch err := e.Cancel(ctx, id); {
-		case errors.Is(err, ErrRunClosed) || errors.Is(err, ErrNotFound):
-			res.Skipped++
-		case err != nil:
-			return res, err
-		default:
-			res.Done++
-		}
-	}
-	return res, nil
+	return bulk(ids, more, dryRun, nil, func(id uuid.UUID) error { return e.Cancel(ctx, id) }, ErrRunClosed)
 }
 
 // ReplayDeadJobs replays every open dead job the filter matches (see
@@ -94,32 +79,60 @@ func (e *Engine) DiscardDeadJobs(ctx context.Context, p ListDeadJobsParams, opts
 }
 
 func (e *Engine) resolveDeadJobs(ctx context.Context, p ListDeadJobsParams, dryRun bool, act func(uuid.UUID) error) (BulkResult, error) {
-	p.OpenOnly, p.Limit, p.Cursor = true, 1000, ""
+	p.OpenOnly, p.Limit = true, 1000
 	var ids []uuid.UUID
-	res := BulkResult{DryRun: dryRun}
-	for len(ids) <= MaxBulk {
+	more, err := collectPages(&ids, func(cursor string) ([]uuid.UUID, string, error) {
+		p.Cursor = cursor
 		jobs, next, err := e.ListDeadJobs(ctx, p)
-		if err != nil {
-			return res, err
+		page := make([]uuid.UUID, len(jobs))
+		for i, j := range jobs {
+			page[i] = j.ID
 		}
-		for _, j := range jobs {
-			ids = append(ids, j.ID)
+		return page, next, err
+	})
+	return bulk(ids, more, dryRun, err, act, ErrDeadJobResolved)
+}
+
+// collectPages appends the IDs of page after page (from cursor "") to
+// ids until the last page or until ids holds more than MaxBulk, and says
+// whether it stopped for MaxBulk.
+func collectPages(ids *[]uuid.UUID, page func(cursor string) ([]uuid.UUID, string, error)) (more bool, err error) {
+	cursor := ""
+	for {
+		got, next, err := page(cursor)
+		if err != nil {
+			return false, err
+		}
+		*ids = append(*ids, got...)
+		if len(*ids) > MaxBulk {
+			return true, nil
 		}
 		if next == "" {
-			break
+			return false, nil
 		}
-		p.Cursor = next
+		cursor = next
+	}
+}
+
+// bulk applies act to at most MaxBulk of ids (none when dry, or after a
+// collection error err), counting an error that is skipped (the thing
+// changed meanwhile: it, or ErrNotFound) apart from a failure, which ends
+// it.
+func bulk(ids []uuid.UUID, more, dryRun bool, err error, act func(uuid.UUID) error, skipped error) (BulkResult, error) {
+	res := BulkResult{DryRun: dryRun}
+	if err != nil {
+		return res, err
 	}
 	if len(ids) > MaxBulk {
-		ids, res.More = ids[:MaxBulk], true
+		ids, more = ids[:MaxBulk], true
 	}
-	res.Matched = len(ids)
+	res.Matched, res.More = len(ids), more
 	if dryRun {
 		return res, nil
 	}
 	for _, id := range ids {
 		switch err := act(id); {
-		case errors.Is(err, ErrDeadJobResolved) || errors.Is(err, ErrNotFound):
+		case errors.Is(err, skipped) || errors.Is(err, ErrNotFound):
 			res.Skipped++
 		case err != nil:
 			return res, err

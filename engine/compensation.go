@@ -210,9 +210,7 @@ func (e *Engine) Cancel(ctx context.Context, runID uuid.UUID) error {
 	// Committed: a delivery of the run in this process stops its forward
 	// work now (one in another process hears of it at its engine's next
 	// sweep, write or heartbeat).
-	if d, ok := e.live.Load(runID); ok {
-		d.(*delivery).noteCancel(true)
-	}
+	e.noteCancelled([]uuid.UUID{runID})
 	return nil
 }
 

@@ -356,22 +356,7 @@ func (g *global) startNowCmd() *cobra.Command {
 		Short: "Start a delayed run (by run ID or workflow ID) at once instead of at its start time",
 		Args:  cobra.ExactArgs(1),
 		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, args []string) error {
-			id, err := e.FindRun(ctx, args[0])
-			if err != nil {
-				return err
-			}
-			if err := e.StartNow(ctx, id); err != nil {
-				return err
-			}
-			if g.jsonOut {
-				run, err := e.GetRun(ctx, id)
-				if err != nil {
-					return err
-				}
-				return writeJSON(g.opts.Stdout, run)
-			}
-			fmt.Fprintf(g.opts.Stdout, "run %s: started now\n", id)
-			return nil
+			return g.runAction(ctx, e, args[0], e.StartNow, "started now")
 		}),
 	}
 }
@@ -454,27 +439,34 @@ its parent, if it waits for it, is woken; its children of policies cancel and wa
 			if opts.Reason == "" {
 				return &usageError{fmt.Errorf("--reason is required: say why the run is terminated")}
 			}
-			id, err := e.FindRun(ctx, args[0])
-			if err != nil {
-				return err
-			}
-			if err := e.Terminate(ctx, id, opts); err != nil {
-				return err
-			}
-			if g.jsonOut {
-				run, err := e.GetRun(ctx, id)
-				if err != nil {
-					return err
-				}
-				return writeJSON(g.opts.Stdout, run)
-			}
-			fmt.Fprintf(g.opts.Stdout, "run %s: terminated\n", id)
-			return nil
+			terminate := func(ctx context.Context, id uuid.UUID) error { return e.Terminate(ctx, id, opts) }
+			return g.runAction(ctx, e, args[0], terminate, "terminated")
 		}),
 	}
 	cmd.Flags().StringVar(&opts.Reason, "reason", "", "why the run is terminated (required; kept in its error)")
 	cmd.Flags().StringVar(&opts.By, "by", "", "who terminates it (kept with the reason)")
 	return cmd
+}
+
+// runAction applies act to the run target names (a run ID or a workflow
+// ID), then prints the run (--json) or that it is done.
+func (g *global) runAction(ctx context.Context, e *engine.Engine, target string, act func(context.Context, uuid.UUID) error, done string) error {
+	id, err := e.FindRun(ctx, target)
+	if err != nil {
+		return err
+	}
+	if err := act(ctx, id); err != nil {
+		return err
+	}
+	if g.jsonOut {
+		run, err := e.GetRun(ctx, id)
+		if err != nil {
+			return err
+		}
+		return writeJSON(g.opts.Stdout, run)
+	}
+	fmt.Fprintf(g.opts.Stdout, "run %s: %s\n", id, done)
+	return nil
 }
 
 // timeFlag parses a time flag: an RFC 3339 time, or a duration meaning
