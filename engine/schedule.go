@@ -240,6 +240,58 @@ func (e *Engine) ResumeSchedule(ctx context.Context, name string) error {
 	return e.scheduleErr("resuming", name, store.SetSchedulePaused(ctx, e.pool, name, false, &next))
 }
 
+// TriggerSchedule fires schedule name now, outside its cron expression, as
+// an operator's "run it now": it starts one run of the schedule's workflow
+// with its input, whatever its overlap policy and even while it is paused
+// (the operator asked for this run), and records the fire (outcome
+// started) in its history. The run's workflow ID is
+// "schedule:<name>:trigger:<now in UTC, RFC 3339 with nanoseconds>"; it
+// counts as the schedule's latest run, so a cron fire with overlap skip or
+// buffer_one waits for it. The schedule's next cron fire is unchanged.
+//
+// Errors: ErrNotFound (no such schedule), ErrUnknownWorkflow (this process
+// does not register the schedule's workflow), ErrInvalidInput (its input
+// no longer decodes as the workflow's input type).
+func (e *Engine) TriggerSchedule(ctx context.Context, name string) (*StartResult, error) {
+	if err := lookupName(name); err != nil {
+		return nil, e.scheduleErr("triggering", name, err)
+	}
+	var res *StartResult
+	var workflow string
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		s, err := store.LockSchedule(ctx, tx, name)
+		if err != nil {
+			return e.scheduleErr("triggering", name, err)
+		}
+		workflow = s.WorkflowName
+		r, ok := e.workflow(s.WorkflowName)
+		if !ok {
+			return fmt.Errorf("%w: schedule %q starts %q, which is not registered in this process (registered: %s)",
+				ErrUnknownWorkflow, name, s.WorkflowName, e.registeredNames())
+		}
+		input, err := e.checkInput(r, s.WorkflowName, s.Input)
+		if err != nil {
+			return err
+		}
+		now := e.now().UTC().Truncate(time.Microsecond) // schedule_fires keeps microseconds
+		res, err = e.startJSON(ctx, tx, s.WorkflowName, r.version, input,
+			&StartOpts{WorkflowID: "schedule:" + name + ":trigger:" + now.Format(time.RFC3339Nano), schedule: name})
+		if err != nil {
+			return err
+		}
+		if err := store.RecordFire(ctx, tx, name, now, FireStarted, nil, &res.RunID); err != nil {
+			return err
+		}
+		s.LastRunID = &res.RunID
+		return store.AdvanceSchedule(ctx, tx, s)
+	})
+	if err != nil {
+		return nil, err
+	}
+	e.sobs.ScheduleFired(name, workflow, FireStarted, "")
+	return res, nil
+}
+
 // DeleteSchedule removes a schedule and its fire history; the runs it
 // started stay.
 func (e *Engine) DeleteSchedule(ctx context.Context, name string) error {

@@ -336,3 +336,40 @@ func TestSaveScheduleKeepsCatchUpForAnUnchangedExpression(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, s.Paused, "an update can pause")
 }
+
+func TestTriggerScheduleStartsARunNowEvenPaused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, tick)
+	ctx := testCtx(t)
+	_, err := b.engine.CreateSchedule(ctx, engine.ScheduleSpec{Name: "nightly", Cron: "0 3 * * *", Workflow: "tick", Input: []byte(`5`), Paused: true})
+	require.NoError(t, err)
+	before, err := b.engine.GetSchedule(ctx, "nightly")
+	require.NoError(t, err)
+
+	res, err := b.engine.TriggerSchedule(ctx, "nightly")
+	require.NoError(t, err)
+	require.Contains(t, res.WorkflowID, "schedule:nightly:trigger:")
+	run := waitStatus(t, b.engine, res.RunID, engine.StatusCompleted, 20*time.Second)
+	require.JSONEq(t, `5`, string(run.Output))
+	require.Equal(t, "nightly", run.ScheduleName)
+
+	after, err := b.engine.GetSchedule(ctx, "nightly")
+	require.NoError(t, err)
+	require.True(t, after.Paused, "a trigger does not resume the schedule")
+	require.Equal(t, before.NextFireAt, after.NextFireAt, "the next cron fire is unchanged")
+	require.Equal(t, res.RunID, *after.LastRunID)
+	fs := fires(t, b.engine, "nightly")
+	require.Len(t, fs, 1)
+	require.Equal(t, engine.FireStarted, fs[0].Outcome)
+	require.Equal(t, res.RunID, *fs[0].RunID)
+
+	// A second trigger starts a second run.
+	res2, err := b.engine.TriggerSchedule(ctx, "nightly")
+	require.NoError(t, err)
+	require.NotEqual(t, res.RunID, res2.RunID)
+
+	_, err = b.engine.TriggerSchedule(ctx, "absent")
+	require.ErrorIs(t, err, engine.ErrNotFound)
+	_, err = b.engine.TriggerSchedule(ctx, "..")
+	require.ErrorIs(t, err, engine.ErrNotFound)
+}

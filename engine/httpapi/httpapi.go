@@ -23,6 +23,7 @@
 //	GET  /v1/schedules/{name}             the schedule with its latest 50 fires
 //	PUT  /v1/schedules/{name}             the same body → 200, 404
 //	POST /v1/schedules/{name}/pause, /resume → 200; DELETE /v1/schedules/{name} → 204
+//	POST /v1/schedules/{name}/trigger     fire it now (outside its cron, even paused) → 201 {"run_id", "workflow_id", ...}
 //	GET  /v1/dead-jobs?workflow=&reason=&limit=&cursor=
 //	GET  /v1/dead-jobs/{id}
 //	POST /v1/dead-jobs/{id}/replay        {"by": "...", "note": "..."} (optional)
@@ -117,6 +118,7 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	v1.HandleFunc("DELETE /v1/schedules/{name}", a.scheduleAction(deleteSchedule))
 	v1.HandleFunc("POST /v1/schedules/{name}/pause", a.scheduleAction(pauseSchedule))
 	v1.HandleFunc("POST /v1/schedules/{name}/resume", a.scheduleAction(resumeSchedule))
+	v1.HandleFunc("POST /v1/schedules/{name}/trigger", a.triggerSchedule)
 	v1.HandleFunc("GET /v1/dead-jobs", a.listDeadJobs)
 	v1.HandleFunc("GET /v1/dead-jobs/{id}", a.getDeadJob)
 	v1.HandleFunc("POST /v1/dead-jobs/{id}/replay", a.resolveDeadJob(e.ReplayDeadJob))

@@ -120,6 +120,16 @@ func (a *api) scheduleAction(act func(*api, *http.Request, string) error) http.H
 	}
 }
 
+// triggerSchedule fires a schedule now and answers the run it started.
+func (a *api) triggerSchedule(w http.ResponseWriter, r *http.Request) {
+	res, err := a.e.TriggerSchedule(r.Context(), r.PathValue("name"))
+	if err != nil {
+		a.engineError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, res)
+}
+
 func pauseSchedule(a *api, r *http.Request, name string) error {
 	return a.e.PauseSchedule(r.Context(), name)
 }

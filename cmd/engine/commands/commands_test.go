@@ -402,6 +402,12 @@ func TestSchedulesCommand(t *testing.T) {
 		require.Equal(t, 0, code)
 		require.Contains(t, out, act)
 	}
+	code, out, _ = run(t, db, "schedules", "trigger", "nightly")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "workflow ID schedule:nightly:trigger:")
+	code, _, errOut = run(t, db, "schedules", "trigger", "absent")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "not found")
 	code, out, _ = run(t, db, "schedules", "list", "--json")
 	require.Equal(t, 0, code)
 	var list []map[string]any

@@ -64,6 +64,23 @@ func (g *global) schedulesCmd() *cobra.Command {
 			return nil
 		}),
 	})
+	cmd.AddCommand(&cobra.Command{
+		Use: "trigger NAME", Short: "Fire a schedule now, outside its cron expression (even while paused)", Args: cobra.ExactArgs(1),
+		Long: `Starts one run of the schedule's workflow with its input now, whatever its overlap policy,
+with workflow ID schedule:<name>:trigger:<now>, and records the fire in its history. The next
+cron fire is unchanged.`,
+		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, args []string) error {
+			res, err := e.TriggerSchedule(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return writeJSON(g.opts.Stdout, res)
+			}
+			fmt.Fprintf(g.opts.Stdout, "schedule %s: triggered run %s (workflow ID %s)\n", args[0], res.RunID, res.WorkflowID)
+			return nil
+		}),
+	})
 	for _, act := range []struct {
 		use, short string
 		do         func(*engine.Engine, context.Context, string) error

@@ -109,6 +109,20 @@ func GetSchedule(ctx context.Context, db DBTX, name string) (*ScheduleRow, error
 	return &s, nil
 }
 
+// LockSchedule reads one schedule and locks its row until tx ends, as a
+// fire does; ErrNotFound when absent.
+func LockSchedule(ctx context.Context, tx DBTX, name string) (*ScheduleRow, error) {
+	rows, err := tx.Query(ctx, `SELECT `+scheduleColumns+` FROM schedules WHERE name = $1 FOR UPDATE`, name)
+	if err != nil {
+		return nil, translate(err)
+	}
+	s, err := pgx.CollectExactlyOneRow(rows, scanSchedule)
+	if err != nil {
+		return nil, translate(err)
+	}
+	return &s, nil
+}
+
 // ListSchedules returns every schedule by name.
 func ListSchedules(ctx context.Context, db DBTX) ([]ScheduleRow, error) {
 	rows, err := db.Query(ctx, `SELECT `+scheduleColumns+` FROM schedules ORDER BY name`)
