@@ -81,3 +81,40 @@ func (e *Engine) Stats(ctx context.Context) (*Stats, error) {
 	return &Stats{PendingRuns: s.Pending, OldestPendingAge: s.OldestPendingAge, RunningRuns: s.Running,
 		WaitingRuns: s.Waiting, OpenDeadJobs: s.OpenDeadJobs, TableBytes: sizes}, nil
 }
+
+// Overview is the state of the whole database at a glance, as the web
+// UI's overview page shows it: Stats (this engine's queue), the open runs
+// of every queue by status, and throughput.
+type Overview struct {
+	Stats
+	// OpenRuns counts the runs of every queue in each status that is not
+	// final (pending, running, waiting, compensating, dead).
+	OpenRuns map[RunStatus]int64
+	// StartedLastMinute and StartedLast15Minutes count the runs created
+	// in those windows; FinishedLastMinute and FinishedLast15Minutes those
+	// that reached a final status in them, among the runs created in the
+	// last hour (a run that slept longer is not counted: the count reads
+	// an hour of runs at most, through the primary key).
+	StartedLastMinute, StartedLast15Minutes   int64
+	FinishedLastMinute, FinishedLast15Minutes int64
+}
+
+// Overview reads the Overview: Stats' index scans plus one over the open
+// runs and one over the last hour's runs.
+func (e *Engine) Overview(ctx context.Context) (*Overview, error) {
+	s, err := e.Stats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	a, err := store.GetActivity(ctx, e.pool, time.Now())
+	if err != nil {
+		return nil, fmt.Errorf("pgdurable: %w", err)
+	}
+	o := &Overview{Stats: *s, OpenRuns: make(map[RunStatus]int64, len(a.Open)),
+		StartedLastMinute: a.Started1m, StartedLast15Minutes: a.Started15m,
+		FinishedLastMinute: a.Finished1m, FinishedLast15Minutes: a.Finished15m}
+	for k, v := range a.Open {
+		o.OpenRuns[RunStatus(k)] = v
+	}
+	return o, nil
+}

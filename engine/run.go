@@ -333,6 +333,13 @@ type Run struct {
 	Output          json.RawMessage `json:"output,omitempty"` // set when completed
 	Error           *ErrorInfo      `json:"error,omitempty"`  // set when failed, compensated, cancelled or dead
 	Deliveries      int             `json:"deliveries"`       // how many times a worker picked it up
+	// LeaseToken is the fencing token of the delivery that holds (or last
+	// held) the run's lease, and LeaseExpiresAt when that lease ends
+	// unless its worker extends it: past it, another worker may take the
+	// run over. A run that no delivery holds may still show its last
+	// delivery's.
+	LeaseToken     *uuid.UUID `json:"lease_token,omitempty"`
+	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
 	// StalledDeliveries is how many deliveries since the run's last
 	// progress (a recorded step), a running one included: on a run that is
 	// not running, that many deliveries in a row died (see
@@ -462,6 +469,7 @@ func runFromRow(r *store.RunRow) *Run {
 		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, CompletedAt: r.CompletedAt,
 		AwaitSignal: strings.Join(names, ", "), ScheduleName: deref(r.ScheduleName), CancelRequestedAt: r.CancelRequestedAt,
 		RunTimeoutMS: derefInt(r.RunTimeoutMS), DeadlineAt: r.DeadlineAt,
+		LeaseToken: r.OwnerToken, LeaseExpiresAt: r.LeaseExpiresAt,
 	}
 }
 

@@ -200,3 +200,37 @@ func GetStats(ctx context.Context, db DBTX, queue string) (*Stats, error) {
 	s.OldestPendingAge = time.Duration(oldest * float64(time.Second))
 	return &s, nil
 }
+
+// Activity is what the web UI's overview reads: open runs by status, and the runs
+// started and finished lately.
+type Activity struct {
+	Open                    map[string]int64 // pending, running, waiting, compensating, dead
+	Started1m, Started15m   int64
+	Finished1m, Finished15m int64
+}
+
+// GetActivity counts open runs through workflow_runs_open_status_idx, and
+// starts and ends among the runs created in the last hour through the
+// primary key (UUID v7): a run that finished lately but was created
+// earlier (a long sleep) is not counted, which bounds the work by an
+// hour's starts.
+func GetActivity(ctx context.Context, db DBTX, now time.Time) (*Activity, error) {
+	var a Activity
+	// The 15-minute window for starts; the hour for ends.
+	from15, from1, fromHour := uuidFloor(now.Add(-15*time.Minute)), uuidFloor(now.Add(-time.Minute)), uuidFloor(now.Add(-time.Hour))
+	var starts15, ends1, ends15 int64
+	err := db.QueryRow(ctx, `
+SELECT (SELECT coalesce(jsonb_object_agg(status, n), '{}') FROM (
+            SELECT status, count(*) AS n FROM workflow_runs
+            WHERE status IN ('pending', 'running', 'waiting', 'compensating', 'dead') GROUP BY status) o),
+       count(*) FILTER (WHERE run_id >= $2),
+       count(*) FILTER (WHERE run_id >= $1),
+       count(*) FILTER (WHERE completed_at >= now() - interval '1 minute'),
+       count(*) FILTER (WHERE completed_at >= now() - interval '15 minutes')
+FROM workflow_runs WHERE run_id >= $3`, from15, from1, fromHour).Scan(&a.Open, &a.Started1m, &starts15, &ends1, &ends15)
+	if err != nil {
+		return nil, fmt.Errorf("reading activity: %w", translate(err))
+	}
+	a.Started15m, a.Finished1m, a.Finished15m = starts15, ends1, ends15
+	return &a, nil
+}
