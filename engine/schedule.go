@@ -376,6 +376,30 @@ func toSchedule(r *store.ScheduleRow) *Schedule {
 	return s
 }
 
+// NextFireTimes returns the first n fire times (at most 100) of the cron
+// expression spec in the IANA time zone tz ("" is UTC) at or after from,
+// in UTC, as a schedule with that spec would fire: for showing an
+// operator what comes next. Errors wrap ErrInvalidArgument.
+func NextFireTimes(spec, tz string, from time.Time, n int) ([]time.Time, error) {
+	if tz == "" {
+		tz = "UTC"
+	}
+	sched, err := cronspec.Parse(spec, tz)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	n = min(max(n, 0), 100)
+	out := make([]time.Time, 0, n)
+	at := from.Add(-time.Nanosecond) // "at or after": Next is strictly after
+	for range n {
+		if at = sched.Next(at); at.IsZero() {
+			break
+		}
+		out = append(out, at.UTC())
+	}
+	return out, nil
+}
+
 // ScheduleWorkflowID is the workflow ID of the run a schedule's fire at
 // fireAt starts: "schedule:<name>:<fireAt in UTC, RFC 3339>".
 func ScheduleWorkflowID(name string, fireAt time.Time) string {

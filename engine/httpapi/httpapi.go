@@ -29,6 +29,7 @@
 //	POST /v1/dead-jobs/{id}/replay        {"by": "...", "note": "..."} (optional)
 //	POST /v1/dead-jobs/{id}/discard
 //	GET  /healthz, GET /readyz, GET /metrics
+//	GET  /ui/...                          the web UI (Options.UI); GET / redirects there
 //
 // With Options.Token set, /v1 and /metrics require "Authorization: Bearer
 // <token>"; the service refuses to listen beyond loopback without one.
@@ -82,6 +83,10 @@ type Options struct {
 	// Host header, so a web page cannot reach the API through a DNS name
 	// that it rebinds to 127.0.0.1.
 	ListenAddr string
+	// UI, when set, is served under /ui/ (package webui's handler), and
+	// GET / redirects there. The Host check applies to it; its own
+	// sign-in and CSRF checks stand in for the bearer token.
+	UI http.Handler
 }
 
 // New returns the API's handler over e.
@@ -130,6 +135,12 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	mux.HandleFunc("GET /readyz", a.ready)
 	if o.Metrics != nil {
 		mux.Handle("GET /metrics", a.auth(o.Metrics))
+	}
+	if o.UI != nil {
+		mux.Handle("/ui/", o.UI)
+		mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, "/ui/", http.StatusSeeOther)
+		})
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))

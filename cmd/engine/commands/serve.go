@@ -23,6 +23,7 @@ import (
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/enginemetrics"
 	"github.com/pgdurable/pgdurable/engine/httpapi"
+	"github.com/pgdurable/pgdurable/engine/webui"
 	"github.com/pgdurable/pgdurable/storage/migrations"
 )
 
@@ -34,6 +35,7 @@ type serveFlags struct {
 	shutdownTimeout time.Duration
 	migrate         bool
 	logLevel        string
+	noUI            bool
 }
 
 func (g *global) serveCmd() *cobra.Command {
@@ -60,6 +62,7 @@ has an Origin header, this service's own origin.`,
 	cmd.Flags().DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long running steps get to finish on shutdown")
 	cmd.Flags().BoolVar(&f.migrate, "migrate", false, "apply migrations before starting")
 	cmd.Flags().StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	cmd.Flags().BoolVar(&f.noUI, "no-ui", false, "do not serve the web UI at /ui/")
 	return cmd
 }
 
@@ -123,9 +126,13 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", f.listen, err)
 	}
+	var ui http.Handler
+	if !f.noUI {
+		ui = webui.New(e, &webui.Options{Token: f.apiToken, Logger: log, APIError: httpapi.ErrorCode})
+	}
 	srv := &http.Server{
 		Handler: httpapi.New(e, &httpapi.Options{Token: f.apiToken, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
-			Pool: pool, Logger: log, ListenAddr: ln.Addr().String()}),
+			Pool: pool, Logger: log, ListenAddr: ln.Addr().String(), UI: ui}),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second, // a slowly sent body cannot hold a connection (or a shutdown)
 		WriteTimeout:      60 * time.Second,
@@ -138,6 +145,9 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	log.Info("engine serving", "listen", ln.Addr().String(), "workflows", len(g.opts.Workflows), "max_workers", f.maxWorkers)
+	if ui != nil {
+		log.Info("web UI", "url", "http://"+ln.Addr().String()+"/ui/")
+	}
 	if len(g.opts.Workflows) == 0 {
 		log.Warn("no workflows registered: this process serves the API but works no runs (the repository's binary registers the payment example only when STRIPE_API_KEY is set)")
 	}

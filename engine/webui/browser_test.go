@@ -1,0 +1,186 @@
+package webui_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine"
+)
+
+// browser starts headless Chromium (Debian's package: /usr/bin/chromium,
+// or $CHROMIUM) for t. Without one the test is skipped, unless
+// PGDURABLE_REQUIRE_BROWSER is set (CI sets it, after installing it).
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	path := os.Getenv("CHROMIUM")
+	for _, p := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if path != "" {
+			break
+		}
+		path, _ = exec.LookPath(p)
+	}
+	if path == "" {
+		if os.Getenv("PGDURABLE_REQUIRE_BROWSER") != "" {
+			t.Fatal("no Chromium found (PATH, $CHROMIUM) and PGDURABLE_REQUIRE_BROWSER is set: apt-get install chromium")
+		}
+		t.Skip("no Chromium on this machine (apt-get install chromium); set PGDURABLE_REQUIRE_BROWSER to fail instead")
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.WindowSize(1366, 900),
+		chromedp.UserDataDir(t.TempDir()),
+		// The machine's network is closed: no background fetches that fail.
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.Flag("disable-quic", true), chromedp.Flag("no-first-run", true))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	ctx, cancelTimeout := context.WithTimeout(ctx, 2*time.Minute)
+	t.Cleanup(func() { cancelTimeout(); cancel(); cancelAlloc() })
+	require.NoError(t, chromedp.Do(ctx), "starting Chromium")
+	return ctx
+}
+
+// shoot saves a full-page PNG of what the browser shows as name.png.
+func shoot(t *testing.T, ctx context.Context, dir, name string) {
+	t.Helper()
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644))
+}
+
+// TestBrowserOperatorDesk opens every page against a real engine with runs
+// in every state, in headless Chromium, saves a screenshot of each, and
+// does what an operator does: replays a dead job and watches its run
+// complete, discards another from the list, counts and cancels runs by
+// filter, pauses and triggers a schedule, and sends a signal.
+func TestBrowserOperatorDesk(t *testing.T) {
+	t.Parallel()
+	ctx := browser(t)
+	f := newFixture(t, "")
+	dir := screenshotDir(t)
+	t.Logf("screenshots in %s", dir)
+	base := f.srv.URL
+	text := func(sel string) string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+		require.NoError(t, err)
+		return s
+	}
+	// submit clicks a form's button and waits for the page it leads to.
+	submit := func(sel string) {
+		t.Helper()
+		_, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`window.__before = true`))
+		require.NoError(t, err)
+		require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(sel))))
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			fresh, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`window.__before === undefined && document.readyState === "complete"`))
+			if err == nil && fresh {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "no new page after clicking %s", sel)
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	open := func(path string) {
+		t.Helper()
+		require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(base+path), chromedp.WaitVisible(chromedp.CSS("main h1"))))
+	}
+
+	for _, p := range []struct{ path, shot, want string }{
+		{"/ui/", "overview", "open dead jobs"},
+		{"/ui/runs", "runs", "approval-7"},
+		{"/ui/runs/" + f.runs["compensated"].String(), "run-compensated", "card declined"},
+		{"/ui/runs/" + f.runs["dead"].String(), "run-dead", "Parked as a dead job"},
+		{"/ui/schedules", "schedules", "nightly-report"},
+		{"/ui/workflows", "workflows", "order"},
+	} {
+		open(p.path)
+		require.Contains(t, text("main"), p.want, p.path)
+		shoot(t, ctx, dir, p.shot)
+	}
+
+	// Every form control has a label a screen reader can read.
+	open("/ui/dead-jobs")
+	unlabelled, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("input:not([type=hidden]), select, textarea")]
+			.filter(e => !e.labels.length && !e.getAttribute("aria-label")).map(e => e.name)`))
+	require.NoError(t, err)
+	require.Empty(t, unlabelled)
+	shoot(t, ctx, dir, "dead-jobs")
+
+	// Replay a dead job from its page once the cause is fixed; the run
+	// completes.
+	f.fixed.Store(true)
+	jobs, _, err := f.e.ListDeadJobs(context.Background(), engine.ListDeadJobsParams{RunID: f.runs["dead"], OpenOnly: true})
+	require.NoError(t, err)
+	require.Len(t, jobs, 1)
+	open("/ui/dead-jobs/" + jobs[0].ID.String())
+	require.Contains(t, text("main"), "carrier API returned 503")
+	shoot(t, ctx, dir, "dead-job")
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.SendKeys(chromedp.CSS("#r-note"), "carrier is back"),
+		chromedp.SendKeys(chromedp.CSS("#r-by"), "ops-alice")))
+	submit(`form[action$="/replay"] button`)
+	require.Contains(t, text(".notice"), "Dead job replayed")
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(text("h1 .status"), "completed") {
+		require.True(t, time.Now().Before(deadline), "the replayed run completes; page says %q", text("h1"))
+		time.Sleep(200 * time.Millisecond)
+		require.NoError(t, chromedp.Do(ctx, chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS("main h1"))))
+	}
+	require.Contains(t, text("main"), "ship")
+	shoot(t, ctx, dir, "run-replayed")
+	j, err := f.e.GetDeadJob(context.Background(), jobs[0].ID)
+	require.NoError(t, err)
+	require.Equal(t, "replayed", j.Resolution)
+	require.Equal(t, "ops-alice", j.ResolvedBy)
+	require.Equal(t, "carrier is back", j.Note)
+
+	// Discard the other one by ticking it on the list.
+	open("/ui/dead-jobs")
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Click(chromedp.CSS(`input[name="id"]`)),
+		chromedp.SendKeys(chromedp.CSS("#b-note"), "duplicate order")))
+	submit(`button[value="discard"]`)
+	require.Contains(t, text(".notice"), "1 done")
+	run, err := f.e.GetRun(context.Background(), f.runs["dead2"])
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusDead, run.Status, "a discarded job leaves its run dead")
+
+	// Cancel the waiting runs by filter: a dry run counts first.
+	open("/ui/runs?status=waiting&prefix=approval-")
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Click(chromedp.CSS(`details.bulk summary`))))
+	submit(`details.bulk button`)
+	require.Contains(t, text("main"), "Matching runs: 1. Nothing has changed yet.")
+	shoot(t, ctx, dir, "cancel-matching")
+	submit(`button.danger`)
+	require.Contains(t, text(".notice"), "1 done")
+	waitStatus(t, f.e, f.runs["waiting"], engine.StatusCancelled)
+
+	// Pause, then trigger, a schedule.
+	open("/ui/schedules/nightly-report")
+	require.Contains(t, text("main"), "Next fires")
+	submit(`form[action$="/pause"] button`)
+	require.Contains(t, text(".notice"), "Schedule paused")
+	submit(`form[action$="/trigger"] button`)
+	require.Contains(t, text(".notice"), "Schedule triggered")
+	require.Contains(t, text("main"), "started")
+	shoot(t, ctx, dir, "schedule")
+	s, err := f.e.GetSchedule(context.Background(), "nightly-report")
+	require.NoError(t, err)
+	require.True(t, s.Paused)
+	waitStatus(t, f.e, *s.LastRunID, engine.StatusCompleted)
+
+	// The run page of a completed run, for the README.
+	open("/ui/runs/" + f.runs["completed"].String())
+	require.Contains(t, text("main"), "request ID")
+	shoot(t, ctx, dir, "run")
+}

@@ -1,0 +1,614 @@
+package webui
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/pgdurable/pgdurable/engine"
+)
+
+// pageNames are the templates under assets/, each rendered inside layout.
+var pageNames = []string{"overview", "runs", "run", "dead_jobs", "dead_job", "schedules", "schedule", "workflows", "login", "error", "confirm"}
+
+func parsePages() map[string]*template.Template {
+	funcs := template.FuncMap{
+		"when":     when,
+		"ago":      ago,
+		"dur":      dur,
+		"pretty":   pretty,
+		"short":    short,
+		"deref":    func(p *int) int { return *p },
+		"statuses": func() []engine.RunStatus { return runStatuses },
+		"reasons":  func() []engine.DeadReason { return deadReasons },
+		"query":    query,
+	}
+	layout := template.Must(template.New("layout").Funcs(funcs).ParseFS(assets, "assets/layout.html"))
+	out := make(map[string]*template.Template, len(pageNames))
+	for _, n := range pageNames {
+		t := template.Must(template.Must(layout.Clone()).ParseFS(assets, "assets/"+n+".html"))
+		out[n] = t
+	}
+	return out
+}
+
+var _ fs.FS = assets
+
+var runStatuses = []engine.RunStatus{engine.StatusPending, engine.StatusRunning, engine.StatusWaiting, engine.StatusCompensating,
+	engine.StatusDead, engine.StatusCompleted, engine.StatusFailed, engine.StatusCompensated, engine.StatusCancelled,
+	engine.StatusTerminated, engine.StatusContinued}
+
+var deadReasons = []engine.DeadReason{engine.ReasonRetriesExhausted, engine.ReasonPermanentError, engine.ReasonPanic,
+	engine.ReasonNonDeterminism, engine.ReasonPoisonInput, engine.ReasonCrashLoop, engine.ReasonCompensationFailed}
+
+// when formats a time (a time.Time or *time.Time; nil or zero: "—") in
+// UTC to the second.
+func when(v any) string {
+	var t time.Time
+	switch x := v.(type) {
+	case time.Time:
+		t = x
+	case *time.Time:
+		if x != nil {
+			t = *x
+		}
+	}
+	if t.IsZero() {
+		return "—"
+	}
+	return t.UTC().Format("2006-01-02 15:04:05Z")
+}
+
+// ago is how long before now t was, rounded for a person.
+func ago(v any) string {
+	var t time.Time
+	switch x := v.(type) {
+	case time.Time:
+		t = x
+	case *time.Time:
+		if x == nil {
+			return ""
+		}
+		t = *x
+	}
+	d := time.Since(t)
+	if d < 0 {
+		return "in " + human(-d)
+	}
+	return human(d) + " ago"
+}
+
+func human(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return fmt.Sprintf("%d ms", d.Milliseconds())
+	case d < time.Minute:
+		return fmt.Sprintf("%.1f s", d.Seconds())
+	case d < time.Hour:
+		return fmt.Sprintf("%d min", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%.1f h", d.Hours())
+	}
+	return fmt.Sprintf("%d days", int(d.Hours()/24))
+}
+
+// dur is the time from a to b (b nil: "—").
+func dur(a time.Time, b *time.Time) string {
+	if b == nil {
+		return "—"
+	}
+	return human(b.Sub(a))
+}
+
+// pretty indents a JSON value for reading (at most 64 KiB of it).
+func pretty(raw json.RawMessage) string {
+	if len(raw) == 0 {
+		return ""
+	}
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, raw, "", "  "); err != nil {
+		return string(raw)
+	}
+	if buf.Len() > 64<<10 {
+		return buf.String()[:64<<10] + "\n… (truncated; the API returns all of it)"
+	}
+	return buf.String()
+}
+
+// short is the first 8 characters of an ID, for tables.
+func short(v any) string {
+	s := fmt.Sprint(v)
+	if p, ok := v.(*uuid.UUID); ok {
+		if p == nil {
+			return ""
+		}
+		s = p.String()
+	}
+	if len(s) > 8 {
+		return s[:8]
+	}
+	return s
+}
+
+// query is a query string of key/value pairs, the empty ones left out.
+func query(kv ...string) template.URL {
+	q := url.Values{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		if kv[i+1] != "" {
+			q.Set(kv[i], kv[i+1])
+		}
+	}
+	return template.URL(q.Encode())
+}
+
+func (u *ui) overview(w http.ResponseWriter, r *http.Request) {
+	o, err := u.e.Overview(r.Context())
+	if err != nil {
+		u.engineError(w, r, err)
+		return
+	}
+	wfs, err := u.e.ListWorkflows(r.Context())
+	if err != nil {
+		u.engineError(w, r, err)
+		return
+	}
+	u.render(w, r, http.StatusOK, "overview", &page{Title: "Overview", Nav: "overview", Data: map[string]any{
+		"O": o, "Workflows": len(wfs), "Open": openCounts(o.OpenRuns),
+	}})
+}
+
+type statusCount struct {
+	Status engine.RunStatus
+	N      int64
+}
+
+func openCounts(m map[engine.RunStatus]int64) []statusCount {
+	var out []statusCount
+	for _, s := range []engine.RunStatus{engine.StatusPending, engine.StatusRunning, engine.StatusWaiting, engine.StatusCompensating, engine.StatusDead} {
+		out = append(out, statusCount{s, m[s]})
+	}
+	return out
+}
+
+// runFilter is the runs page's filter, as its form and query string hold it.
+type runFilter struct {
+	Workflow, Status, Prefix, CreatedAfter, CreatedBefore, Cursor string
+}
+
+func readRunFilter(v url.Values) runFilter {
+	return runFilter{Workflow: v.Get("workflow"), Status: v.Get("status"), Prefix: v.Get("prefix"),
+		CreatedAfter: v.Get("created_after"), CreatedBefore: v.Get("created_before"), Cursor: v.Get("cursor")}
+}
+
+// params turns the filter into ListRunsParams: times are RFC 3339, a
+// datetime-local field's value (UTC), or a duration ago ("1h").
+func (f runFilter) params() (engine.ListRunsParams, error) {
+	p := engine.ListRunsParams{Workflow: f.Workflow, Status: engine.RunStatus(f.Status), WorkflowIDPrefix: f.Prefix, Cursor: f.Cursor, Limit: 50}
+	var err error
+	if p.CreatedAfter, err = parseWhen("created after", f.CreatedAfter); err != nil {
+		return p, err
+	}
+	if p.CreatedBefore, err = parseWhen("created before", f.CreatedBefore); err != nil {
+		return p, err
+	}
+	return p, nil
+}
+
+func (f runFilter) query(cursor string) template.URL {
+	return query("workflow", f.Workflow, "status", f.Status, "prefix", f.Prefix, "created_after", f.CreatedAfter,
+		"created_before", f.CreatedBefore, "cursor", cursor)
+}
+
+func parseWhen(field, s string) (time.Time, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
+		return time.Now().Add(-d), nil
+	}
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02"} {
+		if t, err := time.ParseInLocation(layout, s, time.UTC); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, badForm("%s: %q is not a time (2026-12-01T09:30, RFC 3339) or a duration ago (90m)", field, s)
+}
+
+func (u *ui) runs(w http.ResponseWriter, r *http.Request) {
+	f := readRunFilter(r.URL.Query())
+	p, err := f.params()
+	if err != nil {
+		u.engineError(w, r, err)
+		return
+	}
+	runs, next, err := u.e.ListRuns(r.Context(), p)
+	if err != nil {
+		u.engineError(w, r, err)
+		return
+	}
+	o, err := u.e.Overview(r.Context())
+	if err != nil {
+		u.engineError(w, r, err)
+		return
+	}
+	data := map[string]any{"Runs": runs, "F": f, "Open": openCounts(o.OpenRuns)}
+	if next != "" {
+		data["Next"] = f.query(next)
+	}
+	if f.Cursor != "" {
+		data["First"] = f.query("")
+	}
+	u.render(w, r, http.StatusOK, "runs", &page{Title: "Runs", Nav: "runs", Data: data})
+}
+
+// cancelMatching cancels the runs a filter matches: first a dry run that
+// counts them and asks to confirm, then the cancellation.
+func (u *ui) cancelMatching(w http.ResponseWriter, r *http.Request) {
+	f := readRunFilter(r.PostForm)
+	f.Cursor = ""
+	p, err := f.params()
+	if err != nil {
+		u.engineError(w, r, err)
+		return
+	}
+	p.Limit, p.Cursor = 0, ""
+	confirm := r.PostForm.Get("confirm") == "yes"
+	res, err := u.e.CancelRuns(r.Context(), p, !confirm)
+	if err != nil {
+		u.engineError(w, r, err)
+		return
+	}
+	fields := [][2]string{{"workflow", f.Workflow}, {"status", f.Status}, {"prefix", f.Prefix},
+		{"created_after", f.CreatedAfter}, {"created_before", f.CreatedBefore}}
+	u.render(w, r, http.StatusOK, "confirm", &page{Title: "Cancel matching runs", Nav: "runs", Data: map[string]any{
+		"Verb": "Cancel", "What": "runs", "Result": res, "Confirmed": confirm, "Action": "/ui/runs/cancel-matching",
+		"Fields": fields, "Back": "/ui/runs?" + string(f.query("")),
+	}})
+}
+
+// runView is a run with its steps laid out as a waterfall.
+type runView struct {
+	*engine.Run
+	Bars      []bar
+	Window    string // the waterfall's span, for its caption
+	CanCancel bool
+	CanStart  bool
+}
+
+// bar places a step on the waterfall: X and W in per mille of the window.
+type bar struct {
+	engine.StepInfo
+	X, W     int
+	Duration string
+}
+
+func newRunView(run *engine.Run) *runView {
+	v := &runView{Run: run}
+	open := !slices.Contains([]engine.RunStatus{engine.StatusCompleted, engine.StatusFailed, engine.StatusCompensated,
+		engine.StatusCancelled, engine.StatusTerminated, engine.StatusContinued}, run.Status)
+	v.CanCancel = open && run.CancelRequestedAt == nil && run.Status != engine.StatusDead
+	v.CanStart = run.Status == engine.StatusWaiting && run.StartedAt == nil
+	if len(run.Steps) == 0 {
+		return v
+	}
+	start, end := run.Steps[0].StartedAt, run.Steps[0].StartedAt
+	// A step still open ends now, or, in a run that ended (a parked step
+	// of a dead run), when the run did.
+	now := time.Now()
+	if run.CompletedAt != nil {
+		now = *run.CompletedAt
+	}
+	stepEnd := func(s engine.StepInfo) time.Time {
+		if s.CompletedAt != nil {
+			return *s.CompletedAt
+		}
+		if now.Before(s.StartedAt) {
+			return s.StartedAt
+		}
+		return now
+	}
+	for _, s := range run.Steps {
+		if s.StartedAt.Before(start) {
+			start = s.StartedAt
+		}
+		if e := stepEnd(s); e.After(end) {
+			end = e
+		}
+	}
+	span := end.Sub(start)
+	if span <= 0 {
+		span = time.Millisecond
+	}
+	v.Window = human(span)
+	for _, s := range run.Steps {
+		e := stepEnd(s)
+		x := int(s.StartedAt.Sub(start) * 1000 / span)
+		wd := max(int(e.Sub(s.StartedAt)*1000/span), 4) // a step too short to see still shows
+		x = min(x, 996)
+		wd = min(wd, 1000-x)
+		v.Bars = append(v.Bars, bar{StepInfo: s, X: x, W: wd, Duration: dur(s.StartedAt, s.CompletedAt)})
+	}
+	return v
+}
+
+func (u *ui) run(w http.ResponseWriter, r *http.Request) {
+	id, err := u.e.FindRun(r.Context(), r.PathValue("id"))
+	if err != nil {
+		u.engineError(w, r, err)
+		return
+	}
+	run, err := u.e.GetRun(r.Context(), id)
+	if err != nil {
+		u.engineError(w, r, err)
+		return
+	}
+	var dead []*engine.DeadJob
+	if run.Status == engine.StatusDead {
+		if dead, _, err = u.e.ListDeadJobs(r.Context(), engine.ListDeadJobsParams{RunID: id, OpenOnly: true, Limit: 1}); err != nil {
+			u.engineError(w, r, err)
+			return
+		}
+	}
+	data := map[string]any{"R": newRunView(run)}
+	if len(dead) > 0 {
+		data["Dead"] = dead[0]
+	}
+	u.render(w, r, http.StatusOK, "run", &page{Title: "Run " + short(run.RunID), Nav: "runs", Data: data})
+}
+
+func (u *ui) runAction(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		u.fail(w, r, http.StatusNotFound, "There is no run "+strconv.Quote(r.PathValue("id"))+".")
+		return
+	}
+	ctx := r.Context()
+	var done string
+	switch r.PathValue("action") {
+	case "cancel":
+		err, done = u.e.Cancel(ctx, id), "cancelled"
+	case "terminate":
+		err, done = u.e.Terminate(ctx, id, engine.TerminateOpts{Reason: r.PostForm.Get("reason"), By: by(r)}), "terminated"
+	case "start-now":
+		err, done = u.e.StartNow(ctx, id), "started"
+	case "signal":
+		payload := strings.TrimSpace(r.PostForm.Get("payload"))
+		if payload == "" {
+			payload = "null"
+		}
+		if !json.Valid([]byte(payload)) {
+			err = badForm("the signal's payload is not JSON: write a JSON value (\"yes\", 42, {\"k\": 1}), or leave it empty for null")
+			break
+		}
+		err, done = u.e.SignalJSON(ctx, id.String(), r.PostForm.Get("name"), []byte(payload), nil), "signalled"
+	default:
+		u.fail(w, r, http.StatusNotFound, "There is no action "+strconv.Quote(r.PathValue("action"))+" on runs.")
+		return
+	}
+	if err != nil {
+		u.engineError(w, r, err)
+		return
+	}
+	http.Redirect(w, r, "/ui/runs/"+id.String()+"?done="+done, http.StatusSeeOther)
+}
+
+// by is who acts, for the audit trail: the form's "by", else "web UI".
+func by(r *http.Request) string {
+	if b := strings.TrimSpace(r.PostForm.Get("by")); b != "" {
+		return b
+	}
+	return "web UI"
+}
+
+func (u *ui) deadJobs(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	p := engine.ListDeadJobsParams{Workflow: q.Get("workflow"), Reason: engine.DeadReason(q.Get("reason")),
+		OpenOnly: q.Get("all") == "", Cursor: q.Get("cursor"), Limit: 50}
+	jobs, next, err := u.e.ListDeadJobs(r.Context(), p)
+	if err != nil {
+		u.engineError(w, r, err)
+		return
+	}
+	all := ""
+	if !p.OpenOnly {
+		all = "1"
+	}
+	data := map[string]any{"Jobs": jobs, "Workflow": p.Workflow, "Reason": string(p.Reason), "All": all}
+	if next != "" {
+		data["Next"] = query("workflow", p.Workflow, "reason", string(p.Reason), "all", all, "cursor", next)
+	}
+	u.render(w, r, http.StatusOK, "dead_jobs", &page{Title: "Dead jobs", Nav: "dead", Data: data})
+}
+
+func (u *ui) deadJob(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		u.fail(w, r, http.StatusNotFound, "There is no dead job "+strconv.Quote(r.PathValue("id"))+".")
+		return
+	}
+	j, err := u.e.GetDeadJob(r.Context(), id)
+	if err != nil {
+		u.engineError(w, r, err)
+		return
+	}
+	u.render(w, r, http.StatusOK, "dead_job", &page{Title: "Dead job " + short(j.ID), Nav: "dead", Data: j})
+}
+
+func (u *ui) deadJobAction(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		u.fail(w, r, http.StatusNotFound, "There is no dead job "+strconv.Quote(r.PathValue("id"))+".")
+		return
+	}
+	opts := &engine.ResolveOpts{By: by(r), Note: r.PostForm.Get("note")}
+	var j *engine.DeadJob
+	switch r.PathValue("action") {
+	case "replay":
+		j, err = u.e.ReplayDeadJob(r.Context(), id, opts)
+	case "discard":
+		j, err = u.e.DiscardDeadJob(r.Context(), id, opts)
+	default:
+		u.fail(w, r, http.StatusNotFound, "There is no action "+strconv.Quote(r.PathValue("action"))+" on dead jobs.")
+		return
+	}
+	if err != nil {
+		u.engineError(w, r, err)
+		return
+	}
+	if r.PathValue("action") == "replay" {
+		http.Redirect(w, r, "/ui/runs/"+j.RunID.String()+"?done=replayed", http.StatusSeeOther)
+		return
+	}
+	http.Redirect(w, r, "/ui/dead-jobs/"+id.String()+"?done=discarded", http.StatusSeeOther)
+}
+
+// deadJobsBulk replays or discards the dead jobs ticked on the list
+// (ids), or, with none ticked, those the list's filter matches after a
+// dry run that counts them.
+func (u *ui) deadJobsBulk(w http.ResponseWriter, r *http.Request) {
+	f := r.PostForm
+	action := f.Get("action")
+	if action != "replay" && action != "discard" {
+		u.engineError(w, r, badForm("action must be replay or discard, not %q", action))
+		return
+	}
+	opts := &engine.ResolveOpts{By: by(r), Note: f.Get("note")}
+	if ids := f["id"]; len(ids) > 0 {
+		if len(ids) > 1000 {
+			u.engineError(w, r, badForm("%d dead jobs ticked; at most 1,000 at once (use the filter instead)", len(ids)))
+			return
+		}
+		res := engine.BulkResult{Matched: len(ids)}
+		for _, s := range ids {
+			id, err := uuid.Parse(s)
+			if err != nil {
+				u.engineError(w, r, badForm("%q is not a dead job's ID", s))
+				return
+			}
+			if action == "replay" {
+				_, err = u.e.ReplayDeadJob(r.Context(), id, opts)
+			} else {
+				_, err = u.e.DiscardDeadJob(r.Context(), id, opts)
+			}
+			switch {
+			case err == nil:
+				res.Done++
+			case errors.Is(err, engine.ErrDeadJobResolved), errors.Is(err, engine.ErrNotFound):
+				res.Skipped++
+			default:
+				u.engineError(w, r, err)
+				return
+			}
+		}
+		u.render(w, r, http.StatusOK, "confirm", &page{Title: bulkTitle(action), Nav: "dead", Data: map[string]any{
+			"Verb": verb(action), "What": "dead jobs", "Result": res, "Confirmed": true, "Back": "/ui/dead-jobs",
+		}})
+		return
+	}
+	p := engine.ListDeadJobsParams{Workflow: f.Get("workflow"), Reason: engine.DeadReason(f.Get("reason"))}
+	confirm := f.Get("confirm") == "yes"
+	var res engine.BulkResult
+	var err error
+	if action == "replay" {
+		res, err = u.e.ReplayDeadJobs(r.Context(), p, opts, !confirm)
+	} else {
+		res, err = u.e.DiscardDeadJobs(r.Context(), p, opts, !confirm)
+	}
+	if err != nil {
+		u.engineError(w, r, err)
+		return
+	}
+	u.render(w, r, http.StatusOK, "confirm", &page{Title: bulkTitle(action), Nav: "dead", Data: map[string]any{
+		"Verb": verb(action), "What": "open dead jobs", "Result": res, "Confirmed": confirm, "Action": "/ui/dead-jobs/bulk",
+		"Fields": [][2]string{{"action", action}, {"workflow", p.Workflow}, {"reason", string(p.Reason)}, {"note", opts.Note}, {"by", f.Get("by")}},
+		"Back":   "/ui/dead-jobs?" + string(query("workflow", p.Workflow, "reason", string(p.Reason))),
+	}})
+}
+
+func verb(action string) string {
+	if action == "replay" {
+		return "Replay"
+	}
+	return "Discard"
+}
+
+func bulkTitle(action string) string { return verb(action) + " dead jobs" }
+
+func (u *ui) schedules(w http.ResponseWriter, r *http.Request) {
+	list, err := u.e.ListSchedules(r.Context())
+	if err != nil {
+		u.engineError(w, r, err)
+		return
+	}
+	u.render(w, r, http.StatusOK, "schedules", &page{Title: "Schedules", Nav: "schedules", Data: list})
+}
+
+// scheduleView is a schedule with its next fire times and its history.
+type scheduleView struct {
+	*engine.Schedule
+	Next  []time.Time
+	Fires []engine.ScheduleFire
+}
+
+func (u *ui) schedule(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	s, err := u.e.GetSchedule(r.Context(), name)
+	if err != nil {
+		u.engineError(w, r, err)
+		return
+	}
+	fires, err := u.e.ListScheduleFires(r.Context(), name, 50)
+	if err != nil {
+		u.engineError(w, r, err)
+		return
+	}
+	v := &scheduleView{Schedule: s, Fires: fires}
+	if !s.Paused {
+		v.Next, _ = engine.NextFireTimes(s.Cron, s.TimeZone, s.NextFireAt, 5)
+	}
+	u.render(w, r, http.StatusOK, "schedule", &page{Title: "Schedule " + s.Name, Nav: "schedules", Data: v})
+}
+
+func (u *ui) scheduleAction(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	var err error
+	done := ""
+	switch r.PathValue("action") {
+	case "pause":
+		err, done = u.e.PauseSchedule(r.Context(), name), "paused"
+	case "resume":
+		err, done = u.e.ResumeSchedule(r.Context(), name), "resumed"
+	case "trigger":
+		_, err = u.e.TriggerSchedule(r.Context(), name)
+		done = "triggered"
+	default:
+		u.fail(w, r, http.StatusNotFound, "There is no action "+strconv.Quote(r.PathValue("action"))+" on schedules.")
+		return
+	}
+	if err != nil {
+		u.engineError(w, r, err)
+		return
+	}
+	http.Redirect(w, r, "/ui/schedules/"+url.PathEscape(name)+"?done="+done, http.StatusSeeOther)
+}
+
+func (u *ui) workflows(w http.ResponseWriter, r *http.Request) {
+	list, err := u.e.ListWorkflows(r.Context())
+	if err != nil {
+		u.engineError(w, r, err)
+		return
+	}
+	u.render(w, r, http.StatusOK, "workflows", &page{Title: "Workflows", Nav: "workflows", Data: list})
+}

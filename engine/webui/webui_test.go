@@ -1,0 +1,342 @@
+package webui_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"html"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/engine/httpapi"
+	"github.com/pgdurable/pgdurable/engine/webui"
+)
+
+// order is the fixture workflow's input: Kind picks what its run does.
+type order struct {
+	Kind string `json:"kind"`
+	ID   string `json:"id"`
+}
+
+// fixture is an engine with runs in every state, served with the UI.
+type fixture struct {
+	e     *engine.Engine
+	srv   *httptest.Server
+	fixed atomic.Bool // the "flaky" step succeeds once set
+	runs  map[string]uuid.UUID
+}
+
+func newFixture(t *testing.T, token string) *fixture {
+	t.Helper()
+	f := &fixture{runs: map[string]uuid.UUID{}}
+	wf := engine.Define("order", func(ctx *engine.Context, in order) (string, error) {
+		if in.Kind == "wait" {
+			return engine.AwaitSignal[string](ctx, "approve", 0)
+		}
+		hold, err := engine.Step(ctx, "reserve", func(context.Context) (string, error) { return "hold-" + in.ID, nil }, nil)
+		if err != nil {
+			return "", err
+		}
+		if err := ctx.Compensate(engine.Undo{Name: "release", Fn: func(context.Context, *engine.ActivityAttempt) error { return nil }}); err != nil {
+			return "", err
+		}
+		charge, err := engine.RunActivity(ctx, "charge", nil, func(_ context.Context, a *engine.ActivityAttempt) (string, error) {
+			if in.Kind == "decline" {
+				return "", engine.Permanent(errors.New("card declined"))
+			}
+			return "ch_" + a.RequestID.String()[:8], nil
+		})
+		if err != nil {
+			return "", err
+		}
+		return hold + " " + charge, nil
+	}, nil)
+	// ship parks its run: its step fails until fixed, with no undo to run.
+	dead := engine.Define("ship", func(ctx *engine.Context, in order) (int, error) {
+		return engine.Step(ctx, "ship", func(context.Context) (int, error) {
+			if !f.fixed.Load() {
+				return 0, errors.New("carrier API returned 503")
+			}
+			return 1, nil
+		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: 10 * time.Millisecond, MaximumAttempts: 2}})
+	}, nil)
+	db := enginetest.NewDB(t)
+	f.e = enginetest.NewEngine(t, db, &engine.Config{Logger: slog.New(slog.DiscardHandler)}, true, wf, dead)
+	ctx := context.Background()
+	for _, s := range []struct {
+		key, workflow, kind string
+		opts                *engine.StartOpts
+	}{
+		{"completed", "order", "ok", nil},
+		{"compensated", "order", "decline", nil},
+		{"waiting", "order", "wait", &engine.StartOpts{WorkflowID: "approval-7"}},
+		{"delayed", "order", "ok", &engine.StartOpts{Delay: time.Hour, WorkflowID: "tomorrow"}},
+		{"cancelled", "order", "wait", nil},
+		{"dead", "ship", "", nil},
+		{"dead2", "ship", "", nil},
+	} {
+		res, err := f.e.StartJSON(ctx, s.workflow, []byte(fmt.Sprintf(`{"kind": %q, "id": %q}`, s.kind, s.key)), s.opts)
+		require.NoError(t, err)
+		f.runs[s.key] = res.RunID
+	}
+	require.NoError(t, f.e.Cancel(ctx, f.runs["cancelled"]))
+	for key, want := range map[string]engine.RunStatus{"completed": engine.StatusCompleted, "compensated": engine.StatusCompensated,
+		"waiting": engine.StatusWaiting, "delayed": engine.StatusWaiting, "cancelled": engine.StatusCancelled,
+		"dead": engine.StatusDead, "dead2": engine.StatusDead} {
+		waitStatus(t, f.e, f.runs[key], want)
+	}
+	_, err := f.e.CreateSchedule(ctx, engine.ScheduleSpec{Name: "nightly-report", Cron: "0 3 * * *", TimeZone: "Europe/Paris",
+		Workflow: "order", Input: []byte(`{"kind": "ok", "id": "report"}`)})
+	require.NoError(t, err)
+
+	ui := webui.New(f.e, &webui.Options{Token: token, APIError: httpapi.ErrorCode})
+	f.srv = httptest.NewUnstartedServer(nil)
+	f.srv.Config.Handler = httpapi.New(f.e, &httpapi.Options{Token: token, UI: ui, ListenAddr: f.srv.Listener.Addr().String()})
+	f.srv.Start()
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func waitStatus(t *testing.T, e *engine.Engine, id uuid.UUID, want engine.RunStatus) *engine.Run {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		run, err := e.GetRun(context.Background(), id)
+		require.NoError(t, err)
+		if run.Status == want && (want != engine.StatusWaiting || run.AwaitSignal != "" || run.StartedAt == nil) {
+			return run
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run %s is %s, want %s", id, run.Status, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+var csrfField = regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`)
+
+// client is a browser-like HTTP client: it keeps cookies, follows no
+// redirects, and sends the service's own Origin on POSTs.
+type client struct {
+	t    *testing.T
+	base string
+	http *http.Client
+}
+
+func newClient(t *testing.T, base string) *client {
+	jar, _ := cookiejar.New(nil)
+	return &client{t: t, base: base, http: &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error {
+		return http.ErrUseLastResponse
+	}}}
+}
+
+func (c *client) do(method, path string, form url.Values, header map[string]string) (int, http.Header, string) {
+	c.t.Helper()
+	var body io.Reader
+	if form != nil {
+		body = strings.NewReader(form.Encode())
+	}
+	req, err := http.NewRequest(method, c.base+path, body)
+	require.NoError(c.t, err)
+	if form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Origin", c.base)
+	}
+	for k, v := range header {
+		switch {
+		case k == "Host":
+			req.Host = v
+		case v == "":
+			req.Header.Del(k)
+		default:
+			req.Header.Set(k, v)
+		}
+	}
+	resp, err := c.http.Do(req)
+	require.NoError(c.t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, html.UnescapeString(string(b))
+}
+
+func (c *client) csrf(path string) string {
+	c.t.Helper()
+	code, _, body := c.do("GET", path, nil, nil)
+	require.Equal(c.t, 200, code, body)
+	m := csrfField.FindStringSubmatch(body)
+	require.NotNil(c.t, m, "no CSRF field on %s", path)
+	return m[1]
+}
+
+func TestPagesAnswerEveryRunStateWithoutABrowser(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "")
+	c := newClient(t, f.srv.URL)
+	for path, want := range map[string]string{
+		"/ui/":                 "open dead jobs",
+		"/ui/runs":             "approval-7",
+		"/ui/runs?status=dead": "ship",
+		"/ui/runs/" + f.runs["completed"].String():   "ch_",
+		"/ui/runs/" + f.runs["compensated"].String(): "card declined",
+		"/ui/runs/approval-7":                        "approve",
+		"/ui/runs/" + f.runs["dead"].String():        "Parked as a dead job",
+		"/ui/dead-jobs":                              "carrier API returned 503",
+		"/ui/schedules":                              "nightly-report",
+		"/ui/schedules/nightly-report":               "Next fires",
+		"/ui/workflows":                              "order",
+	} {
+		code, h, body := c.do("GET", path, nil, nil)
+		require.Equal(t, 200, code, path)
+		require.Contains(t, body, want, path)
+		require.Contains(t, h.Get("Content-Security-Policy"), "frame-ancestors 'none'", path)
+		require.Equal(t, "DENY", h.Get("X-Frame-Options"))
+	}
+	code, h, _ := c.do("GET", "/", nil, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Equal(t, "/ui/", h.Get("Location"))
+
+	// Bad input: a precise message and a 4xx, never a 500.
+	for _, bad := range []struct {
+		path string
+		code int
+		want string
+	}{
+		{"/ui/runs?created_after=yesterday-ish", 400, "is not a time"},
+		{"/ui/runs?status=sleeping", 400, "unknown run status"},
+		{"/ui/runs?cursor=zzz", 400, "cursor"},
+		{"/ui/runs/" + uuid.NewString(), 404, "no run"},
+		{"/ui/runs/no-such-workflow-id", 404, "no run"},
+		{"/ui/dead-jobs/not-a-uuid", 404, "no dead job"},
+		{"/ui/dead-jobs?reason=bored", 400, "unknown dead-job reason"},
+		{"/ui/schedules/absent", 404, "not found"},
+		{"/ui/nowhere", 404, "no page"},
+	} {
+		code, _, body := c.do("GET", bad.path, nil, nil)
+		require.Equal(t, bad.code, code, bad.path)
+		require.Contains(t, strings.ToLower(body), bad.want, bad.path)
+	}
+
+	csrf := c.csrf("/ui/runs/approval-7")
+	waiting := f.runs["waiting"].String()
+	code, _, body := c.do("POST", "/ui/runs/"+waiting+"/signal", url.Values{"csrf": {csrf}, "name": {"approve"}, "payload": {"{oops"}}, nil)
+	require.Equal(t, 400, code)
+	require.Contains(t, body, "not JSON")
+	code, _, body = c.do("POST", "/ui/runs/"+waiting+"/terminate", url.Values{"csrf": {csrf}}, nil)
+	require.Equal(t, 400, code)
+	require.Contains(t, body, "termination reason must be 1 to 1000 bytes")
+	code, h, _ = c.do("POST", "/ui/runs/"+waiting+"/signal", url.Values{"csrf": {csrf}, "name": {"approve"}, "payload": {`"yes"`}}, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Equal(t, "/ui/runs/"+waiting+"?done=signalled", h.Get("Location"))
+	run := waitStatus(t, f.e, f.runs["waiting"], engine.StatusCompleted)
+	require.JSONEq(t, `"yes"`, string(run.Output))
+	code, _, body = c.do("GET", h.Get("Location"), nil, nil)
+	require.Equal(t, 200, code)
+	require.Contains(t, body, "Signal sent.")
+	code, _, _ = c.do("POST", "/ui/runs/"+waiting+"/cancel", url.Values{"csrf": {csrf}}, nil)
+	require.Equal(t, 409, code, "cancelling a finished run")
+
+	// Start a delayed run now.
+	code, _, _ = c.do("POST", "/ui/runs/"+f.runs["delayed"].String()+"/start-now", url.Values{"csrf": {csrf}}, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	waitStatus(t, f.e, f.runs["delayed"], engine.StatusCompleted)
+}
+
+func TestFormsRefuseCrossSiteRequests(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "")
+	c := newClient(t, f.srv.URL)
+	csrf := c.csrf("/ui/runs")
+	path := "/ui/runs/" + f.runs["waiting"].String() + "/cancel"
+	for _, bad := range []struct {
+		name   string
+		form   url.Values
+		header map[string]string
+		want   string
+	}{
+		{"another origin", url.Values{"csrf": {csrf}}, map[string]string{"Origin": "https://evil.example"}, "another site"},
+		{"cross-site fetch without Origin", url.Values{"csrf": {csrf}}, map[string]string{"Origin": "", "Sec-Fetch-Site": "cross-site"}, "another site"},
+		{"no CSRF token", url.Values{}, nil, "security token"},
+		{"a wrong CSRF token", url.Values{"csrf": {strings.Repeat("0", 64)}}, nil, "security token"},
+	} {
+		code, _, body := c.do("POST", path, bad.form, bad.header)
+		require.Equal(t, http.StatusForbidden, code, bad.name)
+		require.Contains(t, body, bad.want, bad.name)
+	}
+	run, err := f.e.GetRun(context.Background(), f.runs["waiting"])
+	require.NoError(t, err)
+	require.Nil(t, run.CancelRequestedAt, "no refused form acted")
+
+	// A page rebinding its DNS name to 127.0.0.1 sends its own Host.
+	code, _, _ := c.do("GET", "/ui/", nil, map[string]string{"Host": "evil.example"})
+	require.Equal(t, http.StatusForbidden, code)
+}
+
+func TestTokenProtectsThePagesBehindASignIn(t *testing.T) {
+	t.Parallel()
+	const token = "0123456789abcdef-ui-test-token"
+	f := newFixture(t, token)
+	c := newClient(t, f.srv.URL)
+
+	code, h, _ := c.do("GET", "/ui/runs?status=dead", nil, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Equal(t, "/ui/login?next="+url.QueryEscape("/ui/runs?status=dead"), h.Get("Location"))
+	code, _, _ = c.do("GET", "/ui/static/style.css", nil, nil)
+	require.Equal(t, 200, code, "the stylesheet is public")
+
+	csrf := c.csrf("/ui/login")
+	code, _, body := c.do("POST", "/ui/login", url.Values{"csrf": {csrf}, "token": {"wrong"}, "next": {"/ui/runs"}}, nil)
+	require.Equal(t, http.StatusUnauthorized, code)
+	require.Contains(t, body, "not this service's API token")
+	require.NotContains(t, body, token)
+
+	// An action without a session is refused, not redirected.
+	code, _, _ = c.do("POST", "/ui/runs/"+f.runs["waiting"].String()+"/cancel", url.Values{"csrf": {csrf}}, nil)
+	require.Equal(t, http.StatusUnauthorized, code)
+
+	// After sign-in, next may only be a page of this UI.
+	code, h, _ = c.do("POST", "/ui/login", url.Values{"csrf": {csrf}, "token": {token}, "next": {"//evil.example/ui/"}}, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Equal(t, "/ui/", h.Get("Location"))
+	cookie := h.Get("Set-Cookie")
+	require.Contains(t, cookie, "HttpOnly")
+	require.Contains(t, cookie, "SameSite=Strict")
+	require.NotContains(t, cookie, token, "the cookie holds an HMAC of the token, not the token")
+	code, _, body = c.do("GET", "/ui/runs?status=dead", nil, nil)
+	require.Equal(t, 200, code)
+	require.Contains(t, body, "Sign out")
+
+	// Scripts may send the bearer token instead.
+	code, _, _ = newClient(t, f.srv.URL).do("GET", "/ui/dead-jobs", nil, map[string]string{"Authorization": "Bearer " + token})
+	require.Equal(t, 200, code)
+
+	code, h, _ = c.do("POST", "/ui/logout", url.Values{"csrf": {csrf}}, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	code, _, _ = c.do("GET", "/ui/runs", nil, nil)
+	require.Equal(t, http.StatusSeeOther, code, "signed out")
+}
+
+// screenshotDir is where the browser test saves a PNG of each page:
+// $PGDURABLE_SCREENSHOTS, else a folder under the system's temp dir.
+func screenshotDir(t *testing.T) string {
+	dir := os.Getenv("PGDURABLE_SCREENSHOTS")
+	if dir == "" {
+		dir = os.TempDir() + "/pgdurable-ui-screenshots"
+	}
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	return dir
+}
