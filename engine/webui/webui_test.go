@@ -326,6 +326,7 @@ func TestTokenProtectsThePagesBehindASignIn(t *testing.T) {
 
 	code, h, _ = c.do("POST", "/ui/logout", url.Values{"csrf": {csrf}}, nil)
 	require.Equal(t, http.StatusSeeOther, code)
+	require.Contains(t, h.Get("Set-Cookie"), "Max-Age=0")
 	code, _, _ = c.do("GET", "/ui/runs", nil, nil)
 	require.Equal(t, http.StatusSeeOther, code, "signed out")
 }
