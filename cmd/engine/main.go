@@ -3,7 +3,9 @@
 // build adds the payment example's commands (demo, gateway, chaos) and
 // bench row from package paymentcmd, and registers its workflow when
 // STRIPE_API_KEY is set (PAYMENT_GATEWAY_URL points it at Stripe test
-// mode, stripe-mock or the fake gateway). See README.md.
+// mode, stripe-mock or the fake gateway). engine dev adds the example on an
+// embedded fake gateway and a signal-waiting example (paymentcmd.Dev).
+// See README.md.
 package main
 
 import (
@@ -18,7 +20,8 @@ import (
 )
 
 func main() {
-	opts := commands.Options{Migrate: payment.Migrate, Commands: paymentcmd.Commands(), BenchRows: []commands.BenchRow{paymentcmd.BenchRow}}
+	opts := commands.Options{Migrate: payment.Migrate, Commands: paymentcmd.Commands(), BenchRows: []commands.BenchRow{paymentcmd.BenchRow},
+		Dev: paymentcmd.Dev}
 	if os.Getenv("STRIPE_API_KEY") != "" {
 		gw, err := payment.NewGateway(payment.GatewayConfig{}, os.Getenv)
 		if err != nil {

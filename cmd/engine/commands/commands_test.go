@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -21,6 +22,7 @@ import (
 	"github.com/pgdurable/pgdurable/cmd/engine/paymentcmd"
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/examples/payment"
 )
 
 func TestMain(m *testing.M) {
@@ -271,6 +273,73 @@ func TestDevThrowawayPostgres(t *testing.T) {
 	dir := strings.Fields(out[strings.Index(out, "throwaway PostgreSQL in ")+len("throwaway PostgreSQL in "):])[0]
 	_, err := os.Stat(dir)
 	require.True(t, os.IsNotExist(err), "the throwaway directory %s is removed", dir)
+}
+
+// engine dev with nothing configured runs the payment example on the
+// embedded fake gateway and the approval example, starts example runs,
+// serves the UI and prints its URL and commands that work.
+func TestDevServesTheExamplesAndTheUI(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	listen := freePort(t)
+	out, errOut := &syncBuffer{}, &syncBuffer{}
+	done := make(chan int, 1)
+	go func() {
+		done <- commands.Execute(ctx, []string{"--database-url", db.URL, "dev", "--listen", listen, "--log-level", "warn"},
+			withPayment(commands.Options{Stdout: out, Stderr: errOut, Getenv: func(string) string { return "" },
+				Migrate: payment.Migrate, Dev: paymentcmd.Dev}))
+	}()
+	base := "http://" + listen
+	get := func(path string) (int, string) {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	status := func(id string) string {
+		code, body := get("/v1/runs/" + id)
+		if code != 200 {
+			return ""
+		}
+		var r struct{ Status string }
+		require.NoError(t, json.Unmarshal([]byte(body), &r))
+		return r.Status
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for status("dev-order-1") != "completed" || status("dev-order-2") != "compensated" || status("expense-1") != "waiting" {
+		require.True(t, time.Now().Before(deadline), "the example runs never settled: %s %s", out.String(), errOut.String())
+		time.Sleep(100 * time.Millisecond)
+	}
+	require.Contains(t, out.String(), "web UI   "+base+"/ui/")
+	code, body := get("/ui/runs")
+	require.Equal(t, 200, code)
+	require.Contains(t, body, "expense-1")
+
+	// The printed signal command works as printed.
+	var signal string
+	for _, line := range strings.Split(out.String(), "\n") {
+		if strings.Contains(line, "/signals/decision") {
+			signal = strings.TrimSpace(line)
+		}
+	}
+	require.NotEmpty(t, signal, out.String())
+	require.Contains(t, signal, `-d '{"approved": true, "by": "you"}'`)
+	resp, err := http.Post(base+"/v1/runs/expense-1/signals/decision", "application/json", strings.NewReader(`{"approved": true, "by": "you"}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusAccepted, resp.StatusCode)
+	for status("expense-1") != "completed" {
+		require.True(t, time.Now().Before(deadline), "the approval never completed")
+		time.Sleep(50 * time.Millisecond)
+	}
+	_, body = get("/v1/runs/expense-1")
+	require.Contains(t, body, `"output":"approved by you"`)
+	cancel()
+	require.Equal(t, 0, <-done, errOut.String())
 }
 
 // syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.

@@ -3,11 +3,14 @@ package commands
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/pgdurable/pgdurable/cmd/engine/internal/localpg"
+	"github.com/pgdurable/pgdurable/engine"
 )
 
 func (g *global) devCmd() *cobra.Command {
@@ -15,8 +18,11 @@ func (g *global) devCmd() *cobra.Command {
 	var throwaway bool
 	cmd := &cobra.Command{
 		Use:   "dev",
-		Short: "serve with zero configuration: finds or starts a PostgreSQL, migrates, serves on loopback",
-		Long: `Runs serve with --migrate on loopback. The database is, in order: --database-url or
+		Short: "serve with zero configuration: finds or starts a PostgreSQL, migrates, serves the web UI on loopback",
+		Long: `Runs serve with --migrate on loopback and prints the web UI's URL. This binary adds the payment
+example on an embedded fake Stripe gateway (unless STRIPE_API_KEY is set: then the real
+gateway it names), a signal-waiting example (workflow "approval"), a few example runs, and the
+commands that start more. The database is, in order: --database-url or
 DATABASE_URL; else a reachable local PostgreSQL (127.0.0.1:5432, database pgdurable_dev, created
 if missing); else a throwaway PostgreSQL started from the local installation (initdb and pg_ctl
 on PATH or under /usr/lib/postgresql/*/bin; as the postgres user when run as root) in a
@@ -34,6 +40,17 @@ temporary directory that is removed on exit.`,
 			}
 			fmt.Fprintf(g.opts.Stderr, "engine dev: database %s\n", localpg.Redact(g.dbURL()))
 			f.migrate = true
+			f.dev = &DevKit{}
+			if g.opts.Dev != nil {
+				kit, err := g.opts.Dev(ctx, &Env{g})
+				if err != nil {
+					return err
+				}
+				if kit.Stop != nil {
+					defer kit.Stop()
+				}
+				f.dev = kit
+			}
 			return g.serve(ctx, f)
 		},
 	}
@@ -59,4 +76,29 @@ func devDatabase(ctx context.Context, throwaway bool, g *global) (string, func()
 	}
 	fmt.Fprintf(g.opts.Stderr, "engine dev: started a throwaway PostgreSQL in %s (removed on exit)\n", pg.Dir)
 	return pg.URL, pg.Stop, nil
+}
+
+// banner starts the kit's seed runs and prints where the UI is and what to
+// try.
+func (k *DevKit) banner(ctx context.Context, e *engine.Engine, log *slog.Logger, out io.Writer, base string, ui bool) {
+	if k.Seed != nil {
+		if err := k.Seed(ctx, e); err != nil {
+			log.Warn("engine dev: starting the example runs failed", "error", err)
+		}
+	}
+	fmt.Fprintln(out)
+	if ui {
+		fmt.Fprintf(out, "  web UI   %s/ui/\n", base)
+	}
+	fmt.Fprintf(out, "  API      %s/v1/  (no token needed on loopback)\n", base)
+	if k.Hints != nil {
+		for _, h := range k.Hints(base) {
+			if h != "" {
+				h = "  " + h
+			}
+			fmt.Fprintln(out, h)
+		}
+	}
+	fmt.Fprintln(out, "  Ctrl-C stops it.")
+	fmt.Fprintln(out)
 }

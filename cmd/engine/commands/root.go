@@ -61,6 +61,27 @@ type Options struct {
 	// before the last row (the memory row) in the table and in --json.
 	// Default: none.
 	BenchRows []BenchRow
+	// Dev, when set, is what engine dev adds to serve: it is called once
+	// the database is chosen, before the engine starts; the workflows it
+	// returns are registered next to Workflows, its Seed runs once the
+	// engine has started, and its Hints are printed with the UI's URL.
+	// cmd/engine sets paymentcmd.Dev: the payment example on an embedded
+	// fake gateway and a signal-waiting example. Default: none.
+	Dev func(ctx context.Context, env *Env) (*DevKit, error)
+}
+
+// DevKit is what Options.Dev gives engine dev.
+type DevKit struct {
+	Workflows []engine.Registration
+	// Seed starts example runs on the started engine (nil: none); an
+	// error is logged, not fatal.
+	Seed func(ctx context.Context, e *engine.Engine) error
+	// Hints returns lines to print for a person once the API listens at
+	// base ("http://127.0.0.1:8080"): commands to try.
+	Hints func(base string) []string
+	// Stop releases what Dev started (nil: nothing), after the engine
+	// stopped.
+	Stop func()
 }
 
 // BenchRow measures one row of engine bench beyond enginebench's (see

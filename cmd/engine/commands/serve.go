@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -36,6 +37,8 @@ type serveFlags struct {
 	migrate         bool
 	logLevel        string
 	noUI            bool
+	// dev, set by engine dev, adds its workflows, seed runs and hints.
+	dev *DevKit
 }
 
 func (g *global) serveCmd() *cobra.Command {
@@ -119,7 +122,11 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 		return err
 	}
 	metrics.WatchQueue(e)
-	if err := e.Register(g.opts.Workflows...); err != nil {
+	workflows := g.opts.Workflows
+	if f.dev != nil {
+		workflows = append(slices.Clip(workflows), f.dev.Workflows...)
+	}
+	if err := e.Register(workflows...); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", f.listen)
@@ -144,11 +151,14 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info("engine serving", "listen", ln.Addr().String(), "workflows", len(g.opts.Workflows), "max_workers", f.maxWorkers)
+	log.Info("engine serving", "listen", ln.Addr().String(), "workflows", len(workflows), "max_workers", f.maxWorkers)
 	if ui != nil {
 		log.Info("web UI", "url", "http://"+ln.Addr().String()+"/ui/")
 	}
-	if len(g.opts.Workflows) == 0 {
+	if f.dev != nil {
+		f.dev.banner(ctx, e, log, g.opts.Stdout, "http://"+ln.Addr().String(), ui != nil)
+	}
+	if len(workflows) == 0 {
 		log.Warn("no workflows registered: this process serves the API but works no runs (the repository's binary registers the payment example only when STRIPE_API_KEY is set)")
 	}
 
