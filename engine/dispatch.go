@@ -133,8 +133,14 @@ func (e *Engine) newRun(name string, version int, input []byte, opts *StartOpts)
 	if err != nil {
 		return store.NewRun{}, err
 	}
+	var tags []byte
+	if opts != nil {
+		if tags, err = checkTags("StartOpts.Tags", opts.Tags); err != nil {
+			return store.NewRun{}, err
+		}
+	}
 	return store.NewRun{RunID: runID, WorkflowName: name, WorkflowVersion: version, WorkflowID: workflowID,
-		Input: input, Queue: e.cfg.Queue, ScheduleName: scheduleOf(opts), StartAt: startAt, RunTimeout: runTimeoutOf(opts)}, nil
+		Input: input, Queue: e.cfg.Queue, ScheduleName: scheduleOf(opts), StartAt: startAt, RunTimeout: runTimeoutOf(opts), Tags: tags}, nil
 }
 
 // route readies r for path: a run to dispatch is inserted claimed by this

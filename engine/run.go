@@ -42,6 +42,14 @@ type StartOpts struct {
 	// A sleeping or waiting run is woken for it. The deadline is kept
 	// across deliveries and set again when a dead run is replayed.
 	RunTimeout time.Duration
+	// Tags label the run for people and for filters (ListRunsParams.Tags,
+	// the API's and the CLI's tag filter, the web UI): at most MaxTags,
+	// each key 1 to 64 of A-Z a-z 0-9 _ . - and each value 1 to 256 bytes
+	// of printable UTF-8 (ErrInvalidArgument otherwise). They are stored
+	// with the run and indexed. A start that finds its workflow ID's run
+	// (the same input) keeps that run's tags; a run ContinueAsNew starts
+	// takes the tags of the run it continues; child runs start untagged.
+	Tags map[string]string
 
 	schedule string // set by the scheduler: the schedule whose fire starts the run
 }
@@ -376,10 +384,12 @@ type Run struct {
 	FirstRunID *uuid.UUID `json:"first_run_id,omitempty"`
 	// AwaitChildren lists the positions of the children a waiting run
 	// waits for (ChildRun.Get, or its close waiting for them).
-	AwaitChildren []int        `json:"await_children,omitempty"`
-	Steps         []StepInfo   `json:"steps,omitempty"`    // filled by GetRun only
-	Signals       []SignalInfo `json:"signals,omitempty"`  // filled by GetRun only, in the order sent
-	Children      []ChildInfo  `json:"children,omitempty"` // filled by GetRun only: the first 1,000 by position
+	AwaitChildren []int `json:"await_children,omitempty"`
+	// Tags are the run's labels (StartOpts.Tags); nil for none.
+	Tags     map[string]string `json:"tags,omitempty"`
+	Steps    []StepInfo        `json:"steps,omitempty"`    // filled by GetRun only
+	Signals  []SignalInfo      `json:"signals,omitempty"`  // filled by GetRun only, in the order sent
+	Children []ChildInfo       `json:"children,omitempty"` // filled by GetRun only: the first 1,000 by position
 }
 
 // ChildInfo is a child run of a run, as GetRun lists it.
@@ -469,7 +479,7 @@ func runFromRow(r *store.RunRow) *Run {
 		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, CompletedAt: r.CompletedAt,
 		AwaitSignal: strings.Join(names, ", "), ScheduleName: deref(r.ScheduleName), CancelRequestedAt: r.CancelRequestedAt,
 		RunTimeoutMS: derefInt(r.RunTimeoutMS), DeadlineAt: r.DeadlineAt,
-		LeaseToken: r.OwnerToken, LeaseExpiresAt: r.LeaseExpiresAt,
+		LeaseToken: r.OwnerToken, LeaseExpiresAt: r.LeaseExpiresAt, Tags: decodeTags(r.Tags),
 	}
 }
 
@@ -547,8 +557,12 @@ type ListRunsParams struct {
 	// index serves them.
 	CreatedAfter, CreatedBefore   time.Time
 	FinishedAfter, FinishedBefore time.Time
-	Limit                         int    // 1..1000, default 50
-	Cursor                        string // the nextCursor the previous page's ListRuns returned
+	// Tags keeps the runs tagged with every one of these key/value pairs
+	// (StartOpts.Tags; nil: no filter), through an index of tagged runs.
+	// Bounded as StartOpts.Tags is.
+	Tags   map[string]string
+	Limit  int    // 1..1000, default 50
+	Cursor string // the nextCursor the previous page's ListRuns returned
 }
 
 // ListRuns returns runs newest first, and a cursor for the next page ("" on
@@ -567,7 +581,11 @@ func (e *Engine) ListRuns(ctx context.Context, p ListRunsParams) (runs []*Run, n
 	if err := checkPrefix("workflow ID prefix", p.WorkflowIDPrefix, 400); err != nil {
 		return nil, "", err
 	}
-	rows, err := store.ListRuns(ctx, e.pool, store.RunFilter{Workflow: p.Workflow, Status: string(p.Status),
+	tags, err := checkTags("the tag filter", p.Tags)
+	if err != nil {
+		return nil, "", err
+	}
+	rows, err := store.ListRuns(ctx, e.pool, store.RunFilter{Workflow: p.Workflow, Status: string(p.Status), Tags: tags,
 		WorkflowIDPrefix: p.WorkflowIDPrefix, Before: before, Limit: limit + 1,
 		CreatedAfter: timeOrNil(p.CreatedAfter), CreatedBefore: timeOrNil(p.CreatedBefore),
 		FinishedAfter: timeOrNil(p.FinishedAfter), FinishedBefore: timeOrNil(p.FinishedBefore)})

@@ -7,7 +7,8 @@
 //	POST /v1/workflows/{name}/runs        {"id": "...", "input": {...}} → 201 new, 200 same ID + same input,
 //	                                      409 same ID + other input, 404 unknown workflow, 400 bad input
 //	GET  /v1/runs/{run_id}                the run with steps[]
-//	GET  /v1/runs?workflow=&status=&limit=&cursor=
+//	GET  /v1/runs?workflow=&status=&workflow_id_prefix=&created_after=&created_before=&finished_after=&finished_before=
+//	              &tag=key:value (repeatable: all must match)&limit=&cursor=
 //	POST /v1/runs/{run_id}/signals/{name} body = payload (one JSON value) → 202 buffered, 404, 409 run finished, 400;
 //	                                      {run_id} may also be a workflow ID
 //	POST /v1/runs/{run_id}/cancel         202 accepted, 404, 409 already finished; {run_id} may be a workflow ID

@@ -872,3 +872,46 @@ func TestBulkActionsOverHTTP(t *testing.T) {
 	require.Equal(t, http.StatusOK, disc.status, disc.raw)
 	require.EqualValues(t, 1, disc.body["done"])
 }
+
+// Tags: given at the start, shown on the run, filtered with tag=key:value
+// (repeatable), and taken by the bulk cancel.
+func TestTagsOverHTTP(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for _, s := range []struct{ id, tags string }{
+		{"tag-1", `{"customer": "c_42", "region": "eu"}`},
+		{"tag-2", `{"customer": "c_42", "region": "us"}`},
+		{"tag-3", `{"customer": "c_7"}`},
+	} {
+		r := b.do(t, "POST", "/v1/workflows/approval/runs", `{"id": "`+s.id+`", "input": {"order_id": "o", "amount": 1}, "tags": `+s.tags+`}`)
+		require.Equal(t, http.StatusCreated, r.status, r.raw)
+	}
+	r := b.do(t, "GET", "/v1/runs/tag-1", "")
+	require.Equal(t, map[string]any{"customer": "c_42", "region": "eu"}, r.body["tags"])
+	ids := func(query string) []string {
+		t.Helper()
+		r := b.do(t, "GET", "/v1/runs?"+query, "")
+		require.Equal(t, http.StatusOK, r.status, r.raw)
+		var out []string
+		for _, run := range r.body["runs"].([]any) {
+			out = append(out, run.(map[string]any)["workflow_id"].(string))
+		}
+		return out
+	}
+	require.Equal(t, []string{"tag-2", "tag-1"}, ids("tag=customer:c_42"))
+	require.Equal(t, []string{"tag-1"}, ids("tag=customer:c_42&tag=region%3Deu"))
+	require.Empty(t, ids("tag=customer:nobody"))
+	for _, bad := range []string{"tag=nocolon", "tag=a:1&tag=a:2", "tag=bad%20key:v", "tag=k:"} {
+		r := b.do(t, "GET", "/v1/runs?"+bad, "")
+		require.Equal(t, 400, r.status, bad+" → "+r.raw)
+		require.Equal(t, "invalid_parameter", errCode(r), bad)
+	}
+	r = b.do(t, "POST", "/v1/workflows/approval/runs", `{"input": {"order_id": "o", "amount": 1}, "tags": {"k": "\u001b[31m"}}`)
+	require.Equal(t, 400, r.status, r.raw)
+	r = b.do(t, "POST", "/v1/workflows/approval/runs", `{"input": {"order_id": "o", "amount": 1}, "tags": {"k": 7}}`)
+	require.Equal(t, 400, r.status, r.raw)
+
+	dry := b.do(t, "POST", "/v1/bulk/cancel-runs", `{"tags": {"customer": "c_42"}, "dry_run": true}`)
+	require.Equal(t, http.StatusOK, dry.status, dry.raw)
+	require.EqualValues(t, 2, dry.body["matched"])
+}

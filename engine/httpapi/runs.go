@@ -28,13 +28,15 @@ type startRequest struct {
 	StartAt    time.Time       `json:"start_at"`
 	Delay      string          `json:"delay"`
 	RunTimeout string          `json:"run_timeout"`
+	// Tags label the run (StartOpts.Tags): {"customer": "c_42"}.
+	Tags map[string]string `json:"tags"`
 }
 
-const startShape = `{"id": string, "input": any JSON, "start_at": RFC 3339 time, "delay": duration such as "90s", "run_timeout": duration}`
+const startShape = `{"id": string, "input": any JSON, "start_at": RFC 3339 time, "delay": duration such as "90s", "run_timeout": duration, "tags": {"key": "value"}}`
 
 // opts is the request's StartOpts.
 func (req *startRequest) opts() (*engine.StartOpts, error) {
-	opts := &engine.StartOpts{WorkflowID: req.ID, StartAt: req.StartAt}
+	opts := &engine.StartOpts{WorkflowID: req.ID, StartAt: req.StartAt, Tags: req.Tags}
 	for _, f := range []struct {
 		name, value string
 		to          *time.Duration
@@ -100,7 +102,7 @@ func (a *api) signalWithStart(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req signalWithStartRequest
-	if !a.readJSON(w, r, &req, `{"id": string, "input": any JSON, "signal": string, "payload": any JSON, "start_at": RFC 3339 time, "delay": duration, "run_timeout": duration}`) {
+	if !a.readJSON(w, r, &req, `{"id": string, "input": any JSON, "signal": string, "payload": any JSON, "start_at": RFC 3339 time, "delay": duration, "run_timeout": duration, "tags": {"key": "value"}}`) {
 		return
 	}
 	opts, err := req.opts()
@@ -132,8 +134,13 @@ func (a *api) getRun(w http.ResponseWriter, r *http.Request) {
 
 func (a *api) listRuns(w http.ResponseWriter, r *http.Request) {
 	q, ok := queryParams(w, r, "workflow", "status", "workflow_id_prefix", "limit", "cursor",
-		"created_after", "created_before", "finished_after", "finished_before")
+		"created_after", "created_before", "finished_after", "finished_before", "tag")
 	if !ok {
+		return
+	}
+	tags, err := ParseTags(q["tag"])
+	if err != nil {
+		a.engineError(w, r, err)
 		return
 	}
 	limit, ok := queryLimit(w, r)
@@ -142,7 +149,7 @@ func (a *api) listRuns(w http.ResponseWriter, r *http.Request) {
 	}
 	p := engine.ListRunsParams{
 		Workflow: q.Get("workflow"), Status: engine.RunStatus(q.Get("status")), WorkflowIDPrefix: q.Get("workflow_id_prefix"),
-		Limit: limit, Cursor: q.Get("cursor"),
+		Limit: limit, Cursor: q.Get("cursor"), Tags: tags,
 	}
 	for name, dst := range map[string]*time.Time{"created_after": &p.CreatedAfter, "created_before": &p.CreatedBefore,
 		"finished_after": &p.FinishedAfter, "finished_before": &p.FinishedBefore} {
@@ -300,7 +307,7 @@ func queryParams(w http.ResponseWriter, r *http.Request, allowed ...string) (url
 			writeError(w, http.StatusBadRequest, "invalid_parameter",
 				fmt.Sprintf("unknown query parameter %q: %s %s takes %s", truncate(k, 100), r.Method, r.URL.Path, takes))
 			return nil, false
-		case len(q[k]) > 1:
+		case len(q[k]) > 1 && k != "tag": // the one list filter that repeats
 			writeError(w, http.StatusBadRequest, "invalid_parameter", fmt.Sprintf("query parameter %q is given %d times", k, len(q[k])))
 			return nil, false
 		}
@@ -339,23 +346,24 @@ func queryLimit(w http.ResponseWriter, r *http.Request) (int, bool) {
 // BulkCancelRequest is POST /v1/bulk/cancel-runs's body: the runs to
 // cancel, as GET /v1/runs filters them (times in RFC 3339).
 type BulkCancelRequest struct {
-	Workflow         string           `json:"workflow,omitempty"`
-	Status           engine.RunStatus `json:"status,omitempty"`
-	WorkflowIDPrefix string           `json:"workflow_id_prefix,omitempty"`
-	CreatedAfter     time.Time        `json:"created_after,omitzero"`
-	CreatedBefore    time.Time        `json:"created_before,omitzero"`
-	DryRun           bool             `json:"dry_run,omitempty"`
+	Workflow         string            `json:"workflow,omitempty"`
+	Status           engine.RunStatus  `json:"status,omitempty"`
+	WorkflowIDPrefix string            `json:"workflow_id_prefix,omitempty"`
+	CreatedAfter     time.Time         `json:"created_after,omitzero"`
+	CreatedBefore    time.Time         `json:"created_before,omitzero"`
+	Tags             map[string]string `json:"tags,omitempty"`
+	DryRun           bool              `json:"dry_run,omitempty"`
 }
 
 // bulkCancel cancels the active runs a filter matches (Engine.CancelRuns):
 // 200 with the counts.
 func (a *api) bulkCancel(w http.ResponseWriter, r *http.Request) {
 	var req BulkCancelRequest
-	if !a.readJSON(w, r, &req, `{"workflow": "...", "status": "...", "workflow_id_prefix": "...", "created_after": "...", "created_before": "...", "dry_run": true}`) {
+	if !a.readJSON(w, r, &req, `{"workflow": "...", "status": "...", "workflow_id_prefix": "...", "created_after": "...", "created_before": "...", "tags": {"key": "value"}, "dry_run": true}`) {
 		return
 	}
 	res, err := a.e.CancelRuns(r.Context(), engine.ListRunsParams{Workflow: req.Workflow, Status: req.Status,
-		WorkflowIDPrefix: req.WorkflowIDPrefix, CreatedAfter: req.CreatedAfter, CreatedBefore: req.CreatedBefore}, req.DryRun)
+		WorkflowIDPrefix: req.WorkflowIDPrefix, CreatedAfter: req.CreatedAfter, CreatedBefore: req.CreatedBefore, Tags: req.Tags}, req.DryRun)
 	if err != nil {
 		a.engineError(w, r, err)
 		return
@@ -394,4 +402,31 @@ func (a *api) bulkDeadJobs(replay bool) http.HandlerFunc {
 		}
 		writeJSON(w, http.StatusOK, res)
 	}
+}
+
+// ParseTags reads tag filters written "key:value" or "key=value" (the
+// query parameter tag, repeated; the CLI's --tag) into a map; nil for none.
+// A key cannot hold ':' or '=', so the first of them splits. Errors wrap
+// engine.ErrInvalidArgument: a filter without a separator, a key given
+// twice, more than engine.MaxTags.
+func ParseTags(specs []string) (map[string]string, error) {
+	if len(specs) == 0 {
+		return nil, nil
+	}
+	if len(specs) > engine.MaxTags {
+		return nil, fmt.Errorf("%w: %d tag filters; at most %d", engine.ErrInvalidArgument, len(specs), engine.MaxTags)
+	}
+	out := make(map[string]string, len(specs))
+	for _, s := range specs {
+		i := strings.IndexAny(s, ":=")
+		if i < 0 {
+			return nil, fmt.Errorf("%w: tag filter %q is not key:value (or key=value)", engine.ErrInvalidArgument, truncate(s, 64))
+		}
+		k, v := s[:i], s[i+1:]
+		if _, dup := out[k]; dup {
+			return nil, fmt.Errorf("%w: tag %q is filtered twice", engine.ErrInvalidArgument, truncate(k, 64))
+		}
+		out[k] = v
+	}
+	return out, nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"html/template"
 	"io/fs"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/httpapi"
 )
 
 // pageNames are the templates under assets/, each rendered inside layout.
@@ -33,6 +35,7 @@ func parsePages() map[string]*template.Template {
 		"statuses": func() []engine.RunStatus { return runStatuses },
 		"reasons":  func() []engine.DeadReason { return deadReasons },
 		"query":    query,
+		"tags":     tagList,
 	}
 	layout := template.Must(template.New("layout").Funcs(funcs).ParseFS(assets, "assets/layout.html"))
 	out := make(map[string]*template.Template, len(pageNames))
@@ -183,12 +186,12 @@ func openCounts(m map[engine.RunStatus]int64) []statusCount {
 
 // runFilter is the runs page's filter, as its form and query string hold it.
 type runFilter struct {
-	Workflow, Status, Prefix, CreatedAfter, CreatedBefore, Cursor string
+	Workflow, Status, Prefix, CreatedAfter, CreatedBefore, Tags, Cursor string
 }
 
 func readRunFilter(v url.Values) runFilter {
 	return runFilter{Workflow: v.Get("workflow"), Status: v.Get("status"), Prefix: v.Get("prefix"),
-		CreatedAfter: v.Get("created_after"), CreatedBefore: v.Get("created_before"), Cursor: v.Get("cursor")}
+		CreatedAfter: v.Get("created_after"), CreatedBefore: v.Get("created_before"), Tags: v.Get("tags"), Cursor: v.Get("cursor")}
 }
 
 // params turns the filter into ListRunsParams: times are RFC 3339, a
@@ -202,12 +205,15 @@ func (f runFilter) params() (engine.ListRunsParams, error) {
 	if p.CreatedBefore, err = parseWhen("created before", f.CreatedBefore); err != nil {
 		return p, err
 	}
+	if p.Tags, err = httpapi.ParseTags(strings.Fields(f.Tags)); err != nil {
+		return p, err
+	}
 	return p, nil
 }
 
 func (f runFilter) query(cursor string) template.URL {
 	return query("workflow", f.Workflow, "status", f.Status, "prefix", f.Prefix, "created_after", f.CreatedAfter,
-		"created_before", f.CreatedBefore, "cursor", cursor)
+		"created_before", f.CreatedBefore, "tags", f.Tags, "cursor", cursor)
 }
 
 func parseWhen(field, s string) (time.Time, error) {
@@ -271,7 +277,7 @@ func (u *ui) cancelMatching(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fields := [][2]string{{"workflow", f.Workflow}, {"status", f.Status}, {"prefix", f.Prefix},
-		{"created_after", f.CreatedAfter}, {"created_before", f.CreatedBefore}}
+		{"created_after", f.CreatedAfter}, {"created_before", f.CreatedBefore}, {"tags", f.Tags}}
 	u.render(w, r, http.StatusOK, "confirm", &page{Title: "Cancel matching runs", Nav: "runs", Data: map[string]any{
 		"Verb": "Cancel", "What": "runs", "Result": res, "Confirmed": confirm, "Action": "/ui/runs/cancel-matching",
 		"Fields": fields, "Back": "/ui/runs?" + string(f.query("")),
@@ -611,4 +617,13 @@ func (u *ui) workflows(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	u.render(w, r, http.StatusOK, "workflows", &page{Title: "Workflows", Nav: "workflows", Data: list})
+}
+
+// tagList is a run's tags as "key=value" strings, by key.
+func tagList(tags map[string]string) []string {
+	out := make([]string, 0, len(tags))
+	for _, k := range slices.Sorted(maps.Keys(tags)) {
+		out = append(out, k+"="+tags[k])
+	}
+	return out
 }

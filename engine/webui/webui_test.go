@@ -82,7 +82,7 @@ func newFixture(t *testing.T, token string) *fixture {
 		key, workflow, kind string
 		opts                *engine.StartOpts
 	}{
-		{"completed", "order", "ok", nil},
+		{"completed", "order", "ok", &engine.StartOpts{Tags: map[string]string{"customer": "c_42", "region": "eu"}}},
 		{"compensated", "order", "decline", nil},
 		{"waiting", "order", "wait", &engine.StartOpts{WorkflowID: "approval-7"}},
 		{"delayed", "order", "ok", &engine.StartOpts{Delay: time.Hour, WorkflowID: "tomorrow"}},
@@ -218,6 +218,8 @@ func TestPagesAnswerEveryRunStateWithoutABrowser(t *testing.T) {
 	}{
 		{"/ui/runs?created_after=yesterday-ish", 400, "is not a time"},
 		{"/ui/runs?status=sleeping", 400, "unknown run status"},
+		{"/ui/runs?tags=nocolon", 400, "not key:value"},
+		{"/ui/runs?tags=region%3Dapac", 200, "no runs match"},
 		{"/ui/runs?cursor=zzz", 400, "cursor"},
 		{"/ui/runs/" + uuid.NewString(), 404, "no run"},
 		{"/ui/runs/no-such-workflow-id", 404, "no run"},

@@ -222,7 +222,7 @@ func TestServeNeedsMigratedSchema(t *testing.T) {
 	require.Contains(t, errOut, "engine migrate up")
 	code, out, _ := run(t, db, "migrate", "up")
 	require.Equal(t, 0, code)
-	require.Contains(t, out, "pgdurable versions [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18]")
+	require.Contains(t, out, "pgdurable versions [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19]")
 }
 
 // The demo runs the payment story end to end and must report 0 double
@@ -923,4 +923,30 @@ func TestMatchingCommands(t *testing.T) {
 	code, out, errOut = run(t, db, "dead", "discard-matching", "--workflow", "double", "--dry-run")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "0 dead jobs match")
+}
+
+// start --tag labels a run; runs list --tag and runs show read the labels.
+func TestTagsOnTheCommandLine(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	code, _, errOut := run(t, db, "start", "double", "--id", "tagged-1", "--input", `{"n": 1}`, "--tag", "customer=c_42", "--tag", "region=eu")
+	require.Equal(t, 0, code, errOut)
+	code, _, errOut = run(t, db, "start", "double", "--id", "tagged-2", "--input", `{"n": 2}`, "--tag", "customer=c_7")
+	require.Equal(t, 0, code, errOut)
+	code, out, _ := run(t, db, "runs", "list", "--tag", "customer=c_42")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "tagged-1")
+	require.NotContains(t, out, "tagged-2")
+	code, out, _ = run(t, db, "runs", "show", "tagged-1")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "tags         customer=c_42 region=eu")
+	code, out, _ = run(t, db, "runs", "cancel-matching", "--tag", "customer=c_7", "--dry-run")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "1")
+	code, _, errOut = run(t, db, "start", "double", "--input", `{"n": 3}`, "--tag", "novalue")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "not key:value")
+	code, _, errOut = run(t, db, "start", "double", "--input", `{"n": 3}`, "--tag", "bad key=v")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "tag key")
 }

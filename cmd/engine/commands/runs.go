@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -22,6 +23,7 @@ func (g *global) runsCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "runs", Short: "List, inspect, follow, prune and bulk-cancel runs"}
 	var p engine.ListRunsParams
 	var createdAfter, createdBefore, finishedAfter, finishedBefore string
+	var listTags []string
 	list := &cobra.Command{
 		Use: "list", Short: "List runs, newest first", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -38,6 +40,10 @@ func (g *global) runsCmd() *cobra.Command {
 					return err
 				}
 				*v.dst = t
+			}
+			var err error
+			if p.Tags, err = tagFlags(listTags); err != nil {
+				return err
 			}
 			if err := checkOneOf("--status", p.Status, engine.StatusPending, engine.StatusRunning, engine.StatusWaiting,
 				engine.StatusCompleted, engine.StatusFailed, engine.StatusCompensating, engine.StatusCompensated,
@@ -72,6 +78,7 @@ func (g *global) runsCmd() *cobra.Command {
 		},
 	}
 	list.Flags().StringVar(&p.Workflow, "workflow", "", "only this workflow")
+	list.Flags().StringArrayVar(&listTags, "tag", nil, "only runs with this tag, key=value (repeatable: all must match)")
 	list.Flags().StringVar((*string)(&p.Status), "status", "", "only this status")
 	list.Flags().IntVar(&p.Limit, "limit", 50, "page size (1..1000)")
 	list.Flags().StringVar(&p.Cursor, "cursor", "", "the next page's cursor")
@@ -143,15 +150,19 @@ whose parent still runs. Every engine prunes like this once a minute for its Con
 	var bulk engine.ListRunsParams
 	var bulkAfter, bulkBefore string
 	var bulkDry bool
+	var bulkTags []string
 	cancelMatching := &cobra.Command{
 		Use:   "cancel-matching",
 		Short: "Cancel every active run the filters match (at most 10,000; --dry-run counts them)",
 		Args:  cobra.NoArgs,
 		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, _ []string) error {
-			if bulk.Workflow == "" && bulk.WorkflowIDPrefix == "" && bulkAfter == "" && bulkBefore == "" {
-				return &usageError{fmt.Errorf("give --workflow, --workflow-id-prefix, --created-after or --created-before: cancel-matching cancels every active run they match")}
+			if bulk.Workflow == "" && bulk.WorkflowIDPrefix == "" && bulkAfter == "" && bulkBefore == "" && len(bulkTags) == 0 {
+				return &usageError{fmt.Errorf("give --workflow, --workflow-id-prefix, --tag, --created-after or --created-before: cancel-matching cancels every active run they match")}
 			}
 			var err error
+			if bulk.Tags, err = tagFlags(bulkTags); err != nil {
+				return err
+			}
 			if bulk.CreatedAfter, err = timeFlag("--created-after", bulkAfter, time.Now()); err != nil {
 				return err
 			}
@@ -166,6 +177,7 @@ whose parent still runs. Every engine prunes like this once a minute for its Con
 		}),
 	}
 	cancelMatching.Flags().StringVar(&bulk.Workflow, "workflow", "", "only runs of this workflow")
+	cancelMatching.Flags().StringArrayVar(&bulkTags, "tag", nil, "only runs with this tag, key=value (repeatable)")
 	cancelMatching.Flags().StringVar((*string)(&bulk.Status), "status", "", "only runs in this status (pending, running, waiting)")
 	cancelMatching.Flags().StringVar(&bulk.WorkflowIDPrefix, "workflow-id-prefix", "", "only runs whose workflow ID starts with this")
 	cancelMatching.Flags().StringVar(&bulkAfter, "created-after", "", "only runs created at or after this time (RFC 3339, or a duration ago)")
@@ -181,6 +193,13 @@ func (g *global) printRun(run *engine.Run) {
 		run.RunID, cell(run.WorkflowName), run.WorkflowVersion, text(run.WorkflowID), run.Status, run.Deliveries, cell(run.CreatedAt))
 	if run.CompletedAt != nil {
 		fmt.Fprintf(w, "  finished     %s\n", cell(run.CompletedAt))
+	}
+	if len(run.Tags) > 0 {
+		var kv []string
+		for _, k := range slices.Sorted(maps.Keys(run.Tags)) {
+			kv = append(kv, k+"="+run.Tags[k])
+		}
+		fmt.Fprintf(w, "  tags         %s\n", text(strings.Join(kv, " ")))
 	}
 	fmt.Fprintf(w, "  input        %s\n", oneLine(string(run.Input), 200))
 	if len(run.Output) > 0 {
@@ -291,6 +310,7 @@ func (g *global) printRun(run *engine.Run) {
 
 func (g *global) startCmd() *cobra.Command {
 	var id, input, startAt string
+	var tags []string
 	var delay, runTimeout time.Duration
 	var wait bool
 	cmd := &cobra.Command{
@@ -305,6 +325,10 @@ cancels it.`,
 				return &usageError{fmt.Errorf("--input is not valid JSON: %q", input)}
 			}
 			opts := &engine.StartOpts{WorkflowID: id, Delay: delay, RunTimeout: runTimeout}
+			var err error
+			if opts.Tags, err = tagFlags(tags); err != nil {
+				return err
+			}
 			if startAt != "" {
 				t, err := time.Parse(time.RFC3339, startAt)
 				if err != nil {
@@ -342,6 +366,7 @@ cancels it.`,
 		},
 	}
 	cmd.Flags().StringVar(&id, "id", "", "workflow ID: the start's idempotency key (default: the run ID)")
+	cmd.Flags().StringArrayVar(&tags, "tag", nil, "label the run: key=value (repeatable; lists filter by it)")
 	cmd.Flags().StringVar(&input, "input", "null", "the run's input, as JSON")
 	cmd.Flags().DurationVar(&delay, "delay", 0, "start the run this long from now (90s, 1h30m)")
 	cmd.Flags().StringVar(&startAt, "start-at", "", "start the run at this RFC 3339 time")
@@ -617,4 +642,13 @@ func awaited(run *engine.Run) string {
 		quoted[i] = fmt.Sprintf("%q", n)
 	}
 	return "one of signals " + strings.Join(quoted, ", ")
+}
+
+// tagFlags turns --tag key=value flags into tags (nil for none).
+func tagFlags(specs []string) (map[string]string, error) {
+	tags, err := httpapi.ParseTags(specs)
+	if err != nil {
+		return nil, &usageError{fmt.Errorf("--tag: %w", err)}
+	}
+	return tags, nil
 }

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -38,17 +39,18 @@ type RunRow struct {
 	ParentClosePolicy *string
 	ContinuedRunID    *uuid.UUID
 	FirstRunID        *uuid.UUID
+	Tags              []byte // a JSON object of strings, nil for none
 }
 
 const runColumns = `run_id, workflow_name, workflow_version, workflow_id, status, input, output, error,
     deliveries, stalled_deliveries, owner_token, lease_expires_at, wake_at, await_signal, schedule_name, queue, created_at, started_at, completed_at,
-    cancel_requested_at, run_timeout_ms, deadline_at, parent_run_id, parent_seq, parent_close_policy, continued_run_id, first_run_id`
+    cancel_requested_at, run_timeout_ms, deadline_at, parent_run_id, parent_seq, parent_close_policy, continued_run_id, first_run_id, tags`
 
 func scanRun(row pgx.Row) (*RunRow, error) {
 	var r RunRow
 	err := row.Scan(&r.RunID, &r.WorkflowName, &r.WorkflowVersion, &r.WorkflowID, &r.Status, &r.Input, &r.Output,
 		&r.Error, &r.Deliveries, &r.Stalled, &r.OwnerToken, &r.LeaseExpiresAt, &r.WakeAt, &r.AwaitSignal, &r.ScheduleName, &r.Queue, &r.CreatedAt,
-		&r.StartedAt, &r.CompletedAt, &r.CancelRequestedAt, &r.RunTimeoutMS, &r.DeadlineAt, &r.ParentRunID, &r.ParentSeq, &r.ParentClosePolicy, &r.ContinuedRunID, &r.FirstRunID)
+		&r.StartedAt, &r.CompletedAt, &r.CancelRequestedAt, &r.RunTimeoutMS, &r.DeadlineAt, &r.ParentRunID, &r.ParentSeq, &r.ParentClosePolicy, &r.ContinuedRunID, &r.FirstRunID, &r.Tags)
 	if err != nil {
 		return nil, translate(err)
 	}
@@ -135,6 +137,9 @@ type RunFilter struct {
 	// creation time, so the primary key serves it.
 	CreatedAfter, CreatedBefore   *time.Time
 	FinishedAfter, FinishedBefore *time.Time
+	// Tags, a JSON object (nil: no filter), keeps the runs whose tags
+	// hold all of its pairs, through workflow_runs_tags_idx.
+	Tags []byte
 }
 
 const listRuns = `SELECT ` + runColumns + ` FROM workflow_runs
@@ -147,6 +152,11 @@ WHERE ($1::text = '' OR workflow_name = $1)
 ORDER BY run_id DESC
 LIMIT $4`
 
+// listTaggedRuns is listRuns with a tag filter, as its own statement: a
+// condition that is there or not ("$10 IS NULL OR ...") would keep a
+// generic plan from the partial index.
+var listTaggedRuns = strings.Replace(listRuns, "ORDER BY run_id DESC", "  AND tags IS NOT NULL AND tags @> $10::jsonb\nORDER BY run_id DESC", 1)
+
 func floorOrNull(t *time.Time) *uuid.UUID {
 	if t == nil {
 		return nil
@@ -157,8 +167,12 @@ func floorOrNull(t *time.Time) *uuid.UUID {
 
 // ListRuns returns runs newest first.
 func ListRuns(ctx context.Context, db DBTX, f RunFilter) ([]*RunRow, error) {
-	rows, err := db.Query(ctx, listRuns, f.Workflow, f.Status, f.Before, f.Limit, f.WorkflowIDPrefix,
-		floorOrNull(f.CreatedAfter), floorOrNull(f.CreatedBefore), f.FinishedAfter, f.FinishedBefore)
+	sql, args := listRuns, []any{f.Workflow, f.Status, f.Before, f.Limit, f.WorkflowIDPrefix,
+		floorOrNull(f.CreatedAfter), floorOrNull(f.CreatedBefore), f.FinishedAfter, f.FinishedBefore}
+	if f.Tags != nil {
+		sql, args = listTaggedRuns, append(args, string(f.Tags))
+	}
+	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("listing runs: %w", err)
 	}

@@ -43,6 +43,9 @@ type NewRun struct {
 	// ContinuedFrom, for a run ContinueAsNew starts, is the run it
 	// continues (InsertRun only): the new run records its chain's first.
 	ContinuedFrom *uuid.UUID
+	// Tags is a JSON object of strings (nil: none; a run ContinueAsNew
+	// starts without tags takes those of the run it continues).
+	Tags []byte
 }
 
 // InsertedRun reports the outcome of InsertRun.
@@ -55,7 +58,7 @@ type InsertedRun struct {
 const insertRun = `
 INSERT INTO workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
                            status, owner_token, lease_expires_at, deliveries, stalled_deliveries, started_at, held_until,
-                           wake_at, run_timeout_ms, deadline_at, parent_run_id, parent_seq, parent_close_policy, first_run_id)
+                           wake_at, run_timeout_ms, deadline_at, parent_run_id, parent_seq, parent_close_policy, first_run_id, tags)
 VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7,
         CASE WHEN $8::uuid IS NOT NULL THEN 'running' WHEN $11::timestamptz IS NOT NULL THEN 'waiting' ELSE 'pending' END,
         $8::uuid,
@@ -64,7 +67,8 @@ VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7,
         CASE WHEN $8::uuid IS NOT NULL THEN now() END,
         CASE WHEN $10::bigint > 0 THEN now() + $10::bigint * interval '1 millisecond' END,
         $11::timestamptz, nullif($12::bigint, 0), $13::timestamptz, $14::uuid, $15::int, $16::text,
-        (SELECT coalesce(p.first_run_id, p.run_id) FROM workflow_runs p WHERE p.run_id = $17::uuid))
+        (SELECT coalesce(p.first_run_id, p.run_id) FROM workflow_runs p WHERE p.run_id = $17::uuid),
+        coalesce($18::jsonb, (SELECT p.tags FROM workflow_runs p WHERE p.run_id = $17::uuid)))
 ON CONFLICT (workflow_name, workflow_id) WHERE status <> 'continued' DO NOTHING
 RETURNING run_id`
 
@@ -92,7 +96,7 @@ func InsertRun(ctx context.Context, db DBTX, r NewRun) (*InsertedRun, error) {
 	args := []any{r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID, r.Input, r.Queue, r.ScheduleName,
 		token, lease, ms(r.Hold), r.StartAt, ms(r.RunTimeout), r.Deadline}
 	args = append(args, parentArgs(r.Parent)...)
-	err := db.QueryRow(ctx, insertRun, append(args, r.ContinuedFrom)...).Scan(&id)
+	err := db.QueryRow(ctx, insertRun, append(args, r.ContinuedFrom, jsonParam(r.Tags))...).Scan(&id)
 	if err == nil {
 		return &InsertedRun{RunID: id, Status: r.insertedStatus()}, nil
 	}
