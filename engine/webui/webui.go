@@ -22,6 +22,7 @@ package webui
 
 import (
 	"bytes"
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -35,10 +36,15 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"path"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
 //go:embed assets
@@ -47,10 +53,14 @@ var assets embed.FS
 // Options configures the UI.
 type Options struct {
 	// Token, when set, is the API's bearer token: the UI asks for it at
-	// /ui/login.
+	// /ui/login, and Pool must be set to keep the sessions.
 	Token string
-	// Logger logs failures the UI shows as "internal error". Default
-	// slog.Default().
+	// Pool holds the signed-in sessions (table ui_sessions), so that every
+	// engine process sharing the database accepts them and sign-out ends
+	// them everywhere. Required with Token; unused without.
+	Pool *pgxpool.Pool
+	// Logger logs failures the UI shows as "internal error", and failed
+	// sign-ins. Default slog.Default().
 	Logger *slog.Logger
 	// APIError maps an engine error onto an HTTP status and a code, as
 	// the API answers it (httpapi.ErrorCode). Default: 500 for all.
@@ -60,7 +70,12 @@ type Options struct {
 // Prefix is the path the UI is served under.
 const Prefix = "/ui/"
 
-// New returns the UI's handler over e; it serves paths under Prefix.
+// SessionTTL is how long a sign-in lasts, on the server as in the browser.
+const SessionTTL = 12 * time.Hour
+
+// New returns the UI's handler over e; it serves paths under Prefix. It
+// panics when Options.Token is set without Options.Pool (a programming
+// error: sessions would have nowhere to live).
 func New(e *engine.Engine, opts *Options) http.Handler {
 	o := Options{}
 	if opts != nil {
@@ -72,23 +87,20 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	if o.APIError == nil {
 		o.APIError = func(error) (int, string) { return http.StatusInternalServerError, "internal" }
 	}
-	u := &ui{e: e, opts: o, pages: parsePages()}
-	if o.Token != "" {
-		// Every process that shares the token accepts the others' cookies
-		// and forms (several serve processes behind one load balancer).
-		u.sessionKey = mac([]byte(o.Token), "pgdurable ui session")
-		u.csrfKey = mac([]byte(o.Token), "pgdurable ui csrf")
-	} else {
-		u.csrfKey = make([]byte, 32)
-		_, _ = rand.Read(u.csrfKey)
+	if o.Token != "" && o.Pool == nil {
+		panic("webui: Options.Token needs Options.Pool for the sessions")
 	}
+	u := &ui{e: e, opts: o, pages: parsePages(), csrfKey: make([]byte, 32)}
+	// Without a token there are no sessions: forms carry a token of this
+	// process (a page on another site cannot read it).
+	_, _ = rand.Read(u.csrfKey)
 	static, _ := fs.Sub(assets, "assets/static")
 	mux := http.NewServeMux()
 	mux.Handle("GET /ui/static/", http.StripPrefix("/ui/static/", cacheStatic(http.FileServerFS(static))))
 	mux.HandleFunc("GET /ui/login", u.loginPage)
 	mux.HandleFunc("POST /ui/login", u.login)
-	mux.HandleFunc("POST /ui/logout", u.logout)
 	pages := http.NewServeMux()
+	pages.HandleFunc("POST /ui/logout", u.logout)
 	pages.HandleFunc("GET /ui/{$}", u.overview)
 	pages.HandleFunc("GET /ui/runs", u.runs)
 	pages.HandleFunc("POST /ui/runs/cancel-matching", u.cancelMatching)
@@ -105,16 +117,19 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	pages.HandleFunc("/ui/", func(w http.ResponseWriter, r *http.Request) {
 		u.fail(w, r, http.StatusNotFound, "There is no page "+r.URL.Path+".")
 	})
-	mux.Handle("/ui/", u.signedIn(pages))
+	mux.Handle("/ui/", u.guard(pages))
 	return headers(u.sameOrigin(mux))
 }
 
 type ui struct {
-	e          *engine.Engine
-	opts       Options
-	pages      map[string]*template.Template
-	sessionKey []byte // nil: no token, no sign-in
-	csrfKey    []byte
+	e       *engine.Engine
+	opts    Options
+	pages   map[string]*template.Template
+	csrfKey []byte // this process's, for forms without a session
+
+	mu            sync.Mutex
+	failedSignIns int       // in the minute since failedWindow
+	failedWindow  time.Time // the start of that minute
 }
 
 func mac(key []byte, msg string) []byte {
@@ -125,6 +140,20 @@ func mac(key []byte, msg string) []byte {
 
 // sessionCookie names the cookie that holds a signed-in browser's session.
 const sessionCookie = "pgdurable_ui"
+
+// visitor is what guard learned about a request, for the handlers and
+// the templates.
+type visitor struct {
+	csrf     string // the token this visitor's forms carry
+	signedIn bool   // a session (show "Sign out")
+}
+
+type visitorKey struct{}
+
+func visitorOf(r *http.Request) visitor {
+	v, _ := r.Context().Value(visitorKey{}).(visitor)
+	return v
+}
 
 // headers sets what every UI response carries: no framing (clickjacking),
 // no inline or foreign scripts and styles, no sniffing, no referrer beyond
@@ -147,35 +176,68 @@ func cacheStatic(next http.Handler) http.Handler {
 	})
 }
 
-// signedIn lets a request through when no token is set, or when it
-// carries the token or a session cookie; a page request without either is
-// sent to the sign-in page, an action refused.
-func (u *ui) signedIn(next http.Handler) http.Handler {
-	if u.sessionKey == nil {
-		return next
-	}
-	want := hex.EncodeToString(u.sessionKey)
+// guard lets a request through to the pages:
+//   - with a token, when it carries a live session cookie or the bearer
+//     token; a page request without either is sent to the sign-in page,
+//     an action refused;
+//   - a POST only with its form's CSRF token: the session's (an HMAC of
+//     its random secret, so only its holder knows it), or this process's
+//     without a token. A POST with the bearer token needs none: a page on
+//     another site cannot send that header.
+func (u *ui) guard(next http.Handler) http.Handler {
 	bearer := []byte("Bearer " + u.opts.Token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if c, err := r.Cookie(sessionCookie); err == nil && subtle.ConstantTimeCompare([]byte(c.Value), []byte(want)) == 1 {
-			next.ServeHTTP(w, r)
+		v := visitor{csrf: hex.EncodeToString(mac(u.csrfKey, "csrf"))}
+		byBearer := false
+		if u.opts.Token != "" {
+			secret, ok, err := u.session(r)
+			switch {
+			case err != nil:
+				u.engineError(w, r, err)
+				return
+			case ok:
+				v.csrf, v.signedIn = hex.EncodeToString(mac(secret, "csrf")), true
+			case subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), bearer) == 1:
+				byBearer = true
+			case r.Method == http.MethodGet || r.Method == http.MethodHead:
+				http.Redirect(w, r, "/ui/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+				return
+			default:
+				u.fail(w, r, http.StatusUnauthorized, "Your session has ended: sign in again, then repeat the action.")
+				return
+			}
+		}
+		r = r.WithContext(context.WithValue(r.Context(), visitorKey{}, v))
+		if r.Method == http.MethodPost && !byBearer && subtle.ConstantTimeCompare([]byte(r.PostForm.Get("csrf")), []byte(v.csrf)) != 1 {
+			u.fail(w, r, http.StatusForbidden, "The form's security token is missing or stale: reload the page and try again.")
 			return
 		}
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), bearer) == 1 {
-			next.ServeHTTP(w, r)
-			return
-		}
-		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			u.fail(w, r, http.StatusUnauthorized, "Your session has ended: sign in again, then repeat the action.")
-			return
-		}
-		http.Redirect(w, r, "/ui/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+		next.ServeHTTP(w, r)
 	})
+}
+
+// session returns the secret of the request's session cookie when it
+// names a live session.
+func (u *ui) session(r *http.Request) (secret []byte, ok bool, err error) {
+	c, err := r.Cookie(sessionCookie)
+	if err != nil {
+		return nil, false, nil
+	}
+	secret, err = hex.DecodeString(c.Value)
+	if err != nil || len(secret) != 32 {
+		return nil, false, nil
+	}
+	hash := sha256.Sum256(secret)
+	ok, err = store.UISessionValid(r.Context(), u.opts.Pool, hash[:])
+	if err != nil {
+		return nil, false, fmt.Errorf("pgdurable: reading the UI session: %w", err)
+	}
+	return secret, ok, nil
 }
 
 // sameOrigin refuses a POST that a page on another site could have sent:
 // one whose Origin is another site's (or, without Origin, whose
-// Sec-Fetch-Site says cross-site), and one without this UI's CSRF token.
+// Sec-Fetch-Site says cross-site), and parses the form of the rest.
 func (u *ui) sameOrigin(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodGet || r.Method == http.MethodHead {
@@ -184,7 +246,7 @@ func (u *ui) sameOrigin(next http.Handler) http.Handler {
 		}
 		if origin := r.Header.Get("Origin"); origin != "" {
 			o, err := url.Parse(origin)
-			if err != nil || o.Host == "" || !strings.EqualFold(o.Host, r.Host) {
+			if err != nil || (o.Scheme != "http" && o.Scheme != "https") || o.Host == "" || !strings.EqualFold(o.Host, r.Host) {
 				u.fail(w, r, http.StatusForbidden, "This form was sent from another site ("+origin+"); it was refused.")
 				return
 			}
@@ -194,55 +256,103 @@ func (u *ui) sameOrigin(next http.Handler) http.Handler {
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, maxForm)
 		if err := r.ParseForm(); err != nil {
+			var tooBig *http.MaxBytesError
+			if errors.As(err, &tooBig) {
+				u.fail(w, r, http.StatusRequestEntityTooLarge, fmt.Sprintf("The form is over %d bytes (URL-encoded); send a large signal payload through the API instead.", maxForm))
+				return
+			}
 			u.fail(w, r, http.StatusBadRequest, "The form could not be read: "+err.Error())
-			return
-		}
-		if subtle.ConstantTimeCompare([]byte(r.PostForm.Get("csrf")), []byte(u.csrf())) != 1 {
-			u.fail(w, r, http.StatusForbidden, "The form's security token is missing or stale: reload the page and try again.")
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
 }
 
-// maxForm bounds a form's body: the largest is a signal's payload.
-const maxForm = 1<<20 + 16<<10
+// maxForm bounds a form's body: the largest is a signal's payload, whose
+// JSON URL encoding can triple.
+const maxForm = 4 << 20
 
-func (u *ui) csrf() string { return hex.EncodeToString(mac(u.csrfKey, "csrf")) }
+// maxFailedSignIns bounds wrong tokens per minute per process: a guesser
+// gets 20 tries a minute, and each is logged.
+const maxFailedSignIns = 20
 
 func (u *ui) loginPage(w http.ResponseWriter, r *http.Request) {
-	if u.sessionKey == nil {
+	if u.opts.Token == "" {
 		http.Redirect(w, r, Prefix, http.StatusSeeOther)
 		return
 	}
 	u.render(w, r, http.StatusOK, "login", &page{Title: "Sign in", Data: map[string]string{"Next": safeNext(r.URL.Query().Get("next"))}})
 }
 
+// login checks the typed token and starts a session. Its form carries no
+// CSRF token (there is no session yet); the origin check stands, and a
+// forged sign-in would need the token anyway.
 func (u *ui) login(w http.ResponseWriter, r *http.Request) {
 	next := safeNext(r.PostForm.Get("next"))
-	if u.sessionKey == nil {
+	if u.opts.Token == "" {
 		http.Redirect(w, r, next, http.StatusSeeOther)
 		return
 	}
+	if !u.allowSignIn() {
+		u.render(w, r, http.StatusTooManyRequests, "login", &page{Title: "Sign in",
+			Error: "Too many wrong tokens in the last minute: wait a minute and try again.", Data: map[string]string{"Next": next}})
+		return
+	}
 	if subtle.ConstantTimeCompare([]byte(r.PostForm.Get("token")), []byte(u.opts.Token)) != 1 {
+		u.failedSignIn()
+		u.opts.Logger.Warn("web ui: sign-in with a wrong token", "remote", r.RemoteAddr)
 		u.render(w, r, http.StatusUnauthorized, "login", &page{Title: "Sign in", Error: "That is not this service's API token.",
 			Data: map[string]string{"Next": next}})
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: hex.EncodeToString(u.sessionKey), Path: Prefix,
-		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: int((12 * time.Hour).Seconds())})
+	secret := make([]byte, 32)
+	_, _ = rand.Read(secret)
+	hash := sha256.Sum256(secret)
+	if err := store.CreateUISession(r.Context(), u.opts.Pool, hash[:], SessionTTL); err != nil {
+		u.engineError(w, r, fmt.Errorf("pgdurable: recording the UI session: %w", err))
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: hex.EncodeToString(secret), Path: Prefix,
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https",
+		MaxAge: int(SessionTTL.Seconds())})
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
+func (u *ui) allowSignIn() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if time.Since(u.failedWindow) > time.Minute {
+		u.failedWindow, u.failedSignIns = time.Now(), 0
+	}
+	return u.failedSignIns < maxFailedSignIns
+}
+
+func (u *ui) failedSignIn() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.failedSignIns++
+}
+
+// logout ends the session on the server (every process) and in the
+// browser.
 func (u *ui) logout(w http.ResponseWriter, r *http.Request) {
+	if secret, ok, _ := u.session(r); ok {
+		hash := sha256.Sum256(secret)
+		if err := store.DeleteUISession(r.Context(), u.opts.Pool, hash[:]); err != nil {
+			u.engineError(w, r, fmt.Errorf("pgdurable: ending the UI session: %w", err))
+			return
+		}
+	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: Prefix, HttpOnly: true, SameSite: http.SameSiteStrictMode, MaxAge: -1})
 	http.Redirect(w, r, "/ui/login", http.StatusSeeOther)
 }
 
-// safeNext is where to go after signing in: a path of this UI, never
-// another site ("//evil" or "/\evil" would be one).
+// safeNext is where to go after signing in: a page of this UI, never
+// another site ("//evil", "/\evil") nor a path that leaves /ui/.
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, Prefix) || strings.ContainsAny(next, "\\\x00\r\n") || strings.HasPrefix(next, "//") {
+	p, _, _ := strings.Cut(next, "?")
+	if !strings.HasPrefix(next, Prefix) || strings.ContainsAny(next, "\\\x00\r\n\t") || strings.HasPrefix(next, "//") ||
+		!strings.HasPrefix(path.Clean(p)+"/", Prefix) || strings.Contains(p, "%") {
 		return Prefix
 	}
 	return next
@@ -253,14 +363,16 @@ type page struct {
 	Title  string
 	Nav    string // the section the page belongs to
 	CSRF   string
-	Token  bool // a token protects the UI (show "sign out")
+	Token  bool // signed in with a session (show "sign out")
+	Locked bool // a token protects the UI and this visitor has not signed in: no menu
 	Notice string
 	Error  string
 	Data   any
 }
 
 func (u *ui) render(w http.ResponseWriter, r *http.Request, status int, name string, p *page) {
-	p.CSRF, p.Token = u.csrf(), u.sessionKey != nil
+	v := visitorOf(r)
+	p.CSRF, p.Token, p.Locked = v.csrf, v.signedIn, u.opts.Token != "" && !v.signedIn
 	if p.Notice == "" {
 		p.Notice = notices[r.URL.Query().Get("done")]
 	}

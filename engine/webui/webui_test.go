@@ -104,7 +104,7 @@ func newFixture(t *testing.T, token string) *fixture {
 		Workflow: "order", Input: []byte(`{"kind": "ok", "id": "report"}`)})
 	require.NoError(t, err)
 
-	ui := webui.New(f.e, &webui.Options{Token: token, APIError: httpapi.ErrorCode})
+	ui := webui.New(f.e, &webui.Options{Token: token, Pool: db.Pool, APIError: httpapi.ErrorCode})
 	f.srv = httptest.NewUnstartedServer(nil)
 	f.srv.Config.Handler = httpapi.New(f.e, &httpapi.Options{Token: token, UI: ui, ListenAddr: f.srv.Listener.Addr().String()})
 	f.srv.Start()
@@ -300,37 +300,77 @@ func TestTokenProtectsThePagesBehindASignIn(t *testing.T) {
 	code, _, _ = c.do("GET", "/ui/static/style.css", nil, nil)
 	require.Equal(t, 200, code, "the stylesheet is public")
 
-	csrf := c.csrf("/ui/login")
-	code, _, body := c.do("POST", "/ui/login", url.Values{"csrf": {csrf}, "token": {"wrong"}, "next": {"/ui/runs"}}, nil)
+	// The sign-in page shows no menu and nothing derived from the token
+	// (found by an attack pass: its CSRF token was an HMAC of the API
+	// token, which let anyone guess the token offline).
+	code, _, body := c.do("GET", "/ui/login", nil, nil)
+	require.Equal(t, 200, code)
+	require.NotContains(t, body, `name="csrf"`)
+	require.NotContains(t, body, "Sign out")
+	require.NotContains(t, body, `href="/ui/runs"`)
+
+	code, _, body = c.do("POST", "/ui/login", url.Values{"token": {"wrong"}, "next": {"/ui/runs"}}, nil)
 	require.Equal(t, http.StatusUnauthorized, code)
 	require.Contains(t, body, "not this service's API token")
 	require.NotContains(t, body, token)
 
 	// An action without a session is refused, not redirected.
-	code, _, _ = c.do("POST", "/ui/runs/"+f.runs["waiting"].String()+"/cancel", url.Values{"csrf": {csrf}}, nil)
+	code, _, _ = c.do("POST", "/ui/runs/"+f.runs["waiting"].String()+"/cancel", url.Values{}, nil)
 	require.Equal(t, http.StatusUnauthorized, code)
 
 	// After sign-in, next may only be a page of this UI.
-	code, h, _ = c.do("POST", "/ui/login", url.Values{"csrf": {csrf}, "token": {token}, "next": {"//evil.example/ui/"}}, nil)
+	for _, next := range []string{"//evil.example/ui/", "/ui/../v1/runs", "/ui/%2e%2e/v1/runs"} {
+		code, h, _ = newClient(t, f.srv.URL).do("POST", "/ui/login", url.Values{"token": {token}, "next": {next}}, nil)
+		require.Equal(t, http.StatusSeeOther, code, next)
+		require.Equal(t, "/ui/", h.Get("Location"), next)
+	}
+	code, h, _ = c.do("POST", "/ui/login", url.Values{"token": {token}, "next": {"/ui/runs?status=dead"}}, nil)
 	require.Equal(t, http.StatusSeeOther, code)
-	require.Equal(t, "/ui/", h.Get("Location"))
+	require.Equal(t, "/ui/runs?status=dead", h.Get("Location"))
 	cookie := h.Get("Set-Cookie")
 	require.Contains(t, cookie, "HttpOnly")
 	require.Contains(t, cookie, "SameSite=Strict")
-	require.NotContains(t, cookie, token, "the cookie holds an HMAC of the token, not the token")
+	require.NotContains(t, cookie, token)
 	code, _, body = c.do("GET", "/ui/runs?status=dead", nil, nil)
 	require.Equal(t, 200, code)
 	require.Contains(t, body, "Sign out")
+	csrf := c.csrf("/ui/runs")
 
-	// Scripts may send the bearer token instead.
+	// Each session has its own CSRF token, and its own cookie.
+	other := newClient(t, f.srv.URL)
+	other.do("POST", "/ui/login", url.Values{"token": {token}}, nil)
+	otherCSRF := other.csrf("/ui/runs")
+	require.NotEqual(t, csrf, otherCSRF)
+	code, _, _ = c.do("POST", "/ui/runs/"+f.runs["waiting"].String()+"/cancel", url.Values{"csrf": {otherCSRF}}, nil)
+	require.Equal(t, http.StatusForbidden, code, "another session's CSRF token")
+
+	// Scripts may send the bearer token instead, and need no CSRF token.
 	code, _, _ = newClient(t, f.srv.URL).do("GET", "/ui/dead-jobs", nil, map[string]string{"Authorization": "Bearer " + token})
 	require.Equal(t, 200, code)
 
+	// Sign-out ends the session on the server: the old cookie is dead.
+	u, _ := url.Parse(f.srv.URL + "/ui/")
+	old := c.http.Jar.Cookies(u)
+	require.Len(t, old, 1)
 	code, h, _ = c.do("POST", "/ui/logout", url.Values{"csrf": {csrf}}, nil)
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Contains(t, h.Get("Set-Cookie"), "Max-Age=0")
-	code, _, _ = c.do("GET", "/ui/runs", nil, nil)
-	require.Equal(t, http.StatusSeeOther, code, "signed out")
+	replay := newClient(t, f.srv.URL)
+	replay.http.Jar.SetCookies(u, old)
+	code, _, _ = replay.do("GET", "/ui/runs", nil, nil)
+	require.Equal(t, http.StatusSeeOther, code, "a copied cookie no longer signs in after sign-out")
+	code, _, _ = other.do("GET", "/ui/runs", nil, nil)
+	require.Equal(t, 200, code, "the other session lives on")
+
+	// Wrong tokens are limited: 20 a minute per process, then 429.
+	guesser := newClient(t, f.srv.URL)
+	for range 19 { // one wrong try above already
+		code, _, _ = guesser.do("POST", "/ui/login", url.Values{"token": {"guess"}}, nil)
+		require.Equal(t, http.StatusUnauthorized, code)
+	}
+	code, _, body = guesser.do("POST", "/ui/login", url.Values{"token": {token}}, nil)
+	require.Equal(t, http.StatusTooManyRequests, code)
+	require.Contains(t, body, "Too many wrong tokens")
 }
 
 // screenshotDir is where the browser test saves a PNG of each page:

@@ -136,7 +136,7 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 	}
 	var ui http.Handler
 	if !f.noUI {
-		ui = webui.New(e, &webui.Options{Token: f.apiToken, Logger: log, APIError: httpapi.ErrorCode})
+		ui = webui.New(e, &webui.Options{Token: f.apiToken, Pool: pool, Logger: log, APIError: httpapi.ErrorCode})
 	}
 	srv := &http.Server{
 		Handler: httpapi.New(e, &httpapi.Options{Token: f.apiToken, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
