@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -69,8 +70,12 @@ type ListDeadJobsParams struct {
 	Reason   DeadReason
 	RunID    uuid.UUID // uuid.Nil: any run
 	OpenOnly bool      // only jobs not yet replayed or discarded
-	Limit    int       // 1..1000, default 50
-	Cursor   string    // the nextCursor the previous page's ListDeadJobs returned
+	// ParkedBefore keeps the jobs parked before it (zero: no bound), to the
+	// millisecond, through the IDs' order (UUID v7): a bulk action pins
+	// it to its dry run's time, so that it acts on no job parked since.
+	ParkedBefore time.Time
+	Limit        int    // 1..1000, default 50
+	Cursor       string // the nextCursor the previous page's ListDeadJobs returned
 }
 
 // ListDeadJobs returns dead jobs newest first, and the next page's cursor
@@ -85,6 +90,11 @@ func (e *Engine) ListDeadJobs(ctx context.Context, p ListDeadJobsParams) (jobs [
 	}
 	if err := checkFilter("workflow", p.Workflow); err != nil {
 		return nil, "", err
+	}
+	if !p.ParkedBefore.IsZero() {
+		if floor := store.UUIDFloor(p.ParkedBefore); before == nil || bytes.Compare(floor[:], before[:]) < 0 {
+			before = &floor
+		}
 	}
 	f := store.DeadJobFilter{Workflow: p.Workflow, Reason: string(p.Reason), OpenOnly: p.OpenOnly, Before: before, Limit: limit + 1}
 	if p.RunID != uuid.Nil {

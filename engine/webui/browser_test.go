@@ -155,7 +155,7 @@ func TestBrowserOperatorDesk(t *testing.T) {
 	require.Equal(t, engine.StatusDead, run.Status, "a discarded job leaves its run dead")
 
 	// Cancel the waiting runs by filter: a dry run counts first.
-	open("/ui/runs?status=waiting&prefix=approval-")
+	open("/ui/runs?status=waiting&workflow_id_prefix=approval-")
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Click(chromedp.CSS(`details.bulk summary`))))
 	submit(`details.bulk button`)

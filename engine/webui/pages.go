@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -30,6 +31,9 @@ func parsePages() map[string]*template.Template {
 		"ago":      ago,
 		"dur":      dur,
 		"pretty":   pretty,
+		"preview":  preview,
+		"iso":      iso,
+		"inZone":   inZone,
 		"short":    short,
 		"deref":    func(p *int) int { return *p },
 		"statuses": func() []engine.RunStatus { return runStatuses },
@@ -71,6 +75,28 @@ func when(v any) string {
 		return "—"
 	}
 	return t.UTC().Format("2006-01-02 15:04:05Z")
+}
+
+// iso is t for a datetime attribute (RFC 3339, UTC).
+func iso(v any) string {
+	switch x := v.(type) {
+	case time.Time:
+		return x.UTC().Format(time.RFC3339Nano)
+	case *time.Time:
+		if x != nil {
+			return x.UTC().Format(time.RFC3339Nano)
+		}
+	}
+	return ""
+}
+
+// inZone is t in the IANA zone tz, for a schedule's own clock.
+func inZone(t time.Time, tz string) string {
+	loc, err := time.LoadLocation(tz)
+	if err != nil {
+		return ""
+	}
+	return t.In(loc).Format("2006-01-02 15:04 MST")
 }
 
 // ago is how long before now t was, rounded for a person.
@@ -123,13 +149,25 @@ func pretty(raw json.RawMessage) string {
 	if err := json.Indent(&buf, raw, "", "  "); err != nil {
 		return string(raw)
 	}
-	if buf.Len() > 64<<10 {
-		return buf.String()[:64<<10] + "\n… (truncated; the API returns all of it)"
-	}
-	return buf.String()
+	return cut(buf.String(), 64<<10)
 }
 
-// short is the first 8 characters of an ID, for tables.
+// cut keeps at most n bytes of s, on a character boundary, saying so.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "\n… (cut here; the API returns all of it)"
+}
+
+// preview is a payload on one line, cut at 2 KiB.
+func preview(raw json.RawMessage) string { return cut(string(raw), 2<<10) }
+
+// short is an ID's last 8 characters, for tables: a UUID v7 begins with
+// its time, so IDs made together share their first characters.
 func short(v any) string {
 	s := fmt.Sprint(v)
 	if p, ok := v.(*uuid.UUID); ok {
@@ -139,7 +177,7 @@ func short(v any) string {
 		s = p.String()
 	}
 	if len(s) > 8 {
-		return s[:8]
+		return "…" + s[len(s)-8:]
 	}
 	return s
 }
@@ -190,7 +228,7 @@ type runFilter struct {
 }
 
 func readRunFilter(v url.Values) runFilter {
-	return runFilter{Workflow: v.Get("workflow"), Status: v.Get("status"), Prefix: v.Get("prefix"),
+	return runFilter{Workflow: v.Get("workflow"), Status: v.Get("status"), Prefix: v.Get("workflow_id_prefix"),
 		CreatedAfter: v.Get("created_after"), CreatedBefore: v.Get("created_before"), Tags: v.Get("tags"), Cursor: v.Get("cursor")}
 }
 
@@ -212,7 +250,7 @@ func (f runFilter) params() (engine.ListRunsParams, error) {
 }
 
 func (f runFilter) query(cursor string) template.URL {
-	return query("workflow", f.Workflow, "status", f.Status, "prefix", f.Prefix, "created_after", f.CreatedAfter,
+	return query("workflow", f.Workflow, "status", f.Status, "workflow_id_prefix", f.Prefix, "created_after", f.CreatedAfter,
 		"created_before", f.CreatedBefore, "tags", f.Tags, "cursor", cursor)
 }
 
@@ -235,12 +273,17 @@ func parseWhen(field, s string) (time.Time, error) {
 func (u *ui) runs(w http.ResponseWriter, r *http.Request) {
 	f := readRunFilter(r.URL.Query())
 	p, err := f.params()
-	if err != nil {
-		u.engineError(w, r, err)
-		return
+	var runs []*engine.Run
+	var next string
+	if err == nil {
+		runs, next, err = u.e.ListRuns(r.Context(), p)
 	}
-	runs, next, err := u.e.ListRuns(r.Context(), p)
-	if err != nil {
+	if status, _ := u.opts.APIError(err); err != nil && (status < 500 || errors.Is(err, errBadForm)) {
+		// A bad filter: say why above the form, which keeps what was typed.
+		u.render(w, r, http.StatusBadRequest, "runs", &page{Title: "Runs", Nav: "runs", Error: err.Error(),
+			Data: map[string]any{"F": f}})
+		return
+	} else if err != nil {
 		u.engineError(w, r, err)
 		return
 	}
@@ -271,12 +314,24 @@ func (u *ui) cancelMatching(w http.ResponseWriter, r *http.Request) {
 	}
 	p.Limit, p.Cursor = 0, ""
 	confirm := r.PostForm.Get("confirm") == "yes"
+	if !confirm {
+		// The confirmation acts on what this count saw: its times become
+		// absolute, and no run created after the count is cancelled
+		// (found by an attack pass: it cancelled runs started meanwhile).
+		if now := time.Now(); p.CreatedBefore.IsZero() || p.CreatedBefore.After(now) {
+			p.CreatedBefore = now
+		}
+		f.CreatedBefore = p.CreatedBefore.UTC().Format(time.RFC3339Nano)
+		if !p.CreatedAfter.IsZero() {
+			f.CreatedAfter = p.CreatedAfter.UTC().Format(time.RFC3339Nano)
+		}
+	}
 	res, err := u.e.CancelRuns(r.Context(), p, !confirm)
 	if err != nil {
 		u.engineError(w, r, err)
 		return
 	}
-	fields := [][2]string{{"workflow", f.Workflow}, {"status", f.Status}, {"prefix", f.Prefix},
+	fields := [][2]string{{"workflow", f.Workflow}, {"status", f.Status}, {"workflow_id_prefix", f.Prefix},
 		{"created_after", f.CreatedAfter}, {"created_before", f.CreatedBefore}, {"tags", f.Tags}}
 	u.render(w, r, http.StatusOK, "confirm", &page{Title: "Cancel matching runs", Nav: "runs", Data: map[string]any{
 		"Verb": "Cancel", "What": "runs", "Result": res, "Confirmed": confirm, "Action": "/ui/runs/cancel-matching",
@@ -375,12 +430,12 @@ func (u *ui) run(w http.ResponseWriter, r *http.Request) {
 }
 
 func (u *ui) runAction(w http.ResponseWriter, r *http.Request) {
-	id, err := uuid.Parse(r.PathValue("id"))
+	ctx := r.Context()
+	id, err := u.e.FindRun(ctx, r.PathValue("id"))
 	if err != nil {
-		u.fail(w, r, http.StatusNotFound, "There is no run "+strconv.Quote(r.PathValue("id"))+".")
+		u.engineError(w, r, err)
 		return
 	}
-	ctx := r.Context()
 	var done string
 	switch r.PathValue("action") {
 	case "cancel":
@@ -496,12 +551,28 @@ func (u *ui) deadJobsBulk(w http.ResponseWriter, r *http.Request) {
 			u.engineError(w, r, badForm("%d dead jobs ticked; at most 1,000 at once (use the filter instead)", len(ids)))
 			return
 		}
+		slices.Sort(ids)
+		ids = slices.Compact(ids)
 		res := engine.BulkResult{Matched: len(ids)}
 		for _, s := range ids {
 			id, err := uuid.Parse(s)
 			if err != nil {
 				u.engineError(w, r, badForm("%q is not a dead job's ID", s))
 				return
+			}
+			// A job resolved since the list was shown (another operator, a
+			// stale page) is skipped, not counted as done: replaying it
+			// again would succeed and change nothing.
+			switch j, err := u.e.GetDeadJob(r.Context(), id); {
+			case errors.Is(err, engine.ErrNotFound):
+				res.Skipped++
+				continue
+			case err != nil:
+				u.engineError(w, r, err)
+				return
+			case j.ResolvedAt != nil:
+				res.Skipped++
+				continue
 			}
 			if action == "replay" {
 				_, err = u.e.ReplayDeadJob(r.Context(), id, opts)
@@ -525,6 +596,16 @@ func (u *ui) deadJobsBulk(w http.ResponseWriter, r *http.Request) {
 	}
 	p := engine.ListDeadJobsParams{Workflow: f.Get("workflow"), Reason: engine.DeadReason(f.Get("reason"))}
 	confirm := f.Get("confirm") == "yes"
+	if confirm {
+		t, err := time.Parse(time.RFC3339Nano, f.Get("parked_before"))
+		if err != nil {
+			u.engineError(w, r, badForm("the confirmation has no count time (parked_before): count again"))
+			return
+		}
+		p.ParkedBefore = t
+	} else {
+		p.ParkedBefore = time.Now() // the confirmation acts on what this count saw
+	}
 	var res engine.BulkResult
 	var err error
 	if action == "replay" {
@@ -538,8 +619,9 @@ func (u *ui) deadJobsBulk(w http.ResponseWriter, r *http.Request) {
 	}
 	u.render(w, r, http.StatusOK, "confirm", &page{Title: bulkTitle(action), Nav: "dead", Data: map[string]any{
 		"Verb": verb(action), "What": "open dead jobs", "Result": res, "Confirmed": confirm, "Action": "/ui/dead-jobs/bulk",
-		"Fields": [][2]string{{"action", action}, {"workflow", p.Workflow}, {"reason", string(p.Reason)}, {"note", opts.Note}, {"by", f.Get("by")}},
-		"Back":   "/ui/dead-jobs?" + string(query("workflow", p.Workflow, "reason", string(p.Reason))),
+		"Fields": [][2]string{{"action", action}, {"workflow", p.Workflow}, {"reason", string(p.Reason)}, {"note", opts.Note}, {"by", f.Get("by")},
+			{"parked_before", p.ParkedBefore.UTC().Format(time.RFC3339Nano)}},
+		"Back": "/ui/dead-jobs?" + string(query("workflow", p.Workflow, "reason", string(p.Reason))),
 	}})
 }
 

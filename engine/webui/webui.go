@@ -411,7 +411,7 @@ func (u *ui) engineError(w http.ResponseWriter, r *http.Request, err error) {
 // notices are the messages a redirect after an action shows (?done=...):
 // a fixed set, so a link cannot make the page say anything else.
 var notices = map[string]string{
-	"cancelled":  "Cancellation requested: the run's compensations run and it ends cancelled.",
+	"cancelled":  "Cancellation requested: the run stops, the undos of its completed steps run, and it ends cancelled.",
 	"terminated": "Run terminated.",
 	"started":    "The delayed run was started now.",
 	"signalled":  "Signal sent.",

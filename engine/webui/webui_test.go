@@ -383,3 +383,109 @@ func screenshotDir(t *testing.T) string {
 	require.NoError(t, os.MkdirAll(dir, 0o755))
 	return dir
 }
+
+var hiddenField = regexp.MustCompile(`<input type="hidden" name="([a-z_]+)" value="([^"]*)">`)
+
+// confirmForm returns the hidden fields of a confirmation page's form.
+func confirmForm(body string) url.Values {
+	v := url.Values{}
+	for _, m := range hiddenField.FindAllStringSubmatch(body, -1) {
+		v.Set(m[1], html.UnescapeString(m[2]))
+	}
+	return v
+}
+
+// A bulk action by filter acts on what its dry run counted, not on what
+// matches by the time it is confirmed (found by an attack pass), and
+// ticked jobs count once, resolved ones as skipped.
+func TestBulkActionsActOnWhatTheyCounted(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "")
+	c := newClient(t, f.srv.URL)
+	ctx := context.Background()
+	csrf := c.csrf("/ui/runs")
+	startWait := func(id string) uuid.UUID {
+		res, err := f.e.StartJSON(ctx, "order", []byte(`{"kind": "wait", "id": "x"}`), &engine.StartOpts{WorkflowID: id})
+		require.NoError(t, err)
+		waitStatus(t, f.e, res.RunID, engine.StatusWaiting)
+		return res.RunID
+	}
+	startWait("pin-1")
+	startWait("pin-2")
+	code, _, body := c.do("POST", "/ui/runs/cancel-matching", url.Values{"csrf": {csrf}, "workflow_id_prefix": {"pin-"}, "created_after": {"1h"}}, nil)
+	require.Equal(t, 200, code, body)
+	require.Contains(t, body, "Matching runs: <strong>2</strong>.")
+	form := confirmForm(body)
+	require.Equal(t, "yes", form.Get("confirm"))
+	late := startWait("pin-3")
+	code, _, body = c.do("POST", "/ui/runs/cancel-matching", form, nil)
+	require.Equal(t, 200, code, body)
+	require.Contains(t, body, "2 done, 0 skipped")
+	run, err := f.e.GetRun(ctx, late)
+	require.NoError(t, err)
+	require.Nil(t, run.CancelRequestedAt, "a run started after the count is not cancelled")
+
+	// Dead jobs by filter: the same pin, by the time of the count.
+	code, _, body = c.do("POST", "/ui/dead-jobs/bulk", url.Values{"csrf": {csrf}, "action": {"discard"}, "workflow": {"ship"}}, nil)
+	require.Equal(t, 200, code, body)
+	require.Contains(t, body, "Matching open dead jobs: <strong>2</strong>.")
+	form = confirmForm(body)
+	res, err := f.e.StartJSON(ctx, "ship", []byte(`{}`), nil)
+	require.NoError(t, err)
+	waitStatus(t, f.e, res.RunID, engine.StatusDead)
+	code, _, body = c.do("POST", "/ui/dead-jobs/bulk", form, nil)
+	require.Equal(t, 200, code, body)
+	require.Contains(t, body, "2 done, 0 skipped")
+	open, _, err := f.e.ListDeadJobs(ctx, engine.ListDeadJobsParams{OpenOnly: true})
+	require.NoError(t, err)
+	require.Len(t, open, 1)
+	require.Equal(t, res.RunID, open[0].RunID, "the job parked after the count stays open")
+
+	// Ticked: a job ticked twice counts once; a resolved one is skipped.
+	all, _, err := f.e.ListDeadJobs(ctx, engine.ListDeadJobsParams{})
+	require.NoError(t, err)
+	require.Len(t, all, 3)
+	ticked := url.Values{"csrf": {csrf}, "action": {"discard"}, "id": {open[0].ID.String(), open[0].ID.String()}}
+	for _, j := range all {
+		if j.ResolvedAt != nil {
+			ticked.Add("id", j.ID.String())
+		}
+	}
+	code, _, body = c.do("POST", "/ui/dead-jobs/bulk", ticked, nil)
+	require.Equal(t, 200, code, body)
+	require.Contains(t, body, "1 done, 2 skipped (changed meanwhile), of 3 matched")
+	code, _, body = c.do("POST", "/ui/dead-jobs/bulk", url.Values{"csrf": {csrf}, "action": {"replay"}, "workflow": {"ship"}, "confirm": {"yes"}}, nil)
+	require.Equal(t, 400, code, "a confirmation without its count's time")
+	require.Contains(t, body, "count again")
+}
+
+// Forms take a workflow ID where the pages do; pages show IDs that tell
+// runs apart and cut big payloads.
+func TestRunPagesTakeWorkflowIDsAndCutPayloads(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "")
+	c := newClient(t, f.srv.URL)
+	ctx := context.Background()
+	big := `"` + strings.Repeat("<x>", 100_000) + `"`
+	require.NoError(t, f.e.SignalJSON(ctx, "approval-7", "other", []byte(big), nil))
+	code, _, body := c.do("GET", "/ui/runs/approval-7", nil, nil)
+	require.Equal(t, 200, code)
+	require.Less(t, len(body), 64<<10, "a 300 KB payload is previewed, not printed")
+	require.Contains(t, body, "cut here; the API returns all of it")
+
+	csrf := c.csrf("/ui/runs")
+	code, h, _ := c.do("POST", "/ui/runs/approval-7/signal", url.Values{"csrf": {csrf}, "name": {"approve"}, "payload": {`"ok"`}}, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Equal(t, "/ui/runs/"+f.runs["waiting"].String()+"?done=signalled", h.Get("Location"))
+	code, _, _ = c.do("POST", "/ui/runs/nobody/cancel", url.Values{"csrf": {csrf}}, nil)
+	require.Equal(t, 404, code)
+
+	_, _, body = c.do("GET", "/ui/runs", nil, nil)
+	for key, id := range f.runs {
+		require.Contains(t, body, "…"+id.String()[28:], key)
+	}
+	code, _, body = c.do("GET", "/ui/runs?created_after=soon&workflow=order", nil, nil)
+	require.Equal(t, 400, code)
+	require.Contains(t, body, "is not a time")
+	require.Contains(t, body, `name="workflow" value="order"`, "a bad filter keeps the form as typed")
+}

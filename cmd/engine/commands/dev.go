@@ -80,7 +80,7 @@ func devDatabase(ctx context.Context, throwaway bool, g *global) (string, func()
 
 // banner starts the kit's seed runs and prints where the UI is and what to
 // try.
-func (k *DevKit) banner(ctx context.Context, e *engine.Engine, log *slog.Logger, out io.Writer, base string, ui bool) {
+func (k *DevKit) banner(ctx context.Context, e *engine.Engine, log *slog.Logger, out io.Writer, base, dbURL string, ui bool) {
 	if k.Seed != nil {
 		if err := k.Seed(ctx, e); err != nil {
 			log.Warn("engine dev: starting the example runs failed", "error", err)
@@ -90,7 +90,8 @@ func (k *DevKit) banner(ctx context.Context, e *engine.Engine, log *slog.Logger,
 	if ui {
 		fmt.Fprintf(out, "  web UI   %s/ui/\n", base)
 	}
-	fmt.Fprintf(out, "  API      %s/v1/  (no token needed on loopback)\n", base)
+	fmt.Fprintf(out, "  API      %s/v1/runs  (no token needed on loopback)\n", base)
+	fmt.Fprintf(out, "  CLI      DATABASE_URL='%s' go run ./cmd/engine runs list\n", dbURL)
 	if k.Hints != nil {
 		for _, h := range k.Hints(base) {
 			if h != "" {

@@ -157,7 +157,7 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 		log.Info("web UI", "url", "http://"+ln.Addr().String()+"/ui/")
 	}
 	if f.dev != nil {
-		f.dev.banner(ctx, e, log, g.opts.Stdout, "http://"+ln.Addr().String(), ui != nil)
+		f.dev.banner(ctx, e, log, g.opts.Stdout, "http://"+ln.Addr().String(), localpg.Redact(g.dbURL()), ui != nil)
 	}
 	if len(workflows) == 0 {
 		log.Warn("no workflows registered: this process serves the API but works no runs (the repository's binary registers the payment example only when STRIPE_API_KEY is set)")

@@ -85,13 +85,15 @@ func Dev(ctx context.Context, env *commands.Env) (*commands.DevKit, error) {
 	kit.Hints = func(base string) []string {
 		return []string{
 			"",
-			"start a payment (a declined card: pm_card_chargeDeclined):",
+			"start a payment (pm_card_chargeDeclined instead of pm_card_visa: a decline that compensates):",
 			fmt.Sprintf(`  curl -s %s/v1/workflows/payment/runs -H 'Content-Type: application/json' -d '{"id": "order-42", "input": %s}'`,
 				base, devOrder("order-42", "pm_card_visa")),
 			"answer the approval that waits for a signal (expense-1):",
 			fmt.Sprintf(`  curl -s %s/v1/runs/expense-1/signals/decision -H 'Content-Type: application/json' -d '{"approved": true, "by": "you"}'`, base),
 			"start another:",
 			fmt.Sprintf(`  curl -s %s/v1/workflows/approval/runs -H 'Content-Type: application/json' -d '{"id": "expense-2", "input": {"expense": "taxi", "amount": 3500}}'`, base),
+			"a schedule (then pause or trigger it on the UI's Schedules page):",
+			fmt.Sprintf(`  curl -s %s/v1/schedules -H 'Content-Type: application/json' -d '{"name": "hourly-expense", "cron": "@hourly", "workflow": "approval", "input": {"expense": "coffee", "amount": 450}}'`, base),
 			"",
 		}
 	}

@@ -99,7 +99,11 @@ func CountPrunable(ctx context.Context, db DBTX, cutoff time.Time) (Pruned, erro
 // uuidFloor is the smallest UUID v7 of t's millisecond: every run created
 // before t has a smaller run ID (clock skew between processes aside,
 // which completed_at's check covers).
-func uuidFloor(t time.Time) uuid.UUID {
+func uuidFloor(t time.Time) uuid.UUID { return UUIDFloor(t) }
+
+// UUIDFloor is the smallest UUID v7 of millisecond t: every ID made at or
+// after t sorts at or above it, every one made before below it.
+func UUIDFloor(t time.Time) uuid.UUID {
 	var id uuid.UUID
 	var ms [8]byte
 	binary.BigEndian.PutUint64(ms[:], uint64(max(t.UnixMilli(), 0))) // before 1970: no run is older
