@@ -12,6 +12,9 @@ import (
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/pgdurable/pgdurable/engine"
 )
 
@@ -21,12 +24,18 @@ const IdempotencyKeyHeader = "Idempotency-Key"
 
 // Transport is an http.RoundTripper that sets the Idempotency-Key header of
 // each request made inside an activity attempt to the attempt's request ID
-// (taken from the request's context), unless the request sets it itself.
+// (taken from the request's context), unless the request sets it itself,
+// and sends the trace context of the request's context (the attempt's
+// span, see engine.Config.TracerProvider) downstream as W3C traceparent
+// and tracestate headers, unless the request has a traceparent already.
 type Transport struct {
 	// Base makes the requests; nil means http.DefaultTransport.
 	Base http.RoundTripper
 	// Header overrides IdempotencyKeyHeader.
 	Header string
+	// Propagator writes the trace context; nil means W3C Trace Context
+	// (propagation.TraceContext{}).
+	Propagator propagation.TextMapPropagator
 }
 
 // RoundTrip implements http.RoundTripper.
@@ -35,9 +44,20 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if header == "" {
 		header = IdempotencyKeyHeader
 	}
+	cloned := false
 	if call, ok := CallFromContext(req.Context()); ok && req.Header.Get(header) == "" {
-		req = req.Clone(req.Context())
+		req, cloned = req.Clone(req.Context()), true
 		req.Header.Set(header, call.IdempotencyKey())
+	}
+	if trace.SpanContextFromContext(req.Context()).IsValid() && req.Header.Get("traceparent") == "" {
+		if !cloned {
+			req = req.Clone(req.Context())
+		}
+		prop := t.Propagator
+		if prop == nil {
+			prop = propagation.TraceContext{}
+		}
+		prop.Inject(req.Context(), propagation.HeaderCarrier(req.Header))
 	}
 	base := t.Base
 	if base == nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // ActivityOpts tunes an activity: a step that calls something outside the
@@ -107,8 +108,9 @@ func RunActivity[T any](ctx *Context, name string, opts *ActivityOpts, fn func(c
 				// An activity that does not heartbeat is not interrupted by
 				// the run's cancellation: its call finishes, and if it took
 				// effect its undo runs. Cutting it short would leave an
-				// effect (a charge) that no one knows to undo.
-				sctx = st.d.ctx
+				// effect (a charge) that no one knows to undo. It keeps
+				// the attempt's span.
+				sctx = trace.ContextWithSpan(st.d.ctx, trace.SpanFromContext(sctx))
 			}
 			return runAttempt(sctx, st.d, name, opts, &ActivityAttempt{RequestID: st.requestID, Attempt: st.attempt}, fn)
 		}})

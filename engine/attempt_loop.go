@@ -454,12 +454,15 @@ func finalFailure(err error, name string, seq, attempt, maxAttempts int) (info *
 func (l *attemptLoop) attempt(a *attemptState) ([]byte, *panicInfo, error) {
 	d := l.d
 	timeout, cause := attemptBound(l.call.opts, l.startedAt, d.e.now())
-	out, p, timedOut, err := bounded(l.ctx, timeout, cause, l.call.tx, func(ctx context.Context) ([]byte, *panicInfo, error) {
+	sctx, span := d.e.tr.attempt(l.ctx, l.call, l.seq, a.attempt, a.requestID)
+	out, p, timedOut, err := bounded(sctx, timeout, cause, l.call.tx, func(ctx context.Context) ([]byte, *panicInfo, error) {
 		return d.attempt(ctx, l.call.body, a)
 	})
 	if timedOut {
-		return nil, nil, stepTimeout(l.call.name, a.attempt, cause, err)
+		err = stepTimeout(l.call.name, a.attempt, cause, err)
+		out, p = nil, nil
 	}
+	attempted(span, p, err)
 	return out, p, err
 }
 

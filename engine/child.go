@@ -240,6 +240,7 @@ func (d *delivery) startChild(name string, version int, input []byte, opts *Chil
 		return 0, uuid.Nil, "", err
 	}
 	r.Parent = &store.ParentRef{RunID: d.runID, Seq: seq, ClosePolicy: string(opts.policy())}
+	r.TraceContext = d.e.tr.inject(d.ctx) // the child's deliveries continue the parent's trace
 	started := time.Now()
 	now := d.e.now()
 	var taken bool

@@ -166,7 +166,7 @@ func (e *Engine) afterStart(wf registered, path startPath, r store.NewRun, fresh
 	case path == dispatchNow && fresh:
 		e.dispatch(wf, &store.ClaimedRun{RunID: r.RunID, WorkflowName: r.WorkflowName, WorkflowVersion: r.WorkflowVersion,
 			WorkflowID: r.WorkflowID, Input: r.Input, Deliveries: 1, StalledDeliveries: 1, Status: store.RunRunning,
-			Deadline: r.Deadline, Parent: r.Parent, RunTimeout: r.RunTimeout}, r.Claim.Token, sent)
+			Deadline: r.Deadline, Parent: r.Parent, RunTimeout: r.RunTimeout, TraceContext: r.TraceContext}, r.Claim.Token, sent)
 	case path == dispatchNow:
 		e.releaseSlot()
 	case path == holdLocal && fresh:

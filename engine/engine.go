@@ -12,6 +12,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgdurable/pgdurable/engine/internal/queue"
 	"github.com/pgdurable/pgdurable/engine/internal/store"
@@ -84,9 +86,25 @@ type Config struct {
 	// refused with ErrLimitExceeded. Defaults 1,000 and 16 MiB.
 	MaxSignalsPerRun     int
 	MaxSignalBytesPerRun int64
-	// Observer receives run and step events for metrics or tracing
+	// Observer receives run and step events for metrics
 	// (engine/enginemetrics). Default: none.
 	Observer Observer
+	// TracerProvider makes the engine's OpenTelemetry spans: one per
+	// start ("pgdurable.start <workflow>", under the caller's span), per
+	// delivery ("pgdurable.run <workflow>", with its "pgdurable.claim"),
+	// and per step attempt ("pgdurable.step <name>"), with the log keys as
+	// attributes under "pgdurable." (run_id, workflow, workflow_id, step,
+	// seq, attempt, request_id, error_class). A start stores its span's
+	// trace context with the run, so every delivery, in any process and
+	// after any crash, joins the caller's trace, and step functions get a
+	// context that carries the attempt's span (package activities'
+	// HTTP helper sends it on as traceparent). Default
+	// otel.GetTracerProvider(): the global provider, which records nothing
+	// until the program sets one.
+	TracerProvider trace.TracerProvider
+	// Propagator writes and reads the trace context stored with a run.
+	// Default propagation.TraceContext{} (W3C traceparent and tracestate).
+	Propagator propagation.TextMapPropagator
 	// Retention is how long finished runs are kept (completed, failed,
 	// compensated, cancelled, continued, and dead runs whose dead jobs are
 	// resolved): once a minute each engine's sweep deletes those that
@@ -170,6 +188,7 @@ type Engine struct {
 	cfg    Config
 	log    *slog.Logger
 	obs    Observer
+	tr     tracing
 	sobs   ScheduleObserver // obs when it implements it, else a no-op
 	queue  *queue.Queue
 	now    func() time.Time
@@ -240,6 +259,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		cfg:       c,
 		log:       c.Logger,
 		obs:       c.Observer,
+		tr:        newTracing(c.TracerProvider, c.Propagator),
 		now:       c.Clock.Now,
 		workflows: map[string]registered{},
 		processID: uuid.New(),

@@ -89,6 +89,8 @@ func (e *Engine) execute(ctx context.Context, wf registered, claimed *store.Clai
 	defer func(began time.Time) { e.deliveryTime.add(time.Since(began)) }(time.Now())
 	runID := claimed.RunID
 	log := e.log.With("run_id", runID, "workflow", claimed.WorkflowName, "workflow_id", claimed.WorkflowID)
+	ctx, span := e.tr.deliver(ctx, claimed, sent)
+	defer span.End()
 	dctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	fwd, cancelFwd := context.WithCancelCause(dctx)

@@ -143,13 +143,15 @@ func (e *Engine) checkInput(r registered, name string, input json.RawMessage) (j
 // startJSON is the one start path. With tx nil the run is inserted with
 // the concurrent starts of this process, in one statement (see
 // insertRuns); with tx, in the caller's transaction.
-func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version int, input []byte, opts *StartOpts) (*StartResult, error) {
+func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version int, input []byte, opts *StartOpts) (res *StartResult, err error) {
 	r, err := e.newRun(name, version, input, opts)
 	if err != nil {
 		return nil, err
 	}
 	workflowID := r.WorkflowID
-	var res *StartResult
+	span, traceCtx := e.tr.start(ctx, name, workflowID)
+	defer func() { started(span, res, err) }()
+	r.TraceContext = traceCtx
 	wf, path := e.planStart(tx, name, r.StartAt != nil)
 	e.route(&r, path)
 	sent := time.Now()

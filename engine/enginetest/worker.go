@@ -64,6 +64,13 @@ func runWorker(register func(pool *pgxpool.Pool) []engine.Registration) error {
 	if ms, _ := strconv.Atoi(os.Getenv(envWorkerLease)); ms > 0 {
 		ecfg.LeaseDuration = time.Duration(ms) * time.Millisecond
 	}
+	if path := os.Getenv(EnvWorkerTraceFile); path != "" {
+		tp, err := NewFileTracerProvider(path)
+		if err != nil {
+			return err
+		}
+		ecfg.TracerProvider = tp
+	}
 	e, err := engine.New(pool, ecfg)
 	if err != nil {
 		return err

@@ -32,6 +32,9 @@
 //	GET  /healthz, GET /readyz, GET /metrics
 //	GET  /ui/...                          the web UI (Options.UI); GET / redirects there
 //
+// A request with a W3C traceparent header continues its trace: a run it
+// starts joins it.
+//
 // With Options.Token set, /v1 and /metrics require "Authorization: Bearer
 // <token>"; the service refuses to listen beyond loopback without one.
 // Without one, a request must name localhost, a loopback IP or
@@ -62,6 +65,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/pgdurable/pgdurable/engine"
 )
@@ -129,7 +133,7 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	v1.HandleFunc("GET /v1/dead-jobs/{id}", a.getDeadJob)
 	v1.HandleFunc("POST /v1/dead-jobs/{id}/replay", a.resolveDeadJob(e.ReplayDeadJob))
 	v1.HandleFunc("POST /v1/dead-jobs/{id}/discard", a.resolveDeadJob(e.DiscardDeadJob))
-	mux.Handle("/v1/", a.auth(a.sameSite(a.limitBody(jsonMisses(v1)))))
+	mux.Handle("/v1/", a.auth(a.sameSite(a.limitBody(traced(jsonMisses(v1))))))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -147,6 +151,19 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
 	})
 	return a.knownHost(cleanPaths(mux))
+}
+
+// traced continues the trace of a request that carries a W3C traceparent
+// header: a run it starts stores that trace context, so the run's spans
+// join the client's trace (engine.Config.TracerProvider).
+func traced(next http.Handler) http.Handler {
+	prop := propagation.TraceContext{}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("traceparent") != "" {
+			r = r.WithContext(prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header)))
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // cleanPaths answers a path with . or .. segments or doubled slashes with a

@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http/httptest"
+	"os"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -21,7 +23,18 @@ import (
 	"github.com/pgdurable/pgdurable/examples/payment/fakegateway"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// A worker process of TestPaymentTraceSurvivesAKilledWorker: the
+	// payment workflow against the gateway the test serves.
+	enginetest.RunWorkerIfChild(func(*pgxpool.Pool) []engine.Registration {
+		client, err := payment.NewGateway(payment.GatewayConfig{Timeout: time.Minute}, os.Getenv)
+		if err != nil {
+			panic(err)
+		}
+		return []engine.Registration{payment.New(client, nil)}
+	})
+	goleak.VerifyTestMain(m)
+}
 
 type fixture struct {
 	e   *engine.Engine

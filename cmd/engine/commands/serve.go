@@ -55,7 +55,13 @@ and hands their runs back within --shutdown-timeout, then exits 0.
 The API requires a bearer token (--api-token or ENGINE_API_TOKEN, at least 16 bytes) unless it
 listens on loopback; without one it answers only requests whose Host is localhost, a loopback IP
 or the listen address. Every POST, PUT and DELETE needs Content-Type: application/json and, if it
-has an Origin header, this service's own origin.`,
+has an Origin header, this service's own origin.
+
+With OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) set, it exports
+OpenTelemetry spans over OTLP/HTTP: one per start, run delivery and step attempt, in the trace
+of the caller (an API request's traceparent header included); OTEL_SERVICE_NAME (default
+pgdurable), OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER and OTEL_EXPORTER_OTLP_HEADERS apply.
+Without one it traces nothing.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return g.serve(cmd.Context(), f) },
 	}
@@ -118,7 +124,15 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := enginemetrics.New(reg)
-	e, err := engine.New(pool, &engine.Config{Logger: log, MaxWorkers: f.maxWorkers, Observer: metrics})
+	tp, stopTracing, err := tracingFromEnv(ctx, g.opts.Getenv)
+	if err != nil {
+		return err
+	}
+	defer stopTracing() // after the engine stopped: its last spans are flushed
+	if tp != nil {
+		log.Info("tracing: exporting spans over OTLP/HTTP")
+	}
+	e, err := engine.New(pool, &engine.Config{Logger: log, MaxWorkers: f.maxWorkers, Observer: metrics, TracerProvider: tp})
 	if err != nil {
 		return err
 	}

@@ -298,17 +298,17 @@ const (
 const insertRuns = `
 INSERT INTO workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
                            status, owner_token, lease_expires_at, deliveries, stalled_deliveries, started_at, held_until,
-                           wake_at, run_timeout_ms, deadline_at, tags)
+                           wake_at, run_timeout_ms, deadline_at, tags, trace_context)
 SELECT u.run_id, u.name, u.version, u.workflow_id, u.input::jsonb, u.queue, u.schedule,
        CASE WHEN u.token IS NOT NULL THEN 'running' WHEN u.start_at IS NOT NULL THEN 'waiting' ELSE 'pending' END, u.token,
        CASE WHEN u.token IS NOT NULL THEN now() + u.lease_ms * interval '1 millisecond' END,
        CASE WHEN u.token IS NULL THEN 0 ELSE 1 END, CASE WHEN u.token IS NULL THEN 0 ELSE 1 END,
        CASE WHEN u.token IS NOT NULL THEN now() END,
        CASE WHEN u.hold_ms > 0 THEN now() + u.hold_ms * interval '1 millisecond' END,
-       u.start_at, nullif(u.timeout_ms, 0), u.deadline, u.tags::jsonb
+       u.start_at, nullif(u.timeout_ms, 0), u.deadline, u.tags::jsonb, u.trace::jsonb
 FROM unnest($1::uuid[], $2::text[], $3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::uuid[], $9::bigint[],
-            $10::bigint[], $11::timestamptz[], $12::bigint[], $13::timestamptz[], $14::text[])
-    AS u(run_id, name, version, workflow_id, input, queue, schedule, token, lease_ms, hold_ms, start_at, timeout_ms, deadline, tags)
+            $10::bigint[], $11::timestamptz[], $12::bigint[], $13::timestamptz[], $14::text[], $15::text[])
+    AS u(run_id, name, version, workflow_id, input, queue, schedule, token, lease_ms, hold_ms, start_at, timeout_ms, deadline, tags, trace)
 ON CONFLICT (workflow_name, workflow_id) WHERE status <> 'continued' DO NOTHING
 RETURNING run_id`
 
@@ -370,6 +370,7 @@ func insertSorted(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunRes
 		timeout          = make([]int64, n)
 		deadline         = make(pgtype.FlatArray[pgtype.Timestamptz], n)
 		tags             = make(pgtype.FlatArray[pgtype.Text], n)
+		trace            = make(pgtype.FlatArray[pgtype.Text], n)
 	)
 	for i, r := range runs {
 		runID[i], name[i], version[i], workflowID[i] = uuidParam(r.RunID), r.WorkflowName, int32(r.WorkflowVersion), r.WorkflowID
@@ -378,10 +379,10 @@ func insertSorted(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunRes
 			token[i], lease[i] = uuidParam(r.Claim.Token), ms(r.Claim.Lease)
 		}
 		hold[i], startAt[i] = ms(r.Hold), timeOrNull(r.StartAt)
-		timeout[i], deadline[i], tags[i] = ms(r.RunTimeout), timeOrNull(r.Deadline), jsonParam(r.Tags)
+		timeout[i], deadline[i], tags[i], trace[i] = ms(r.RunTimeout), timeOrNull(r.Deadline), jsonParam(r.Tags), jsonParam(r.TraceContext)
 	}
 	rows, err := db.Query(ctx, insertRuns, runID, name, version, workflowID, input, queue, schedule, token, lease, hold, startAt,
-		timeout, deadline, tags)
+		timeout, deadline, tags, trace)
 	if err != nil {
 		return nil, fmt.Errorf("inserting %d runs: %w", n, translate(err))
 	}
@@ -444,7 +445,7 @@ WHERE r.run_id = u.run_id
   AND (r.wake_at IS NULL OR r.wake_at <= $4)
 RETURNING r.run_id, u.token, r.workflow_name, r.workflow_version, r.workflow_id, r.input, r.deliveries,
           r.stalled_deliveries, r.long_stalled_deliveries, r.status, r.cancel_requested_at IS NOT NULL, r.deadline_at,
-          r.parent_run_id, r.parent_seq, r.parent_close_policy, r.run_timeout_ms`
+          r.parent_run_id, r.parent_seq, r.parent_close_policy, r.run_timeout_ms, r.trace_context`
 
 // claimSettings applies to the rest of the claim batch's implicit
 // transaction: its commit is asynchronous (a claim that a PostgreSQL crash
@@ -514,7 +515,7 @@ func ClaimRuns(ctx context.Context, db DBTX, fences []Fence, now time.Time) ([]C
 		var timeout *int64
 		if err := rows.Scan(&c.RunID, &token, &c.WorkflowName, &c.WorkflowVersion, &c.WorkflowID, &c.Input, &c.Deliveries,
 			&c.StalledDeliveries, &c.LongStalled, &c.Status, &c.CancelRequested, &c.Deadline, &parent, &parentSeq,
-			&policy, &timeout); err != nil {
+			&policy, &timeout, &c.TraceContext); err != nil {
 			rows.Close()
 			return fail(err)
 		}

@@ -60,7 +60,7 @@ func InsertChild(ctx context.Context, tx DBTX, r NewRun) (*InsertedRun, error) {
 	args := []any{r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID, r.Input, r.Queue, r.ScheduleName,
 		nil, 0, 0, r.StartAt, ms(r.RunTimeout), nil}
 	args = append(args, parentArgs(p)...)
-	err := tx.QueryRow(ctx, insertRun, append(args, nil, nil)...).Scan(&id)
+	err := tx.QueryRow(ctx, insertRun, append(args, nil, nil, jsonParam(r.TraceContext))...).Scan(&id)
 	if err == nil {
 		return &InsertedRun{RunID: id, Status: r.insertedStatus()}, nil
 	}

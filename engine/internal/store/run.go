@@ -46,6 +46,9 @@ type NewRun struct {
 	// Tags is a JSON object of strings (nil: none; a run ContinueAsNew
 	// starts without tags takes those of the run it continues).
 	Tags []byte
+	// TraceContext is the starting span's W3C trace context as a JSON
+	// object (nil: not traced; a continued run takes its predecessor's).
+	TraceContext []byte
 }
 
 // InsertedRun reports the outcome of InsertRun.
@@ -58,7 +61,7 @@ type InsertedRun struct {
 const insertRun = `
 INSERT INTO workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
                            status, owner_token, lease_expires_at, deliveries, stalled_deliveries, started_at, held_until,
-                           wake_at, run_timeout_ms, deadline_at, parent_run_id, parent_seq, parent_close_policy, first_run_id, tags)
+                           wake_at, run_timeout_ms, deadline_at, parent_run_id, parent_seq, parent_close_policy, first_run_id, tags, trace_context)
 VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7,
         CASE WHEN $8::uuid IS NOT NULL THEN 'running' WHEN $11::timestamptz IS NOT NULL THEN 'waiting' ELSE 'pending' END,
         $8::uuid,
@@ -68,7 +71,8 @@ VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7,
         CASE WHEN $10::bigint > 0 THEN now() + $10::bigint * interval '1 millisecond' END,
         $11::timestamptz, nullif($12::bigint, 0), $13::timestamptz, $14::uuid, $15::int, $16::text,
         (SELECT coalesce(p.first_run_id, p.run_id) FROM workflow_runs p WHERE p.run_id = $17::uuid),
-        coalesce($18::jsonb, (SELECT p.tags FROM workflow_runs p WHERE p.run_id = $17::uuid)))
+        coalesce($18::jsonb, (SELECT p.tags FROM workflow_runs p WHERE p.run_id = $17::uuid)),
+        coalesce($19::jsonb, (SELECT p.trace_context FROM workflow_runs p WHERE p.run_id = $17::uuid)))
 ON CONFLICT (workflow_name, workflow_id) WHERE status <> 'continued' DO NOTHING
 RETURNING run_id`
 
@@ -96,7 +100,7 @@ func InsertRun(ctx context.Context, db DBTX, r NewRun) (*InsertedRun, error) {
 	args := []any{r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID, r.Input, r.Queue, r.ScheduleName,
 		token, lease, ms(r.Hold), r.StartAt, ms(r.RunTimeout), r.Deadline}
 	args = append(args, parentArgs(r.Parent)...)
-	err := db.QueryRow(ctx, insertRun, append(args, r.ContinuedFrom, jsonParam(r.Tags))...).Scan(&id)
+	err := db.QueryRow(ctx, insertRun, append(args, r.ContinuedFrom, jsonParam(r.Tags), jsonParam(r.TraceContext))...).Scan(&id)
 	if err == nil {
 		return &InsertedRun{RunID: id, Status: r.insertedStatus()}, nil
 	}
@@ -161,7 +165,9 @@ type ClaimedRun struct {
 	Parent *ParentRef
 	// RunTimeout is the run's timeout (0: none).
 	RunTimeout time.Duration
-	Steps      []StepRecord
+	// TraceContext is the run's stored trace context (nil: none).
+	TraceContext []byte
+	Steps        []StepRecord
 }
 
 // ClaimMiss says why a delivery did not get the lease.
