@@ -14,9 +14,17 @@ import (
 )
 
 func (a *api) listDeadJobs(w http.ResponseWriter, r *http.Request) {
-	q, ok := queryParams(w, r, "workflow", "reason", "open", "limit", "cursor")
+	q, ok := queryParams(w, r, "workflow", "reason", "open", "limit", "cursor", "run_id")
 	if !ok {
 		return
+	}
+	var runID uuid.UUID
+	if v := q.Get("run_id"); v != "" {
+		var err error
+		if runID, err = uuid.Parse(v); err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_parameter", fmt.Sprintf("run_id %q is not a run ID", truncate(v, 64)))
+			return
+		}
 	}
 	limit, ok := queryLimit(w, r)
 	if !ok {
@@ -31,7 +39,7 @@ func (a *api) listDeadJobs(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	jobs, next, err := a.e.ListDeadJobs(r.Context(), engine.ListDeadJobsParams{
-		Workflow: q.Get("workflow"), Reason: engine.DeadReason(q.Get("reason")), OpenOnly: open,
+		Workflow: q.Get("workflow"), Reason: engine.DeadReason(q.Get("reason")), OpenOnly: open, RunID: runID,
 		Limit: limit, Cursor: q.Get("cursor"),
 	})
 	if err != nil {

@@ -15,6 +15,7 @@
 //	POST /v1/runs/{run_id}/terminate      {"reason": "...", "by": "..."} → 200 the run, ended at once without
 //	                                      compensations; 404, 409 already finished, 400 no reason
 //	GET  /v1/workflows                    {"workflows": [...]}: what live engine processes register, where
+//	POST /v1/runs/prune                   {"older_than": "720h", "dry_run": true} → 200 the rows deleted (or counted)
 //	POST /v1/bulk/cancel-runs             {"workflow", "status", "workflow_id_prefix", "created_after", "created_before",
 //	                                      "dry_run"} → 200 {"matched", "done", "skipped", "more", "dry_run"}
 //	POST /v1/bulk/replay-dead-jobs, /v1/bulk/discard-dead-jobs  {"workflow", "reason", "by", "note", "dry_run"} → 200 the same
@@ -25,7 +26,7 @@
 //	PUT  /v1/schedules/{name}             the same body → 200, 404
 //	POST /v1/schedules/{name}/pause, /resume → 200; DELETE /v1/schedules/{name} → 204
 //	POST /v1/schedules/{name}/trigger     fire it now (outside its cron, even paused) → 201 {"run_id", "workflow_id", ...}
-//	GET  /v1/dead-jobs?workflow=&reason=&limit=&cursor=
+//	GET  /v1/dead-jobs?workflow=&reason=&open=&run_id=&limit=&cursor=
 //	GET  /v1/dead-jobs/{id}
 //	POST /v1/dead-jobs/{id}/replay        {"by": "...", "note": "..."} (optional)
 //	POST /v1/dead-jobs/{id}/discard
@@ -118,6 +119,7 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	v1.HandleFunc("POST /v1/runs/{run_id}/terminate", a.terminateRun)
 	v1.HandleFunc("GET /v1/workflows", a.listWorkflows)
 	v1.HandleFunc("POST /v1/bulk/cancel-runs", a.bulkCancel)
+	v1.HandleFunc("POST /v1/runs/prune", a.pruneRuns)
 	v1.HandleFunc("POST /v1/bulk/replay-dead-jobs", a.bulkDeadJobs(true))
 	v1.HandleFunc("POST /v1/bulk/discard-dead-jobs", a.bulkDeadJobs(false))
 	v1.HandleFunc("POST /v1/runs/{run_id}/signals/{name}", a.signal)

@@ -915,3 +915,20 @@ func TestTagsOverHTTP(t *testing.T) {
 	require.Equal(t, http.StatusOK, dry.status, dry.raw)
 	require.EqualValues(t, 2, dry.body["matched"])
 }
+
+// POST /v1/runs/prune runs Engine.Prune; GET /v1/dead-jobs takes run_id.
+func TestPruneAndDeadJobsByRunOverHTTP(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	r := b.do(t, "POST", "/v1/runs/prune", `{"older_than": "720h", "dry_run": true}`)
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.EqualValues(t, 0, r.body["runs"])
+	for _, bad := range []string{`{"older_than": "soon"}`, `{"older_than": "-1h"}`, `{}`} {
+		r := b.do(t, "POST", "/v1/runs/prune", bad)
+		require.Equal(t, 400, r.status, bad)
+	}
+	r = b.do(t, "GET", "/v1/dead-jobs?run_id="+uuid.NewString(), "")
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.Empty(t, r.body["dead_jobs"])
+	require.Equal(t, 400, b.do(t, "GET", "/v1/dead-jobs?run_id=nope", "").status)
+}

@@ -430,3 +430,29 @@ func ParseTags(specs []string) (map[string]string, error) {
 	}
 	return out, nil
 }
+
+// PruneRequest is the body of POST /v1/runs/prune: delete the finished
+// runs that ended longer ago than OlderThan (a duration such as "720h"),
+// or with DryRun count them (Engine.Prune).
+type PruneRequest struct {
+	OlderThan string `json:"older_than"`
+	DryRun    bool   `json:"dry_run,omitempty"`
+}
+
+func (a *api) pruneRuns(w http.ResponseWriter, r *http.Request) {
+	var req PruneRequest
+	if !a.readJSON(w, r, &req, `{"older_than": "720h", "dry_run": true}`) {
+		return
+	}
+	d, err := time.ParseDuration(req.OlderThan)
+	if err != nil || d <= 0 {
+		writeError(w, http.StatusBadRequest, "invalid_parameter", fmt.Sprintf("older_than %q is not a positive duration such as \"720h\"", truncate(req.OlderThan, 64)))
+		return
+	}
+	res, err := a.e.Prune(r.Context(), engine.PruneParams{OlderThan: d, DryRun: req.DryRun})
+	if err != nil {
+		a.engineError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}

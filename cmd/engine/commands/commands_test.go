@@ -950,3 +950,158 @@ func TestTagsOnTheCommandLine(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "tag key")
 }
+
+// serveForCLI runs serve on db with token, in-process, until the test
+// ends, and returns its address.
+func serveForCLI(t *testing.T, db *enginetest.DB, token string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	listen := freePort(t)
+	errOut := &syncBuffer{}
+	done := make(chan int, 1)
+	go func() {
+		done <- commands.Execute(ctx, []string{"--database-url", db.URL, "serve", "--migrate", "--listen", listen, "--api-token", token, "--log-level", "warn"},
+			commands.Options{Workflows: workflows(), Stdout: io.Discard, Stderr: errOut, Getenv: func(string) string { return "" }})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if resp, err := http.Get("http://" + listen + "/healthz"); err == nil {
+			resp.Body.Close()
+			return listen
+		}
+		require.True(t, time.Now().Before(deadline), "serve never listened: %s", errOut.String())
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// overHTTP runs the CLI against a server's API: ENGINE_ADDRESS and
+// ENGINE_API_TOKEN set, and a DATABASE_URL that goes nowhere, so nothing
+// can reach the database directly.
+func overHTTP(t *testing.T, addr, token string, args ...string) (int, string, string) {
+	t.Helper()
+	env := map[string]string{"ENGINE_ADDRESS": addr, "ENGINE_API_TOKEN": token, "DATABASE_URL": "postgres://nobody@127.0.0.1:1/nowhere?connect_timeout=1"}
+	var out, errOut bytes.Buffer
+	code := commands.Execute(context.Background(), args, commands.Options{Workflows: workflows(), Stdout: &out, Stderr: &errOut,
+		Getenv: func(k string) string { return env[k] }})
+	return code, out.String(), errOut.String()
+}
+
+// Every operator command works over the HTTP API (--address or
+// ENGINE_ADDRESS, with the API token) as it does on the database.
+func TestCLIOverHTTP(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	const token = "cli-over-http-token-0123456789"
+	addr := serveForCLI(t, db, token)
+	cli := func(args ...string) (int, string, string) { t.Helper(); return overHTTP(t, addr, token, args...) }
+
+	code, out, errOut := cli("start", "double", "--id", "h-1", "--input", `{"n": 21}`, "--tag", "team=ops", "--wait")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "completed")
+	code, out, _ = cli("runs", "show", "h-1")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "tags         team=ops")
+	require.Contains(t, out, "42")
+	code, out, _ = cli("runs", "list", "--tag", "team=ops", "--json")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `"workflow_id":"h-1"`)
+	code, _, errOut = cli("start", "double", "--id", "h-1", "--input", `{"n": 22}`)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "workflow ID")
+
+	// Signals, cancel, terminate, start-now.
+	code, _, errOut = cli("start", "approval", "--id", "h-wait", "--input", `{}`)
+	require.Equal(t, 0, code, errOut)
+	code, _, errOut = cli("signal", "h-wait", "approve", `{"by": "ann"}`, "--key", "k-1")
+	require.Equal(t, 0, code, errOut)
+	code, out, _ = cli("runs", "show", "h-wait", "--follow")
+	require.Equal(t, 0, code, out)
+	code, _, errOut = cli("start", "approval", "--id", "h-later", "--input", `{}`, "--delay", "1h")
+	require.Equal(t, 0, code, errOut)
+	code, out, errOut = cli("start-now", "h-later")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "started now")
+	code, _, errOut = cli("cancel", "h-later")
+	require.Equal(t, 0, code, errOut)
+	code, _, errOut = cli("start", "approval", "--id", "h-term", "--input", `{}`)
+	require.Equal(t, 0, code, errOut)
+	code, out, errOut = cli("terminate", "h-term", "--reason", "test", "--by", "ann")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "terminated")
+	code, _, errOut = cli("cancel", "h-1")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "run already finished", "the API's 409 reads as the database's error")
+
+	// Dead jobs: park one, list, show, replay-matching dry run, discard.
+	code, _, errOut = cli("start", "double", "--id", "h-dead", "--input", `{"n": -1}`)
+	require.Equal(t, 0, code, errOut)
+	var jobID string
+	for deadline := time.Now().Add(30 * time.Second); jobID == ""; {
+		_, out, _ = cli("dead", "list", "--open", "--json")
+		var list struct {
+			DeadJobs []struct {
+				ID string `json:"id"`
+			} `json:"dead_jobs"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(out), &list), out)
+		if len(list.DeadJobs) > 0 {
+			jobID = list.DeadJobs[0].ID
+		}
+		require.True(t, time.Now().Before(deadline), "no dead job")
+		time.Sleep(50 * time.Millisecond)
+	}
+	code, out, _ = cli("dead", "show", jobID)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "negative: upstream refused")
+	code, out, _ = cli("dead", "replay-matching", "--workflow", "double", "--dry-run")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "1")
+	code, out, errOut = cli("dead", "discard", jobID, "--by", "ann", "--note", "test")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "discarded")
+
+	// Bulk cancel, workflows, prune.
+	code, out, _ = cli("runs", "cancel-matching", "--workflow", "approval", "--dry-run", "--json")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `"dry_run":true`)
+	code, out, _ = cli("workflows", "list")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "double")
+	code, out, errOut = cli("runs", "prune", "--older-than", "720h", "--dry-run")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "0 runs")
+
+	// Schedules.
+	code, _, errOut = cli("schedules", "create", "h-nightly", "--cron", "0 3 * * *", "--workflow", "double", "--input", `{"n": 1}`, "--catchup-window", "2h")
+	require.Equal(t, 0, code, errOut)
+	code, out, _ = cli("schedules", "list")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "h-nightly")
+	require.Contains(t, out, "2h0m0s")
+	for _, act := range []string{"pause", "resume", "trigger"} {
+		code, _, errOut = cli("schedules", act, "h-nightly")
+		require.Equal(t, 0, code, act+": "+errOut)
+	}
+	code, out, _ = cli("schedules", "show", "h-nightly")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "started")
+	code, _, errOut = cli("schedules", "delete", "h-nightly")
+	require.Equal(t, 0, code, errOut)
+	code, _, errOut = cli("schedules", "show", "h-nightly")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "not found")
+
+	// A wrong token: refused, said so, the token never printed.
+	code, _, errOut = overHTTP(t, addr, "wrong-token-wrong-token", "runs", "list")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "set the API token it requires")
+	require.NotContains(t, errOut, "wrong-token-wrong-token")
+	code, _, errOut = overHTTP(t, "ftp://x", token, "runs", "list")
+	require.Equal(t, 2, code, errOut)
+	code, _, errOut = overHTTP(t, addr, token, "--address", addr, "migrate", "up")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "works on the database")
+}

@@ -25,11 +25,11 @@ func (g *global) deadCmd() *cobra.Command {
 				engine.ReasonNonDeterminism, engine.ReasonPoisonInput, engine.ReasonCrashLoop, engine.ReasonCompensationFailed); err != nil {
 				return err
 			}
-			e, pool, err := g.client(cmd.Context())
+			e, done, err := g.client(cmd.Context())
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
+			defer done()
 			jobs, next, err := e.ListDeadJobs(cmd.Context(), p)
 			if err != nil {
 				return err
@@ -57,7 +57,7 @@ func (g *global) deadCmd() *cobra.Command {
 	show := &cobra.Command{
 		Use: "show ID", Short: "Show a dead job with its input, error and stack", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.withDeadJob(cmd.Context(), args[0], func(e *engine.Engine, id uuid.UUID) (*engine.DeadJob, error) {
+			return g.withDeadJob(cmd.Context(), args[0], func(e backend, id uuid.UUID) (*engine.DeadJob, error) {
 				return e.GetDeadJob(cmd.Context(), id)
 			})
 		},
@@ -66,7 +66,7 @@ func (g *global) deadCmd() *cobra.Command {
 	replay := &cobra.Command{
 		Use: "replay ID", Short: "Run a dead job's run again: recorded steps stay, the failed step retries", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.withDeadJob(cmd.Context(), args[0], func(e *engine.Engine, id uuid.UUID) (*engine.DeadJob, error) {
+			return g.withDeadJob(cmd.Context(), args[0], func(e backend, id uuid.UUID) (*engine.DeadJob, error) {
 				return e.ReplayDeadJob(cmd.Context(), id, &engine.ResolveOpts{By: by, Note: note})
 			})
 		},
@@ -74,7 +74,7 @@ func (g *global) deadCmd() *cobra.Command {
 	discard := &cobra.Command{
 		Use: "discard ID", Short: "Close a dead job without running it again", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.withDeadJob(cmd.Context(), args[0], func(e *engine.Engine, id uuid.UUID) (*engine.DeadJob, error) {
+			return g.withDeadJob(cmd.Context(), args[0], func(e backend, id uuid.UUID) (*engine.DeadJob, error) {
 				return e.DiscardDeadJob(cmd.Context(), id, &engine.ResolveOpts{By: by, Note: note})
 			})
 		},
@@ -87,16 +87,16 @@ func (g *global) deadCmd() *cobra.Command {
 	return cmd
 }
 
-func (g *global) withDeadJob(ctx context.Context, arg string, do func(*engine.Engine, uuid.UUID) (*engine.DeadJob, error)) error {
+func (g *global) withDeadJob(ctx context.Context, arg string, do func(backend, uuid.UUID) (*engine.DeadJob, error)) error {
 	id, err := parseID("dead job ID", arg)
 	if err != nil {
 		return err
 	}
-	e, pool, err := g.client(ctx)
+	e, done, err := g.client(ctx)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer done()
 	j, err := do(e, id)
 	if errors.Is(err, engine.ErrNotFound) {
 		// An operator often has the run's ID at hand: name its dead job.
@@ -148,7 +148,7 @@ func (g *global) deadMatchingCmd(replay bool) *cobra.Command {
 		Use:   use,
 		Short: verb + " every open dead job --workflow and --reason match (at most 10,000; --dry-run counts them)",
 		Args:  cobra.NoArgs,
-		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, _ []string) error {
+		RunE: g.withClient(func(ctx context.Context, e backend, _ []string) error {
 			if p.Workflow == "" && p.Reason == "" {
 				return &usageError{fmt.Errorf("give --workflow or --reason (or both): %s acts on every open dead job they match", use)}
 			}

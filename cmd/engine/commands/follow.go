@@ -34,7 +34,7 @@ func (e *runOutcomeError) Error() string {
 // changes, until it ends (following a continue-as-new chain to its last
 // run), and returns it as it ended. With JSON output it prints nothing
 // until then. ctx ends the follow, not the run.
-func (g *global) follow(ctx context.Context, e *engine.Engine, runID uuid.UUID) (*engine.Run, error) {
+func (g *global) follow(ctx context.Context, e backend, runID uuid.UUID) (*engine.Run, error) {
 	w := g.opts.Stdout
 	seen := map[int]engine.StepStatus{}
 	var status engine.RunStatus

@@ -56,6 +56,9 @@ func (g *global) migrateCmd() *cobra.Command {
 }
 
 func (g *global) migrate(ctx context.Context, dir migrations.Direction, opts *migrations.Opts) error {
+	if err := g.localOnly("migrate"); err != nil {
+		return err
+	}
 	pool, err := g.pool(ctx, 2)
 	if err != nil {
 		return err

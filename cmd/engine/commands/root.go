@@ -157,7 +157,9 @@ type global struct {
 	opts        Options
 	databaseURL string
 	jsonOut     bool
-	apiToken    string // serve's, once known: a secret like the database password
+	apiToken    string // serve's, or the one --address sends, once known: a secret like the database password
+	addressFlag string // --address
+	clientToken string // --api-token on the root: what --address sends
 }
 
 // NewRoot builds the command tree.
@@ -180,6 +182,8 @@ func newRoot(opts Options) (*cobra.Command, *global) {
 	root.SetErr(opts.Stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
 	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL, else "+DefaultDatabaseURL+")")
+	root.PersistentFlags().StringVar(&g.addressFlag, "address", "", "talk to a running engine's HTTP API at host:port or http(s)://host:port instead of the database (default $ENGINE_ADDRESS)")
+	root.PersistentFlags().StringVar(&g.clientToken, "api-token", "", "the bearer token --address sends (default $ENGINE_API_TOKEN); serve: the token it requires")
 	root.PersistentFlags().BoolVar(&g.jsonOut, "json", false, "print JSON instead of tables (the HTTP API's shapes; errors as {\"error\": {\"code\", \"message\"}} on stdout)")
 	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.startNowCmd(), g.cancelCmd(), g.terminateCmd(), g.workflowsCmd(), g.signalCmd(), g.schedulesCmd(), g.devCmd(), g.benchCmd())
 	env := &Env{g: g}
@@ -267,7 +271,24 @@ func (g *global) pool(ctx context.Context, size int32) (*pgxpool.Pool, error) {
 }
 
 // client is an engine that starts and inspects runs without working them.
-func (g *global) client(ctx context.Context) (*engine.Engine, *pgxpool.Pool, error) {
+// client is what the operator commands work through: with --address (or
+// ENGINE_ADDRESS), a running server's HTTP API with --api-token (or
+// ENGINE_API_TOKEN); otherwise an engine client on the database, which
+// registers this binary's workflows to check starts' inputs. done
+// releases it.
+func (g *global) client(ctx context.Context) (b backend, done func(), err error) {
+	if addr := g.address(); addr != "" {
+		token := g.clientToken
+		if token == "" {
+			token = g.opts.Getenv("ENGINE_API_TOKEN")
+		}
+		g.apiToken = token // scrubbed from errors like a password
+		c, err := newAPIClient(addr, token)
+		if err != nil {
+			return nil, nil, err
+		}
+		return c, func() {}, nil
+	}
 	pool, err := g.pool(ctx, 4)
 	if err != nil {
 		return nil, nil, err
@@ -280,19 +301,37 @@ func (g *global) client(ctx context.Context) (*engine.Engine, *pgxpool.Pool, err
 		pool.Close()
 		return nil, nil, err
 	}
-	return e, pool, nil
+	return e, pool.Close, nil
 }
 
-// withClient runs fn with an engine client over the command's database.
-func (g *global) withClient(fn func(ctx context.Context, e *engine.Engine, args []string) error) func(*cobra.Command, []string) error {
+// address is --address, else $ENGINE_ADDRESS ("" for the database).
+func (g *global) address() string {
+	if g.addressFlag != "" {
+		return g.addressFlag
+	}
+	return g.opts.Getenv("ENGINE_ADDRESS")
+}
+
+// withClient runs fn with the command's client (see client).
+func (g *global) withClient(fn func(ctx context.Context, e backend, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
-		e, pool, err := g.client(cmd.Context())
+		e, done, err := g.client(cmd.Context())
 		if err != nil {
 			return err
 		}
-		defer pool.Close()
+		defer done()
 		return fn(cmd.Context(), e, args)
 	}
+}
+
+// localOnly refuses --address for a command that works on the database
+// itself (ENGINE_ADDRESS, set for a shell's operator commands, is
+// ignored by these).
+func (g *global) localOnly(command string) error {
+	if g.addressFlag != "" {
+		return &usageError{fmt.Errorf("engine %s works on the database, not over the HTTP API: drop --address", command)}
+	}
+	return nil
 }
 
 // version is the binary's module version and VCS revision, from the build

@@ -50,11 +50,11 @@ func (g *global) runsCmd() *cobra.Command {
 				engine.StatusCancelled, engine.StatusDead, engine.StatusContinued, engine.StatusTerminated); err != nil {
 				return err
 			}
-			e, pool, err := g.client(cmd.Context())
+			e, done, err := g.client(cmd.Context())
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
+			defer done()
 			runs, next, err := e.ListRuns(cmd.Context(), p)
 			if err != nil {
 				return err
@@ -90,7 +90,7 @@ func (g *global) runsCmd() *cobra.Command {
 	var followRun bool
 	show := &cobra.Command{
 		Use: "show RUN", Short: "Show a run (by run ID or workflow ID) and its step timeline", Args: cobra.ExactArgs(1),
-		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, args []string) error {
+		RunE: g.withClient(func(ctx context.Context, e backend, args []string) error {
 			id, err := e.FindRun(ctx, args[0])
 			if err != nil {
 				return err
@@ -125,7 +125,7 @@ that never wait for a worker. It keeps every run with an unresolved dead job, an
 whose parent still runs. Every engine prunes like this once a minute for its Config.Retention
 (default 7 days); this is for a one-off. --dry-run counts what it would delete.`,
 		Args: cobra.NoArgs,
-		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, _ []string) error {
+		RunE: g.withClient(func(ctx context.Context, e backend, _ []string) error {
 			if prune.OlderThan <= 0 {
 				return &usageError{fmt.Errorf("--older-than must be a duration above 0, such as 720h")}
 			}
@@ -155,7 +155,7 @@ whose parent still runs. Every engine prunes like this once a minute for its Con
 		Use:   "cancel-matching",
 		Short: "Cancel every active run the filters match (at most 10,000; --dry-run counts them)",
 		Args:  cobra.NoArgs,
-		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, _ []string) error {
+		RunE: g.withClient(func(ctx context.Context, e backend, _ []string) error {
 			if bulk.Workflow == "" && bulk.WorkflowIDPrefix == "" && bulkAfter == "" && bulkBefore == "" && len(bulkTags) == 0 {
 				return &usageError{fmt.Errorf("give --workflow, --workflow-id-prefix, --tag, --created-after or --created-before: cancel-matching cancels every active run they match")}
 			}
@@ -336,11 +336,11 @@ cancels it.`,
 				}
 				opts.StartAt = t
 			}
-			e, pool, err := g.client(cmd.Context())
+			e, done, err := g.client(cmd.Context())
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
+			defer done()
 			res, err := e.StartJSON(cmd.Context(), args[0], json.RawMessage(input), opts)
 			if err != nil {
 				return err
@@ -380,7 +380,7 @@ func (g *global) startNowCmd() *cobra.Command {
 		Use:   "start-now RUN",
 		Short: "Start a delayed run (by run ID or workflow ID) at once instead of at its start time",
 		Args:  cobra.ExactArgs(1),
-		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, args []string) error {
+		RunE: g.withClient(func(ctx context.Context, e backend, args []string) error {
 			return g.runAction(ctx, e, args[0], e.StartNow, "started now")
 		}),
 	}
@@ -389,7 +389,7 @@ func (g *global) startNowCmd() *cobra.Command {
 func (g *global) cancelCmd() *cobra.Command {
 	return &cobra.Command{
 		Use: "cancel RUN", Short: "Cancel a run (by run ID or workflow ID): compensations run, it ends cancelled", Args: cobra.ExactArgs(1),
-		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, args []string) error {
+		RunE: g.withClient(func(ctx context.Context, e backend, args []string) error {
 			id, err := e.FindRun(ctx, args[0])
 			if err != nil {
 				return err
@@ -419,7 +419,7 @@ func (g *global) workflowsCmd() *cobra.Command {
 any queue), with the versions registered and the processes (host, pid, queue): what can run
 where. A process records itself when its engine starts and every 10 s after.`,
 		Args: cobra.NoArgs,
-		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, _ []string) error {
+		RunE: g.withClient(func(ctx context.Context, e backend, _ []string) error {
 			wfs, err := e.ListWorkflows(ctx)
 			if err != nil {
 				return err
@@ -460,7 +460,7 @@ Unlike cancel, nothing more of it runs, not even its compensations: use it when 
 (a run stuck on a bug you will not fix, a test run). Its open dead job is resolved as discarded;
 its parent, if it waits for it, is woken; its children of policies cancel and wait are cancelled.`,
 		Args: cobra.ExactArgs(1),
-		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, args []string) error {
+		RunE: g.withClient(func(ctx context.Context, e backend, args []string) error {
 			if opts.Reason == "" {
 				return &usageError{fmt.Errorf("--reason is required: say why the run is terminated")}
 			}
@@ -475,7 +475,7 @@ its parent, if it waits for it, is woken; its children of policies cancel and wa
 
 // runAction applies act to the run target names (a run ID or a workflow
 // ID), then prints the run (--json) or that it is done.
-func (g *global) runAction(ctx context.Context, e *engine.Engine, target string, act func(context.Context, uuid.UUID) error, done string) error {
+func (g *global) runAction(ctx context.Context, e backend, target string, act func(context.Context, uuid.UUID) error, done string) error {
 	id, err := e.FindRun(ctx, target)
 	if err != nil {
 		return err
@@ -557,11 +557,11 @@ ID is signalled, and started first with --input if there is none, in one transac
 			if !json.Valid([]byte(input)) {
 				return &usageError{fmt.Errorf("--input is not valid JSON: %q", input)}
 			}
-			e, pool, err := g.client(cmd.Context())
+			e, done, err := g.client(cmd.Context())
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
+			defer done()
 			var opts *engine.SignalOpts
 			if key != "" {
 				opts = &engine.SignalOpts{Key: key}

@@ -18,7 +18,7 @@ func (g *global) schedulesCmd() *cobra.Command {
 	cmd.AddCommand(g.scheduleSaveCmd("create"), g.scheduleSaveCmd("update"))
 	cmd.AddCommand(&cobra.Command{
 		Use: "list", Short: "List schedules", Args: cobra.NoArgs,
-		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, _ []string) error {
+		RunE: g.withClient(func(ctx context.Context, e backend, _ []string) error {
 			list, err := e.ListSchedules(ctx)
 			if err != nil {
 				return err
@@ -39,7 +39,7 @@ func (g *global) schedulesCmd() *cobra.Command {
 	})
 	cmd.AddCommand(&cobra.Command{
 		Use: "show NAME", Short: "A schedule and its latest 20 fires", Args: cobra.ExactArgs(1),
-		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, args []string) error {
+		RunE: g.withClient(func(ctx context.Context, e backend, args []string) error {
 			s, err := e.GetSchedule(ctx, args[0])
 			if err != nil {
 				return err
@@ -69,7 +69,7 @@ func (g *global) schedulesCmd() *cobra.Command {
 		Long: `Starts one run of the schedule's workflow with its input now, whatever its overlap policy,
 with workflow ID schedule:<name>:trigger:<now>, and records the fire in its history. The next
 cron fire is unchanged.`,
-		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, args []string) error {
+		RunE: g.withClient(func(ctx context.Context, e backend, args []string) error {
 			res, err := e.TriggerSchedule(ctx, args[0])
 			if err != nil {
 				return err
@@ -83,15 +83,15 @@ cron fire is unchanged.`,
 	})
 	for _, act := range []struct {
 		use, short string
-		do         func(*engine.Engine, context.Context, string) error
+		do         func(backend, context.Context, string) error
 	}{
-		{"pause", "Stop a schedule's fires", (*engine.Engine).PauseSchedule},
-		{"resume", "Let a paused schedule fire again, from the next fire time (no catch-up)", (*engine.Engine).ResumeSchedule},
-		{"delete", "Delete a schedule and its fire history (its runs stay)", (*engine.Engine).DeleteSchedule},
+		{"pause", "Stop a schedule's fires", backend.PauseSchedule},
+		{"resume", "Let a paused schedule fire again, from the next fire time (no catch-up)", backend.ResumeSchedule},
+		{"delete", "Delete a schedule and its fire history (its runs stay)", backend.DeleteSchedule},
 	} {
 		cmd.AddCommand(&cobra.Command{
 			Use: act.use + " NAME", Short: act.short, Args: cobra.ExactArgs(1),
-			RunE: g.withClient(func(ctx context.Context, e *engine.Engine, args []string) error {
+			RunE: g.withClient(func(ctx context.Context, e backend, args []string) error {
 				if err := act.do(e, ctx, args[0]); err != nil {
 					return err
 				}
@@ -117,7 +117,7 @@ func (g *global) scheduleSaveCmd(verb string) *cobra.Command {
 run is active; after downtime, fires younger than --catchup-window start in order and
 older ones are recorded as skipped. Daylight saving follows ISC cron (see README).`,
 		Args: cobra.ExactArgs(1),
-		RunE: g.withClient(func(ctx context.Context, e *engine.Engine, args []string) error {
+		RunE: g.withClient(func(ctx context.Context, e backend, args []string) error {
 			spec.Name = args[0]
 			if spec.Cron == "" || spec.Workflow == "" {
 				return &usageError{fmt.Errorf("schedules %s needs --cron and --workflow", verb)}

@@ -77,6 +77,9 @@ Without one it traces nothing.`,
 }
 
 func (g *global) serve(ctx context.Context, f *serveFlags) error {
+	if err := g.localOnly("serve"); err != nil {
+		return err
+	}
 	if f.apiToken == "" {
 		f.apiToken = g.opts.Getenv("ENGINE_API_TOKEN")
 	}
