@@ -68,6 +68,7 @@ func (d *delivery) continueAsNew(input []byte) {
 		return
 	}
 	r.Parent = d.parent
+	r.TraceContext = d.traceContext // the chain stays in one trace, its first delivery here too
 	r.ContinuedFrom = &d.runID
 	wf, path := e.planStart(nil, d.wf.name, false)
 	e.route(&r, path)

@@ -112,6 +112,7 @@ type delivery struct {
 	// position; the children its end cancelled.
 	parent         *store.ParentRef
 	runTimeout     time.Duration // StartOpts.RunTimeout, for a ContinueAsNew's run
+	traceContext   []byte        // the run's stored trace context, for a ContinueAsNew's run
 	hasChildren    bool
 	childRecs      map[int]*store.StepRecord
 	closedChildren []uuid.UUID

@@ -99,7 +99,7 @@ func (e *Engine) execute(ctx context.Context, wf registered, claimed *store.Clai
 		ctx: dctx, cancel: cancel, fwd: fwd, cancelFwd: cancelFwd, e: e, wf: wf, runID: runID,
 		workflowID: claimed.WorkflowID, token: token, log: log, pos: newPositions(claimed.Steps), lastRecorded: -1,
 		claimedAt: sent, deliveries: claimed.Deliveries, deadline: claimed.Deadline, parent: claimed.Parent,
-		runTimeout: claimed.RunTimeout,
+		runTimeout: claimed.RunTimeout, traceContext: claimed.TraceContext,
 	}
 	for i := range claimed.Steps {
 		if claimed.Steps[i].Kind == string(KindChild) {

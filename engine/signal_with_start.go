@@ -57,7 +57,7 @@ func (e *Engine) SignalWithStartJSON(ctx context.Context, workflow string, input
 	return e.signalWithStart(ctx, workflow, r.version, input, opts, name, payload, sopts)
 }
 
-func (e *Engine) signalWithStart(ctx context.Context, workflow string, version int, input []byte, opts *StartOpts, name string, payload []byte, sopts *SignalOpts) (*StartResult, error) {
+func (e *Engine) signalWithStart(ctx context.Context, workflow string, version int, input []byte, opts *StartOpts, name string, payload []byte, sopts *SignalOpts) (res *StartResult, err error) {
 	if opts == nil || opts.WorkflowID == "" {
 		return nil, fmt.Errorf("%w: SignalWithStart needs StartOpts.WorkflowID: it names the run to signal or start", ErrInvalidArgument)
 	}
@@ -68,7 +68,9 @@ func (e *Engine) signalWithStart(ctx context.Context, workflow string, version i
 	if err != nil {
 		return nil, err
 	}
-	var res *StartResult
+	span, traceCtx := e.tr.start(ctx, workflow, r.WorkflowID)
+	defer func() { started(span, res, err) }()
+	r.TraceContext = traceCtx
 	var sent store.SignalSent
 	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		ins, err := store.InsertRun(ctx, tx, r)

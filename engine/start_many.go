@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
@@ -73,6 +74,13 @@ func (w *Workflow[In, Out]) startMany(ctx context.Context, e *Engine, tx pgx.Tx,
 	}
 	if len(runs) == 0 {
 		return []*StartResult{}, nil
+	}
+	// One start span for the call: every run it starts joins its trace.
+	span, traceCtx := e.tr.start(ctx, w.name, "")
+	span.SetAttributes(attribute.Int(attrPrefix+"runs", len(runs)))
+	defer span.End()
+	for i := range runs {
+		runs[i].TraceContext = traceCtx
 	}
 
 	// Each run reaches a worker as a Start's would, the runs this call

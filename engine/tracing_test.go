@@ -149,3 +149,45 @@ func TestUntracedRunsStoreNoTraceContext(t *testing.T) {
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT trace_context::text FROM workflow_runs WHERE run_id = $1`, res.RunID).Scan(&stored))
 	require.Nil(t, stored)
 }
+
+// Every way to start a run joins the caller's trace, and a
+// continue-as-new chain stays in it from its runs' first deliveries (found
+// by an attack pass: signal-with-start and StartMany stored no trace, and
+// a continued run's first delivery began a new one).
+func TestTracingCoversEveryStartPath(t *testing.T) {
+	t.Parallel()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	chain := engine.Define("traced-chain", func(ctx *engine.Context, n int) (int, error) {
+		if _, err := engine.Step(ctx, "tick", func(context.Context) (int, error) { return n, nil }, nil); err != nil {
+			return 0, err
+		}
+		if n < 3 {
+			return 0, engine.ContinueAsNew(ctx, n+1)
+		}
+		return n, nil
+	}, nil)
+	waiter := engine.Define("traced-waiter", func(ctx *engine.Context, _ int) (string, error) {
+		return engine.AwaitSignal[string](ctx, "go", 0)
+	}, nil)
+	b := setup(t, &engine.Config{TracerProvider: tp}, chain, waiter)
+	ctx, root := tp.Tracer("test").Start(testCtx(t), "caller")
+	_, err := chain.Start(ctx, b.engine, 1, &engine.StartOpts{WorkflowID: "chain"})
+	require.NoError(t, err)
+	sws, err := b.engine.SignalWithStartJSON(ctx, "traced-waiter", []byte(`0`), &engine.StartOpts{WorkflowID: "sws"}, "go", []byte(`"now"`), nil)
+	require.NoError(t, err)
+	many, err := chain.StartMany(ctx, b.engine, []engine.StartParams[int]{{Input: 3}, {Input: 3}})
+	require.NoError(t, err)
+	root.End()
+	waitStatus(t, b.engine, sws.RunID, engine.StatusCompleted, 20*time.Second)
+	for _, r := range many {
+		waitStatus(t, b.engine, r.RunID, engine.StatusCompleted, 20*time.Second)
+	}
+	eventually(t, 20*time.Second, "the chain's three runs and the others to be delivered", func() bool {
+		return len(spansNamed(rec.Ended(), "pgdurable.run ")) == 3+1+2
+	})
+	for _, s := range rec.Ended() {
+		require.Equal(t, root.SpanContext().TraceID(), s.SpanContext().TraceID(), "%s %v", s.Name(), s.Attributes())
+	}
+}

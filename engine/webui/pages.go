@@ -10,6 +10,7 @@ import (
 	"maps"
 	"net/http"
 	"net/url"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -243,7 +244,7 @@ func (f runFilter) params() (engine.ListRunsParams, error) {
 	if p.CreatedBefore, err = parseWhen("created before", f.CreatedBefore); err != nil {
 		return p, err
 	}
-	if p.Tags, err = httpapi.ParseTags(strings.Fields(f.Tags)); err != nil {
+	if p.Tags, err = httpapi.ParseTags(splitTags(f.Tags)); err != nil {
 		return p, err
 	}
 	return p, nil
@@ -699,6 +700,27 @@ func (u *ui) workflows(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	u.render(w, r, http.StatusOK, "workflows", &page{Title: "Workflows", Nav: "workflows", Data: list})
+}
+
+// tagStart finds where a tag filter begins after white space: a key and
+// its = or :. A value may hold spaces ("city=New York").
+var tagStart = regexp.MustCompile(`\s+[A-Za-z0-9_.-]{1,64}[=:]`)
+
+// splitTags splits the UI's tags field, "k=v k2=v two", into filters.
+func splitTags(s string) []string {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return nil
+	}
+	var out []string
+	for {
+		loc := tagStart.FindStringIndex(s) // never at 0: s is trimmed
+		if loc == nil {
+			return append(out, s)
+		}
+		out = append(out, s[:loc[0]])
+		s = strings.TrimSpace(s[loc[0]:])
+	}
 }
 
 // tagList is a run's tags as "key=value" strings, by key.

@@ -82,7 +82,7 @@ func newFixture(t *testing.T, token string) *fixture {
 		key, workflow, kind string
 		opts                *engine.StartOpts
 	}{
-		{"completed", "order", "ok", &engine.StartOpts{Tags: map[string]string{"customer": "c_42", "region": "eu"}}},
+		{"completed", "order", "ok", &engine.StartOpts{Tags: map[string]string{"customer": "c_42", "region": "eu", "city": "New York"}}},
 		{"compensated", "order", "decline", nil},
 		{"waiting", "order", "wait", &engine.StartOpts{WorkflowID: "approval-7"}},
 		{"delayed", "order", "ok", &engine.StartOpts{Delay: time.Hour, WorkflowID: "tomorrow"}},
