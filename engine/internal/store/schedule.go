@@ -98,21 +98,17 @@ func DeleteSchedule(ctx context.Context, db DBTX, name string) error {
 
 // GetSchedule reads one schedule; ErrNotFound when absent.
 func GetSchedule(ctx context.Context, db DBTX, name string) (*ScheduleRow, error) {
-	rows, err := db.Query(ctx, `SELECT `+scheduleColumns+` FROM schedules WHERE name = $1`, name)
-	if err != nil {
-		return nil, translate(err)
-	}
-	s, err := pgx.CollectExactlyOneRow(rows, scanSchedule)
-	if err != nil {
-		return nil, translate(err)
-	}
-	return &s, nil
+	return oneSchedule(ctx, db, `SELECT `+scheduleColumns+` FROM schedules WHERE name = $1`, name)
 }
 
 // LockSchedule reads one schedule and locks its row until tx ends, as a
 // fire does; ErrNotFound when absent.
 func LockSchedule(ctx context.Context, tx DBTX, name string) (*ScheduleRow, error) {
-	rows, err := tx.Query(ctx, `SELECT `+scheduleColumns+` FROM schedules WHERE name = $1 FOR UPDATE`, name)
+	return oneSchedule(ctx, tx, `SELECT `+scheduleColumns+` FROM schedules WHERE name = $1 FOR UPDATE`, name)
+}
+
+func oneSchedule(ctx context.Context, db DBTX, sql, name string) (*ScheduleRow, error) {
+	rows, err := db.Query(ctx, sql, name)
 	if err != nil {
 		return nil, translate(err)
 	}
