@@ -29,6 +29,9 @@ type PruneParams struct {
 	OlderThan time.Duration
 	// DryRun counts what would be deleted and deletes nothing.
 	DryRun bool
+	// Progress, when set, is called after each batch with the rows
+	// deleted so far (engine runs prune prints it), on Prune's goroutine.
+	Progress func(PruneResult)
 }
 
 // PruneResult counts the rows a prune deleted (or, dry, would delete).
@@ -85,6 +88,9 @@ func (e *Engine) Prune(ctx context.Context, p PruneParams) (PruneResult, error) 
 		res.add(n)
 		if err != nil {
 			return res, err
+		}
+		if p.Progress != nil {
+			p.Progress(res)
 		}
 		if n.Runs < pruneBatch && n.ScheduleFires < pruneBatch {
 			return res, nil

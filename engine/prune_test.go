@@ -91,10 +91,14 @@ VALUES ('00000000-0000-7000-8000-000000000002', 'history', 'old-child', 'complet
 		ids[i] = res.RunID
 	}
 	start := time.Now()
-	got, err := b.engine.Prune(ctx, engine.PruneParams{OlderThan: 24 * time.Hour})
+	var progress []engine.PruneResult
+	got, err := b.engine.Prune(ctx, engine.PruneParams{OlderThan: 24 * time.Hour,
+		Progress: func(so engine.PruneResult) { progress = append(progress, so) }})
 	require.NoError(t, err)
 	t.Logf("pruned %+v in %s", got, time.Since(start).Round(time.Millisecond))
 	require.Equal(t, want, got)
+	require.GreaterOrEqual(t, len(progress), 21, "a batch of 500 runs at a time, each reported")
+	require.Equal(t, got, progress[len(progress)-1])
 	for i, id := range ids {
 		out, err := wf.Wait(ctx, b.engine, id, 10*time.Millisecond)
 		require.NoError(t, err)

@@ -123,11 +123,21 @@ cancelled, continued, and dead runs whose dead jobs were all resolved as long ag
 steps, signals and dead-job rows, and schedule fires recorded as long ago, in batches of 500
 that never wait for a worker. It keeps every run with an unresolved dead job, and a child run
 whose parent still runs. Every engine prunes like this once a minute for its Config.Retention
-(default 7 days); this is for a one-off. --dry-run counts what it would delete.`,
+(default 7 days); this is for a one-off. --dry-run counts what it would delete. A long prune
+prints how many runs it has deleted, once a second, on stderr (not over --address: there the
+server prunes in one request).`,
 		Args: cobra.NoArgs,
 		RunE: g.withClient(func(ctx context.Context, e backend, _ []string) error {
 			if prune.OlderThan <= 0 {
 				return &usageError{fmt.Errorf("--older-than must be a duration above 0, such as 720h")}
+			}
+			last := time.Now()
+			prune.Progress = func(so engine.PruneResult) {
+				// A long prune says how far it got, once a second, on stderr.
+				if time.Since(last) >= time.Second {
+					last = time.Now()
+					fmt.Fprintf(g.opts.Stderr, "pruning: %d runs deleted so far\n", so.Runs)
+				}
 			}
 			res, err := e.Prune(ctx, prune)
 			if err != nil {
