@@ -1,9 +1,11 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/google/uuid"
 )
@@ -62,6 +64,10 @@ func (e *Engine) CancelRuns(ctx context.Context, p ListRunsParams, dryRun bool) 
 			break
 		}
 	}
+	// A run that moved from one status to the next between the pages
+	// (pending, then waiting) is listed under both: count it once.
+	slices.SortFunc(ids, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
+	ids = slices.Compact(ids)
 	return bulk(ids, more, dryRun, nil, func(id uuid.UUID) error { return e.Cancel(ctx, id) }, ErrRunClosed)
 }
 
