@@ -454,7 +454,7 @@ func finalFailure(err error, name string, seq, attempt, maxAttempts int) (info *
 func (l *attemptLoop) attempt(a *attemptState) ([]byte, *panicInfo, error) {
 	d := l.d
 	timeout, cause := attemptBound(l.call.opts, l.startedAt, d.e.now())
-	sctx, span := d.e.tr.attempt(l.ctx, l.call, l.seq, a.attempt, a.requestID)
+	sctx, span := d.e.tr.attempt(l.ctx, l.call.name, l.call.kind, l.call.compensationOf, l.seq, a.attempt, a.requestID)
 	out, p, timedOut, err := bounded(sctx, timeout, cause, l.call.tx, func(ctx context.Context) ([]byte, *panicInfo, error) {
 		return d.attempt(ctx, l.call.body, a)
 	})

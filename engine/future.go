@@ -333,7 +333,8 @@ func (b *branch) run(body func(context.Context, *branch) ([]byte, error)) (_ []b
 		}
 		started := time.Now()
 		timeout, cause := attemptBound(b.opts, b.startedAt, d.e.now())
-		out, p, timedOut, err := bounded(b.ctx(), timeout, cause, b.kind == KindTx, func(ctx context.Context) (out []byte, p *panicInfo, err error) {
+		sctx, span := d.e.tr.attempt(b.ctx(), b.name, b.kind, nil, b.seq, attempt, b.requestID)
+		out, p, timedOut, err := bounded(sctx, timeout, cause, b.kind == KindTx, func(ctx context.Context) (out []byte, p *panicInfo, err error) {
 			defer func() {
 				if r := recover(); r != nil {
 					p = &panicInfo{value: r, stack: debug.Stack()}
@@ -349,6 +350,7 @@ func (b *branch) run(body func(context.Context, *branch) ([]byte, error)) (_ []b
 		if timedOut {
 			err = stepTimeout(b.name, attempt, cause, err)
 		}
+		attempted(span, p, err)
 		observe := func(outcome string) {
 			d.e.obs.StepAttempt(d.wf.name, b.name, b.kind, attempt, outcome, time.Since(started))
 		}

@@ -111,19 +111,21 @@ func (t tracing) deliver(ctx context.Context, c *store.ClaimedRun, sent time.Tim
 }
 
 // attempt begins the span of one attempt of a step, under the delivery's.
-func (t tracing) attempt(ctx context.Context, call *stepCall, seq, attempt int, requestID uuid.UUID) (context.Context, trace.Span) {
+// (A parallel step's attempts too, on its own goroutine, under the
+// delivery's span: compensationOf is nil for a forward step.)
+func (t tracing) attempt(ctx context.Context, name string, kind StepKind, compensationOf *int, seq, attempt int, requestID uuid.UUID) (context.Context, trace.Span) {
 	if !trace.SpanFromContext(ctx).IsRecording() {
 		return ctx, trace.SpanFromContext(ctx) // an untraced delivery: nothing to record, nothing to allocate
 	}
-	attrs := []attribute.KeyValue{attr("step", call.name), attribute.Int(attrPrefix+"seq", seq),
-		attribute.Int(attrPrefix+"attempt", attempt), attr("kind", string(call.kind))}
+	attrs := []attribute.KeyValue{attr("step", name), attribute.Int(attrPrefix+"seq", seq),
+		attribute.Int(attrPrefix+"attempt", attempt), attr("kind", string(kind))}
 	if requestID != uuid.Nil {
 		attrs = append(attrs, attr("request_id", requestID.String()))
 	}
-	if call.compensationOf != nil {
-		attrs = append(attrs, attribute.Int(attrPrefix+"compensation_of", *call.compensationOf))
+	if compensationOf != nil {
+		attrs = append(attrs, attribute.Int(attrPrefix+"compensation_of", *compensationOf))
 	}
-	return t.tracer.Start(ctx, spanAttempt+call.name, trace.WithAttributes(attrs...))
+	return t.tracer.Start(ctx, spanAttempt+name, trace.WithAttributes(attrs...))
 }
 
 // attempted ends an attempt's span with its outcome.

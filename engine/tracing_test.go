@@ -191,3 +191,40 @@ func TestTracingCoversEveryStartPath(t *testing.T) {
 		require.Equal(t, root.SpanContext().TraceID(), s.SpanContext().TraceID(), "%s %v", s.Name(), s.Attributes())
 	}
 }
+
+// Parallel steps and activities have a span per attempt too, under the
+// delivery's (found by a fresh-user pass: they had none).
+func TestTracingParallelSteps(t *testing.T) {
+	t.Parallel()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	wf := engine.Define("traced-parallel", func(ctx *engine.Context, _ int) (int, error) {
+		a := engine.Go(ctx, "left", func(context.Context) (int, error) { return 1, nil }, nil)
+		b := engine.Go(ctx, "right", func(context.Context) (int, error) { return 2, nil }, nil)
+		c := engine.GoActivity(ctx, "call", nil, func(context.Context, *engine.ActivityAttempt) (int, error) { return 3, nil })
+		out, err := engine.All(ctx, []*engine.Future[int]{a, b, c})
+		if err != nil {
+			return 0, err
+		}
+		return out[0] + out[1] + out[2], nil
+	}, nil)
+	bn := setup(t, &engine.Config{TracerProvider: tp}, wf)
+	ctx, root := tp.Tracer("test").Start(testCtx(t), "caller")
+	res, err := wf.Start(ctx, bn.engine, 0, nil)
+	require.NoError(t, err)
+	root.End()
+	waitStatus(t, bn.engine, res.RunID, engine.StatusCompleted, 20*time.Second)
+	var spans []sdktrace.ReadOnlySpan
+	eventually(t, 10*time.Second, "the delivery's span", func() bool {
+		spans = rec.Ended()
+		return len(spansNamed(spans, "pgdurable.run ")) == 1
+	})
+	run := spansNamed(spans, "pgdurable.run ")[0]
+	for _, name := range []string{"left", "right", "call"} {
+		s := spansNamed(spans, "pgdurable.step "+name)
+		require.Len(t, s, 1, name)
+		require.Equal(t, run.SpanContext().SpanID(), s[0].Parent().SpanID(), name)
+	}
+	require.NotEmpty(t, attrOf(spansNamed(spans, "pgdurable.step call")[0], "pgdurable.request_id").AsString())
+}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -68,7 +67,8 @@ func newAPIClient(address, token string) (*apiClient, error) {
 		address = "http://" + address
 	}
 	u, err := url.Parse(address)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" ||
+		(u.Port() == "" && !strings.HasPrefix(address, "https://")) {
 		return nil, &usageError{fmt.Errorf("--address %q is not host:port or an http(s)://host:port URL", address)}
 	}
 	return &apiClient{base: u.Scheme + "://" + u.Host, token: token, http: &http.Client{Timeout: 2 * time.Minute}}, nil
@@ -86,9 +86,6 @@ type apiError struct {
 
 func (e *apiError) Error() string { return e.message }
 func (e *apiError) Unwrap() error { return e.sentinel }
-
-// errUnauthorized: the server wants a (different) bearer token.
-var errUnauthorized = errors.New("the server refused the request: set the API token it requires (--api-token or ENGINE_API_TOKEN)")
 
 var sentinels = map[string]error{
 	"not_found": engine.ErrNotFound, "unknown_workflow": engine.ErrUnknownWorkflow, "invalid_input": engine.ErrInvalidInput,
@@ -133,7 +130,7 @@ func (c *apiClient) do(ctx context.Context, method, path string, query url.Value
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("calling the engine at %s: %w", c.base, err)
+		return &unreachableError{base: c.base, err: err}
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
@@ -145,8 +142,11 @@ func (c *apiClient) do(ctx context.Context, method, path string, query url.Value
 		if json.Unmarshal(raw, &eb) != nil || eb.Error.Code == "" {
 			return fmt.Errorf("the engine at %s answered %s to %s %s", c.base, resp.Status, method, path)
 		}
-		if resp.StatusCode == http.StatusUnauthorized || eb.Error.Code == "forbidden_host" {
-			return fmt.Errorf("%w (%s)", errUnauthorized, eb.Error.Message)
+		switch {
+		case resp.StatusCode == http.StatusUnauthorized && c.token == "":
+			eb.Error.Message = "the engine requires an API token: set --api-token or ENGINE_API_TOKEN"
+		case resp.StatusCode == http.StatusUnauthorized:
+			eb.Error.Message = "the engine refused the API token (--api-token or ENGINE_API_TOKEN): it is not the one the server was started with"
 		}
 		return &apiError{status: resp.StatusCode, code: eb.Error.Code, message: eb.Error.Message, sentinel: sentinels[eb.Error.Code]}
 	}
@@ -158,6 +158,18 @@ func (c *apiClient) do(ctx context.Context, method, path string, query url.Value
 	}
 	return nil
 }
+
+// unreachableError: the request got no answer (the server is down,
+// restarting, or too slow for the client's timeout).
+type unreachableError struct {
+	base string
+	err  error
+}
+
+func (e *unreachableError) Error() string {
+	return fmt.Sprintf("calling the engine at %s: %v", e.base, e.err)
+}
+func (e *unreachableError) Unwrap() error { return e.err }
 
 func runPath(id string) string { return "/v1/runs/" + url.PathEscape(id) }
 

@@ -28,6 +28,9 @@ the fake gateway (750 runs, whatever --workflows says), and the process's memory
 --json, only the JSON). Use a database of its own: it migrates it and adds tables and jobs.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := g.localOnly("bench"); err != nil {
+				return err
+			}
 			if scaleShare > 0 {
 				return scaleWorker(cmd.Context(), g.dbURL(), scaleShare, cmd.InOrStdin(), g.opts.Stdout)
 			}

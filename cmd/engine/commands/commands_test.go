@@ -479,8 +479,11 @@ func TestSchedulesCommand(t *testing.T) {
 	require.Contains(t, errOut, "not found")
 	code, out, _ = run(t, db, "schedules", "list", "--json")
 	require.Equal(t, 0, code)
-	var list []map[string]any
-	require.NoError(t, json.Unmarshal([]byte(out), &list))
+	var body struct {
+		Schedules []map[string]any `json:"schedules"` // GET /v1/schedules's shape
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &body))
+	list := body.Schedules
 	require.Len(t, list, 1)
 	require.Equal(t, "allow", list[0]["overlap"])
 	require.Equal(t, "1h0m0s", list[0]["catchup_window"], "update replaces the whole definition")
@@ -1097,8 +1100,25 @@ func TestCLIOverHTTP(t *testing.T) {
 	// A wrong token: refused, said so, the token never printed.
 	code, _, errOut = overHTTP(t, addr, "wrong-token-wrong-token", "runs", "list")
 	require.Equal(t, 1, code)
-	require.Contains(t, errOut, "set the API token it requires")
+	require.Contains(t, errOut, "the engine refused the API token")
 	require.NotContains(t, errOut, "wrong-token-wrong-token")
+	code, out, _ = overHTTP(t, addr, "", "runs", "list", "--json")
+	require.Equal(t, 1, code)
+	require.Contains(t, out, `"code":"unauthorized"`)
+	require.Contains(t, out, "requires an API token")
+	code, out, _ = cli("schedules", "list", "--json")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `{"schedules":`)
+	code, out, _ = cli("--database-url", db.URL, "runs", "show", "h-1", "--json")
+	require.Equal(t, 0, code, "an explicit --database-url wins over ENGINE_ADDRESS")
+	require.Contains(t, out, `"workflow_id":"h-1"`)
+	for _, local := range [][]string{{"migrate", "status"}, {"bench"}} {
+		code, _, errOut = overHTTP(t, addr, token, append([]string{"--address", addr}, local...)...)
+		require.Equal(t, 2, code, local)
+		require.Contains(t, errOut, "works on the database", local)
+	}
+	code, _, _ = overHTTP(t, "localhost", token, "runs", "list")
+	require.Equal(t, 2, code, "an address without a port")
 	code, _, errOut = overHTTP(t, "ftp://x", token, "runs", "list")
 	require.Equal(t, 2, code, errOut)
 	code, _, errOut = overHTTP(t, addr, token, "--address", addr, "migrate", "up")

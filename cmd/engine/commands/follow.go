@@ -2,6 +2,7 @@ package commands
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -13,6 +14,21 @@ import (
 
 // followPoll is how often a followed run is read.
 const followPoll = 200 * time.Millisecond
+
+// followOutage is how long a follow over --address keeps asking a server
+// that does not answer before it gives up.
+const followOutage = time.Minute
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
 
 // stillPending is how long a followed run may stay pending, never picked
 // up, before the follower says why that may be.
@@ -40,10 +56,28 @@ func (g *global) follow(ctx context.Context, e backend, runID uuid.UUID) (*engin
 	var status engine.RunStatus
 	began := time.Now()
 	hinted := false
+	var lost time.Time // when the server stopped answering, over --address
 	for {
 		run, err := e.GetRun(ctx, runID)
-		if err != nil {
+		var down *unreachableError
+		switch {
+		case errors.As(err, &down) && (lost.IsZero() || time.Since(lost) < followOutage):
+			// A server restarting (a deploy) is not the run's end: keep
+			// asking for a while.
+			if lost.IsZero() {
+				lost = time.Now()
+				fmt.Fprintf(g.opts.Stderr, "lost the engine (%v); retrying for %s\n", down.err, followOutage)
+			}
+			if err := sleepCtx(ctx, time.Second); err != nil {
+				return nil, fmt.Errorf("stopped following run %s (it goes on): %w", runID, err)
+			}
+			continue
+		case err != nil:
 			return nil, err
+		}
+		if !lost.IsZero() {
+			lost = time.Time{}
+			fmt.Fprintln(g.opts.Stderr, "the engine answers again")
 		}
 		if !g.jsonOut {
 			for _, s := range run.Steps {

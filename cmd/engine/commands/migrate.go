@@ -30,6 +30,9 @@ func (g *global) migrateCmd() *cobra.Command {
 	status := &cobra.Command{
 		Use: "status", Short: "Show which migrations are applied", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := g.localOnly("migrate"); err != nil {
+				return err
+			}
 			pool, err := g.pool(cmd.Context(), 2)
 			if err != nil {
 				return err

@@ -119,6 +119,10 @@ func Execute(ctx context.Context, args []string, opts Options) int {
 			code, exit = "run_not_completed", 1
 		case !errors.As(err, &usage):
 			_, code = httpapi.ErrorCode(err)
+			var api *apiError
+			if errors.As(err, &api) && code == "internal" {
+				code = api.code // a server's answer keeps its own code (unauthorized, ...)
+			}
 			exit = 1
 		}
 		if g.jsonOut {
@@ -182,7 +186,7 @@ func newRoot(opts Options) (*cobra.Command, *global) {
 	root.SetErr(opts.Stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
 	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL, else "+DefaultDatabaseURL+")")
-	root.PersistentFlags().StringVar(&g.addressFlag, "address", "", "talk to a running engine's HTTP API at host:port or http(s)://host:port instead of the database (default $ENGINE_ADDRESS)")
+	root.PersistentFlags().StringVar(&g.addressFlag, "address", "", "talk to a running engine's HTTP API at host:port or http(s)://host:port instead of the database (default $ENGINE_ADDRESS, unless --database-url is given)")
 	root.PersistentFlags().StringVar(&g.clientToken, "api-token", "", "the bearer token --address sends (default $ENGINE_API_TOKEN); serve: the token it requires")
 	root.PersistentFlags().BoolVar(&g.jsonOut, "json", false, "print JSON instead of tables (the HTTP API's shapes; errors as {\"error\": {\"code\", \"message\"}} on stdout)")
 	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.startNowCmd(), g.cancelCmd(), g.terminateCmd(), g.workflowsCmd(), g.signalCmd(), g.schedulesCmd(), g.devCmd(), g.benchCmd())
@@ -304,10 +308,15 @@ func (g *global) client(ctx context.Context) (b backend, done func(), err error)
 	return e, pool.Close, nil
 }
 
-// address is --address, else $ENGINE_ADDRESS ("" for the database).
+// address is --address, else $ENGINE_ADDRESS unless --database-url is
+// given ("" for the database): a flag on the command line wins over the
+// environment.
 func (g *global) address() string {
 	if g.addressFlag != "" {
 		return g.addressFlag
+	}
+	if g.databaseURL != "" {
+		return ""
 	}
 	return g.opts.Getenv("ENGINE_ADDRESS")
 }

@@ -27,7 +27,7 @@ func (g *global) schedulesCmd() *cobra.Command {
 				if list == nil {
 					list = []engine.Schedule{}
 				}
-				return writeJSON(g.opts.Stdout, list)
+				return writeJSON(g.opts.Stdout, map[string]any{"schedules": list}) // GET /v1/schedules's body
 			}
 			t := newTable(g.opts.Stdout, "NAME", "CRON", "TIME ZONE", "WORKFLOW", "OVERLAP", "CATCH-UP", "PAUSED", "NEXT FIRE", "LAST FIRE")
 			for _, s := range list {
@@ -94,6 +94,16 @@ cron fire is unchanged.`,
 			RunE: g.withClient(func(ctx context.Context, e backend, args []string) error {
 				if err := act.do(e, ctx, args[0]); err != nil {
 					return err
+				}
+				if g.jsonOut {
+					if act.use == "delete" { // the API answers 204, no body
+						return writeJSON(g.opts.Stdout, map[string]any{"name": args[0], "deleted": true})
+					}
+					s, err := e.GetSchedule(ctx, args[0]) // the API answers the schedule
+					if err != nil {
+						return err
+					}
+					return writeJSON(g.opts.Stdout, s)
 				}
 				fmt.Fprintf(g.opts.Stdout, "schedule %s: %sd\n", args[0], act.use)
 				return nil
