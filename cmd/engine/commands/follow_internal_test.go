@@ -1,0 +1,51 @@
+package commands
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/pgdurable/pgdurable/engine"
+)
+
+// flakyServer is a backend whose GetRun fails as an unreachable server
+// would for its first calls, then answers the run, completed.
+type flakyServer struct {
+	backend
+	down  int
+	calls int
+	run   *engine.Run
+}
+
+func (f *flakyServer) GetRun(context.Context, uuid.UUID) (*engine.Run, error) {
+	f.calls++
+	if f.calls <= f.down {
+		return nil, &unreachableError{base: "http://127.0.0.1:1", err: errors.New("connection refused")}
+	}
+	return f.run, nil
+}
+
+// A follow over --address outlives a server restart: it keeps asking, says
+// so, and ends with the run's outcome.
+func TestFollowKeepsAskingARestartingServer(t *testing.T) {
+	var out, errOut bytes.Buffer
+	g := &global{opts: Options{Stdout: &out, Stderr: &errOut}}
+	now := time.Now()
+	srv := &flakyServer{down: 2, run: &engine.Run{RunID: uuid.New(), WorkflowName: "w", Status: engine.StatusCompleted, CompletedAt: &now}}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	run, err := g.follow(ctx, srv, srv.run.RunID)
+	if err != nil {
+		t.Fatalf("follow: %v", err)
+	}
+	if run.Status != engine.StatusCompleted || srv.calls != 3 {
+		t.Fatalf("run %s after %d calls", run.Status, srv.calls)
+	}
+	if got := errOut.String(); !bytes.Contains([]byte(got), []byte("lost the engine")) || !bytes.Contains([]byte(got), []byte("answers again")) {
+		t.Fatalf("stderr: %q", got)
+	}
+}
