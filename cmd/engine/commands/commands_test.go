@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -1059,6 +1060,19 @@ func TestCLIOverHTTP(t *testing.T) {
 	code, out, _ = cli("dead", "show", jobID)
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "negative: upstream refused")
+	_, out, _ = cli("runs", "show", "h-dead", "--json")
+	var deadRun struct {
+		RunID string `json:"run_id"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &deadRun))
+	code, out, _ = cli("dead", "list", "--run-id", deadRun.RunID, "--json")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, jobID)
+	code, out, _ = cli("dead", "list", "--run-id", uuid.NewString(), "--json")
+	require.Equal(t, 0, code)
+	require.NotContains(t, out, jobID)
+	code, _, _ = cli("dead", "list", "--run-id", "nope")
+	require.Equal(t, 2, code)
 	code, out, _ = cli("dead", "replay-matching", "--workflow", "double", "--dry-run")
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "1")

@@ -15,11 +15,20 @@ import (
 func (g *global) deadCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "dead", Short: "Inspect, replay and discard dead jobs"}
 	var p engine.ListDeadJobsParams
+	var runID string
 	list := &cobra.Command{
 		Use: "list", Short: "List dead jobs, newest first", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkLimit(p.Limit); err != nil {
 				return err
+			}
+			p.RunID = uuid.Nil
+			if runID != "" {
+				id, err := parseID("--run-id", runID)
+				if err != nil {
+					return err
+				}
+				p.RunID = id
 			}
 			if err := checkOneOf("--reason", p.Reason, engine.ReasonRetriesExhausted, engine.ReasonPermanentError, engine.ReasonPanic,
 				engine.ReasonNonDeterminism, engine.ReasonPoisonInput, engine.ReasonCrashLoop, engine.ReasonCompensationFailed); err != nil {
@@ -48,6 +57,7 @@ func (g *global) deadCmd() *cobra.Command {
 			return nil
 		},
 	}
+	list.Flags().StringVar(&runID, "run-id", "", "only the dead jobs of this run")
 	list.Flags().StringVar(&p.Workflow, "workflow", "", "only this workflow")
 	list.Flags().StringVar((*string)(&p.Reason), "reason", "", "only this reason")
 	list.Flags().BoolVar(&p.OpenOnly, "open", false, "only jobs not yet replayed or discarded")
