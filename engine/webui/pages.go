@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
-	"io/fs"
 	"maps"
 	"net/http"
 	"net/url"
@@ -50,8 +49,6 @@ func parsePages() map[string]*template.Template {
 	}
 	return out
 }
-
-var _ fs.FS = assets
 
 var runStatuses = []engine.RunStatus{engine.StatusPending, engine.StatusRunning, engine.StatusWaiting, engine.StatusCompensating,
 	engine.StatusDead, engine.StatusCompleted, engine.StatusFailed, engine.StatusCompensated, engine.StatusCancelled,

@@ -104,12 +104,8 @@ func (g *global) follow(ctx context.Context, e backend, runID uuid.UUID) (*engin
 		if run.Status.Terminal() {
 			return run, nil
 		}
-		t := time.NewTimer(followPoll)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, fmt.Errorf("stopped following run %s (it goes on): %w", runID, ctx.Err())
-		case <-t.C:
+		if err := sleepCtx(ctx, followPoll); err != nil {
+			return nil, fmt.Errorf("stopped following run %s (it goes on): %w", runID, err)
 		}
 	}
 }
