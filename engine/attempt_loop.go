@@ -156,8 +156,17 @@ func (l *attemptLoop) run() ([]byte, error) {
 		// delivery ends; a short one waits in place below.
 		wake := call.wake()
 		if wake.Sub(l.startedAt) > d.e.cfg.MaxInlineBackoff {
-			d.suspend(sleepRecord(l.seq, l.startedAt, wake), wake)
-			return nil, d.endErr
+			rec := sleepRecord(l.seq, l.startedAt, wake)
+			if !d.branchesRunning() {
+				d.suspend(rec, wake)
+				return nil, d.endErr
+			}
+			// Parallel steps run: the sleep waits in place (waitUntil),
+			// its wake time written first.
+			if !d.write(d.buf.takeWith(rec)...) {
+				return nil, d.endErr
+			}
+			l.written = true
 		}
 		l.nextAttempt = &wake
 	}
@@ -222,6 +231,8 @@ func (l *attemptLoop) next() (out []byte, done bool, err error) {
 		if a.recorded {
 			d.lastRecorded, d.lastRecordedAt = l.seq, a.completedAt
 		} else {
+			// Written with the delivery's next write, or sooner when the
+			// workflow goes on to wait (see flushStarted).
 			d.buf.pending = a.completed(out)
 		}
 		return out, true, nil
@@ -274,11 +285,13 @@ func (l *attemptLoop) begin(attempt int) (announced, stop bool, out []byte, err 
 		return false, true, nil, d.endErr
 	}
 	// Everything before this step is recorded before it runs. An
-	// activity's attempts and every retry are announced with it
-	// (status started), so an attempt whose worker dies counts;
-	// a plain or tx step's first attempt is not, which would cost a
-	// round trip per step: a crash in it is bounded by MaxDeliveries.
-	if l.call.requestID || attempt > 1 {
+	// activity's attempts, every retry and the attempts of a step with a
+	// ScheduleToCloseTimeout are announced with it (status started), so
+	// an attempt whose worker dies counts, and the step's time counts from
+	// its first start across deliveries; a plain or tx step's first
+	// attempt is not, which would cost a round trip per step: a crash in
+	// it is bounded by MaxDeliveries.
+	if l.call.requestID || attempt > 1 || l.call.opts.scheduleToClose() > 0 {
 		rec := l.record(store.StepStarted, attempt)
 		rec.Error = l.lastErr
 		if !d.write(d.buf.takeWith(rec)...) {
@@ -298,7 +311,13 @@ func (l *attemptLoop) begin(attempt int) (announced, stop bool, out []byte, err 
 	}
 	if l.call.tx {
 		// A tx step writes the previous step's record in its own
-		// transaction, with its own record: both commit or neither.
+		// transaction, with its own record: both commit or neither. Only
+		// a record whose step no row shows started waits for it (a plain
+		// step's first attempt: a crash in a slow tx step runs that step
+		// again, as Step promises); an activity's outcome is written now.
+		if !d.flushStarted() || !d.mayStartStep() {
+			return false, true, nil, d.endErr
+		}
 		return false, false, nil, nil
 	}
 	if !d.flush() || !d.mayStartStep() {
@@ -379,15 +398,15 @@ func (l *attemptLoop) failed(attempt int, err error, p *panicInfo, observe func(
 		l.written, l.lastErr = true, rec.Error
 		return l.stop(attempt)
 	}
-	if delay > d.e.cfg.MaxInlineBackoff {
+	if delay > d.e.cfg.MaxInlineBackoff && !d.branchesRunning() {
 		d.suspend(rec, next)
 		return nil, true, d.endErr
 	}
-	if !d.write(rec) {
+	if !d.write(d.buf.takeWith(rec)...) {
 		return nil, true, d.endErr
 	}
 	l.written = true
-	if !d.wait(delay, l.stoppable) {
+	if !d.waitUntil(next, l.stoppable) {
 		return nil, true, d.endErr
 	}
 	l.attempts = attempt

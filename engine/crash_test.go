@@ -211,7 +211,7 @@ func crashWorkflows(pool *pgxpool.Pool) []engine.Registration {
 		}
 		return out, nil
 	}, nil)
-	return []engine.Registration{three, flaky, lost, tx, batch, fanout, kid, parent}
+	return append([]engine.Registration{three, flaky, lost, tx, batch, fanout, kid, parent}, deadlineCrashWorkflows(pool)...)
 }
 
 func createCallsTable(t *testing.T, pool *pgxpool.Pool) {

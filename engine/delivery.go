@@ -97,10 +97,11 @@ type delivery struct {
 	writeMu sync.Mutex
 
 	// Parallel steps (future.go), set up by the first: a slot per step
-	// running, their context (the forward steps', also cancelled when the
+	// running, a signal as one ends, their context (the forward steps', also cancelled when the
 	// workflow function returns), the steps running, and the park of one
 	// that panicked.
 	branchSlots    chan struct{}
+	branchEnded    chan struct{} // signalled as a parallel step ends (see pauseForBranches)
 	branchCtx      context.Context
 	cancelBranches context.CancelCauseFunc
 	branches       sync.WaitGroup

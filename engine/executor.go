@@ -521,6 +521,25 @@ func (d *delivery) flush() bool {
 	return d.write(rec)
 }
 
+// flushStarted writes the pending record now when a row shows its step
+// started (an activity's, a retried step's, one with a
+// ScheduleToCloseTimeout's: their attempts are announced). The workflow
+// calls it before it may wait long with the record unwritten (a tx step's
+// transaction, a parallel step, a wait in place), so such an outcome is
+// never held back behind the wait: a crash meanwhile would call the step
+// again and report a lost attempt. A plain step's first record may wait:
+// nothing shows it started, and a crash runs it again, as Step promises.
+// False when the delivery ended.
+func (d *delivery) flushStarted() bool {
+	if d.ended {
+		return false
+	}
+	if p := d.buf.pending; p == nil || p.Fresh {
+		return true
+	}
+	return d.flush()
+}
+
 // suspend hands the run back until wakeAt, writing rec (may be nil) and the
 // next delivery's ticket in one transaction.
 func (d *delivery) suspend(rec *store.StepRecord, wakeAt time.Time) {

@@ -37,6 +37,9 @@ func (f *Future[T]) Get(ctx *Context) (T, error) {
 	if ctx == nil || ctx.d != f.d {
 		return zero, errors.New("pgdurable: Future.Get called with another run's Context")
 	}
+	if !f.Ready() && !f.d.flushStarted() {
+		return zero, f.d.endErr
+	}
 	<-f.done
 	raw, err := f.d.settleBranch(f.raw, f.err, f.park)
 	if err != nil {
@@ -293,6 +296,9 @@ func startBranch[T any](ctx *Context, name string, kind StepKind, opts *StepOpts
 		if rec.RequestID != nil {
 			b.requestID = *rec.RequestID
 		}
+	}
+	if !d.flushStarted() {
+		return resolve(nil, d.endErr) // the workflow goes on, and may wait for this step
 	}
 	if !d.takeBranchSlot() {
 		return resolve(nil, d.ctx.Err())
@@ -551,6 +557,7 @@ func (d *delivery) settleBranch(raw []byte, err error, park *parkReason) ([]byte
 func (d *delivery) takeBranchSlot() bool {
 	if d.branchSlots == nil {
 		d.branchSlots = make(chan struct{}, d.wf.maxParallel)
+		d.branchEnded = make(chan struct{}, 1)
 		d.branchCtx, d.cancelBranches = context.WithCancelCause(d.fwd)
 	}
 	select {
@@ -561,7 +568,41 @@ func (d *delivery) takeBranchSlot() bool {
 	}
 }
 
-func (d *delivery) releaseBranchSlot() { <-d.branchSlots }
+// releaseBranchSlot frees a parallel step's slot and tells a wait in
+// place (pauseForBranches) that a step ended.
+func (d *delivery) releaseBranchSlot() {
+	<-d.branchSlots
+	select {
+	case d.branchEnded <- struct{}{}:
+	default:
+	}
+}
+
+// pauseForBranches is one pause of a wait that holds the delivery in
+// place while parallel steps run, rather than ending it (a long sleep or
+// backoff, a signal wait: ending it would cut the steps off, and the next
+// delivery would run them again). It returns after childPoll, or sooner
+// when until (nil: none) comes, a parallel step ends, the delivery's
+// context ends or, with watchCancel, the run's cancellation is
+// requested; the caller looks again.
+func (d *delivery) pauseForBranches(until *time.Time, watchCancel bool) {
+	wait := childPoll
+	if until != nil {
+		wait = min(wait, max(until.Sub(d.e.now()), 0))
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	var cancelled <-chan struct{}
+	if watchCancel {
+		cancelled = d.fwd.Done()
+	}
+	select {
+	case <-t.C:
+	case <-d.branchEnded:
+	case <-cancelled:
+	case <-d.ctx.Done():
+	}
+}
 
 // stopBranches cancels the parallel steps still running when the workflow
 // function returned, and waits for them: no write of this delivery follows
@@ -570,6 +611,7 @@ func (d *delivery) stopBranches() {
 	if d.branchSlots == nil {
 		return
 	}
+	d.flushStarted() // settling activities may take long to end
 	d.cancelBranches(errWorkflowReturned)
 	d.branches.Wait()
 	if p := d.branchPark.Load(); p != nil && !d.ended {

@@ -255,27 +255,37 @@ func TestCancelledRunWithAnUnrecordedParallelStepCompensates(t *testing.T) {
 				if _, err := b.Get(ctx); err != nil {
 					return 0, err
 				}
-				if err := engine.Sleep(ctx, time.Hour); err != nil { // a is cancelled as this delivery ends: a hole at 1
+				if err := engine.Sleep(ctx, time.Hour); err != nil { // waits in place while a runs
 					return 0, err
 				}
 				return a.Get(ctx)
 			}, nil)
-			b := setup(t, nil, wf)
+			db := enginetest.NewDB(t)
+			first := newEngine(t, db, nil, true, wf)
 			ctx := testCtx(t)
-			res, err := wf.Start(ctx, b.engine, 0, nil)
-			require.NoError(t, err)
-			waitStatus(t, b.engine, res.RunID, engine.StatusWaiting, 10*time.Second)
-			run, err := b.engine.GetRun(ctx, res.RunID)
+			res, err := wf.Start(ctx, first, 0, nil)
 			require.NoError(t, err)
 			var seqs []int
-			for _, s := range run.Steps {
-				seqs = append(seqs, s.Seq)
-			}
+			eventually(t, 10*time.Second, "the sleep's start to be written", func() bool {
+				run, err := first.GetRun(ctx, res.RunID)
+				require.NoError(t, err)
+				seqs = seqs[:0]
+				for _, s := range run.Steps {
+					seqs = append(seqs, s.Seq)
+				}
+				return len(seqs) == 3
+			})
+			// The delivery ends with a unrecorded (a stop cancels it): a
+			// hole at 1.
+			stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			require.NoError(t, first.StopAndCancel(stopCtx))
 			require.Equal(t, []int{0, 2, 3}, seqs, "a hole at a's position")
-			require.NoError(t, b.engine.Cancel(ctx, res.RunID))
+			require.NoError(t, first.Cancel(ctx, res.RunID))
+			b := &bundle{db: db, engine: newEngine(t, db, nil, true, wf)}
 			_, err = wf.Wait(ctx, b.engine, res.RunID, 20*time.Millisecond)
 			require.ErrorIs(t, err, engine.ErrCancelled)
-			run, err = b.engine.GetRun(ctx, res.RunID)
+			run, err := b.engine.GetRun(ctx, res.RunID)
 			require.NoError(t, err)
 			require.Equal(t, engine.StatusCancelled, run.Status)
 			if withUndo {

@@ -219,6 +219,19 @@ func (d *delivery) selectCases(name string, cases []SelectCase) (Selected, error
 			}
 		}
 		inPlace := winner < 0 && (d.branchesRunning() || pendingFuture(cases))
+		if inPlace && deadline != nil && !written {
+			// Waiting in place, the select writes its start down first,
+			// as a suspension would: a redelivery keeps its deadline.
+			rec := &store.StepRecord{Seq: seq, Name: name, Kind: string(KindSelect), Status: store.StepStarted,
+				StartedAt: startedAt, NextAttemptAt: deadline, Fresh: true}
+			if !d.write(d.buf.takeWith(rec)...) {
+				return Selected{}, d.endErr
+			}
+			written = true
+		}
+		if inPlace && !d.flushStarted() {
+			return Selected{}, d.endErr
+		}
 		if winner < 0 && len(signals) == 0 && inPlace {
 			d.waitForCases(cases, deadline, false)
 			continue

@@ -250,7 +250,10 @@ func SelectSignal(ctx *Context, name string, signals []string, timeout time.Dura
 
 // awaitSignal is AwaitSignal and SelectSignal: a step named name waiting
 // for the first signal of names. The signal's name is recorded (and
-// returned) only when there are several.
+// returned) only when there are several. While parallel steps of the run
+// are running, the delivery waits in place (looking for the signal every
+// childPoll) rather than suspending, so they run once, to their end; the
+// wait's start is written first, so a redelivery keeps its deadline.
 func (d *delivery) awaitSignal(name string, names []string, timeout time.Duration) (string, []byte, error) {
 	seq, err := d.enterStep("signal", name)
 	if err != nil {
@@ -288,15 +291,57 @@ func (d *delivery) awaitSignal(name string, names []string, timeout time.Duratio
 			StartedAt: startedAt, CompletedAt: &now}
 		return "", nil, ErrCancelled
 	}
-	if d.cancelRequested.Load() {
-		return stopped()
+	for {
+		if d.cancelRequested.Load() {
+			return stopped()
+		}
+		if !d.mayStartStep() {
+			return "", nil, d.endErr
+		}
+		inPlace := d.branchesRunning()
+		outcome, cancel, err := d.takeSignal(seq, name, names, startedAt, deadline, inPlace, written)
+		if err != nil {
+			d.end(err)
+			return "", nil, d.endErr
+		}
+		if cancel && outcome == nil {
+			// Woken by the cancellation, the transaction wrote nothing: the
+			// previous step's record stays buffered for the compensation's
+			// first write.
+			d.noteCancel(true)
+			return stopped()
+		}
+		d.buf.take() // written by the transaction
+		if outcome == nil && inPlace {
+			written = true
+			d.pauseForBranches(deadline, true)
+			if d.ctx.Err() != nil {
+				d.interrupted()
+				return "", nil, d.endErr
+			}
+			continue
+		}
+		if outcome == nil {
+			d.log.Debug("waiting for a signal", "signal", name, "seq", seq)
+			d.end(nil)
+			return "", nil, d.endErr
+		}
+		d.lastRecorded = seq
+		d.noteCancel(cancel)
+		d.e.obs.StepAttempt(d.wf.name, name, KindSignal, 1, "completed", d.e.now().Sub(startedAt))
+		return outcome.result(name)
 	}
-	if !d.mayStartStep() {
-		return "", nil, d.endErr
-	}
+}
 
-	var outcome *signalOutcome
-	var cancel bool
+// takeSignal is one look of awaitSignal at position seq, in one
+// transaction with the buffered record: it takes the oldest signal of
+// names and records the outcome, or records the timeout once deadline
+// passed; with neither, it suspends the run waiting for them, or with
+// inPlace writes the wait's start (unless written) and leaves the run to
+// its delivery. cancel reports that the run's cancellation was found
+// (then nothing is written when no signal was taken).
+func (d *delivery) takeSignal(seq int, name string, names []string, startedAt time.Time, deadline *time.Time,
+	inPlace, written bool) (outcome *signalOutcome, cancel bool, err error) {
 	err = d.doOnce(func(ctx context.Context) error {
 		return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
 			outcome, cancel = nil, false
@@ -324,6 +369,16 @@ func (d *delivery) awaitSignal(name string, names []string, timeout time.Duratio
 			if outcome == nil {
 				rec := &store.StepRecord{Seq: seq, Name: name, Kind: string(KindSignal), Status: store.StepStarted,
 					StartedAt: startedAt, NextAttemptAt: deadline}
+				if inPlace {
+					if !written {
+						recs = append(recs, rec)
+					}
+					if len(recs) == 0 {
+						return nil
+					}
+					_, _, err := store.WriteSteps(ctx, tx, d.fence(), "", recs...)
+					return err
+				}
 				if len(recs) > 0 {
 					if _, _, err := store.WriteSteps(ctx, tx, d.fence(), "", recs...); err != nil {
 						return err
@@ -342,27 +397,7 @@ func (d *delivery) awaitSignal(name string, names []string, timeout time.Duratio
 			return err
 		})
 	})
-	if err != nil {
-		d.end(err)
-		return "", nil, d.endErr
-	}
-	if cancel && outcome == nil {
-		// Woken by the cancellation, the transaction wrote nothing: the
-		// previous step's record stays buffered for the compensation's
-		// first write.
-		d.noteCancel(true)
-		return stopped()
-	}
-	d.buf.take() // written by the transaction
-	if outcome == nil {
-		d.log.Debug("waiting for a signal", "signal", name, "seq", seq)
-		d.end(nil)
-		return "", nil, d.endErr
-	}
-	d.lastRecorded = seq
-	d.noteCancel(cancel)
-	d.e.obs.StepAttempt(d.wf.name, name, KindSignal, 1, "completed", d.e.now().Sub(startedAt))
-	return outcome.result(name)
+	return outcome, cancel, err
 }
 
 // signalTimedOut reads a completed AwaitSignal record: true when it

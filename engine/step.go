@@ -54,6 +54,14 @@ type StepOpts struct {
 	activity *ActivityOpts
 }
 
+// scheduleToClose is o's ScheduleToCloseTimeout (0 for a nil o).
+func (o *StepOpts) scheduleToClose() time.Duration {
+	if o == nil {
+		return 0
+	}
+	return o.ScheduleToCloseTimeout
+}
+
 func (o *StepOpts) validate() error {
 	switch {
 	case o == nil:
@@ -248,18 +256,39 @@ type panicError struct{ p *panicInfo }
 
 func (e *panicError) Error() string { return fmt.Sprintf("panic: %v", e.p.value) }
 
-// waitUntil waits for a retry that is due at t: in place when it is close,
-// otherwise by ending the delivery until then. False when the delivery ended.
+// waitUntil waits for a retry or a sleep that is due at t: in place when
+// it is close, otherwise by ending the delivery until then, except while
+// parallel steps of the run are running: the delivery waits in place
+// until they have ended (then it ends) or t comes, so they run once, to
+// their end. Whatever wrote t down (the retry's or the sleep's record)
+// is written before the delivery waits: a redelivery keeps t. True when
+// t came, or the run's cancellation makes stoppable true (the caller's
+// stop check follows); false when the delivery ended.
 func (d *delivery) waitUntil(t time.Time, stoppable func() bool) bool {
-	left := t.Sub(d.e.now())
-	if left <= 0 {
-		return true
+	watchCancel := true
+	for {
+		left := t.Sub(d.e.now())
+		switch {
+		case left <= 0:
+			return true
+		case left <= d.e.cfg.MaxInlineBackoff:
+			return d.wait(left, stoppable)
+		case !d.branchesRunning():
+			d.suspend(nil, t)
+			return false
+		}
+		d.pauseForBranches(&t, watchCancel)
+		switch {
+		case d.ctx.Err() != nil:
+			d.interrupted()
+			return false
+		case watchCancel && d.fwd.Err() != nil:
+			if stoppable() {
+				return true
+			}
+			watchCancel = false // a settling step waits out its backoff
+		}
 	}
-	if left > d.e.cfg.MaxInlineBackoff {
-		d.suspend(nil, t)
-		return false
-	}
-	return d.wait(left, stoppable)
 }
 
 // wait waits for dur unless the delivery is interrupted first (false), or
