@@ -343,15 +343,22 @@ func (d *delivery) childResult(seq int, name string) ([]byte, error) {
 			d.interrupted()
 			return nil, d.endErr
 		}
-		settled, err := d.settleChildren([]int{seq})
+		settled, dead, err := d.settleChildren([]int{seq}, false)
 		if err != nil {
 			d.end(err)
+			return nil, d.endErr
+		}
+		if dead != nil {
+			d.parkForDeadChild(seq, dead)
 			return nil, d.endErr
 		}
 		if settled > 0 {
 			continue
 		}
 		if d.branchesRunning() {
+			if !d.flushStarted() {
+				return nil, d.endErr
+			}
 			d.waitBranches(childPoll)
 			continue
 		}
@@ -363,20 +370,30 @@ func (d *delivery) childResult(seq int, name string) ([]byte, error) {
 
 // settleChildren records the outcome of those children at seqs that have
 // ended, in the parent's records of them, and says how many it recorded.
-func (d *delivery) settleChildren(seqs []int) (int, error) {
+// A child parked as dead with its dead job open has not ended for good:
+// an operator may replay it. Unless deadEnds, it is not recorded but
+// returned (the first such), for the parent waiting for it to park.
+func (d *delivery) settleChildren(seqs []int, deadEnds bool) (int, *store.ChildEnd, error) {
 	var ends []store.ChildEnd
 	err := d.do(func(ctx context.Context) (err error) {
 		ends, err = store.ChildEnds(ctx, d.e.pool, d.runID, seqs)
 		return err
 	})
 	if err != nil || len(ends) == 0 {
-		return 0, err
+		return 0, nil, err
 	}
 	recs := make([]*store.StepRecord, 0, len(ends))
+	var dead *store.ChildEnd
 	for _, c := range ends {
 		rec := d.childRecord(c.Seq)
 		if rec == nil {
 			continue // not this delivery's to record: a Get of it will
+		}
+		if c.DeadJobID != nil && !deadEnds {
+			if dead == nil {
+				dead = &c
+			}
+			continue
 		}
 		done := *rec
 		now := d.e.now()
@@ -394,13 +411,32 @@ func (d *delivery) settleChildren(seqs []int) (int, error) {
 		}
 		recs = append(recs, &done)
 	}
+	if len(recs) == 0 {
+		return 0, dead, nil
+	}
 	if !d.write(recs...) {
-		return 0, d.endErr
+		return 0, nil, d.endErr
 	}
 	for _, r := range recs {
 		d.noteChildRecord(r)
 	}
-	return len(recs), nil
+	return len(recs), dead, nil
+}
+
+// parkForDeadChild parks the run, waiting for its child at seq that is
+// parked as dead (c), with reason child_dead and the child's dead job
+// linked: replaying either dead job replays both, and this run goes on
+// waiting for the child; discarding the child's gives this run, once
+// replayed, the child's failure (a *ChildError of status dead).
+func (d *delivery) parkForDeadChild(seq int, c *store.ChildEnd) {
+	name := d.childRecord(seq).Name
+	cause := decodeErrorInfo(c.Error)
+	info := &ErrorInfo{Class: ClassChildDead, Step: name, Seq: &seq, Cause: cause,
+		Message: fmt.Sprintf("child run %s (workflow %q), which this run waits for, is parked as dead (dead job %s): "+
+			"replay its dead job or this one to replay both, this run then waits for the child again; "+
+			"or discard the child's and replay this one to give this run the child's failure", c.RunID, name, *c.DeadJobID)}
+	d.log.Warn("child run parked as dead; parking its parent with it", "child_run_id", c.RunID, "child_dead_job_id", *c.DeadJobID)
+	d.park(nil, &parkReason{reason: ReasonChildDead, info: info, childRunID: &c.RunID, childDeadJobID: c.DeadJobID})
 }
 
 // childErrorFromRecord decodes a parent's failed record of a child: the
@@ -539,7 +575,7 @@ func (d *delivery) settleStartedChildren() bool {
 	if len(seqs) == 0 {
 		return true
 	}
-	if _, err := d.settleChildren(seqs); err != nil {
+	if _, _, err := d.settleChildren(seqs, true); err != nil {
 		if !d.ended {
 			d.end(err)
 		}

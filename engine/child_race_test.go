@@ -290,10 +290,11 @@ func TestCancelledParentEndsAChildThatNeverStarted(t *testing.T) {
 	require.ErrorIs(t, kid.Error.Err(), engine.ErrCancelled)
 }
 
-// A dead child replayed by an operator after its parent closed (the
-// parent took the dead outcome and completed) is cancelled, as its policy
-// cancel says, instead of running on as an orphan.
-func TestDeadChildReplayedAfterItsParentClosedIsCancelled(t *testing.T) {
+// A dead child parks the parent waiting for it; once an operator
+// discards the child's dead job, the parent's replay gives it the child's
+// death as a *ChildError of status dead, and it goes on (here, to
+// complete). The discarded child cannot be replayed after that.
+func TestDiscardedDeadChildGivesItsReplayedParentTheFailure(t *testing.T) {
 	t.Parallel()
 	var calls atomic.Int64
 	kid := engine.Define("race-dead-kid", func(ctx *engine.Context, _ int) (string, error) {
@@ -323,18 +324,19 @@ func TestDeadChildReplayedAfterItsParentClosedIsCancelled(t *testing.T) {
 	ctx := testCtx(t)
 	res, err := parent.Start(ctx, b.engine, 0, nil)
 	require.NoError(t, err)
+	waitStatus(t, b.engine, res.RunID, engine.StatusDead, 10*time.Second)
+	parentJob := openDeadJob(t, b.engine, res.RunID)
+	require.Equal(t, engine.ReasonChildDead, parentJob.Reason)
+	_, err = b.engine.DiscardDeadJob(ctx, *parentJob.ChildDeadJobID, &engine.ResolveOpts{Note: "cannot be fixed"})
+	require.NoError(t, err)
+	_, err = b.engine.ReplayDeadJob(ctx, parentJob.ID, nil)
+	require.NoError(t, err)
 	out, err := parent.Wait(ctx, b.engine, res.RunID, 20*time.Millisecond)
 	require.NoError(t, err)
 	require.Equal(t, "saw it die", out)
-	run, err := b.engine.GetRun(ctx, res.RunID)
-	require.NoError(t, err)
-	kidID := run.Children[0].RunID
-	jobs, _, err := b.engine.ListDeadJobs(ctx, engine.ListDeadJobsParams{RunID: kidID})
-	require.NoError(t, err)
-	require.Len(t, jobs, 1)
-	_, err = b.engine.ReplayDeadJob(ctx, jobs[0].ID, nil)
-	require.NoError(t, err)
-	waitStatus(t, b.engine, kidID, engine.StatusCancelled, 10*time.Second)
+	_, err = b.engine.ReplayDeadJob(ctx, *parentJob.ChildDeadJobID, nil)
+	require.ErrorIs(t, err, engine.ErrDeadJobResolved)
+	require.EqualValues(t, 1, calls.Load(), "the discarded child never ran again")
 }
 
 // A workflow ID of . or .. is refused: no URL path carries it as a

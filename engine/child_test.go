@@ -96,7 +96,9 @@ func TestChildWorkflowsReturnTheirResultsToTheParent(t *testing.T) {
 
 // A child that fails, one that is cancelled and one that dies come back to
 // the parent as *ChildError with the child's status and error, the same
-// on replay.
+// on replay. A dead child first parks its parent (an operator may replay
+// it); discarding the child's dead job and replaying the parent's hands
+// the parent the child's death.
 func TestChildFailuresComeBackAsChildError(t *testing.T) {
 	t.Parallel()
 	child := engine.Define("child-fails", func(ctx *engine.Context, mode string) (int, error) {
@@ -158,6 +160,13 @@ func TestChildFailuresComeBackAsChildError(t *testing.T) {
 	eng = b.engine
 	ctx := testCtx(t)
 	res, err := parent.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	waitStatus(t, b.engine, res.RunID, engine.StatusDead, 10*time.Second)
+	job := openDeadJob(t, b.engine, res.RunID)
+	require.Equal(t, engine.ReasonChildDead, job.Reason)
+	_, err = b.engine.DiscardDeadJob(ctx, *job.ChildDeadJobID, nil)
+	require.NoError(t, err)
+	_, err = b.engine.ReplayDeadJob(ctx, job.ID, nil)
 	require.NoError(t, err)
 	out, err := parent.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
 	require.NoError(t, err)

@@ -39,11 +39,16 @@ type DeadJob struct {
 	// ForwardError, for compensation_failed, is the failure that started
 	// the compensation (ErrorMessage is the undo's).
 	ForwardError *ErrorInfo `json:"forward_error,omitempty"`
-	ParkedAt     time.Time  `json:"parked_at"`
-	ResolvedAt   *time.Time `json:"resolved_at,omitempty"`
-	Resolution   string     `json:"resolution,omitempty"` // "", "replayed" or "discarded"
-	ResolvedBy   string     `json:"resolved_by,omitempty"`
-	Note         string     `json:"note,omitempty"`
+	// ChildRunID and ChildDeadJobID, for child_dead, are the child run the
+	// workflow waits for and the child's dead job: replaying either dead
+	// job replays both.
+	ChildRunID     *uuid.UUID `json:"child_run_id,omitempty"`
+	ChildDeadJobID *uuid.UUID `json:"child_dead_job_id,omitempty"`
+	ParkedAt       time.Time  `json:"parked_at"`
+	ResolvedAt     *time.Time `json:"resolved_at,omitempty"`
+	Resolution     string     `json:"resolution,omitempty"` // "", "replayed" or "discarded"
+	ResolvedBy     string     `json:"resolved_by,omitempty"`
+	Note           string     `json:"note,omitempty"`
 }
 
 func deadJobFromRow(d *store.DeadJobRow) *DeadJob {
@@ -54,6 +59,7 @@ func deadJobFromRow(d *store.DeadJobRow) *DeadJob {
 		ErrorClass: d.ErrorClass, ErrorMessage: d.ErrorMessage, Stack: deref(d.Stack), ParkedAt: d.ParkedAt,
 		ResolvedAt: d.ResolvedAt, Resolution: deref(d.Resolution), ResolvedBy: deref(d.ResolvedBy), Note: deref(d.Note),
 		Deliveries: d.Deliveries, ForwardError: decodeErrorInfo(d.ForwardError),
+		ChildRunID: d.ChildRunID, ChildDeadJobID: d.ChildDeadJobID,
 	}
 }
 
@@ -136,16 +142,109 @@ type ResolveOpts struct {
 // (their functions do not run again), and the step that failed gets a
 // fresh retry budget. The dead job is closed as replayed, with by and note.
 //
+// Parents and children are replayed together: a run parked because a
+// child it waits for is dead (reason child_dead) is replayed with the
+// child's open dead job, and a child's replay replays the open child_dead
+// dead job of the parent waiting for it, so the parent goes on waiting and
+// takes the child's outcome. A child of policy cancel or wait whose parent
+// has closed (the parent did not wait for it, or was cancelled or
+// terminated) is replayed cancelled: its unfinished forward steps are
+// recorded cancelled without another attempt (an activity whose outcome
+// was unknown is not called again: check it by its request ID), its undos
+// run, and it ends cancelled.
+//
 // Replay is idempotent: replaying an already replayed job changes nothing
 // and enqueues nothing. It returns ErrNotFound for an unknown ID and
 // ErrDeadJobResolved for a discarded job.
 func (e *Engine) ReplayDeadJob(ctx context.Context, id uuid.UUID, opts *ResolveOpts) (*DeadJob, error) {
 	return e.resolveDeadJob(ctx, id, "replayed", opts, func(ctx context.Context, tx pgx.Tx, d *store.DeadJobRow) error {
-		if _, err := store.ReplayRun(ctx, tx, d.RunID); err != nil {
-			return fmt.Errorf("reopening run %s: %w", d.RunID, err)
-		}
-		return e.queue.Enqueue(ctx, tx, d.RunID, time.Time{})
+		return e.replayLinked(ctx, tx, d, opts)
 	})
+}
+
+// replayLinked replays the run of the dead job d (closed by the caller),
+// then the open dead jobs linked to it: down the child_dead links to the
+// dead child, and up to each parent parked for this run.
+func (e *Engine) replayLinked(ctx context.Context, tx pgx.Tx, d *store.DeadJobRow, opts *ResolveOpts) error {
+	if err := e.replayRun(ctx, tx, d.RunID); err != nil {
+		return err
+	}
+	for down := d; down.Reason == string(ReasonChildDead) && down.ChildRunID != nil; {
+		child, err := store.GetDeadJob(ctx, tx, derefID(down.ChildDeadJobID), true)
+		if errors.Is(err, store.ErrNotFound) || err == nil && child.Resolution != nil {
+			break // discarded (or gone): the parent takes the child's death
+		}
+		if err != nil {
+			return err
+		}
+		if err := e.closeLinked(ctx, tx, child, down, opts); err != nil {
+			return err
+		}
+		down = child
+	}
+	for up := d.RunID; ; {
+		parent, _, err := store.RunParent(ctx, tx, up)
+		if err != nil || parent == nil {
+			return err
+		}
+		job, err := store.OpenChildDeadJob(ctx, tx, *parent, up)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := e.closeLinked(ctx, tx, job, d, opts); err != nil {
+			return err
+		}
+		up = *parent
+	}
+}
+
+// closeLinked closes the dead job j as replayed along with the dead job
+// by (the one the operator replayed, or its neighbour), and replays its run.
+func (e *Engine) closeLinked(ctx context.Context, tx pgx.Tx, j, by *store.DeadJobRow, opts *ResolveOpts) error {
+	note := fmt.Sprintf("replayed with dead job %s of run %s", by.ID, by.RunID)
+	if opts.Note != "" {
+		note += ": " + opts.Note
+	}
+	if _, err := store.ResolveDeadJob(ctx, tx, j.ID, "replayed", opts.By, note); err != nil {
+		return err
+	}
+	e.log.Info("dead job resolved", "dead_job_id", j.ID, "run_id", j.RunID, "resolution", "replayed", "with", by.ID)
+	return e.replayRun(ctx, tx, j.RunID)
+}
+
+// replayRun moves the dead run runID back to pending and enqueues it,
+// cancelled when it is a child of policy cancel or wait whose parent has
+// closed (see ReplayDeadJob).
+func (e *Engine) replayRun(ctx context.Context, tx pgx.Tx, runID uuid.UUID) error {
+	parent, policy, err := store.RunParent(ctx, tx, runID)
+	if err != nil {
+		return fmt.Errorf("reading run %s: %w", runID, err)
+	}
+	orphaned := false
+	if parent != nil && ParentClosePolicy(policy) != ParentCloseAbandon {
+		status, err := store.RunStatusOf(ctx, tx, *parent)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return fmt.Errorf("reading parent run %s: %w", *parent, err)
+		}
+		orphaned = err != nil || RunStatus(status).closed() // a pruned parent closed long ago
+	}
+	if _, err := store.ReplayRun(ctx, tx, runID, orphaned, e.now()); err != nil {
+		return fmt.Errorf("reopening run %s: %w", runID, err)
+	}
+	if orphaned {
+		e.log.Info("replaying a child whose parent has closed: it is cancelled and runs its undos", "run_id", runID, "parent_run_id", *parent)
+	}
+	return e.queue.Enqueue(ctx, tx, runID, time.Time{})
+}
+
+func derefID(id *uuid.UUID) uuid.UUID {
+	if id == nil {
+		return uuid.Nil
+	}
+	return *id
 }
 
 // DiscardDeadJob closes a dead job without running it again; the run stays
@@ -169,6 +268,15 @@ func (e *Engine) resolveDeadJob(ctx context.Context, id uuid.UUID, resolution st
 	}
 	var out *store.DeadJobRow
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		if resolution == "replayed" {
+			// A replay may reach a parent's dead job and a child's: every
+			// replay takes the parent's run row first, so two replays of
+			// the pair (one from each end) wait for each other instead of
+			// locking the two dead jobs in opposite orders.
+			if err := e.lockFamily(ctx, tx, id); err != nil {
+				return err
+			}
+		}
 		d, err := store.GetDeadJob(ctx, tx, id, true) // locks the row: concurrent resolves serialise
 		if err != nil {
 			return err
@@ -199,6 +307,25 @@ func (e *Engine) resolveDeadJob(ctx context.Context, id uuid.UUID, resolution st
 	}
 	e.log.Info("dead job resolved", "dead_job_id", id, "run_id", out.RunID, "resolution", resolution, "resolved_by", opts.By)
 	return deadJobFromRow(out), nil
+}
+
+// lockFamily locks, in tx, the run row of the parent of dead job id's run
+// (its own, for a run with no parent).
+func (e *Engine) lockFamily(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
+	d, err := store.GetDeadJob(ctx, tx, id, false)
+	if err != nil {
+		return err
+	}
+	parent, _, err := store.RunParent(ctx, tx, d.RunID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil // the run is gone: GetDeadJob says so next
+	case err != nil:
+		return err
+	case parent == nil:
+		parent = &d.RunID
+	}
+	return store.LockRun(ctx, tx, *parent)
 }
 
 // checkFreeText validates an operator's text (a name, a note): at most max

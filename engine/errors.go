@@ -89,6 +89,7 @@ const (
 	ClassNonDeterminism = "nondeterminism"   // the code no longer replays the recorded steps
 	ClassPoisonInput    = "poison_input"     // the stored input does not decode as the workflow's input type
 	ClassCrashLoop      = "crash_loop"       // deliveries kept dying without recording progress
+	ClassChildDead      = "child_dead"       // a child run the workflow waits for is parked as dead
 	ClassUnserializable = "unserializable"   // a value json.Marshal rejects, or one holding a NUL character
 	ClassWorkflow       = "workflow"         // the workflow function returned an error of its own
 	ClassCancelled      = "cancelled"        // the run was cancelled (Engine.Cancel)

@@ -608,6 +608,8 @@ type parkReason struct {
 	info     *ErrorInfo
 	rec      *store.StepRecord // the failing step, if any
 	attempts int               // the dead job's attempts when there is no rec
+	// childRunID and childDeadJobID link a child_dead park to the child.
+	childRunID, childDeadJobID *uuid.UUID
 }
 
 func parkNonDeterminism(seq int, name string, kind StepKind, rec *store.StepRecord) *parkReason {
@@ -633,6 +635,7 @@ func (d *delivery) park(rec *store.StepRecord, why *parkReason) {
 	p := &store.Park{
 		ID: uuid.Must(uuid.NewV7()), Reason: string(why.reason), FirstFailedAt: now, LastFailedAt: now, Attempts: why.attempts,
 		ErrorClass: storableText(why.info.Class), ErrorMessage: storableText(why.info.Message), Deliveries: d.deliveries,
+		ChildRunID: why.childRunID, ChildDeadJobID: why.childDeadJobID,
 	}
 	if d.sagaCause != nil && why.reason == ReasonCompensationFailed {
 		// The undo's error is the dead job's; the failure that started the

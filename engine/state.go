@@ -91,6 +91,7 @@ const (
 	ReasonPoisonInput        DeadReason = "poison_input"        // the stored input does not decode as the workflow's input type
 	ReasonCrashLoop          DeadReason = "crash_loop"          // MaxDeliveries deliveries in a row crashed without progress
 	ReasonCompensationFailed DeadReason = "compensation_failed" // an undo step failed (reserved for compensations)
+	ReasonChildDead          DeadReason = "child_dead"          // a child run the workflow waits for is parked as dead
 )
 
 // valid reports whether r is a reason a dead job can have. "timeout" is
@@ -98,7 +99,7 @@ const (
 func (r DeadReason) valid() bool {
 	switch r {
 	case ReasonRetriesExhausted, ReasonPermanentError, ReasonPanic, ReasonNonDeterminism,
-		ReasonPoisonInput, ReasonCrashLoop, ReasonCompensationFailed, "timeout":
+		ReasonPoisonInput, ReasonCrashLoop, ReasonCompensationFailed, ReasonChildDead, "timeout":
 		return true
 	}
 	return false

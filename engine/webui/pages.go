@@ -55,7 +55,8 @@ var runStatuses = []engine.RunStatus{engine.StatusPending, engine.StatusRunning,
 	engine.StatusTerminated, engine.StatusContinued}
 
 var deadReasons = []engine.DeadReason{engine.ReasonRetriesExhausted, engine.ReasonPermanentError, engine.ReasonPanic,
-	engine.ReasonNonDeterminism, engine.ReasonPoisonInput, engine.ReasonCrashLoop, engine.ReasonCompensationFailed}
+	engine.ReasonNonDeterminism, engine.ReasonPoisonInput, engine.ReasonCrashLoop, engine.ReasonCompensationFailed,
+	engine.ReasonChildDead}
 
 // when formats a time (a time.Time or *time.Time; nil or zero: "—") in
 // UTC to the second.

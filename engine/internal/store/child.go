@@ -84,11 +84,17 @@ type ChildEnd struct {
 	Status string
 	Output []byte
 	Error  []byte
+	// DeadJobID is the open dead job of a child parked as dead (nil when
+	// it ended otherwise, or its dead job was discarded): such a child may
+	// still be replayed.
+	DeadJobID *uuid.UUID
 }
 
 const childEnds = `
-SELECT parent_seq, run_id, status, output, error FROM workflow_runs
-WHERE parent_run_id = $1 AND parent_seq = ANY($2) AND status IN ` + finalStatuses
+SELECT r.parent_seq, r.run_id, r.status, r.output, r.error,
+    (SELECT d.id FROM dead_jobs d WHERE d.run_id = r.run_id AND d.resolved_at IS NULL AND r.status = 'dead')
+FROM workflow_runs r
+WHERE r.parent_run_id = $1 AND r.parent_seq = ANY($2) AND r.status IN ` + finalStatuses
 
 // ChildEnds reads how those of parent's children at seqs that have ended
 // ended.
@@ -99,7 +105,7 @@ func ChildEnds(ctx context.Context, db DBTX, parent uuid.UUID, seqs []int) ([]Ch
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ChildEnd, error) {
 		var c ChildEnd
-		err := r.Scan(&c.Seq, &c.RunID, &c.Status, &c.Output, &c.Error)
+		err := r.Scan(&c.Seq, &c.RunID, &c.Status, &c.Output, &c.Error, &c.DeadJobID)
 		return c, err
 	})
 	if err != nil {

@@ -24,6 +24,10 @@ type Park struct {
 	RunError      []byte // the run's error column
 	Deliveries    int    // the run's deliveries, this one included
 	ForwardError  []byte // a failed compensation's cause (JSON), else nil
+	// ChildRunID and ChildDeadJobID, for reason child_dead, are the child
+	// the run waited for and the child's dead job.
+	ChildRunID     *uuid.UUID
+	ChildDeadJobID *uuid.UUID
 }
 
 const parkRun = `
@@ -36,9 +40,9 @@ WITH run AS (
 dead AS (
     INSERT INTO dead_jobs (id, run_id, workflow_name, workflow_id, workflow_version, input, reason, step_name, seq,
                            attempts, first_failed_at, last_failed_at, error_class, error_message, stack,
-                           deliveries, forward_error)
+                           deliveries, forward_error, child_run_id, child_dead_job_id)
     SELECT $19, run_id, workflow_name, workflow_id, workflow_version, input, $20, $21, $22,
-           $23, $24, $25, $26, $27, $28, $29, $30::jsonb
+           $23, $24, $25, $26, $27, $28, $29, $30::jsonb, $31, $32
     FROM run
 )
 SELECT count(*) FROM run WHERE (SELECT count(*) FROM notified) >= 0`
@@ -50,7 +54,7 @@ func ParkRun(ctx context.Context, db DBTX, f Fence, pending *StepRecord, p *Park
 	runID := f.RunID
 	args := append([]any{runID, f.Token, 0}, stepArgs(pending)...)
 	args = append(args, p.RunError, p.ID, p.Reason, p.StepName, p.Seq, p.Attempts, p.FirstFailedAt,
-		p.LastFailedAt, p.ErrorClass, p.ErrorMessage, p.Stack, p.Deliveries, jsonText(p.ForwardError))
+		p.LastFailedAt, p.ErrorClass, p.ErrorMessage, p.Stack, p.Deliveries, jsonText(p.ForwardError), p.ChildRunID, p.ChildDeadJobID)
 	return fenced(db.QueryRow(ctx, parkRun, args...), "parking run %s", runID)
 }
 
@@ -78,17 +82,20 @@ type DeadJobRow struct {
 	Note            *string
 	Deliveries      int
 	ForwardError    []byte
+	ChildRunID      *uuid.UUID
+	ChildDeadJobID  *uuid.UUID
 }
 
 const deadJobColumns = `id, run_id, workflow_name, workflow_id, workflow_version, input, reason, step_name, seq,
     attempts, first_failed_at, last_failed_at, error_class, error_message, stack, parked_at, resolved_at,
-    resolution, resolved_by, note, deliveries, forward_error`
+    resolution, resolved_by, note, deliveries, forward_error, child_run_id, child_dead_job_id`
 
 func scanDeadJob(row pgx.Row) (*DeadJobRow, error) {
 	var d DeadJobRow
 	err := row.Scan(&d.ID, &d.RunID, &d.WorkflowName, &d.WorkflowID, &d.WorkflowVersion, &d.Input, &d.Reason,
 		&d.StepName, &d.Seq, &d.Attempts, &d.FirstFailedAt, &d.LastFailedAt, &d.ErrorClass, &d.ErrorMessage,
-		&d.Stack, &d.ParkedAt, &d.ResolvedAt, &d.Resolution, &d.ResolvedBy, &d.Note, &d.Deliveries, &d.ForwardError)
+		&d.Stack, &d.ParkedAt, &d.ResolvedAt, &d.Resolution, &d.ResolvedBy, &d.Note, &d.Deliveries, &d.ForwardError,
+		&d.ChildRunID, &d.ChildDeadJobID)
 	if err != nil {
 		return nil, translate(err)
 	}
@@ -156,34 +163,76 @@ func ResolveDeadJob(ctx context.Context, db DBTX, id uuid.UUID, resolution, by, 
 
 // Replay re-opens a dead run: the parked step's attempts are reset so it
 // runs again with a fresh retry budget, every other recorded step stays.
-// A child of policy cancel whose parent closed meanwhile (its close passed
-// the dead child by) is replayed cancelled: it compensates and ends, as
-// the policy says.
+// An orphaned run (a child whose parent closed past it, see ReplayRun) is
+// replayed cancelled instead: its unfinished forward steps are recorded
+// cancelled, never tried again, so it runs its undos and ends.
 const replayRun = `
 WITH run AS (
     UPDATE workflow_runs r SET status = 'pending', error = NULL, completed_at = NULL, wake_at = NULL,
-        stalled_deliveries = 0, long_stalled_deliveries = 0, enqueued_at = now(),
-        cancel_requested_at = CASE WHEN r.parent_close_policy = 'cancel' AND EXISTS (
-            SELECT 1 FROM workflow_runs p WHERE p.run_id = r.parent_run_id
-            AND p.status IN ('completed', 'failed', 'compensated', 'cancelled', 'continued', 'terminated'))
-            THEN coalesce(r.cancel_requested_at, now()) ELSE r.cancel_requested_at END
+        stalled_deliveries = 0, long_stalled_deliveries = 0, enqueued_at = $3,
+        cancel_requested_at = CASE WHEN $2::bool THEN coalesce(r.cancel_requested_at, $3) ELSE r.cancel_requested_at END
     WHERE r.run_id = $1 AND r.status = 'dead'
     RETURNING r.run_id, r.queue
 ), step AS (
-    UPDATE workflow_steps s SET status = 'retrying', attempts = 0, next_attempt_at = NULL,
-        error = s.error - 'settle_attempts'
-    FROM run WHERE s.run_id = run.run_id AND s.status = 'parked'
+    UPDATE workflow_steps s SET
+        status = CASE WHEN $2::bool AND s.compensation_of IS NULL THEN 'cancelled' ELSE 'retrying' END,
+        attempts = CASE WHEN $2::bool AND s.compensation_of IS NULL THEN s.attempts ELSE 0 END,
+        completed_at = CASE WHEN $2::bool AND s.compensation_of IS NULL THEN $3 ELSE s.completed_at END,
+        next_attempt_at = NULL, error = s.error - 'settle_attempts'
+    FROM run WHERE s.run_id = run.run_id AND (s.status = 'parked'
+        OR ($2::bool AND s.compensation_of IS NULL AND s.kind <> 'child' AND s.status IN ('started', 'retrying')))
 )
 SELECT queue FROM run`
 
-// ReplayRun moves a dead run back to pending and returns its queue;
-// ErrNotFound when the run is not dead.
-func ReplayRun(ctx context.Context, db DBTX, runID uuid.UUID) (string, error) {
+// ReplayRun moves a dead run back to pending (as of now) and returns its
+// queue; ErrNotFound when the run is not dead. With orphaned (a child of
+// policy cancel or wait whose parent has closed) its cancellation is
+// requested and its unfinished forward steps are recorded cancelled.
+func ReplayRun(ctx context.Context, db DBTX, runID uuid.UUID, orphaned bool, now time.Time) (string, error) {
 	var queue string
-	if err := db.QueryRow(ctx, replayRun, runID).Scan(&queue); err != nil {
+	if err := db.QueryRow(ctx, replayRun, runID, orphaned, now).Scan(&queue); err != nil {
 		return "", translate(err)
 	}
 	return queue, nil
+}
+
+const runParentOf = `
+SELECT parent_run_id, parent_close_policy FROM workflow_runs WHERE run_id = $1`
+
+// RunParent returns the parent of run runID and the run's parent-close
+// policy (nil and "" for a run with no parent); ErrNotFound for no run.
+func RunParent(ctx context.Context, db DBTX, runID uuid.UUID) (*uuid.UUID, string, error) {
+	var parent *uuid.UUID
+	var policy *string
+	if err := db.QueryRow(ctx, runParentOf, runID).Scan(&parent, &policy); err != nil {
+		return nil, "", translate(err)
+	}
+	if policy == nil {
+		return parent, "", nil
+	}
+	return parent, *policy, nil
+}
+
+const runStatus = `SELECT status FROM workflow_runs WHERE run_id = $1`
+
+// RunStatusOf returns the status of run runID; ErrNotFound for no run.
+func RunStatusOf(ctx context.Context, db DBTX, runID uuid.UUID) (string, error) {
+	var status string
+	if err := db.QueryRow(ctx, runStatus, runID).Scan(&status); err != nil {
+		return "", translate(err)
+	}
+	return status, nil
+}
+
+const openChildDeadJob = `
+SELECT ` + deadJobColumns + ` FROM dead_jobs
+WHERE run_id = $1 AND resolved_at IS NULL AND reason = 'child_dead' AND child_run_id = $2
+FOR UPDATE`
+
+// OpenChildDeadJob locks and returns parent's open dead job of reason
+// child_dead for its child run child; ErrNotFound when it has none.
+func OpenChildDeadJob(ctx context.Context, db DBTX, parent, child uuid.UUID) (*DeadJobRow, error) {
+	return scanDeadJob(db.QueryRow(ctx, openChildDeadJob, parent, child))
 }
 
 const discardRun = `
