@@ -34,25 +34,46 @@ const (
 // within about holdBudget: a run that would wait longer goes to River,
 // which shares the backlog with the other processes (each of which would
 // hold it no longer). How long the held runs would wait is estimated from
-// how long this process's deliveries take (see deliveryTime): MaxWorkers
-// of them free up per that time. Before any delivery has ended, and
-// however slow they are, a process may hold minHeldPerWorker × MaxWorkers
-// runs; however fast, at most maxHeldPerWorker × MaxWorkers (a held run
-// costs about 100 bytes of memory).
+// what is known of this process's deliveries: how long they took (see
+// deliveryTime), or, when the ones running now have all run longer than
+// that, how long they have run so far (the estimate is wrong: the work
+// got slower). MaxWorkers of them free up per that time. Nothing is held
+// before a delivery has ended (an unknown duration counts against
+// holding: a run of a workflow whose steps block would sit here while
+// another process idles), and at most maxHeldPerWorker × MaxWorkers runs
+// however fast they are (a held run costs about 100 bytes of memory). A
+// run held longer than holdBudget all the same is handed to River (see
+// releaseOverdue).
 const (
 	holdBudget       = time.Second
-	minHeldPerWorker = 10
 	maxHeldPerWorker = 100
 )
 
 // maxHeld is how many runs this process may hold now.
 func (e *Engine) maxHeld() int {
-	floor, ceiling := minHeldPerWorker*e.cfg.MaxWorkers, maxHeldPerWorker*e.cfg.MaxWorkers
 	d := e.deliveryTime.get()
 	if d <= 0 {
-		return floor
+		return 0
 	}
-	return max(floor, int(min(float64(e.cfg.MaxWorkers)*float64(holdBudget)/float64(d), float64(ceiling))))
+	if youngest, ok := e.youngestDelivery(); ok && youngest > d {
+		d = youngest
+	}
+	return int(min(float64(e.cfg.MaxWorkers)*float64(holdBudget)/float64(d), float64(maxHeldPerWorker*e.cfg.MaxWorkers)))
+}
+
+// youngestDelivery is how long the youngest delivery this process runs
+// has run; false when it runs none.
+func (e *Engine) youngestDelivery() (time.Duration, bool) {
+	var youngest time.Duration
+	found := false
+	e.live.Range(func(_, v any) bool {
+		age := time.Since(v.(*delivery).claimedAt)
+		if !found || age < youngest {
+			youngest, found = age, true
+		}
+		return true
+	})
+	return youngest, found
 }
 
 // movingAverage is an exponentially weighted moving average of durations,
@@ -178,6 +199,7 @@ func (e *Engine) afterStart(wf registered, path startPath, r store.NewRun, fresh
 type heldRun struct {
 	runID uuid.UUID
 	wf    registered
+	at    time.Time // when it was held
 }
 
 // track counts a delivery this process runs outside River, so that Stop
@@ -243,9 +265,42 @@ func (e *Engine) hold(wf registered, runID uuid.UUID) {
 		e.releaseRuns(ctx, []uuid.UUID{runID})
 		return
 	}
-	e.held = append(e.held, heldRun{runID: runID, wf: wf})
+	e.held = append(e.held, heldRun{runID: runID, wf: wf, at: time.Now()})
+	if e.overdue == nil {
+		e.overdue = time.AfterFunc(holdBudget, e.releaseOverdue)
+	}
 	e.heldMu.Unlock()
 	e.pumpHeld()
+}
+
+// releaseOverdue hands the runs held longer than holdBudget to River: the
+// estimate that held them was wrong (this process's workers stayed busy),
+// and a process with a free worker takes them from there. It runs
+// holdBudget after a hold, and again while runs are held.
+func (e *Engine) releaseOverdue() {
+	e.heldMu.Lock()
+	cut := time.Now().Add(-holdBudget)
+	n := 0
+	for n < len(e.held) && !e.held[n].at.After(cut) {
+		n++
+	}
+	overdue := e.held[:n:n]
+	e.held = e.held[n:]
+	e.overdue = nil
+	if len(e.held) > 0 && !e.stopping.Load() {
+		e.overdue = time.AfterFunc(time.Until(e.held[0].at.Add(holdBudget)), e.releaseOverdue)
+	}
+	e.heldMu.Unlock()
+	if len(overdue) == 0 {
+		return
+	}
+	ids := make([]uuid.UUID, len(overdue))
+	for i, h := range overdue {
+		ids[i] = h.runID
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+	defer cancel()
+	e.releaseRuns(ctx, ids)
 }
 
 // releaseSlot frees a worker slot and gives it to a held run, if any. A
@@ -306,6 +361,10 @@ func (e *Engine) releaseHeld(ctx context.Context) {
 	e.heldMu.Lock()
 	held := e.held
 	e.held = nil
+	if e.overdue != nil {
+		e.overdue.Stop()
+		e.overdue = nil
+	}
 	e.heldMu.Unlock()
 	if len(held) == 0 {
 		return

@@ -8,26 +8,37 @@ import (
 )
 
 // A process holds as many runs as its workers would start within about a
-// second, at the speed its deliveries have had, within its floor and
-// ceiling.
+// second, at the speed its deliveries have had (or, when those running now
+// have all run longer, at their age so far), up to its ceiling; nothing
+// before any delivery has ended, however many workers it has.
 func TestMaxHeldFollowsDeliveryTime(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name       string
 		deliveries []time.Duration
+		running    []time.Duration // ages of the deliveries running now
 		want       int
 	}{
-		{"before any delivery ended", nil, 1000},
-		{"50 ms deliveries: 100 workers start 2,000 runs a second", []time.Duration{50 * time.Millisecond}, 2000},
-		{"slow deliveries keep the floor", []time.Duration{10 * time.Second}, 1000},
-		{"fast deliveries stop at the ceiling", []time.Duration{time.Millisecond}, 10000},
+		{"before any delivery ended", nil, nil, 0},
+		{"before any delivery ended, with deliveries running", nil, []time.Duration{time.Millisecond}, 0},
+		{"50 ms deliveries: 100 workers start 2,000 runs a second", []time.Duration{50 * time.Millisecond}, nil, 2000},
+		{"10 s deliveries: 10 runs a second", []time.Duration{10 * time.Second}, nil, 10},
+		{"a minute's deliveries: one", []time.Duration{time.Minute}, nil, 1},
+		{"fast deliveries stop at the ceiling", []time.Duration{time.Millisecond}, nil, 10000},
+		{"running ones younger than the average do not count", []time.Duration{50 * time.Millisecond},
+			[]time.Duration{time.Millisecond, 10 * time.Second}, 2000},
+		{"all running longer than the average: their age counts", []time.Duration{50 * time.Millisecond},
+			[]time.Duration{500 * time.Millisecond, 10 * time.Second}, 200},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := &Engine{cfg: Config{MaxWorkers: 100}}
 			for _, d := range tc.deliveries {
 				e.deliveryTime.add(d)
 			}
-			require.Equal(t, tc.want, e.maxHeld())
+			for i, age := range tc.running {
+				e.live.Store(i, &delivery{claimedAt: time.Now().Add(-age)})
+			}
+			require.InDelta(t, tc.want, e.maxHeld(), float64(tc.want)/50+1)
 		})
 	}
 }

@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -47,6 +48,7 @@ func TestStartDispatchesToAFreeWorkerOfTheStartingProcess(t *testing.T) {
 	worker := newEngine(t, db, &engine.Config{MaxWorkers: 1}, true, wf)
 	client := newEngine(t, db, nil, false, wf)
 	ctx := testCtx(t)
+	warmUp(t, wf, worker) // a process holds runs only once it knows how long its deliveries take
 
 	first, err := wf.Start(ctx, worker, 1, nil)
 	require.NoError(t, err)
@@ -81,9 +83,20 @@ func TestStartDispatchesToAFreeWorkerOfTheStartingProcess(t *testing.T) {
 	require.Zero(t, tickets(t, db, held.RunID), "the held run ran in its process, without River")
 }
 
-// A held run whose process stays busy past the hold (LeaseDuration) gets
-// a River ticket from the sweep, and another process runs it; a process
-// that stops gives the runs it holds tickets at once.
+// warmUp runs one quick run of wf (input 0) on e to its end: a process
+// holds runs only once a delivery of its has ended.
+func warmUp(t *testing.T, wf *engine.Workflow[int, int], e *engine.Engine) {
+	t.Helper()
+	ctx := testCtx(t)
+	r, err := wf.Start(ctx, e, 0, nil)
+	require.NoError(t, err)
+	_, err = wf.Wait(ctx, e, r.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+}
+
+// A held run whose process stays busy past the hold (about a second) gets
+// a River ticket, and another process runs it; a process that stops gives
+// the runs it holds tickets at once.
 func TestHeldRunsGoToRiverWhenTheirProcessCannotRunThem(t *testing.T) {
 	t.Parallel()
 	inStep := make(chan struct{}, 10)
@@ -101,6 +114,7 @@ func TestHeldRunsGoToRiverWhenTheirProcessCannotRunThem(t *testing.T) {
 	cfg := &engine.Config{MaxWorkers: 1, LeaseDuration: time.Second, SweepInterval: 100 * time.Millisecond}
 
 	busy := newEngine(t, db, cfg, true, wf)
+	warmUp(t, wf, busy)
 	_, err := wf.Start(ctx, busy, -1, nil)
 	require.NoError(t, err)
 	<-inStep
@@ -111,9 +125,10 @@ func TestHeldRunsGoToRiverWhenTheirProcessCannotRunThem(t *testing.T) {
 	out, err := wf.Wait(ctx, other, expires.RunID, 10*time.Millisecond)
 	require.NoError(t, err)
 	require.Equal(t, 1, out)
-	require.Equal(t, 1, tickets(t, db, expires.RunID), "the sweep gave it a ticket once its hold passed")
+	require.Equal(t, 1, tickets(t, db, expires.RunID), "it got a ticket once its hold passed")
 
 	stopping := newEngine(t, db, cfg, true, wf)
+	warmUp(t, wf, stopping)
 	_, err = wf.Start(ctx, stopping, -2, nil)
 	require.NoError(t, err)
 	<-inStep
@@ -223,4 +238,53 @@ func TestStartLandingAfterStopIsReleased(t *testing.T) {
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT held_until FROM workflow_runs WHERE run_id = $1`, r.RunID).Scan(&heldUntil))
 	require.Nil(t, heldUntil)
 	require.Equal(t, 1, tickets(t, db, r.RunID))
+}
+
+// Runs started through a busy process reach an idle one: two processes
+// with one worker each, four runs of a workflow whose step blocks started
+// through the first; one runs on each process at once (the first process
+// knows nothing of how long its deliveries take, so it holds none), and
+// each of the other two starts as soon as a worker of either frees up.
+func TestAnIdleProcessGetsWorkABusyOneWasGiven(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := testCtx(t)
+	type process struct {
+		release chan struct{}
+		started atomic.Int32
+		e       *engine.Engine
+	}
+	var procs [2]*process
+	for i := range procs {
+		p := &process{release: make(chan struct{}, 4)}
+		wf := engine.Define("blocking", func(ctx *engine.Context, _ int) (int, error) {
+			return engine.Step(ctx, "block", func(sctx context.Context) (int, error) {
+				p.started.Add(1)
+				select {
+				case <-p.release:
+				case <-sctx.Done():
+				}
+				return i, nil
+			}, nil)
+		}, nil)
+		p.e = newEngine(t, db, &engine.Config{MaxWorkers: 1}, true, wf)
+		procs[i] = p
+	}
+	started := func() (a, b int32) { return procs[0].started.Load(), procs[1].started.Load() }
+	for range 4 {
+		_, err := procs[0].e.StartJSON(ctx, "blocking", []byte(`0`), nil)
+		require.NoError(t, err)
+	}
+	began := time.Now()
+	eventually(t, 10*time.Second, "a run on each process", func() bool { a, b := started(); return a == 1 && b == 1 })
+	require.Less(t, time.Since(began), time.Second, "a run on each process within a second")
+	for i, p := range []*process{procs[1], procs[0]} {
+		p.release <- struct{}{}
+		began := time.Now()
+		eventually(t, 10*time.Second, "the next run to start", func() bool { a, b := started(); return a+b == int32(3+i) })
+		require.Less(t, time.Since(began), time.Second, "a freed worker takes the next run within a second")
+	}
+	for _, p := range procs {
+		close(p.release)
+	}
 }

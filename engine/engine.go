@@ -222,6 +222,9 @@ type Engine struct {
 	// holdLocal); heldMu also orders dispatched.Add before stopping.
 	heldMu sync.Mutex
 	held   []heldRun
+	// overdue, armed while runs are held, hands those held too long to
+	// River (see releaseOverdue).
+	overdue *time.Timer
 	// deliveryTime is how long this process's deliveries take, on
 	// average: it bounds how many runs are worth holding (see maxHeld).
 	deliveryTime movingAverage

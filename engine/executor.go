@@ -18,9 +18,16 @@ import (
 // the delivery's, so a shutdown does not lose a finished step's record.
 const writeTimeout = 15 * time.Second
 
-// busyRetry is how long a ticket that found every worker busy for half a
-// lease waits before River delivers it again.
+// busyRetry is how long a ticket that found every worker busy for
+// slotWait waits before River delivers it again.
 const busyRetry = 100 * time.Millisecond
+
+// slotWait is how long a ticket River fetched waits for one of the
+// process's workers before it goes back to River: about a second, so a
+// ticket that a busy process fetched (River counts only its own running
+// tickets, not runs started here) reaches an idle process within about a
+// second of that process asking for work, as a held run does.
+const slotWait = holdBudget
 
 // unknownWorkflowRetry is how long a ticket for a workflow this process
 // does not register waits before another try, when it has come back to
@@ -38,15 +45,15 @@ func unknownWorkflowRetry(snoozes int) time.Duration {
 
 // deliver is one delivery of a run: River calls it for each ticket. It
 // waits for one of the process's worker slots, which runs this process
-// started itself share (see planStart), for at most half a lease: a ticket
-// River fetched and that waited longer would look abandoned to the orphan
-// sweep, so it goes back to River instead, for a process with a free
-// worker.
+// started itself share (see planStart), for at most slotWait (and half a
+// lease: a ticket River fetched and that waited longer would look
+// abandoned to the orphan sweep); then it goes back to River, for a
+// process with a free worker.
 func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
 	select {
 	case e.slots <- struct{}{}:
 	default:
-		wait := time.NewTimer(e.cfg.LeaseDuration / 2)
+		wait := time.NewTimer(min(slotWait, e.cfg.LeaseDuration/2))
 		defer wait.Stop()
 		select {
 		case e.slots <- struct{}{}:
