@@ -88,7 +88,10 @@ const abandonGrace = 100 * time.Millisecond
 // RunActivity runs fn as the run's next step, of kind activity: a request
 // ID is stored (with the previous step's record, one round trip) before the
 // first attempt, every attempt receives it, and the outcome is recorded
-// like a Step's (the second round trip). Replay returns the recorded
+// with the delivery's next write (the second round trip), and never later
+// than the moment the workflow goes on to wait for something: a tx step's
+// transaction, a parallel step, a timer or signal. A crash after that
+// does not call fn again. Replay returns the recorded
 // outcome; a replay that finds the request ID stored but no outcome (a
 // crash between the call and its record) calls fn again with the same ID,
 // so an idempotent API applies the effect once.

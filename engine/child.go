@@ -101,11 +101,19 @@ func (c *ChildRun[Out]) RunID() uuid.UUID { return c.runID }
 func (c *ChildRun[Out]) WorkflowID() string { return c.workflowID }
 
 // Get waits for the child to end and returns its output, or a *ChildError
-// when it ended otherwise (failed, compensated, cancelled, dead: its
-// recorded error is in the chain, so errors.Is finds ErrCancelled for a
-// cancelled child and errors.As a *StepError of its failed step). The
-// outcome is recorded with the parent's step that started the child, so
-// every replay returns the same one.
+// when it ended otherwise (failed, compensated, cancelled, or dead with its
+// dead job discarded: its recorded error is in the chain, so errors.Is
+// finds ErrCancelled for a cancelled child and errors.As a *StepError of
+// its failed step). The outcome is recorded with the parent's step that
+// started the child, so every replay returns the same one.
+//
+// A child parked as dead has not ended: an operator may replay it. The
+// parent is parked with it (reason child_dead, its dead job naming the
+// child's, DeadJob.ChildDeadJobID), as a step whose retries ran out parks
+// the run that called it, and nothing is undone. Replaying either dead
+// job replays both: the parent waits for the child again and takes its
+// outcome. Discarding the child's dead job and replaying the parent's
+// gives the parent the child's death as a *ChildError of status dead.
 //
 // While the child runs, the parent is suspended, holding no goroutine,
 // worker slot or River job; the statement that ends the child wakes it.

@@ -88,9 +88,12 @@ func All[T any](ctx *Context, fs []*Future[T]) ([]T, error) {
 // A parallel step is retried per its RetryPolicy in place (its backoffs
 // hold a worker slot, however long), and its failure is returned by Get,
 // as with StepOpts.ReturnExhausted, whatever the run's compensations; a
-// panic parks the run. GoUndo registers an undo as the step completes. A
-// future the workflow never waits for is cancelled when the workflow
-// function returns.
+// panic parks the run. GoUndo registers an undo as the step completes.
+// While parallel steps run, waits that would end the delivery (a long
+// Sleep, a retry's long backoff, AwaitSignal, Select, ChildRun.Get) wait
+// in place instead, so a started step runs once, to its end; the run
+// suspends once none is left. A future the workflow never waits for is
+// cancelled when the workflow function returns.
 func Go[T any](ctx *Context, name string, fn func(context.Context) (T, error), opts *StepOpts) *Future[T] {
 	return startBranch[T](ctx, name, KindStep, opts, func(sctx context.Context, _ *branch) ([]byte, error) {
 		v, err := fn(sctx)

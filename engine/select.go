@@ -45,7 +45,8 @@ func OnFuture[T any](f *Future[T]) SelectCase {
 	return SelectCase{kind: caseFuture, d: f.d, ready: f.done}
 }
 
-// OnChild is ready when the child run c has ended, however it ended.
+// OnChild is ready when the child run c has ended, however it ended, or
+// is parked as dead (ChildRun.Get then parks this run with it, see Get).
 func OnChild[T any](c *ChildRun[T]) SelectCase {
 	if c == nil {
 		return SelectCase{err: errors.New("OnChild of a nil child run")}
@@ -57,9 +58,10 @@ func OnChild[T any](c *ChildRun[T]) SelectCase {
 // it wins, Select takes it (Selected.Payload), as AwaitSignal would.
 func OnSignal(name string) SelectCase { return SelectCase{kind: caseSignal, signal: name} }
 
-// OnTimer is ready once d has passed since the Select first ran (recorded,
-// so a replay or a later delivery keeps the same deadline). d must not be
-// negative; 0 is ready at once.
+// OnTimer is ready once d has passed since the Select first ran (recorded
+// before the Select waits, suspended or in place, so a replay or a later
+// delivery keeps the same deadline). d must not be negative; 0 is ready
+// at once.
 func OnTimer(d time.Duration) SelectCase {
 	if d < 0 {
 		return SelectCase{err: fmt.Errorf("OnTimer %s is negative", d)}
@@ -95,7 +97,9 @@ type selectOutcome struct {
 // nothing, until a child of the cases ends, a signal of the cases is sent
 // or the earliest timer passes. While a future of the cases (or any other
 // parallel step) is running, the delivery waits in place, and looks at
-// the children and signals of the cases every 250 ms.
+// the children and signals of the cases every 250 ms; a Select with a
+// timer writes its start down first, so a redelivery (a deploy, a crash)
+// keeps its deadline.
 //
 // cases holds 1 to MaxSelectCases cases of this run, with distinct signal
 // names (ErrInvalidArgument otherwise, not recorded). Other errors:

@@ -190,6 +190,10 @@ func (e *Engine) sendSignal(ctx context.Context, tx pgx.Tx, runID uuid.UUID, nam
 // signal wakes it (at once) or timeout passes (timeout <= 0: no timeout),
 // after which AwaitSignal returns ErrTimeout. Both outcomes are recorded
 // as a step of kind "signal" named name, so replays return them unchanged.
+// While parallel steps of the run (Go) are running, the delivery waits in
+// place instead (its start, and so its timeout, recorded first), looking
+// for the signal every 250 ms, and suspends once none is left: a started
+// parallel step runs once, to its end.
 //
 // Other errors: ErrCancelled (the run was cancelled while waiting), a
 // decode error wrapping ErrInvalidInput when the payload does not fit T

@@ -45,7 +45,9 @@ type StepOpts struct {
 	// backoffs, from its first attempt's start, across deliveries (0: no
 	// bound): an attempt gets at most the time left, and a retry whose
 	// backoff would end past it is not made; the step fails as if its
-	// retries ran out, with the timeout in its error (ErrTimeout).
+	// retries ran out, with the timeout in its error (ErrTimeout). Each
+	// attempt of such a step is announced (recorded started, one write) so
+	// the start survives a crash, and an attempt whose worker died counts.
 	ScheduleToCloseTimeout time.Duration
 
 	// undo builds a parallel step's undo from its output (GoUndo).
@@ -80,7 +82,9 @@ func (o *StepOpts) validate() error {
 // Outcomes:
 //   - fn returns a value: recorded (written before the next step starts,
 //     in the same round trip as its announcement, in a next tx step's
-//     transaction, or with the run's completion) and returned.
+//     transaction, or with the run's completion; before the workflow waits
+//     for anything, such as a parallel step, when its attempt was announced)
+//     and returned.
 //   - fn returns an error: retried per the RetryPolicy; attempts are counted
 //     in Postgres. A backoff over Config.MaxInlineBackoff ends this delivery
 //     and frees the worker until the retry is due.

@@ -27,7 +27,11 @@ func (systemClock) Now() time.Time { return time.Now() }
 // than Config.MaxInlineBackoff ends the delivery and frees the worker: the
 // run waits with no goroutine, connection, worker slot or River job, and
 // the sweep re-enqueues it within about Config.SweepInterval of its wake
-// time (on any engine, after any restart). Shorter pauses wait in place.
+// time (on any engine, after any restart). Shorter pauses wait in place,
+// and so do longer ones while parallel steps of the run (Go) are running:
+// ending the delivery would cut them off and the next would run them
+// again, so it waits, its wake time recorded, until they have ended (then
+// it ends) or the wake time comes.
 //
 // It returns nil once the time has come, ErrCancelled when the run is
 // cancelled meanwhile, or the error that ended the delivery, which the

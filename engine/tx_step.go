@@ -24,6 +24,12 @@ import (
 // fn's error rolls back and is retried unless Permanent; serialization
 // failures and deadlocks are transient.
 //
+// The record of a plain Step just before it, if not yet written, commits
+// in the same transaction (nothing shows that step started: a crash before
+// the commit runs it again, as Step promises). Any other record, an
+// activity's outcome among them, is written before fn starts, so a slow
+// transaction never holds it back.
+//
 // Cost: one transaction (BEGIN, fn's statements, the fenced record, COMMIT).
 func TxStep[T any](ctx *Context, name string, fn func(ctx context.Context, tx pgx.Tx) (T, error), opts *StepOpts) (T, error) {
 	raw, err := ctx.d.runStep(&stepCall{name: name, kind: KindTx, opts: opts, tx: true, body: txBody(fn),
