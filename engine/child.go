@@ -357,7 +357,9 @@ func (d *delivery) childResult(seq int, name string) ([]byte, error) {
 			return nil, d.endErr
 		}
 		if dead != nil {
-			d.parkForDeadChild(seq, dead)
+			if !d.parkForDeadChild(seq, dead) {
+				continue // an operator replayed the child meanwhile: wait for it
+			}
 			return nil, d.endErr
 		}
 		if settled > 0 {
@@ -435,8 +437,9 @@ func (d *delivery) settleChildren(seqs []int, deadEnds bool) (int, *store.ChildE
 // parked as dead (c), with reason child_dead and the child's dead job
 // linked: replaying either dead job replays both, and this run goes on
 // waiting for the child; discarding the child's gives this run, once
-// replayed, the child's failure (a *ChildError of status dead).
-func (d *delivery) parkForDeadChild(seq int, c *store.ChildEnd) {
+// replayed, the child's failure (a *ChildError of status dead). False when
+// the child's dead job was replayed meanwhile: the run is not parked.
+func (d *delivery) parkForDeadChild(seq int, c *store.ChildEnd) bool {
 	name := d.childRecord(seq).Name
 	cause := decodeErrorInfo(c.Error)
 	info := &ErrorInfo{Class: ClassChildDead, Step: name, Seq: &seq, Cause: cause,
@@ -444,7 +447,7 @@ func (d *delivery) parkForDeadChild(seq int, c *store.ChildEnd) {
 			"replay its dead job or this one to replay both, this run then waits for the child again; "+
 			"or discard the child's and replay this one to give this run the child's failure", c.RunID, name, *c.DeadJobID)}
 	d.log.Warn("child run parked as dead; parking its parent with it", "child_run_id", c.RunID, "child_dead_job_id", *c.DeadJobID)
-	d.park(nil, &parkReason{reason: ReasonChildDead, info: info, childRunID: &c.RunID, childDeadJobID: c.DeadJobID})
+	return d.park(nil, &parkReason{reason: ReasonChildDead, info: info, childRunID: &c.RunID, childDeadJobID: c.DeadJobID})
 }
 
 // childErrorFromRecord decodes a parent's failed record of a child: the

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -628,10 +629,12 @@ func parkNonDeterminism(seq int, name string, kind StepKind, rec *store.StepReco
 }
 
 // park marks the run dead with a dead_jobs row, writing rec (the failing
-// step) or else the pending record in the same statement.
-func (d *delivery) park(rec *store.StepRecord, why *parkReason) {
+// step) or else the pending record in the same statement. It returns false
+// only for a child_dead park whose child's dead job was replayed meanwhile:
+// nothing is written, and the delivery goes on (it waits for the child).
+func (d *delivery) park(rec *store.StepRecord, why *parkReason) bool {
 	if rec != nil && d.buf.pending != nil && !d.flush() {
-		return
+		return true
 	}
 	if rec == nil {
 		rec = d.buf.take()
@@ -666,8 +669,7 @@ func (d *delivery) park(rec *store.StepRecord, why *parkReason) {
 			p.FirstFailedAt = *why.rec.FirstFailedAt
 		}
 	}
-	d.log.Warn("run parked as dead", "reason", why.reason, "error_class", why.info.Class, "error", why.info.Message)
-	d.close(StatusDead, d.do(func(ctx context.Context) error {
+	err := d.do(func(ctx context.Context) error {
 		if !d.related() {
 			return store.ParkRun(ctx, d.e.pool, d.fence(), rec, p)
 		}
@@ -678,10 +680,32 @@ func (d *delivery) park(rec *store.StepRecord, why *parkReason) {
 			if err := store.ParkRun(ctx, tx, d.fence(), rec, p); err != nil {
 				return err
 			}
+			if why.childDeadJobID != nil {
+				// The run's row is locked now, and a replay of the child
+				// locks it first (see lockFamily): either the replay
+				// committed before (the child runs again: no park), or it
+				// comes after and finds this dead job to replay with it.
+				if open, err := store.DeadJobOpen(ctx, tx, *why.childRunID, *why.childDeadJobID); err != nil || !open {
+					return cmp.Or(err, errChildReplayed)
+				}
+			}
 			return d.endRelated(ctx, tx, StatusDead)
 		})
-	}))
+	})
+	if errors.Is(err, errChildReplayed) {
+		d.buf.pending = rec // nothing was written
+		return false
+	}
+	if err == nil {
+		d.log.Warn("run parked as dead", "reason", why.reason, "error_class", why.info.Class, "error", why.info.Message)
+	}
+	d.close(StatusDead, err)
+	return true
 }
+
+// errChildReplayed rolls back a child_dead park whose child an operator
+// replayed meanwhile.
+var errChildReplayed = errors.New("the dead child was replayed")
 
 // cancelInfo is the error a cancelled run ends with: its timeout's once
 // its deadline passed (the sweep requested the cancellation), else

@@ -245,3 +245,14 @@ func MarkRunDiscarded(ctx context.Context, db DBTX, runID uuid.UUID) error {
 	_, err := db.Exec(ctx, discardRun, runID)
 	return translate(err)
 }
+
+// DeadJobOpen reports whether run runID's dead job id is open (not
+// replayed or discarded); false for none.
+func DeadJobOpen(ctx context.Context, db DBTX, runID, id uuid.UUID) (bool, error) {
+	var open bool
+	err := db.QueryRow(ctx, `SELECT resolved_at IS NULL FROM dead_jobs WHERE run_id = $1 AND id = $2`, runID, id).Scan(&open)
+	if err = translate(err); err == ErrNotFound {
+		return false, nil
+	}
+	return open, err
+}
