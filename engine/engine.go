@@ -119,14 +119,25 @@ type Config struct {
 	Clock Clock
 }
 
+// Defaults of the Config fields that an operator tunes most (engine serve
+// shows them in its --help): DefaultLeaseDuration for LeaseDuration (the
+// HeartbeatInterval default is a third of the lease), DefaultMaxWorkers
+// for MaxWorkers, DefaultMaxDeliveries for MaxDeliveries; DefaultRetention
+// is Retention's.
+const (
+	DefaultLeaseDuration = 10 * time.Second
+	DefaultMaxWorkers    = 100
+	DefaultMaxDeliveries = 10
+)
+
 const (
 	defaultQueue         = "pgdurable"
-	defaultMaxWorkers    = 100
+	defaultMaxWorkers    = DefaultMaxWorkers
 	defaultFetchCooldown = 2 * time.Millisecond
 	defaultFetchPoll     = 50 * time.Millisecond
-	defaultLease         = 10 * time.Second
+	defaultLease         = DefaultLeaseDuration
 	defaultSweepInterval = 250 * time.Millisecond
-	defaultMaxDeliveries = 10
+	defaultMaxDeliveries = DefaultMaxDeliveries
 	defaultInlineBackoff = time.Second
 	defaultMaxPayload    = 1 << 20
 	defaultMaxSignals    = 1000

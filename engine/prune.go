@@ -58,6 +58,13 @@ type RetentionObserver interface {
 	RowsPruned(table string, n int64)
 }
 
+// Retention is how long this engine keeps finished runs: its
+// Config.Retention with the default filled in (DefaultRetention when the
+// Config left it 0), negative when it keeps them for ever. It is what the
+// engine's sweep prunes for once started, and the default of engine runs
+// prune and of POST /v1/runs/prune without older_than.
+func (e *Engine) Retention() time.Duration { return e.cfg.Retention }
+
 // Prune deletes the runs that ended more than p.OlderThan ago (completed,
 // failed, compensated, cancelled, continued, and dead runs whose dead jobs
 // are all resolved, as long ago), with their steps, signals and dead-job

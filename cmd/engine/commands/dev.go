@@ -51,11 +51,11 @@ temporary directory that is removed on exit.`,
 				}
 				f.dev = kit
 			}
-			return g.serve(ctx, f)
+			return g.serve(ctx, cmd.Flags(), f)
 		},
 	}
 	cmd.Flags().StringVar(&f.listen, "listen", "127.0.0.1:8080", "HTTP listen address")
-	cmd.Flags().IntVar(&f.maxWorkers, "max-workers", 100, "concurrent deliveries in this process")
+	g.addTuningFlags(cmd, &f.tune)
 	cmd.Flags().Int32Var(&f.poolSize, "pool-size", 20, "PostgreSQL connections")
 	cmd.Flags().DurationVar(&f.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long running steps get to finish on shutdown")
 	cmd.Flags().StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")

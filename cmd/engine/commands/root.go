@@ -5,7 +5,9 @@
 //
 //	os.Exit(commands.Execute(ctx, os.Args[1:], commands.Options{Workflows: []engine.Registration{myWorkflow}}))
 //
-// A program adds commands of its own with Options.Commands and rows of its
+// Options.Config is the binary's engine.Config, which serve's flags and
+// ENGINE_* variables override. A program adds commands of its own with
+// Options.Commands and rows of its
 // own to engine bench with Options.BenchRows; cmd/engine adds the payment
 // example's commands (demo, gateway, chaos) and bench row so, from package
 // cmd/engine/paymentcmd, which this package does not import.
@@ -36,6 +38,26 @@ import (
 type Options struct {
 	// Workflows are registered by every command that runs or starts runs.
 	Workflows []engine.Registration
+	// Config is the engine configuration of this binary, as engine.New
+	// takes it: every command that makes an engine starts from a copy of
+	// it (nil: all of engine.Config's defaults). serve and dev work runs
+	// with it, and their flags and environment variables override the
+	// fields an operator tunes: --retention (ENGINE_RETENTION),
+	// --lease-duration (ENGINE_LEASE_DURATION), --heartbeat-interval
+	// (ENGINE_HEARTBEAT_INTERVAL), --max-workers (ENGINE_MAX_WORKERS) and
+	// --max-deliveries (ENGINE_MAX_DELIVERIES). A flag wins over its
+	// variable, the variable over this Config, this Config over the
+	// engine's default; serve --help shows this Config's values as the
+	// defaults. The operator commands on the database use it too (its
+	// MaxPayloadBytes bounds the inputs they start, and runs prune
+	// defaults --older-than to its Retention, or ENGINE_RETENTION).
+	// Logger, Observer and TracerProvider are the commands' own and are
+	// ignored here: serve logs JSON to stderr at --log-level, feeds its
+	// /metrics and exports OTLP as OTEL_* says; the other commands log
+	// warnings as text to stderr. A value engine.New refuses (a
+	// HeartbeatInterval not below the LeaseDuration, ...) fails every such
+	// command with engine.New's error.
+	Config *engine.Config
 	// Migrate applies the application's own migrations (its business
 	// tables), after pgdurable's, in `migrate up` and `serve --migrate`.
 	Migrate func(ctx context.Context, pool *pgxpool.Pool) error
@@ -297,7 +319,13 @@ func (g *global) client(ctx context.Context) (b backend, done func(), err error)
 	if err != nil {
 		return nil, nil, err
 	}
-	e, err := engine.New(pool, &engine.Config{Logger: g.logger(slog.NewTextHandler(g.opts.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	cfg, err := g.clientConfig()
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	cfg.Logger = g.logger(slog.NewTextHandler(g.opts.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	e, err := engine.New(pool, &cfg)
 	if err == nil {
 		err = e.Register(g.opts.Workflows...)
 	}

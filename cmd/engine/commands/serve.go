@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/pgdurable/pgdurable/cmd/engine/internal/localpg"
 	"github.com/pgdurable/pgdurable/engine"
@@ -31,7 +32,7 @@ import (
 type serveFlags struct {
 	listen          string
 	apiToken        string
-	maxWorkers      int
+	tune            tuning
 	poolSize        int32
 	shutdownTimeout time.Duration
 	migrate         bool
@@ -61,13 +62,19 @@ With OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) set, it
 OpenTelemetry spans over OTLP/HTTP: one per start, run delivery and step attempt, in the trace
 of the caller (an API request's traceparent header included); OTEL_SERVICE_NAME (default
 pgdurable), OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER and OTEL_EXPORTER_OTLP_HEADERS apply.
-Without one it traces nothing.`,
+Without one it traces nothing.
+
+The engine settings --retention, --lease-duration, --heartbeat-interval, --max-workers and
+--max-deliveries may also come from ENGINE_RETENTION, ENGINE_LEASE_DURATION,
+ENGINE_HEARTBEAT_INTERVAL, ENGINE_MAX_WORKERS and ENGINE_MAX_DELIVERIES: a flag wins over its
+variable, which wins over the defaults below (this binary's own, where its program sets them
+in commands.Options.Config, else the engine's). Durations are Go durations: 90s, 10m, 720h.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return g.serve(cmd.Context(), f) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return g.serve(cmd.Context(), cmd.Flags(), f) },
 	}
 	cmd.Flags().StringVar(&f.listen, "listen", "127.0.0.1:8080", "HTTP listen address")
 	cmd.Flags().StringVar(&f.apiToken, "api-token", "", "bearer token for /v1 and /metrics (default $ENGINE_API_TOKEN)")
-	cmd.Flags().IntVar(&f.maxWorkers, "max-workers", 100, "concurrent deliveries in this process")
+	g.addTuningFlags(cmd, &f.tune)
 	cmd.Flags().Int32Var(&f.poolSize, "pool-size", 20, "PostgreSQL connections")
 	cmd.Flags().DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long running steps get to finish on shutdown")
 	cmd.Flags().BoolVar(&f.migrate, "migrate", false, "apply migrations before starting")
@@ -76,8 +83,12 @@ Without one it traces nothing.`,
 	return cmd
 }
 
-func (g *global) serve(ctx context.Context, f *serveFlags) error {
+func (g *global) serve(ctx context.Context, fs *pflag.FlagSet, f *serveFlags) error {
 	if err := g.localOnly("serve"); err != nil {
+		return err
+	}
+	cfg, err := g.engineConfig(fs, &f.tune)
+	if err != nil {
 		return err
 	}
 	if f.apiToken == "" {
@@ -103,7 +114,7 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 	// PostgreSQL may be restarting (a deploy, a failover): keep trying for
 	// a while before giving up.
 	var pool *pgxpool.Pool
-	err := retryStartup(ctx, log, func() (err error) {
+	err = retryStartup(ctx, log, func() (err error) {
 		pool, err = g.pool(ctx, f.poolSize)
 		return err
 	})
@@ -135,7 +146,8 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 	if tp != nil {
 		log.Info("tracing: exporting spans over OTLP/HTTP")
 	}
-	e, err := engine.New(pool, &engine.Config{Logger: log, MaxWorkers: f.maxWorkers, Observer: metrics, TracerProvider: tp})
+	cfg.Logger, cfg.Observer, cfg.TracerProvider = log, metrics, tp
+	e, err := engine.New(pool, &cfg)
 	if err != nil {
 		return err
 	}
@@ -169,7 +181,15 @@ func (g *global) serve(ctx context.Context, f *serveFlags) error {
 	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info("engine serving", "listen", ln.Addr().String(), "workflows", len(workflows), "max_workers", f.maxWorkers)
+	lease := cmp0(cfg.LeaseDuration, engine.DefaultLeaseDuration)
+	retention := e.Retention().String()
+	if e.Retention() < 0 {
+		retention = "forever"
+	}
+	log.Info("engine serving", "listen", ln.Addr().String(), "workflows", len(workflows),
+		"max_workers", cmp0(cfg.MaxWorkers, engine.DefaultMaxWorkers), "lease_duration", lease.String(),
+		"heartbeat_interval", cmp0(cfg.HeartbeatInterval, lease/3).String(),
+		"max_deliveries", cmp0(cfg.MaxDeliveries, engine.DefaultMaxDeliveries), "retention", retention)
 	if ui != nil {
 		log.Info("web UI", "url", "http://"+ln.Addr().String()+"/ui/")
 	}
