@@ -21,7 +21,7 @@ import (
 
 func main() {
 	opts := commands.Options{Migrate: payment.Migrate, Commands: paymentcmd.Commands(), BenchRows: []commands.BenchRow{paymentcmd.BenchRow},
-		Dev: paymentcmd.Dev}
+		Dev: paymentcmd.Dev, DevHelp: paymentcmd.DevHelp}
 	if os.Getenv("STRIPE_API_KEY") != "" {
 		gw, err := payment.NewGateway(payment.GatewayConfig{}, os.Getenv)
 		if err != nil {

@@ -22,8 +22,7 @@ func (g *global) benchCmd() *cobra.Command {
 		Long: `Runs, in one process against one database: River no-op jobs and jobs writing 3 (and 10) rows in
 3 (and 10) transactions (the references), 3- and 10-step no-op workflows with their starts
 (workflows/s, steps/s, the ratio to River, commits, round trips and WAL per workflow),
-one-at-a-time latency, the cost of replaying 1,000 recorded steps, the payment workflow against
-the fake gateway (750 runs, whatever --workflows says), and the process's memory with
+one-at-a-time latency, the cost of replaying 1,000 recorded steps, ` + g.benchRowsHelp() + `and the process's memory with
 --waiting-runs runs asleep. It prints each row as it is measured, then the table (or, with
 --json, only the JSON). Use a database of its own: it migrates it and adds tables and jobs.`,
 		Args: cobra.NoArgs,
@@ -115,4 +114,17 @@ the fake gateway (750 runs, whatever --workflows says), and the process's memory
 	_ = cmd.Flags().MarkHidden("scale-worker")
 	cmd.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the 3-step throughput row to this file (go tool pprof)")
 	return cmd
+}
+
+// benchRowsHelp names, for bench's help, the rows Options.BenchRows add
+// (cmd/engine's: the payment workflow on the fake gateway).
+func (g *global) benchRowsHelp() string {
+	switch n := len(g.opts.BenchRows); n {
+	case 0:
+		return ""
+	case 1:
+		return "the row this binary adds, "
+	default:
+		return fmt.Sprintf("the %d rows this binary adds, ", n)
+	}
 }

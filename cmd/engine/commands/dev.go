@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -19,13 +20,14 @@ func (g *global) devCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "serve with zero configuration: finds or starts a PostgreSQL, migrates, serves the web UI on loopback",
-		Long: `Runs serve with --migrate on loopback and prints the web UI's URL. This binary adds the payment
-example on an embedded fake Stripe gateway (unless STRIPE_API_KEY is set: then the real
-gateway it names), a signal-waiting example (workflow "approval"), a few example runs, and the
-commands that start more. The database is, in order: --database-url or
-DATABASE_URL; else a reachable local PostgreSQL (127.0.0.1:5432, database pgdurable_dev, created
-if missing); else a throwaway PostgreSQL started from the local installation (initdb and pg_ctl
-on PATH or under /usr/lib/postgresql/*/bin; as the postgres user when run as root) in a
+		Long: `Runs serve with --migrate on loopback and prints the web UI's URL and commands to try.
+
+` + g.devWhat() + `
+
+The database is, in order: --database-url or DATABASE_URL; else a reachable local
+PostgreSQL (127.0.0.1:5432, database pgdurable_dev, created if missing); else a throwaway
+PostgreSQL started from the local installation (initdb and pg_ctl on PATH or under
+/usr/lib/postgresql/*/bin; as the postgres user when run as root) in a
 temporary directory that is removed on exit.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -78,9 +80,10 @@ func devDatabase(ctx context.Context, throwaway bool, g *global) (string, func()
 	return pg.URL, pg.Stop, nil
 }
 
-// banner starts the kit's seed runs and prints where the UI is and what to
-// try.
-func (k *DevKit) banner(ctx context.Context, e *engine.Engine, log *slog.Logger, out io.Writer, base, dbURL string, ui bool) {
+// banner starts the kit's seed runs and prints where the UI is, the
+// workflows the process registers and what to try, with the CLI as
+// invocation runs it.
+func (k *DevKit) banner(ctx context.Context, e *engine.Engine, log *slog.Logger, out io.Writer, base, dbURL, invocation string, workflows []string, ui bool) {
 	if k.Seed != nil {
 		if err := k.Seed(ctx, e); err != nil {
 			log.Warn("engine dev: starting the example runs failed", "error", err)
@@ -91,7 +94,13 @@ func (k *DevKit) banner(ctx context.Context, e *engine.Engine, log *slog.Logger,
 		fmt.Fprintf(out, "  web UI   %s/ui/\n", base)
 	}
 	fmt.Fprintf(out, "  API      %s/v1/runs  (no token needed on loopback)\n", base)
-	fmt.Fprintf(out, "  CLI      DATABASE_URL='%s' go run ./cmd/engine runs list\n", dbURL)
+	fmt.Fprintf(out, "  CLI      DATABASE_URL='%s' %s runs list\n", dbURL, invocation)
+	if len(workflows) == 0 {
+		fmt.Fprintln(out, "  start    nothing: this process registers no workflows, so it works no runs")
+	} else {
+		fmt.Fprintf(out, "  start    DATABASE_URL='%s' %s start %s --input '<JSON>' --wait   (registered: %s)\n",
+			dbURL, invocation, workflows[0], strings.Join(workflows, ", "))
+	}
 	if k.Hints != nil {
 		for _, h := range k.Hints(base) {
 			if h != "" {
@@ -102,4 +111,36 @@ func (k *DevKit) banner(ctx context.Context, e *engine.Engine, log *slog.Logger,
 	}
 	fmt.Fprintln(out, "  Ctrl-C stops it.")
 	fmt.Fprintln(out)
+}
+
+// devWhat says, for dev's help, what this binary's dev runs: the
+// workflows it registers (Options.Workflows), and what Options.Dev adds
+// as Options.DevHelp describes it.
+func (g *global) devWhat() string {
+	names := workflowNames(g.opts.Workflows)
+	var b strings.Builder
+	switch len(names) {
+	case 0:
+		b.WriteString("This binary registers no workflows itself.")
+	default:
+		fmt.Fprintf(&b, "It works the workflows this binary registers (%s).", strings.Join(names, ", "))
+	}
+	switch {
+	case g.opts.DevHelp != "":
+		b.WriteString(" " + strings.TrimSpace(g.opts.DevHelp))
+	case g.opts.Dev != nil:
+		b.WriteString(" It adds the examples its program sets up for dev.")
+	}
+	return b.String()
+}
+
+// workflowNames are the names of ws (the Name of each *engine.Workflow).
+func workflowNames(ws []engine.Registration) []string {
+	var names []string
+	for _, w := range ws {
+		if n, ok := w.(interface{ Name() string }); ok {
+			names = append(names, n.Name())
+		}
+	}
+	return names
 }

@@ -81,3 +81,10 @@ func (e *Env) ServeCommand(args ...string) *exec.Cmd {
 // of range, a listen address not allowed): Execute prints err's message
 // and exits 2 instead of 1, and with --json reports the code "usage".
 func UsageError(err error) error { return &usageError{err} }
+
+// Invocation is how a person runs this binary, for the commands a command
+// prints for them to try ("<Invocation> runs show <id>"): Options.Invocation
+// when set; else "go run <package>" when the binary runs from go run's build
+// cache ("go run ./cmd/engine" from its module's root, the import path
+// elsewhere); else os.Args[0] as it was typed ("./bin/engine", "engine").
+func (e *Env) Invocation() string { return e.g.invocation() }

@@ -90,6 +90,18 @@ type Options struct {
 	// cmd/engine sets paymentcmd.Dev: the payment example on an embedded
 	// fake gateway and a signal-waiting example. Default: none.
 	Dev func(ctx context.Context, env *Env) (*DevKit, error)
+	// DevHelp is what Dev adds, in a sentence or two for engine dev
+	// --help, after the list of Workflows (cmd/engine sets
+	// paymentcmd.DevHelp). Default: with Dev set, a line saying the
+	// program adds examples of its own; without, nothing.
+	DevHelp string
+	// Invocation is how a person runs this binary, for the commands that
+	// engine dev (and a command using Env.Invocation) prints: "./bin/app"
+	// gives "./bin/app runs list". Default: "go run <package>" when the
+	// binary runs from go run's build cache (the package relative to the
+	// working directory when that is its module's root, "go run
+	// ./cmd/engine"), else os.Args[0] as it was typed.
+	Invocation string
 }
 
 // DevKit is what Options.Dev gives engine dev.

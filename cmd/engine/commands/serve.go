@@ -194,10 +194,10 @@ func (g *global) serve(ctx context.Context, fs *pflag.FlagSet, f *serveFlags) er
 		log.Info("web UI", "url", "http://"+ln.Addr().String()+"/ui/")
 	}
 	if f.dev != nil {
-		f.dev.banner(ctx, e, log, g.opts.Stdout, "http://"+ln.Addr().String(), localpg.Redact(g.dbURL()), ui != nil)
+		f.dev.banner(ctx, e, log, g.opts.Stdout, "http://"+ln.Addr().String(), localpg.Redact(g.dbURL()), g.invocation(), workflowNames(workflows), ui != nil)
 	}
 	if len(workflows) == 0 {
-		log.Warn("no workflows registered: this process serves the API but works no runs (the repository's binary registers the payment example only when STRIPE_API_KEY is set)")
+		log.Warn("no workflows registered: this process serves the API but works no runs (a program registers its workflows with commands.Options.Workflows; the repository's binary registers the payment example only when STRIPE_API_KEY is set)")
 	}
 
 	select {

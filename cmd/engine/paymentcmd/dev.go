@@ -50,6 +50,12 @@ var Approval = engine.Define("approval", func(ctx *engine.Context, in ApprovalRe
 	return "rejected by " + d.By, nil
 }, nil)
 
+// DevHelp says what Dev adds, for engine dev --help
+// (commands.Options.DevHelp).
+const DevHelp = `It adds the payment example on an embedded fake Stripe
+gateway (unless STRIPE_API_KEY is set: then the real gateway it names), a signal-waiting
+example (workflow "approval"), a few example runs, and the commands that start more.`
+
 // Dev is engine dev's kit (commands.Options.Dev): the payment example on an
 // embedded fake gateway when STRIPE_API_KEY is unset (the binary registers
 // it against that gateway otherwise), the approval example, and a few
