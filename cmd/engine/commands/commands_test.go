@@ -316,7 +316,38 @@ func TestDevServesTheExamplesAndTheUI(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	require.Contains(t, out.String(), "web UI   "+base+"/ui/")
-	code, body := get("/ui/runs")
+
+	// The export example parks as a dead job at once, so the dead-job desk
+	// has one to look at; dev says so, and its replay completes it.
+	for status("dev-export-1") != "dead" {
+		require.True(t, time.Now().Before(deadline), "the export example never parked: %s %s", out.String(), errOut.String())
+		time.Sleep(100 * time.Millisecond)
+	}
+	require.Contains(t, out.String(), "a dead job (dev-export-1: its upload failed 3 times, so it is parked")
+	require.Contains(t, out.String(), "open "+base+"/ui/dead-jobs and replay it")
+	code, body := get("/v1/dead-jobs?open=true")
+	require.Equal(t, 200, code)
+	var dead struct {
+		DeadJobs []engine.DeadJob `json:"dead_jobs"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &dead))
+	require.Len(t, dead.DeadJobs, 1, body)
+	require.Equal(t, "dev-export-1", dead.DeadJobs[0].WorkflowID)
+	require.Equal(t, engine.ReasonRetriesExhausted, dead.DeadJobs[0].Reason)
+	require.Equal(t, 3, dead.DeadJobs[0].Attempts)
+	code, body = get("/ui/dead-jobs")
+	require.Equal(t, 200, code)
+	require.Contains(t, body, "503 Service Unavailable")
+	resp, err := http.Post(base+"/v1/dead-jobs/"+dead.DeadJobs[0].ID.String()+"/replay", "application/json", strings.NewReader(`{"by": "test"}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	for status("dev-export-1") != "completed" {
+		require.True(t, time.Now().Before(deadline), "the replayed export never completed")
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	code, body = get("/ui/runs")
 	require.Equal(t, 200, code)
 	require.Contains(t, body, "expense-1")
 
@@ -329,7 +360,7 @@ func TestDevServesTheExamplesAndTheUI(t *testing.T) {
 	}
 	require.NotEmpty(t, signal, out.String())
 	require.Contains(t, signal, `-d '{"approved": true, "by": "you"}'`)
-	resp, err := http.Post(base+"/v1/runs/expense-1/signals/decision", "application/json", strings.NewReader(`{"approved": true, "by": "you"}`))
+	resp, err = http.Post(base+"/v1/runs/expense-1/signals/decision", "application/json", strings.NewReader(`{"approved": true, "by": "you"}`))
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusAccepted, resp.StatusCode)

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/pgdurable/pgdurable/cmd/engine/commands"
 	"github.com/pgdurable/pgdurable/engine"
@@ -54,11 +57,14 @@ var Approval = engine.Define("approval", func(ctx *engine.Context, in ApprovalRe
 // (commands.Options.DevHelp).
 const DevHelp = `It adds the payment example on an embedded fake Stripe
 gateway (unless STRIPE_API_KEY is set: then the real gateway it names), a signal-waiting
-example (workflow "approval"), a few example runs, and the commands that start more.`
+example (workflow "approval"), an example that parks as a dead job (workflow "export"), a
+few example runs (one of each; the export's is on the dead-job desk within a second), and
+the commands that start more.`
 
 // Dev is engine dev's kit (commands.Options.Dev): the payment example on an
 // embedded fake gateway when STRIPE_API_KEY is unset (the binary registers
-// it against that gateway otherwise), the approval example, and a few
+// it against that gateway otherwise), the approval example, the export
+// example (a run of it parks as a dead job: see newExport), and a few
 // example runs with fixed workflow IDs, so a restart adds none.
 func Dev(ctx context.Context, env *commands.Env) (*commands.DevKit, error) {
 	kit := &commands.DevKit{Workflows: []engine.Registration{Approval}}
@@ -76,17 +82,31 @@ func Dev(ctx context.Context, env *commands.Env) (*commands.DevKit, error) {
 		kit.Workflows = append(kit.Workflows, payment.New(client, nil))
 		kit.Stop = stop
 	}
+	export, watch := newExport()
+	kit.Workflows = append(kit.Workflows, export)
 	kit.Seed = func(ctx context.Context, e *engine.Engine) error {
 		for _, s := range []struct{ workflow, id, input string }{
 			{payment.WorkflowName, "dev-order-1", devOrder("dev-order-1", "pm_card_visa")},
 			{payment.WorkflowName, "dev-order-2", devOrder("dev-order-2", "pm_card_chargeDeclined")},
 			{"approval", "expense-1", `{"expense": "team lunch", "amount": 12000}`},
+			{"export", "dev-export-1", `{"report": "daily-sales", "bucket": "dev-reports"}`},
 		} {
-			if _, err := e.StartJSON(ctx, s.workflow, []byte(s.input), &engine.StartOpts{WorkflowID: s.id}); err != nil && !errors.Is(err, engine.ErrWorkflowIDConflict) {
+			res, err := e.StartJSON(ctx, s.workflow, []byte(s.input), &engine.StartOpts{WorkflowID: s.id})
+			if err != nil && !errors.Is(err, engine.ErrWorkflowIDConflict) {
 				return err
+			}
+			if s.workflow == "export" && res != nil {
+				watch.start(e, res.RunID)
 			}
 		}
 		return nil
+	}
+	stop := kit.Stop
+	kit.Stop = func() {
+		watch.stop()
+		if stop != nil {
+			stop()
+		}
 	}
 	kit.Hints = func(base string) []string {
 		return []string{
@@ -98,6 +118,8 @@ func Dev(ctx context.Context, env *commands.Env) (*commands.DevKit, error) {
 			fmt.Sprintf(`  curl -s %s/v1/runs/expense-1/signals/decision -H 'Content-Type: application/json' -d '{"approved": true, "by": "you"}'`, base),
 			"start another:",
 			fmt.Sprintf(`  curl -s %s/v1/workflows/approval/runs -H 'Content-Type: application/json' -d '{"id": "expense-2", "input": {"expense": "taxi", "amount": 3500}}'`, base),
+			"a dead job (dev-export-1: its upload failed 3 times, so it is parked; the bucket is back once it is):",
+			fmt.Sprintf("  open %s/ui/dead-jobs and replay it, or: curl -s '%s/v1/dead-jobs?open=true'", base, base),
 			"a schedule (then pause or trigger it on the UI's Schedules page):",
 			fmt.Sprintf(`  curl -s %s/v1/schedules -H 'Content-Type: application/json' -d '{"name": "hourly-expense", "cron": "@hourly", "workflow": "approval", "input": {"expense": "coffee", "amount": 450}}'`, base),
 			"",
@@ -108,4 +130,73 @@ func Dev(ctx context.Context, env *commands.Env) (*commands.DevKit, error) {
 
 func devOrder(id, method string) string {
 	return fmt.Sprintf(`{"order_id": %q, "customer_id": "cus_dev", "amount": 4999, "currency": "usd", "payment_method": %q, "items": [{"sku": "sku_tee", "qty": 1}]}`, id, method)
+}
+
+// ExportRequest is the input of the export example: a report to upload to
+// a bucket.
+type ExportRequest struct {
+	Report string `json:"report"`
+	Bucket string `json:"bucket"`
+}
+
+// newExport is engine dev's dead-job example, workflow "export": its step
+// "upload" fails (503, as from a bucket that is down) on every attempt
+// until the watcher has seen the seeded run parked, and succeeds after.
+// The seeded run therefore always exhausts its 3 attempts and becomes a
+// dead job (retries_exhausted) within a second, and its replay from the
+// dead-job desk completes. The outage is this process's: a dev restarted
+// after the run was parked finds the dead job and ends the outage at once.
+func newExport() (*engine.Workflow[ExportRequest, string], *outage) {
+	o := &outage{}
+	wf := engine.Define("export", func(ctx *engine.Context, in ExportRequest) (string, error) {
+		if in.Report == "" || in.Bucket == "" {
+			return "", engine.Permanent(errors.New("export: report and bucket are required"))
+		}
+		return engine.Step(ctx, "upload", func(context.Context) (string, error) {
+			if !o.over.Load() {
+				return "", fmt.Errorf("uploading %s.csv to bucket %q: 503 Service Unavailable", in.Report, in.Bucket)
+			}
+			return fmt.Sprintf("s3://%s/%s.csv", in.Bucket, in.Report), nil
+		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: 100 * time.Millisecond, MaximumAttempts: 3}})
+	}, nil)
+	return wf, o
+}
+
+// outage is the export example's bucket outage: over once the watcher
+// has seen the seeded run's dead job.
+type outage struct {
+	over   atomic.Bool
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// start watches for the dead job of run (for a minute at most), then ends
+// the outage.
+func (o *outage) start(e *engine.Engine, run uuid.UUID) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	o.cancel, o.done = cancel, make(chan struct{})
+	go func() {
+		defer close(o.done)
+		defer cancel()
+		for {
+			jobs, _, err := e.ListDeadJobs(ctx, engine.ListDeadJobsParams{RunID: run, Limit: 1})
+			if err == nil && len(jobs) > 0 {
+				o.over.Store(true)
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+}
+
+// stop ends the watcher and waits for it.
+func (o *outage) stop() {
+	if o.cancel != nil {
+		o.cancel()
+		<-o.done
+	}
 }
