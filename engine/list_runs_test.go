@@ -93,3 +93,50 @@ func TestListRunsByCreatedAndFinishedTime(t *testing.T) {
 	require.Equal(t, 2, count(engine.ListRunsParams{FinishedAfter: now.Add(-5 * 24 * time.Hour)}))
 	require.Equal(t, 5, count(engine.ListRunsParams{FinishedBefore: now}), "a run not finished is left out")
 }
+
+// ListRuns with TopLevel leaves out the runs other runs started (their
+// children), with every other filter; CancelRuns takes it too.
+func TestListRunsTopLevel(t *testing.T) {
+	t.Parallel()
+	child := engine.Define("kid", func(ctx *engine.Context, in int) (int, error) {
+		return engine.AwaitSignal[int](ctx, "go", 0)
+	}, nil)
+	parent := engine.Define("parent", func(ctx *engine.Context, in int) (int, error) {
+		return engine.ChildWorkflow(ctx, child, in, &engine.ChildOpts{WorkflowID: "kid-of-parent"})
+	}, nil)
+	b := setup(t, nil, parent, child)
+	ctx := testCtx(t)
+	res, err := parent.Start(ctx, b.engine, 1, &engine.StartOpts{WorkflowID: "parent-1"})
+	require.NoError(t, err)
+	_, err = child.Start(ctx, b.engine, 2, &engine.StartOpts{WorkflowID: "kid-alone", Tags: map[string]string{"team": "a"}})
+	require.NoError(t, err)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		run, err := b.engine.GetRun(ctx, res.RunID)
+		require.NoError(t, err)
+		if len(run.Children) == 1 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the parent never started its child")
+		time.Sleep(20 * time.Millisecond)
+	}
+	ids := func(p engine.ListRunsParams) []string {
+		t.Helper()
+		runs, _, err := b.engine.ListRuns(ctx, p)
+		require.NoError(t, err)
+		var out []string
+		for _, r := range runs {
+			out = append(out, r.WorkflowID)
+		}
+		return out
+	}
+	require.ElementsMatch(t, []string{"parent-1", "kid-alone", "kid-of-parent"}, ids(engine.ListRunsParams{}))
+	require.ElementsMatch(t, []string{"parent-1", "kid-alone"}, ids(engine.ListRunsParams{TopLevel: true}))
+	require.Equal(t, []string{"kid-alone"}, ids(engine.ListRunsParams{TopLevel: true, Workflow: "kid"}))
+	require.Equal(t, []string{"kid-alone"}, ids(engine.ListRunsParams{TopLevel: true, WorkflowIDPrefix: "kid"}))
+	require.Equal(t, []string{"kid-alone"}, ids(engine.ListRunsParams{TopLevel: true, Tags: map[string]string{"team": "a"}, Status: engine.StatusWaiting}))
+	require.Empty(t, ids(engine.ListRunsParams{TopLevel: true, Tags: map[string]string{"team": "b"}}))
+	res2, err := b.engine.CancelRuns(ctx, engine.ListRunsParams{Workflow: "kid", TopLevel: true}, true)
+	require.NoError(t, err)
+	require.Equal(t, 1, res2.Matched, "the child is left to its parent")
+}

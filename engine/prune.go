@@ -61,8 +61,7 @@ type RetentionObserver interface {
 // Retention is how long this engine keeps finished runs: its
 // Config.Retention with the default filled in (DefaultRetention when the
 // Config left it 0), negative when it keeps them for ever. It is what the
-// engine's sweep prunes for once started, and the default of engine runs
-// prune and of POST /v1/runs/prune without older_than.
+// engine's sweep prunes for once started (engine serve logs it).
 func (e *Engine) Retention() time.Duration { return e.cfg.Retention }
 
 // Prune deletes the runs that ended more than p.OlderThan ago (completed,

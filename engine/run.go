@@ -562,9 +562,14 @@ type ListRunsParams struct {
 	// Tags keeps the runs tagged with every one of these key/value pairs
 	// (StartOpts.Tags; nil: no filter), through an index of tagged runs.
 	// Bounded as StartOpts.Tags is.
-	Tags   map[string]string
-	Limit  int    // 1..1000, default 50
-	Cursor string // the nextCursor the previous page's ListRuns returned
+	Tags map[string]string
+	// TopLevel keeps only the runs no other run started: child runs
+	// (StartChild; Run.ParentRunID set) are left out, and a top-level
+	// run's children stay reachable from its Run.Children. No index
+	// serves it; it filters the runs the other fields select.
+	TopLevel bool
+	Limit    int    // 1..1000, default 50
+	Cursor   string // the nextCursor the previous page's ListRuns returned
 }
 
 // ListRuns returns runs newest first, and a cursor for the next page ("" on
@@ -588,7 +593,7 @@ func (e *Engine) ListRuns(ctx context.Context, p ListRunsParams) (runs []*Run, n
 		return nil, "", err
 	}
 	rows, err := store.ListRuns(ctx, e.pool, store.RunFilter{Workflow: p.Workflow, Status: string(p.Status), Tags: tags,
-		WorkflowIDPrefix: p.WorkflowIDPrefix, Before: before, Limit: limit + 1,
+		WorkflowIDPrefix: p.WorkflowIDPrefix, TopLevel: p.TopLevel, Before: before, Limit: limit + 1,
 		CreatedAfter: timeOrNil(p.CreatedAfter), CreatedBefore: timeOrNil(p.CreatedBefore),
 		FinishedAfter: timeOrNil(p.FinishedAfter), FinishedBefore: timeOrNil(p.FinishedBefore)})
 	if err != nil {

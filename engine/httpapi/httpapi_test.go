@@ -932,3 +932,38 @@ func TestPruneAndDeadJobsByRunOverHTTP(t *testing.T) {
 	require.Empty(t, r.body["dead_jobs"])
 	require.Equal(t, 400, b.do(t, "GET", "/v1/dead-jobs?run_id=nope", "").status)
 }
+
+// GET /v1/runs?top_level=true leaves out child runs, as
+// ListRunsParams.TopLevel does; the bulk cancel takes "top_level" too.
+func TestTopLevelRunsOverHTTP(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	r := b.do(t, "POST", "/v1/workflows/approvals/runs", `{"id": "parent-1", "input": {"order_id": "o", "amount": 1}}`)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	r = b.do(t, "POST", "/v1/workflows/approval/runs", `{"id": "alone-1", "input": {"order_id": "o", "amount": 1}}`)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	ids := func(query string) []string {
+		t.Helper()
+		r := b.do(t, "GET", "/v1/runs?"+query, "")
+		require.Equal(t, http.StatusOK, r.status, r.raw)
+		var out []string
+		for _, run := range r.body["runs"].([]any) {
+			out = append(out, run.(map[string]any)["workflow_id"].(string))
+		}
+		return out
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for len(ids("workflow=approval")) < 2 {
+		require.True(t, time.Now().Before(deadline), "the parent never started its child")
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.ElementsMatch(t, []string{"alone-1"}, ids("workflow=approval&top_level=true"))
+	require.ElementsMatch(t, []string{"parent-1", "alone-1"}, ids("top_level=true"))
+	require.Len(t, ids("workflow=approval&top_level=false"), 2)
+	r = b.do(t, "GET", "/v1/runs?top_level=maybe", "")
+	require.Equal(t, 400, r.status, r.raw)
+	require.Contains(t, r.raw, `top_level \"maybe\" is not true or false`)
+	dry := b.do(t, "POST", "/v1/bulk/cancel-runs", `{"workflow": "approval", "top_level": true, "dry_run": true}`)
+	require.Equal(t, http.StatusOK, dry.status, dry.raw)
+	require.EqualValues(t, 1, dry.body["matched"])
+}

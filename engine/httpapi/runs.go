@@ -134,9 +134,17 @@ func (a *api) getRun(w http.ResponseWriter, r *http.Request) {
 
 func (a *api) listRuns(w http.ResponseWriter, r *http.Request) {
 	q, ok := queryParams(w, r, "workflow", "status", "workflow_id_prefix", "limit", "cursor",
-		"created_after", "created_before", "finished_after", "finished_before", "tag")
+		"created_after", "created_before", "finished_after", "finished_before", "tag", "top_level")
 	if !ok {
 		return
+	}
+	topLevel := false
+	if v := q.Get("top_level"); v != "" {
+		var err error
+		if topLevel, err = strconv.ParseBool(v); err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_parameter", fmt.Sprintf("top_level %q is not true or false", truncate(v, 64)))
+			return
+		}
 	}
 	tags, err := ParseTags(q["tag"])
 	if err != nil {
@@ -149,7 +157,7 @@ func (a *api) listRuns(w http.ResponseWriter, r *http.Request) {
 	}
 	p := engine.ListRunsParams{
 		Workflow: q.Get("workflow"), Status: engine.RunStatus(q.Get("status")), WorkflowIDPrefix: q.Get("workflow_id_prefix"),
-		Limit: limit, Cursor: q.Get("cursor"), Tags: tags,
+		Limit: limit, Cursor: q.Get("cursor"), Tags: tags, TopLevel: topLevel,
 	}
 	for name, dst := range map[string]*time.Time{"created_after": &p.CreatedAfter, "created_before": &p.CreatedBefore,
 		"finished_after": &p.FinishedAfter, "finished_before": &p.FinishedBefore} {
@@ -352,18 +360,20 @@ type BulkCancelRequest struct {
 	CreatedAfter     time.Time         `json:"created_after,omitzero"`
 	CreatedBefore    time.Time         `json:"created_before,omitzero"`
 	Tags             map[string]string `json:"tags,omitempty"`
-	DryRun           bool              `json:"dry_run,omitempty"`
+	// TopLevel leaves out child runs (see engine.ListRunsParams.TopLevel).
+	TopLevel bool `json:"top_level,omitempty"`
+	DryRun   bool `json:"dry_run,omitempty"`
 }
 
 // bulkCancel cancels the active runs a filter matches (Engine.CancelRuns):
 // 200 with the counts.
 func (a *api) bulkCancel(w http.ResponseWriter, r *http.Request) {
 	var req BulkCancelRequest
-	if !a.readJSON(w, r, &req, `{"workflow": "...", "status": "...", "workflow_id_prefix": "...", "created_after": "...", "created_before": "...", "tags": {"key": "value"}, "dry_run": true}`) {
+	if !a.readJSON(w, r, &req, `{"workflow": "...", "status": "...", "workflow_id_prefix": "...", "created_after": "...", "created_before": "...", "tags": {"key": "value"}, "top_level": true, "dry_run": true}`) {
 		return
 	}
 	res, err := a.e.CancelRuns(r.Context(), engine.ListRunsParams{Workflow: req.Workflow, Status: req.Status,
-		WorkflowIDPrefix: req.WorkflowIDPrefix, CreatedAfter: req.CreatedAfter, CreatedBefore: req.CreatedBefore, Tags: req.Tags}, req.DryRun)
+		WorkflowIDPrefix: req.WorkflowIDPrefix, CreatedAfter: req.CreatedAfter, CreatedBefore: req.CreatedBefore, Tags: req.Tags, TopLevel: req.TopLevel}, req.DryRun)
 	if err != nil {
 		a.engineError(w, r, err)
 		return

@@ -107,6 +107,17 @@ func TestBrowserOperatorDesk(t *testing.T) {
 		shoot(t, ctx, dir, p.shot)
 	}
 
+	// Top-level runs only: tick the box, and the child run is hidden.
+	open("/ui/runs?workflow_id_prefix=family-")
+	require.Contains(t, text("tbody"), "family-1-kid")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#f-top"))))
+	submit(`form.filters button[type="submit"]`)
+	require.NotContains(t, text("tbody"), "family-1-kid")
+	require.Contains(t, text("tbody"), "family-1")
+	checked, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.querySelector("#f-top").checked`))
+	require.NoError(t, err)
+	require.True(t, checked, "the box stays ticked on the filtered page")
+
 	// Every form control has a label a screen reader can read.
 	open("/ui/dead-jobs")
 	unlabelled, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("input:not([type=hidden]), select, textarea")]

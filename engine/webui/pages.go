@@ -222,19 +222,25 @@ func openCounts(m map[engine.RunStatus]int64) []statusCount {
 }
 
 // runFilter is the runs page's filter, as its form and query string hold it.
+// TopLevel is "true" to leave out child runs (a checkbox), else "".
 type runFilter struct {
-	Workflow, Status, Prefix, CreatedAfter, CreatedBefore, Tags, Cursor string
+	Workflow, Status, Prefix, CreatedAfter, CreatedBefore, Tags, TopLevel, Cursor string
 }
 
 func readRunFilter(v url.Values) runFilter {
-	return runFilter{Workflow: v.Get("workflow"), Status: v.Get("status"), Prefix: v.Get("workflow_id_prefix"),
+	f := runFilter{Workflow: v.Get("workflow"), Status: v.Get("status"), Prefix: v.Get("workflow_id_prefix"),
 		CreatedAfter: v.Get("created_after"), CreatedBefore: v.Get("created_before"), Tags: v.Get("tags"), Cursor: v.Get("cursor")}
+	if top, _ := strconv.ParseBool(v.Get("top_level")); top {
+		f.TopLevel = "true"
+	}
+	return f
 }
 
 // params turns the filter into ListRunsParams: times are RFC 3339, a
 // datetime-local field's value (UTC), or a duration ago ("1h").
 func (f runFilter) params() (engine.ListRunsParams, error) {
-	p := engine.ListRunsParams{Workflow: f.Workflow, Status: engine.RunStatus(f.Status), WorkflowIDPrefix: f.Prefix, Cursor: f.Cursor, Limit: 50}
+	p := engine.ListRunsParams{Workflow: f.Workflow, Status: engine.RunStatus(f.Status), WorkflowIDPrefix: f.Prefix, Cursor: f.Cursor, Limit: 50,
+		TopLevel: f.TopLevel != ""}
 	var err error
 	if p.CreatedAfter, err = parseWhen("created after", f.CreatedAfter); err != nil {
 		return p, err
@@ -250,7 +256,7 @@ func (f runFilter) params() (engine.ListRunsParams, error) {
 
 func (f runFilter) query(cursor string) template.URL {
 	return query("workflow", f.Workflow, "status", f.Status, "workflow_id_prefix", f.Prefix, "created_after", f.CreatedAfter,
-		"created_before", f.CreatedBefore, "tags", f.Tags, "cursor", cursor)
+		"created_before", f.CreatedBefore, "tags", f.Tags, "top_level", f.TopLevel, "cursor", cursor)
 }
 
 func parseWhen(field, s string) (time.Time, error) {
@@ -331,7 +337,7 @@ func (u *ui) cancelMatching(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fields := [][2]string{{"workflow", f.Workflow}, {"status", f.Status}, {"workflow_id_prefix", f.Prefix},
-		{"created_after", f.CreatedAfter}, {"created_before", f.CreatedBefore}, {"tags", f.Tags}}
+		{"created_after", f.CreatedAfter}, {"created_before", f.CreatedBefore}, {"tags", f.Tags}, {"top_level", f.TopLevel}}
 	u.render(w, r, http.StatusOK, "confirm", &page{Title: "Cancel matching runs", Nav: "runs", Data: map[string]any{
 		"Verb": "Cancel", "What": "runs", "Result": res, "Confirmed": confirm, "Action": "/ui/runs/cancel-matching",
 		"Fields": fields, "Back": "/ui/runs?" + string(f.query("")),

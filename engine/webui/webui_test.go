@@ -75,8 +75,13 @@ func newFixture(t *testing.T, token string) *fixture {
 			return 1, nil
 		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: 10 * time.Millisecond, MaximumAttempts: 2}})
 	}, nil)
+	// family waits for an order of kind "wait" as its child run,
+	// <its workflow ID>-kid.
+	family := engine.Define("family", func(ctx *engine.Context, in order) (string, error) {
+		return engine.ChildWorkflow(ctx, wf, order{Kind: "wait", ID: in.ID}, &engine.ChildOpts{WorkflowID: ctx.WorkflowID() + "-kid"})
+	}, nil)
 	db := enginetest.NewDB(t)
-	f.e = enginetest.NewEngine(t, db, &engine.Config{Logger: slog.New(slog.DiscardHandler)}, true, wf, dead)
+	f.e = enginetest.NewEngine(t, db, &engine.Config{Logger: slog.New(slog.DiscardHandler)}, true, wf, dead, family)
 	ctx := context.Background()
 	for _, s := range []struct {
 		key, workflow, kind string
@@ -89,6 +94,7 @@ func newFixture(t *testing.T, token string) *fixture {
 		{"cancelled", "order", "wait", nil},
 		{"dead", "ship", "", nil},
 		{"dead2", "ship", "", nil},
+		{"family", "family", "", &engine.StartOpts{WorkflowID: "family-1"}},
 	} {
 		res, err := f.e.StartJSON(ctx, s.workflow, []byte(fmt.Sprintf(`{"kind": %q, "id": %q}`, s.kind, s.key)), s.opts)
 		require.NoError(t, err)
@@ -99,6 +105,17 @@ func newFixture(t *testing.T, token string) *fixture {
 		"waiting": engine.StatusWaiting, "delayed": engine.StatusWaiting, "cancelled": engine.StatusCancelled,
 		"dead": engine.StatusDead, "dead2": engine.StatusDead} {
 		waitStatus(t, f.e, f.runs[key], want)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		run, err := f.e.GetRun(ctx, f.runs["family"])
+		require.NoError(t, err)
+		if len(run.Children) == 1 && run.Status == engine.StatusWaiting {
+			f.runs["family-kid"] = run.Children[0].RunID
+			waitStatus(t, f.e, run.Children[0].RunID, engine.StatusWaiting)
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "family-1 never waited for its child")
+		time.Sleep(20 * time.Millisecond)
 	}
 	_, err := f.e.CreateSchedule(ctx, engine.ScheduleSpec{Name: "nightly-report", Cron: "0 3 * * *", TimeZone: "Europe/Paris",
 		Workflow: "order", Input: []byte(`{"kind": "ok", "id": "report"}`)})
@@ -488,4 +505,31 @@ func TestRunPagesTakeWorkflowIDsAndCutPayloads(t *testing.T) {
 	require.Equal(t, 400, code)
 	require.Contains(t, body, "is not a time")
 	require.Contains(t, body, `name="workflow" value="order"`, "a bad filter keeps the form as typed")
+}
+
+// The runs page filters to top-level runs as GET /v1/runs?top_level=true
+// and the CLI's --top-level do: children hidden, in its pages and in the
+// cancel-matching it offers.
+func TestRunsPageTopLevelFilter(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "")
+	c := newClient(t, f.srv.URL)
+	code, _, body := c.do("GET", "/ui/runs?workflow_id_prefix=family-", nil, nil)
+	require.Equal(t, 200, code, body)
+	require.Contains(t, body, "family-1-kid")
+	require.Contains(t, body, `id="f-top" name="top_level" value="true">`, "unticked")
+	code, _, body = c.do("GET", "/ui/runs?workflow_id_prefix=family-&top_level=true", nil, nil)
+	require.Equal(t, 200, code, body)
+	require.NotContains(t, body, "family-1-kid")
+	require.Contains(t, body, "family-1")
+	require.Contains(t, body, `id="f-top" name="top_level" value="true" checked>`)
+	require.Contains(t, body, `<input type="hidden" name="top_level" value="true">`, "the bulk form keeps it")
+	csrf := c.csrf("/ui/runs")
+	code, _, body = c.do("POST", "/ui/runs/cancel-matching", url.Values{"csrf": {csrf}, "workflow_id_prefix": {"family-"}, "top_level": {"true"}}, nil)
+	require.Equal(t, 200, code, body)
+	require.Contains(t, body, "Matching runs: <strong>1</strong>.")
+	require.Equal(t, "true", confirmForm(body).Get("top_level"))
+	code, _, body = c.do("POST", "/ui/runs/cancel-matching", url.Values{"csrf": {csrf}, "workflow_id_prefix": {"family-"}}, nil)
+	require.Equal(t, 200, code, body)
+	require.Contains(t, body, "Matching runs: <strong>2</strong>.")
 }

@@ -217,6 +217,9 @@ func (c *apiClient) ListRuns(ctx context.Context, p engine.ListRunsParams) ([]*e
 	for k, v := range p.Tags {
 		q.Add("tag", k+":"+v)
 	}
+	if p.TopLevel {
+		q.Set("top_level", "true")
+	}
 	var list struct {
 		Runs       []*engine.Run `json:"runs"`
 		NextCursor string        `json:"next_cursor"`
@@ -281,7 +284,8 @@ func (c *apiClient) Terminate(ctx context.Context, id uuid.UUID, opts engine.Ter
 func (c *apiClient) CancelRuns(ctx context.Context, p engine.ListRunsParams, dryRun bool) (engine.BulkResult, error) {
 	var res engine.BulkResult
 	err := c.do(ctx, "POST", "/v1/bulk/cancel-runs", nil, httpapi.BulkCancelRequest{Workflow: p.Workflow, Status: p.Status,
-		WorkflowIDPrefix: p.WorkflowIDPrefix, CreatedAfter: p.CreatedAfter, CreatedBefore: p.CreatedBefore, Tags: p.Tags, DryRun: dryRun}, nil, &res)
+		WorkflowIDPrefix: p.WorkflowIDPrefix, CreatedAfter: p.CreatedAfter, CreatedBefore: p.CreatedBefore, Tags: p.Tags, TopLevel: p.TopLevel,
+		DryRun: dryRun}, nil, &res)
 	return res, err
 }
 

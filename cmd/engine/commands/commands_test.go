@@ -832,7 +832,7 @@ func TestRunsShowASelectAndAContinuedChain(t *testing.T) {
 }
 
 // runs prune deletes finished runs past --older-than; --dry-run counts
-// them; a missing --older-than is a usage error.
+// them; an --older-than not above 0 is a usage error.
 func TestRunsPrune(t *testing.T) {
 	t.Parallel()
 	db := enginetest.NewDB(t)
@@ -846,7 +846,7 @@ VALUES ('00000000-0001-7000-8000-000000000001', 'double', 'ancient', 'completed'
 	code, out, errOut = run(t, db, "runs", "prune", "--older-than", "720h", "--json")
 	require.Equal(t, 0, code, errOut)
 	require.JSONEq(t, `{"runs": 1, "steps": 0, "signals": 0, "dead_jobs": 0, "schedule_fires": 0}`, out)
-	code, _, errOut = run(t, db, "runs", "prune")
+	code, _, errOut = run(t, db, "runs", "prune", "--older-than", "0")
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "--older-than must be a duration above 0")
 }

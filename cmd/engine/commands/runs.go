@@ -62,13 +62,13 @@ func (g *global) runsCmd() *cobra.Command {
 			if g.jsonOut {
 				return writeJSON(g.opts.Stdout, httpapi.NewRunList(runs, next))
 			}
-			t := newTable(g.opts.Stdout, "RUN ID", "WORKFLOW", "WORKFLOW ID", "STATUS", "DELIVERIES", "CREATED", "ERROR")
+			t := newTable(g.opts.Stdout, "RUN ID", "WORKFLOW", "WORKFLOW ID", "STATUS", "TAGS", "DELIVERIES", "CREATED", "ERROR")
 			for _, r := range runs {
 				msg := ""
 				if r.Error != nil {
 					msg = r.Error.Class + ": " + r.Error.Message
 				}
-				t.row(r.RunID, r.WorkflowName, r.WorkflowID, r.Status, r.Deliveries, r.CreatedAt, msg)
+				t.row(r.RunID, r.WorkflowName, r.WorkflowID, r.Status, tagText(r.Tags), r.Deliveries, r.CreatedAt, msg)
 			}
 			t.flush()
 			if next != "" {
@@ -78,6 +78,8 @@ func (g *global) runsCmd() *cobra.Command {
 		},
 	}
 	list.Flags().StringVar(&p.Workflow, "workflow", "", "only this workflow")
+	list.Flags().StringVar(&p.WorkflowIDPrefix, "workflow-id-prefix", "", "only runs whose workflow ID starts with this (case-sensitive)")
+	list.Flags().BoolVar(&p.TopLevel, "top-level", false, "only runs no other run started: child runs are left out")
 	list.Flags().StringArrayVar(&listTags, "tag", nil, "only runs with this tag, key=value (repeatable: all must match)")
 	list.Flags().StringVar((*string)(&p.Status), "status", "", "only this status")
 	list.Flags().IntVar(&p.Limit, "limit", 50, "page size (1..1000)")
@@ -115,19 +117,33 @@ func (g *global) runsCmd() *cobra.Command {
 	}
 	show.Flags().BoolVar(&followRun, "follow", false, "print the run's steps as they are recorded until it ends; exit 0 if it completed, 1 otherwise")
 	var prune engine.PruneParams
-	pruneCmd := &cobra.Command{
-		Use:   "prune --older-than DURATION",
-		Short: "Delete finished runs that ended longer ago than --older-than (engines also do it for their Retention)",
+	var pruneCmd *cobra.Command
+	pruneCmd = &cobra.Command{
+		Use:   "prune [--older-than DURATION]",
+		Short: "Delete finished runs that ended longer ago than --older-than (default: the retention; engines also do it for their Retention)",
 		Long: `Deletes the runs that ended more than --older-than ago (completed, failed, compensated,
 cancelled, continued, and dead runs whose dead jobs were all resolved as long ago) with their
 steps, signals and dead-job rows, and schedule fires recorded as long ago, in batches of 500
 that never wait for a worker. It keeps every run with an unresolved dead job, and a child run
-whose parent still runs. Every engine prunes like this once a minute for its Config.Retention
-(default 7 days); this is for a one-off. --dry-run counts what it would delete. A long prune
-prints how many runs it has deleted, once a second, on stderr (not over --address: there the
-server prunes in one request).`,
+whose parent still runs. Every engine prunes like this once a minute for its retention; this is
+for a one-off, or with --dry-run to count what the engines will delete. --older-than defaults to
+the retention serve resolves without flags: ENGINE_RETENTION, else this binary's
+Options.Config.Retention, else 168h (7 days); a retention of "forever" needs --older-than. A
+long prune prints how many runs it has deleted, once a second, on stderr (not over --address:
+there the server prunes in one request).`,
 		Args: cobra.NoArgs,
 		RunE: g.withClient(func(ctx context.Context, e backend, _ []string) error {
+			why := ""
+			if !pruneCmd.Flags().Changed("older-than") {
+				d, from, err := g.retention()
+				if err != nil {
+					return err
+				}
+				if d < 0 {
+					return &usageError{fmt.Errorf("the retention is forever (%s): give --older-than, such as 720h", from)}
+				}
+				prune.OlderThan, why = d, " (the retention: "+from+")"
+			}
 			if prune.OlderThan <= 0 {
 				return &usageError{fmt.Errorf("--older-than must be a duration above 0, such as 720h")}
 			}
@@ -150,12 +166,12 @@ server prunes in one request).`,
 			if prune.DryRun {
 				verb = "would delete"
 			}
-			fmt.Fprintf(g.opts.Stdout, "%s %d runs (%d steps, %d signals, %d dead jobs) and %d schedule fires that ended over %s ago\n",
-				verb, res.Runs, res.Steps, res.Signals, res.DeadJobs, res.ScheduleFires, prune.OlderThan)
+			fmt.Fprintf(g.opts.Stdout, "%s %d runs (%d steps, %d signals, %d dead jobs) and %d schedule fires that ended over %s ago%s\n",
+				verb, res.Runs, res.Steps, res.Signals, res.DeadJobs, res.ScheduleFires, prune.OlderThan, why)
 			return nil
 		}),
 	}
-	pruneCmd.Flags().DurationVar(&prune.OlderThan, "older-than", 0, "delete runs that ended longer ago than this (e.g. 720h)")
+	pruneCmd.Flags().DurationVar(&prune.OlderThan, "older-than", 0, "delete runs that ended longer ago than this, such as 720h (default: the retention, see above)")
 	pruneCmd.Flags().BoolVar(&prune.DryRun, "dry-run", false, "count what would be deleted; delete nothing")
 	var bulk engine.ListRunsParams
 	var bulkAfter, bulkBefore string
@@ -190,6 +206,7 @@ server prunes in one request).`,
 	cancelMatching.Flags().StringArrayVar(&bulkTags, "tag", nil, "only runs with this tag, key=value (repeatable)")
 	cancelMatching.Flags().StringVar((*string)(&bulk.Status), "status", "", "only runs in this status (pending, running, waiting)")
 	cancelMatching.Flags().StringVar(&bulk.WorkflowIDPrefix, "workflow-id-prefix", "", "only runs whose workflow ID starts with this")
+	cancelMatching.Flags().BoolVar(&bulk.TopLevel, "top-level", false, "only runs no other run started: child runs are left out")
 	cancelMatching.Flags().StringVar(&bulkAfter, "created-after", "", "only runs created at or after this time (RFC 3339, or a duration ago)")
 	cancelMatching.Flags().StringVar(&bulkBefore, "created-before", "", "only runs created before this time")
 	cancelMatching.Flags().BoolVar(&bulkDry, "dry-run", false, "count what would be cancelled; cancel nothing")
@@ -205,11 +222,7 @@ func (g *global) printRun(run *engine.Run) {
 		fmt.Fprintf(w, "  finished     %s\n", cell(run.CompletedAt))
 	}
 	if len(run.Tags) > 0 {
-		var kv []string
-		for _, k := range slices.Sorted(maps.Keys(run.Tags)) {
-			kv = append(kv, k+"="+run.Tags[k])
-		}
-		fmt.Fprintf(w, "  tags         %s\n", text(strings.Join(kv, " ")))
+		fmt.Fprintf(w, "  tags         %s\n", text(tagText(run.Tags)))
 	}
 	fmt.Fprintf(w, "  input        %s\n", oneLine(string(run.Input), 200))
 	if len(run.Output) > 0 {
@@ -652,6 +665,16 @@ func awaited(run *engine.Run) string {
 		quoted[i] = fmt.Sprintf("%q", n)
 	}
 	return "one of signals " + strings.Join(quoted, ", ")
+}
+
+// tagText is a run's tags as "key=value" pairs by key, space-separated
+// ("" for none).
+func tagText(tags map[string]string) string {
+	kv := make([]string, 0, len(tags))
+	for _, k := range slices.Sorted(maps.Keys(tags)) {
+		kv = append(kv, k+"="+tags[k])
+	}
+	return strings.Join(kv, " ")
 }
 
 // tagFlags turns --tag key=value flags into tags (nil for none).

@@ -220,3 +220,21 @@ func (g *global) engineConfig(fs *pflag.FlagSet, t *tuning) (engine.Config, erro
 	}
 	return cfg, nil
 }
+
+// retention is the retention serve resolves without flags, and where it
+// comes from: ENGINE_RETENTION, else Options.Config.Retention, else
+// engine.DefaultRetention (negative: for ever). A bad ENGINE_RETENTION is
+// a usage error.
+func (g *global) retention() (time.Duration, string, error) {
+	if v := g.opts.Getenv(envRetention); v != "" {
+		d, err := parseRetention(v)
+		if err != nil {
+			return 0, "", &usageError{fmt.Errorf("%s: %w", envRetention, err)}
+		}
+		return d, envRetention, nil
+	}
+	if d := g.baseConfig().Retention; d != 0 {
+		return d, "this binary's Options.Config", nil
+	}
+	return engine.DefaultRetention, "the engine's default", nil
+}

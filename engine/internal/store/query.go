@@ -140,6 +140,8 @@ type RunFilter struct {
 	// Tags, a JSON object (nil: no filter), keeps the runs whose tags
 	// hold all of its pairs, through workflow_runs_tags_idx.
 	Tags []byte
+	// TopLevel keeps the runs without a parent (parent_run_id IS NULL).
+	TopLevel bool
 }
 
 const listRuns = `SELECT ` + runColumns + ` FROM workflow_runs
@@ -149,13 +151,14 @@ WHERE ($1::text = '' OR workflow_name = $1)
   AND ($5::text = '' OR starts_with(workflow_id, $5))
   AND ($6::uuid IS NULL OR run_id >= $6) AND ($7::uuid IS NULL OR run_id < $7)
   AND ($8::timestamptz IS NULL OR completed_at >= $8) AND ($9::timestamptz IS NULL OR completed_at < $9)
+  AND (NOT $10::bool OR parent_run_id IS NULL)
 ORDER BY run_id DESC
 LIMIT $4`
 
 // listTaggedRuns is listRuns with a tag filter, as its own statement: a
 // condition that is there or not ("$10 IS NULL OR ...") would keep a
 // generic plan from the partial index.
-var listTaggedRuns = strings.Replace(listRuns, "ORDER BY run_id DESC", "  AND tags IS NOT NULL AND tags @> $10::jsonb\nORDER BY run_id DESC", 1)
+var listTaggedRuns = strings.Replace(listRuns, "ORDER BY run_id DESC", "  AND tags IS NOT NULL AND tags @> $11::jsonb\nORDER BY run_id DESC", 1)
 
 func floorOrNull(t *time.Time) *uuid.UUID {
 	if t == nil {
@@ -168,7 +171,7 @@ func floorOrNull(t *time.Time) *uuid.UUID {
 // ListRuns returns runs newest first.
 func ListRuns(ctx context.Context, db DBTX, f RunFilter) ([]*RunRow, error) {
 	sql, args := listRuns, []any{f.Workflow, f.Status, f.Before, f.Limit, f.WorkflowIDPrefix,
-		floorOrNull(f.CreatedAfter), floorOrNull(f.CreatedBefore), f.FinishedAfter, f.FinishedBefore}
+		floorOrNull(f.CreatedAfter), floorOrNull(f.CreatedBefore), f.FinishedAfter, f.FinishedBefore, f.TopLevel}
 	if f.Tags != nil {
 		sql, args = listTaggedRuns, append(args, string(f.Tags))
 	}
