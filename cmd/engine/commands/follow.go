@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -28,6 +29,46 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// untilAnswered calls fn until it gets an answer from the engine: over
+// --address, while the server has not answered (it is not up yet, or
+// restarting) and retry says the call may be sent again, fn is retried
+// every second for followOutage, as follow does once the server has
+// answered. It says so on stderr, once, and again when the server
+// answers. On the database fn is called once.
+func (g *global) untilAnswered(ctx context.Context, retry func(*unreachableError) bool, fn func() error) error {
+	var lost time.Time
+	for {
+		err := fn()
+		var down *unreachableError
+		switch {
+		case !errors.As(err, &down) || !retry(down):
+			if err == nil && !lost.IsZero() {
+				fmt.Fprintln(g.opts.Stderr, "the engine answers")
+			}
+			return err
+		case lost.IsZero():
+			lost = time.Now()
+			fmt.Fprintf(g.opts.Stderr, "no answer from the engine at %s (%v); retrying for %s\n", down.base, down.err, followOutage)
+		case time.Since(lost) >= followOutage:
+			return err
+		}
+		if err := sleepCtx(ctx, time.Second); err != nil {
+			return fmt.Errorf("stopped waiting for the engine at %s: %w", down.base, err)
+		}
+	}
+}
+
+// anyUnreachable retries every call the server did not answer: for reads.
+func anyUnreachable(*unreachableError) bool { return true }
+
+// notSent says whether a call the server did not answer never reached it
+// (the connection was refused, or could not be made): such a call may be
+// sent again even if it is not idempotent.
+func notSent(down *unreachableError) bool {
+	var op *net.OpError
+	return errors.As(down.err, &op) && op.Op == "dial"
 }
 
 // stillPending is how long a followed run may stay pending, never picked

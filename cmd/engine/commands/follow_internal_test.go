@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
+	"net/url"
 	"testing"
 	"time"
 
@@ -47,5 +49,22 @@ func TestFollowKeepsAskingARestartingServer(t *testing.T) {
 	}
 	if got := errOut.String(); !bytes.Contains([]byte(got), []byte("lost the engine")) || !bytes.Contains([]byte(got), []byte("answers again")) {
 		t.Fatalf("stderr: %q", got)
+	}
+}
+
+// A start that got no answer is sent again only when it never reached the
+// server (the dial failed): one that may have landed is not, unless --id
+// makes it idempotent.
+func TestNotSentIsOnlyAFailedDial(t *testing.T) {
+	dial := &url.Error{Op: "Post", URL: "http://127.0.0.1:1/v1/workflows/w/runs", Err: &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}}
+	read := &url.Error{Op: "Post", URL: "http://127.0.0.1:1/v1/workflows/w/runs", Err: &net.OpError{Op: "read", Net: "tcp", Err: errors.New("connection reset by peer")}}
+	timeout := &url.Error{Op: "Post", URL: "http://127.0.0.1:1/v1/workflows/w/runs", Err: context.DeadlineExceeded}
+	if !notSent(&unreachableError{err: dial}) {
+		t.Error("a refused dial never reached the server")
+	}
+	for _, err := range []error{read, timeout} {
+		if notSent(&unreachableError{err: err}) {
+			t.Errorf("%v may have reached the server", err)
+		}
 	}
 }

@@ -93,7 +93,16 @@ func (g *global) runsCmd() *cobra.Command {
 	show := &cobra.Command{
 		Use: "show RUN", Short: "Show a run (by run ID or workflow ID) and its step timeline", Args: cobra.ExactArgs(1),
 		RunE: g.withClient(func(ctx context.Context, e backend, args []string) error {
-			id, err := e.FindRun(ctx, args[0])
+			var id uuid.UUID
+			find := func() (err error) { id, err = e.FindRun(ctx, args[0]); return err }
+			var err error
+			if followRun {
+				// A server not up yet is waited for, as one that restarts
+				// while the run is followed.
+				err = g.untilAnswered(ctx, anyUnreachable, find)
+			} else {
+				err = find()
+			}
 			if err != nil {
 				return err
 			}
@@ -115,7 +124,8 @@ func (g *global) runsCmd() *cobra.Command {
 			return nil
 		}),
 	}
-	show.Flags().BoolVar(&followRun, "follow", false, "print the run's steps as they are recorded until it ends; exit 0 if it completed, 1 otherwise")
+	show.Flags().BoolVar(&followRun, "follow", false, "print the run's steps as they are recorded until it ends; exit 0 if it completed, 1 otherwise\n"+
+		"(over --address, a server that does not answer, not up yet or restarting, is asked again for a minute)")
 	var prune engine.PruneParams
 	var pruneCmd *cobra.Command
 	pruneCmd = &cobra.Command{
@@ -364,7 +374,20 @@ cancels it.`,
 				return err
 			}
 			defer done()
-			res, err := e.StartJSON(cmd.Context(), args[0], json.RawMessage(input), opts)
+			var res *engine.StartResult
+			start := func() (err error) {
+				res, err = e.StartJSON(cmd.Context(), args[0], json.RawMessage(input), opts)
+				return err
+			}
+			if wait {
+				// Over --address, a server not up yet is waited for: the
+				// start is sent again when it never reached the server, or
+				// when --id makes it idempotent (a start that did land
+				// then returns its run).
+				err = g.untilAnswered(cmd.Context(), func(down *unreachableError) bool { return notSent(down) || id != "" }, start)
+			} else {
+				err = start()
+			}
 			if err != nil {
 				return err
 			}
@@ -394,7 +417,8 @@ cancels it.`,
 	cmd.Flags().DurationVar(&delay, "delay", 0, "start the run this long from now (90s, 1h30m)")
 	cmd.Flags().StringVar(&startAt, "start-at", "", "start the run at this RFC 3339 time")
 	cmd.Flags().DurationVar(&runTimeout, "run-timeout", 0, "cancel the run this long after a worker first picks it up (compensations run)")
-	cmd.Flags().BoolVar(&wait, "wait", false, "follow the run: print its steps as they are recorded, and exit 0 once it completes, 1 if it ends otherwise (--json: the run as it ended)")
+	cmd.Flags().BoolVar(&wait, "wait", false, "follow the run: print its steps as they are recorded, and exit 0 once it completes, 1 if it ends otherwise (--json: the run as it ended);\n"+
+		"over --address, a server that does not answer is asked again for a minute (the start itself only if it never reached the server, or with --id)")
 	return cmd
 }
 

@@ -21,8 +21,13 @@ import (
 // address and serve's stderr once it answers /healthz.
 func serveInProcess(t *testing.T, db *enginetest.DB, opts commands.Options, env map[string]string, args ...string) (string, *syncBuffer) {
 	t.Helper()
+	return serveOn(t, freePort(t), db, opts, env, args...)
+}
+
+// serveOn is serveInProcess listening on listen.
+func serveOn(t *testing.T, listen string, db *enginetest.DB, opts commands.Options, env map[string]string, args ...string) (string, *syncBuffer) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	listen := freePort(t)
 	errOut := &syncBuffer{}
 	opts.Stdout, opts.Stderr = &bytes.Buffer{}, errOut
 	opts.Getenv = func(k string) string { return env[k] }
