@@ -605,6 +605,13 @@ func TestAttemptsSurviveAWorkerCrash(t *testing.T) {
 	require.Equal(t, 4, run.Steps[0].Attempts)
 	require.Equal(t, 4, calls(t, db.Pool, runID, "flaky"))
 	require.JSONEq(t, `4`, string(run.Output))
+	// The step's history holds each failed attempt, the lost one with
+	// class worker_lost.
+	var got []string
+	for _, f := range run.Steps[0].FailedAttempts {
+		got = append(got, fmt.Sprintf("%d %s %s", f.Attempt, f.Status, f.Class))
+	}
+	require.Equal(t, []string{"1 retrying transient", "2 retrying transient", "3 retrying " + engine.ClassWorkerLost}, got)
 }
 
 // An attempt that dies with its worker counts toward MaximumAttempts: a
@@ -623,6 +630,11 @@ func TestAttemptKilledWithItsWorkerCountsTowardTheLimit(t *testing.T) {
 	require.Equal(t, engine.ReasonRetriesExhausted, dj.Reason)
 	require.Equal(t, 2, dj.Attempts)
 	require.Equal(t, 2, calls(t, db.Pool, runID, "lost"), "no third attempt")
+	require.Len(t, run.Steps[0].FailedAttempts, 2)
+	lostAttempt := run.Steps[0].FailedAttempts[1]
+	require.Equal(t, 2, lostAttempt.Attempt)
+	require.Equal(t, engine.StepParked, lostAttempt.Status)
+	require.Equal(t, engine.ClassWorkerLost, lostAttempt.Class, "the lost attempt is in the step's history")
 }
 
 // A process killed around a tx step's transaction — before its commit, or

@@ -439,6 +439,51 @@ type StepInfo struct {
 	// CompensationOf is the seq of the forward step a compensation undoes.
 	Compensation   *string `json:"compensation,omitempty"`
 	CompensationOf *int    `json:"compensation_of,omitempty"`
+	// FailedAttempts are the step's failed attempts as they were
+	// recorded, oldest first: the latest 20 (older ones are dropped), with
+	// a Replayed entry where a dead job's replay started its count again.
+	// The attempt that completed the step is not among them (Status,
+	// Attempts and CompletedAt tell it); nil for a step that never failed.
+	// Steps recorded before the store kept this have none.
+	FailedAttempts []AttemptFailure `json:"failed_attempts,omitempty"`
+}
+
+// AttemptFailure is one failed attempt of a step (StepInfo.FailedAttempts),
+// or a marker where a dead job's replay started the step's attempts again.
+type AttemptFailure struct {
+	// Attempt is the attempt's number (1 for the first; counted again
+	// from 1 after a replay). 0 on a Replayed marker.
+	Attempt int `json:"attempt,omitempty"`
+	// Status is what the failure made of the step: retrying (another
+	// attempt follows), failed (the error went back to the workflow) or
+	// parked (the run became dead). "" on a Replayed marker.
+	Status StepStatus `json:"status,omitempty"`
+	// Class and Message are the attempt's error's class (transient,
+	// permanent, timeout, panic, worker_lost for an attempt that died with
+	// its worker, ...) and message, cut to 300 characters.
+	Class   string `json:"class,omitempty"`
+	Message string `json:"message,omitempty"`
+	// At is when the failure was recorded: when the attempt ended, or,
+	// for a worker_lost attempt, when the next delivery found it lost
+	// (about a lease after its worker died). On a Replayed marker, when
+	// the replay was made.
+	At time.Time `json:"at"`
+	// Replayed marks a dead job's replay, not an attempt: the attempts
+	// after it count from 1 again.
+	Replayed bool `json:"replayed,omitempty"`
+}
+
+// decodeFailures reads a step's failed_attempts column (nil: none; a value
+// that does not decode is left out, never fatal to reading the run).
+func decodeFailures(b []byte) []AttemptFailure {
+	if len(b) == 0 {
+		return nil
+	}
+	var out []AttemptFailure
+	if err := json.Unmarshal(b, &out); err != nil {
+		return nil
+	}
+	return out
 }
 
 // MarshalJSON writes the step's fields and, once it completed, its
@@ -521,7 +566,7 @@ func (e *Engine) GetRun(ctx context.Context, runID uuid.UUID) (*Run, error) {
 			Seq: s.Seq, Name: s.Name, Kind: StepKind(s.Kind), Status: StepStatus(s.Status), Attempts: s.Attempts,
 			RequestID: s.RequestID, Output: s.Output, Error: decodeErrorInfo(s.Error),
 			NextAttemptAt: s.NextAttemptAt, StartedAt: s.StartedAt, CompletedAt: s.CompletedAt,
-			Compensation: s.Compensation, CompensationOf: s.CompensationOf,
+			Compensation: s.Compensation, CompensationOf: s.CompensationOf, FailedAttempts: decodeFailures(s.FailedAttempts),
 			TimedOut: s.Kind == string(KindSignal) && s.Status == store.StepCompleted && signalTimedOut(s.Output),
 		})
 	}

@@ -147,6 +147,13 @@ func TestBrowserOperatorDesk(t *testing.T) {
 		require.NoError(t, chromedp.Do(ctx, chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS("main h1"))))
 	}
 	require.Contains(t, text("main"), "ship")
+	// Its attempt history: the two failures, the replay, the attempt that
+	// completed it.
+	attempts := text("table.attempts tbody")
+	for _, want := range []string{"#1\tretrying\ttransient carrier API returned 503", "#2\tparked\ttransient retries exhausted",
+		"—\treplayed\ta dead job's replay", "#1\tcompleted"} {
+		require.Contains(t, attempts, want)
+	}
 	shoot(t, ctx, dir, "run-replayed")
 	j, err := f.e.GetDeadJob(context.Background(), jobs[0].ID)
 	require.NoError(t, err)
@@ -189,6 +196,22 @@ func TestBrowserOperatorDesk(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, s.Paused)
 	waitStatus(t, f.e, *s.LastRunID, engine.StatusCompleted)
+
+	// An attempt lost with its worker, in the run's attempt history.
+	lost := f.lostWorkerRun(t)
+	open("/ui/runs/" + lost.String())
+	attempts = text("table.attempts tbody")
+	require.Contains(t, attempts, "#1\tretrying worker lost\tworker_lost")
+	require.Contains(t, attempts, "#2\tcompleted")
+	visible, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.querySelector("details.attempts").open && document.querySelector("strong.lost").offsetHeight > 0`))
+	require.NoError(t, err)
+	require.True(t, visible, "the history is open and the lost attempt shows")
+	shoot(t, ctx, dir, "run-attempts")
+
+	// The runs list has an error column.
+	open("/ui/runs?status=dead")
+	require.Contains(t, text("thead"), "Error")
+	require.Contains(t, text("tbody"), "carrier API returned 503")
 
 	// The run page of a completed run, for the README.
 	open("/ui/runs/" + f.runs["completed"].String())

@@ -40,6 +40,7 @@ func parsePages() map[string]*template.Template {
 		"reasons":  func() []engine.DeadReason { return deadReasons },
 		"query":    query,
 		"tags":     tagList,
+		"clip":     clip,
 	}
 	layout := template.Must(template.New("layout").Funcs(funcs).ParseFS(assets, "assets/layout.html"))
 	out := make(map[string]*template.Template, len(pageNames))
@@ -160,6 +161,19 @@ func cut(s string, n int) string {
 		n--
 	}
 	return s[:n] + "\n… (cut here; the API returns all of it)"
+}
+
+// clip is s on one line, cut to about n bytes with an ellipsis, for a
+// table cell (the page it links to has all of it).
+func clip(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
 
 // preview is a payload on one line, cut at 2 KiB.
@@ -354,10 +368,54 @@ type runView struct {
 }
 
 // bar places a step on the waterfall: X and W in per mille of the window.
+// History is its attempts, for a step that had a failed one.
 type bar struct {
 	engine.StepInfo
 	X, W     int
 	Duration string
+	History  []attemptLine
+}
+
+// attemptLine is one line of a step's attempt history: a failed attempt
+// as recorded, a dead job's replay, or the step's last attempt as its
+// record says (completed, in progress, cancelled).
+type attemptLine struct {
+	Attempt int    // 0: a replay
+	Outcome string // retrying, failed, parked, replayed, completed, in progress, cancelled
+	Class   string
+	Message string
+	At      *time.Time // nil: not recorded (an attempt in progress)
+	Lost    bool       // the attempt died with its worker (class worker_lost)
+}
+
+// history is s's attempts: its recorded failures, oldest first, then the
+// attempt its record holds now when that is not one of them. nil for a
+// step with no recorded failure: its one attempt is the step's row.
+func history(s engine.StepInfo) []attemptLine {
+	if len(s.FailedAttempts) == 0 {
+		return nil
+	}
+	var out []attemptLine
+	for _, f := range s.FailedAttempts {
+		at := f.At
+		if f.Replayed {
+			out = append(out, attemptLine{Outcome: "replayed", Message: "a dead job's replay: the attempts count from 1 again", At: &at})
+			continue
+		}
+		out = append(out, attemptLine{Attempt: f.Attempt, Outcome: string(f.Status), Class: f.Class, Message: f.Message, At: &at,
+			Lost: f.Class == engine.ClassWorkerLost})
+	}
+	switch s.Status {
+	case engine.StepCompleted:
+		out = append(out, attemptLine{Attempt: s.Attempts, Outcome: "completed", At: s.CompletedAt})
+	case engine.StepStarted:
+		if last := s.FailedAttempts[len(s.FailedAttempts)-1]; last.Replayed || last.Attempt < s.Attempts {
+			out = append(out, attemptLine{Attempt: s.Attempts, Outcome: "in progress"})
+		}
+	case engine.StepCancelled:
+		out = append(out, attemptLine{Attempt: s.Attempts, Outcome: "cancelled", At: s.CompletedAt})
+	}
+	return out
 }
 
 func newRunView(run *engine.Run) *runView {
@@ -404,7 +462,7 @@ func newRunView(run *engine.Run) *runView {
 		wd := max(int(e.Sub(s.StartedAt)*1000/span), 4) // a step too short to see still shows
 		x = min(x, 996)
 		wd = min(wd, 1000-x)
-		v.Bars = append(v.Bars, bar{StepInfo: s, X: x, W: wd, Duration: dur(s.StartedAt, s.CompletedAt)})
+		v.Bars = append(v.Bars, bar{StepInfo: s, X: x, W: wd, Duration: dur(s.StartedAt, s.CompletedAt), History: history(s)})
 	}
 	return v
 }

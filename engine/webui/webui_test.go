@@ -35,6 +35,7 @@ type order struct {
 
 // fixture is an engine with runs in every state, served with the UI.
 type fixture struct {
+	db    *enginetest.DB
 	e     *engine.Engine
 	srv   *httptest.Server
 	fixed atomic.Bool // the "flaky" step succeeds once set
@@ -81,7 +82,8 @@ func newFixture(t *testing.T, token string) *fixture {
 		return engine.ChildWorkflow(ctx, wf, order{Kind: "wait", ID: in.ID}, &engine.ChildOpts{WorkflowID: ctx.WorkflowID() + "-kid"})
 	}, nil)
 	db := enginetest.NewDB(t)
-	f.e = enginetest.NewEngine(t, db, &engine.Config{Logger: slog.New(slog.DiscardHandler)}, true, wf, dead, family)
+	f.db = db
+	f.e = enginetest.NewEngine(t, db, &engine.Config{Logger: slog.New(slog.DiscardHandler)}, true, wf, dead, family, courier())
 	ctx := context.Background()
 	for _, s := range []struct {
 		key, workflow, kind string
@@ -532,4 +534,37 @@ func TestRunsPageTopLevelFilter(t *testing.T) {
 	code, _, body = c.do("POST", "/ui/runs/cancel-matching", url.Values{"csrf": {csrf}, "workflow_id_prefix": {"family-"}}, nil)
 	require.Equal(t, 200, code, body)
 	require.Contains(t, body, "Matching runs: <strong>2</strong>.")
+}
+
+// A run's page shows each step's attempts, their outcomes and when they
+// were recorded, an attempt lost with its worker (worker_lost) included;
+// the runs list shows each run's error.
+func TestRunPageShowsAttemptHistory(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "")
+	c := newClient(t, f.srv.URL)
+	lost := f.lostWorkerRun(t)
+
+	code, _, body := c.do("GET", "/ui/runs/"+f.runs["dead"].String(), nil, nil)
+	require.Equal(t, 200, code)
+	require.Contains(t, body, "Attempts of step #0")
+	require.Regexp(t, `(?s)<tr class="attempt-retrying">\s*<td>#1</td>\s*<td>retrying</td>\s*<td class="error-cell"><code>transient</code> carrier API returned 503</td>\s*<td><time datetime="[^"]+"`, body)
+	require.Regexp(t, `(?s)<tr class="attempt-parked">\s*<td>#2</td>\s*<td>parked</td>\s*<td class="error-cell"><code>transient</code> retries exhausted after 2 attempts: carrier API returned 503</td>`, body)
+
+	code, _, body = c.do("GET", "/ui/runs/"+lost.String(), nil, nil)
+	require.Equal(t, 200, code)
+	require.Regexp(t, `(?s)<tr class="attempt-retrying">\s*<td>#1</td>\s*<td>retrying <strong class="lost">worker lost</strong></td>\s*<td class="error-cell"><code>worker_lost</code> `, body)
+	require.Regexp(t, `(?s)<tr class="attempt-completed">\s*<td>#2</td>\s*<td>completed</td>`, body)
+
+	code, _, body = c.do("GET", "/ui/runs/"+f.runs["completed"].String(), nil, nil)
+	require.Equal(t, 200, code)
+	require.NotContains(t, body, "Attempts of step", "a step that never failed has no history")
+
+	code, _, body = c.do("GET", "/ui/runs?status=dead", nil, nil)
+	require.Equal(t, 200, code)
+	require.Contains(t, body, `<th scope="col">Error</th>`)
+	require.Contains(t, body, "carrier API returned 503")
+	code, _, body = c.do("GET", "/ui/runs?workflow=order", nil, nil)
+	require.Equal(t, 200, code)
+	require.Contains(t, body, "card declined", "the compensated run's error")
 }

@@ -131,3 +131,27 @@ func TestRunsPruneDefaultsToTheRetention(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "would delete 1 runs", "a dry run deleted nothing")
 }
+
+// runs show lists each step's failed attempts, as the web UI's attempt
+// history does.
+func TestRunsShowFailedAttempts(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	e := enginetest.NewEngine(t, db, nil, true, workflows()...)
+	res, err := e.StartJSON(context.Background(), "double", []byte(`{"n": -1}`), &engine.StartOpts{WorkflowID: "neg-1"})
+	require.NoError(t, err)
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		run, err := e.GetRun(context.Background(), res.RunID)
+		require.NoError(t, err)
+		if run.Status == engine.StatusDead {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the run never parked")
+		time.Sleep(20 * time.Millisecond)
+	}
+	code, out, errOut := run(t, db, "runs", "show", "neg-1")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `FAILED ATTEMPT OF STEP +NAME +ATTEMPT +OUTCOME +RECORDED +ERROR`, out)
+	require.Regexp(t, `\n0 +double +1 +retrying +\d{4}-\d\d-\d\dT\S+ +transient: negative: upstream refused\n`, out)
+	require.Regexp(t, `\n0 +double +2 +parked +\S+ +transient: retries exhausted after 2 attempts: negative: upstream refused\n`, out)
+}

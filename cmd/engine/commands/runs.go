@@ -318,6 +318,7 @@ func (g *global) printRun(run *engine.Run) {
 		t.row(s.Seq, name, s.Kind, s.Status, s.Attempts, req, dur, msg)
 	}
 	t.flush()
+	g.printFailedAttempts(run.Steps)
 	if len(run.Children) > 0 {
 		fmt.Fprintln(w)
 		t = newTable(w, "CHILD OF STEP", "RUN ID", "WORKFLOW", "WORKFLOW ID", "STATUS", "ON PARENT CLOSE")
@@ -339,6 +340,29 @@ func (g *global) printRun(run *engine.Run) {
 		t.row(sig.Name, sig.SentAt, by, string(sig.Payload))
 	}
 	t.flush()
+}
+
+// printFailedAttempts prints the steps' failed attempts (the latest 20 of
+// each, as recorded), if any: the attempt, what it made of the step, when
+// it was recorded and its error.
+func (g *global) printFailedAttempts(steps []engine.StepInfo) {
+	var t *table
+	for _, s := range steps {
+		for _, f := range s.FailedAttempts {
+			if t == nil {
+				fmt.Fprintln(g.opts.Stdout)
+				t = newTable(g.opts.Stdout, "FAILED ATTEMPT OF STEP", "NAME", "ATTEMPT", "OUTCOME", "RECORDED", "ERROR")
+			}
+			if f.Replayed {
+				t.row(s.Seq, s.Name, nil, "replayed (the attempts count from 1 again)", f.At, nil)
+				continue
+			}
+			t.row(s.Seq, s.Name, f.Attempt, f.Status, f.At, f.Class+": "+f.Message)
+		}
+	}
+	if t != nil {
+		t.flush()
+	}
 }
 
 func (g *global) startCmd() *cobra.Command {

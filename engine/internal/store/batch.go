@@ -63,7 +63,7 @@ type WriteResult struct {
 // that ends the run releases the lease and stores its outcome; any other
 // extends the lease. The leading comment names the statement within the
 // first KiB that pg_stat_activity shows of a query.
-const writeRecords = `
+var writeRecords = `
 -- pgdurable: workflow_steps records and workflow_runs fences of a batch of deliveries
 WITH f AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bool[], $5::text[], $6::text[], $7::bigint[], $25::bool[])
@@ -113,7 +113,7 @@ SELECT run_id, token, cancel FROM run WHERE (SELECT count(*) FROM notified) >= 0
 // writeRecords make it plan every call (it cannot know their length). A
 // batch of one is what a delivery writes at low load, where its latency
 // shows.
-const writeRecord = `
+var writeRecord = `
 -- pgdurable: workflow_steps record and workflow_runs fence of one delivery
 WITH extended AS (
     UPDATE workflow_runs r SET
@@ -138,12 +138,14 @@ WITH extended AS (
 ), fresh AS (
     INSERT INTO workflow_steps (` + stepColumnList + `)
     SELECT run.run_id, $4::int, $5::text, $6::text, $7::text, $8::int, $9::uuid, $10::jsonb, $11::jsonb,
-           $12::timestamptz, $13::timestamptz, $14::timestamptz, $15::timestamptz, $16::text, $17::int
+           $12::timestamptz, $13::timestamptz, $14::timestamptz, $15::timestamptz, $16::text, $17::int,
+           ` + failedAttempt(`$7::text`, `$8::int`, `$11::jsonb`) + `
     FROM run WHERE $4::int IS NOT NULL AND $22::bool
 ), step AS (
     INSERT INTO workflow_steps AS s (` + stepColumnList + `)
     SELECT run.run_id, $4::int, $5::text, $6::text, $7::text, $8::int, $9::uuid, $10::jsonb, $11::jsonb,
-           $12::timestamptz, $13::timestamptz, $14::timestamptz, $15::timestamptz, $16::text, $17::int
+           $12::timestamptz, $13::timestamptz, $14::timestamptz, $15::timestamptz, $16::text, $17::int,
+           ` + failedAttempt(`$7::text`, `$8::int`, `$11::jsonb`) + `
     FROM run WHERE $4::int IS NOT NULL AND NOT $22::bool
 ` + stepConflict + `
 ), ` + notifyEnded + `
@@ -284,11 +286,12 @@ func (s *stepColumns) add(f Fence, r *StepRecord) {
 
 // stepColumnList and stepValues are the columns of a step record and their
 // values in a CTE u of unnested records.
-const (
+var (
 	stepColumnList = `run_id, seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
-                      first_failed_at, started_at, completed_at, compensation, compensation_of`
+                      first_failed_at, started_at, completed_at, compensation, compensation_of, failed_attempts`
 	stepValues = `u.run_id, u.seq, u.name, u.kind, u.status, u.attempts, u.request_id, u.output::jsonb, u.error::jsonb,
-           u.next_attempt_at, u.first_failed_at, u.started_at, u.completed_at, u.compensation, u.compensation_of`
+           u.next_attempt_at, u.first_failed_at, u.started_at, u.completed_at, u.compensation, u.compensation_of,
+           ` + failedAttempt(`u.status`, `u.attempts`, `u.error::jsonb`)
 )
 
 // insertRuns inserts any number of runs in one statement (one array element

@@ -30,7 +30,7 @@ type Park struct {
 	ChildDeadJobID *uuid.UUID
 }
 
-const parkRun = `
+var parkRun = `
 WITH run AS (
     UPDATE workflow_runs SET status = 'dead', error = $18::jsonb, completed_at = now(),
         owner_token = NULL, lease_expires_at = NULL, wake_at = NULL, deadline_at = NULL
@@ -165,8 +165,9 @@ func ResolveDeadJob(ctx context.Context, db DBTX, id uuid.UUID, resolution, by, 
 // runs again with a fresh retry budget, every other recorded step stays.
 // An orphaned run (a child whose parent closed past it, see ReplayRun) is
 // replayed cancelled instead: its unfinished forward steps are recorded
-// cancelled, never tried again, so it runs its undos and ends.
-const replayRun = `
+// cancelled, never tried again, so it runs its undos and ends. Each step
+// it touches notes the replay in its failed attempts.
+var replayRun = `
 WITH run AS (
     UPDATE workflow_runs r SET status = 'pending', error = NULL, completed_at = NULL, wake_at = NULL,
         stalled_deliveries = 0, long_stalled_deliveries = 0, enqueued_at = $3,
@@ -178,7 +179,9 @@ WITH run AS (
         status = CASE WHEN $2::bool AND s.compensation_of IS NULL THEN 'cancelled' ELSE 'retrying' END,
         attempts = CASE WHEN $2::bool AND s.compensation_of IS NULL THEN s.attempts ELSE 0 END,
         completed_at = CASE WHEN $2::bool AND s.compensation_of IS NULL THEN $3 ELSE s.completed_at END,
-        next_attempt_at = NULL, error = s.error - 'settle_attempts'
+        next_attempt_at = NULL, error = s.error - 'settle_attempts',
+        failed_attempts = ` + keepLatest(`coalesce(s.failed_attempts, '[]'::jsonb)`) + `
+            || jsonb_build_array(jsonb_build_object('replayed', true, 'at', $3::timestamptz))
     FROM run WHERE s.run_id = run.run_id AND (s.status = 'parked'
         OR ($2::bool AND s.compensation_of IS NULL AND s.kind <> 'child' AND s.status IN ('started', 'retrying')))
 )

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -196,7 +197,7 @@ type ClaimMiss struct {
 // loadSteps reads a run's step records in order.
 const loadSteps = `
 SELECT seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
-       first_failed_at, started_at, completed_at, compensation, compensation_of
+       first_failed_at, started_at, completed_at, compensation, compensation_of, failed_attempts
 FROM workflow_steps WHERE run_id = $1 ORDER BY seq`
 
 func scanSteps(rows pgx.Rows) ([]StepRecord, error) {
@@ -205,7 +206,7 @@ func scanSteps(rows pgx.Rows) ([]StepRecord, error) {
 	for rows.Next() {
 		var s StepRecord
 		if err := rows.Scan(&s.Seq, &s.Name, &s.Kind, &s.Status, &s.Attempts, &s.RequestID, &s.Output, &s.Error,
-			&s.NextAttemptAt, &s.FirstFailedAt, &s.StartedAt, &s.CompletedAt, &s.Compensation, &s.CompensationOf); err != nil {
+			&s.NextAttemptAt, &s.FirstFailedAt, &s.StartedAt, &s.CompletedAt, &s.Compensation, &s.CompensationOf, &s.FailedAttempts); err != nil {
 			return nil, err
 		}
 		out = append(out, s)
@@ -218,7 +219,7 @@ func scanSteps(rows pgx.Rows) ([]StepRecord, error) {
 // A completed record is never overwritten (the row is left, and not
 // counted as written): a tx step's retry that finds its earlier attempt
 // committed must roll its own effects back.
-const stepConflict = `    ON CONFLICT (run_id, seq) DO UPDATE SET
+var stepConflict = `    ON CONFLICT (run_id, seq) DO UPDATE SET
         status = excluded.status,
         attempts = excluded.attempts,
         request_id = coalesce(excluded.request_id, s.request_id),
@@ -228,8 +229,43 @@ const stepConflict = `    ON CONFLICT (run_id, seq) DO UPDATE SET
         first_failed_at = coalesce(s.first_failed_at, excluded.first_failed_at),
         completed_at = excluded.completed_at,
         compensation = coalesce(excluded.compensation, s.compensation),
-        compensation_of = coalesce(excluded.compensation_of, s.compensation_of)
+        compensation_of = coalesce(excluded.compensation_of, s.compensation_of),
+        failed_attempts = CASE
+            WHEN excluded.failed_attempts IS NULL
+              OR (s.status = excluded.status AND s.attempts = excluded.attempts AND s.error IS NOT DISTINCT FROM excluded.error)
+            THEN s.failed_attempts
+            ELSE ` + keepLatest(`CASE WHEN (s.failed_attempts -> -1 ->> 'attempt')::int = excluded.attempts
+                            AND s.failed_attempts -> -1 ->> 'replayed' IS NULL
+                       THEN s.failed_attempts - (-1) ELSE coalesce(s.failed_attempts, '[]'::jsonb) END`) + ` || excluded.failed_attempts
+        END
     WHERE s.status <> 'completed'`
+
+// MaxFailedAttempts bounds the failed attempts a step record keeps
+// (workflow_steps.failed_attempts): the latest ones.
+const MaxFailedAttempts = 20
+
+// failedAttempt is the failed_attempts value a step record is inserted
+// with, given the SQL of its status, attempts and error (jsonb): an array
+// of the one failure it records (retrying, failed or parked with an
+// error: its attempt, status, error class, message cut to 300 characters,
+// and now()), else NULL. On conflict, stepConflict appends that entry to
+// the record's list, in place of an entry for the same attempt (an
+// attempt whose failure is recorded again, as parked after retrying),
+// keeping the latest MaxFailedAttempts; the same record written again
+// adds nothing. A scalar subquery, not a CASE: Citus refuses now() inside
+// CASE and COALESCE on distributed tables.
+func failedAttempt(status, attempts, errJSON string) string {
+	return `(SELECT jsonb_build_array(jsonb_build_object(
+               'attempt', ` + attempts + `, 'status', ` + status + `, 'class', ` + errJSON + ` ->> 'class',
+               'message', left(` + errJSON + ` ->> 'message', 300), 'at', now()))
+            WHERE ` + status + ` IN ('retrying', 'failed', 'parked') AND ` + errJSON + ` IS NOT NULL)`
+}
+
+// keepLatest is the jsonb array list with its oldest entry dropped when it
+// holds MaxFailedAttempts, so that one more keeps it within the bound.
+func keepLatest(list string) string {
+	return `(CASE WHEN jsonb_array_length(` + list + `) >= ` + strconv.Itoa(MaxFailedAttempts) + ` THEN (` + list + `) - 0 ELSE ` + list + ` END)`
+}
 
 // RunEndedChannel is the channel on which the statements that end a
 // watched run (see WatchRun) notify, with the run's ID as the payload.
@@ -257,13 +293,14 @@ func WatchRun(ctx context.Context, db DBTX, runID uuid.UUID) (status string, err
 // stepUpsert is a CTE that writes one step record ($4..$15) for the run the
 // preceding "run" CTE returned; it writes nothing when that CTE returned no
 // row (the fence failed) or when $4 is NULL (no record to write).
-const stepUpsert = `
+var stepUpsert = `
 step AS (
     INSERT INTO workflow_steps AS s (run_id, seq, name, kind, status, attempts, request_id, output, error,
                                      next_attempt_at, first_failed_at, started_at, completed_at,
-                                     compensation, compensation_of)
+                                     compensation, compensation_of, failed_attempts)
     SELECT run.run_id, $4::int, $5::text, $6::text, $7::text, $8::int, $9::uuid, $10::jsonb, $11::jsonb,
-           $12::timestamptz, $13::timestamptz, $14::timestamptz, $15::timestamptz, $16::text, $17::int
+           $12::timestamptz, $13::timestamptz, $14::timestamptz, $15::timestamptz, $16::text, $17::int,
+           ` + failedAttempt(`$7::text`, `$8::int`, `$11::jsonb`) + `
     FROM run WHERE $4::int IS NOT NULL
 ` + stepConflict + `
 )`
@@ -272,7 +309,7 @@ step AS (
 // for a run whose lease $2 holds, extending the lease and optionally moving
 // its status ($18): one statement. It reports whether the run's
 // cancellation was requested, so a delivery learns of it at every write.
-const writeSteps = `
+var writeSteps = `
 WITH run AS (
     UPDATE workflow_runs SET lease_expires_at = now() + $3::bigint * interval '1 millisecond',
         stalled_deliveries = 0, long_stalled_deliveries = 0, status = coalesce($18::text, status)
@@ -281,9 +318,10 @@ WITH run AS (
 ), step AS (
     INSERT INTO workflow_steps AS s (run_id, seq, name, kind, status, attempts, request_id, output, error,
                                      next_attempt_at, first_failed_at, started_at, completed_at,
-                                     compensation, compensation_of)
+                                     compensation, compensation_of, failed_attempts)
     SELECT run.run_id, u.seq, u.name, u.kind, u.status, u.attempts, u.request_id, u.output::jsonb, u.error::jsonb,
-           u.next_attempt_at, u.first_failed_at, u.started_at, u.completed_at, u.compensation, u.compensation_of
+           u.next_attempt_at, u.first_failed_at, u.started_at, u.completed_at, u.compensation, u.compensation_of,
+           ` + failedAttempt(`u.status`, `u.attempts`, `u.error::jsonb`) + `
     FROM run, unnest($4::int[], $5::text[], $6::text[], $7::text[], $8::int[], $9::uuid[], $10::text[], $11::text[],
                      $12::timestamptz[], $13::timestamptz[], $14::timestamptz[], $15::timestamptz[],
                      $16::text[], $17::int[])
@@ -324,7 +362,7 @@ func WriteSteps(ctx context.Context, db DBTX, f Fence, status string, recs ...*S
 // GetStep reads one step record; ErrNotFound when there is none.
 func GetStep(ctx context.Context, db DBTX, runID uuid.UUID, seq int) (*StepRecord, error) {
 	rows, err := db.Query(ctx, `SELECT seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
-       first_failed_at, started_at, completed_at, compensation, compensation_of
+       first_failed_at, started_at, completed_at, compensation, compensation_of, failed_attempts
 FROM workflow_steps WHERE run_id = $1 AND seq = $2`, runID, seq)
 	if err != nil {
 		return nil, fmt.Errorf("reading step %d of run %s: %w", seq, runID, err)
@@ -422,7 +460,7 @@ func CancelRequested(ctx context.Context, db DBTX, runIDs []uuid.UUID) ([]uuid.U
 	return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 }
 
-const suspendRun = `
+var suspendRun = `
 WITH run AS (
     UPDATE workflow_runs SET status = $18, wake_at = $19, owner_token = NULL, lease_expires_at = NULL,
         enqueued_at = CASE WHEN $19::timestamptz IS NULL THEN now() ELSE enqueued_at END,

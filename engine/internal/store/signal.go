@@ -222,7 +222,7 @@ func TakeSignal(ctx context.Context, tx pgx.Tx, f Fence, names []string, seq int
 	return name, payload, true, cancel, nil
 }
 
-const suspendAwaitingRun = `
+var suspendAwaitingRun = `
 WITH run AS (
     UPDATE workflow_runs SET status = $20, wake_at = $18, await_signal = $19, owner_token = NULL,
         lease_expires_at = NULL, stalled_deliveries = 0, long_stalled_deliveries = 0

@@ -124,6 +124,11 @@ type StepRecord struct {
 	// CompensationOf is the forward step's seq on a compensation step.
 	Compensation   *string
 	CompensationOf *int
+	// FailedAttempts is the record's failed_attempts (a JSON array, nil
+	// when none), as GetRun and GetStep read it; the record writes ignore
+	// this field and derive the column from Status, Attempts and Error
+	// (see failedAttempt).
+	FailedAttempts []byte
 	// Fresh: no record of this (run, seq) can exist yet (the writing
 	// delivery holds the lease, loaded the run's records and has not
 	// written this one), so the record writes (WriteRecords) insert it
