@@ -331,11 +331,7 @@ func (g *global) client(ctx context.Context) (b backend, done func(), err error)
 	if err != nil {
 		return nil, nil, err
 	}
-	cfg, err := g.clientConfig()
-	if err != nil {
-		pool.Close()
-		return nil, nil, err
-	}
+	cfg := g.baseConfig() // an engine that starts and reads runs, and works none
 	cfg.Logger = g.logger(slog.NewTextHandler(g.opts.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	e, err := engine.New(pool, &cfg)
 	if err == nil {

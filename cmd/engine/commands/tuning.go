@@ -43,10 +43,6 @@ func (g *global) baseConfig() engine.Config {
 	return cfg
 }
 
-// clientConfig is the configuration of the operator commands' engine on
-// the database (it starts and reads runs, and works none).
-func (g *global) clientConfig() (engine.Config, error) { return g.baseConfig(), nil }
-
 // addTuningFlags adds the engine-setting flags to serve or dev, their
 // defaults shown as Options.Config sets them, else as the engine does.
 func (g *global) addTuningFlags(cmd *cobra.Command, t *tuning) {
