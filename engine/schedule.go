@@ -244,10 +244,17 @@ func (e *Engine) ResumeSchedule(ctx context.Context, name string) error {
 // an operator's "run it now": it starts one run of the schedule's workflow
 // with its input, whatever its overlap policy and even while it is paused
 // (the operator asked for this run), and records the fire (outcome
-// started) in its history. The run's workflow ID is
-// "schedule:<name>:trigger:<now in UTC, RFC 3339 with nanoseconds>"; it
-// counts as the schedule's latest run, so a cron fire with overlap skip or
-// buffer_one waits for it. The schedule's next cron fire is unchanged.
+// started) in its history. Every call starts a run of its own, even two
+// calls at one clock reading (a fake Config.Clock, two operators in the
+// same instant): the run's workflow ID is
+// "schedule:<name>:trigger:<a new UUID v7>", which never equals a cron
+// fire's "schedule:<name>:<fire time>" (ScheduleWorkflowID). The fire is
+// recorded at the trigger's time (Config.Clock), to the microsecond, moved
+// on by a microsecond when that time is a whole second (where a cron fire
+// is recorded) or is already recorded (an earlier trigger at the same
+// reading), so no record replaces another. The run counts as the
+// schedule's latest run, so a cron fire with overlap skip or buffer_one
+// waits for it. The schedule's next cron fire is unchanged.
 //
 // Errors: ErrNotFound (no such schedule), ErrUnknownWorkflow (this process
 // does not register the schedule's workflow), ErrInvalidInput (its input
@@ -273,14 +280,17 @@ func (e *Engine) TriggerSchedule(ctx context.Context, name string) (*StartResult
 		if err != nil {
 			return err
 		}
-		now := e.now().UTC().Truncate(time.Microsecond) // schedule_fires keeps microseconds
+		id, err := uuid.NewV7()
+		if err != nil {
+			return fmt.Errorf("pgdurable: triggering schedule %q: generating its workflow ID: %w", name, err)
+		}
 		res, err = e.startJSON(ctx, tx, s.WorkflowName, r.version, input,
-			&StartOpts{WorkflowID: "schedule:" + name + ":trigger:" + now.Format(time.RFC3339Nano), schedule: name})
+			&StartOpts{WorkflowID: triggerWorkflowID(name, id), schedule: name})
 		if err != nil {
 			return err
 		}
-		if err := store.RecordFire(ctx, tx, name, now, FireStarted, nil, &res.RunID); err != nil {
-			return err
+		if _, err := store.RecordTrigger(ctx, tx, name, e.now().UTC(), res.RunID); err != nil {
+			return fmt.Errorf("pgdurable: triggering schedule %q: %w", name, err)
 		}
 		s.LastRunID = &res.RunID
 		return store.AdvanceSchedule(ctx, tx, s)
@@ -404,6 +414,13 @@ func NextFireTimes(spec, tz string, from time.Time, n int) ([]time.Time, error) 
 // fireAt starts: "schedule:<name>:<fireAt in UTC, RFC 3339>".
 func ScheduleWorkflowID(name string, fireAt time.Time) string {
 	return "schedule:" + name + ":" + fireAt.UTC().Format(time.RFC3339)
+}
+
+// triggerWorkflowID is the workflow ID of the run TriggerSchedule starts:
+// "schedule:<name>:trigger:<id>", id a new UUID v7. A schedule name holds
+// no ":", so it cannot be read as a cron fire's ID (ScheduleWorkflowID).
+func triggerWorkflowID(name string, id uuid.UUID) string {
+	return "schedule:" + name + ":trigger:" + id.String()
 }
 
 // maxFiresPerTick bounds the fire times one schedule handles per tick

@@ -2,9 +2,11 @@ package engine_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -372,4 +374,57 @@ func TestTriggerScheduleStartsARunNowEvenPaused(t *testing.T) {
 	require.ErrorIs(t, err, engine.ErrNotFound)
 	_, err = b.engine.TriggerSchedule(ctx, "..")
 	require.ErrorIs(t, err, engine.ErrNotFound)
+}
+
+// Two triggers at one clock reading (a fake clock, or two operators in the
+// same instant) start two runs, each under a workflow ID of its own, and
+// both are in the fires; a trigger at the very time of a cron fire keeps
+// the cron fire's run and record too. Before, the second trigger got the
+// first one's workflow ID and so returned its run, and its fire record
+// replaced the first's.
+func TestTriggerScheduleTwiceAtOneClockReading(t *testing.T) {
+	t.Parallel()
+	clock := enginetest.NewClock(time.Date(2026, 1, 1, 0, 0, 30, 0, time.UTC))
+	b := setup(t, &engine.Config{Clock: clock, Logger: quiet}, tick)
+	ctx := testCtx(t)
+	_, err := b.engine.CreateSchedule(ctx, engine.ScheduleSpec{Name: "minutely", Cron: "* * * * *", Workflow: "tick",
+		Input: []byte(`3`), Overlap: engine.OverlapAllow})
+	require.NoError(t, err)
+
+	first, err := b.engine.TriggerSchedule(ctx, "minutely")
+	require.NoError(t, err)
+	second, err := b.engine.TriggerSchedule(ctx, "minutely")
+	require.NoError(t, err)
+	require.False(t, second.Existing, "the second trigger starts a run of its own")
+	require.NotEqual(t, first.RunID, second.RunID)
+	require.NotEqual(t, first.WorkflowID, second.WorkflowID)
+	for _, res := range []*engine.StartResult{first, second} {
+		rest, ok := strings.CutPrefix(res.WorkflowID, "schedule:minutely:trigger:")
+		require.True(t, ok, res.WorkflowID)
+		_, err := uuid.Parse(rest)
+		require.NoError(t, err, "a manual trigger's workflow ID ends in a UUID: %s", res.WorkflowID)
+		waitStatus(t, b.engine, res.RunID, engine.StatusCompleted, 20*time.Second)
+	}
+
+	// At the cron fire time itself: the trigger and the fire each start a
+	// run and keep their record, whichever the scheduler handles first.
+	clock.Set(time.Date(2026, 1, 1, 0, 1, 0, 0, time.UTC))
+	third, err := b.engine.TriggerSchedule(ctx, "minutely")
+	require.NoError(t, err)
+	handled(t, b.engine, "minutely", clock)
+	fs := fires(t, b.engine, "minutely")
+	require.Len(t, fs, 4, "three triggers and one cron fire: %+v", fs)
+	runs := map[uuid.UUID]bool{}
+	for _, f := range fs {
+		require.Equal(t, engine.FireStarted, f.Outcome)
+		require.NotNil(t, f.RunID)
+		runs[*f.RunID] = true
+	}
+	require.Len(t, runs, 4, "four fires, four runs")
+	for _, res := range []*engine.StartResult{first, second, third} {
+		require.True(t, runs[res.RunID], "trigger run %s is in the fires", res.RunID)
+	}
+	cron, err := b.engine.FindRun(ctx, engine.ScheduleWorkflowID("minutely", clock.Now()))
+	require.NoError(t, err, "the cron fire keeps its fire-time workflow ID")
+	require.True(t, runs[cron])
 }

@@ -67,8 +67,8 @@ func (g *global) schedulesCmd() *cobra.Command {
 	cmd.AddCommand(&cobra.Command{
 		Use: "trigger NAME", Short: "Fire a schedule now, outside its cron expression (even while paused)", Args: cobra.ExactArgs(1),
 		Long: `Starts one run of the schedule's workflow with its input now, whatever its overlap policy,
-with workflow ID schedule:<name>:trigger:<now>, and records the fire in its history. The next
-cron fire is unchanged.`,
+with workflow ID schedule:<name>:trigger:<a new UUID v7> (every trigger starts a run of its own),
+and records the fire in its history. The next cron fire is unchanged.`,
 		RunE: g.withClient(func(ctx context.Context, e backend, args []string) error {
 			res, err := e.TriggerSchedule(ctx, args[0])
 			if err != nil {
