@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdurable/pgdurable/engine"
@@ -156,4 +158,57 @@ func TestContinueAsNewRefusesAnInputOfTheWrongType(t *testing.T) {
 	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
 	require.NoError(t, err)
 	require.Equal(t, "refused", out)
+}
+
+// A child that continues as new shows in its parent's run view once, at
+// its latest run, with its chain's first run (the run ID the parent's
+// record and ChildRun.RunID hold); a child that never continued has no
+// FirstRunID. Before, every run of the chain was listed at the child's
+// position: a child looping 1,000 times filled the list.
+func TestParentListsAContinuedChildOnceAtItsLatestRun(t *testing.T) {
+	t.Parallel()
+	const loops = 5
+	kid := engine.Define("chain-kid", func(ctx *engine.Context, n int) (int, error) {
+		if n < loops {
+			return 0, engine.ContinueAsNew(ctx, n+1)
+		}
+		return n, nil
+	}, nil)
+	var firstRun atomic.Value
+	parent := engine.Define("chain-parent", func(ctx *engine.Context, _ int) (int, error) {
+		looped, err := engine.StartChild(ctx, kid, 0, nil)
+		if err != nil {
+			return 0, err
+		}
+		firstRun.Store(looped.RunID())
+		n, err := looped.Get(ctx)
+		if err != nil {
+			return 0, err
+		}
+		once, err := engine.ChildWorkflow(ctx, kid, loops, nil) // no continue-as-new
+		return n + once, err
+	}, nil)
+	b := setup(t, nil, parent, kid)
+	ctx := testCtx(t)
+	res, err := parent.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	waitStatus(t, b.engine, res.RunID, engine.StatusCompleted, 30*time.Second)
+
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Len(t, run.Children, 2, "one entry per child, not one per run of a chain: %+v", run.Children)
+	chain, single := run.Children[0], run.Children[1]
+	first := firstRun.Load().(uuid.UUID)
+	require.Equal(t, 0, chain.Seq)
+	require.NotEqual(t, first, chain.RunID, "the chain is shown at its latest run")
+	require.Equal(t, engine.StatusCompleted, chain.Status)
+	require.NotNil(t, chain.FirstRunID)
+	require.Equal(t, first, *chain.FirstRunID, "with a link to the chain's first run")
+	latest, err := b.engine.GetRun(ctx, chain.RunID)
+	require.NoError(t, err)
+	require.Nil(t, latest.ContinuedRunID, "the listed run is the chain's last")
+	require.Equal(t, first, *latest.FirstRunID)
+	require.Equal(t, 1, single.Seq)
+	require.Nil(t, single.FirstRunID, "a child that did not continue has no chain")
+	require.Equal(t, engine.StatusCompleted, single.Status)
 }

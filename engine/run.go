@@ -388,13 +388,20 @@ type Run struct {
 	// waits for (ChildRun.Get, or its close waiting for them).
 	AwaitChildren []int `json:"await_children,omitempty"`
 	// Tags are the run's labels (StartOpts.Tags); nil for none.
-	Tags     map[string]string `json:"tags,omitempty"`
-	Steps    []StepInfo        `json:"steps,omitempty"`    // filled by GetRun only
-	Signals  []SignalInfo      `json:"signals,omitempty"`  // filled by GetRun only, in the order sent
-	Children []ChildInfo       `json:"children,omitempty"` // filled by GetRun only: the first 1,000 by position
+	Tags    map[string]string `json:"tags,omitempty"`
+	Steps   []StepInfo        `json:"steps,omitempty"`   // filled by GetRun only
+	Signals []SignalInfo      `json:"signals,omitempty"` // filled by GetRun only, in the order sent
+	// Children are the run's child runs (StartChild), filled by GetRun
+	// only: one per child, the first 1,000 by position. A child that
+	// continued as new is listed once, at the latest run of its chain.
+	Children []ChildInfo `json:"children,omitempty"`
 }
 
-// ChildInfo is a child run of a run, as GetRun lists it.
+// ChildInfo is a child run of a run, as GetRun lists it. A child that
+// continued as new (ContinueAsNew) is shown at the latest run of its
+// chain: RunID, Status, CreatedAt and CompletedAt are that run's, and
+// FirstRunID names the chain's first run, the one the parent started
+// (ChildRun.RunID), whose Run.ContinuedRunID leads through the chain.
 type ChildInfo struct {
 	Seq               int               `json:"seq"` // the parent's step that started it
 	RunID             uuid.UUID         `json:"run_id"`
@@ -404,6 +411,9 @@ type ChildInfo struct {
 	ParentClosePolicy ParentClosePolicy `json:"parent_close_policy"`
 	CreatedAt         time.Time         `json:"created_at"`
 	CompletedAt       *time.Time        `json:"completed_at,omitempty"`
+	// FirstRunID is the first run of the child's continue-as-new chain;
+	// nil for a child that never continued (RunID is then that run).
+	FirstRunID *uuid.UUID `json:"first_run_id,omitempty"`
 }
 
 // SignalInfo is a signal sent to a run: ConsumedSeq is the AwaitSignal step
@@ -573,7 +583,7 @@ func (e *Engine) GetRun(ctx context.Context, runID uuid.UUID) (*Run, error) {
 	for _, c := range detail.Children {
 		run.Children = append(run.Children, ChildInfo{Seq: c.Seq, RunID: c.RunID, WorkflowName: c.WorkflowName,
 			WorkflowID: c.WorkflowID, Status: RunStatus(c.Status), ParentClosePolicy: ParentClosePolicy(c.ClosePolicy),
-			CreatedAt: c.CreatedAt, CompletedAt: c.CompletedAt})
+			CreatedAt: c.CreatedAt, CompletedAt: c.CompletedAt, FirstRunID: c.FirstRunID})
 	}
 	for _, s := range detail.Signals {
 		info := SignalInfo{ID: s.ID, Name: s.Name, Payload: s.Payload, SentAt: s.CreatedAt,

@@ -787,6 +787,40 @@ func TestRunBodiesShowParentAndChildren(t *testing.T) {
 	b.waitStatus(t, kid["run_id"].(string), "cancelled")
 }
 
+// GET /v1/runs/{id} lists a child that continued as new once, at its
+// chain's latest run, with the chain's first run (first_run_id).
+func TestRunBodyShowsAContinuedChildOnce(t *testing.T) {
+	t.Parallel()
+	// chain starts a child that continues as new three times.
+	chainKid := engine.Define("chain-kid", func(ctx *engine.Context, n int) (int, error) {
+		if n < 3 {
+			return 0, engine.ContinueAsNew(ctx, n+1)
+		}
+		return n, nil
+	}, nil)
+	chain := engine.Define("chain", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.ChildWorkflow(ctx, chainKid, 0, nil)
+	}, nil)
+	e := enginetest.NewEngine(t, enginetest.NewDB(t), nil, true, chain, chainKid)
+	srv := httptest.NewServer(httpapi.New(e, nil))
+	t.Cleanup(srv.Close)
+	b := &bundle{srv: srv, e: e}
+	r := b.do(t, "POST", "/v1/workflows/chain/runs", `{"id": "chain-1", "input": 0}`)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	parent := b.waitStatus(t, "chain-1", "completed").body
+	kids := parent["children"].([]any)
+	require.Len(t, kids, 1, "one entry for the chain of 4 runs: %s", parent["children"])
+	kid := kids[0].(map[string]any)
+	require.Equal(t, "completed", kid["status"])
+	first := kid["first_run_id"].(string)
+	require.NotEqual(t, first, kid["run_id"])
+	steps := parent["steps"].([]any)
+	require.Equal(t, first, steps[0].(map[string]any)["request_id"], "the parent's record holds the chain's first run")
+	latest := b.do(t, "GET", "/v1/runs/"+kid["run_id"].(string), "").body
+	require.Nil(t, latest["continued_run_id"], "the listed run is the chain's latest")
+	require.Equal(t, first, latest["first_run_id"])
+}
+
 // POST /v1/runs/{id}/terminate ends a run at once, with its reason; a
 // request without one is refused, a retry succeeds, and a finished run is
 // 409.

@@ -568,3 +568,39 @@ func TestRunPageShowsAttemptHistory(t *testing.T) {
 	require.Equal(t, 200, code)
 	require.Contains(t, body, "card declined", "the compensated run's error")
 }
+
+// A parent's run page shows a child that continued as new once, at its
+// chain's latest run, with a link to the chain's first run; before, one
+// row per run of the chain.
+func TestRunPageShowsAContinuedChildOnce(t *testing.T) {
+	t.Parallel()
+	kid := engine.Define("page-chain-kid", func(ctx *engine.Context, n int) (int, error) {
+		if n < 4 {
+			return 0, engine.ContinueAsNew(ctx, n+1)
+		}
+		return n, nil
+	}, nil)
+	parent := engine.Define("page-chain-parent", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.ChildWorkflow(ctx, kid, 0, nil)
+	}, nil)
+	db := enginetest.NewDB(t)
+	e := enginetest.NewEngine(t, db, &engine.Config{Logger: slog.New(slog.DiscardHandler)}, true, parent, kid)
+	res, err := parent.Start(context.Background(), e, 0, nil)
+	require.NoError(t, err)
+	run := waitStatus(t, e, res.RunID, engine.StatusCompleted)
+	require.Len(t, run.Children, 1)
+	chain := run.Children[0]
+	require.NotNil(t, chain.FirstRunID)
+
+	ui := webui.New(e, &webui.Options{Pool: db.Pool, APIError: httpapi.ErrorCode})
+	srv := httptest.NewUnstartedServer(nil)
+	srv.Config.Handler = httpapi.New(e, &httpapi.Options{UI: ui, ListenAddr: srv.Listener.Addr().String()})
+	srv.Start()
+	t.Cleanup(srv.Close)
+	code, _, body := newClient(t, srv.URL).do("GET", "/ui/runs/"+res.RunID.String(), nil, nil)
+	require.Equal(t, 200, code)
+	require.Equal(t, 1, strings.Count(body, "<td>#0</td>"), "one row for the chain of 5 runs")
+	require.Contains(t, body, `<a href="/ui/runs/`+chain.RunID.String()+`">`, "the row links to the latest run")
+	require.Contains(t, body, "latest run of a continue-as-new chain")
+	require.Contains(t, body, `<a href="/ui/runs/`+chain.FirstRunID.String()+`">`, "and to the chain's first run")
+}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -829,6 +830,45 @@ func TestRunsShowASelectAndAContinuedChain(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, fmt.Sprintf("chain        started by run %s", first.RunID))
 	require.Contains(t, out, `waiting for  signal "stop"`)
+}
+
+// runs show lists a child that continued as new once, at its chain's
+// latest run, with the chain's first run; before, one row per run of the
+// chain.
+func TestRunsShowAContinuedChildOnce(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	kid := engine.Define("show-chain-kid", func(ctx *engine.Context, n int) (int, error) {
+		if n < 3 {
+			return 0, engine.ContinueAsNew(ctx, n+1)
+		}
+		return engine.AwaitSignal[int](ctx, "stop", 0)
+	}, nil)
+	parent := engine.Define("show-chain-parent", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.ChildWorkflow(ctx, kid, 0, &engine.ChildOpts{WorkflowID: "the-chain"})
+	}, nil)
+	e := enginetest.NewEngine(t, db, nil, true, parent, kid)
+	ctx := context.Background()
+	res, err := parent.Start(ctx, e, 0, &engine.StartOpts{WorkflowID: "the-chain-parent"})
+	require.NoError(t, err)
+	var latest uuid.UUID
+	require.Eventually(t, func() bool {
+		if latest, err = e.FindRun(ctx, "the-chain"); err != nil {
+			return false
+		}
+		r, err := e.GetRun(ctx, latest)
+		require.NoError(t, err)
+		return r.Status == engine.StatusWaiting && r.AwaitSignal == "stop"
+	}, 10*time.Second, 20*time.Millisecond)
+	last, err := e.GetRun(ctx, latest)
+	require.NoError(t, err)
+	require.NotNil(t, last.FirstRunID)
+	code, out, errOut := run(t, db, "runs", "show", res.RunID.String())
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `CHILD OF STEP +RUN ID +WORKFLOW +WORKFLOW ID +STATUS +ON PARENT CLOSE +CHAIN'S FIRST RUN`, out)
+	require.Regexp(t, fmt.Sprintf(`0 +%s +show-chain-kid +the-chain +waiting +cancel +%s`, latest, *last.FirstRunID), out)
+	rows := regexp.MustCompile(`(?m)^[0-9]+ +[0-9a-f-]{36} +show-chain-kid +the-chain `).FindAllString(out, -1)
+	require.Len(t, rows, 1, "one row for the chain of 4 runs:\n%s", out)
 }
 
 // runs prune deletes finished runs past --older-than; --dry-run counts

@@ -321,9 +321,15 @@ func (g *global) printRun(run *engine.Run) {
 	g.printFailedAttempts(run.Steps)
 	if len(run.Children) > 0 {
 		fmt.Fprintln(w)
-		t = newTable(w, "CHILD OF STEP", "RUN ID", "WORKFLOW", "WORKFLOW ID", "STATUS", "ON PARENT CLOSE")
+		// A child that continued as new shows at its chain's latest run,
+		// with the chain's first run (runs show <it> walks the chain).
+		t = newTable(w, "CHILD OF STEP", "RUN ID", "WORKFLOW", "WORKFLOW ID", "STATUS", "ON PARENT CLOSE", "CHAIN'S FIRST RUN")
 		for _, c := range run.Children {
-			t.row(c.Seq, c.RunID, c.WorkflowName, text(c.WorkflowID), c.Status, c.ParentClosePolicy)
+			var first any
+			if c.FirstRunID != nil {
+				first = *c.FirstRunID
+			}
+			t.row(c.Seq, c.RunID, c.WorkflowName, text(c.WorkflowID), c.Status, c.ParentClosePolicy, first)
 		}
 		t.flush()
 	}

@@ -274,12 +274,14 @@ func CheckChildrenOpen(ctx context.Context, tx DBTX, parent uuid.UUID, seqs []in
 func collectChildren(rows pgx.Rows) ([]ChildRow, error) {
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ChildRow, error) {
 		var c ChildRow
-		err := r.Scan(&c.Seq, &c.RunID, &c.WorkflowName, &c.WorkflowID, &c.Status, &c.ClosePolicy, &c.CreatedAt, &c.CompletedAt)
+		err := r.Scan(&c.Seq, &c.RunID, &c.WorkflowName, &c.WorkflowID, &c.Status, &c.ClosePolicy, &c.CreatedAt, &c.CompletedAt, &c.FirstRunID)
 		return c, err
 	})
 }
 
-// ChildRow is one child of a run, as the run's view lists it.
+// ChildRow is one child of a run, as the run's view lists it: a child
+// that continued as new, at the latest run of its chain, with FirstRunID
+// its chain's first run (nil for a child that never continued).
 type ChildRow struct {
 	Seq          int
 	RunID        uuid.UUID
@@ -289,9 +291,14 @@ type ChildRow struct {
 	ClosePolicy  string
 	CreatedAt    time.Time
 	CompletedAt  *time.Time
+	FirstRunID   *uuid.UUID
 }
 
+// listChildren lists one row per child: the runs of a continue-as-new
+// chain share the child's parent and position, and all but the latest
+// are continued (it is inserted in the transaction that ends the one
+// before), so the chain shows once, at its latest run.
 const listChildren = `
-SELECT parent_seq, run_id, workflow_name, workflow_id, status, parent_close_policy, created_at, completed_at
-FROM workflow_runs WHERE parent_run_id = $1
+SELECT parent_seq, run_id, workflow_name, workflow_id, status, parent_close_policy, created_at, completed_at, first_run_id
+FROM workflow_runs WHERE parent_run_id = $1 AND status <> 'continued'
 ORDER BY parent_seq, run_id LIMIT $2`

@@ -72,7 +72,8 @@ type Signal struct {
 const MaxListedChildren = 1000
 
 // RunDetail is a run with its steps, its signals and its children (up
-// to MaxListedChildren of them, by position).
+// to MaxListedChildren of them, by position; a continue-as-new chain once,
+// at its latest run).
 type RunDetail struct {
 	Run      *RunRow
 	Steps    []StepRecord
