@@ -154,8 +154,14 @@ type ResolveOpts struct {
 // run, and it ends cancelled.
 //
 // Replay is idempotent: replaying an already replayed job changes nothing
-// and enqueues nothing. It returns ErrNotFound for an unknown ID and
-// ErrDeadJobResolved for a discarded job.
+// and enqueues nothing. Errors: ErrDeadJobResolved for a discarded job;
+// for an id that is not a dead job's but a run's (without an open dead
+// job), the run's status, as Cancel reports it: ErrRunClosed when it
+// finished (completed, failed, compensated, cancelled, continued,
+// terminated, or dead with its dead job resolved), ErrRunNotFinished when
+// it is still pending, running, waiting or compensating; ErrNotFound when
+// id is neither (or is the ID of a run whose open dead job has another
+// ID: ListDeadJobsParams.RunID finds it).
 func (e *Engine) ReplayDeadJob(ctx context.Context, id uuid.UUID, opts *ResolveOpts) (*DeadJob, error) {
 	return e.resolveDeadJob(ctx, id, "replayed", opts, func(ctx context.Context, tx pgx.Tx, d *store.DeadJobRow) error {
 		return e.replayLinked(ctx, tx, d, opts)
@@ -248,7 +254,8 @@ func derefID(id *uuid.UUID) uuid.UUID {
 }
 
 // DiscardDeadJob closes a dead job without running it again; the run stays
-// dead. Idempotent like ReplayDeadJob; ErrDeadJobResolved for a replayed job.
+// dead. Idempotent like ReplayDeadJob; ErrDeadJobResolved for a replayed
+// job; the errors of ReplayDeadJob for an id that is a run's.
 func (e *Engine) DiscardDeadJob(ctx context.Context, id uuid.UUID, opts *ResolveOpts) (*DeadJob, error) {
 	return e.resolveDeadJob(ctx, id, "discarded", opts, func(ctx context.Context, tx pgx.Tx, d *store.DeadJobRow) error {
 		return store.MarkRunDiscarded(ctx, tx, d.RunID)
@@ -266,6 +273,7 @@ func (e *Engine) resolveDeadJob(ctx context.Context, id uuid.UUID, resolution st
 	if err := checkFreeText("note", opts.Note, 4000); err != nil {
 		return nil, err
 	}
+	verb := map[string]string{"replayed": "replay", "discarded": "discard"}[resolution]
 	var out *store.DeadJobRow
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		if resolution == "replayed" {
@@ -278,6 +286,9 @@ func (e *Engine) resolveDeadJob(ctx context.Context, id uuid.UUID, resolution st
 			}
 		}
 		d, err := store.GetDeadJob(ctx, tx, id, true) // locks the row: concurrent resolves serialise
+		if errors.Is(err, store.ErrNotFound) {
+			return notADeadJob(ctx, tx, id, verb)
+		}
 		if err != nil {
 			return err
 		}
@@ -302,6 +313,8 @@ func (e *Engine) resolveDeadJob(ctx context.Context, id uuid.UUID, resolution st
 		return nil, fmt.Errorf("%w: dead job %s", ErrNotFound, id)
 	case errors.Is(err, ErrDeadJobResolved):
 		return deadJobFromRow(out), err
+	case errors.Is(err, ErrRunClosed), errors.Is(err, ErrRunNotFinished):
+		return nil, err
 	case err != nil:
 		return nil, fmt.Errorf("pgdurable: %s dead job %s: %w", map[string]string{"replayed": "replaying", "discarded": "discarding"}[resolution], id, err)
 	}
@@ -313,7 +326,10 @@ func (e *Engine) resolveDeadJob(ctx context.Context, id uuid.UUID, resolution st
 // (its own, for a run with no parent).
 func (e *Engine) lockFamily(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
 	d, err := store.GetDeadJob(ctx, tx, id, false)
-	if err != nil {
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil // no such dead job: the caller says what id is
+	case err != nil:
 		return err
 	}
 	parent, _, err := store.RunParent(ctx, tx, d.RunID)
@@ -326,6 +342,25 @@ func (e *Engine) lockFamily(ctx context.Context, tx pgx.Tx, id uuid.UUID) error 
 		parent = &d.RunID
 	}
 	return store.LockRun(ctx, tx, *parent)
+}
+
+// notADeadJob is the error for id, which is no dead job's ID, given to
+// verb (replay, discard) a dead job: when id is a run's without an open
+// dead job, the run's status, as Cancel reports it (ErrRunClosed, or
+// ErrRunNotFinished for a run still going); else store.ErrNotFound.
+func notADeadJob(ctx context.Context, db store.DBTX, id uuid.UUID, verb string) error {
+	run, err := store.GetRunDeadJob(ctx, db, id)
+	switch {
+	case err != nil:
+		return err // ErrNotFound: no run either
+	case run.OpenJob != nil:
+		return store.ErrNotFound // a run's ID; its open dead job has its own
+	}
+	what := fmt.Sprintf("run %s is %s and has no open dead job to %s", id, run.Status, verb)
+	if RunStatus(run.Status).active() {
+		return fmt.Errorf("%w: %s", ErrRunNotFinished, what)
+	}
+	return fmt.Errorf("%w: %s", ErrRunClosed, what)
 }
 
 // checkFreeText validates an operator's text (a name, a note): at most max

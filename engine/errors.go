@@ -37,7 +37,9 @@ var (
 	// out of range or malformed.
 	ErrInvalidArgument = errors.New("pgdurable: invalid argument")
 	// ErrRunNotFinished is returned by Workflow.Result for a run that has
-	// not reached a terminal status.
+	// not reached a terminal status, and by ReplayDeadJob and
+	// DiscardDeadJob given the ID of a run that is still pending, running,
+	// waiting or compensating (it has no dead job to resolve).
 	ErrRunNotFinished = errors.New("pgdurable: run not finished")
 	// ErrLimitExceeded: the request would take a run over one of its
 	// bounds (Config.MaxSignalsPerRun, MaxSignalBytesPerRun); the message
@@ -57,7 +59,8 @@ var ErrCancelled = errors.New("pgdurable: run cancelled")
 
 // ErrRunClosed: the run already finished (completed, failed, compensated,
 // cancelled, continued as new, or dead); it cannot be cancelled or
-// signalled.
+// signalled. ReplayDeadJob and DiscardDeadJob return it for the ID of a
+// finished run that has no open dead job.
 var ErrRunClosed = errors.New("pgdurable: run already finished")
 
 // ErrTimeout is in the error of anything that timed out: AwaitSignal whose

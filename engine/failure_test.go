@@ -379,3 +379,56 @@ func TestDiscardDeadJobClosesItAndKeepsRunDead(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusDead, run.Status)
 }
+
+// ReplayDeadJob and DiscardDeadJob given the ID of a run with no open
+// dead job name the run's status, as Cancel and Terminate do: ErrRunClosed
+// for a finished run (a completed one, a dead one whose dead job was
+// discarded), ErrRunNotFinished for one still running. An ID that is
+// neither a dead job's nor a run's stays ErrNotFound. Before, every one
+// of these was "dead job not found".
+func TestResolvingADeadJobByARunWithoutOneNamesTheRunsStatus(t *testing.T) {
+	t.Parallel()
+	done := echoWorkflow("resolve-done")
+	waits := engine.Define("resolve-waits", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.AwaitSignal[int](ctx, "never", 0)
+	}, nil)
+	fails := engine.Define("resolve-fails", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.Step(ctx, "x", func(context.Context) (int, error) { return 0, errors.New("nope") },
+			&engine.StepOpts{RetryPolicy: &engine.RetryPolicy{MaximumAttempts: 1}})
+	}, nil)
+	b := setup(t, nil, done, waits, fails)
+	ctx := testCtx(t)
+	completed, err := done.Start(ctx, b.engine, 1, nil)
+	require.NoError(t, err)
+	waitStatus(t, b.engine, completed.RunID, engine.StatusCompleted, 10*time.Second)
+	waiting, err := waits.Start(ctx, b.engine, 1, nil)
+	require.NoError(t, err)
+	waitStatus(t, b.engine, waiting.RunID, engine.StatusWaiting, 10*time.Second)
+	dead, err := fails.Start(ctx, b.engine, 1, nil)
+	require.NoError(t, err)
+	waitStatus(t, b.engine, dead.RunID, engine.StatusDead, 10*time.Second)
+	_, err = b.engine.DiscardDeadJob(ctx, openDeadJob(t, b.engine, dead.RunID).ID, nil)
+	require.NoError(t, err)
+
+	for _, c := range []struct {
+		runID  uuid.UUID
+		want   error
+		status engine.RunStatus
+	}{
+		{completed.RunID, engine.ErrRunClosed, engine.StatusCompleted},
+		{dead.RunID, engine.ErrRunClosed, engine.StatusDead},
+		{waiting.RunID, engine.ErrRunNotFinished, engine.StatusWaiting},
+	} {
+		_, err := b.engine.ReplayDeadJob(ctx, c.runID, nil)
+		require.ErrorIs(t, err, c.want, c.status)
+		require.NotErrorIs(t, err, engine.ErrNotFound, c.status)
+		require.ErrorContains(t, err, fmt.Sprintf("run %s is %s and has no open dead job to replay", c.runID, c.status))
+		_, err = b.engine.DiscardDeadJob(ctx, c.runID, nil)
+		require.ErrorIs(t, err, c.want, c.status)
+		require.ErrorContains(t, err, fmt.Sprintf("run %s is %s and has no open dead job to discard", c.runID, c.status))
+	}
+	_, err = b.engine.ReplayDeadJob(ctx, uuid.New(), nil)
+	require.ErrorIs(t, err, engine.ErrNotFound, "a truly unknown ID")
+	_, err = b.engine.DiscardDeadJob(ctx, uuid.New(), nil)
+	require.ErrorIs(t, err, engine.ErrNotFound)
+}

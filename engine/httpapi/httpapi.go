@@ -28,8 +28,9 @@
 //	POST /v1/schedules/{name}/trigger     fire it now (outside its cron, even paused) → 201 {"run_id", "workflow_id", ...}
 //	GET  /v1/dead-jobs?workflow=&reason=&open=&run_id=&limit=&cursor=
 //	GET  /v1/dead-jobs/{id}
-//	POST /v1/dead-jobs/{id}/replay        {"by": "...", "note": "..."} (optional)
-//	POST /v1/dead-jobs/{id}/discard
+//	POST /v1/dead-jobs/{id}/replay        {"by": "...", "note": "..."} (optional) → 200 the job, 409 dead_job_resolved;
+//	                                      a run's ID with no open dead job: 409 run_closed or run_not_finished; 404
+//	POST /v1/dead-jobs/{id}/discard       the same
 //	GET  /healthz, GET /readyz, GET /metrics
 //	GET  /ui/...                          the web UI (Options.UI); GET / redirects there
 //
@@ -444,6 +445,8 @@ func ErrorCode(err error) (status int, code string) {
 		return http.StatusConflict, "schedule_exists"
 	case errors.Is(err, engine.ErrRunClosed):
 		return http.StatusConflict, "run_closed"
+	case errors.Is(err, engine.ErrRunNotFinished):
+		return http.StatusConflict, "run_not_finished"
 	case errors.Is(err, engine.ErrSignalKeyConflict):
 		return http.StatusConflict, "signal_key_conflict"
 	case errors.Is(err, engine.ErrLimitExceeded):

@@ -283,6 +283,35 @@ func TestCancelAndDeadJobRoutes(t *testing.T) {
 	require.Equal(t, "dead_job_resolved", errCode(replay))
 }
 
+// Replay and discard given a run's ID with no open dead job name the
+// run's status (409), as cancel does; an unknown ID stays 404. Before,
+// all of them were 404 "dead job not found".
+func TestResolvingARunWithoutADeadJobOverHTTP(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	done := b.do(t, "POST", "/v1/workflows/payment/runs", `{"input": {"order_id": "done", "amount": 1}}`)
+	require.Equal(t, http.StatusCreated, done.status)
+	doneID := done.body["run_id"].(string)
+	b.waitStatus(t, doneID, "completed")
+	waiting := b.do(t, "POST", "/v1/workflows/approval/runs", `{"input": {"order_id": "w", "amount": 1}}`)
+	require.Equal(t, http.StatusCreated, waiting.status)
+	waitingID := waiting.body["run_id"].(string)
+	b.waitStatus(t, waitingID, "waiting")
+	for _, action := range []string{"replay", "discard"} {
+		r := b.do(t, "POST", "/v1/dead-jobs/"+doneID+"/"+action, "")
+		require.Equal(t, http.StatusConflict, r.status, r.raw)
+		require.Equal(t, "run_closed", errCode(r))
+		require.Contains(t, r.raw, "run "+doneID+" is completed and has no open dead job to "+action)
+		r = b.do(t, "POST", "/v1/dead-jobs/"+waitingID+"/"+action, "")
+		require.Equal(t, http.StatusConflict, r.status, r.raw)
+		require.Equal(t, "run_not_finished", errCode(r))
+		require.Contains(t, r.raw, "run "+waitingID+" is waiting and has no open dead job to "+action)
+		r = b.do(t, "POST", "/v1/dead-jobs/"+uuid.NewString()+"/"+action, "")
+		require.Equal(t, http.StatusNotFound, r.status, r.raw)
+		require.Equal(t, "not_found", errCode(r))
+	}
+}
+
 func TestBearerToken(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &httpapi.Options{Token: "s3cret", Metrics: http.NotFoundHandler()})

@@ -90,7 +90,7 @@ func (e *apiError) Unwrap() error { return e.sentinel }
 var sentinels = map[string]error{
 	"not_found": engine.ErrNotFound, "unknown_workflow": engine.ErrUnknownWorkflow, "invalid_input": engine.ErrInvalidInput,
 	"workflow_id_conflict": engine.ErrWorkflowIDConflict, "schedule_exists": engine.ErrScheduleExists,
-	"run_closed": engine.ErrRunClosed, "signal_key_conflict": engine.ErrSignalKeyConflict,
+	"run_closed": engine.ErrRunClosed, "run_not_finished": engine.ErrRunNotFinished, "signal_key_conflict": engine.ErrSignalKeyConflict,
 	"limit_exceeded": engine.ErrLimitExceeded, "dead_job_resolved": engine.ErrDeadJobResolved,
 	"invalid_parameter": engine.ErrInvalidArgument, "invalid_json": engine.ErrInvalidArgument,
 	"payload_too_large": engine.ErrInvalidInput,

@@ -203,6 +203,10 @@ func TestCLIRunsAndDeadJobs(t *testing.T) {
 	code, _, errOut = run(t, db, "cancel", runID)
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "already finished")
+	// A run's ID with no open dead job: its status, as cancel says it.
+	code, _, errOut = run(t, db, "dead", "replay", runID)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "run already finished: run "+runID+" is completed and has no open dead job to replay")
 }
 
 func TestServeRefusesPublicListenWithoutToken(t *testing.T) {
@@ -1150,6 +1154,21 @@ func TestCLIOverHTTP(t *testing.T) {
 	code, out, errOut = cli("dead", "discard", jobID, "--by", "ann", "--note", "test")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "discarded")
+	code, out, _ = cli("dead", "replay", deadRun.RunID, "--json")
+	require.Equal(t, 1, code)
+	require.Contains(t, out, `"code":"run_closed"`, "a run whose dead job was discarded")
+	require.Contains(t, out, "is dead and has no open dead job to replay")
+	code, _, errOut = cli("start", "approval", "--id", "h-wait-2", "--input", `{}`)
+	require.Equal(t, 0, code, errOut)
+	_, out, _ = cli("runs", "show", "h-wait-2", "--json")
+	var waitingRun struct {
+		RunID string `json:"run_id"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &waitingRun))
+	code, out, _ = cli("dead", "discard", waitingRun.RunID, "--json")
+	require.Equal(t, 1, code)
+	require.Contains(t, out, `"code":"run_not_finished"`, "a run still going: %s", out)
+	require.Contains(t, out, "has no open dead job to discard")
 
 	// Bulk cancel, workflows, prune.
 	code, out, _ = cli("runs", "cancel-matching", "--workflow", "approval", "--dry-run", "--json")

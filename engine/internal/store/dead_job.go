@@ -111,6 +111,26 @@ func GetDeadJob(ctx context.Context, db DBTX, id uuid.UUID, forUpdate bool) (*De
 	return scanDeadJob(db.QueryRow(ctx, q, id))
 }
 
+// RunDeadJob is a run's status and its open dead job (nil when none), for
+// a dead job's ID that turned out to be a run's.
+type RunDeadJob struct {
+	Status  string
+	OpenJob *uuid.UUID
+}
+
+// GetRunDeadJob reads run runID's status and open dead job (through the
+// unique index of open jobs by run); ErrNotFound when there is no such
+// run.
+func GetRunDeadJob(ctx context.Context, db DBTX, runID uuid.UUID) (*RunDeadJob, error) {
+	var r RunDeadJob
+	err := db.QueryRow(ctx, `SELECT r.status, (SELECT j.id FROM dead_jobs j WHERE j.run_id = r.run_id AND j.resolved_at IS NULL)
+		FROM workflow_runs r WHERE r.run_id = $1`, runID).Scan(&r.Status, &r.OpenJob)
+	if err != nil {
+		return nil, translate(err)
+	}
+	return &r, nil
+}
+
 // DeadJobFilter selects dead jobs for ListDeadJobs; zero fields match all.
 type DeadJobFilter struct {
 	Workflow string
