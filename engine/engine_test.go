@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -177,6 +178,40 @@ func TestStartRejectsBadInput(t *testing.T) {
 	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
 	require.NoError(t, err)
 	require.Equal(t, 7, out)
+}
+
+// An input that is not valid JSON is refused with where it breaks: the
+// byte offset encoding/json reports (*json.SyntaxError's Offset, the bytes
+// read when it failed), kept in the error chain. Before, the message said
+// what broke but not where.
+func TestStartSaysWhereAnInputIsNotJSON(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("where", func(ctx *engine.Context, in order) (int, error) { return in.Amount, nil }, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	for _, c := range []struct {
+		input  string
+		offset int64
+	}{
+		{`{"id": "a", "amount": x}`, 23},
+		{`{"id": "a",, "amount": 1}`, 12},
+		{`{"amount": 1`, 12}, // unexpected end of JSON input
+	} {
+		_, err := b.engine.StartJSON(ctx, "where", []byte(c.input), nil)
+		require.ErrorIs(t, err, engine.ErrInvalidInput, c.input)
+		require.ErrorContains(t, err, fmt.Sprintf("at byte offset %d", c.offset), c.input)
+		var syntax *json.SyntaxError
+		require.ErrorAs(t, err, &syntax, c.input)
+		require.Equal(t, c.offset, syntax.Offset)
+		_, err = b.engine.SignalWithStartJSON(ctx, "where", []byte(c.input), &engine.StartOpts{WorkflowID: "w"}, "s", []byte(`1`), nil)
+		require.ErrorIs(t, err, engine.ErrInvalidInput, c.input)
+		require.ErrorContains(t, err, fmt.Sprintf("at byte offset %d", c.offset), c.input)
+	}
+	_, err := b.engine.SignalWithStartJSON(ctx, "where", []byte(`{}`), &engine.StartOpts{WorkflowID: "w"}, "s", []byte(`[1, 2`), nil)
+	require.ErrorIs(t, err, engine.ErrInvalidInput)
+	require.ErrorContains(t, err, "signal payload is not valid JSON: unexpected end of JSON input at byte offset 5")
+	require.ErrorContains(t, b.engine.SignalJSON(ctx, "w", "s", []byte(`{"a" 1}`), nil),
+		`signal payload is not valid JSON: invalid character '1' after object key at byte offset 6`)
 }
 
 func TestPermanentErrorFailsRunAfterOneAttempt(t *testing.T) {

@@ -15,6 +15,32 @@ import (
 // database rather than failing a write after a step's side effect.
 var errNULInJSON = errors.New(`JSON contains a NUL character (\u0000), which PostgreSQL jsonb cannot store`)
 
+// jsonSyntax returns nil for valid JSON b, and otherwise encoding/json's
+// *json.SyntaxError for it, said with where it breaks (see syntaxAt).
+func jsonSyntax(b []byte) error {
+	if json.Valid(b) {
+		return nil
+	}
+	var v any
+	err := json.Unmarshal(b, &v)
+	if err == nil {
+		err = errors.New("invalid JSON")
+	}
+	return syntaxAt(err)
+}
+
+// syntaxAt is err with, when it is a *json.SyntaxError, its Offset (the
+// bytes encoding/json had read when it found the error, so the offending
+// byte is the Offset-th) said as "at byte offset N"; the *json.SyntaxError
+// stays in the chain for errors.As.
+func syntaxAt(err error) error {
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return fmt.Errorf("%w at byte offset %d", err, se.Offset)
+	}
+	return err
+}
+
 // checkStorable reports whether b, valid JSON, can be stored as jsonb.
 func checkStorable(b []byte) error {
 	// In valid JSON a backslash only appears inside a string as an escape,

@@ -90,7 +90,10 @@ type StartResult struct {
 // StartJSON starts a run of the registered workflow name with a JSON input,
 // which must decode as the workflow's input type (ErrInvalidInput
 // otherwise; ErrUnknownWorkflow for an unregistered name). It is what
-// services use; Go callers use Workflow.Start.
+// services use; Go callers use Workflow.Start. An input that is not valid
+// JSON is refused saying where it breaks ("at byte offset N", N being
+// encoding/json's *json.SyntaxError Offset, which errors.As finds in the
+// error).
 //
 // The run and its first delivery are inserted in one transaction. Twenty
 // concurrent starts with one workflow ID give one run.
@@ -129,6 +132,10 @@ func (e *Engine) checkInput(r registered, name string, input json.RawMessage) (j
 		return nil, fmt.Errorf("%w: input of workflow %q is not valid UTF-8", ErrInvalidInput, name)
 	}
 	if err := r.decode(input); err != nil {
+		var syntax *json.SyntaxError
+		if errors.As(err, &syntax) { // kept for errors.As: where the JSON breaks
+			return nil, fmt.Errorf("%w: input of workflow %q: %w", ErrInvalidInput, name, err)
+		}
 		return nil, fmt.Errorf("%w: input of workflow %q: %v", ErrInvalidInput, name, err)
 	}
 	if err := checkStorable(input); err != nil {

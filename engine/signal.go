@@ -73,10 +73,12 @@ func (e *Engine) SignalTx(ctx context.Context, tx pgx.Tx, target, name string, p
 }
 
 // SignalJSON is Signal with a payload already encoded as JSON (the HTTP API
-// and the CLI pass it through); it must be one valid JSON value.
+// and the CLI pass it through); it must be one valid JSON value
+// (ErrInvalidInput otherwise, saying at which byte offset it breaks, as
+// StartJSON does).
 func (e *Engine) SignalJSON(ctx context.Context, target, name string, payload []byte, opts *SignalOpts) error {
-	if !json.Valid(payload) {
-		return fmt.Errorf("%w: signal payload is not valid JSON", ErrInvalidInput)
+	if err := jsonSyntax(payload); err != nil {
+		return fmt.Errorf("%w: signal payload is not valid JSON: %w", ErrInvalidInput, err)
 	}
 	return e.signalRaw(ctx, nil, target, name, payload, opts)
 }

@@ -51,8 +51,8 @@ func (e *Engine) SignalWithStartJSON(ctx context.Context, workflow string, input
 	if err != nil {
 		return nil, err
 	}
-	if !json.Valid(payload) {
-		return nil, fmt.Errorf("%w: signal payload is not valid JSON", ErrInvalidInput)
+	if err := jsonSyntax(payload); err != nil {
+		return nil, fmt.Errorf("%w: signal payload is not valid JSON: %w", ErrInvalidInput, err)
 	}
 	return e.signalWithStart(ctx, workflow, r.version, input, opts, name, payload, sopts)
 }

@@ -145,13 +145,8 @@ type Validator interface {
 // validates it when T is a Validator.
 func decodeStrict[T any](b []byte) (T, error) {
 	var v T
-	if !json.Valid(b) {
-		// Unmarshal's own error, which says where the JSON breaks.
-		err := json.Unmarshal(b, &v)
-		if err == nil {
-			err = errors.New("invalid JSON")
-		}
-		return v, err
+	if err := jsonSyntax(b); err != nil {
+		return v, err // what breaks and at which byte offset
 	}
 	if err := json.Unmarshal(b, &v); err != nil {
 		return v, err

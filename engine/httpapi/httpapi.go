@@ -380,7 +380,7 @@ func (a *api) readJSON(w http.ResponseWriter, r *http.Request, v any, shape stri
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_json", "request body must be "+shape+": "+err.Error())
+		writeError(w, http.StatusBadRequest, "invalid_json", "request body must be "+shape+": "+syntaxAt(err, len(body)))
 		return false
 	}
 	if dec.More() {
@@ -388,6 +388,21 @@ func (a *api) readJSON(w http.ResponseWriter, r *http.Request, v any, shape stri
 		return false
 	}
 	return true
+}
+
+// syntaxAt says a decoding error of a body of n bytes, with, when the
+// body is not valid JSON, where it breaks: the byte offset encoding/json
+// reports (*json.SyntaxError's Offset: the bytes read when it found the
+// error), or n for a body that ends too soon.
+func syntaxAt(err error, n int) string {
+	var syntax *json.SyntaxError
+	switch {
+	case errors.As(err, &syntax):
+		return fmt.Sprintf("%v at byte offset %d", err, syntax.Offset)
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return fmt.Sprintf("unexpected end of JSON input at byte offset %d", n)
+	}
+	return err.Error()
 }
 
 // loneSurrogate returns the first \u escape in the JSON text b that is

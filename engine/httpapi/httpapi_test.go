@@ -198,6 +198,30 @@ func TestStartErrors(t *testing.T) {
 	require.Empty(t, runs.body["runs"], "nothing was accepted, nothing was started")
 }
 
+// A start (or signal) whose body is not valid JSON says where it breaks:
+// the byte offset encoding/json reports. Before, only what broke.
+func TestStartSaysWhereTheBodyIsNotJSON(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for _, tc := range []struct {
+		path, body, want string
+	}{
+		{"/v1/workflows/payment/runs", `{"id": "x", "input": {"order_id": "o", "amount": tru}}`,
+			"invalid character '}' in literal true (expecting 'e') at byte offset 53"},
+		{"/v1/workflows/payment/runs", `{"id": "x", "input": {"order_id": "o",}}`,
+			"invalid character '}' looking for beginning of object key string at byte offset 39"},
+		{"/v1/workflows/payment/runs", `{"id": "x", "input": `, "unexpected end of JSON input at byte offset 21"},
+		{"/v1/workflows/approval/signal-with-start", `{"id": "x", "signal": "go" "payload": 1}`,
+			"invalid character '\"' after object key:value pair at byte offset 28"},
+		{"/v1/runs/x/signals/go", `{"by": ann}`, "signal payload is not valid JSON: invalid character 'a' looking for beginning of value at byte offset 8"},
+	} {
+		r := b.do(t, "POST", tc.path, tc.body)
+		require.Equal(t, http.StatusBadRequest, r.status, r.raw)
+		require.Contains(t, []string{"invalid_json", "invalid_input"}, errCode(r), r.raw)
+		require.Contains(t, r.body["error"].(map[string]any)["message"], tc.want, tc.body)
+	}
+}
+
 func TestRunRouteErrors(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)

@@ -113,6 +113,11 @@ func TestCLIRunsAndDeadJobs(t *testing.T) {
 	code, _, errOut = run(t, db, "start", "double", "--input", `{"n":`)
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "not valid JSON")
+	require.Contains(t, errOut, "unexpected end of JSON input at byte offset 5")
+	code, _, errOut = run(t, db, "start", "double", "--input", `{"n": tru}`)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, `--input is not valid JSON: invalid character '}' in literal true (expecting 'e') at byte offset 10`,
+		"where the input breaks")
 	code, _, errOut = run(t, db, "start", "nope", "--input", `{}`)
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "unknown workflow")

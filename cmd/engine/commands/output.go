@@ -46,6 +46,23 @@ func (t *table) row(cells ...any) {
 
 func (t *table) flush() { _ = t.w.Flush() }
 
+// checkJSON returns a usage error when b, given as what (a flag, "the
+// payload"), is not valid JSON, saying where it breaks: the byte offset
+// encoding/json reports (*json.SyntaxError's Offset, the bytes it had read
+// when it found the error), with the start of b.
+func checkJSON(what string, b []byte) error {
+	if json.Valid(b) {
+		return nil
+	}
+	var v any
+	err := json.Unmarshal(b, &v)
+	var syntax *json.SyntaxError
+	if errors.As(err, &syntax) {
+		return &usageError{fmt.Errorf("%s is not valid JSON: %v at byte offset %d: %.80q", what, err, syntax.Offset, b)}
+	}
+	return &usageError{fmt.Errorf("%s is not valid JSON: %.80q", what, b)}
+}
+
 func cell(v any) string {
 	switch x := v.(type) {
 	case nil:

@@ -384,8 +384,8 @@ waiting, no worker held) until then; "engine start-now RUN" starts it earlier, "
 cancels it.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !json.Valid([]byte(input)) {
-				return &usageError{fmt.Errorf("--input is not valid JSON: %q", input)}
+			if err := checkJSON("--input", []byte(input)); err != nil {
+				return err
 			}
 			opts := &engine.StartOpts{WorkflowID: id, Delay: delay, RunTimeout: runTimeout}
 			var err error
@@ -625,14 +625,14 @@ ID is signalled, and started first with --input if there is none, in one transac
 				}
 				payload = b
 			}
-			if !json.Valid(payload) {
-				return &usageError{fmt.Errorf("the payload is not valid JSON: %.80q", payload)}
+			if err := checkJSON("the payload", payload); err != nil {
+				return err
 			}
 			if start == "" && cmd.Flags().Changed("input") {
 				return &usageError{errors.New("--input is for --start")}
 			}
-			if !json.Valid([]byte(input)) {
-				return &usageError{fmt.Errorf("--input is not valid JSON: %q", input)}
+			if err := checkJSON("--input", []byte(input)); err != nil {
+				return err
 			}
 			e, done, err := g.client(cmd.Context())
 			if err != nil {

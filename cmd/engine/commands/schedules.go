@@ -133,8 +133,8 @@ older ones are recorded as skipped. Daylight saving follows ISC cron (see README
 				return &usageError{fmt.Errorf("schedules %s needs --cron and --workflow", verb)}
 			}
 			if input != "" {
-				if !json.Valid([]byte(input)) {
-					return &usageError{fmt.Errorf("--input is not valid JSON: %.80q", input)}
+				if err := checkJSON("--input", []byte(input)); err != nil {
+					return err
 				}
 				spec.Input = json.RawMessage(input)
 			}
