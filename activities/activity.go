@@ -23,6 +23,11 @@ type Activity[Req, Resp any] struct {
 	RetryPolicy *engine.RetryPolicy
 	// StartToCloseTimeout bounds each attempt; 0 means no limit.
 	StartToCloseTimeout time.Duration
+	// ScheduleToCloseTimeout bounds the activity as a whole, all attempts
+	// and backoffs from its first attempt's start (see
+	// engine.ActivityOpts.ScheduleToCloseTimeout); 0 means no limit. Once
+	// it is up the activity is out of retries, and the run is parked.
+	ScheduleToCloseTimeout time.Duration
 	// HeartbeatTimeout: an attempt that does not call Call.Heartbeat for
 	// this long is abandoned and retried with the same request ID; 0 means
 	// no heartbeats are expected.
@@ -77,9 +82,10 @@ func Go[Req, Resp any](ctx *engine.Context, a *Activity[Req, Resp], req Req) *en
 
 func (a *Activity[Req, Resp]) opts() *engine.ActivityOpts {
 	return &engine.ActivityOpts{
-		RetryPolicy:         a.RetryPolicy,
-		StartToCloseTimeout: a.StartToCloseTimeout,
-		HeartbeatTimeout:    a.HeartbeatTimeout,
+		RetryPolicy:            a.RetryPolicy,
+		StartToCloseTimeout:    a.StartToCloseTimeout,
+		ScheduleToCloseTimeout: a.ScheduleToCloseTimeout,
+		HeartbeatTimeout:       a.HeartbeatTimeout,
 	}
 }
 

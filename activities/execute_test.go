@@ -45,6 +45,32 @@ func TestTransientFailuresRetryWithOneKey(t *testing.T) {
 	require.Equal(t, reqs[0].Key, run.Steps[0].RequestID.String(), "the key is the stored request ID")
 }
 
+// Activity.ScheduleToCloseTimeout bounds the activity as a whole: its
+// retries stop at it and the run is parked with the timeout, long before
+// its 100 attempts.
+func TestScheduleToCloseTimeoutEndsTheRetries(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	a := &activities.Activity[int, int]{Name: "flaky", ScheduleToCloseTimeout: 500 * time.Millisecond,
+		RetryPolicy: &engine.RetryPolicy{InitialInterval: 150 * time.Millisecond, BackoffCoefficient: 1, MaximumAttempts: 100},
+		Fn: func(context.Context, activities.Call, int) (int, error) {
+			calls.Add(1)
+			return 0, errors.New("upstream unavailable")
+		}}
+	wf := engine.Define("s2c", func(ctx *engine.Context, in int) (int, error) { return activities.Execute(ctx, a, in) }, nil)
+	e := newEngine(t, enginetest.NewDB(t), nil, true, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, e, 1, nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return runOf(t, e, res.RunID).Status == engine.StatusDead }, 10*time.Second, 10*time.Millisecond)
+	jobs, _, err := e.ListDeadJobs(ctx, engine.ListDeadJobsParams{RunID: res.RunID})
+	require.NoError(t, err)
+	require.Len(t, jobs, 1)
+	require.Equal(t, engine.ClassTimeout, jobs[0].ErrorClass)
+	require.Contains(t, jobs[0].ErrorMessage, "schedule-to-close")
+	require.LessOrEqual(t, calls.Load(), int64(4), "stopped by the deadline, not after 100 attempts")
+}
+
 func TestClientErrorIsPermanent(t *testing.T) {
 	t.Parallel()
 	api, srv := newFakeAPI(t)

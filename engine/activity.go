@@ -23,6 +23,16 @@ type ActivityOpts struct {
 	// past it the attempt's context is cancelled and the attempt fails with
 	// class "timeout", transient. 0 means no limit.
 	StartToCloseTimeout time.Duration
+	// ScheduleToCloseTimeout bounds the activity as a whole, as
+	// StepOpts.ScheduleToCloseTimeout bounds a step: all attempts and
+	// backoffs, from its first attempt's start, across deliveries (0: no
+	// bound; negative: ErrInvalidArgument). An attempt gets at most the
+	// time left (its context is cancelled then, whether or not the
+	// activity heartbeats), and a retry whose backoff would end past it is
+	// not made; the activity then fails as if its retries ran out, with
+	// the timeout in its error (ErrTimeout, ErrRetriesExhausted): it parks
+	// the run unless ReturnExhausted.
+	ScheduleToCloseTimeout time.Duration
 	// HeartbeatTimeout is how long an attempt may go without calling
 	// ActivityAttempt.Heartbeat before it is treated as stuck: its context
 	// is cancelled, it is abandoned and retried with the same request ID
@@ -104,7 +114,8 @@ func RunActivity[T any](ctx *Context, name string, opts *ActivityOpts, fn func(c
 	if opts == nil {
 		opts = &ActivityOpts{}
 	}
-	raw, err := ctx.d.runStep(&stepCall{name: name, kind: KindActivity, opts: &StepOpts{RetryPolicy: opts.RetryPolicy}, requestID: true,
+	sopts := &StepOpts{RetryPolicy: opts.RetryPolicy, ScheduleToCloseTimeout: opts.ScheduleToCloseTimeout}
+	raw, err := ctx.d.runStep(&stepCall{name: name, kind: KindActivity, opts: sopts, requestID: true,
 		settle: opts.HeartbeatTimeout <= 0, returnExhausted: opts.ReturnExhausted,
 		body: func(sctx context.Context, st *attemptState) ([]byte, error) {
 			if opts.HeartbeatTimeout <= 0 {
@@ -112,8 +123,16 @@ func RunActivity[T any](ctx *Context, name string, opts *ActivityOpts, fn func(c
 				// the run's cancellation: its call finishes, and if it took
 				// effect its undo runs. Cutting it short would leave an
 				// effect (a charge) that no one knows to undo. It keeps
-				// the attempt's span.
-				sctx = trace.ContextWithSpan(st.d.ctx, trace.SpanFromContext(sctx))
+				// the attempt's span, and its ScheduleToCloseTimeout's
+				// deadline (the only deadline sctx adds: see attemptBound),
+				// as GoActivity's attempt does.
+				base := st.d.ctx
+				if dl, ok := sctx.Deadline(); ok {
+					var cancel context.CancelFunc
+					base, cancel = context.WithDeadline(base, dl)
+					defer cancel()
+				}
+				sctx = trace.ContextWithSpan(base, trace.SpanFromContext(sctx))
 			}
 			return runAttempt(sctx, st.d, name, opts, &ActivityAttempt{RequestID: st.requestID, Attempt: st.attempt}, fn)
 		}})

@@ -153,7 +153,7 @@ func goActivity[T any](ctx *Context, name string, opts *ActivityOpts, fn func(co
 	if opts == nil {
 		opts = &ActivityOpts{}
 	}
-	sopts := &StepOpts{RetryPolicy: opts.RetryPolicy, ReturnExhausted: opts.ReturnExhausted}
+	sopts := &StepOpts{RetryPolicy: opts.RetryPolicy, ReturnExhausted: opts.ReturnExhausted, ScheduleToCloseTimeout: opts.ScheduleToCloseTimeout}
 	if undo != nil {
 		sopts = withUndo(sopts, undo)
 	}

@@ -146,10 +146,15 @@ func TestNegativeStepTimeoutsAreRefused(t *testing.T) {
 	t.Parallel()
 	wf := engine.Define("neg-timeout", func(ctx *engine.Context, _ int) (string, error) {
 		_, err := engine.Step(ctx, "s", func(context.Context) (int, error) { return 1, nil }, &engine.StepOpts{StartToCloseTimeout: -time.Second})
-		if errors.Is(err, engine.ErrInvalidArgument) {
-			return "refused", nil
+		if !errors.Is(err, engine.ErrInvalidArgument) {
+			return "", errors.New("accepted")
 		}
-		return "", errors.New("accepted")
+		_, err = engine.RunActivity(ctx, "a", &engine.ActivityOpts{ScheduleToCloseTimeout: -time.Second},
+			func(context.Context, *engine.ActivityAttempt) (int, error) { return 1, nil })
+		if !errors.Is(err, engine.ErrInvalidArgument) {
+			return "", errors.New("activity accepted")
+		}
+		return "refused", nil
 	}, nil)
 	b := setup(t, nil, wf)
 	ctx := testCtx(t)
@@ -158,4 +163,69 @@ func TestNegativeStepTimeoutsAreRefused(t *testing.T) {
 	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
 	require.NoError(t, err)
 	require.Equal(t, "refused", out)
+}
+
+// ActivityOpts.ScheduleToCloseTimeout bounds an activity as a whole, as
+// StepOpts' does a step, for RunActivity and GoActivity alike: retries
+// stop once the next backoff would end past it, and an attempt still
+// running at it has its context cancelled (an activity that does not
+// heartbeat too) and fails with the timeout. Before, ActivityOpts had no
+// such field.
+func TestActivityScheduleToCloseTimeout(t *testing.T) {
+	t.Parallel()
+	var flakyCalls, stuckCalls atomic.Int64
+	var stuckCancelled atomic.Int64
+	flaky := func(context.Context, *engine.ActivityAttempt) (int, error) {
+		flakyCalls.Add(1)
+		return 0, errors.New("upstream unavailable")
+	}
+	stuck := func(ctx context.Context, _ *engine.ActivityAttempt) (int, error) {
+		stuckCalls.Add(1)
+		select {
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) { // the deadline's, not the delivery's end
+				stuckCancelled.Add(1)
+			}
+			return 0, ctx.Err()
+		case <-time.After(20 * time.Second):
+			return 1, nil
+		}
+	}
+	deadline := func(err error) (string, error) {
+		if errors.Is(err, engine.ErrTimeout) && errors.Is(err, engine.ErrRetriesExhausted) {
+			return "deadline", nil
+		}
+		return "", errors.New("not a deadline: " + errText(err))
+	}
+	retries := &engine.RetryPolicy{InitialInterval: 150 * time.Millisecond, BackoffCoefficient: 1, MaximumAttempts: 100}
+	wf := engine.Define("deadline-activity", func(ctx *engine.Context, parallel bool) (string, error) {
+		var err error
+		for _, fn := range []func(context.Context, *engine.ActivityAttempt) (int, error){flaky, stuck} {
+			opts := &engine.ActivityOpts{ScheduleToCloseTimeout: 500 * time.Millisecond, ReturnExhausted: true, RetryPolicy: retries}
+			if parallel {
+				_, err = engine.GoActivity(ctx, "call", opts, fn).Get(ctx)
+			} else {
+				_, err = engine.RunActivity(ctx, "call", opts, fn)
+			}
+			if out, err := deadline(err); err != nil {
+				return out, err
+			}
+		}
+		return "deadline", nil
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	for i, parallel := range []bool{false, true} {
+		start := time.Now()
+		res, err := wf.Start(ctx, b.engine, parallel, nil)
+		require.NoError(t, err)
+		out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+		require.NoError(t, err, "GoActivity: %v", parallel)
+		require.Equal(t, "deadline", out)
+		require.Less(t, time.Since(start), 5*time.Second)
+		require.LessOrEqual(t, flakyCalls.Load(), int64(4*(i+1)), "stopped by the deadline, not after 100 attempts")
+		require.Equal(t, int64(i+1), stuckCalls.Load(), "the stuck attempt used the time up: no retry")
+		require.Eventually(t, func() bool { return stuckCancelled.Load() == int64(i+1) }, 5*time.Second, 10*time.Millisecond,
+			"the stuck attempt's context is cancelled at the deadline (GoActivity: %v)", parallel)
+	}
 }
