@@ -31,15 +31,20 @@ type BulkResult struct {
 // CancelRuns cancels every run the filter matches that is still active
 // (pending, running, waiting; see Cancel), at most MaxBulk of them, one
 // Cancel each; with dryRun it only counts them. p.Status, when set, must
-// be an active status; p.Limit and p.Cursor are ignored. Runs that
-// finished meanwhile are skipped. Errors: ErrInvalidArgument (a bad
-// filter), or the first failure (the result counts what was done before
-// it).
+// be pending, running or waiting (ErrInvalidArgument otherwise, for
+// compensating too: such a run is ending already, and Cancel changes
+// nothing for it); p.Limit and p.Cursor are ignored. Runs that finished
+// meanwhile are skipped. Errors: ErrInvalidArgument (a bad filter), or the
+// first failure (the result counts what was done before it).
 func (e *Engine) CancelRuns(ctx context.Context, p ListRunsParams, dryRun bool) (BulkResult, error) {
-	if p.Status != "" && !p.Status.active() {
-		return BulkResult{}, fmt.Errorf("%w: a bulk cancel takes a status of pending, running, waiting or compensating, not %q", ErrInvalidArgument, p.Status)
-	}
 	statuses := []RunStatus{StatusPending, StatusRunning, StatusWaiting}
+	if p.Status != "" && !slices.Contains(statuses, p.Status) {
+		why := ""
+		if p.Status == StatusCompensating {
+			why = " (a compensating run is undoing its steps already: cancelling it changes nothing)"
+		}
+		return BulkResult{}, fmt.Errorf("%w: a bulk cancel takes a status of pending, running or waiting, not %q%s", ErrInvalidArgument, p.Status, why)
+	}
 	if p.Status != "" {
 		statuses = []RunStatus{p.Status}
 	}

@@ -67,6 +67,14 @@ func TestBulkCancelReplayAndDiscard(t *testing.T) {
 	require.Equal(t, 2, stillWaiting, "batch-b runs are left alone")
 	_, err = b.engine.CancelRuns(ctx, engine.ListRunsParams{Status: engine.StatusCompleted}, true)
 	require.ErrorIs(t, err, engine.ErrInvalidArgument)
+	require.ErrorContains(t, err, `a bulk cancel takes a status of pending, running or waiting, not "completed"`)
+	// A compensating run is ending already (Cancel changes nothing for it,
+	// and a bulk cancel without a status leaves it alone): the status is
+	// refused rather than matched and counted as cancelled. Before, it
+	// was accepted, and the message listed it as accepted.
+	_, err = b.engine.CancelRuns(ctx, engine.ListRunsParams{Status: engine.StatusCompensating}, true)
+	require.ErrorIs(t, err, engine.ErrInvalidArgument)
+	require.ErrorContains(t, err, `not "compensating"`)
 
 	fixed.Store(true)
 	dry, err = b.engine.ReplayDeadJobs(ctx, engine.ListDeadJobsParams{Workflow: "bulk-flaky"}, nil, true)
