@@ -1,31 +1,49 @@
-// Package httpapi serves the engine's HTTP API: start runs,
-// read and cancel them, and inspect, replay and discard dead jobs. Outside
-// tools depend on its routes, fields and status codes; keep them stable.
+// Package httpapi serves the engine's HTTP API: start runs (now, later,
+// or with a signal), read, signal, cancel and terminate them, and inspect,
+// replay and discard dead jobs; manage schedules. Outside tools depend on
+// its routes, fields and status codes; keep them stable.
 //
-// Routes (JSON in and out; errors are {"error": {"code", "message"}}):
+// Routes (JSON in and out; errors are {"error": {"code", "message"}}; a
+// body that is not valid JSON is 400 invalid_json, saying at which byte
+// offset it breaks):
 //
-//	POST /v1/workflows/{name}/runs        {"id": "...", "input": {...}} → 201 new, 200 same ID + same input,
+//	POST /v1/workflows/{name}/runs        {"id": "...", "input": {...}} (optional "start_at": RFC 3339 or "delay": "90s",
+//	                                      "run_timeout": "5m", "tags": {"k": "v"}) → 201 new, 200 same ID + same input,
 //	                                      409 same ID + other input, 404 unknown workflow, 400 bad input
-//	GET  /v1/runs/{run_id}                the run with steps[]
+//	POST /v1/workflows/{name}/signal-with-start
+//	                                      {"id": "...", "input": {...}, "signal": "name", "payload": {...}} (and a start's
+//	                                      options) → the run with that workflow ID gets the signal, started first if there
+//	                                      is none: 201 started, 200 existed; 404 unknown workflow, 409 run_closed or
+//	                                      signal_key_conflict, 400 no id, bad input, name, key or payload; the optional
+//	                                      Idempotency-Key header is the signal's key, as for signals
+//	GET  /v1/runs/{run_id}                the run with steps[], signals[] and children[]; {run_id} may be a workflow ID
 //	GET  /v1/runs?workflow=&status=&workflow_id_prefix=&created_after=&created_before=&finished_after=&finished_before=
 //	              &tag=key:value (repeatable: all must match)&limit=&cursor=
 //	POST /v1/runs/{run_id}/signals/{name} body = payload (one JSON value) → 202 buffered, 404, 409 run finished, 400;
-//	                                      {run_id} may also be a workflow ID
+//	                                      {run_id} may also be a workflow ID. Optional header Idempotency-Key (1 to 200
+//	                                      bytes, given once): the same key, name and payload again is accepted and not
+//	                                      stored twice; the key with another signal is 409 signal_key_conflict
 //	POST /v1/runs/{run_id}/cancel         202 accepted, 404, 409 already finished; {run_id} may be a workflow ID
+//	POST /v1/runs/{run_id}/start-now      a delayed run (start_at, delay) starts at once → 200 the run (also when it
+//	                                      already had), 404, 409 run_closed, 400 a run that has started; {run_id} may
+//	                                      be a workflow ID
 //	POST /v1/runs/{run_id}/terminate      {"reason": "...", "by": "..."} → 200 the run, ended at once without
 //	                                      compensations; 404, 409 already finished, 400 no reason
 //	GET  /v1/workflows                    {"workflows": [...]}: what live engine processes register, where
 //	POST /v1/runs/prune                   {"older_than": "720h", "dry_run": true} → 200 the rows deleted (or counted)
 //	POST /v1/bulk/cancel-runs             {"workflow", "status", "workflow_id_prefix", "created_after", "created_before",
-//	                                      "dry_run"} → 200 {"matched", "done", "skipped", "more", "dry_run"}
-//	POST /v1/bulk/replay-dead-jobs, /v1/bulk/discard-dead-jobs  {"workflow", "reason", "by", "note", "dry_run"} → 200 the same
+//	                                      "tags", "dry_run"} → 200 {"matched", "done", "skipped", "more", "dry_run"}
+//	POST /v1/bulk/replay-dead-jobs, POST /v1/bulk/discard-dead-jobs
+//	                                      {"workflow", "reason", "by", "note", "dry_run"} → 200 the same
 //	GET  /v1/schedules                    {"schedules": [...]}
 //	POST /v1/schedules                    {"name", "cron", "time_zone", "workflow", "input", "overlap",
 //	                                      "catchup_window": "1h", "paused"} → 201, 409 schedule_exists, 400, 404 unknown workflow
 //	GET  /v1/schedules/{name}             the schedule with its latest 50 fires
 //	PUT  /v1/schedules/{name}             the same body → 200, 404
-//	POST /v1/schedules/{name}/pause, /resume → 200; DELETE /v1/schedules/{name} → 204
-//	POST /v1/schedules/{name}/trigger     fire it now (outside its cron, even paused) → 201 {"run_id", "workflow_id", ...}
+//	DELETE /v1/schedules/{name}           → 204, 404
+//	POST /v1/schedules/{name}/pause, POST /v1/schedules/{name}/resume → 200, 404
+//	POST /v1/schedules/{name}/trigger     fire it now (outside its cron, even paused) → 201 {"run_id", "workflow_id", ...},
+//	                                      a new run at every call (workflow ID schedule:<name>:trigger:<UUID v7>)
 //	GET  /v1/dead-jobs?workflow=&reason=&open=&run_id=&limit=&cursor=
 //	GET  /v1/dead-jobs/{id}
 //	POST /v1/dead-jobs/{id}/replay        {"by": "...", "note": "..."} (optional) → 200 the job, 409 dead_job_resolved;

@@ -5,12 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"go/parser"
+	"go/token"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -1053,4 +1057,25 @@ func TestTopLevelRunsOverHTTP(t *testing.T) {
 	dry := b.do(t, "POST", "/v1/bulk/cancel-runs", `{"workflow": "approval", "top_level": true, "dry_run": true}`)
 	require.Equal(t, http.StatusOK, dry.status, dry.raw)
 	require.EqualValues(t, 1, dry.body["matched"])
+}
+
+// The package doc lists every route the handler serves, with its method,
+// and the Idempotency-Key header: a route added without its line fails
+// here. Before, signal-with-start, start-now and the header were missing.
+func TestPackageDocListsEveryRoute(t *testing.T) {
+	t.Parallel()
+	src, err := os.ReadFile("httpapi.go")
+	require.NoError(t, err)
+	f, err := parser.ParseFile(token.NewFileSet(), "httpapi.go", src, parser.ParseComments|parser.PackageClauseOnly)
+	require.NoError(t, err)
+	doc := f.Doc.Text()
+	require.Contains(t, doc, "Idempotency-Key")
+	routes := regexp.MustCompile(`(?:v1|mux)\.Handle(?:Func)?\("([A-Z]+) (/[^"]*)"`).FindAllStringSubmatch(string(src), -1)
+	require.Greater(t, len(routes), 25, "the route registrations were found")
+	for _, r := range routes {
+		method, path := r[1], strings.TrimSuffix(r[2], "{$}")
+		// On one line: the method, then the whole path (not a longer one).
+		line := regexp.MustCompile(`(?m)\b` + method + ` (?:.* )?` + regexp.QuoteMeta(path) + `(?:[ ,?]|$)`)
+		require.Regexp(t, line, doc, "the package doc does not list %s %s", method, path)
+	}
 }
