@@ -101,11 +101,12 @@ func (c *ChildRun[Out]) RunID() uuid.UUID { return c.runID }
 func (c *ChildRun[Out]) WorkflowID() string { return c.workflowID }
 
 // Get waits for the child to end and returns its output, or a *ChildError
-// when it ended otherwise (failed, compensated, cancelled, or dead with its
-// dead job discarded: its recorded error is in the chain, so errors.Is
-// finds ErrCancelled for a cancelled child and errors.As a *StepError of
-// its failed step). The outcome is recorded with the parent's step that
-// started the child, so every replay returns the same one.
+// when it ended otherwise (failed, compensated, cancelled, terminated, or
+// dead with its dead job discarded: its recorded error is in the chain, so
+// errors.Is finds ErrCancelled for a cancelled child and errors.As a
+// *StepError of its failed step). The outcome is recorded with the
+// parent's step that started the child, so every replay returns the same
+// one.
 //
 // A child parked as dead has not ended: an operator may replay it. The
 // parent is parked with it (reason child_dead, its dead job naming the
@@ -139,7 +140,7 @@ func (c *ChildRun[Out]) Get(ctx *Context) (Out, error) {
 type ChildError struct {
 	Workflow string    // the child's workflow name
 	RunID    uuid.UUID // the child's run ID (its first run's)
-	Status   RunStatus // failed, compensated, cancelled or dead
+	Status   RunStatus // failed, compensated, cancelled, terminated or dead
 	// Info is the child run's recorded error; Err is Info decoded (see
 	// ErrorInfo.Err), nil when none was recorded.
 	Info *ErrorInfo

@@ -199,8 +199,8 @@ func undoCall(comp *compensation) *stepCall {
 // is compensating after a failure, whose outcome stands) succeeds and
 // changes nothing, so a client may retry. Returns ErrNotFound for an
 // unknown run and ErrRunClosed for one that completed, failed, was
-// compensated, continued as new (cancel the latest run of its chain) or
-// is dead.
+// compensated, continued as new (cancel the latest run of its chain), was
+// terminated or is dead.
 //
 // FindRun turns a workflow ID into the run ID Cancel takes.
 func (e *Engine) Cancel(ctx context.Context, runID uuid.UUID) error {

@@ -135,3 +135,39 @@ func TestStartManyDelaysEachStartOnItsOwn(t *testing.T) {
 	require.Equal(t, engine.StatusWaiting, run.Status)
 	require.EqualValues(t, 1, ran.Load())
 }
+
+// A signal to a run waiting for its delayed start does not start it (as
+// StartOpts.StartAt and Signal document; Temporal's StartDelay would end
+// at the signal): the run keeps waiting, undelivered, with the signal
+// buffered, and once started (StartNow here) its AwaitSignal receives it.
+func TestSignalDoesNotStartADelayedRunEarly(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("delayed-awaits", func(ctx *engine.Context, _ int) (string, error) {
+		return engine.AwaitSignal[string](ctx, "go", 0)
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, &engine.StartOpts{Delay: time.Hour, WorkflowID: "later"})
+	require.NoError(t, err)
+	before, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.NoError(t, b.engine.Signal(ctx, "later", "go", "now", nil))
+	// A signal that wakes a run makes it pending and enqueues its delivery
+	// in the signal's own transaction: committed, neither happened.
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusWaiting, run.Status)
+	var jobs int
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE args->>'run_id' = $1`, res.RunID.String()).Scan(&jobs))
+	require.Zero(t, jobs, "no delivery was enqueued")
+	require.Zero(t, run.Deliveries, "not started by the signal")
+	require.Nil(t, run.StartedAt)
+	require.Equal(t, before.WakeAt, run.WakeAt, "its start time stands")
+	require.Len(t, run.Signals, 1)
+	require.Nil(t, run.Signals[0].ConsumedSeq, "the signal waits in the buffer")
+
+	require.NoError(t, b.engine.StartNow(ctx, res.RunID))
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 20*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, "now", out, "once started, the run receives the buffered signal")
+}

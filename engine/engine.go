@@ -106,12 +106,18 @@ type Config struct {
 	// Default propagation.TraceContext{} (W3C traceparent and tracestate).
 	Propagator propagation.TextMapPropagator
 	// Retention is how long finished runs are kept (completed, failed,
-	// compensated, cancelled, continued, and dead runs whose dead jobs are
-	// resolved): once a minute each engine's sweep deletes those that
-	// ended longer ago, with their steps, signals and dead-job rows, and
-	// schedule fires as old (see Engine.Prune, which says what is always
-	// kept). Default DefaultRetention (7 days); negative keeps them for
-	// ever.
+	// compensated, cancelled, continued, terminated, and dead runs whose
+	// dead jobs are resolved): each started engine's sweep deletes those
+	// that ended longer ago, with their steps, signals and dead-job rows,
+	// and schedule fires as old (see Engine.Prune, which says what is
+	// always kept). The first pass runs at the engine's first sweep,
+	// which begins 0.5 to 1.5 × SweepInterval after Start (0.125 to 0.375
+	// s by default), so a backlog from before Start goes at once; later passes come every 30
+	// to 90 s (a minute on average, spread so that engines started
+	// together do not prune together). A pass deletes in batches of 500
+	// runs for at most 5 s and leaves the rest to the next. A client-only
+	// engine (never started) does not prune. Default DefaultRetention (7
+	// days); negative keeps them for ever.
 	Retention time.Duration
 	// Clock is the time timers, signal timeouts, retry backoffs and
 	// schedules follow. Default the system clock; tests inject

@@ -57,10 +57,14 @@ var (
 // ends cancelled.
 var ErrCancelled = errors.New("pgdurable: run cancelled")
 
-// ErrRunClosed: the run already finished (completed, failed, compensated,
-// cancelled, continued as new, or dead); it cannot be cancelled or
-// signalled. ReplayDeadJob and DiscardDeadJob return it for the ID of a
-// finished run that has no open dead job.
+// ErrRunClosed: the run already finished: it completed, failed, was
+// compensated, cancelled or terminated, or continued as new. Cancel,
+// Signal, Terminate and StartNow return it for such a run (except that
+// cancelling a cancelled run, or terminating a terminated one, succeeds:
+// a retried request). Cancel returns it for a dead run too; a dead run
+// still accepts signals and Terminate, since an operator may replay it.
+// ReplayDeadJob and DiscardDeadJob return it for the ID of a finished run
+// (a dead one included) that has no open dead job.
 var ErrRunClosed = errors.New("pgdurable: run already finished")
 
 // ErrTimeout is in the error of anything that timed out: AwaitSignal whose

@@ -65,16 +65,17 @@ type RetentionObserver interface {
 func (e *Engine) Retention() time.Duration { return e.cfg.Retention }
 
 // Prune deletes the runs that ended more than p.OlderThan ago (completed,
-// failed, compensated, cancelled, continued, and dead runs whose dead jobs
-// are all resolved, as long ago), with their steps, signals and dead-job
-// rows, and schedule fires recorded as long ago; all of every queue. It
-// keeps every run with an unresolved dead job, and a child whose parent
-// still runs (or is dead), which may yet read its outcome. It deletes in
-// batches of 500 runs, each its own transaction that skips rows others
-// hold locked, so it never waits for a worker nor makes one wait. Every
-// engine does this in its sweep once a minute for Config.Retention; use
-// Prune (or engine runs prune) for a one-off. Errors: ErrInvalidArgument
-// for an OlderThan not above 0; ctx's; the database's.
+// failed, compensated, cancelled, continued, terminated, and dead runs
+// whose dead jobs are all resolved, as long ago), with their steps,
+// signals and dead-job rows, and schedule fires recorded as long ago; all
+// of every queue. It keeps every run with an unresolved dead job, and a
+// child whose parent still runs (or is dead), which may yet read its
+// outcome. It deletes in batches of 500 runs, each its own transaction
+// that skips rows others hold locked, so it never waits for a worker nor
+// makes one wait. Every started engine does this in its sweep (at its
+// first sweep, then about once a minute) for Config.Retention; use Prune
+// (or engine runs prune) for a one-off. Errors: ErrInvalidArgument for an
+// OlderThan not above 0; ctx's; the database's.
 func (e *Engine) Prune(ctx context.Context, p PruneParams) (PruneResult, error) {
 	var res PruneResult
 	if p.OlderThan <= 0 {

@@ -30,8 +30,15 @@ type StartOpts struct {
 	// it waits it holds no worker, goroutine or River job, and it can be
 	// cancelled (Engine.Cancel) or started at once (Engine.StartNow). A
 	// zero or past time starts it now.
+	//
+	// A signal sent to it while it waits (Signal, SignalWithStart) does
+	// not start it early: the signal is buffered, and the run's
+	// AwaitSignal receives it once the run has started, at its time or at
+	// StartNow. (Temporal's StartDelay differs: there a signal ends the
+	// delay and the workflow starts at once.)
 	StartAt time.Time
-	// Delay is StartAt as a wait from now. Set at most one of the two
+	// Delay is StartAt as a wait from now, with StartAt's behaviour (a
+	// signal does not end it early). Set at most one of the two
 	// (ErrInvalidArgument otherwise, and for a negative Delay).
 	Delay time.Duration
 	// RunTimeout bounds the run (0: no bound; negative: ErrInvalidArgument).
@@ -348,7 +355,7 @@ type Run struct {
 	Status          RunStatus       `json:"status"`
 	Input           json.RawMessage `json:"input,omitempty"`
 	Output          json.RawMessage `json:"output,omitempty"` // set when completed
-	Error           *ErrorInfo      `json:"error,omitempty"`  // set when failed, compensated, cancelled or dead
+	Error           *ErrorInfo      `json:"error,omitempty"`  // set when failed, compensated, cancelled, terminated or dead
 	Deliveries      int             `json:"deliveries"`       // how many times a worker picked it up
 	// LeaseToken is the fencing token of the delivery that holds (or last
 	// held) the run's lease, and LeaseExpiresAt when that lease ends

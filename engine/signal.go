@@ -50,13 +50,16 @@ func (o *SignalOpts) key() string {
 // when it names runs of one workflow only. Signals are buffered in the
 // order sent until the run's AwaitSignal for that name consumes them, each
 // exactly once; a run waiting for this name is woken at once (its delivery
-// is enqueued in the same transaction). opts may be nil.
+// is enqueued in the same transaction). A run waiting for its delayed
+// start (StartOpts.StartAt, Delay) is not started by a signal, unlike
+// Temporal's StartDelay: the signal waits in the buffer until the run
+// starts, at its time or at StartNow. opts may be nil.
 //
 // Errors: ErrNotFound (no such run), ErrRunClosed (the run completed,
-// failed, was compensated or cancelled, or continued as new: nothing will
-// read the signal; a workflow ID names the latest run of a chain),
-// ErrInvalidArgument (a bad name or key, an ambiguous workflow ID),
-// ErrInvalidInput (payload does not encode or is over
+// failed, was compensated, cancelled or terminated, or continued as new:
+// nothing will read the signal; a workflow ID names the latest run of a
+// chain), ErrInvalidArgument (a bad name or key, an ambiguous workflow
+// ID), ErrInvalidInput (payload does not encode or is over
 // Config.MaxPayloadBytes), ErrSignalKeyConflict (opts.Key was used for
 // another signal), ErrLimitExceeded (the run holds Config.MaxSignalsPerRun
 // signals, or the payload would take it over Config.MaxSignalBytesPerRun:
