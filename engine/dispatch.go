@@ -42,23 +42,35 @@ const (
 // holding: a run of a workflow whose steps block would sit here while
 // another process idles), and at most maxHeldPerWorker × MaxWorkers runs
 // however fast they are (a held run costs about 100 bytes of memory). A
-// run held longer than holdBudget all the same is handed to River (see
+// held run is due to start when the estimate said; one still held
+// holdBudget past that (the estimate was wrong: the workers stayed busy)
+// is handed to River, where an idle process takes it (see
 // releaseOverdue).
 const (
 	holdBudget       = time.Second
 	maxHeldPerWorker = 100
 )
 
-// maxHeld is how many runs this process may hold now.
-func (e *Engine) maxHeld() int {
+// startInterval is how often, by the estimate above, a worker of this
+// process frees up for a held run; false before any delivery has ended.
+func (e *Engine) startInterval() (time.Duration, bool) {
 	d := e.deliveryTime.get()
 	if d <= 0 {
-		return 0
+		return 0, false
 	}
 	if youngest, ok := e.youngestDelivery(); ok && youngest > d {
 		d = youngest
 	}
-	return int(min(float64(e.cfg.MaxWorkers)*float64(holdBudget)/float64(d), float64(maxHeldPerWorker*e.cfg.MaxWorkers)))
+	return max(d/time.Duration(e.cfg.MaxWorkers), time.Nanosecond), true
+}
+
+// maxHeld is how many runs this process may hold now.
+func (e *Engine) maxHeld() int {
+	per, ok := e.startInterval()
+	if !ok {
+		return 0
+	}
+	return int(min(holdBudget/per, time.Duration(maxHeldPerWorker*e.cfg.MaxWorkers)))
 }
 
 // youngestDelivery is how long the youngest delivery this process runs
@@ -199,7 +211,7 @@ func (e *Engine) afterStart(wf registered, path startPath, r store.NewRun, fresh
 type heldRun struct {
 	runID uuid.UUID
 	wf    registered
-	at    time.Time // when it was held
+	due   time.Time // when the estimate said it would start
 }
 
 // track counts a delivery this process runs outside River, so that Stop
@@ -255,6 +267,7 @@ func (e *Engine) handToRiver(runID, token uuid.UUID) {
 // hold queues a run inserted held (holdLocal) and runs it if a worker is
 // free by now.
 func (e *Engine) hold(wf registered, runID uuid.UUID) {
+	per, _ := e.startInterval()
 	e.heldMu.Lock()
 	if e.stopping.Load() {
 		// Stop began while the start was in flight, and may have released
@@ -265,30 +278,32 @@ func (e *Engine) hold(wf registered, runID uuid.UUID) {
 		e.releaseRuns(ctx, []uuid.UUID{runID})
 		return
 	}
-	e.held = append(e.held, heldRun{runID: runID, wf: wf, at: time.Now()})
+	e.held = append(e.held, heldRun{runID: runID, wf: wf, due: time.Now().Add(time.Duration(len(e.held)+1) * per)})
 	if e.overdue == nil {
-		e.overdue = time.AfterFunc(holdBudget, e.releaseOverdue)
+		e.overdue = time.AfterFunc(time.Until(e.held[0].due.Add(holdBudget)), e.releaseOverdue)
 	}
 	e.heldMu.Unlock()
 	e.pumpHeld()
 }
 
-// releaseOverdue hands the runs held longer than holdBudget to River: the
-// estimate that held them was wrong (this process's workers stayed busy),
-// and a process with a free worker takes them from there. It runs
-// holdBudget after a hold, and again while runs are held.
+// releaseOverdue hands the runs still held holdBudget after they were due
+// to start to River: the estimate that held them was wrong (this
+// process's workers stayed busy), and a process with a free worker takes
+// them from there. It runs holdBudget after the first held run is due,
+// and again while runs are held. Held runs are due in the order they were
+// held, near enough: it looks at the oldest.
 func (e *Engine) releaseOverdue() {
 	e.heldMu.Lock()
 	cut := time.Now().Add(-holdBudget)
 	n := 0
-	for n < len(e.held) && !e.held[n].at.After(cut) {
+	for n < len(e.held) && !e.held[n].due.After(cut) {
 		n++
 	}
 	overdue := e.held[:n:n]
 	e.held = e.held[n:]
 	e.overdue = nil
 	if len(e.held) > 0 && !e.stopping.Load() {
-		e.overdue = time.AfterFunc(time.Until(e.held[0].at.Add(holdBudget)), e.releaseOverdue)
+		e.overdue = time.AfterFunc(time.Until(e.held[0].due.Add(holdBudget)), e.releaseOverdue)
 	}
 	e.heldMu.Unlock()
 	if len(overdue) == 0 {
