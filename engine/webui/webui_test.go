@@ -604,3 +604,39 @@ func TestRunPageShowsAContinuedChildOnce(t *testing.T) {
 	require.Contains(t, body, "latest run of a continue-as-new chain")
 	require.Contains(t, body, `<a href="/ui/runs/`+chain.FirstRunID.String()+`">`, "and to the chain's first run")
 }
+
+// A parent parked with its dead child (child_dead) shows the child run and
+// the child's dead job on its dead job's page, linked.
+func TestDeadJobPageLinksTheDeadChild(t *testing.T) {
+	t.Parallel()
+	kid := engine.Define("page-dead-kid", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.Step(ctx, "work", func(context.Context) (int, error) {
+			return 0, errors.New("broken")
+		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{MaximumAttempts: 1}}) // parked at once
+	}, nil)
+	parent := engine.Define("page-dead-kid-parent", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.ChildWorkflow(ctx, kid, 0, nil)
+	}, nil)
+	db := enginetest.NewDB(t)
+	e := enginetest.NewEngine(t, db, &engine.Config{Logger: slog.New(slog.DiscardHandler)}, true, parent, kid)
+	ctx := context.Background()
+	res, err := parent.Start(ctx, e, 0, nil)
+	require.NoError(t, err)
+	waitStatus(t, e, res.RunID, engine.StatusDead)
+	jobs, _, err := e.ListDeadJobs(ctx, engine.ListDeadJobsParams{RunID: res.RunID})
+	require.NoError(t, err)
+	require.Len(t, jobs, 1)
+	job := jobs[0]
+
+	ui := webui.New(e, &webui.Options{Pool: db.Pool, APIError: httpapi.ErrorCode})
+	srv := httptest.NewUnstartedServer(nil)
+	srv.Config.Handler = httpapi.New(e, &httpapi.Options{UI: ui, ListenAddr: srv.Listener.Addr().String()})
+	srv.Start()
+	t.Cleanup(srv.Close)
+	code, _, body := newClient(t, srv.URL).do("GET", "/ui/dead-jobs/"+job.ID.String(), nil, nil)
+	require.Equal(t, 200, code)
+	require.Contains(t, body, "child_dead")
+	require.Contains(t, body, `<a href="/ui/runs/`+job.ChildRunID.String()+`">`)
+	require.Contains(t, body, `<a href="/ui/dead-jobs/`+job.ChildDeadJobID.String()+`">`)
+	require.Contains(t, body, "replaying either dead job replays both")
+}

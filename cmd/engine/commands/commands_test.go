@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -789,6 +790,55 @@ func TestRunsShowParentAndChildren(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, fmt.Sprintf("parent       %s (its step 0; when it closes first: abandon)", res.RunID))
 	require.Contains(t, out, `waiting for  signal "go"`)
+}
+
+// dead show of a parent parked with its dead child (child_dead) names the
+// child run and the child's dead job; replaying the parent's from the CLI
+// replays both.
+func TestDeadShowLinksAChildDeadJob(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	var broken atomic.Bool
+	broken.Store(true)
+	kid := engine.Define("dead-kid", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.Step(ctx, "work", func(context.Context) (int, error) {
+			if broken.Load() {
+				return 0, errors.New("broken")
+			}
+			return 7, nil
+		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{MaximumAttempts: 1}}) // parked at once
+	}, nil)
+	parent := engine.Define("dead-kid-parent", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.ChildWorkflow(ctx, kid, 1, nil)
+	}, nil)
+	e := enginetest.NewEngine(t, db, nil, true, parent, kid)
+	ctx := context.Background()
+	res, err := parent.Start(ctx, e, 0, &engine.StartOpts{WorkflowID: "waits-for-a-dead-kid"})
+	require.NoError(t, err)
+	var job *engine.DeadJob
+	require.Eventually(t, func() bool {
+		jobs, _, err := e.ListDeadJobs(ctx, engine.ListDeadJobsParams{RunID: res.RunID})
+		require.NoError(t, err)
+		if len(jobs) == 1 {
+			job = jobs[0]
+		}
+		return job != nil
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, engine.ReasonChildDead, job.Reason)
+	code, out, errOut := run(t, db, "dead", "show", job.ID.String())
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "reason       child_dead")
+	require.Contains(t, out, fmt.Sprintf("child        run %s, dead job %s (replaying either dead job replays both)", *job.ChildRunID, *job.ChildDeadJobID))
+	code, out, errOut = run(t, db, "dead", "list", "--reason", "child_dead", "--json")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, job.ID.String())
+
+	broken.Store(false)
+	code, _, errOut = run(t, db, "dead", "replay", job.ID.String(), "--note", "fixed")
+	require.Equal(t, 0, code, errOut)
+	out7, err := parent.Wait(ctx, e, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 7, out7)
 }
 
 // runs show names everything a Select waits for, and links the runs of a

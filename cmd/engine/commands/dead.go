@@ -134,6 +134,9 @@ func (g *global) withDeadJob(ctx context.Context, arg string, do func(backend, u
 	if j.ForwardError != nil {
 		fmt.Fprintf(w, "  compensating %s: %s (the failure that started the compensation)\n", cell(j.ForwardError.Class), oneLine(j.ForwardError.Message, 2000))
 	}
+	if j.ChildRunID != nil && j.ChildDeadJobID != nil {
+		fmt.Fprintf(w, "  child        run %s, dead job %s (replaying either dead job replays both)\n", *j.ChildRunID, *j.ChildDeadJobID)
+	}
 	fmt.Fprintf(w, "  deliveries   %d\n  input        %s\n  parked       %s\n", j.Deliveries, oneLine(string(j.Input), 400), cell(j.ParkedAt))
 	if j.Resolution != "" {
 		fmt.Fprintf(w, "  resolution   %s by %s at %s: %s\n", j.Resolution, cell(j.ResolvedBy), cell(j.ResolvedAt), cell(j.Note))
