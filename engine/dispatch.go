@@ -306,16 +306,9 @@ func (e *Engine) releaseOverdue() {
 		e.overdue = time.AfterFunc(time.Until(e.held[0].due.Add(holdBudget)), e.releaseOverdue)
 	}
 	e.heldMu.Unlock()
-	if len(overdue) == 0 {
-		return
-	}
-	ids := make([]uuid.UUID, len(overdue))
-	for i, h := range overdue {
-		ids[i] = h.runID
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 	defer cancel()
-	e.releaseRuns(ctx, ids)
+	e.releaseHeldRuns(ctx, overdue)
 }
 
 // releaseSlot frees a worker slot and gives it to a held run, if any. A
@@ -381,6 +374,11 @@ func (e *Engine) releaseHeld(ctx context.Context) {
 		e.overdue = nil
 	}
 	e.heldMu.Unlock()
+	e.releaseHeldRuns(ctx, held)
+}
+
+// releaseHeldRuns is releaseRuns for runs this process no longer holds.
+func (e *Engine) releaseHeldRuns(ctx context.Context, held []heldRun) {
 	if len(held) == 0 {
 		return
 	}
