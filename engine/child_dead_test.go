@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -186,4 +187,131 @@ func TestDeadChildReplayedAfterItsParentClosedOnlyCompensates(t *testing.T) {
 			require.Equal(t, engine.StepCancelled, ship.Status)
 		})
 	}
+}
+
+// ReplayDeadJob with nil options (as any resolve call takes) replays a
+// linked pair as with empty ones (it panicked: found by an attack pass).
+func TestReplayOfALinkedDeadJobTakesNilOptions(t *testing.T) {
+	t.Parallel()
+	f := newDeadChildFixture(t, false)
+	ctx := testCtx(t)
+	waitStatus(t, f.b.engine, f.parentRun, engine.StatusDead, 10*time.Second)
+	f.down.Store(false)
+	_, err := f.b.engine.ReplayDeadJob(ctx, f.childJob.ID, nil)
+	require.NoError(t, err)
+	out, err := f.parent.Wait(ctx, f.b.engine, f.parentRun, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, "shipped ord_1", out)
+}
+
+// deadChain is a grandparent waiting for a parent waiting for a child
+// whose activity fails until its retries run out: all three end dead.
+type deadChain struct {
+	b                *bundle
+	grand            *engine.Workflow[string, string]
+	down             atomic.Bool
+	g, m, l          uuid.UUID
+	gJob, mJob, lJob *engine.DeadJob
+}
+
+func newDeadChain(t *testing.T) *deadChain {
+	c := &deadChain{}
+	c.down.Store(true)
+	leaf := engine.Define("chain-leaf", func(ctx *engine.Context, in string) (string, error) {
+		return engine.RunActivity(ctx, "ship", &engine.ActivityOpts{RetryPolicy: &engine.RetryPolicy{
+			InitialInterval: 10 * time.Millisecond, MaximumAttempts: 2}},
+			func(context.Context, *engine.ActivityAttempt) (string, error) {
+				if c.down.Load() {
+					return "", errors.New("503")
+				}
+				return "shipped " + in, nil
+			})
+	}, nil)
+	mid := engine.Define("chain-mid", func(ctx *engine.Context, in string) (string, error) {
+		return engine.ChildWorkflow(ctx, leaf, in, nil)
+	}, nil)
+	c.grand = engine.Define("chain-grand", func(ctx *engine.Context, in string) (string, error) {
+		return engine.ChildWorkflow(ctx, mid, in, nil)
+	}, nil)
+	c.b = setup(t, nil, c.grand, mid, leaf)
+	ctx := testCtx(t)
+	res, err := c.grand.Start(ctx, c.b.engine, "x", nil)
+	require.NoError(t, err)
+	c.g = res.RunID
+	child := func(p uuid.UUID) uuid.UUID {
+		var id uuid.UUID
+		eventually(t, 10*time.Second, "a child to start", func() bool {
+			run, err := c.b.engine.GetRun(ctx, p)
+			require.NoError(t, err)
+			if len(run.Children) > 0 {
+				id = run.Children[0].RunID
+			}
+			return id != uuid.Nil
+		})
+		return id
+	}
+	c.m = child(c.g)
+	c.l = child(c.m)
+	for _, r := range []uuid.UUID{c.l, c.m, c.g} {
+		waitStatus(t, c.b.engine, r, engine.StatusDead, 15*time.Second)
+	}
+	c.gJob, c.mJob, c.lJob = openDeadJob(t, c.b.engine, c.g), openDeadJob(t, c.b.engine, c.m), openDeadJob(t, c.b.engine, c.l)
+	return c
+}
+
+// Operators acting at once on the dead jobs of one family (replays from
+// both ends of a three-run chain, a discard of the parent's against a
+// replay of the child's) wait for each other: none fails with a deadlock,
+// and the one that comes second finds the first one's work done (found by
+// an attack pass: 4 of 4 concurrent replays deadlocked).
+func TestConcurrentResolvesOfOneFamilyDoNotDeadlock(t *testing.T) {
+	t.Parallel()
+	for _, pair := range [][2]string{{"leaf", "mid"}, {"leaf", "grand"}, {"mid", "grand"}} {
+		t.Run("replay "+pair[0]+" and "+pair[1], func(t *testing.T) {
+			t.Parallel()
+			c := newDeadChain(t)
+			ctx := testCtx(t)
+			jobs := map[string]uuid.UUID{"leaf": c.lJob.ID, "mid": c.mJob.ID, "grand": c.gJob.ID}
+			c.down.Store(false)
+			errs := make([]error, 2)
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for i, name := range pair {
+				wg.Go(func() {
+					<-start
+					_, errs[i] = c.b.engine.ReplayDeadJob(ctx, jobs[name], &engine.ResolveOpts{By: name})
+				})
+			}
+			close(start)
+			wg.Wait()
+			require.NoError(t, errs[0])
+			require.NoError(t, errs[1])
+			out, err := c.grand.Wait(ctx, c.b.engine, c.g, 10*time.Millisecond)
+			require.NoError(t, err)
+			require.Equal(t, "shipped x", out)
+		})
+	}
+	t.Run("discard the parent's, replay the child's", func(t *testing.T) {
+		t.Parallel()
+		for range 3 {
+			f := newDeadChildFixture(t, false)
+			ctx := testCtx(t)
+			waitStatus(t, f.b.engine, f.parentRun, engine.StatusDead, 10*time.Second)
+			parentJob := openDeadJob(t, f.b.engine, f.parentRun)
+			f.down.Store(false)
+			errs := make([]error, 2)
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			wg.Go(func() { <-start; _, errs[0] = f.b.engine.ReplayDeadJob(ctx, f.childJob.ID, &engine.ResolveOpts{}) })
+			wg.Go(func() { <-start; _, errs[1] = f.b.engine.DiscardDeadJob(ctx, parentJob.ID, &engine.ResolveOpts{}) })
+			close(start)
+			wg.Wait()
+			for _, err := range errs {
+				if err != nil {
+					require.ErrorIs(t, err, engine.ErrDeadJobResolved)
+				}
+			}
+			require.False(t, errs[0] != nil && errs[1] != nil, "one of the two wins")
+		}
+	})
 }

@@ -163,6 +163,9 @@ type ResolveOpts struct {
 // id is neither (or is the ID of a run whose open dead job has another
 // ID: ListDeadJobsParams.RunID finds it).
 func (e *Engine) ReplayDeadJob(ctx context.Context, id uuid.UUID, opts *ResolveOpts) (*DeadJob, error) {
+	if opts == nil {
+		opts = &ResolveOpts{}
+	}
 	return e.resolveDeadJob(ctx, id, "replayed", opts, func(ctx context.Context, tx pgx.Tx, d *store.DeadJobRow) error {
 		return e.replayLinked(ctx, tx, d, opts)
 	})
@@ -276,14 +279,13 @@ func (e *Engine) resolveDeadJob(ctx context.Context, id uuid.UUID, resolution st
 	verb := map[string]string{"replayed": "replay", "discarded": "discard"}[resolution]
 	var out *store.DeadJobRow
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		if resolution == "replayed" {
-			// A replay may reach a parent's dead job and a child's: every
-			// replay takes the parent's run row first, so two replays of
-			// the pair (one from each end) wait for each other instead of
-			// locking the two dead jobs in opposite orders.
-			if err := e.lockFamily(ctx, tx, id); err != nil {
-				return err
-			}
+		// A replay may reach the dead jobs of a run's parents and children,
+		// and a discard races it: each takes its family's root run row
+		// first, so two of them on one family (from either end) wait for
+		// each other instead of locking dead jobs and runs in opposite
+		// orders.
+		if err := e.lockFamily(ctx, tx, id); err != nil {
+			return err
 		}
 		d, err := store.GetDeadJob(ctx, tx, id, true) // locks the row: concurrent resolves serialise
 		if errors.Is(err, store.ErrNotFound) {
@@ -322,8 +324,8 @@ func (e *Engine) resolveDeadJob(ctx context.Context, id uuid.UUID, resolution st
 	return deadJobFromRow(out), nil
 }
 
-// lockFamily locks, in tx, the run row of the parent of dead job id's run
-// (its own, for a run with no parent).
+// lockFamily locks, in tx, the run row of the root of dead job id's run:
+// the ancestor with no parent (the run itself when it has none).
 func (e *Engine) lockFamily(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
 	d, err := store.GetDeadJob(ctx, tx, id, false)
 	switch {
@@ -332,17 +334,27 @@ func (e *Engine) lockFamily(ctx context.Context, tx pgx.Tx, id uuid.UUID) error 
 	case err != nil:
 		return err
 	}
-	parent, _, err := store.RunParent(ctx, tx, d.RunID)
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return nil // the run is gone: GetDeadJob says so next
-	case err != nil:
-		return err
-	case parent == nil:
-		parent = &d.RunID
+	root := d.RunID // a run that exists
+	for range maxFamilyDepth {
+		parent, _, err := store.RunParent(ctx, tx, root)
+		if err != nil {
+			return err
+		}
+		if parent == nil {
+			break
+		}
+		if _, err := store.RunStatusOf(ctx, tx, *parent); errors.Is(err, store.ErrNotFound) {
+			break // a pruned ancestor: the oldest left is the root
+		} else if err != nil {
+			return err
+		}
+		root = *parent
 	}
-	return store.LockRun(ctx, tx, *parent)
+	return store.LockRun(ctx, tx, root)
 }
+
+// maxFamilyDepth bounds how far lockFamily walks up a run's ancestry.
+const maxFamilyDepth = 100
 
 // notADeadJob is the error for id, which is no dead job's ID, given to
 // verb (replay, discard) a dead job: when id is a run's without an open
