@@ -334,7 +334,7 @@ const childPoll = 250 * time.Millisecond
 // now if it has ended, or the parent suspended until it ends.
 func (d *delivery) childResult(seq int, name string) ([]byte, error) {
 	for {
-		if d.ended {
+		if d.parkPanickedBranch() {
 			return nil, d.endErr
 		}
 		if rec := d.childRecord(seq); rec != nil {

@@ -581,6 +581,17 @@ func (d *delivery) releaseBranchSlot() {
 	}
 }
 
+// parkPanickedBranch parks the run when a parallel step panicked, as Get
+// or the workflow's return would: a wait in place calls it, since the
+// run's suspension would drop the park (kept in memory only) and the step
+// would run again on the next delivery. True when the delivery has ended.
+func (d *delivery) parkPanickedBranch() bool {
+	if p := d.branchPark.Load(); p != nil && !d.ended {
+		d.park(p.rec, p)
+	}
+	return d.ended
+}
+
 // pauseForBranches is one pause of a wait that holds the delivery in
 // place while parallel steps run, rather than ending it (a long sleep or
 // backoff, a signal wait: ending it would cut the steps off, and the next

@@ -201,7 +201,7 @@ func (d *delivery) selectCases(name string, cases []SelectCase) (Selected, error
 				StartedAt: startedAt, CompletedAt: &now}
 			return Selected{}, ErrCancelled
 		}
-		if !d.mayStartStep() {
+		if d.parkPanickedBranch() || !d.mayStartStep() {
 			return Selected{}, d.endErr
 		}
 		ended, err := d.endedChildren(childSeqs)

@@ -304,7 +304,7 @@ func (d *delivery) awaitSignal(name string, names []string, timeout time.Duratio
 		if d.cancelRequested.Load() {
 			return stopped()
 		}
-		if !d.mayStartStep() {
+		if d.parkPanickedBranch() || !d.mayStartStep() {
 			return "", nil, d.endErr
 		}
 		inPlace := d.branchesRunning()

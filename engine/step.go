@@ -271,6 +271,9 @@ func (e *panicError) Error() string { return fmt.Sprintf("panic: %v", e.p.value)
 func (d *delivery) waitUntil(t time.Time, stoppable func() bool) bool {
 	watchCancel := true
 	for {
+		if d.parkPanickedBranch() {
+			return false
+		}
 		left := t.Sub(d.e.now())
 		switch {
 		case left <= 0:

@@ -125,3 +125,30 @@ func TestDeadlinesWaitedInPlaceSurviveARedelivery(t *testing.T) {
 		})
 	}
 }
+
+// A parallel step that panics while the workflow waits in place for a
+// signal parks the run then, as Get would, instead of the run suspending
+// with the panic forgotten and the step running again on its next
+// delivery (found by an attack pass).
+func TestParallelStepPanicDuringAWaitInPlaceParksTheRun(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	wf := engine.Define("panic-while-waiting", func(ctx *engine.Context, _ int) (int, error) {
+		f := engine.Go(ctx, "boom", func(context.Context) (int, error) {
+			calls.Add(1)
+			time.Sleep(300 * time.Millisecond)
+			panic("kaboom")
+		}, nil)
+		if _, err := engine.AwaitSignal[int](ctx, "go", 0); err != nil {
+			return 0, err
+		}
+		return f.Get(ctx)
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	waitStatus(t, b.engine, res.RunID, engine.StatusDead, 10*time.Second)
+	require.Equal(t, engine.ReasonPanic, openDeadJob(t, b.engine, res.RunID).Reason)
+	require.EqualValues(t, 1, calls.Load())
+}
