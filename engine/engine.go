@@ -31,7 +31,7 @@ type Config struct {
 	Queue string
 	// MaxWorkers is how many deliveries this process runs at once, River's
 	// and those of runs it started itself (see Workflow.Start). Default
-	// 100. Size the pgx pool to match (pool_max_conns in the URL; pgxpool's
+	// 100, at most MaxMaxWorkers. Size the pgx pool to match (pool_max_conns in the URL; pgxpool's
 	// default is max(4, CPUs)): a running step holds no connection, but each
 	// record write needs one briefly, and River keeps one for LISTEN.
 	MaxWorkers int
@@ -131,6 +131,10 @@ type Config struct {
 // for MaxWorkers, DefaultMaxDeliveries for MaxDeliveries; DefaultRetention
 // is Retention's.
 const (
+	// MaxMaxWorkers is the largest MaxWorkers New takes: River's limit of
+	// workers per queue.
+	MaxMaxWorkers = 10_000
+
 	DefaultLeaseDuration = 10 * time.Second
 	DefaultMaxWorkers    = 100
 	DefaultMaxDeliveries = 10
@@ -183,6 +187,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("pgdurable: HeartbeatInterval %s must be shorter than LeaseDuration %s", c.HeartbeatInterval, c.LeaseDuration)
 	case c.MaxWorkers < 0 || c.MaxDeliveries < 0 || c.MaxPayloadBytes < 0 || c.MaxSignalsPerRun < 0 || c.MaxSignalBytesPerRun < 0:
 		return c, errors.New("pgdurable: MaxWorkers, MaxDeliveries, MaxPayloadBytes, MaxSignalsPerRun and MaxSignalBytesPerRun cannot be negative")
+	case c.MaxWorkers > MaxMaxWorkers:
+		return c, fmt.Errorf("pgdurable: MaxWorkers %d is over %d, the most River works at once on a queue", c.MaxWorkers, MaxMaxWorkers)
 	case c.RetryPolicy.validate() != nil:
 		return c, fmt.Errorf("pgdurable: Config.%w", c.RetryPolicy.validate())
 	}

@@ -105,4 +105,8 @@ func TestNewRefusesBadLeaseSettings(t *testing.T) {
 	}
 	_, err := engine.New(db.Pool, &engine.Config{LeaseDuration: time.Second, HeartbeatInterval: 990 * time.Millisecond})
 	require.NoError(t, err)
+	_, err = engine.New(db.Pool, &engine.Config{MaxWorkers: engine.MaxMaxWorkers + 1})
+	require.ErrorContains(t, err, "MaxWorkers 10001 is over 10000")
+	_, err = engine.New(db.Pool, &engine.Config{MaxWorkers: engine.MaxMaxWorkers})
+	require.NoError(t, err)
 }

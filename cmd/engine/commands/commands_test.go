@@ -119,6 +119,7 @@ func TestCLIRunsAndDeadJobs(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, `--input is not valid JSON: invalid character '}' in literal true (expecting 'e') at byte offset 10`,
 		"where the input breaks")
+	require.NotContains(t, errOut, `{"n": tru}`, "the input itself is not echoed: it may hold what no log should")
 	code, _, errOut = run(t, db, "start", "nope", "--input", `{}`)
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "unknown workflow")

@@ -49,7 +49,8 @@ func (t *table) flush() { _ = t.w.Flush() }
 // checkJSON returns a usage error when b, given as what (a flag, "the
 // payload"), is not valid JSON, saying where it breaks: the byte offset
 // encoding/json reports (*json.SyntaxError's Offset, the bytes it had read
-// when it found the error), with the start of b.
+// when it found the error). It does not echo b, which may hold what no
+// log should (card data, a customer's address).
 func checkJSON(what string, b []byte) error {
 	if json.Valid(b) {
 		return nil
@@ -58,9 +59,9 @@ func checkJSON(what string, b []byte) error {
 	err := json.Unmarshal(b, &v)
 	var syntax *json.SyntaxError
 	if errors.As(err, &syntax) {
-		return &usageError{fmt.Errorf("%s is not valid JSON: %v at byte offset %d: %.80q", what, err, syntax.Offset, b)}
+		return &usageError{fmt.Errorf("%s is not valid JSON: %v at byte offset %d", what, err, syntax.Offset)}
 	}
-	return &usageError{fmt.Errorf("%s is not valid JSON: %.80q", what, b)}
+	return &usageError{fmt.Errorf("%s is not valid JSON", what)}
 }
 
 func cell(v any) string {

@@ -191,6 +191,9 @@ func (g *global) engineConfig(fs *pflag.FlagSet, t *tuning) (engine.Config, erro
 		if v < 1 {
 			return cfg, &usageError{fmt.Errorf("%s: %s must be at least 1, not %d", where, n.what, v)}
 		}
+		if n.flag == "max-workers" && v > engine.MaxMaxWorkers {
+			return cfg, &usageError{fmt.Errorf("%s: %s must be at most %d (River's limit per queue), not %d", where, n.what, engine.MaxMaxWorkers, v)}
+		}
 		*n.dst = v
 	}
 

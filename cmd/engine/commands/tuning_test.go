@@ -161,6 +161,7 @@ func TestServeRefusesBadEngineSettings(t *testing.T) {
 		{nil, map[string]string{"ENGINE_RETENTION": "a week"}, nil, `ENGINE_RETENTION: "a week" is neither a duration above 0`},
 		{nil, map[string]string{"ENGINE_MAX_WORKERS": "lots"}, nil, `ENGINE_MAX_WORKERS: "lots" is not a whole number`},
 		{nil, nil, []string{"--max-deliveries", "0"}, "--max-deliveries: max deliveries must be at least 1, not 0"},
+		{nil, map[string]string{"ENGINE_MAX_WORKERS": "100000000"}, nil, "ENGINE_MAX_WORKERS: max workers must be at most 10000 (River's limit per queue), not 100000000"},
 		{nil, map[string]string{"ENGINE_HEARTBEAT_INTERVAL": "soon"}, nil, `ENGINE_HEARTBEAT_INTERVAL: "soon" is not a duration such as 3s`},
 	} {
 		var errOut bytes.Buffer
