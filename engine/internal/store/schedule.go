@@ -161,38 +161,35 @@ func RecordFire(ctx context.Context, db DBTX, name string, fireAt time.Time, out
 	return translate(err)
 }
 
-// maxTriggerShifts bounds how far RecordTrigger moves a trigger's fire
-// time on: a microsecond per fire already recorded at or after it.
-const maxTriggerShifts = 10_000
-
 // RecordTrigger records a manual trigger's fire (outcome started, runID)
-// at the first microsecond at or after at that is not a whole second
-// (where a cron fire may be recorded, now or later: cron fire times fall
-// on whole seconds) and that no fire of the schedule holds (an earlier
-// trigger at the same clock reading), and returns that time. It never
-// replaces another fire's record. The caller holds the schedule's row
-// lock (LockSchedule), which every fire and trigger of the schedule
-// takes, so no other record can take the time between the look and the
-// insert.
+// at at, or just after the schedule's latest fire recorded at or after at
+// (an earlier trigger at the same clock reading), moved on by a
+// microsecond more when that is a whole second (where a cron fire may be
+// recorded, now or later: cron fire times fall on whole seconds), and
+// returns that time: two round trips, however many triggers came at one
+// reading. It never replaces another fire's record. The caller holds the
+// schedule's row lock (LockSchedule), which every fire and trigger of the
+// schedule takes, so no other record can take the time between the look
+// and the insert.
 func RecordTrigger(ctx context.Context, tx DBTX, name string, at time.Time, runID uuid.UUID) (time.Time, error) {
 	at = at.Truncate(time.Microsecond)
-	from := at
-	for range maxTriggerShifts {
-		if at.Equal(at.Truncate(time.Second)) {
-			at = at.Add(time.Microsecond)
-			continue
-		}
-		tag, err := tx.Exec(ctx, `INSERT INTO schedule_fires (schedule_name, fire_at, outcome, run_id) VALUES ($1, $2, 'started', $3)
-			ON CONFLICT (schedule_name, fire_at) DO NOTHING`, name, at, runID)
-		if err != nil {
-			return time.Time{}, translate(err)
-		}
-		if tag.RowsAffected() == 1 {
-			return at, nil
-		}
+	var latest *time.Time
+	if err := tx.QueryRow(ctx, `SELECT max(fire_at) FROM schedule_fires WHERE schedule_name = $1 AND fire_at >= $2`,
+		name, at).Scan(&latest); err != nil {
+		return time.Time{}, fmt.Errorf("recording a trigger of schedule %q: %w", name, translate(err))
+	}
+	if latest != nil {
+		at = latest.Add(time.Microsecond)
+	}
+	if at.Equal(at.Truncate(time.Second)) {
 		at = at.Add(time.Microsecond)
 	}
-	return time.Time{}, fmt.Errorf("recording a trigger of schedule %q: %d fires are recorded in the microseconds from %s", name, maxTriggerShifts, from)
+	_, err := tx.Exec(ctx, `INSERT INTO schedule_fires (schedule_name, fire_at, outcome, run_id) VALUES ($1, $2, 'started', $3)`,
+		name, at, runID)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("recording a trigger of schedule %q: %w", name, translate(err))
+	}
+	return at, nil
 }
 
 // AdvanceSchedule stores a schedule's state after its fires were handled.
