@@ -180,7 +180,15 @@ func (l *attemptLoop) run() ([]byte, error) {
 		return nil, d.endErr
 	}
 	if d.e.draining.Load() {
-		// Stop: hand the run back at this step boundary.
+		// Stop: hand the run back at this step boundary, once the parallel
+		// steps still running have ended: they are running steps, which a
+		// graceful stop lets finish (StopAndCancel cuts them short).
+		for d.branchesRunning() && d.ctx.Err() == nil {
+			d.pauseForBranches(nil, false)
+		}
+		if d.parkPanickedBranch() {
+			return nil, d.endErr
+		}
 		d.interrupted()
 		return nil, d.endErr
 	}

@@ -580,7 +580,11 @@ func (d *delivery) interrupted() {
 		return
 	}
 	rec := d.buf.take()
-	d.log.Info("delivery interrupted; run handed back", "cause", context.Cause(d.ctx))
+	cause := context.Cause(d.ctx)
+	if cause == nil && d.e.draining.Load() {
+		cause = errDraining
+	}
+	d.log.Info("delivery interrupted; run handed back", "cause", cause)
 	status := StatusPending
 	if d.compensating {
 		status = StatusCompensating
@@ -702,6 +706,10 @@ func (d *delivery) park(rec *store.StepRecord, why *parkReason) bool {
 	d.close(StatusDead, err)
 	return true
 }
+
+// errDraining is why a delivery that Stop ended at a step boundary handed
+// its run back.
+var errDraining = errors.New("pgdurable: Stop called: the run is handed back at a step boundary, for another worker")
 
 // errChildReplayed rolls back a child_dead park whose child an operator
 // replayed meanwhile.

@@ -152,3 +152,42 @@ func TestParallelStepPanicDuringAWaitInPlaceParksTheRun(t *testing.T) {
 	require.Equal(t, engine.ReasonPanic, openDeadJob(t, b.engine, res.RunID).Reason)
 	require.EqualValues(t, 1, calls.Load())
 }
+
+// A graceful Stop lets a parallel step that is running finish before the
+// run is handed back at the workflow's next step boundary, as it lets a
+// sequential step finish: the next delivery replays the step instead of
+// running it again (found by a fresh-user pass: the step was cut off).
+func TestStopLetsARunningParallelStepFinish(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	started := make(chan struct{}, 2)
+	wf := engine.Define("stop-with-branch", func(ctx *engine.Context, _ int) (int, error) {
+		f := engine.Go(ctx, "slow", func(context.Context) (int, error) {
+			calls.Add(1)
+			started <- struct{}{}
+			time.Sleep(1500 * time.Millisecond)
+			return 7, nil
+		}, nil)
+		if err := engine.Sleep(ctx, 300*time.Millisecond); err != nil {
+			return 0, err
+		}
+		if _, err := engine.Step(ctx, "after", func(context.Context) (int, error) { return 0, nil }, nil); err != nil {
+			return 0, err
+		}
+		return f.Get(ctx)
+	}, nil)
+	db := enginetest.NewDB(t)
+	first := newEngine(t, db, nil, true, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, first, 0, nil)
+	require.NoError(t, err)
+	<-started
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, first.Stop(stopCtx))
+	second := newEngine(t, db, nil, true, wf)
+	out, err := wf.Wait(ctx, second, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 7, out)
+	require.EqualValues(t, 1, calls.Load(), "the parallel step ran once")
+}
