@@ -44,11 +44,17 @@ type DeadJob struct {
 	// job replays both.
 	ChildRunID     *uuid.UUID `json:"child_run_id,omitempty"`
 	ChildDeadJobID *uuid.UUID `json:"child_dead_job_id,omitempty"`
-	ParkedAt       time.Time  `json:"parked_at"`
-	ResolvedAt     *time.Time `json:"resolved_at,omitempty"`
-	Resolution     string     `json:"resolution,omitempty"` // "", "replayed" or "discarded"
-	ResolvedBy     string     `json:"resolved_by,omitempty"`
-	Note           string     `json:"note,omitempty"`
+	// ParentRunID and ParentDeadJobID, set by GetDeadJob on an open dead
+	// job of a child run, are the parent parked waiting for it (reason
+	// child_dead) and the parent's dead job: replaying this dead job
+	// replays that one too.
+	ParentRunID     *uuid.UUID `json:"parent_run_id,omitempty"`
+	ParentDeadJobID *uuid.UUID `json:"parent_dead_job_id,omitempty"`
+	ParkedAt        time.Time  `json:"parked_at"`
+	ResolvedAt      *time.Time `json:"resolved_at,omitempty"`
+	Resolution      string     `json:"resolution,omitempty"` // "", "replayed" or "discarded"
+	ResolvedBy      string     `json:"resolved_by,omitempty"`
+	Note            string     `json:"note,omitempty"`
 }
 
 func deadJobFromRow(d *store.DeadJobRow) *DeadJob {
@@ -120,7 +126,9 @@ func (e *Engine) ListDeadJobs(ctx context.Context, p ListDeadJobsParams) (jobs [
 	return jobs, nextCursor, nil
 }
 
-// GetDeadJob reads one dead job; ErrNotFound when there is none.
+// GetDeadJob reads one dead job; ErrNotFound when there is none. For an
+// open dead job of a child run it also names the parent parked waiting
+// for that child, if any (DeadJob.ParentDeadJobID).
 func (e *Engine) GetDeadJob(ctx context.Context, id uuid.UUID) (*DeadJob, error) {
 	d, err := store.GetDeadJob(ctx, e.pool, id, false)
 	if errors.Is(err, store.ErrNotFound) {
@@ -129,7 +137,20 @@ func (e *Engine) GetDeadJob(ctx context.Context, id uuid.UUID) (*DeadJob, error)
 	if err != nil {
 		return nil, fmt.Errorf("pgdurable: reading dead job %s: %w", id, err)
 	}
-	return deadJobFromRow(d), nil
+	j := deadJobFromRow(d)
+	if d.Resolution == nil {
+		parent, _, err := store.RunParent(ctx, e.pool, d.RunID)
+		if err == nil && parent != nil {
+			j.ParentDeadJobID, err = store.ParentParkedOn(ctx, e.pool, *parent, d.RunID)
+		}
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return nil, fmt.Errorf("pgdurable: reading dead job %s: %w", id, err)
+		}
+		if j.ParentDeadJobID != nil {
+			j.ParentRunID = parent
+		}
+	}
+	return j, nil
 }
 
 // ResolveOpts records who resolved a dead job and why (both optional).

@@ -143,7 +143,7 @@ func (e *Engine) retentionPass(ctx context.Context) {
 	}
 	if total.Runs > 0 || total.ScheduleFires > 0 {
 		e.log.Info("pruned finished runs past retention", "runs", total.Runs, "steps", total.Steps,
-			"schedule_fires", total.ScheduleFires, "retention", e.cfg.Retention)
+			"schedule_fires", total.ScheduleFires, "retention", e.cfg.Retention.String())
 	}
 }
 

@@ -639,4 +639,8 @@ func TestDeadJobPageLinksTheDeadChild(t *testing.T) {
 	require.Contains(t, body, `<a href="/ui/runs/`+job.ChildRunID.String()+`">`)
 	require.Contains(t, body, `<a href="/ui/dead-jobs/`+job.ChildDeadJobID.String()+`">`)
 	require.Contains(t, body, "replaying either dead job replays both")
+	code, _, body = newClient(t, srv.URL).do("GET", "/ui/dead-jobs/"+job.ChildDeadJobID.String(), nil, nil)
+	require.Equal(t, 200, code)
+	require.Contains(t, body, `<a href="/ui/runs/`+res.RunID.String()+`">`, "the child's page names the parent parked on it")
+	require.Contains(t, body, `<a href="/ui/dead-jobs/`+job.ID.String()+`">`)
 }

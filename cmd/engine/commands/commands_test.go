@@ -382,6 +382,38 @@ func TestDevServesTheExamplesAndTheUI(t *testing.T) {
 	}
 	_, body = get("/v1/runs/expense-1")
 	require.Contains(t, body, `"output":"approved by you"`)
+
+	// The printed start works as printed: over the API (the CLI's own
+	// process may not register the workflow), to the run's end.
+	input := `{"order_id": "cli-order-1", "customer_id": "cus_dev", "amount": 4999, "currency": "usd", "payment_method": "pm_card_visa", "items": [{"sku": "sku_tee", "qty": 1}]}`
+	require.Contains(t, out.String(), "--address "+base+" start payment --id cli-order-1 --input '"+input+"' --wait")
+	var startOut, startErr bytes.Buffer
+	code = commands.Execute(context.Background(), []string{"--address", base, "start", "payment", "--id", "cli-order-1", "--input", input, "--wait"},
+		commands.Options{Stdout: &startOut, Stderr: &startErr, Getenv: func(string) string { return "" }})
+	require.Equal(t, 0, code, "%s %s", startOut.String(), startErr.String())
+	require.Contains(t, startOut.String(), "completed")
+	cancel()
+	require.Equal(t, 0, <-done, errOut.String())
+
+	// A second start on the database adds the next number's examples, and
+	// its hints name them: another parked export, another approval.
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	listen = freePort(t)
+	base = "http://" + listen
+	out = &syncBuffer{}
+	go func() {
+		done <- commands.Execute(ctx, []string{"--database-url", db.URL, "dev", "--listen", listen, "--log-level", "warn"},
+			withPayment(commands.Options{Stdout: out, Stderr: errOut, Getenv: func(string) string { return "" },
+				Migrate: payment.Migrate, Dev: paymentcmd.Dev}))
+	}()
+	for status("dev-export-2") != "dead" || status("expense-2") != "waiting" {
+		require.True(t, time.Now().Before(deadline), "the second start's examples never settled: %s %s", out.String(), errOut.String())
+		time.Sleep(100 * time.Millisecond)
+	}
+	require.Contains(t, out.String(), "a dead job (dev-export-2: its upload failed 3 times, so it is parked")
+	require.Contains(t, out.String(), base+"/v1/runs/expense-2/signals/decision")
+	require.Contains(t, out.String(), "start payment --id cli-order-2 ")
 	cancel()
 	require.Equal(t, 0, <-done, errOut.String())
 }
@@ -830,6 +862,9 @@ func TestDeadShowLinksAChildDeadJob(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "reason       child_dead")
 	require.Contains(t, out, fmt.Sprintf("child        run %s, dead job %s (replaying either dead job replays both)", *job.ChildRunID, *job.ChildDeadJobID))
+	code, out, errOut = run(t, db, "dead", "show", job.ChildDeadJobID.String())
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, fmt.Sprintf("parent       run %s waits for this run, parked as dead job %s (replaying either dead job replays both)", res.RunID, job.ID))
 	code, out, errOut = run(t, db, "dead", "list", "--reason", "child_dead", "--json")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, job.ID.String())

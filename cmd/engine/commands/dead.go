@@ -134,6 +134,10 @@ func (g *global) withDeadJob(ctx context.Context, arg string, do func(backend, u
 	if j.ForwardError != nil {
 		fmt.Fprintf(w, "  compensating %s: %s (the failure that started the compensation)\n", cell(j.ForwardError.Class), oneLine(j.ForwardError.Message, 2000))
 	}
+	if j.ParentRunID != nil && j.ParentDeadJobID != nil {
+		fmt.Fprintf(w, "  parent       run %s waits for this run, parked as dead job %s (replaying either dead job replays both)\n",
+			*j.ParentRunID, *j.ParentDeadJobID)
+	}
 	if j.ChildRunID != nil && j.ChildDeadJobID != nil {
 		fmt.Fprintf(w, "  child        run %s, dead job %s (replaying either dead job replays both)\n", *j.ChildRunID, *j.ChildDeadJobID)
 	}

@@ -25,13 +25,21 @@ func (g *global) devCmd() *cobra.Command {
 ` + g.devWhat() + `
 
 The database is, in order: --database-url or DATABASE_URL; else a reachable local
-PostgreSQL (127.0.0.1:5432, database pgdurable_dev, created if missing); else a throwaway
+PostgreSQL (127.0.0.1:5432, database pgdurable_dev, created if missing and kept: every
+binary's dev shares it, so give another binary its own with DATABASE_URL); else a throwaway
 PostgreSQL started from the local installation (initdb and pg_ctl on PATH or under
 /usr/lib/postgresql/*/bin; as the postgres user when run as root) in a
 temporary directory that is removed on exit.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			// Bad flags are refused before a database is found or made.
+			if err := g.localOnly(cmd.Name()); err != nil {
+				return err
+			}
+			if _, err := g.engineConfig(cmd.Flags(), &f.tune); err != nil {
+				return err
+			}
 			if g.databaseURL == "" && g.opts.Getenv("DATABASE_URL") == "" {
 				url, stop, err := devDatabase(ctx, throwaway, g)
 				if err != nil {
@@ -53,7 +61,7 @@ temporary directory that is removed on exit.`,
 				}
 				f.dev = kit
 			}
-			return g.serve(ctx, cmd.Flags(), f)
+			return g.serve(ctx, cmd.Name(), cmd.Flags(), f)
 		},
 	}
 	cmd.Flags().StringVar(&f.listen, "listen", "127.0.0.1:8080", "HTTP listen address")
@@ -98,8 +106,17 @@ func (k *DevKit) banner(ctx context.Context, e *engine.Engine, log *slog.Logger,
 	if len(workflows) == 0 {
 		fmt.Fprintln(out, "  start    nothing: this process registers no workflows, so it works no runs")
 	} else {
-		fmt.Fprintf(out, "  start    DATABASE_URL='%s' %s start %s --input '<JSON>' --wait   (registered: %s)\n",
-			dbURL, invocation, workflows[0], strings.Join(workflows, ", "))
+		// Over the API: this process registers the workflows, the CLI's own
+		// process may not (those dev adds, say).
+		wf, id, input := workflows[0], "", "<its input as JSON>"
+		if k.StartExample != nil {
+			wf, id, input = k.StartExample()
+		}
+		if id != "" {
+			id = " --id " + id
+		}
+		fmt.Fprintf(out, "  start    %s --address %s start %s%s --input '%s' --wait   (registered: %s)\n",
+			invocation, base, wf, id, input, strings.Join(workflows, ", "))
 	}
 	if k.Hints != nil {
 		for _, h := range k.Hints(base) {

@@ -53,6 +53,6 @@ func TestDevOnACustomBinary(t *testing.T) {
 		printed := out.String()
 		require.NotContains(t, printed, "go run ./cmd/engine")
 		require.Contains(t, printed, "' "+c.want+" runs list\n")
-		require.Contains(t, printed, "' "+c.want+" start double --input '<JSON>' --wait   (registered: double, hostile, approval)\n")
+		require.Contains(t, printed, "  start    "+c.want+" --address http://"+listen+" start double --input '<its input as JSON>' --wait   (registered: double, hostile, approval)\n")
 	}
 }

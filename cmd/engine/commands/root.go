@@ -107,6 +107,11 @@ type Options struct {
 // DevKit is what Options.Dev gives engine dev.
 type DevKit struct {
 	Workflows []engine.Registration
+	// StartExample, called after Seed, gives the workflow, workflow ID
+	// ("" for none) and input (JSON) of the start command dev prints, one
+	// that ends on its own (the command waits for it); nil: the first
+	// workflow the process registers, with a placeholder for its input.
+	StartExample func() (workflow, workflowID, input string)
 	// Seed starts example runs on the started engine (nil: none); an
 	// error is logged, not fatal.
 	Seed func(ctx context.Context, e *engine.Engine) error

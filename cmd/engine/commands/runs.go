@@ -132,7 +132,7 @@ func (g *global) runsCmd() *cobra.Command {
 		Use:   "prune [--older-than DURATION]",
 		Short: "Delete finished runs that ended longer ago than --older-than (default: the retention; engines also do it for their Retention)",
 		Long: `Deletes the runs that ended more than --older-than ago (completed, failed, compensated,
-cancelled, continued, and dead runs whose dead jobs were all resolved as long ago) with their
+cancelled, continued, terminated, and dead runs whose dead jobs were all resolved as long ago) with their
 steps, signals and dead-job rows, and schedule fires recorded as long ago, in batches of 500
 that never wait for a worker. It keeps every run with an unresolved dead job, and a child run
 whose parent still runs. Every engine prunes like this once a minute for its retention; this is

@@ -70,7 +70,7 @@ ENGINE_HEARTBEAT_INTERVAL, ENGINE_MAX_WORKERS and ENGINE_MAX_DELIVERIES: a flag 
 variable, which wins over the defaults below (this binary's own, where its program sets them
 in commands.Options.Config, else the engine's). Durations are Go durations: 90s, 10m, 720h.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return g.serve(cmd.Context(), cmd.Flags(), f) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return g.serve(cmd.Context(), cmd.Name(), cmd.Flags(), f) },
 	}
 	cmd.Flags().StringVar(&f.listen, "listen", "127.0.0.1:8080", "HTTP listen address")
 	cmd.Flags().StringVar(&f.apiToken, "api-token", "", "bearer token for /v1 and /metrics (default $ENGINE_API_TOKEN)")
@@ -83,8 +83,10 @@ in commands.Options.Config, else the engine's). Durations are Go durations: 90s,
 	return cmd
 }
 
-func (g *global) serve(ctx context.Context, fs *pflag.FlagSet, f *serveFlags) error {
-	if err := g.localOnly("serve"); err != nil {
+// serve is engine serve, and engine dev once it has its database (name
+// says which, in messages).
+func (g *global) serve(ctx context.Context, name string, fs *pflag.FlagSet, f *serveFlags) error {
+	if err := g.localOnly(name); err != nil {
 		return err
 	}
 	cfg, err := g.engineConfig(fs, &f.tune)

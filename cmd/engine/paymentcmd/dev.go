@@ -65,7 +65,10 @@ the commands that start more.`
 // embedded fake gateway when STRIPE_API_KEY is unset (the binary registers
 // it against that gateway otherwise), the approval example, the export
 // example (a run of it parks as a dead job: see newExport), and a few
-// example runs with fixed workflow IDs, so a restart adds none.
+// example runs, numbered: the first start on a database makes
+// dev-order-1, expense-1, dev-export-1..., each later one the next number,
+// so every start has a parked run on the dead-job desk and an approval
+// waiting for the signal its hints send.
 func Dev(ctx context.Context, env *commands.Env) (*commands.DevKit, error) {
 	kit := &commands.DevKit{Workflows: []engine.Registration{Approval}}
 	if env.Getenv("STRIPE_API_KEY") == "" {
@@ -84,12 +87,28 @@ func Dev(ctx context.Context, env *commands.Env) (*commands.DevKit, error) {
 	}
 	export, watch := newExport()
 	kit.Workflows = append(kit.Workflows, export)
+	n := 1 // this start's number: its runs' workflow IDs end in it
 	kit.Seed = func(ctx context.Context, e *engine.Engine) error {
+		// The first number whose approval run is new: an earlier start on
+		// this database took the ones before.
+		approval := `{"expense": "team lunch", "amount": 12000}`
+		for ; ; n++ {
+			res, err := e.StartJSON(ctx, "approval", []byte(approval), &engine.StartOpts{WorkflowID: fmt.Sprint("expense-", n)})
+			if err != nil && !errors.Is(err, engine.ErrWorkflowIDConflict) {
+				return err
+			}
+			if err == nil && !res.Existing {
+				break
+			}
+			if n == maxDevStarts {
+				return fmt.Errorf("%d earlier engine dev starts on this database: drop it to start afresh", n)
+			}
+		}
+		orders := []string{fmt.Sprint("dev-order-", 2*n-1), fmt.Sprint("dev-order-", 2*n)}
 		for _, s := range []struct{ workflow, id, input string }{
-			{payment.WorkflowName, "dev-order-1", devOrder("dev-order-1", "pm_card_visa")},
-			{payment.WorkflowName, "dev-order-2", devOrder("dev-order-2", "pm_card_chargeDeclined")},
-			{"approval", "expense-1", `{"expense": "team lunch", "amount": 12000}`},
-			{"export", "dev-export-1", `{"report": "daily-sales", "bucket": "dev-reports"}`},
+			{payment.WorkflowName, orders[0], devOrder(orders[0], "pm_card_visa")},
+			{payment.WorkflowName, orders[1], devOrder(orders[1], "pm_card_chargeDeclined")},
+			{"export", fmt.Sprint("dev-export-", n), `{"report": "daily-sales", "bucket": "dev-reports"}`},
 		} {
 			res, err := e.StartJSON(ctx, s.workflow, []byte(s.input), &engine.StartOpts{WorkflowID: s.id})
 			if err != nil && !errors.Is(err, engine.ErrWorkflowIDConflict) {
@@ -108,25 +127,33 @@ func Dev(ctx context.Context, env *commands.Env) (*commands.DevKit, error) {
 			stop()
 		}
 	}
+	kit.StartExample = func() (string, string, string) {
+		id := fmt.Sprint("cli-order-", n)
+		return payment.WorkflowName, id, devOrder(id, "pm_card_visa")
+	}
 	kit.Hints = func(base string) []string {
 		return []string{
 			"",
 			"start a payment (pm_card_chargeDeclined instead of pm_card_visa: a decline that compensates):",
-			fmt.Sprintf(`  curl -s %s/v1/workflows/payment/runs -H 'Content-Type: application/json' -d '{"id": "order-42", "input": %s}'`,
-				base, devOrder("order-42", "pm_card_visa")),
-			"answer the approval that waits for a signal (expense-1):",
-			fmt.Sprintf(`  curl -s %s/v1/runs/expense-1/signals/decision -H 'Content-Type: application/json' -d '{"approved": true, "by": "you"}'`, base),
+			fmt.Sprintf(`  curl -s %s/v1/workflows/payment/runs -H 'Content-Type: application/json' -d '{"id": "order-%d", "input": %s}'`,
+				base, n, devOrder(fmt.Sprint("order-", n), "pm_card_visa")),
+			fmt.Sprintf("answer the approval that waits for a signal (expense-%d):", n),
+			fmt.Sprintf(`  curl -s %s/v1/runs/expense-%d/signals/decision -H 'Content-Type: application/json' -d '{"approved": true, "by": "you"}'`, base, n),
 			"start another:",
-			fmt.Sprintf(`  curl -s %s/v1/workflows/approval/runs -H 'Content-Type: application/json' -d '{"id": "expense-2", "input": {"expense": "taxi", "amount": 3500}}'`, base),
-			"a dead job (dev-export-1: its upload failed 3 times, so it is parked; the bucket is back once it is):",
+			fmt.Sprintf(`  curl -s %s/v1/workflows/approval/runs -H 'Content-Type: application/json' -d '{"id": "taxi-%d", "input": {"expense": "taxi", "amount": 3500}}'`, base, n),
+			fmt.Sprintf("a dead job (dev-export-%d: its upload failed 3 times, so it is parked; the bucket is back once it is):", n),
 			fmt.Sprintf("  open %s/ui/dead-jobs and replay it, or: curl -s '%s/v1/dead-jobs?open=true'", base, base),
 			"a schedule (then pause or trigger it on the UI's Schedules page):",
-			fmt.Sprintf(`  curl -s %s/v1/schedules -H 'Content-Type: application/json' -d '{"name": "hourly-expense", "cron": "@hourly", "workflow": "approval", "input": {"expense": "coffee", "amount": 450}}'`, base),
+			fmt.Sprintf(`  curl -s %s/v1/schedules -H 'Content-Type: application/json' -d '{"name": "hourly-expense-%d", "cron": "@hourly", "workflow": "approval", "input": {"expense": "coffee", "amount": 450}}'`, base, n),
 			"",
 		}
 	}
 	return kit, nil
 }
+
+// maxDevStarts bounds the engine dev starts one database keeps examples
+// of (see Dev's numbering).
+const maxDevStarts = 1000
 
 func devOrder(id, method string) string {
 	return fmt.Sprintf(`{"order_id": %q, "customer_id": "cus_dev", "amount": 4999, "currency": "usd", "payment_method": %q, "items": [{"sku": "sku_tee", "qty": 1}]}`, id, method)

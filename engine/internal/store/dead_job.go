@@ -252,6 +252,21 @@ SELECT ` + deadJobColumns + ` FROM dead_jobs
 WHERE run_id = $1 AND resolved_at IS NULL AND reason = 'child_dead' AND child_run_id = $2
 FOR UPDATE`
 
+// ParentParkedOn returns the ID of parent's open dead job of reason
+// child_dead for its child run child; nil when it has none.
+func ParentParkedOn(ctx context.Context, db DBTX, parent, child uuid.UUID) (*uuid.UUID, error) {
+	var id uuid.UUID
+	err := db.QueryRow(ctx, `SELECT id FROM dead_jobs
+WHERE run_id = $1 AND resolved_at IS NULL AND reason = 'child_dead' AND child_run_id = $2`, parent, child).Scan(&id)
+	switch err = translate(err); {
+	case err == ErrNotFound:
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	return &id, nil
+}
+
 // OpenChildDeadJob locks and returns parent's open dead job of reason
 // child_dead for its child run child; ErrNotFound when it has none.
 func OpenChildDeadJob(ctx context.Context, db DBTX, parent, child uuid.UUID) (*DeadJobRow, error) {
