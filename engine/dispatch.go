@@ -42,10 +42,12 @@ const (
 // holding: a run of a workflow whose steps block would sit here while
 // another process idles), and at most maxHeldPerWorker × MaxWorkers runs
 // however fast they are (a held run costs about 100 bytes of memory). A
-// held run is due to start when the estimate said; one still held
-// holdBudget past that (the estimate was wrong: the workers stayed busy)
-// is handed to River, where an idle process takes it (see
-// releaseOverdue).
+// held run is due to start when the estimate said; one still held when it
+// has waited twice that long and holdBudget more (the estimate was wrong:
+// the workers stayed busy) is handed to River, where an idle process
+// takes it (see releaseOverdue). The estimate lags a change of workload
+// (a burst of longer runs after shorter ones), hence the slack: with
+// stuck workers the estimate is off by far more than twice.
 const (
 	holdBudget       = time.Second
 	maxHeldPerWorker = 100
@@ -211,7 +213,9 @@ func (e *Engine) afterStart(wf registered, path startPath, r store.NewRun, fresh
 type heldRun struct {
 	runID uuid.UUID
 	wf    registered
-	due   time.Time // when the estimate said it would start
+	// overdue is when it has waited twice as long as the estimate said,
+	// and holdBudget more: then it goes to River (see releaseOverdue).
+	overdue time.Time
 }
 
 // track counts a delivery this process runs outside River, so that Stop
@@ -278,32 +282,33 @@ func (e *Engine) hold(wf registered, runID uuid.UUID) {
 		e.releaseRuns(ctx, []uuid.UUID{runID})
 		return
 	}
-	e.held = append(e.held, heldRun{runID: runID, wf: wf, due: time.Now().Add(time.Duration(len(e.held)+1) * per)})
+	wait := time.Duration(len(e.held)+1) * per // the estimate's
+	e.held = append(e.held, heldRun{runID: runID, wf: wf, overdue: time.Now().Add(2*wait + holdBudget)})
 	if e.overdue == nil {
-		e.overdue = time.AfterFunc(time.Until(e.held[0].due.Add(holdBudget)), e.releaseOverdue)
+		e.overdue = time.AfterFunc(time.Until(e.held[0].overdue), e.releaseOverdue)
 	}
 	e.heldMu.Unlock()
 	e.pumpHeld()
 }
 
-// releaseOverdue hands the runs still held holdBudget after they were due
-// to start to River: the estimate that held them was wrong (this
-// process's workers stayed busy), and a process with a free worker takes
-// them from there. It runs holdBudget after the first held run is due,
-// and again while runs are held. Held runs are due in the order they were
-// held, near enough: it looks at the oldest.
+// releaseOverdue hands the runs held past their overdue time to River:
+// the estimate that held them was wrong (this process's workers stayed
+// busy), and a process with a free worker takes them from there. It runs
+// when the first held run is overdue, and again while runs are held.
+// Held runs are overdue in the order they were held, near enough: it
+// looks at the oldest.
 func (e *Engine) releaseOverdue() {
 	e.heldMu.Lock()
-	cut := time.Now().Add(-holdBudget)
+	now := time.Now()
 	n := 0
-	for n < len(e.held) && !e.held[n].due.After(cut) {
+	for n < len(e.held) && !e.held[n].overdue.After(now) {
 		n++
 	}
 	overdue := e.held[:n:n]
 	e.held = e.held[n:]
 	e.overdue = nil
 	if len(e.held) > 0 && !e.stopping.Load() {
-		e.overdue = time.AfterFunc(time.Until(e.held[0].due.Add(holdBudget)), e.releaseOverdue)
+		e.overdue = time.AfterFunc(time.Until(e.held[0].overdue), e.releaseOverdue)
 	}
 	e.heldMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
