@@ -36,7 +36,8 @@ const (
 
 // ChildOpts are a child run's options. A nil *ChildOpts takes the defaults.
 type ChildOpts struct {
-	// WorkflowID is the child's workflow ID (1 to 400 bytes). Default:
+	// WorkflowID is the child's workflow ID (1 to 400 bytes, not a UUID:
+	// see StartOpts.WorkflowID). Default:
 	// the parent's run ID and the child's step position,
 	// "<parent run ID>:<position>", the same on every replay (a path segment
 	// as it is, in the HTTP API). A given ID
@@ -63,7 +64,7 @@ func (o *ChildOpts) validate() error {
 		return fmt.Errorf("%w: ChildOpts.RunTimeout %s is negative", ErrInvalidArgument, o.RunTimeout)
 	}
 	if o.WorkflowID != "" {
-		if err := checkWorkflowID(o.WorkflowID); err != nil {
+		if err := checkChosenWorkflowID(o.WorkflowID); err != nil {
 			return fmt.Errorf("%w: ChildOpts.WorkflowID: %v", ErrInvalidArgument, err)
 		}
 	}

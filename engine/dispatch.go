@@ -160,9 +160,9 @@ func (e *Engine) newRun(name string, version int, input []byte, opts *StartOpts)
 	workflowID := runID.String()
 	if opts != nil && opts.WorkflowID != "" {
 		workflowID = opts.WorkflowID
-	}
-	if err := checkWorkflowID(workflowID); err != nil {
-		return store.NewRun{}, fmt.Errorf("%w: %v", ErrInvalidInput, err)
+		if err := checkChosenWorkflowID(workflowID); err != nil {
+			return store.NewRun{}, fmt.Errorf("%w: %v", ErrInvalidInput, err)
+		}
 	}
 	startAt, err := opts.startAt(e.now())
 	if err != nil {

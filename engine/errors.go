@@ -9,6 +9,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/google/uuid"
+
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
@@ -369,6 +371,24 @@ func checkWorkflowID(id string) error {
 		return fmt.Errorf("workflow ID %q is a path segment no URL can carry (. and .. are refused)", id)
 	}
 	return checkName("workflow ID", id, 400)
+}
+
+// checkChosenWorkflowID is checkWorkflowID for a workflow ID a caller
+// chose (StartOpts.WorkflowID, ChildOpts.WorkflowID): it must not parse as
+// a UUID, in any spelling uuid.Parse reads (upper case, braces, urn:uuid:,
+// no dashes). Run IDs are UUIDs and name runs wherever a workflow ID does
+// (GetRun, FindRun, Cancel, Terminate, Signal, the HTTP API, the CLI), a
+// run ID first: a chosen workflow ID that spelled another run's ID would
+// aim an operator's cancel at that other run.
+func checkChosenWorkflowID(id string) error {
+	if err := checkWorkflowID(id); err != nil {
+		return err
+	}
+	if _, err := uuid.Parse(id); err == nil {
+		return fmt.Errorf("workflow ID %q parses as a UUID, and run IDs are UUIDs: a chosen workflow ID cannot be one, "+
+			"since it could name another run where run IDs are taken; give it a prefix (\"order-%s\")", truncateText(id, 64), truncateText(id, 64))
+	}
+	return nil
 }
 
 func checkName(kind, name string, max int) error {

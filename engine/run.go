@@ -20,7 +20,10 @@ import (
 // UUID v7 as its workflow ID.
 type StartOpts struct {
 	// WorkflowID is the start's idempotency key (1 to 400 bytes, not . or
-	// ..), unique per workflow name: starting the same workflow with the
+	// .., and not a UUID in any spelling: run IDs are UUIDs, and a run ID
+	// names a run wherever a workflow ID does, so "order-<uuid>" rather
+	// than "<uuid>"; ErrInvalidInput otherwise), unique per workflow name:
+	// starting the same workflow with the
 	// same ID and the same input returns the existing run; with a different
 	// input, ErrWorkflowIDConflict.
 	// Default: the new run's ID.

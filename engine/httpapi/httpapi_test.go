@@ -1079,3 +1079,19 @@ func TestPackageDocListsEveryRoute(t *testing.T) {
 		require.Regexp(t, line, doc, "the package doc does not list %s %s", method, path)
 	}
 }
+
+// A start whose "id" parses as a UUID (another run's ID, in any spelling)
+// is a 400 that says why, never a run that GET /v1/runs/{id} would
+// confuse with the other.
+func TestStartRefusesAUUIDAsWorkflowID(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	r := b.do(t, "POST", "/v1/workflows/approval/runs", `{"input": {"order_id": "o", "amount": 1}}`)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	victim := r.body["run_id"].(string)
+	for _, id := range []string{victim, strings.ToUpper(victim), "urn:uuid:" + victim} {
+		r = b.do(t, "POST", "/v1/workflows/approval/runs", `{"id": "`+id+`", "input": {"order_id": "o", "amount": 1}}`)
+		require.Equal(t, http.StatusBadRequest, r.status, r.raw)
+		require.Contains(t, r.raw, "parses as a UUID")
+	}
+}
