@@ -33,8 +33,13 @@ type BulkResult struct {
 // Cancel each; with dryRun it only counts them. p.Status, when set, must
 // be pending, running or waiting (ErrInvalidArgument otherwise, for
 // compensating too: such a run is ending already, and Cancel changes
-// nothing for it); p.Limit and p.Cursor are ignored. Runs that finished
-// meanwhile are skipped. Errors: ErrInvalidArgument (a bad filter), or the
+// nothing for it); p.Limit and p.Cursor are ignored. p must filter: by
+// Workflow, WorkflowIDPrefix, Tags, CreatedAfter or CreatedBefore
+// (ErrInvalidArgument otherwise: an empty filter would cancel every run;
+// CreatedBefore now names them all on purpose). Runs that finished
+// meanwhile, and runs whose cancellation was requested before (by another
+// bulk cancel running at once, say), are skipped: Done counts the runs
+// this call cancelled. Errors: ErrInvalidArgument (a bad filter), or the
 // first failure (the result counts what was done before it).
 func (e *Engine) CancelRuns(ctx context.Context, p ListRunsParams, dryRun bool) (BulkResult, error) {
 	statuses := []RunStatus{StatusPending, StatusRunning, StatusWaiting}
@@ -44,6 +49,10 @@ func (e *Engine) CancelRuns(ctx context.Context, p ListRunsParams, dryRun bool) 
 			why = " (a compensating run is undoing its steps already: cancelling it changes nothing)"
 		}
 		return BulkResult{}, fmt.Errorf("%w: a bulk cancel takes a status of pending, running or waiting, not %q%s", ErrInvalidArgument, p.Status, why)
+	}
+	if p.Workflow == "" && p.WorkflowIDPrefix == "" && p.CreatedAfter.IsZero() && p.CreatedBefore.IsZero() && len(p.Tags) == 0 {
+		return BulkResult{}, fmt.Errorf("%w: a bulk cancel needs a filter: a workflow, a workflow ID prefix, tags or a creation time "+
+			"(CreatedBefore: now names every run there is)", ErrInvalidArgument)
 	}
 	if p.Status != "" {
 		statuses = []RunStatus{p.Status}
@@ -73,8 +82,21 @@ func (e *Engine) CancelRuns(ctx context.Context, p ListRunsParams, dryRun bool) 
 	// (pending, then waiting) is listed under both: count it once.
 	slices.SortFunc(ids, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
 	ids = slices.Compact(ids)
-	return bulk(ids, more, dryRun, nil, func(id uuid.UUID) error { return e.Cancel(ctx, id) }, ErrRunClosed)
+	return bulk(ids, more, dryRun, nil, func(id uuid.UUID) error {
+		switch requested, err := e.cancel(ctx, nil, id); {
+		case err != nil:
+			return err
+		case !requested:
+			return errCancelledBefore // by a concurrent bulk cancel, say: not this call's
+		}
+		e.noteCancelled([]uuid.UUID{id})
+		return nil
+	}, ErrRunClosed, errCancelledBefore)
 }
+
+// errCancelledBefore skips, in a bulk cancel, a run whose cancellation was
+// requested before.
+var errCancelledBefore = errors.New("cancellation requested before")
 
 // ReplayDeadJobs replays every open dead job the filter matches (see
 // ReplayDeadJob), at most MaxBulk; DiscardDeadJobs discards them. With
@@ -129,7 +151,7 @@ func collectPages(ids *[]uuid.UUID, page func(cursor string) ([]uuid.UUID, strin
 // collection error err), counting an error that is skipped (the thing
 // changed meanwhile: it, or ErrNotFound) apart from a failure, which ends
 // it.
-func bulk(ids []uuid.UUID, more, dryRun bool, err error, act func(uuid.UUID) error, skipped error) (BulkResult, error) {
+func bulk(ids []uuid.UUID, more, dryRun bool, err error, act func(uuid.UUID) error, skipped ...error) (BulkResult, error) {
 	res := BulkResult{DryRun: dryRun}
 	if err != nil {
 		return res, err
@@ -143,7 +165,7 @@ func bulk(ids []uuid.UUID, more, dryRun bool, err error, act func(uuid.UUID) err
 	}
 	for _, id := range ids {
 		switch err := act(id); {
-		case errors.Is(err, skipped) || errors.Is(err, ErrNotFound):
+		case slices.ContainsFunc(skipped, func(s error) bool { return errors.Is(err, s) }) || errors.Is(err, ErrNotFound):
 			res.Skipped++
 		case err != nil:
 			return res, err

@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -91,4 +92,51 @@ func TestBulkCancelReplayAndDiscard(t *testing.T) {
 	res, err = b.engine.DiscardDeadJobs(ctx, engine.ListDeadJobsParams{Workflow: "bulk-flaky"}, nil, false)
 	require.NoError(t, err)
 	require.Zero(t, res.Matched, "no open dead job is left")
+}
+
+// A bulk cancel needs a filter (an empty one would cancel every run), and
+// bulk cancels running at once each count only the runs they cancelled:
+// 400 runs cancelled by three concurrent calls are 400 in all, not 400
+// each (found by an attack pass).
+func TestBulkCancelNeedsAFilterAndCountsWhatItChanged(t *testing.T) {
+	t.Parallel()
+	waits := engine.Define("bulk-count-waits", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.AwaitSignal[int](ctx, "never", 0)
+	}, nil)
+	b := setup(t, nil, waits)
+	ctx := testCtx(t)
+	_, err := b.engine.CancelRuns(ctx, engine.ListRunsParams{}, true)
+	require.ErrorIs(t, err, engine.ErrInvalidArgument)
+	require.ErrorContains(t, err, "a bulk cancel needs a filter")
+	_, err = b.engine.CancelRuns(ctx, engine.ListRunsParams{Status: engine.StatusWaiting}, true)
+	require.ErrorIs(t, err, engine.ErrInvalidArgument, "a status alone is no filter")
+
+	const n = 400
+	runs := make([]engine.StartParams[int], n)
+	for i := range runs {
+		runs[i] = engine.StartParams[int]{Input: i}
+	}
+	_, err = waits.StartMany(ctx, b.engine, runs)
+	require.NoError(t, err)
+	eventually(t, 30*time.Second, "every run waiting", func() bool {
+		var waiting int
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE status = 'waiting'`).Scan(&waiting))
+		return waiting == n
+	})
+	var wg sync.WaitGroup
+	results := make([]engine.BulkResult, 3)
+	for i := range results {
+		wg.Go(func() {
+			var err error
+			results[i], err = b.engine.CancelRuns(ctx, engine.ListRunsParams{Workflow: "bulk-count-waits"}, false)
+			require.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	done := 0
+	for _, r := range results {
+		done += r.Done
+		require.Equal(t, r.Matched, r.Done+r.Skipped)
+	}
+	require.Equal(t, n, done, "each run counted once, by the call that cancelled it: %+v", results)
 }

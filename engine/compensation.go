@@ -204,7 +204,7 @@ func undoCall(comp *compensation) *stepCall {
 //
 // FindRun turns a workflow ID into the run ID Cancel takes.
 func (e *Engine) Cancel(ctx context.Context, runID uuid.UUID) error {
-	if err := e.cancel(ctx, nil, runID); err != nil {
+	if _, err := e.cancel(ctx, nil, runID); err != nil {
 		return err
 	}
 	// Committed: a delivery of the run in this process stops its forward
@@ -216,12 +216,19 @@ func (e *Engine) Cancel(ctx context.Context, runID uuid.UUID) error {
 
 // CancelTx is Cancel inside the caller's transaction.
 func (e *Engine) CancelTx(ctx context.Context, tx pgx.Tx, runID uuid.UUID) error {
-	return e.cancel(ctx, tx, runID)
+	_, err := e.cancel(ctx, tx, runID)
+	return err
 }
 
-func (e *Engine) cancel(ctx context.Context, tx pgx.Tx, runID uuid.UUID) error {
-	return e.inTx(ctx, tx, func(tx pgx.Tx) error {
-		status, wake, err := store.CancelRun(ctx, tx, runID)
+// cancel is Cancel and CancelTx; requested reports whether this call
+// requested the cancellation (a run cancelled before is not counted again
+// by a bulk cancel).
+func (e *Engine) cancel(ctx context.Context, tx pgx.Tx, runID uuid.UUID) (requested bool, err error) {
+	err = e.inTx(ctx, tx, func(tx pgx.Tx) error {
+		// Wall time, not Config.Clock: the sweeps compare these columns
+		// with PostgreSQL's clock.
+		status, wake, first, err := store.CancelRun(ctx, tx, runID, time.Now())
+		requested = first
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			return fmt.Errorf("%w: run %s", ErrNotFound, runID)
@@ -236,4 +243,5 @@ func (e *Engine) cancel(ctx context.Context, tx pgx.Tx, runID uuid.UUID) error {
 		}
 		return nil
 	})
+	return requested, err
 }

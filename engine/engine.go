@@ -117,7 +117,8 @@ type Config struct {
 	// together do not prune together). A pass deletes in batches of 500
 	// runs for at most 5 s and leaves the rest to the next. A client-only
 	// engine (never started) does not prune. Default DefaultRetention (7
-	// days); negative keeps them for ever.
+	// days); at least MinRetention (a minute); negative keeps them for
+	// ever.
 	Retention time.Duration
 	// Clock is the time timers, signal timeouts, retry backoffs and
 	// schedules follow. Default the system clock; tests inject
@@ -187,6 +188,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("pgdurable: HeartbeatInterval %s must be shorter than LeaseDuration %s", c.HeartbeatInterval, c.LeaseDuration)
 	case c.MaxWorkers < 0 || c.MaxDeliveries < 0 || c.MaxPayloadBytes < 0 || c.MaxSignalsPerRun < 0 || c.MaxSignalBytesPerRun < 0:
 		return c, errors.New("pgdurable: MaxWorkers, MaxDeliveries, MaxPayloadBytes, MaxSignalsPerRun and MaxSignalBytesPerRun cannot be negative")
+	case c.Retention > 0 && c.Retention < MinRetention:
+		return c, fmt.Errorf("pgdurable: Retention %s is below the %s minimum (negative keeps finished runs for ever)", c.Retention, MinRetention)
 	case c.MaxWorkers > MaxMaxWorkers:
 		return c, fmt.Errorf("pgdurable: MaxWorkers %d is over %d, the most River works at once on a queue", c.MaxWorkers, MaxMaxWorkers)
 	case c.RetryPolicy.validate() != nil:

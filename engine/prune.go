@@ -13,6 +13,14 @@ import (
 // week.
 const DefaultRetention = 7 * 24 * time.Hour
 
+// MinRetention is the least Config.Retention New takes, and the least
+// age at which the HTTP API (POST /v1/runs/prune) and engine runs prune
+// delete finished runs: a run that just ended stays readable (Wait, a
+// follow, a client's retry of its start) at least this long, and a typo
+// ("1ns") cannot delete every finished run at once. Engine.Prune itself
+// takes any positive age (tests, scripts).
+const MinRetention = time.Minute
+
 // pruneBatch is how many runs one prune statement deletes; pruneEvery how
 // often each engine's sweep prunes, and pruneBudget how long one pass may
 // take before it leaves the rest for the next.

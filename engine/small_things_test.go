@@ -110,3 +110,16 @@ func TestNewRefusesBadLeaseSettings(t *testing.T) {
 	_, err = engine.New(db.Pool, &engine.Config{MaxWorkers: engine.MaxMaxWorkers})
 	require.NoError(t, err)
 }
+
+// Config.Retention is at least MinRetention (a minute) or negative: a
+// typo of 1ns would delete every finished run at every sweep.
+func TestNewRefusesARetentionUnderAMinute(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	_, err := engine.New(db.Pool, &engine.Config{Retention: time.Nanosecond})
+	require.ErrorContains(t, err, "Retention 1ns is below the 1m0s minimum")
+	for _, ok := range []time.Duration{-1, engine.MinRetention, engine.DefaultRetention} {
+		_, err := engine.New(db.Pool, &engine.Config{Retention: ok})
+		require.NoError(t, err, ok)
+	}
+}

@@ -1095,3 +1095,28 @@ func TestStartRefusesAUUIDAsWorkflowID(t *testing.T) {
 		require.Contains(t, r.raw, "parses as a UUID")
 	}
 }
+
+// The careless requests an attack pass sent: a bulk cancel with no filter
+// (it cancelled every open run) and a prune of runs that ended 1 ns ago
+// (it deleted every finished run) are 400s that say why.
+func TestBulkCancelAndPruneRefuseCarelessRequests(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	r := b.do(t, "POST", "/v1/workflows/approval/runs", `{"id": "keep-me", "input": {"order_id": "o", "amount": 1}}`)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	for _, body := range []string{`{}`, `{"dry_run": false}`, `{"status": "waiting"}`, `{"top_level": true}`} {
+		r = b.do(t, "POST", "/v1/bulk/cancel-runs", body)
+		require.Equal(t, http.StatusBadRequest, r.status, body)
+		require.Contains(t, r.raw, "a bulk cancel needs a filter", body)
+	}
+	for _, age := range []string{"1ns", "59s"} {
+		r = b.do(t, "POST", "/v1/runs/prune", `{"older_than": "`+age+`"}`)
+		require.Equal(t, http.StatusBadRequest, r.status, age)
+		require.Contains(t, r.raw, "below the 1m0s minimum", age)
+	}
+	r = b.do(t, "POST", "/v1/runs/prune", `{"older_than": "1m", "dry_run": true}`)
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	r = b.do(t, "GET", "/v1/runs/keep-me", "")
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.NotEqual(t, "cancelled", r.body["status"])
+}

@@ -455,8 +455,12 @@ func (a *api) pruneRuns(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d, err := time.ParseDuration(req.OlderThan)
-	if err != nil || d <= 0 {
+	switch {
+	case err != nil || d <= 0:
 		writeError(w, http.StatusBadRequest, "invalid_parameter", fmt.Sprintf("older_than %q is not a positive duration such as \"720h\"", truncate(req.OlderThan, 64)))
+		return
+	case d < engine.MinRetention:
+		writeError(w, http.StatusBadRequest, "invalid_parameter", fmt.Sprintf("older_than %s is below the %s minimum: a run that just ended is kept at least that long", d, engine.MinRetention))
 		return
 	}
 	res, err := a.e.Prune(r.Context(), engine.PruneParams{OlderThan: d, DryRun: req.DryRun})

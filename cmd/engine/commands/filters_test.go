@@ -122,6 +122,9 @@ func TestRunsPruneDefaultsToTheRetention(t *testing.T) {
 	code, _, errOut = prune(nil, map[string]string{"ENGINE_RETENTION": "7 days"})
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, `ENGINE_RETENTION: "7 days" is neither a duration above 0`)
+	code, _, errOut = prune(nil, nil, "--older-than", "1ns")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--older-than 1ns is below the 1m0s minimum")
 
 	addr, _ := serveInProcess(t, db, commands.Options{Workflows: workflows(), Config: &engine.Config{Retention: -1}}, nil)
 	code, out, errOut = cli(commands.Options{Config: &engine.Config{Retention: 36 * time.Hour}}, nil, "--address", addr, "runs", "prune", "--dry-run")

@@ -157,6 +157,9 @@ there the server prunes in one request).`,
 			if prune.OlderThan <= 0 {
 				return &usageError{fmt.Errorf("--older-than must be a duration above 0, such as 720h")}
 			}
+			if prune.OlderThan < engine.MinRetention {
+				return &usageError{fmt.Errorf("--older-than %s is below the %s minimum: a run that just ended is kept at least that long", prune.OlderThan, engine.MinRetention)}
+			}
 			last := time.Now()
 			prune.Progress = func(so engine.PruneResult) {
 				// A long prune says how far it got, once a second, on stderr.

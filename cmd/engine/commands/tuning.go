@@ -110,6 +110,9 @@ func parseRetention(s string) (time.Duration, error) {
 	if err != nil || d <= 0 {
 		return 0, fmt.Errorf("%q is neither a duration above 0 (720h, 168h30m) nor \"forever\"", s)
 	}
+	if d < engine.MinRetention {
+		return 0, fmt.Errorf("%s is below the %s minimum (or \"forever\")", d, engine.MinRetention)
+	}
 	return d, nil
 }
 

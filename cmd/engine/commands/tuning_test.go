@@ -159,6 +159,7 @@ func TestServeRefusesBadEngineSettings(t *testing.T) {
 		{nil, nil, []string{"--heartbeat-interval", "0s"}, "--heartbeat-interval: the heartbeat interval must be above 0, not 0s"},
 		{nil, nil, []string{"--retention", "0"}, `invalid argument "0" for "--retention" flag: "0" is neither a duration above 0 (720h, 168h30m) nor "forever"`},
 		{nil, map[string]string{"ENGINE_RETENTION": "a week"}, nil, `ENGINE_RETENTION: "a week" is neither a duration above 0`},
+		{nil, map[string]string{"ENGINE_RETENTION": "1ns"}, nil, `ENGINE_RETENTION: 1ns is below the 1m0s minimum (or "forever")`},
 		{nil, map[string]string{"ENGINE_MAX_WORKERS": "lots"}, nil, `ENGINE_MAX_WORKERS: "lots" is not a whole number`},
 		{nil, nil, []string{"--max-deliveries", "0"}, "--max-deliveries: max deliveries must be at least 1, not 0"},
 		{nil, map[string]string{"ENGINE_MAX_WORKERS": "100000000"}, nil, "ENGINE_MAX_WORKERS: max workers must be at most 10000 (River's limit per queue), not 100000000"},

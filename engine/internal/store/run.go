@@ -427,28 +427,32 @@ func Heartbeat(ctx context.Context, db DBTX, f Fence, markLong bool) (cancel, ma
 // caller enqueues a delivery in the same transaction so compensations run
 // now. ErrNotFound when there is no such run; a finished run is returned
 // unchanged (the caller reports it closed).
-func CancelRun(ctx context.Context, db DBTX, runID uuid.UUID) (status string, wakeUp bool, err error) {
-	err = db.QueryRow(ctx, cancelRun, runID).Scan(&status)
+//
+// requested reports whether this call requested the cancellation (the run
+// was active and none was requested before), so that concurrent callers
+// count each request once. now is the time the request is recorded at.
+func CancelRun(ctx context.Context, db DBTX, runID uuid.UUID, now time.Time) (status string, wakeUp, requested bool, err error) {
+	err = db.QueryRow(ctx, cancelRun, runID, now).Scan(&status, &requested)
 	if err != nil {
-		return "", false, translate(err)
+		return "", false, false, translate(err)
 	}
-	return status, status == RunWaiting, nil
+	return status, status == RunWaiting, requested, nil
 }
 
 const cancelRun = `
 WITH target AS (
-    SELECT run_id, status FROM workflow_runs WHERE run_id = $1 FOR UPDATE
+    SELECT run_id, status, cancel_requested_at IS NULL AS first FROM workflow_runs WHERE run_id = $1 FOR UPDATE
 ), upd AS (
     UPDATE workflow_runs r SET
-        cancel_requested_at = coalesce(r.cancel_requested_at, now()),
+        cancel_requested_at = coalesce(r.cancel_requested_at, $2),
         status = CASE WHEN target.status = 'waiting' THEN 'pending' ELSE r.status END,
         wake_at = CASE WHEN target.status = 'waiting' THEN NULL ELSE r.wake_at END,
         await_signal = CASE WHEN target.status = 'waiting' THEN NULL ELSE r.await_signal END,
-        enqueued_at = CASE WHEN target.status = 'waiting' THEN now() ELSE r.enqueued_at END
+        enqueued_at = CASE WHEN target.status = 'waiting' THEN $2 ELSE r.enqueued_at END
     FROM target
     WHERE r.run_id = target.run_id AND target.status IN ('pending', 'running', 'waiting')
 )
-SELECT status FROM target`
+SELECT status, first AND status IN ('pending', 'running', 'waiting') FROM target`
 
 // CancelRequested returns which of runIDs have a cancellation requested:
 // a primary-key lookup per run, read-only.
