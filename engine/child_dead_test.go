@@ -315,3 +315,69 @@ func TestConcurrentResolvesOfOneFamilyDoNotDeadlock(t *testing.T) {
 		}
 	})
 }
+
+// An operator's terminate racing another's replay of the same dead run
+// (or a cancel) never fails with a deadlock, and is never lost: a
+// terminate that returned nil leaves the run terminated, whatever the
+// replay did (found by an attack pass: 4 of 15 answered 500 "deadlock
+// detected", and the run went back to running).
+func TestTerminateRacingReplayOrCancelIsNeverLost(t *testing.T) {
+	t.Parallel()
+	var broken atomic.Bool
+	broken.Store(true)
+	wf := engine.Define("terminate-races", func(ctx *engine.Context, _ int) (int, error) {
+		if _, err := engine.Step(ctx, "work", func(context.Context) (int, error) {
+			if broken.Load() {
+				panic("bug")
+			}
+			return 1, nil
+		}, nil); err != nil {
+			return 0, err
+		}
+		return engine.AwaitSignal[int](ctx, "never", 0) // stays open once replayed
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	const n = 15
+	ids := make([]uuid.UUID, n)
+	for i := range ids {
+		res, err := wf.Start(ctx, b.engine, i, nil)
+		require.NoError(t, err)
+		ids[i] = res.RunID
+	}
+	jobs := make([]*engine.DeadJob, n)
+	for i, id := range ids {
+		waitStatus(t, b.engine, id, engine.StatusDead, 10*time.Second)
+		jobs[i] = openDeadJob(t, b.engine, id)
+	}
+	broken.Store(false)
+	for i, id := range ids {
+		var wg sync.WaitGroup
+		var termErr, otherErr error
+		start := make(chan struct{})
+		wg.Go(func() {
+			<-start
+			termErr = b.engine.Terminate(ctx, id, engine.TerminateOpts{Reason: "race", By: "ops"})
+		})
+		wg.Go(func() {
+			<-start
+			if i%3 == 2 {
+				otherErr = b.engine.Cancel(ctx, id)
+			} else {
+				_, otherErr = b.engine.ReplayDeadJob(ctx, jobs[i].ID, &engine.ResolveOpts{By: "ops"})
+			}
+		})
+		close(start)
+		wg.Wait()
+		for _, err := range []error{termErr, otherErr} {
+			if err != nil {
+				require.True(t, errors.Is(err, engine.ErrRunClosed) || errors.Is(err, engine.ErrDeadJobResolved),
+					"race %d: %v", i, err)
+			}
+		}
+		require.NoError(t, termErr, "race %d: terminate comes first or last, and either way ends the run", i)
+		run, err := b.engine.GetRun(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, engine.StatusTerminated, run.Status, "race %d", i)
+	}
+}

@@ -299,7 +299,7 @@ func (e *Engine) resolveDeadJob(ctx context.Context, id uuid.UUID, resolution st
 	}
 	verb := map[string]string{"replayed": "replay", "discarded": "discard"}[resolution]
 	var out *store.DeadJobRow
-	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+	err := e.inTx(ctx, nil, func(tx pgx.Tx) error {
 		// A replay may reach the dead jobs of a run's parents and children,
 		// and a discard races it: each takes its family's root run row
 		// first, so two of them on one family (from either end) wait for
@@ -355,9 +355,22 @@ func (e *Engine) lockFamily(ctx context.Context, tx pgx.Tx, id uuid.UUID) error 
 	case err != nil:
 		return err
 	}
-	root := d.RunID // a run that exists
+	return lockFamilyOf(ctx, tx, d.RunID)
+}
+
+// lockFamilyOf locks, in tx, the run row of the root of run runID's
+// family: the ancestor with no parent (runID itself when it has none, or
+// when runID does not exist). The operator actions that touch a run and
+// its dead job (replay, discard, terminate) take it first, so two on one
+// family wait for each other instead of locking its runs and dead jobs in
+// opposite orders. (Cancel touches the run's row alone.)
+func lockFamilyOf(ctx context.Context, tx pgx.Tx, runID uuid.UUID) error {
+	root := runID
 	for range maxFamilyDepth {
 		parent, _, err := store.RunParent(ctx, tx, root)
+		if errors.Is(err, store.ErrNotFound) {
+			break // no such run: its action says so next
+		}
 		if err != nil {
 			return err
 		}

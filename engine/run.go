@@ -245,12 +245,32 @@ func (e *Engine) tooLarge(name string, n int) error {
 
 // inTx runs fn in tx when it is non-nil (the caller commits), otherwise in a
 // new transaction that it commits.
+//
+// A transaction of its own that PostgreSQL rolled back for a deadlock or a
+// serialization failure (two operators acting on one run at once, say) is
+// run again, up to txRetries more times, rather than failing: fn must
+// leave nothing behind but its transaction's writes (it runs again from
+// the start).
 func (e *Engine) inTx(ctx context.Context, tx pgx.Tx, fn func(pgx.Tx) error) error {
 	if tx != nil {
 		return fn(tx)
 	}
-	return pgx.BeginFunc(ctx, e.pool, fn)
+	for try := 0; ; try++ {
+		err := pgx.BeginFunc(ctx, e.pool, fn)
+		if transient, ambiguous := store.IsTransient(err); !transient || ambiguous || try == txRetries {
+			return err
+		}
+		time.Sleep(txRetryBackoff << try)
+	}
 }
+
+// txRetries and txRetryBackoff: how often inTx runs a transaction again
+// that PostgreSQL rolled back for a deadlock or serialization failure,
+// and the wait before the first retry (doubling).
+const (
+	txRetries      = 3
+	txRetryBackoff = 20 * time.Millisecond
+)
 
 // insertRunTx inserts r in the caller's tx, with its River ticket when it
 // is new.

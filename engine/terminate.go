@@ -52,7 +52,10 @@ func (e *Engine) Terminate(ctx context.Context, runID uuid.UUID, opts TerminateO
 	info := &ErrorInfo{Class: ClassTerminated, Message: msg}
 	var t store.Terminated
 	var cancelled []uuid.UUID
-	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+	err := e.inTx(ctx, nil, func(tx pgx.Tx) error {
+		if err := lockFamilyOf(ctx, tx, runID); err != nil {
+			return err
+		}
 		var err error
 		if t, err = store.TerminateRun(ctx, tx, runID, info.json(), opts.By, msg); err != nil {
 			return err
