@@ -16,6 +16,8 @@
 //     Sec-Fetch-Site same-origin) and the form's CSRF token: a page on
 //     another site cannot act through a signed-in browser.
 //   - Responses forbid framing and inline scripts (Content-Security-Policy).
+//   - /ui/static/ serves the stylesheet and the script to anyone, and no
+//     listing of its folder.
 //
 // The Host check against DNS rebinding is httpapi's, around this handler.
 package webui
@@ -96,7 +98,7 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	_, _ = rand.Read(u.csrfKey)
 	static, _ := fs.Sub(assets, "assets/static")
 	mux := http.NewServeMux()
-	mux.Handle("GET /ui/static/", http.StripPrefix("/ui/static/", cacheStatic(http.FileServerFS(static))))
+	mux.Handle("GET /ui/static/", http.StripPrefix("/ui/static/", u.staticFiles(static)))
 	mux.HandleFunc("GET /ui/login", u.loginPage)
 	mux.HandleFunc("POST /ui/login", u.login)
 	pages := http.NewServeMux()
@@ -169,10 +171,19 @@ func headers(next http.Handler) http.Handler {
 	})
 }
 
-func cacheStatic(next http.Handler) http.Handler {
+// staticFiles serves the files of static (the stylesheet, the script),
+// under http.StripPrefix, and answers 404 for anything else: a directory
+// (http.FileServerFS would list it), a missing file, a path fs.FS refuses.
+func (u *ui) staticFiles(static fs.FS) http.Handler {
+	files := http.FileServerFS(static)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		name := r.URL.Path
+		if fi, err := fs.Stat(static, name); err != nil || fi.IsDir() {
+			u.fail(w, r, http.StatusNotFound, "There is no such file.")
+			return
+		}
 		w.Header().Set("Cache-Control", "max-age=300")
-		next.ServeHTTP(w, r)
+		files.ServeHTTP(w, r)
 	})
 }
 

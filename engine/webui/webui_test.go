@@ -644,3 +644,23 @@ func TestDeadJobPageLinksTheDeadChild(t *testing.T) {
 	require.Contains(t, body, `<a href="/ui/runs/`+res.RunID.String()+`">`, "the child's page names the parent parked on it")
 	require.Contains(t, body, `<a href="/ui/dead-jobs/`+job.ID.String()+`">`)
 }
+
+// /ui/static/ serves its files, and no listing of them.
+func TestStaticServesFilesNotListings(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "0123456789abcdef-ui-static-token")
+	c := newClient(t, f.srv.URL)
+	for _, p := range []string{"/ui/static/", "/ui/static/?C=M;O=D", "/ui/static/nope.css", "/ui/static/style.css/"} {
+		code, _, body := c.do("GET", p, nil, nil)
+		require.Equal(t, http.StatusNotFound, code, p)
+		require.NotContains(t, body, `href="style.css"`, p, "no listing")
+		require.NotContains(t, body, `href="app.js"`, p, "no listing")
+	}
+	code, _, _ := c.do("GET", "/ui/static", nil, nil)
+	require.NotEqual(t, 200, code)
+	for _, p := range []string{"/ui/static/style.css", "/ui/static/app.js"} {
+		code, h, _ := c.do("GET", p, nil, nil)
+		require.Equal(t, 200, code, p)
+		require.Equal(t, "max-age=300", h.Get("Cache-Control"), p)
+	}
+}
