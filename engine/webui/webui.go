@@ -12,6 +12,9 @@
 //     Bearer <token>", or as the session cookie that /ui/login sets after
 //     the token is typed in (HttpOnly, SameSite=Strict, holding an HMAC of
 //     the token, not the token).
+//   - Wrong tokens at /ui/login are counted per client address: over 20 a
+//     minute they are answered 429 and no longer logged. A correct token
+//     is always accepted.
 //   - Every POST needs this service's origin (the Origin header, or
 //     Sec-Fetch-Site same-origin) and the form's CSRF token: a page on
 //     another site cannot act through a signed-in browser.
@@ -40,7 +43,6 @@ import (
 	"net/url"
 	"path"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -92,7 +94,7 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	if o.Token != "" && o.Pool == nil {
 		panic("webui: Options.Token needs Options.Pool for the sessions")
 	}
-	u := &ui{e: e, opts: o, pages: parsePages(), csrfKey: make([]byte, 32)}
+	u := &ui{e: e, opts: o, pages: parsePages(), csrfKey: make([]byte, 32), limit: newSignInLimit(time.Now)}
 	// Without a token there are no sessions: forms carry a token of this
 	// process (a page on another site cannot read it).
 	_, _ = rand.Read(u.csrfKey)
@@ -128,10 +130,7 @@ type ui struct {
 	opts    Options
 	pages   map[string]*template.Template
 	csrfKey []byte // this process's, for forms without a session
-
-	mu            sync.Mutex
-	failedSignIns int       // in the minute since failedWindow
-	failedWindow  time.Time // the start of that minute
+	limit   *signInLimit
 }
 
 func mac(key []byte, msg string) []byte {
@@ -283,10 +282,6 @@ func (u *ui) sameOrigin(next http.Handler) http.Handler {
 // JSON URL encoding can triple.
 const maxForm = 4 << 20
 
-// maxFailedSignIns bounds wrong tokens per minute per process: a guesser
-// gets 20 tries a minute, and each is logged.
-const maxFailedSignIns = 20
-
 func (u *ui) loginPage(w http.ResponseWriter, r *http.Request) {
 	if u.opts.Token == "" {
 		http.Redirect(w, r, Prefix, http.StatusSeeOther)
@@ -297,21 +292,30 @@ func (u *ui) loginPage(w http.ResponseWriter, r *http.Request) {
 
 // login checks the typed token and starts a session. Its form carries no
 // CSRF token (there is no session yet); the origin check stands, and a
-// forged sign-in would need the token anyway.
+// forged sign-in would need the token anyway. A correct token always signs
+// in; wrong ones are counted per client address (signInLimit), answered
+// 401 and logged up to maxFailedSignIns a minute, then 429 and unlogged.
 func (u *ui) login(w http.ResponseWriter, r *http.Request) {
 	next := safeNext(r.PostForm.Get("next"))
 	if u.opts.Token == "" {
 		http.Redirect(w, r, next, http.StatusSeeOther)
 		return
 	}
-	if !u.allowSignIn() {
-		u.render(w, r, http.StatusTooManyRequests, "login", &page{Title: "Sign in",
-			Error: "Too many wrong tokens in the last minute: wait a minute and try again.", Data: map[string]string{"Next": next}})
-		return
-	}
 	if subtle.ConstantTimeCompare([]byte(r.PostForm.Get("token")), []byte(u.opts.Token)) != 1 {
-		u.failedSignIn()
-		u.opts.Logger.Warn("web ui: sign-in with a wrong token", "remote", r.RemoteAddr)
+		n := u.limit.fail(clientKey(r.RemoteAddr))
+		switch {
+		case n <= maxFailedSignIns:
+			u.opts.Logger.Warn("web ui: sign-in with a wrong token", "remote", r.RemoteAddr)
+		case n == maxFailedSignIns+1:
+			u.opts.Logger.Warn("web ui: too many wrong tokens from one address: the rest of this minute's are answered 429 and not logged",
+				"remote", r.RemoteAddr, "limit_per_minute", maxFailedSignIns)
+		}
+		if n > maxFailedSignIns {
+			u.render(w, r, http.StatusTooManyRequests, "login", &page{Title: "Sign in",
+				Error: "Too many wrong tokens came from your address in the last minute, and this is not this service's API token either: wait a minute before you try again.",
+				Data:  map[string]string{"Next": next}})
+			return
+		}
 		u.render(w, r, http.StatusUnauthorized, "login", &page{Title: "Sign in", Error: "That is not this service's API token.",
 			Data: map[string]string{"Next": next}})
 		return
@@ -327,21 +331,6 @@ func (u *ui) login(w http.ResponseWriter, r *http.Request) {
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https",
 		MaxAge: int(SessionTTL.Seconds())})
 	http.Redirect(w, r, next, http.StatusSeeOther)
-}
-
-func (u *ui) allowSignIn() bool {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if time.Since(u.failedWindow) > time.Minute {
-		u.failedWindow, u.failedSignIns = time.Now(), 0
-	}
-	return u.failedSignIns < maxFailedSignIns
-}
-
-func (u *ui) failedSignIn() {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	u.failedSignIns++
 }
 
 // logout ends the session on the server (every process) and in the

@@ -7,6 +7,7 @@ import (
 	"html"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -381,15 +382,19 @@ func TestTokenProtectsThePagesBehindASignIn(t *testing.T) {
 	code, _, _ = other.do("GET", "/ui/runs", nil, nil)
 	require.Equal(t, 200, code, "the other session lives on")
 
-	// Wrong tokens are limited: 20 a minute per process, then 429.
+	// Wrong tokens are limited: 20 a minute per client address, then 429;
+	// a correct token still signs in (before, the 21st request was
+	// refused whatever its token: TestSignInLimitNeverRefusesTheToken).
 	guesser := newClient(t, f.srv.URL)
 	for range 19 { // one wrong try above already
 		code, _, _ = guesser.do("POST", "/ui/login", url.Values{"token": {"guess"}}, nil)
 		require.Equal(t, http.StatusUnauthorized, code)
 	}
-	code, _, body = guesser.do("POST", "/ui/login", url.Values{"token": {token}}, nil)
+	code, _, body = guesser.do("POST", "/ui/login", url.Values{"token": {"guess"}}, nil)
 	require.Equal(t, http.StatusTooManyRequests, code)
 	require.Contains(t, body, "Too many wrong tokens")
+	code, _, _ = guesser.do("POST", "/ui/login", url.Values{"token": {token}}, nil)
+	require.Equal(t, http.StatusSeeOther, code)
 }
 
 // screenshotDir is where the browser test saves a PNG of each page:
@@ -643,6 +648,43 @@ func TestDeadJobPageLinksTheDeadChild(t *testing.T) {
 	require.Equal(t, 200, code)
 	require.Contains(t, body, `<a href="/ui/runs/`+res.RunID.String()+`">`, "the child's page names the parent parked on it")
 	require.Contains(t, body, `<a href="/ui/dead-jobs/`+job.ID.String()+`">`)
+}
+
+// Wrong tokens are limited per client address, and only wrong ones: a
+// client that sends 21 wrong tokens a minute gets 429 for its wrong
+// tokens, and a correct token is never refused (found by an attack pass:
+// the limit counted every client together and was checked before the
+// token, so anyone could lock every operator out).
+func TestSignInLimitNeverRefusesTheToken(t *testing.T) {
+	t.Parallel()
+	const token = "0123456789abcdef-ui-limit-token"
+	f := newFixture(t, token)
+	guesser := newClient(t, f.srv.URL)
+	for i := range 20 {
+		code, _, _ := guesser.do("POST", "/ui/login", url.Values{"token": {fmt.Sprintf("guess-%d", i)}}, nil)
+		require.Equal(t, http.StatusUnauthorized, code, i)
+	}
+	for range 5 {
+		code, _, body := guesser.do("POST", "/ui/login", url.Values{"token": {"guess"}}, nil)
+		require.Equal(t, http.StatusTooManyRequests, code)
+		require.Contains(t, body, "Too many wrong tokens")
+		require.NotContains(t, body, token)
+	}
+	// Another address is counted apart: its wrong token is a plain 401.
+	elsewhere := newClient(t, f.srv.URL)
+	elsewhere.http.Transport = &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}).DialContext}
+	code, _, body := elsewhere.do("POST", "/ui/login", url.Values{"token": {"typo"}}, nil)
+	require.Equal(t, http.StatusUnauthorized, code, "another client address has its own count")
+	require.NotContains(t, body, "Too many wrong tokens")
+
+	operator := newClient(t, f.srv.URL) // from the guesser's address, as behind one proxy
+	code, h, _ := operator.do("POST", "/ui/login", url.Values{"token": {token}, "next": {"/ui/runs"}}, nil)
+	require.Equal(t, http.StatusSeeOther, code, "the token signs in whatever wrong tokens came before")
+	require.Equal(t, "/ui/runs", h.Get("Location"))
+	code, _, _ = operator.do("GET", "/ui/runs", nil, nil)
+	require.Equal(t, 200, code)
+	code, _, _ = guesser.do("POST", "/ui/login", url.Values{"token": {token}}, nil)
+	require.Equal(t, http.StatusSeeOther, code, "the guesser's own correct token too")
 }
 
 // /ui/static/ serves its files, and no listing of them.
