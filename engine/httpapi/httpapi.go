@@ -49,6 +49,8 @@
 //	POST /v1/dead-jobs/{id}/replay        {"by": "...", "note": "..."} (optional) → 200 the job, 409 dead_job_resolved;
 //	                                      a run's ID with no open dead job: 409 run_closed or run_not_finished; 404
 //	POST /v1/dead-jobs/{id}/discard       the same
+//	POST /v1/ui-sessions/revoke           sign out everywhere: end every web UI session (no body) → 200 {"revoked": N},
+//	                                      the live sessions ended; browsers must sign in again with the token
 //	GET  /healthz, GET /readyz, GET /metrics
 //	GET  /ui/...                          the web UI (Options.UI); GET / redirects there
 //
@@ -99,7 +101,9 @@ type Options struct {
 	MaxBodyBytes int64
 	// Metrics serves /metrics; nil serves 404 there.
 	Metrics http.Handler
-	// Pool is pinged by /readyz; nil means always ready.
+	// Pool is pinged by /readyz (nil: always ready) and holds the web UI's
+	// sessions, which POST /v1/ui-sessions/revoke ends (nil: it answers
+	// 501).
 	Pool *pgxpool.Pool
 	// Logger logs request failures (5xx). Default slog.Default().
 	Logger *slog.Logger
@@ -154,6 +158,7 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	v1.HandleFunc("GET /v1/dead-jobs/{id}", a.getDeadJob)
 	v1.HandleFunc("POST /v1/dead-jobs/{id}/replay", a.resolveDeadJob(e.ReplayDeadJob))
 	v1.HandleFunc("POST /v1/dead-jobs/{id}/discard", a.resolveDeadJob(e.DiscardDeadJob))
+	v1.HandleFunc("POST /v1/ui-sessions/revoke", a.revokeUISessions)
 	mux.Handle("/v1/", a.auth(a.sameSite(a.limitBody(traced(jsonMisses(v1))))))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})

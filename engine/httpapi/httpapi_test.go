@@ -1120,3 +1120,46 @@ func TestBulkCancelAndPruneRefuseCarelessRequests(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.status, r.raw)
 	require.NotEqual(t, "cancelled", r.body["status"])
 }
+
+// POST /v1/ui-sessions/revoke signs every browser out of the web UI and
+// counts the live sessions it ended; like all of /v1 it needs the token.
+func TestRevokeUISessionsRoute(t *testing.T) {
+	t.Parallel()
+	const token = "a-token-of-16-bytes-or-more"
+	opts := &httpapi.Options{Token: token}
+	b := setup(t, opts)
+	ctx := context.Background()
+	_, err := opts.Pool.Exec(ctx, `INSERT INTO ui_sessions (session_hash, expires_at) VALUES
+		('\x01', now() + interval '1 hour'), ('\x02', now() + interval '1 hour'), ('\x03', now() - interval '1 hour')`)
+	require.NoError(t, err)
+	sessions := func() (n int) {
+		require.NoError(t, opts.Pool.QueryRow(ctx, `SELECT count(*) FROM ui_sessions`).Scan(&n))
+		return n
+	}
+
+	r := b.do(t, "POST", "/v1/ui-sessions/revoke", "")
+	require.Equal(t, http.StatusUnauthorized, r.status, r.raw)
+	r = b.do(t, "GET", "/v1/ui-sessions/revoke", "", "Authorization", "Bearer "+token)
+	require.Equal(t, http.StatusMethodNotAllowed, r.status, r.raw)
+	r = b.do(t, "POST", "/v1/ui-sessions/revoke", "{}", "Authorization", "Bearer "+token, "Content-Type", "text/plain")
+	require.Equal(t, http.StatusUnsupportedMediaType, r.status, r.raw)
+	require.Equal(t, 3, sessions(), "a refused request ended nothing")
+
+	r = b.do(t, "POST", "/v1/ui-sessions/revoke", "", "Authorization", "Bearer "+token)
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.JSONEq(t, `{"revoked": 2}`, r.raw, "the live sessions")
+	require.Zero(t, sessions(), "the expired one went too")
+	r = b.do(t, "POST", "/v1/ui-sessions/revoke", "{}", "Authorization", "Bearer "+token)
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.JSONEq(t, `{"revoked": 0}`, r.raw)
+
+	// Without a database pool there are no sessions to end.
+	srv := httptest.NewServer(httpapi.New(b.e, nil))
+	defer srv.Close()
+	resp, err := http.Post(srv.URL+"/v1/ui-sessions/revoke", "application/json", nil)
+	require.NoError(t, err)
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusNotImplemented, resp.StatusCode, string(raw))
+	require.Contains(t, string(raw), `"code":"not_implemented"`)
+}

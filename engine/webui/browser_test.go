@@ -218,3 +218,31 @@ func TestBrowserOperatorDesk(t *testing.T) {
 	require.Contains(t, text("main"), "request ID")
 	shoot(t, ctx, dir, "run")
 }
+
+// TestBrowserSignOutEverywhere signs in with the token in headless
+// Chromium and presses "Sign out everywhere": the browser lands on the
+// sign-in page saying so, and another browser's session has ended too.
+func TestBrowserSignOutEverywhere(t *testing.T) {
+	t.Parallel()
+	ctx := browser(t)
+	const token = "0123456789abcdef-browser-token"
+	f := newFixture(t, token)
+	other := newClient(t, f.srv.URL)
+	other.signIn(token)
+
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.srv.URL+"/ui/runs"), chromedp.WaitVisible(chromedp.CSS("#token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), token), chromedp.Submit(chromedp.CSS("#token")),
+		chromedp.WaitVisible(chromedp.CSS(`form[action="/ui/logout-everywhere"] button`))))
+	loc, err := chromedp.Run(ctx, chromedp.Location())
+	require.NoError(t, err)
+	require.Equal(t, f.srv.URL+"/ui/runs", loc, "signed in, back where it was going")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`form[action="/ui/logout-everywhere"] button`)),
+		chromedp.WaitVisible(chromedp.CSS(".notice"))))
+	notice, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(".notice")))
+	require.NoError(t, err)
+	require.Contains(t, notice, "Every browser is signed out")
+
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.srv.URL+"/ui/runs"), chromedp.WaitVisible(chromedp.CSS("#token"))))
+	code, _, _ := other.do("GET", "/ui/runs", nil, nil)
+	require.Equal(t, 303, code, "the other browser is signed out too")
+}

@@ -10,8 +10,13 @@
 // the HTTP API's:
 //   - With Options.Token set, a page needs the token: as "Authorization:
 //     Bearer <token>", or as the session cookie that /ui/login sets after
-//     the token is typed in (HttpOnly, SameSite=Strict, holding an HMAC of
-//     the token, not the token).
+//     the token is typed in (HttpOnly, SameSite=Strict). The cookie holds
+//     a random session secret, nothing derived from the token; the
+//     database keeps the secret's SHA-256 with an HMAC of the token keyed
+//     by the secret, so a session ends when its 12 hours are up, when it
+//     signs out, when anyone signs out everywhere (the UI's button,
+//     POST /v1/ui-sessions/revoke, engine ui-sessions revoke: see
+//     RevokeSessions), and as soon as the service runs with another token.
 //   - Wrong tokens at /ui/login are counted per client address: over 20 a
 //     minute they are answered 429 and no longer logged. A correct token
 //     is always accepted.
@@ -60,8 +65,9 @@ type Options struct {
 	// /ui/login, and Pool must be set to keep the sessions.
 	Token string
 	// Pool holds the signed-in sessions (table ui_sessions), so that every
-	// engine process sharing the database accepts them and sign-out ends
-	// them everywhere. Required with Token; unused without.
+	// engine process sharing the database with the same Token accepts
+	// them and sign-out ends them everywhere. Required with Token; without
+	// one, only a POST to /ui/logout-everywhere uses it (when set).
 	Pool *pgxpool.Pool
 	// Logger logs failures the UI shows as "internal error", and failed
 	// sign-ins. Default slog.Default().
@@ -105,6 +111,7 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	mux.HandleFunc("POST /ui/login", u.login)
 	pages := http.NewServeMux()
 	pages.HandleFunc("POST /ui/logout", u.logout)
+	pages.HandleFunc("POST /ui/logout-everywhere", u.logoutEverywhere)
 	pages.HandleFunc("GET /ui/{$}", u.overview)
 	pages.HandleFunc("GET /ui/runs", u.runs)
 	pages.HandleFunc("POST /ui/runs/cancel-matching", u.cancelMatching)
@@ -187,9 +194,9 @@ func (u *ui) staticFiles(static fs.FS) http.Handler {
 }
 
 // guard lets a request through to the pages:
-//   - with a token, when it carries a live session cookie or the bearer
-//     token; a page request without either is sent to the sign-in page,
-//     an action refused;
+//   - with a token, when it carries the cookie of a live session opened
+//     with this token, or the bearer token; a page request without either
+//     is sent to the sign-in page, an action refused;
 //   - a POST only with its form's CSRF token: the session's (an HMAC of
 //     its random secret, so only its holder knows it), or this process's
 //     without a token. A POST with the bearer token needs none: a page on
@@ -227,7 +234,7 @@ func (u *ui) guard(next http.Handler) http.Handler {
 }
 
 // session returns the secret of the request's session cookie when it
-// names a live session.
+// names a live session opened with this service's token.
 func (u *ui) session(r *http.Request) (secret []byte, ok bool, err error) {
 	c, err := r.Cookie(sessionCookie)
 	if err != nil {
@@ -238,11 +245,24 @@ func (u *ui) session(r *http.Request) (secret []byte, ok bool, err error) {
 		return nil, false, nil
 	}
 	hash := sha256.Sum256(secret)
-	ok, err = store.UISessionValid(r.Context(), u.opts.Pool, hash[:])
+	digest, ok, err := store.UISessionTokenDigest(r.Context(), u.opts.Pool, hash[:])
 	if err != nil {
 		return nil, false, fmt.Errorf("pgdurable: reading the UI session: %w", err)
 	}
-	return secret, ok, nil
+	if !ok || !hmac.Equal(digest, tokenDigest(secret, u.opts.Token)) {
+		return nil, false, nil
+	}
+	return secret, true, nil
+}
+
+// tokenDigest ties a session to the API token it is opened with: an HMAC
+// of the token keyed by the session's secret, kept with the session. A
+// process with another token computes another digest and refuses the
+// session; and as the secret lives only in the browser's cookie, the
+// stored digest gives a reader of the database nothing to test guesses of
+// the token against.
+func tokenDigest(secret []byte, token string) []byte {
+	return mac(secret, "api-token\x00"+token)
 }
 
 // sameOrigin refuses a POST that a page on another site could have sent:
@@ -323,7 +343,7 @@ func (u *ui) login(w http.ResponseWriter, r *http.Request) {
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret)
 	hash := sha256.Sum256(secret)
-	if err := store.CreateUISession(r.Context(), u.opts.Pool, hash[:], SessionTTL); err != nil {
+	if err := store.CreateUISession(r.Context(), u.opts.Pool, hash[:], tokenDigest(secret, u.opts.Token), SessionTTL); err != nil {
 		u.engineError(w, r, fmt.Errorf("pgdurable: recording the UI session: %w", err))
 		return
 	}
@@ -343,8 +363,41 @@ func (u *ui) logout(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: Prefix, HttpOnly: true, SameSite: http.SameSiteStrictMode, MaxAge: -1})
+	endCookie(w)
 	http.Redirect(w, r, "/ui/login", http.StatusSeeOther)
+}
+
+// endCookie deletes the session cookie in the browser.
+func endCookie(w http.ResponseWriter) {
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: Prefix, HttpOnly: true, SameSite: http.SameSiteStrictMode, MaxAge: -1})
+}
+
+// logoutEverywhere ends every session, this browser's included (sign out
+// everywhere): after a token leaked, or a laptop was lost.
+func (u *ui) logoutEverywhere(w http.ResponseWriter, r *http.Request) {
+	if u.opts.Pool != nil {
+		n, err := RevokeSessions(r.Context(), u.opts.Pool)
+		if err != nil {
+			u.engineError(w, r, err)
+			return
+		}
+		u.opts.Logger.Info("web ui: signed out everywhere", "sessions", n, "remote", r.RemoteAddr)
+	}
+	endCookie(w)
+	http.Redirect(w, r, "/ui/login?done=signed-out-everywhere", http.StatusSeeOther)
+}
+
+// RevokeSessions ends every web UI session kept in pool's database (sign
+// out everywhere): each browser signed in to any engine process on that
+// database must sign in again, with the token. It returns how many live
+// sessions it ended. The UI's "Sign out everywhere" button, the API's
+// POST /v1/ui-sessions/revoke and engine ui-sessions revoke do this.
+func RevokeSessions(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+	n, err := store.DeleteAllUISessions(ctx, pool, time.Now())
+	if err != nil {
+		return 0, fmt.Errorf("pgdurable: ending the UI sessions: %w", err)
+	}
+	return n, nil
 }
 
 // safeNext is where to go after signing in: a page of this UI, never
@@ -420,6 +473,8 @@ var notices = map[string]string{
 	"paused":     "Schedule paused.",
 	"resumed":    "Schedule resumed.",
 	"triggered":  "Schedule triggered: its run is below.",
+
+	"signed-out-everywhere": "Every browser is signed out of the web UI, this one included: each must sign in again with the API token.",
 }
 
 // errBadForm is a form field the UI cannot use.

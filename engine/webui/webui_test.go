@@ -126,7 +126,7 @@ func newFixture(t *testing.T, token string) *fixture {
 
 	ui := webui.New(f.e, &webui.Options{Token: token, Pool: db.Pool, APIError: httpapi.ErrorCode})
 	f.srv = httptest.NewUnstartedServer(nil)
-	f.srv.Config.Handler = httpapi.New(f.e, &httpapi.Options{Token: token, UI: ui, ListenAddr: f.srv.Listener.Addr().String()})
+	f.srv.Config.Handler = httpapi.New(f.e, &httpapi.Options{Token: token, UI: ui, Pool: db.Pool, ListenAddr: f.srv.Listener.Addr().String()})
 	f.srv.Start()
 	t.Cleanup(f.srv.Close)
 	return f
@@ -648,6 +648,137 @@ func TestDeadJobPageLinksTheDeadChild(t *testing.T) {
 	require.Equal(t, 200, code)
 	require.Contains(t, body, `<a href="/ui/runs/`+res.RunID.String()+`">`, "the child's page names the parent parked on it")
 	require.Contains(t, body, `<a href="/ui/dead-jobs/`+job.ID.String()+`">`)
+}
+
+// serveWithToken serves the fixture's engine and database behind another
+// UI and API with token: the same deployment restarted with a new token.
+func (f *fixture) serveWithToken(t *testing.T, token string) *httptest.Server {
+	t.Helper()
+	ui := webui.New(f.e, &webui.Options{Token: token, Pool: f.db.Pool, APIError: httpapi.ErrorCode})
+	srv := httptest.NewUnstartedServer(nil)
+	srv.Config.Handler = httpapi.New(f.e, &httpapi.Options{Token: token, UI: ui, Pool: f.db.Pool, ListenAddr: srv.Listener.Addr().String()})
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// signIn signs c in with token and returns its session's CSRF token.
+func (c *client) signIn(token string) string {
+	c.t.Helper()
+	code, h, body := c.do("POST", "/ui/login", url.Values{"token": {token}}, nil)
+	require.Equal(c.t, http.StatusSeeOther, code, body)
+	require.Equal(c.t, "/ui/", h.Get("Location"))
+	return c.csrf("/ui/runs")
+}
+
+// A session lives only as long as the token it was opened with: a server
+// restarted with a new token (a leaked one rotated) refuses the cookies
+// the old token opened (found by an attack pass: they lasted their 12
+// hours).
+func TestSessionEndsWhenTheTokenChanges(t *testing.T) {
+	t.Parallel()
+	const oldToken, newToken = "0123456789abcdef-old-ui-token", "0123456789abcdef-new-ui-token"
+	f := newFixture(t, oldToken)
+	c := newClient(t, f.srv.URL)
+	csrf := c.signIn(oldToken)
+	code, _, _ := c.do("GET", "/ui/runs", nil, nil)
+	require.Equal(t, 200, code)
+
+	rotated := f.serveWithToken(t, newToken)
+	u, _ := url.Parse(f.srv.URL + "/ui/")
+	moved := newClient(t, rotated.URL)
+	ru, _ := url.Parse(rotated.URL + "/ui/")
+	moved.http.Jar.SetCookies(ru, c.http.Jar.Cookies(u))
+	require.Len(t, moved.http.Jar.Cookies(ru), 1)
+	code, h, _ := moved.do("GET", "/ui/runs", nil, nil)
+	require.Equal(t, http.StatusSeeOther, code, "the old token's session does not sign in under the new token")
+	require.True(t, strings.HasPrefix(h.Get("Location"), "/ui/login"), h.Get("Location"))
+	code, _, body := moved.do("POST", "/ui/runs/"+f.runs["waiting"].String()+"/cancel", url.Values{"csrf": {csrf}}, nil)
+	require.Equal(t, http.StatusUnauthorized, code, "nor act, even with its CSRF token")
+	require.Contains(t, body, "sign in again")
+	run, err := f.e.GetRun(context.Background(), f.runs["waiting"])
+	require.NoError(t, err)
+	require.Nil(t, run.CancelRequestedAt)
+
+	// The new token opens sessions of its own, which the old token's
+	// server refuses in turn.
+	fresh := newClient(t, rotated.URL)
+	fresh.signIn(newToken)
+	code, _, _ = fresh.do("GET", "/ui/runs", nil, nil)
+	require.Equal(t, 200, code)
+	back := newClient(t, f.srv.URL)
+	back.http.Jar.SetCookies(u, fresh.http.Jar.Cookies(ru))
+	code, _, _ = back.do("GET", "/ui/runs", nil, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+}
+
+// Sign out everywhere ends every session, from the UI (a form with the
+// CSRF token) or the API (POST /v1/ui-sessions/revoke with the bearer
+// token).
+func TestSignOutEverywhere(t *testing.T) {
+	t.Parallel()
+	const token = "0123456789abcdef-ui-everywhere"
+	f := newFixture(t, token)
+	a, b := newClient(t, f.srv.URL), newClient(t, f.srv.URL)
+	csrf := a.signIn(token)
+	b.signIn(token)
+	_, _, body := a.do("GET", "/ui/", nil, nil)
+	require.Contains(t, body, `action="/ui/logout-everywhere"`)
+	require.Contains(t, body, "Sign out everywhere")
+
+	code, _, body := a.do("POST", "/ui/logout-everywhere", url.Values{}, nil)
+	require.Equal(t, http.StatusForbidden, code, "no CSRF token")
+	require.Contains(t, body, "security token")
+	code, _, _ = a.do("POST", "/ui/logout-everywhere", url.Values{"csrf": {csrf}}, map[string]string{"Origin": "https://evil.example"})
+	require.Equal(t, http.StatusForbidden, code, "another site")
+	code, _, _ = b.do("GET", "/ui/runs", nil, nil)
+	require.Equal(t, 200, code, "a refused form ended nothing")
+
+	code, h, _ := a.do("POST", "/ui/logout-everywhere", url.Values{"csrf": {csrf}}, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Equal(t, "/ui/login?done=signed-out-everywhere", h.Get("Location"))
+	require.Contains(t, h.Get("Set-Cookie"), "Max-Age=0")
+	code, _, body = a.do("GET", h.Get("Location"), nil, nil)
+	require.Equal(t, 200, code)
+	require.Contains(t, body, "Every browser is signed out")
+	for name, c := range map[string]*client{"this browser": a, "another browser": b} {
+		code, _, _ = c.do("GET", "/ui/runs", nil, nil)
+		require.Equal(t, http.StatusSeeOther, code, name)
+	}
+
+	// Over the API: the bearer token is needed, and the answer counts the
+	// sessions ended.
+	a.signIn(token)
+	b.signIn(token)
+	api := func(auth string) (int, string) {
+		req, err := http.NewRequest("POST", f.srv.URL+"/v1/ui-sessions/revoke", nil)
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		if auth != "" {
+			req.Header.Set("Authorization", "Bearer "+auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(raw)
+	}
+	code, _ = api("")
+	require.Equal(t, http.StatusUnauthorized, code)
+	code, _ = api("0123456789abcdef-not-the-token")
+	require.Equal(t, http.StatusUnauthorized, code)
+	code, _, _ = a.do("GET", "/ui/runs", nil, nil)
+	require.Equal(t, 200, code, "a refused call ended nothing")
+	code, raw := api(token)
+	require.Equal(t, 200, code, raw)
+	require.JSONEq(t, `{"revoked": 2}`, raw)
+	for name, c := range map[string]*client{"a": a, "b": b} {
+		code, _, _ = c.do("GET", "/ui/runs", nil, nil)
+		require.Equal(t, http.StatusSeeOther, code, name)
+	}
+	code, raw = api(token)
+	require.Equal(t, 200, code, raw)
+	require.JSONEq(t, `{"revoked": 0}`, raw)
 }
 
 // Wrong tokens are limited per client address, and only wrong ones: a

@@ -235,7 +235,7 @@ func TestServeNeedsMigratedSchema(t *testing.T) {
 	require.Contains(t, errOut, "engine migrate up")
 	code, out, _ := run(t, db, "migrate", "up")
 	require.Equal(t, 0, code)
-	require.Contains(t, out, "pgdurable versions [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23]")
+	require.Contains(t, out, "pgdurable versions [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24]")
 }
 
 // The demo runs the payment story end to end and must report 0 double
@@ -1319,4 +1319,72 @@ func TestCLIOverHTTP(t *testing.T) {
 	code, _, errOut = overHTTP(t, addr, token, "--address", addr, "migrate", "up")
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "works on the database")
+}
+
+// uiSignIn signs in to the web UI at addr with token and returns the
+// session cookie.
+func uiSignIn(t *testing.T, addr, token string) *http.Cookie {
+	t.Helper()
+	req, err := http.NewRequest("POST", "http://"+addr+"/ui/login", strings.NewReader("token="+token))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", "http://"+addr)
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	require.Len(t, resp.Cookies(), 1)
+	return resp.Cookies()[0]
+}
+
+// uiPage answers GET /ui/runs at addr with cookie: 200 signed in, 303 sent
+// to the sign-in page.
+func uiPage(t *testing.T, addr string, cookie *http.Cookie) int {
+	t.Helper()
+	req, err := http.NewRequest("GET", "http://"+addr+"/ui/runs", nil)
+	require.NoError(t, err)
+	req.AddCookie(cookie)
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// engine ui-sessions revoke signs every browser out of the web UI, on the
+// database and over --address; a server restarted with another token
+// refuses the old token's sessions by itself.
+func TestUISessionsRevoke(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	const token = "cli-ui-sessions-token-0123456789"
+	addr := serveForCLI(t, db, token)
+
+	cookie := uiSignIn(t, addr, token)
+	require.Equal(t, http.StatusOK, uiPage(t, addr, cookie))
+	code, out, errOut := overHTTP(t, addr, token, "ui-sessions", "revoke")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "1 web UI session(s) ended")
+	require.Equal(t, http.StatusSeeOther, uiPage(t, addr, cookie), "signed out")
+
+	cookie = uiSignIn(t, addr, token)
+	other := uiSignIn(t, addr, token)
+	code, out, errOut = run(t, db, "ui-sessions", "revoke", "--json")
+	require.Equal(t, 0, code, errOut)
+	require.JSONEq(t, `{"revoked": 2}`, out)
+	require.Equal(t, http.StatusSeeOther, uiPage(t, addr, cookie))
+	require.Equal(t, http.StatusSeeOther, uiPage(t, addr, other))
+
+	code, out, _ = overHTTP(t, addr, "wrong-token-wrong-token", "ui-sessions", "revoke", "--json")
+	require.Equal(t, 1, code)
+	require.Contains(t, out, `"code":"unauthorized"`)
+	require.NotContains(t, out, "wrong-token-wrong-token")
+	code, _, _ = run(t, db, "ui-sessions", "revoke", "extra")
+	require.Equal(t, 2, code)
+
+	// The same database served with a new token: the old token's session
+	// no longer signs in there.
+	cookie = uiSignIn(t, addr, token)
+	rotated := serveForCLI(t, db, "cli-ui-sessions-rotated-0123456789")
+	require.Equal(t, http.StatusSeeOther, uiPage(t, rotated, cookie))
+	require.Equal(t, http.StatusOK, uiPage(t, addr, cookie), "the old token's server still takes it")
 }

@@ -228,7 +228,7 @@ func newRoot(opts Options) (*cobra.Command, *global) {
 	root.PersistentFlags().StringVar(&g.addressFlag, "address", "", "talk to a running engine's HTTP API at host:port or http(s)://host:port instead of the database (default $ENGINE_ADDRESS, unless --database-url is given)")
 	root.PersistentFlags().StringVar(&g.clientToken, "api-token", "", "the bearer token --address sends (default $ENGINE_API_TOKEN); serve: the token it requires")
 	root.PersistentFlags().BoolVar(&g.jsonOut, "json", false, "print JSON instead of tables (the HTTP API's shapes; errors as {\"error\": {\"code\", \"message\"}} on stdout)")
-	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.startNowCmd(), g.cancelCmd(), g.terminateCmd(), g.workflowsCmd(), g.signalCmd(), g.schedulesCmd(), g.devCmd(), g.benchCmd())
+	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.startNowCmd(), g.cancelCmd(), g.terminateCmd(), g.workflowsCmd(), g.signalCmd(), g.schedulesCmd(), g.uiSessionsCmd(), g.devCmd(), g.benchCmd())
 	env := &Env{g: g}
 	for _, newCmd := range opts.Commands {
 		if c := newCmd(env); c != nil {
@@ -320,13 +320,8 @@ func (g *global) pool(ctx context.Context, size int32) (*pgxpool.Pool, error) {
 // registers this binary's workflows to check starts' inputs. done
 // releases it.
 func (g *global) client(ctx context.Context) (b backend, done func(), err error) {
-	if addr := g.address(); addr != "" {
-		token := g.clientToken
-		if token == "" {
-			token = g.opts.Getenv("ENGINE_API_TOKEN")
-		}
-		g.apiToken = token // scrubbed from errors like a password
-		c, err := newAPIClient(addr, token)
+	if g.address() != "" {
+		c, err := g.apiClient()
 		if err != nil {
 			return nil, nil, err
 		}
@@ -347,6 +342,17 @@ func (g *global) client(ctx context.Context) (b backend, done func(), err error)
 		return nil, nil, err
 	}
 	return e, pool.Close, nil
+}
+
+// apiClient is the client of the server at address(), with --api-token,
+// else ENGINE_API_TOKEN.
+func (g *global) apiClient() (*apiClient, error) {
+	token := g.clientToken
+	if token == "" {
+		token = g.opts.Getenv("ENGINE_API_TOKEN")
+	}
+	g.apiToken = token // scrubbed from errors like a password
+	return newAPIClient(g.address(), token)
 }
 
 // address is --address, else $ENGINE_ADDRESS unless --database-url is

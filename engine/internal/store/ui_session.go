@@ -2,30 +2,49 @@ package store
 
 import (
 	"context"
+	"errors"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
-// CreateUISession records a web UI session by its hash, valid for ttl, and
+// CreateUISession records a web UI session by its hash, with the digest
+// that ties it to the API token it was opened with, valid for ttl, and
 // deletes the sessions that expired.
-func CreateUISession(ctx context.Context, db DBTX, hash []byte, ttl time.Duration) error {
+func CreateUISession(ctx context.Context, db DBTX, hash, tokenDigest []byte, ttl time.Duration) error {
 	if _, err := db.Exec(ctx, `DELETE FROM ui_sessions WHERE expires_at < now()`); err != nil {
 		return translate(err)
 	}
-	_, err := db.Exec(ctx, `INSERT INTO ui_sessions (session_hash, expires_at) VALUES ($1, now() + $2::bigint * interval '1 millisecond')`,
-		hash, ms(ttl))
+	_, err := db.Exec(ctx, `INSERT INTO ui_sessions (session_hash, token_digest, expires_at)
+		VALUES ($1, $2, now() + $3::bigint * interval '1 millisecond')`, hash, tokenDigest, ms(ttl))
 	return translate(err)
 }
 
-// UISessionValid reports whether the session with this hash exists and
-// has not expired.
-func UISessionValid(ctx context.Context, db DBTX, hash []byte) (bool, error) {
-	var ok bool
-	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM ui_sessions WHERE session_hash = $1 AND expires_at > now())`, hash).Scan(&ok)
-	return ok, translate(err)
+// UISessionTokenDigest returns the token digest of the live session with
+// this hash (nil for a row written without one); ok is false when there is
+// no such session: never created, signed out or expired.
+func UISessionTokenDigest(ctx context.Context, db DBTX, hash []byte) (digest []byte, ok bool, err error) {
+	err = db.QueryRow(ctx, `SELECT token_digest FROM ui_sessions WHERE session_hash = $1 AND expires_at > now()`, hash).Scan(&digest)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, translate(err)
+	}
+	return digest, true, nil
 }
 
 // DeleteUISession ends a session (sign-out).
 func DeleteUISession(ctx context.Context, db DBTX, hash []byte) error {
 	_, err := db.Exec(ctx, `DELETE FROM ui_sessions WHERE session_hash = $1`, hash)
 	return translate(err)
+}
+
+// DeleteAllUISessions ends every session (sign out everywhere) and returns
+// how many of them were live at now; expired rows go too.
+func DeleteAllUISessions(ctx context.Context, db DBTX, now time.Time) (int64, error) {
+	var live int64
+	err := db.QueryRow(ctx, `WITH ended AS (DELETE FROM ui_sessions RETURNING expires_at)
+		SELECT count(*) FROM ended WHERE expires_at > $1`, now).Scan(&live)
+	return live, translate(err)
 }
