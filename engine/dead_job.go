@@ -291,7 +291,7 @@ func (e *Engine) resolveDeadJob(ctx context.Context, id uuid.UUID, resolution st
 	if opts == nil {
 		opts = &ResolveOpts{}
 	}
-	if err := checkFreeText("by", opts.By, 200); err != nil {
+	if err := checkText("by", opts.By, 0, 200); err != nil {
 		return nil, err
 	}
 	if err := checkFreeText("note", opts.Note, 4000); err != nil {
@@ -409,8 +409,9 @@ func notADeadJob(ctx context.Context, db store.DBTX, id uuid.UUID, verb string) 
 	return fmt.Errorf("%w: %s", ErrRunClosed, what)
 }
 
-// checkFreeText validates an operator's text (a name, a note): at most max
-// bytes of UTF-8 without control characters other than newlines and tabs.
+// checkFreeText validates an operator's text (a note): at most max
+// bytes of UTF-8 without control characters other than newlines and tabs,
+// and without bidi controls or line separators (see misleading).
 func checkFreeText(what, v string, max int) error {
 	switch {
 	case len(v) > max:
@@ -419,6 +420,8 @@ func checkFreeText(what, v string, max int) error {
 		return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidArgument, what)
 	case strings.ContainsFunc(v, func(r rune) bool { return unicode.IsControl(r) && r != '\n' && r != '\t' }):
 		return fmt.Errorf("%w: %s contains a control character", ErrInvalidArgument, what)
+	case strings.ContainsFunc(v, misleading):
+		return fmt.Errorf("%w: %s contains a bidi control or a line separator (U+202A to U+202E, U+2066 to U+2069, U+2028, U+2029)", ErrInvalidArgument, what)
 	}
 	return nil
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -18,9 +17,14 @@ import (
 // in the run's error (and in its dead job's resolution, if it had one),
 // and logged.
 type TerminateOpts struct {
-	// Reason is why (1 to 1,000 bytes): required.
+	// Reason is why (1 to 1,000 bytes): required. It is one line of
+	// UTF-8 text: no control characters (newlines and tabs included), bidi
+	// overrides or isolates (U+202A to U+202E, U+2066 to U+2069) or line
+	// and paragraph separators (U+2028, U+2029), which would let it forge
+	// or reorder what an operator reads in lists and logs.
 	Reason string
-	// By names who terminated it (up to 200 bytes; "" for nobody named).
+	// By names who terminated it (up to 200 bytes, one line as Reason;
+	// "" for nobody named).
 	By string
 }
 
@@ -37,7 +41,8 @@ type TerminateOpts struct {
 //
 // Terminating a terminated run succeeds (a client may retry). Errors:
 // ErrNotFound, ErrRunClosed (it completed, failed, was compensated,
-// cancelled or continued), ErrInvalidArgument (a bad reason or name).
+// cancelled or continued), ErrInvalidArgument (a reason or name out of
+// bounds or with a character TerminateOpts refuses).
 func (e *Engine) Terminate(ctx context.Context, runID uuid.UUID, opts TerminateOpts) error {
 	if err := checkText("termination reason", opts.Reason, 1, 1000); err != nil {
 		return err
@@ -100,16 +105,26 @@ func (e *Engine) Terminate(ctx context.Context, runID uuid.UUID, opts TerminateO
 	return nil
 }
 
-// checkText checks free text an operator gives (a reason, a name): valid
-// UTF-8 without NUL, min to max bytes.
+// checkText checks one line of an operator's text (a termination's
+// reason, who acted): min to max bytes of free text (checkFreeText) with
+// no line break or tab either, as it is shown on one line (in the run's
+// error, lists and logs).
 func checkText(what, s string, minLen, maxLen int) error {
 	switch {
 	case len(s) < minLen || len(s) > maxLen:
 		return fmt.Errorf("%w: %s must be %d to %d bytes", ErrInvalidArgument, what, minLen, maxLen)
-	case !utf8.ValidString(s):
-		return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidArgument, what)
-	case strings.ContainsRune(s, 0):
-		return fmt.Errorf("%w: %s contains a NUL character", ErrInvalidArgument, what)
+	case strings.ContainsAny(s, "\n\t"):
+		return fmt.Errorf("%w: %s contains a line break or a tab: write it on one line", ErrInvalidArgument, what)
 	}
-	return nil
+	return checkFreeText(what, s, maxLen)
+}
+
+// misleading reports the characters operator text may not hold although
+// they are not control characters: bidi overrides, embeddings and
+// isolates (U+202A to U+202E, U+2066 to U+2069), which reorder what a
+// reader sees around them ("evil\u202egnp.exe" reads as "evilexe.png"),
+// and line and paragraph separators (U+2028, U+2029), which break a line
+// where a reader does not expect one.
+func misleading(r rune) bool {
+	return r >= '\u202a' && r <= '\u202e' || r >= '\u2066' && r <= '\u2069' || r == '\u2028' || r == '\u2029'
 }

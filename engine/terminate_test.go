@@ -120,3 +120,58 @@ func TestTerminateAChildADeadRunAndAFinishedOne(t *testing.T) {
 	require.ErrorIs(t, err, engine.ErrRunClosed)
 	require.ErrorContains(t, err, "is completed")
 }
+
+// A termination's reason and by, and a dead job's by and note, are read
+// by operators in lists, logs and the web UI: they refuse control
+// characters (terminal escapes), characters that reorder or hide what is
+// around them (bidi overrides and isolates) and line or paragraph
+// separators; reason and by are one line (no newline or tab), a note may
+// hold several (found by an attack pass: a reason with "\x1b[2J", "\n" and
+// U+202E was kept and logged).
+func TestTerminateAndDeadJobTextRefuseControlAndBidiCharacters(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("terminate-text", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.AwaitSignal[int](ctx, "never", 0)
+	}, nil)
+	dies := engine.Define("terminate-text-dead", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.Step(ctx, "boom", func(context.Context) (int, error) { panic("boom") }, nil)
+	}, nil)
+	b := setup(t, nil, wf, dies)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	bad := []string{"a\x1b[2Jb", "first\nforged second line", "tab\there", "a\u2028b", "a\u2029b", "evil\u202egnp.exe",
+		"\u202aembedded", "\u2066isolate\u2069", "nul\x00", "c1\u009b2J"}
+	for _, s := range bad {
+		err := b.engine.Terminate(ctx, res.RunID, engine.TerminateOpts{Reason: s})
+		require.ErrorIs(t, err, engine.ErrInvalidArgument, "reason %q", s)
+		err = b.engine.Terminate(ctx, res.RunID, engine.TerminateOpts{Reason: "ok", By: s})
+		require.ErrorIs(t, err, engine.ErrInvalidArgument, "by %q", s)
+	}
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.NotEqual(t, engine.StatusTerminated, run.Status, "nothing was terminated")
+
+	dead, err := dies.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	waitStatus(t, b.engine, dead.RunID, engine.StatusDead, 10*time.Second)
+	jobs, _, err := b.engine.ListDeadJobs(ctx, engine.ListDeadJobsParams{RunID: dead.RunID})
+	require.NoError(t, err)
+	require.Len(t, jobs, 1)
+	for _, s := range bad {
+		_, err := b.engine.DiscardDeadJob(ctx, jobs[0].ID, &engine.ResolveOpts{By: s})
+		require.ErrorIs(t, err, engine.ErrInvalidArgument, "by %q", s)
+		if s == "first\nforged second line" || s == "tab\there" {
+			continue // a note may hold several lines
+		}
+		_, err = b.engine.DiscardDeadJob(ctx, jobs[0].ID, &engine.ResolveOpts{Note: s})
+		require.ErrorIs(t, err, engine.ErrInvalidArgument, "note %q", s)
+	}
+	_, err = b.engine.DiscardDeadJob(ctx, jobs[0].ID, &engine.ResolveOpts{By: "ann (ünïcode)", Note: "line one\n\tline two"})
+	require.NoError(t, err, "visible text, and a note on several lines, are fine")
+
+	require.NoError(t, b.engine.Terminate(ctx, res.RunID, engine.TerminateOpts{Reason: "stuck on bug «42» — see ticket", By: "ann ünïcode"}))
+	run, err = b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, "terminated by ann ünïcode: stuck on bug «42» — see ticket", run.Error.Message)
+}
