@@ -71,7 +71,13 @@ func newAPIClient(address, token string) (*apiClient, error) {
 		(u.Port() == "" && !strings.HasPrefix(address, "https://")) {
 		return nil, &usageError{fmt.Errorf("--address %q is not host:port or an http(s)://host:port URL", address)}
 	}
-	return &apiClient{base: u.Scheme + "://" + u.Host, token: token, http: &http.Client{Timeout: 2 * time.Minute}}, nil
+	return &apiClient{base: u.Scheme + "://" + u.Host, token: token, http: &http.Client{
+		Timeout: 2 * time.Minute,
+		// A redirect is not followed: Go's client would resend the API
+		// token to another port of the host, and over http after https.
+		// do reports it instead.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}}, nil
 }
 
 // apiError is an error answer of the API: its message, with the engine
@@ -84,8 +90,15 @@ type apiError struct {
 	sentinel error
 }
 
-func (e *apiError) Error() string { return e.message }
+// Error is the message, as the server sent it but escaped (serverText):
+// it reaches the operator's terminal.
+func (e *apiError) Error() string { return serverText(e.message, maxServerMessage) }
+
 func (e *apiError) Unwrap() error { return e.sentinel }
+
+// maxServerMessage bounds the bytes of a server's error message the CLI
+// prints.
+const maxServerMessage = 4000
 
 var sentinels = map[string]error{
 	"not_found": engine.ErrNotFound, "unknown_workflow": engine.ErrUnknownWorkflow, "invalid_input": engine.ErrInvalidInput,
@@ -137,10 +150,13 @@ func (c *apiClient) do(ctx context.Context, method, path string, query url.Value
 	if err != nil {
 		return fmt.Errorf("reading the engine's answer: %w", err)
 	}
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		return c.redirected(resp, method, path)
+	}
 	if resp.StatusCode >= 300 {
 		var eb httpapi.ErrorBody
 		if json.Unmarshal(raw, &eb) != nil || eb.Error.Code == "" {
-			return fmt.Errorf("the engine at %s answered %s to %s %s", c.base, resp.Status, method, path)
+			return fmt.Errorf("the engine at %s answered %s to %s %s", c.base, statusLine(resp.StatusCode), method, path)
 		}
 		switch {
 		case resp.StatusCode == http.StatusUnauthorized && c.token == "":
@@ -159,6 +175,27 @@ func (c *apiClient) do(ctx context.Context, method, path string, query url.Value
 	return nil
 }
 
+// redirected is the error for a redirect (3xx) the server answered: the
+// CLI follows none, as following one would send the API token to where
+// the server points (another port, or plain http), so it names the
+// status and the Location and says to point --address at the engine
+// itself. Exit 1; --json code "redirect".
+func (c *apiClient) redirected(resp *http.Response, method, path string) error {
+	where := "no Location"
+	if loc := resp.Header.Get("Location"); loc != "" {
+		where = "Location " + strconv.Quote(cutText(loc, 300))
+	}
+	return &apiError{status: resp.StatusCode, code: "redirect", message: fmt.Sprintf(
+		"the engine at %s answered %s (%s) to %s %s: the CLI follows no redirect, which would send the API token there; "+
+			"set --address (or ENGINE_ADDRESS) to the engine's own address", c.base, statusLine(resp.StatusCode), where, method, path)}
+}
+
+// statusLine is an HTTP status as "307 Temporary Redirect": the code with
+// Go's text for it, not the reason phrase the server sent.
+func statusLine(code int) string {
+	return strings.TrimSpace(fmt.Sprintf("%d %s", code, http.StatusText(code)))
+}
+
 // unreachableError: the request got no answer (the server is down,
 // restarting, or too slow for the client's timeout).
 type unreachableError struct {
@@ -167,7 +204,7 @@ type unreachableError struct {
 }
 
 func (e *unreachableError) Error() string {
-	return fmt.Sprintf("calling the engine at %s: %v", e.base, e.err)
+	return fmt.Sprintf("calling the engine at %s: %s", e.base, serverText(e.err.Error(), maxServerMessage))
 }
 func (e *unreachableError) Unwrap() error { return e.err }
 

@@ -52,7 +52,7 @@ func (g *global) deadCmd() *cobra.Command {
 			}
 			t.flush()
 			if next != "" {
-				fmt.Fprintf(g.opts.Stdout, "more: --cursor %s\n", next)
+				fmt.Fprintf(g.opts.Stdout, "more: --cursor %s\n", serverText(next, 400))
 			}
 			return nil
 		},
@@ -122,7 +122,7 @@ func (g *global) withDeadJob(ctx context.Context, arg string, do func(backend, u
 	}
 	w := g.opts.Stdout
 	fmt.Fprintf(w, "dead job %s\n  run          %s (engine runs show %s)\n  workflow     %s (version %d), workflow id %s\n  reason       %s\n",
-		j.ID, j.RunID, j.RunID, cell(j.WorkflowName), j.WorkflowVersion, text(j.WorkflowID), j.Reason)
+		j.ID, j.RunID, j.RunID, cell(j.WorkflowName), j.WorkflowVersion, text(j.WorkflowID), cell(j.Reason))
 	switch {
 	case j.StepName != "" && j.Seq != nil:
 		fmt.Fprintf(w, "  step         %s (seq %d), %d attempts\n", cell(j.StepName), *j.Seq, j.Attempts)
@@ -143,7 +143,7 @@ func (g *global) withDeadJob(ctx context.Context, arg string, do func(backend, u
 	}
 	fmt.Fprintf(w, "  deliveries   %d\n  input        %s\n  parked       %s\n", j.Deliveries, oneLine(string(j.Input), 400), cell(j.ParkedAt))
 	if j.Resolution != "" {
-		fmt.Fprintf(w, "  resolution   %s by %s at %s: %s\n", j.Resolution, cell(j.ResolvedBy), cell(j.ResolvedAt), cell(j.Note))
+		fmt.Fprintf(w, "  resolution   %s by %s at %s: %s\n", cell(j.Resolution), cell(j.ResolvedBy), cell(j.ResolvedAt), cell(j.Note))
 	}
 	if j.Stack != "" {
 		fmt.Fprintf(w, "\n%s\n", escapeControls(j.Stack, true))

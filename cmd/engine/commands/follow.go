@@ -50,7 +50,7 @@ func (g *global) untilAnswered(ctx context.Context, retry func(*unreachableError
 			return err
 		case lost.IsZero():
 			lost = time.Now()
-			fmt.Fprintf(g.opts.Stderr, "no answer from the engine at %s (%v); retrying for %s\n", down.base, down.err, followOutage)
+			fmt.Fprintf(g.opts.Stderr, "no answer from the engine at %s (%s); retrying for %s\n", down.base, serverText(down.err.Error(), maxServerMessage), followOutage)
 		case time.Since(lost) >= followOutage:
 			return err
 		}
@@ -82,9 +82,9 @@ type runOutcomeError struct{ run *engine.Run }
 func (e *runOutcomeError) Error() string {
 	msg := "no error recorded"
 	if e.run.Error != nil {
-		msg = e.run.Error.Class + ": " + e.run.Error.Message
+		msg = cell(e.run.Error.Class) + ": " + oneLine(e.run.Error.Message, 2000)
 	}
-	return fmt.Sprintf("run %s ended %s: %s", e.run.RunID, e.run.Status, msg)
+	return fmt.Sprintf("run %s ended %s: %s", e.run.RunID, cell(e.run.Status), msg)
 }
 
 // follow prints a run's steps as they are recorded and its status as it
@@ -107,7 +107,7 @@ func (g *global) follow(ctx context.Context, e backend, runID uuid.UUID) (*engin
 			// asking for a while.
 			if lost.IsZero() {
 				lost = time.Now()
-				fmt.Fprintf(g.opts.Stderr, "lost the engine (%v); retrying for %s\n", down.err, followOutage)
+				fmt.Fprintf(g.opts.Stderr, "lost the engine (%s); retrying for %s\n", serverText(down.err.Error(), maxServerMessage), followOutage)
 			}
 			if err := sleepCtx(ctx, time.Second); err != nil {
 				return nil, fmt.Errorf("stopped following run %s (it goes on): %w", runID, err)
@@ -126,7 +126,7 @@ func (g *global) follow(ctx context.Context, e backend, runID uuid.UUID) (*engin
 					continue
 				}
 				seen[s.Seq] = s.Status
-				fmt.Fprintf(w, "  step %-3d %-24s %-12s %-10s%s\n", s.Seq, cell(s.Name), s.Kind, s.Status, stepNote(s))
+				fmt.Fprintf(w, "  step %-3d %-24s %-12s %-10s%s\n", s.Seq, cell(s.Name), cell(s.Kind), cell(s.Status), stepNote(s))
 			}
 			if run.Status != status {
 				status = run.Status
@@ -165,7 +165,7 @@ func stepNote(s engine.StepInfo) string {
 		parts = append(parts, "next at "+cell(s.NextAttemptAt))
 	}
 	if s.Error != nil {
-		parts = append(parts, s.Error.Class+": "+oneLine(s.Error.Message, 120))
+		parts = append(parts, cell(s.Error.Class)+": "+oneLine(s.Error.Message, 120))
 	}
 	if len(parts) == 0 {
 		return ""
@@ -192,9 +192,9 @@ func statusNote(run *engine.Run) string {
 		}
 	}
 	if run.Error != nil && run.Status.Terminal() {
-		return string(run.Status) + ": " + cell(run.Error.Class) + ": " + oneLine(run.Error.Message, 200)
+		return cell(run.Status) + ": " + cell(run.Error.Class) + ": " + oneLine(run.Error.Message, 200)
 	}
-	return string(run.Status)
+	return cell(run.Status)
 }
 
 // endFollow prints a followed run as it ended (its JSON with --json) and

@@ -1,6 +1,7 @@
 package commands
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,14 +18,37 @@ import (
 
 // writeJSON prints v as the HTTP API does: compact (indentation costs
 // quadratic space in a value's nesting; pipe it through jq to read it), C1
-// controls and DEL escaped.
+// controls, DEL and bidi controls escaped (\u009b, \u202e), so that text
+// from a step or a server cannot drive or reorder the terminal it is
+// printed on.
 func writeJSON(w io.Writer, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	_, err = w.Write(append(httpapi.EscapeC1(b), '\n'))
+	_, err = w.Write(append(escapeBidiJSON(httpapi.EscapeC1(b)), '\n'))
 	return err
+}
+
+// escapeBidiJSON writes the bidi controls in JSON text b as \u escapes,
+// which encoding/json leaves raw (it escapes U+2028 and U+2029 itself).
+// They can only stand inside strings, where an escape means the same
+// character.
+func escapeBidiJSON(b []byte) []byte {
+	if !bytes.ContainsFunc(b, bidiControl) {
+		return b
+	}
+	out := make([]byte, 0, len(b)+16)
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if bidiControl(r) {
+			out = fmt.Appendf(out, `\u%04x`, r)
+		} else {
+			out = append(out, b[i:i+n]...)
+		}
+		i += n
+	}
+	return out
 }
 
 // table prints aligned columns for people.
@@ -93,7 +117,20 @@ func cell(v any) string {
 // characters escaped: names, inputs and error messages come from clients
 // and steps, and a raw terminal escape must never reach an operator.
 func oneLine(s string, max int) string {
-	s = escapeControls(strings.Join(strings.Fields(s), " "), false)
+	return cutText(escapeControls(strings.Join(strings.Fields(s), " "), false), max)
+}
+
+// serverText is text a server sent (an error message, a cursor, a status)
+// as the CLI prints it: on one line (a newline shows as \n, so a server
+// cannot forge a line of output), every character escapeControls escapes
+// escaped, at most max bytes.
+func serverText(s string, max int) string {
+	return cutText(escapeControls(s, false), max)
+}
+
+// cutText cuts s to at most max bytes on a character boundary, ending
+// with "…" when it cut.
+func cutText(s string, max int) string {
 	if len(s) > max {
 		cut := max - 1
 		for cut > 0 && !utf8.RuneStart(s[cut]) {
@@ -104,10 +141,11 @@ func oneLine(s string, max int) string {
 	return s
 }
 
-// escapeControls writes control characters (and invalid UTF-8) as Go
-// escapes (\x1b, \u009b); with lines, newlines and tabs stay (a stack).
+// escapeControls writes control characters (and invalid UTF-8), bidi
+// controls and line and paragraph separators (see escaped) as Go escapes
+// (\x1b, \u009b, \u202e); with lines, newlines and tabs stay (a stack).
 func escapeControls(s string, lines bool) string {
-	if !strings.ContainsFunc(s, func(r rune) bool { return unicode.IsControl(r) || r == utf8.RuneError }) {
+	if !strings.ContainsFunc(s, func(r rune) bool { return escaped(r) || r == utf8.RuneError }) {
 		return s
 	}
 	var b strings.Builder
@@ -119,7 +157,7 @@ func escapeControls(s string, lines bool) string {
 			fmt.Fprintf(&b, `\x%02x`, s[i])
 		case lines && (r == '\n' || r == '\t'):
 			b.WriteRune(r)
-		case unicode.IsControl(r):
+		case escaped(r):
 			q := strconv.QuoteRune(r)
 			b.WriteString(q[1 : len(q)-1])
 		default:
@@ -127,6 +165,21 @@ func escapeControls(s string, lines bool) string {
 		}
 	}
 	return b.String()
+}
+
+// escaped reports the characters the CLI never prints raw for people:
+// control characters (terminal escapes, newlines that forge a line), bidi
+// controls, which reorder what is around them ("evil\u202egnp.exe" reads
+// as "evilexe.png"), and line and paragraph separators (U+2028, U+2029).
+func escaped(r rune) bool {
+	return unicode.IsControl(r) || bidiControl(r) || r == '\u2028' || r == '\u2029'
+}
+
+// bidiControl reports the bidi formatting characters: the marks (U+061C,
+// U+200E, U+200F), embeddings and overrides (U+202A to U+202E) and
+// isolates (U+2066 to U+2069).
+func bidiControl(r rune) bool {
+	return r == '\u061c' || r == '\u200e' || r == '\u200f' || r >= '\u202a' && r <= '\u202e' || r >= '\u2066' && r <= '\u2069'
 }
 
 // checkConnString refuses a URL with more than one @ before its query:
@@ -164,14 +217,15 @@ func text(s string) string {
 	return escapeControls(s, false)
 }
 
-// c1Escaper writes JSON log records with C1 controls and DEL escaped (see
-// httpapi.EscapeC1), which encoding/json leaves raw: an error message in a
-// log line tailed on a terminal cannot drive it. slog's JSON handler
+// c1Escaper writes JSON log records with C1 controls, DEL and bidi
+// controls escaped (see httpapi.EscapeC1 and escapeBidiJSON), which
+// encoding/json leaves raw: an error message in a log line tailed on a
+// terminal cannot drive it or reorder it. slog's JSON handler
 // writes one whole record per Write.
 type c1Escaper struct{ w io.Writer }
 
 func (e c1Escaper) Write(p []byte) (int, error) {
-	if _, err := e.w.Write(httpapi.EscapeC1(p)); err != nil {
+	if _, err := e.w.Write(escapeBidiJSON(httpapi.EscapeC1(p))); err != nil {
 		return 0, err
 	}
 	return len(p), nil

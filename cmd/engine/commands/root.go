@@ -225,7 +225,7 @@ func newRoot(opts Options) (*cobra.Command, *global) {
 	root.SetErr(opts.Stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
 	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL, else "+DefaultDatabaseURL+")")
-	root.PersistentFlags().StringVar(&g.addressFlag, "address", "", "talk to a running engine's HTTP API at host:port or http(s)://host:port instead of the database (default $ENGINE_ADDRESS, unless --database-url is given)")
+	root.PersistentFlags().StringVar(&g.addressFlag, "address", "", "talk to a running engine's HTTP API at host:port or http(s)://host:port instead of the database (default $ENGINE_ADDRESS, unless --database-url is given; a redirect is an error, never followed)")
 	root.PersistentFlags().StringVar(&g.clientToken, "api-token", "", "the bearer token --address sends (default $ENGINE_API_TOKEN); serve: the token it requires")
 	root.PersistentFlags().BoolVar(&g.jsonOut, "json", false, "print JSON instead of tables (the HTTP API's shapes; errors as {\"error\": {\"code\", \"message\"}} on stdout)")
 	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.startNowCmd(), g.cancelCmd(), g.terminateCmd(), g.workflowsCmd(), g.signalCmd(), g.schedulesCmd(), g.uiSessionsCmd(), g.devCmd(), g.benchCmd())

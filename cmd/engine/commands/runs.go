@@ -72,7 +72,7 @@ func (g *global) runsCmd() *cobra.Command {
 			}
 			t.flush()
 			if next != "" {
-				fmt.Fprintf(g.opts.Stdout, "more: --cursor %s\n", next)
+				fmt.Fprintf(g.opts.Stdout, "more: --cursor %s\n", serverText(next, 400))
 			}
 			return nil
 		},
@@ -230,7 +230,7 @@ there the server prunes in one request).`,
 func (g *global) printRun(run *engine.Run) {
 	w := g.opts.Stdout
 	fmt.Fprintf(w, "run %s\n  workflow     %s (version %d)\n  workflow id  %s\n  status       %s\n  deliveries   %d\n  created      %s\n",
-		run.RunID, cell(run.WorkflowName), run.WorkflowVersion, text(run.WorkflowID), run.Status, run.Deliveries, cell(run.CreatedAt))
+		run.RunID, cell(run.WorkflowName), run.WorkflowVersion, text(run.WorkflowID), cell(run.Status), run.Deliveries, cell(run.CreatedAt))
 	if run.CompletedAt != nil {
 		fmt.Fprintf(w, "  finished     %s\n", cell(run.CompletedAt))
 	}
@@ -294,7 +294,7 @@ func (g *global) printRun(run *engine.Run) {
 		fmt.Fprintf(w, "  chain        started by run %s (continued as new since)\n", *run.FirstRunID)
 	}
 	if run.ParentRunID != nil && run.ParentSeq != nil {
-		fmt.Fprintf(w, "  parent       %s (its step %d; when it closes first: %s)\n", *run.ParentRunID, *run.ParentSeq, run.ParentClosePolicy)
+		fmt.Fprintf(w, "  parent       %s (its step %d; when it closes first: %s)\n", *run.ParentRunID, *run.ParentSeq, cell(run.ParentClosePolicy))
 	}
 	fmt.Fprintln(w)
 	t := newTable(w, "SEQ", "NAME", "KIND", "STATUS", "ATTEMPTS", "REQUEST ID", "DURATION", "ERROR")
@@ -432,7 +432,7 @@ cancels it.`,
 				verb = "already exists"
 			}
 			if !g.jsonOut {
-				fmt.Fprintf(g.opts.Stdout, "run %s %s (workflow id %s, status %s)\n", res.RunID, verb, text(res.WorkflowID), res.Status)
+				fmt.Fprintf(g.opts.Stdout, "run %s %s (workflow id %s, status %s)\n", res.RunID, verb, text(res.WorkflowID), cell(res.Status))
 			}
 			if !wait {
 				return nil

@@ -77,7 +77,7 @@ and records the fire in its history. The next cron fire is unchanged.`,
 			if g.jsonOut {
 				return writeJSON(g.opts.Stdout, res)
 			}
-			fmt.Fprintf(g.opts.Stdout, "schedule %s: triggered run %s (workflow ID %s)\n", args[0], res.RunID, res.WorkflowID)
+			fmt.Fprintf(g.opts.Stdout, "schedule %s: triggered run %s (workflow ID %s)\n", args[0], res.RunID, text(res.WorkflowID))
 			return nil
 		}),
 	})
