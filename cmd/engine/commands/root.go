@@ -203,6 +203,9 @@ type global struct {
 	apiToken    string // serve's, or the one --address sends, once known: a secret like the database password
 	addressFlag string // --address
 	clientToken string // --api-token on the root: what --address sends
+	// otlpPassword is the password of serve's OTLP endpoint URL, if any:
+	// a secret like the database password.
+	otlpPassword string
 }
 
 // NewRoot builds the command tree.

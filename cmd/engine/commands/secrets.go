@@ -13,7 +13,8 @@ import (
 const minScrubbed = 4
 
 // secrets are what no error or log line may show: the database password
-// (of the URL or key=value connection string) and the API token.
+// (of the URL or key=value connection string), the API token and the
+// password of serve's OTLP endpoint.
 func (g *global) secrets() []string {
 	var out []string
 	if cfg, err := pgconn.ParseConfig(g.dbURL()); err == nil && cfg.Password != "" {
@@ -21,6 +22,9 @@ func (g *global) secrets() []string {
 	}
 	if g.apiToken != "" {
 		out = append(out, g.apiToken)
+	}
+	if g.otlpPassword != "" {
+		out = append(out, g.otlpPassword)
 	}
 	return out
 }

@@ -62,7 +62,9 @@ With OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) set, it
 OpenTelemetry spans over OTLP/HTTP: one per start, run delivery and step attempt, in the trace
 of the caller (an API request's traceparent header included); OTEL_SERVICE_NAME (default
 pgdurable), OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER and OTEL_EXPORTER_OTLP_HEADERS apply.
-Without one it traces nothing.
+Without one it traces nothing. An endpoint must be an http(s)://host[:port][/path] URL (another
+is refused, shown with its password redacted); a user:password in it is sent as basic
+authentication and never logged.
 
 The engine settings --retention, --lease-duration, --heartbeat-interval, --max-workers and
 --max-deliveries may also come from ENGINE_RETENTION, ENGINE_LEASE_DURATION,
@@ -110,6 +112,12 @@ func (g *global) serve(ctx context.Context, name string, fs *pflag.FlagSet, f *s
 	}
 	g.apiToken = f.apiToken
 	log := g.logger(slog.NewJSONHandler(c1Escaper{g.opts.Stderr}, &slog.HandlerOptions{Level: level}))
+	// A bad OTLP endpoint is refused before anything starts.
+	tp, stopTracing, err := tracingFromEnv(ctx, g.opts.Getenv, log, func(pw string) { g.otlpPassword = pw })
+	if err != nil {
+		return err
+	}
+	defer stopTracing() // after the engine stopped: its last spans are flushed
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -140,14 +148,6 @@ func (g *global) serve(ctx context.Context, name string, fs *pflag.FlagSet, f *s
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := enginemetrics.New(reg)
-	tp, stopTracing, err := tracingFromEnv(ctx, g.opts.Getenv)
-	if err != nil {
-		return err
-	}
-	defer stopTracing() // after the engine stopped: its last spans are flushed
-	if tp != nil {
-		log.Info("tracing: exporting spans over OTLP/HTTP")
-	}
 	cfg.Logger, cfg.Observer, cfg.TracerProvider = log, metrics, tp
 	e, err := engine.New(pool, &cfg)
 	if err != nil {
