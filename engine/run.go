@@ -757,3 +757,25 @@ func derefInt(p *int64) int64 {
 	}
 	return *p
 }
+
+// UnsettledSteps returns the run's steps whose latest attempt started and
+// has no recorded outcome: the steps, activities and undos (kinds step,
+// activity and compensation) whose status is started, in seq order. In a
+// run still going they are in progress. In a terminated run they were in
+// flight when it was terminated, and nothing will settle them: no attempt
+// follows and no undo runs, so each may have taken effect (a card
+// charged, its answer lost) with nothing to reverse it. Check each with
+// the service it called, by its request ID (RequestID: the same for every
+// attempt, and the idempotency key package activities gives its calls,
+// Call.IdempotencyKey). A plain step's first attempt is not announced, so
+// one in flight leaves no record here at all; a tx step's effect commits
+// with its record or not at all.
+func (r *Run) UnsettledSteps() []StepInfo {
+	var out []StepInfo
+	for _, s := range r.Steps {
+		if s.Status == StepStarted && (s.Kind == KindStep || s.Kind == KindActivity || s.Kind == KindCompensation) {
+			out = append(out, s)
+		}
+	}
+	return out
+}

@@ -39,6 +39,15 @@ type TerminateOpts struct {
 // woken (Get returns a *ChildError with status terminated), and its
 // children of policies cancel and wait are cancelled.
 //
+// An activity in flight when the run is terminated is not undone: its
+// call may complete (a card charged) while its outcome is never recorded,
+// and no compensation runs, so its effect can stand with nothing to
+// reverse it. Its step stays recorded as started, with its request ID:
+// Run.UnsettledSteps lists such steps of the terminated run (engine runs
+// show and the web UI's run page show them), for an operator to check
+// each with the service it called, by that request ID, and undo it by
+// hand. Cancel instead when the undos must run.
+//
 // Terminating a terminated run succeeds (a client may retry). Errors:
 // ErrNotFound, ErrRunClosed (it completed, failed, was compensated,
 // cancelled or continued), ErrInvalidArgument (a reason or name out of

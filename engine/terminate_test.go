@@ -175,3 +175,41 @@ func TestTerminateAndDeadJobTextRefuseControlAndBidiCharacters(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "terminated by ann ünïcode: stuck on bug «42» — see ticket", run.Error.Message)
 }
+
+// An activity in flight when its run is terminated may still take effect,
+// and nothing undoes it: its step stays started, with its request ID, and
+// Run.UnsettledSteps names it for an operator to check.
+func TestTerminateLeavesAnActivityInFlightUnsettled(t *testing.T) {
+	t.Parallel()
+	var charged atomic.Int64
+	inCall, release := make(chan struct{}), make(chan struct{})
+	wf := engine.Define("terminate-in-flight", func(ctx *engine.Context, _ int) (string, error) {
+		if _, err := engine.Step(ctx, "reserve", func(context.Context) (int, error) { return 1, nil }, nil); err != nil {
+			return "", err
+		}
+		return engine.RunActivity(ctx, "charge", nil, func(context.Context, *engine.ActivityAttempt) (string, error) {
+			close(inCall)
+			<-release // a call that does not heed its context: the charge goes through
+			charged.Add(1)
+			return "ch_1", nil
+		})
+	}, nil)
+	b := setup(t, nil, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	<-inCall
+	require.NoError(t, b.engine.Terminate(ctx, res.RunID, engine.TerminateOpts{Reason: "stuck", By: "ann"}))
+	close(release)
+	require.Eventually(t, func() bool { return charged.Load() == 1 }, 10*time.Second, 10*time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // its record would land now, and is refused
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusTerminated, run.Status)
+	unsettled := run.UnsettledSteps()
+	require.Len(t, unsettled, 1)
+	require.Equal(t, "charge", unsettled[0].Name)
+	require.Equal(t, engine.KindActivity, unsettled[0].Kind)
+	require.Equal(t, engine.StepStarted, unsettled[0].Status)
+	require.NotNil(t, unsettled[0].RequestID)
+}

@@ -365,6 +365,10 @@ type runView struct {
 	Window    string // the waterfall's span, for its caption
 	CanCancel bool
 	CanStart  bool
+	// InFlight, for a terminated run, are the steps it was terminated in
+	// the middle of (engine.Run.UnsettledSteps): each may have taken
+	// effect with nothing to undo it, and the page says so.
+	InFlight []engine.StepInfo
 }
 
 // bar places a step on the waterfall: X and W in per mille of the window.
@@ -424,6 +428,9 @@ func newRunView(run *engine.Run) *runView {
 		engine.StatusCancelled, engine.StatusTerminated, engine.StatusContinued}, run.Status)
 	v.CanCancel = open && run.CancelRequestedAt == nil && run.Status != engine.StatusDead
 	v.CanStart = run.Status == engine.StatusWaiting && run.StartedAt == nil
+	if run.Status == engine.StatusTerminated {
+		v.InFlight = run.UnsettledSteps()
+	}
 	if len(run.Steps) == 0 {
 		return v
 	}

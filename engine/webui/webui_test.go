@@ -837,3 +837,59 @@ func TestStaticServesFilesNotListings(t *testing.T) {
 		require.Equal(t, "max-age=300", h.Get("Cache-Control"), p)
 	}
 }
+
+// A terminated run's page names the steps it was terminated in the
+// middle of (recorded started), with their request IDs: each may have
+// taken effect, and nothing undoes it. A run terminated between steps
+// shows no such notice.
+func TestRunPageShowsStepsInFlightOfATerminatedRun(t *testing.T) {
+	t.Parallel()
+	inCall, release := make(chan struct{}), make(chan struct{})
+	hang := engine.Define("page-in-flight", func(ctx *engine.Context, _ int) (string, error) {
+		return engine.RunActivity(ctx, "charge", nil, func(context.Context, *engine.ActivityAttempt) (string, error) {
+			close(inCall)
+			<-release
+			return "ch_1", nil
+		})
+	}, nil)
+	quiet := engine.Define("page-quiet", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.AwaitSignal[int](ctx, "never", 0)
+	}, nil)
+	db := enginetest.NewDB(t)
+	e := enginetest.NewEngine(t, db, &engine.Config{Logger: slog.New(slog.DiscardHandler)}, true, hang, quiet)
+	released := false
+	t.Cleanup(func() {
+		if !released {
+			close(release)
+		}
+	})
+	ctx := context.Background()
+	res, err := hang.Start(ctx, e, 0, nil)
+	require.NoError(t, err)
+	<-inCall
+	require.NoError(t, e.Terminate(ctx, res.RunID, engine.TerminateOpts{Reason: "stuck", By: "ann"}))
+	released = true
+	close(release)
+	run, err := e.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Len(t, run.Steps, 1)
+	q, err := quiet.Start(ctx, e, 0, nil)
+	require.NoError(t, err)
+	waitStatus(t, e, q.RunID, engine.StatusWaiting)
+	require.NoError(t, e.Terminate(ctx, q.RunID, engine.TerminateOpts{Reason: "not needed"}))
+
+	ui := webui.New(e, &webui.Options{Pool: db.Pool, APIError: httpapi.ErrorCode})
+	srv := httptest.NewUnstartedServer(nil)
+	srv.Config.Handler = httpapi.New(e, &httpapi.Options{UI: ui, ListenAddr: srv.Listener.Addr().String()})
+	srv.Start()
+	t.Cleanup(srv.Close)
+	c := newClient(t, srv.URL)
+	code, _, body := c.do("GET", "/ui/runs/"+res.RunID.String(), nil, nil)
+	require.Equal(t, 200, code)
+	require.Contains(t, body, "Terminated with 1 step in flight")
+	require.Contains(t, body, "check each with the service it called, by its request ID")
+	require.Regexp(t, `step #0 <strong>charge</strong> \(activity\), request ID <code>`+run.Steps[0].RequestID.String()+`</code>`, body)
+	code, _, body = c.do("GET", "/ui/runs/"+q.RunID.String(), nil, nil)
+	require.Equal(t, 200, code)
+	require.NotContains(t, body, "in flight", "a run terminated while it waited")
+}

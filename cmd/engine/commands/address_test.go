@@ -2,16 +2,21 @@ package commands_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
 )
 
 // The CLI follows no redirect over --address: Go's client resends the
@@ -198,4 +203,56 @@ func TestCLIEscapesWhatTheServerSends(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.NotContains(t, out, "\u202e")
 	require.NotContains(t, out, "\x1b")
+}
+
+// terminate, and runs show on the terminated run, list the steps that were
+// in flight when it was terminated (recorded started) with their request
+// IDs: each may have taken effect, and nothing undoes it.
+func TestTerminateShowsTheStepsInFlight(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	inCall, release := make(chan struct{}), make(chan struct{})
+	wf := engine.Define("charge-hang", func(ctx *engine.Context, _ in) (string, error) {
+		return engine.RunActivity(ctx, "charge", nil, func(context.Context, *engine.ActivityAttempt) (string, error) {
+			close(inCall)
+			<-release // the call goes through after the termination
+			return "ch_1", nil
+		})
+	}, nil)
+	e := enginetest.NewEngine(t, db, nil, true, append(workflows(), wf)...)
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the engine stops
+	ctx := context.Background()
+	_, err := e.StartJSON(ctx, "charge-hang", []byte(`{}`), &engine.StartOpts{WorkflowID: "hang-1"})
+	require.NoError(t, err)
+	<-inCall
+	id, err := e.FindRun(ctx, "hang-1")
+	require.NoError(t, err)
+	before, err := e.GetRun(ctx, id)
+	require.NoError(t, err)
+	require.Len(t, before.Steps, 1)
+	requestID := before.Steps[0].RequestID.String()
+
+	code, out, errOut := run(t, db, "terminate", "hang-1", "--reason", "stuck", "--by", "ann")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "run "+id.String()+": terminated")
+	require.Contains(t, out, "warning: terminated with 1 step(s) in flight")
+	require.Regexp(t, `\n0\s+charge\s+activity\s+`+requestID, out)
+	free()
+	code, out, errOut = run(t, db, "runs", "show", "hang-1")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "status       terminated")
+	require.Contains(t, out, "check each with the service it called, by its request ID")
+	require.Regexp(t, `\n0\s+charge\s+activity\s+`+requestID, out)
+
+	code, _, errOut = run(t, db, "start", "approval", "--id", "quiet-1", "--input", `{}`)
+	require.Equal(t, 0, code, errOut)
+	code, out, errOut = run(t, db, "terminate", "quiet-1", "--reason", "not needed")
+	require.Equal(t, 0, code, errOut)
+	require.NotContains(t, out, "in flight", "nothing was in flight")
+
+	code, _, errOut = run(t, db, "terminate", "quiet-1", "--reason", "two\nlines")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "line break")
 }

@@ -296,6 +296,7 @@ func (g *global) printRun(run *engine.Run) {
 	if run.ParentRunID != nil && run.ParentSeq != nil {
 		fmt.Fprintf(w, "  parent       %s (its step %d; when it closes first: %s)\n", *run.ParentRunID, *run.ParentSeq, cell(run.ParentClosePolicy))
 	}
+	g.printInFlight(run)
 	fmt.Fprintln(w)
 	t := newTable(w, "SEQ", "NAME", "KIND", "STATUS", "ATTEMPTS", "REQUEST ID", "DURATION", "ERROR")
 	for _, s := range run.Steps {
@@ -347,6 +348,32 @@ func (g *global) printRun(run *engine.Run) {
 			by = *sig.ConsumedSeq
 		}
 		t.row(sig.Name, sig.SentAt, by, string(sig.Payload))
+	}
+	t.flush()
+}
+
+// printInFlight warns, for a terminated run, of the steps it was
+// terminated in the middle of (engine.Run.UnsettledSteps): each may have
+// taken effect, and nothing undoes it; it lists them with their request
+// IDs, by which an operator checks them with the services they called.
+func (g *global) printInFlight(run *engine.Run) {
+	if run.Status != engine.StatusTerminated {
+		return
+	}
+	steps := run.UnsettledSteps()
+	if len(steps) == 0 {
+		return
+	}
+	w := g.opts.Stdout
+	fmt.Fprintf(w, "\nwarning: terminated with %d step(s) in flight (recorded started). Each may have taken effect (a call that\n"+
+		"went through, its answer never recorded), and no undo runs: check each with the service it called, by its request ID.\n", len(steps))
+	t := newTable(w, "SEQ", "NAME", "KIND", "REQUEST ID", "STARTED")
+	for _, s := range steps {
+		var req any = "(none)"
+		if s.RequestID != nil {
+			req = *s.RequestID
+		}
+		t.row(s.Seq, s.Name, s.Kind, req, s.StartedAt)
 	}
 	t.flush()
 }
@@ -538,18 +565,42 @@ func (g *global) terminateCmd() *cobra.Command {
 		Long: `Ends the run at once: its status becomes terminated and its error records --reason and --by.
 Unlike cancel, nothing more of it runs, not even its compensations: use it when you know why
 (a run stuck on a bug you will not fix, a test run). Its open dead job is resolved as discarded;
-its parent, if it waits for it, is woken; its children of policies cancel and wait are cancelled.`,
+its parent, if it waits for it, is woken; its children of policies cancel and wait are cancelled.
+
+An activity in flight when the run is terminated is not undone: its call may still go through
+(a card charged) while its outcome is never recorded, and no compensation runs. Its step stays
+recorded as started, with its request ID: terminate, and runs show on the terminated run, list
+such steps; check each with the service it called, by its request ID, and undo it by hand if
+need be. Use cancel when the run's undos must run.
+
+--reason (1 to 1,000 bytes) and --by (up to 200) are one line of text: no control characters,
+newlines, bidi controls or line separators.`,
 		Args: cobra.ExactArgs(1),
 		RunE: g.withClient(func(ctx context.Context, e backend, args []string) error {
 			if opts.Reason == "" {
 				return &usageError{fmt.Errorf("--reason is required: say why the run is terminated")}
 			}
-			terminate := func(ctx context.Context, id uuid.UUID) error { return e.Terminate(ctx, id, opts) }
-			return g.runAction(ctx, e, args[0], terminate, "terminated")
+			id, err := e.FindRun(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			if err := e.Terminate(ctx, id, opts); err != nil {
+				return err
+			}
+			run, err := e.GetRun(ctx, id)
+			if err != nil {
+				return err
+			}
+			if g.jsonOut {
+				return writeJSON(g.opts.Stdout, run)
+			}
+			fmt.Fprintf(g.opts.Stdout, "run %s: terminated\n", id)
+			g.printInFlight(run)
+			return nil
 		}),
 	}
-	cmd.Flags().StringVar(&opts.Reason, "reason", "", "why the run is terminated (required; kept in its error)")
-	cmd.Flags().StringVar(&opts.By, "by", "", "who terminates it (kept with the reason)")
+	cmd.Flags().StringVar(&opts.Reason, "reason", "", "why the run is terminated (required; kept in its error; one line)")
+	cmd.Flags().StringVar(&opts.By, "by", "", "who terminates it (kept with the reason; one line)")
 	return cmd
 }
 
