@@ -28,7 +28,9 @@
 //	                                      already had), 404, 409 run_closed, 400 a run that has started; {run_id} may
 //	                                      be a workflow ID
 //	POST /v1/runs/{run_id}/terminate      {"reason": "...", "by": "..."} → 200 the run, ended at once without
-//	                                      compensations; 404, 409 already finished, 400 no reason
+//	                                      compensations (an activity in flight is not undone: its step stays
+//	                                      started, see engine.Run.UnsettledSteps); 404, 409 already finished,
+//	                                      400 no reason, or a reason or by with a control or bidi character
 //	GET  /v1/workflows                    {"workflows": [...]}: what live engine processes register, where
 //	POST /v1/runs/prune                   {"older_than": "720h", "dry_run": true} → 200 the rows deleted (or counted)
 //	POST /v1/bulk/cancel-runs             {"workflow", "status", "workflow_id_prefix", "created_after", "created_before",

@@ -211,7 +211,8 @@ type TerminateRequest struct {
 }
 
 // terminateRun ends a run at once without compensations (Engine.Terminate):
-// 200 with the run, 404 unknown run, 409 run finished, 400 no reason.
+// 200 with the run, 404 unknown run, 409 run finished, 400 no reason or a
+// reason or by Engine.Terminate refuses.
 func (a *api) terminateRun(w http.ResponseWriter, r *http.Request) {
 	var req TerminateRequest
 	if !a.readJSON(w, r, &req, `{"reason": "...", "by": "..."}`) {
