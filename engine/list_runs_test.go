@@ -114,10 +114,12 @@ func TestListRunsTopLevel(t *testing.T) {
 	for {
 		run, err := b.engine.GetRun(ctx, res.RunID)
 		require.NoError(t, err)
-		if len(run.Children) == 1 {
-			break
+		var waiting int
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE workflow_name = 'kid' AND status = 'waiting'`).Scan(&waiting))
+		if len(run.Children) == 1 && waiting == 2 {
+			break // both kids wait for their signal: the status filter below sees them
 		}
-		require.True(t, time.Now().Before(deadline), "the parent never started its child")
+		require.True(t, time.Now().Before(deadline), "the parent never started its child, or the kids never waited")
 		time.Sleep(20 * time.Millisecond)
 	}
 	ids := func(p engine.ListRunsParams) []string {

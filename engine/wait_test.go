@@ -64,7 +64,9 @@ func TestWaitSeesRunsThatEndedOrEndHere(t *testing.T) {
 	ctx := testCtx(t)
 	res, err := double.Start(ctx, b.engine, 4, nil)
 	require.NoError(t, err)
+	began := time.Now()
 	out, err := double.Wait(ctx, b.engine, res.RunID, time.Minute)
+	waited := time.Since(began)
 	require.NoError(t, err)
 	require.Equal(t, 8, out)
 	out, err = double.Wait(ctx, b.engine, res.RunID, time.Minute) // ended already
@@ -72,7 +74,11 @@ func TestWaitSeesRunsThatEndedOrEndHere(t *testing.T) {
 	require.Equal(t, 8, out)
 	var watched bool
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT watched FROM workflow_runs WHERE run_id = $1`, res.RunID).Scan(&watched))
-	require.False(t, watched, "a run that ends where it was started is not marked")
+	if waited < 40*time.Millisecond {
+		// A Wait marks a run it has not seen end within 50 ms: on a loaded
+		// machine this one may take that long, and is marked then.
+		require.False(t, watched, "a run that ends where it was started is not marked")
+	}
 }
 
 // A run parked as dead in another process notifies its Waits too.
