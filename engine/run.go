@@ -600,7 +600,37 @@ func (e *Engine) FindRun(ctx context.Context, runOrWorkflowID string) (uuid.UUID
 
 // GetRun reads a run with its steps; ErrNotFound when there is none.
 func (e *Engine) GetRun(ctx context.Context, runID uuid.UUID) (*Run, error) {
-	detail, err := store.GetRun(ctx, e.pool, runID)
+	return e.GetRunWith(ctx, runID, nil)
+}
+
+// GetRunOpts trims what GetRunWith reads, for a caller that reads a run
+// again and again (a follower: engine runs show --follow, a page that
+// refreshes) and needs only what may have changed. A nil *GetRunOpts reads
+// everything, as GetRun.
+type GetRunOpts struct {
+	// StepsFrom leaves out the steps at positions below it (0: every
+	// step). A step that completed, failed or was cancelled does not
+	// change, so a follower asks from its first step that had not.
+	StepsFrom int
+	// NoSignals leaves Run.Signals out.
+	NoSignals bool
+	// NoPayloads leaves out the run's input, the steps' outputs (and so
+	// StepInfo.TimedOut) and the signals' payloads: up to
+	// Config.MaxPayloadBytes each. The run's output and every error stay.
+	NoPayloads bool
+}
+
+// GetRunWith is GetRun, reading only what opts asks for. Errors as
+// GetRun's, and ErrInvalidArgument for a negative opts.StepsFrom.
+func (e *Engine) GetRunWith(ctx context.Context, runID uuid.UUID, opts *GetRunOpts) (*Run, error) {
+	var parts store.RunParts
+	if opts != nil {
+		if opts.StepsFrom < 0 {
+			return nil, fmt.Errorf("%w: GetRunOpts.StepsFrom %d is negative", ErrInvalidArgument, opts.StepsFrom)
+		}
+		parts = store.RunParts{StepsFrom: opts.StepsFrom, NoSignals: opts.NoSignals, NoPayloads: opts.NoPayloads}
+	}
+	detail, err := store.GetRunParts(ctx, e.pool, runID, parts)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("%w: run %s", ErrNotFound, runID)
 	}

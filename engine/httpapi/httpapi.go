@@ -16,7 +16,9 @@
 //	                                      is none: 201 started, 200 existed; 404 unknown workflow, 409 run_closed or
 //	                                      signal_key_conflict, 400 no id, bad input, name, key or payload; the optional
 //	                                      Idempotency-Key header is the signal's key, as for signals
-//	GET  /v1/runs/{run_id}                the run with steps[], signals[] and children[]; {run_id} may be a workflow ID
+//	GET  /v1/runs/{run_id}                the run with steps[], signals[] and children[]; {run_id} may be a workflow ID;
+//	                                      ?steps_from=N&signals=false&payloads=false trims it for a follower
+//	                                      (engine.GetRunOpts)
 //	GET  /v1/runs?workflow=&status=&workflow_id_prefix=&created_after=&created_before=&finished_after=&finished_before=
 //	              &tag=key:value (repeatable: all must match)&limit=&cursor=
 //	POST /v1/runs/{run_id}/signals/{name} body = payload (one JSON value) → 202 buffered, 404, 409 run finished, 400;

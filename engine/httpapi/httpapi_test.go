@@ -1163,3 +1163,36 @@ func TestRevokeUISessionsRoute(t *testing.T) {
 	require.Equal(t, http.StatusNotImplemented, resp.StatusCode, string(raw))
 	require.Contains(t, string(raw), `"code":"not_implemented"`)
 }
+
+// GET /v1/runs/{id} trims the run for a follower: steps_from, signals=false
+// and payloads=false leave out what it does not need; bad values are 400s.
+func TestGetRunTrimsForAFollower(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	r := b.do(t, "POST", "/v1/workflows/approval/runs", `{"id": "trim-1", "input": {"order_id": "o-trim", "amount": 7}}`)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	r = b.do(t, "POST", "/v1/runs/trim-1/signals/noise", `{"big": "payload"}`)
+	require.Equal(t, http.StatusAccepted, r.status, r.raw)
+	var steps []any
+	deadline := time.Now().Add(20 * time.Second)
+	for len(steps) == 0 {
+		require.True(t, time.Now().Before(deadline), "the run never recorded a step")
+		time.Sleep(20 * time.Millisecond)
+		r = b.do(t, "GET", "/v1/runs/trim-1", "")
+		steps, _ = r.body["steps"].([]any)
+	}
+	require.Contains(t, r.raw, `"o-trim"`, "the whole run has its input")
+	require.Contains(t, r.raw, `"big"`, "and its signals' payloads")
+	r = b.do(t, "GET", "/v1/runs/trim-1?signals=false&payloads=false", "")
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.NotContains(t, r.raw, `"o-trim"`)
+	require.NotContains(t, r.raw, `"big"`)
+	require.Nil(t, r.body["signals"])
+	r = b.do(t, "GET", fmt.Sprintf("/v1/runs/trim-1?steps_from=%d", len(steps)), "")
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	require.Nil(t, r.body["steps"], "no step at or after the last one")
+	for _, bad := range []string{"steps_from=-1", "steps_from=x", "signals=maybe", "payloads=2", "other=1"} {
+		r = b.do(t, "GET", "/v1/runs/trim-1?"+bad, "")
+		require.Equal(t, http.StatusBadRequest, r.status, bad)
+	}
+}

@@ -118,13 +118,42 @@ func (a *api) signalWithStart(w http.ResponseWriter, r *http.Request) {
 }
 
 // getRun takes a run ID or a workflow ID, as cancel and signal do.
+// getRun answers GET /v1/runs/{run_id}: the whole run, or with
+// steps_from=N, signals=false and payloads=false only what a follower
+// needs (see engine.GetRunOpts).
 func (a *api) getRun(w http.ResponseWriter, r *http.Request) {
+	q, ok := queryParams(w, r, "steps_from", "signals", "payloads")
+	if !ok {
+		return
+	}
+	var opts engine.GetRunOpts
+	if v := q.Get("steps_from"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			writeError(w, http.StatusBadRequest, "invalid_parameter", fmt.Sprintf("steps_from %q is not a step position (0 or more)", truncate(v, 64)))
+			return
+		}
+		opts.StepsFrom = n
+	}
+	for _, f := range []struct {
+		name string
+		off  *bool
+	}{{"signals", &opts.NoSignals}, {"payloads", &opts.NoPayloads}} {
+		if v := q.Get(f.name); v != "" {
+			on, err := strconv.ParseBool(v)
+			if err != nil {
+				writeError(w, http.StatusBadRequest, "invalid_parameter", fmt.Sprintf("%s %q is not true or false", f.name, truncate(v, 64)))
+				return
+			}
+			*f.off = !on
+		}
+	}
 	id, err := a.e.FindRun(r.Context(), r.PathValue("run_id"))
 	if err != nil {
 		a.engineError(w, r, err)
 		return
 	}
-	run, err := a.e.GetRun(r.Context(), id)
+	run, err := a.e.GetRunWith(r.Context(), id, &opts)
 	if err != nil {
 		a.engineError(w, r, err)
 		return

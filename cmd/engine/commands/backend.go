@@ -25,6 +25,7 @@ import (
 type backend interface {
 	FindRun(ctx context.Context, runOrWorkflowID string) (uuid.UUID, error)
 	GetRun(ctx context.Context, runID uuid.UUID) (*engine.Run, error)
+	GetRunWith(ctx context.Context, runID uuid.UUID, opts *engine.GetRunOpts) (*engine.Run, error)
 	ListRuns(ctx context.Context, p engine.ListRunsParams) ([]*engine.Run, string, error)
 	StartJSON(ctx context.Context, name string, input json.RawMessage, opts *engine.StartOpts) (*engine.StartResult, error)
 	StartNow(ctx context.Context, runID uuid.UUID) error
@@ -212,15 +213,34 @@ func runPath(id string) string { return "/v1/runs/" + url.PathEscape(id) }
 
 func (c *apiClient) FindRun(ctx context.Context, target string) (uuid.UUID, error) {
 	var run engine.Run
-	if err := c.do(ctx, "GET", runPath(target), nil, nil, nil, &run); err != nil {
+	// Only its ID is needed: no signals, no payloads.
+	q := url.Values{"signals": {"false"}, "payloads": {"false"}}
+	if err := c.do(ctx, "GET", runPath(target), q, nil, nil, &run); err != nil {
 		return uuid.Nil, err
 	}
 	return run.RunID, nil
 }
 
 func (c *apiClient) GetRun(ctx context.Context, id uuid.UUID) (*engine.Run, error) {
+	return c.GetRunWith(ctx, id, nil)
+}
+
+func (c *apiClient) GetRunWith(ctx context.Context, id uuid.UUID, opts *engine.GetRunOpts) (*engine.Run, error) {
+	var q url.Values
+	if opts != nil {
+		q = url.Values{}
+		if opts.StepsFrom > 0 {
+			q.Set("steps_from", strconv.Itoa(opts.StepsFrom))
+		}
+		if opts.NoSignals {
+			q.Set("signals", "false")
+		}
+		if opts.NoPayloads {
+			q.Set("payloads", "false")
+		}
+	}
 	var run engine.Run
-	if err := c.do(ctx, "GET", runPath(id.String()), nil, nil, nil, &run); err != nil {
+	if err := c.do(ctx, "GET", runPath(id.String()), q, nil, nil, &run); err != nil {
 		return nil, err
 	}
 	return &run, nil

@@ -13,8 +13,12 @@ import (
 	"github.com/pgdurable/pgdurable/engine"
 )
 
-// followPoll is how often a followed run is read.
-const followPoll = 200 * time.Millisecond
+// followPoll is how often a followed run is read while it changes; each
+// read that finds nothing new doubles the wait, up to followPollMax.
+const (
+	followPoll    = 200 * time.Millisecond
+	followPollMax = 2 * time.Second
+)
 
 // followOutage is how long a follow over --address keeps asking a server
 // that does not answer before it gives up.
@@ -91,6 +95,11 @@ func (e *runOutcomeError) Error() string {
 // changes, until it ends (following a continue-as-new chain to its last
 // run), and returns it as it ended. With JSON output it prints nothing
 // until then. ctx ends the follow, not the run.
+//
+// Each read asks only for what may have changed: the steps from the first
+// one that has not ended (or the first position not recorded yet), with
+// no signals and no payloads (a run may hold megabytes of them); the
+// whole run is read once, at its end.
 func (g *global) follow(ctx context.Context, e backend, runID uuid.UUID) (*engine.Run, error) {
 	w := g.opts.Stdout
 	seen := map[int]engine.StepStatus{}
@@ -98,8 +107,9 @@ func (g *global) follow(ctx context.Context, e backend, runID uuid.UUID) (*engin
 	began := time.Now()
 	hinted := false
 	var lost time.Time // when the server stopped answering, over --address
+	from, poll := 0, followPoll
 	for {
-		run, err := e.GetRun(ctx, runID)
+		run, err := e.GetRunWith(ctx, runID, &engine.GetRunOpts{StepsFrom: from, NoSignals: true, NoPayloads: true})
 		var down *unreachableError
 		switch {
 		case errors.As(err, &down) && (lost.IsZero() || time.Since(lost) < followOutage):
@@ -120,16 +130,19 @@ func (g *global) follow(ctx context.Context, e backend, runID uuid.UUID) (*engin
 			lost = time.Time{}
 			fmt.Fprintln(g.opts.Stderr, "the engine answers again")
 		}
-		if !g.jsonOut {
-			for _, s := range run.Steps {
-				if seen[s.Seq] == s.Status {
-					continue
-				}
-				seen[s.Seq] = s.Status
+		changed := run.Status != status
+		for _, s := range run.Steps {
+			if seen[s.Seq] == s.Status {
+				continue
+			}
+			seen[s.Seq], changed = s.Status, true
+			if !g.jsonOut {
 				fmt.Fprintf(w, "  step %-3d %-24s %-12s %-10s%s\n", s.Seq, cell(s.Name), cell(s.Kind), cell(s.Status), stepNote(s))
 			}
+		}
+		from = followFrom(from, run.Steps)
+		if !g.jsonOut {
 			if run.Status != status {
-				status = run.Status
 				fmt.Fprintf(w, "run %s %s\n", run.RunID, statusNote(run))
 			}
 			if !hinted && run.Status == engine.StatusPending && run.Deliveries == 0 && time.Since(began) > stillPending {
@@ -138,17 +151,42 @@ func (g *global) follow(ctx context.Context, e backend, runID uuid.UUID) (*engin
 					stillPending, cell(run.WorkflowName))
 			}
 		}
+		status = run.Status
 		if run.Status == engine.StatusContinued && run.ContinuedRunID != nil {
-			runID, seen, status = *run.ContinuedRunID, map[int]engine.StepStatus{}, ""
+			runID, seen, status, from, poll = *run.ContinuedRunID, map[int]engine.StepStatus{}, "", 0, followPoll
 			continue
 		}
 		if run.Status.Terminal() {
-			return run, nil
+			return e.GetRun(ctx, runID) // the whole run, once
 		}
-		if err := sleepCtx(ctx, followPoll); err != nil {
+		if changed {
+			poll = followPoll
+		} else {
+			poll = min(2*poll, followPollMax)
+		}
+		if err := sleepCtx(ctx, poll); err != nil {
 			return nil, fmt.Errorf("stopped following run %s (it goes on): %w", runID, err)
 		}
 	}
+}
+
+// followFrom is the step position a follower reads from next, given the
+// steps it read from from on (in order): the first one that may still
+// change, a step not ended (started, retrying, parked) or a position with
+// no record yet (a parallel step still running).
+func followFrom(from int, steps []engine.StepInfo) int {
+	for _, s := range steps {
+		if s.Seq != from {
+			return from // a hole: that step may be recorded yet
+		}
+		switch s.Status {
+		case engine.StepCompleted, engine.StepFailed, engine.StepCancelled:
+			from++
+		default:
+			return from
+		}
+	}
+	return from
 }
 
 // stepNote is what a followed step's line adds: its attempts, duration and

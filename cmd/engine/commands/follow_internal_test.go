@@ -14,8 +14,10 @@ import (
 	"github.com/pgdurable/pgdurable/engine"
 )
 
-// flakyServer is a backend whose GetRun fails as an unreachable server
-// would for its first calls, then answers the run, completed.
+// flakyServer is a backend whose reads of a run as a follower makes them
+// (GetRunWith) fail as an unreachable server would for its first calls,
+// then answer the run, completed; the follow's last, whole read (GetRun)
+// answers it too.
 type flakyServer struct {
 	backend
 	down  int
@@ -23,13 +25,15 @@ type flakyServer struct {
 	run   *engine.Run
 }
 
-func (f *flakyServer) GetRun(context.Context, uuid.UUID) (*engine.Run, error) {
+func (f *flakyServer) GetRunWith(context.Context, uuid.UUID, *engine.GetRunOpts) (*engine.Run, error) {
 	f.calls++
 	if f.calls <= f.down {
 		return nil, &unreachableError{base: "http://127.0.0.1:1", err: errors.New("connection refused")}
 	}
 	return f.run, nil
 }
+
+func (f *flakyServer) GetRun(context.Context, uuid.UUID) (*engine.Run, error) { return f.run, nil }
 
 // A follow over --address outlives a server restart: it keeps asking, says
 // so, and ends with the run's outcome.

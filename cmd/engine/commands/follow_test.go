@@ -1,7 +1,16 @@
 package commands_test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -62,4 +71,62 @@ func TestWaitAndFollowWaitForAServerNotUpYet(t *testing.T) {
 	runs, _, err := client.ListRuns(context.Background(), engine.ListRunsParams{Workflow: "double"})
 	require.NoError(t, err)
 	require.Len(t, runs, 3, "each start made one run")
+}
+
+// runs show --follow over --address reads only what may have changed: a
+// run that holds a megabyte of signals costs about one full read (at its
+// end), not one per poll (ten followers took a server to 600 MB: found by
+// an attack pass).
+func TestFollowReadsOnlyWhatChanged(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	addr, _ := serveInProcess(t, db, commands.Options{Workflows: workflows()}, nil)
+	client := enginetest.NewEngine(t, db, nil, false, workflows()...)
+	ctx := context.Background()
+	_, err := client.StartJSON(ctx, "approval", []byte(`{}`), &engine.StartOpts{WorkflowID: "big-follow"})
+	require.NoError(t, err)
+	noise := `"` + strings.Repeat("x", 16<<10) + `"`
+	for range 60 {
+		require.NoError(t, client.SignalJSON(ctx, "big-follow", "noise", []byte(noise), nil))
+	}
+	full, err := http.Get("http://" + addr + "/v1/runs/big-follow")
+	require.NoError(t, err)
+	fullRun, err := io.ReadAll(full.Body)
+	full.Body.Close()
+	require.NoError(t, err)
+	require.Greater(t, len(fullRun), 60*16<<10, "the whole run holds the signals")
+
+	var read atomic.Int64 // bytes of run views the follower read
+	target, err := url.Parse("http://" + addr)
+	require.NoError(t, err)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.ModifyResponse = func(r *http.Response) error {
+		if strings.HasPrefix(r.Request.URL.Path, "/v1/runs/") {
+			body, err := io.ReadAll(r.Body)
+			r.Body.Close()
+			if err != nil {
+				return err
+			}
+			read.Add(int64(len(body)))
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		return nil
+	}
+	srv := httptest.NewServer(proxy)
+	t.Cleanup(srv.Close)
+
+	done := make(chan string, 1)
+	go func() {
+		code, out, errOut := cli(commands.Options{}, nil, "--address", srv.URL, "runs", "show", "big-follow", "--follow")
+		done <- fmt.Sprint(code, out, errOut)
+	}()
+	time.Sleep(3 * time.Second) // about a dozen polls at 200 ms, fewer with the back-off
+	require.NoError(t, client.SignalJSON(ctx, "big-follow", "approve", []byte(`{"by": "ann"}`), nil))
+	select {
+	case out := <-done:
+		require.Contains(t, out, "completed")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the follow never ended")
+	}
+	require.Less(t, read.Load(), int64(2*len(fullRun)), "about one full read of the run, at its end")
 }

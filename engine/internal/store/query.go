@@ -81,13 +81,38 @@ type RunDetail struct {
 	Children []ChildRow
 }
 
+// RunParts trims what GetRun reads (the zero value reads everything).
+type RunParts struct {
+	StepsFrom  int  // only the steps at positions from it on
+	NoSignals  bool // no signals
+	NoPayloads bool // no run input, step outputs or signal payloads (NULL)
+}
+
 // GetRun reads a run, its steps, its signals and its children in one
 // round trip; ErrNotFound when absent.
 func GetRun(ctx context.Context, db DBTX, runID uuid.UUID) (*RunDetail, error) {
+	return GetRunParts(ctx, db, runID, RunParts{})
+}
+
+// runWithoutInput is the run's row with its input left out.
+var runWithoutInput = strings.Replace(runColumns, " input,", " NULL::jsonb AS input,", 1)
+
+// GetRunParts is GetRun, reading only the parts p asks for.
+func GetRunParts(ctx context.Context, db DBTX, runID uuid.UUID, p RunParts) (*RunDetail, error) {
 	b := &pgx.Batch{}
-	b.Queue(`SELECT `+runColumns+` FROM workflow_runs WHERE run_id = $1`, runID)
-	b.Queue(loadSteps, runID)
-	b.Queue(`SELECT id, name, payload, created_at, consumed_seq, consumed_at, idempotency_key FROM workflow_signals WHERE run_id = $1 ORDER BY id`, runID)
+	runCols, stepOutput, payload := runColumns, "output", "payload"
+	if p.NoPayloads {
+		runCols, stepOutput, payload = runWithoutInput, "NULL::jsonb", "NULL::jsonb"
+	}
+	b.Queue(`SELECT `+runCols+` FROM workflow_runs WHERE run_id = $1`, runID)
+	b.Queue(`SELECT seq, name, kind, status, attempts, request_id, `+stepOutput+`, error, next_attempt_at,
+       first_failed_at, started_at, completed_at, compensation, compensation_of, failed_attempts
+FROM workflow_steps WHERE run_id = $1 AND seq >= $2 ORDER BY seq`, runID, p.StepsFrom)
+	if p.NoSignals {
+		b.Queue(`SELECT id, name, payload, created_at, consumed_seq, consumed_at, idempotency_key FROM workflow_signals WHERE false`)
+	} else {
+		b.Queue(`SELECT id, name, `+payload+`, created_at, consumed_seq, consumed_at, idempotency_key FROM workflow_signals WHERE run_id = $1 ORDER BY id`, runID)
+	}
 	b.Queue(listChildren, runID, MaxListedChildren)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()

@@ -194,12 +194,6 @@ type ClaimMiss struct {
 	NotExists bool
 }
 
-// loadSteps reads a run's step records in order.
-const loadSteps = `
-SELECT seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
-       first_failed_at, started_at, completed_at, compensation, compensation_of, failed_attempts
-FROM workflow_steps WHERE run_id = $1 ORDER BY seq`
-
 func scanSteps(rows pgx.Rows) ([]StepRecord, error) {
 	defer rows.Close()
 	var out []StepRecord
