@@ -30,7 +30,7 @@ import (
 //     (runStep) and its attempts (attemptLoop); tx_step.go, activity.go,
 //     timer.go, signal.go and compensation.go build the calls of each kind.
 //   - lease.go: heartbeats and the sweep; group_commit.go: the batchers
-//     all deliveries of a process write through; dispatch.go: worker
+//     all deliveries of a process write through (internal/groupcommit); dispatch.go: worker
 //     slots, direct dispatch and held runs.
 type delivery struct {
 	// ctx is the delivery's context: cancelled (with the cause) when the

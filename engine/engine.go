@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pgdurable/pgdurable/engine/internal/groupcommit"
 	"github.com/pgdurable/pgdurable/engine/internal/queue"
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
@@ -228,14 +229,14 @@ type Engine struct {
 	stopping atomic.Bool // Stop or StopAndCancel was called: no more direct dispatch
 	live     sync.Map    // run ID → *delivery of this process holding it
 	// records commits the record writes of this process's deliveries,
-	// many runs' in one statement (see groupCommit).
-	records *groupCommit[*store.RecordWrite, outcome[store.WriteResult]]
+	// many runs' in one statement (see groupcommit.Batcher).
+	records *groupcommit.Batcher[*store.RecordWrite, groupcommit.Outcome[store.WriteResult]]
 	// starts coalesces concurrent Start calls into multi-row inserts.
-	starts *groupCommit[store.NewRun, outcome[*store.InsertedRun]]
+	starts *groupcommit.Batcher[store.NewRun, groupcommit.Outcome[*store.InsertedRun]]
 	// claims coalesces the claims of concurrent deliveries.
-	claims *groupCommit[store.Fence, outcome[store.ClaimResult]]
+	claims *groupcommit.Batcher[store.Fence, groupcommit.Outcome[store.ClaimResult]]
 	// beats coalesces the heartbeats of concurrent deliveries.
-	beats *groupCommit[store.Beat, outcome[store.BeatResult]]
+	beats *groupcommit.Batcher[store.Beat, groupcommit.Outcome[store.BeatResult]]
 	// slots holds one token per delivery running in this process, River's
 	// and directly dispatched ones alike: at most MaxWorkers.
 	slots chan struct{}

@@ -416,11 +416,11 @@ func (d *delivery) commit(w *store.RecordWrite) (store.WriteResult, error) {
 				r.Fresh = false
 			}
 		}
-		o := d.e.records.do(w)
-		if o.err != nil {
-			return o.err
+		o := d.e.records.Do(w)
+		if o.Err != nil {
+			return o.Err
 		}
-		if res = o.res; !res.Landed {
+		if res = o.Res; !res.Landed {
 			return store.ErrLeaseLost
 		}
 		return nil
@@ -491,9 +491,9 @@ func (d *delivery) beat() error {
 	d.writeMu.Lock()
 	defer d.writeMu.Unlock()
 	markLong := !d.long && time.Since(d.claimedAt) >= d.e.cfg.LeaseDuration
-	o := d.e.beats.do(store.Beat{Fence: d.fence(), MarkLong: markLong})
-	cancelRequested, marked, err := o.res.CancelRequested, o.res.Marked, o.err
-	if err == nil && !o.res.Landed {
+	o := d.e.beats.Do(store.Beat{Fence: d.fence(), MarkLong: markLong})
+	cancelRequested, marked, err := o.Res.CancelRequested, o.Res.Marked, o.Err
+	if err == nil && !o.Res.Landed {
 		err = store.ErrLeaseLost
 	}
 	switch {

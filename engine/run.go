@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgdurable/pgdurable/engine/internal/groupcommit"
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
@@ -176,8 +177,8 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	if tx != nil {
 		ins, err = e.insertRunTx(ctx, tx, r)
 	} else {
-		o := e.starts.do(r)
-		ins, err = o.res, o.err
+		o := e.starts.Do(r)
+		ins, err = o.Res, o.Err
 	}
 	e.afterStart(wf, path, r, err == nil && !ins.Existing, sent)
 	switch {
@@ -283,11 +284,13 @@ func (e *Engine) insertRunTx(ctx context.Context, tx pgx.Tx, r store.NewRun) (*s
 }
 
 // newStartBatcher coalesces the starts of concurrent callers of e into
-// multi-row inserts (see groupCommit).
-func newStartBatcher(e *Engine) *groupCommit[store.NewRun, outcome[*store.InsertedRun]] {
-	return &groupCommit[store.NewRun, outcome[*store.InsertedRun]]{maxActive: groupCommitActive, maxBatch: groupCommitBatch,
-		size: func(r store.NewRun) int { return len(r.Input) }, exec: e.insertRuns,
-		failed: func(p any) outcome[*store.InsertedRun] { return outcome[*store.InsertedRun]{err: batchPanic(p)} }}
+// multi-row inserts (see groupcommit.Batcher).
+func newStartBatcher(e *Engine) *groupcommit.Batcher[store.NewRun, groupcommit.Outcome[*store.InsertedRun]] {
+	return &groupcommit.Batcher[store.NewRun, groupcommit.Outcome[*store.InsertedRun]]{MaxActive: groupcommit.Active, MaxBatch: groupcommit.Batch,
+		Size: func(r store.NewRun) int { return len(r.Input) }, Exec: e.insertRuns,
+		Failed: func(p any) groupcommit.Outcome[*store.InsertedRun] {
+			return groupcommit.Outcome[*store.InsertedRun]{Err: groupcommit.BatchPanic(p)}
+		}}
 }
 
 // insertRuns inserts a batch of starts. A batch that certainly rolled back
@@ -296,10 +299,10 @@ func newStartBatcher(e *Engine) *groupCommit[store.NewRun, outcome[*store.Insert
 // on its own, so it fails only its own start; a dropped connection, which
 // may have committed, fails them all (a caller's retry with the same
 // workflow ID finds its run).
-func (e *Engine) insertRuns(runs []store.NewRun) []outcome[*store.InsertedRun] {
+func (e *Engine) insertRuns(runs []store.NewRun) []groupcommit.Outcome[*store.InsertedRun] {
 	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 	defer cancel()
-	var out []outcome[*store.InsertedRun]
+	var out []groupcommit.Outcome[*store.InsertedRun]
 	var err error
 	for try := 0; ; try++ {
 		if out, err = e.insertRunBatch(ctx, runs); err == nil {
@@ -312,17 +315,17 @@ func (e *Engine) insertRuns(runs []store.NewRun) []outcome[*store.InsertedRun] {
 		}
 		time.Sleep(writeRetryBackoff << try)
 	}
-	out = make([]outcome[*store.InsertedRun], len(runs))
+	out = make([]groupcommit.Outcome[*store.InsertedRun], len(runs))
 	if transient, _ := store.IsTransient(err); transient || len(runs) == 1 {
 		for i := range out {
-			out[i].err = err
+			out[i].Err = err
 		}
 		return out
 	}
 	for i, r := range runs {
 		one, err := e.insertRunBatch(ctx, []store.NewRun{r})
 		if err != nil {
-			out[i].err = err
+			out[i].Err = err
 			continue
 		}
 		out[i] = one[0]
@@ -338,7 +341,7 @@ func needsTicket(r store.NewRun) bool { return r.Claim == nil && r.Hold == 0 && 
 // no process executes at once, their River tickets in the same transaction.
 // Without tickets to insert, the statement is its own transaction: one
 // round trip.
-func (e *Engine) insertRunBatch(ctx context.Context, runs []store.NewRun) ([]outcome[*store.InsertedRun], error) {
+func (e *Engine) insertRunBatch(ctx context.Context, runs []store.NewRun) ([]groupcommit.Outcome[*store.InsertedRun], error) {
 	var res []store.InsertedRunResult
 	var err error
 	if slices.ContainsFunc(runs, needsTicket) {
@@ -360,9 +363,9 @@ func (e *Engine) insertRunBatch(ctx context.Context, runs []store.NewRun) ([]out
 	if err != nil {
 		return nil, err
 	}
-	out := make([]outcome[*store.InsertedRun], len(runs))
+	out := make([]groupcommit.Outcome[*store.InsertedRun], len(runs))
 	for i, r := range res {
-		out[i] = outcome[*store.InsertedRun]{res: r.Run, err: r.Err}
+		out[i] = groupcommit.Outcome[*store.InsertedRun]{Res: r.Run, Err: r.Err}
 	}
 	return out, nil
 }

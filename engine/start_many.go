@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/pgdurable/pgdurable/engine/internal/groupcommit"
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
@@ -24,7 +25,7 @@ type StartParams[In any] struct {
 // inputs together (each input is also bound by Config.MaxPayloadBytes).
 const (
 	MaxStartMany      = 10_000
-	maxStartManyBytes = maxBatchBytes
+	maxStartManyBytes = groupcommit.MaxBatchBytes
 )
 
 // StartMany starts one run of w per element of starts, in one transaction:

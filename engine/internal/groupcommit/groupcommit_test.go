@@ -1,4 +1,4 @@
-package engine
+package groupcommit
 
 import (
 	"sync"
@@ -12,10 +12,10 @@ import (
 // Every caller gets its own result; no more batches than maxActive run at
 // once; calls made while batches are in flight share the next one; no
 // batch is larger than maxBatch.
-func TestGroupCommitBatchesWhatQueuedAndAnswersEachCaller(t *testing.T) {
+func TestBatcherBatchesWhatQueuedAndAnswersEachCaller(t *testing.T) {
 	t.Parallel()
 	var inFlight, maxInFlight, batches, largest atomic.Int64
-	g := &groupCommit[int, int]{maxActive: 2, maxBatch: 16, exec: func(calls []int) []int {
+	g := &Batcher[int, int]{MaxActive: 2, MaxBatch: 16, Exec: func(calls []int) []int {
 		n := inFlight.Add(1)
 		for {
 			m := maxInFlight.Load()
@@ -41,7 +41,7 @@ func TestGroupCommitBatchesWhatQueuedAndAnswersEachCaller(t *testing.T) {
 	const callers = 400
 	var wg sync.WaitGroup
 	for i := range callers {
-		wg.Go(func() { require.Equal(t, i*10, g.do(i)) })
+		wg.Go(func() { require.Equal(t, i*10, g.Do(i)) })
 	}
 	wg.Wait()
 	require.LessOrEqual(t, maxInFlight.Load(), int64(2))
@@ -52,28 +52,28 @@ func TestGroupCommitBatchesWhatQueuedAndAnswersEachCaller(t *testing.T) {
 }
 
 // One call at a time is a batch of one, run at once.
-func TestGroupCommitAloneIsABatchOfOne(t *testing.T) {
+func TestBatcherAloneIsABatchOfOne(t *testing.T) {
 	t.Parallel()
 	var sizes []int
-	g := &groupCommit[int, int]{maxActive: 2, maxBatch: 16, exec: func(calls []int) []int {
+	g := &Batcher[int, int]{MaxActive: 2, MaxBatch: 16, Exec: func(calls []int) []int {
 		sizes = append(sizes, len(calls))
 		return calls
 	}}
 	for i := range 5 {
-		require.Equal(t, i, g.do(i))
+		require.Equal(t, i, g.Do(i))
 	}
 	require.Equal(t, []int{1, 1, 1, 1, 1}, sizes)
 }
 
 // A batch stops taking queued calls once their payloads would pass
-// maxBatchBytes; the leader's own call always goes.
-func TestGroupCommitBoundsABatchByBytes(t *testing.T) {
+// MaxBatchBytes; the leader's own call always goes.
+func TestBatcherBoundsABatchByBytes(t *testing.T) {
 	t.Parallel()
 	release := make(chan struct{})
 	var mu sync.Mutex
 	var sizes []int
-	g := &groupCommit[int, int]{maxActive: 1, maxBatch: 100, size: func(n int) int { return n },
-		exec: func(calls []int) []int {
+	g := &Batcher[int, int]{MaxActive: 1, MaxBatch: 100, Size: func(n int) int { return n },
+		Exec: func(calls []int) []int {
 			mu.Lock()
 			sizes = append(sizes, len(calls))
 			mu.Unlock()
@@ -83,13 +83,13 @@ func TestGroupCommitBoundsABatchByBytes(t *testing.T) {
 			return calls
 		}}
 	var wg sync.WaitGroup
-	wg.Go(func() { g.do(0) })
+	wg.Go(func() { g.Do(0) })
 	for !func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.active == 1 }() {
 		time.Sleep(time.Millisecond)
 	}
-	const big = maxBatchBytes / 3 // three fit in no batch together with a fourth
+	const big = MaxBatchBytes / 3 // three fit in no batch together with a fourth
 	for range 6 {
-		wg.Go(func() { g.do(big) })
+		wg.Go(func() { g.Do(big) })
 	}
 	for !func() bool { g.mu.Lock(); defer g.mu.Unlock(); return len(g.queue) == 6 }() {
 		time.Sleep(time.Millisecond)
@@ -101,17 +101,17 @@ func TestGroupCommitBoundsABatchByBytes(t *testing.T) {
 
 // A batch whose exec panics fails each of its calls and leaves the
 // batcher working for the next ones.
-func TestGroupCommitSurvivesAPanickingBatch(t *testing.T) {
+func TestBatcherSurvivesAPanickingBatch(t *testing.T) {
 	t.Parallel()
-	g := &groupCommit[int, int]{maxActive: 1, maxBatch: 10,
-		exec: func(calls []int) []int {
+	g := &Batcher[int, int]{MaxActive: 1, MaxBatch: 10,
+		Exec: func(calls []int) []int {
 			if calls[0] < 0 {
 				panic("bug")
 			}
 			return calls
 		},
-		failed: func(any) int { return -100 }}
-	require.Equal(t, -100, g.do(-1))
-	require.Equal(t, 5, g.do(5))
+		Failed: func(any) int { return -100 }}
+	require.Equal(t, -100, g.Do(-1))
+	require.Equal(t, 5, g.Do(5))
 	require.Zero(t, g.active)
 }
