@@ -1,7 +1,5 @@
 package engine
 
-import "github.com/pgdurable/pgdurable/engine/internal/store"
-
 // RunStatus is a run's status, as stored in workflow_runs.status (a CHECK
 // constraint keeps it to these values) and shown by GetRun, ListRuns, the
 // HTTP API and the CLI.
@@ -9,18 +7,32 @@ type RunStatus string
 
 // Run statuses.
 const (
-	StatusPending      RunStatus = store.RunPending      // started, not yet delivered
-	StatusRunning      RunStatus = store.RunRunning      // a delivery holds (or held) the lease
-	StatusWaiting      RunStatus = store.RunWaiting      // waiting for a retry backoff, a timer, a signal, a crash backoff (see Config.MaxDeliveries), or its delayed start (StartOpts.StartAt)
-	StatusCompleted    RunStatus = store.RunCompleted    // terminal: output recorded
-	StatusFailed       RunStatus = store.RunFailed       // terminal: the workflow returned an error
-	StatusCompensating RunStatus = store.RunCompensating // undoing completed steps
-	StatusCompensated  RunStatus = store.RunCompensated  // terminal: failed, and its steps were undone
-	StatusCancelled    RunStatus = store.RunCancelled    // terminal: cancelled
-	StatusDead         RunStatus = store.RunDead         // terminal until an operator replays it: parked in dead_jobs
-	StatusContinued    RunStatus = store.RunContinued    // terminal: ended by ContinueAsNew; Run.ContinuedRunID took over its workflow ID
-	StatusTerminated   RunStatus = store.RunTerminated   // terminal: ended at once by an operator (Engine.Terminate), no compensations run
+	StatusPending      RunStatus = "pending"      // started, not yet delivered
+	StatusRunning      RunStatus = "running"      // a delivery holds (or held) the lease
+	StatusWaiting      RunStatus = "waiting"      // waiting for a retry backoff, a timer, a signal, a crash backoff (see Config.MaxDeliveries), or its delayed start (StartOpts.StartAt)
+	StatusCompleted    RunStatus = "completed"    // terminal: output recorded
+	StatusFailed       RunStatus = "failed"       // terminal: the workflow returned an error
+	StatusCompensating RunStatus = "compensating" // undoing completed steps
+	StatusCompensated  RunStatus = "compensated"  // terminal: failed, and its steps were undone
+	StatusCancelled    RunStatus = "cancelled"    // terminal: cancelled
+	StatusDead         RunStatus = "dead"         // terminal until an operator replays it: parked in dead_jobs
+	StatusContinued    RunStatus = "continued"    // terminal: ended by ContinueAsNew; Run.ContinuedRunID took over its workflow ID
+	StatusTerminated   RunStatus = "terminated"   // terminal: ended at once by an operator (Engine.Terminate), no compensations run
 )
+
+// RunStatuses returns every run status, those of open runs first (pending,
+// running, waiting, compensating), then dead, then those of closed runs:
+// for tools that list or check them (the CLI's flags, the web UI's
+// filters), as rivertype.JobStates does for River's. A new slice each call.
+func RunStatuses() []RunStatus {
+	return []RunStatus{StatusPending, StatusRunning, StatusWaiting, StatusCompensating, StatusDead, StatusCompleted,
+		StatusFailed, StatusCompensated, StatusCancelled, StatusTerminated, StatusContinued}
+}
+
+// Open reports whether a run in status s may still change: it is active
+// (pending, running, waiting, compensating) or dead (an operator may
+// replay it). Its negation is a closed run: it ended for good.
+func (s RunStatus) Open() bool { return s.active() || s == StatusDead }
 
 // Terminal reports whether a run in status s has ended: completed, failed,
 // compensated, cancelled, dead, continued or terminated. Only an
@@ -71,12 +83,12 @@ type StepStatus string
 
 // Step statuses.
 const (
-	StepStarted   StepStatus = store.StepStarted   // an attempt announced (activities, retries), or a wait begun (sleep, signal)
-	StepCompleted StepStatus = store.StepCompleted // the outcome is recorded; replays return it
-	StepFailed    StepStatus = store.StepFailed    // failed for good, returned to the workflow as a *StepError
-	StepRetrying  StepStatus = store.StepRetrying  // failed an attempt; NextAttemptAt says when the next is due
-	StepParked    StepStatus = store.StepParked    // failed in a way that parked the run as dead
-	StepCancelled StepStatus = store.StepCancelled // stopped by the run's cancellation before it finished
+	StepStarted   StepStatus = "started"   // an attempt announced (activities, retries), or a wait begun (sleep, signal)
+	StepCompleted StepStatus = "completed" // the outcome is recorded; replays return it
+	StepFailed    StepStatus = "failed"    // failed for good, returned to the workflow as a *StepError
+	StepRetrying  StepStatus = "retrying"  // failed an attempt; NextAttemptAt says when the next is due
+	StepParked    StepStatus = "parked"    // failed in a way that parked the run as dead
+	StepCancelled StepStatus = "cancelled" // stopped by the run's cancellation before it finished
 )
 
 // DeadReason is why a run was parked in dead_jobs.
@@ -93,6 +105,14 @@ const (
 	ReasonCompensationFailed DeadReason = "compensation_failed" // an undo step failed (reserved for compensations)
 	ReasonChildDead          DeadReason = "child_dead"          // a child run the workflow waits for is parked as dead
 )
+
+// DeadReasons returns every reason a run is parked for, in the order of
+// their constants: for tools that list or check them (the CLI's flags, the
+// web UI's filters). A new slice each call.
+func DeadReasons() []DeadReason {
+	return []DeadReason{ReasonRetriesExhausted, ReasonPermanentError, ReasonPanic, ReasonNonDeterminism,
+		ReasonPoisonInput, ReasonCrashLoop, ReasonCompensationFailed, ReasonChildDead}
+}
 
 // valid reports whether r is a reason a dead job can have. "timeout" is
 // accepted in filters: it is reserved for run timeouts.

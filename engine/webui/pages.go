@@ -51,13 +51,10 @@ func parsePages() map[string]*template.Template {
 	return out
 }
 
-var runStatuses = []engine.RunStatus{engine.StatusPending, engine.StatusRunning, engine.StatusWaiting, engine.StatusCompensating,
-	engine.StatusDead, engine.StatusCompleted, engine.StatusFailed, engine.StatusCompensated, engine.StatusCancelled,
-	engine.StatusTerminated, engine.StatusContinued}
-
-var deadReasons = []engine.DeadReason{engine.ReasonRetriesExhausted, engine.ReasonPermanentError, engine.ReasonPanic,
-	engine.ReasonNonDeterminism, engine.ReasonPoisonInput, engine.ReasonCrashLoop, engine.ReasonCompensationFailed,
-	engine.ReasonChildDead}
+var (
+	runStatuses = engine.RunStatuses()
+	deadReasons = engine.DeadReasons()
+)
 
 // when formats a time (a time.Time or *time.Time; nil or zero: "—") in
 // UTC to the second.
@@ -229,8 +226,10 @@ type statusCount struct {
 
 func openCounts(m map[engine.RunStatus]int64) []statusCount {
 	var out []statusCount
-	for _, s := range []engine.RunStatus{engine.StatusPending, engine.StatusRunning, engine.StatusWaiting, engine.StatusCompensating, engine.StatusDead} {
-		out = append(out, statusCount{s, m[s]})
+	for _, s := range runStatuses {
+		if s.Open() {
+			out = append(out, statusCount{s, m[s]})
+		}
 	}
 	return out
 }
@@ -424,8 +423,7 @@ func history(s engine.StepInfo) []attemptLine {
 
 func newRunView(run *engine.Run) *runView {
 	v := &runView{Run: run}
-	open := !slices.Contains([]engine.RunStatus{engine.StatusCompleted, engine.StatusFailed, engine.StatusCompensated,
-		engine.StatusCancelled, engine.StatusTerminated, engine.StatusContinued}, run.Status)
+	open := run.Status.Open()
 	v.CanCancel = open && run.CancelRequestedAt == nil && run.Status != engine.StatusDead
 	v.CanStart = run.Status == engine.StatusWaiting && run.StartedAt == nil
 	if run.Status == engine.StatusTerminated {

@@ -30,8 +30,7 @@ func (g *global) deadCmd() *cobra.Command {
 				}
 				p.RunID = id
 			}
-			if err := checkOneOf("--reason", p.Reason, engine.ReasonRetriesExhausted, engine.ReasonPermanentError, engine.ReasonPanic,
-				engine.ReasonNonDeterminism, engine.ReasonPoisonInput, engine.ReasonCrashLoop, engine.ReasonCompensationFailed, engine.ReasonChildDead); err != nil {
+			if err := checkOneOf("--reason", p.Reason, engine.DeadReasons()...); err != nil {
 				return err
 			}
 			e, done, err := g.client(cmd.Context())

@@ -45,9 +45,7 @@ func (g *global) runsCmd() *cobra.Command {
 			if p.Tags, err = tagFlags(listTags); err != nil {
 				return err
 			}
-			if err := checkOneOf("--status", p.Status, engine.StatusPending, engine.StatusRunning, engine.StatusWaiting,
-				engine.StatusCompleted, engine.StatusFailed, engine.StatusCompensating, engine.StatusCompensated,
-				engine.StatusCancelled, engine.StatusDead, engine.StatusContinued, engine.StatusTerminated); err != nil {
+			if err := checkOneOf("--status", p.Status, engine.RunStatuses()...); err != nil {
 				return err
 			}
 			e, done, err := g.client(cmd.Context())
@@ -257,9 +255,7 @@ func (g *global) printRun(run *engine.Run) {
 	if run.Status == engine.StatusRunning {
 		died-- // the delivery in flight
 	}
-	switch run.Status {
-	case engine.StatusPending, engine.StatusRunning, engine.StatusWaiting, engine.StatusCompensating:
-	default:
+	if !run.Status.Open() || run.Status == engine.StatusDead {
 		died = 0 // finished, or dead: its error tells
 	}
 	if died > 0 {
