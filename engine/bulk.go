@@ -101,17 +101,34 @@ var errCancelledBefore = errors.New("cancellation requested before")
 // ReplayDeadJobs replays every open dead job the filter matches (see
 // ReplayDeadJob), at most MaxBulk; DiscardDeadJobs discards them. With
 // dryRun they only count them. p.OpenOnly is implied; p.Limit and
-// p.Cursor are ignored. Jobs resolved meanwhile are skipped.
+// p.Cursor are ignored. p must filter by Workflow, Reason, RunID or
+// ParkedBefore (ErrInvalidArgument otherwise: an empty filter would act on
+// every open dead job), and opts is checked before anything is matched. Jobs
+// resolved meanwhile are skipped.
 func (e *Engine) ReplayDeadJobs(ctx context.Context, p ListDeadJobsParams, opts *ResolveOpts, dryRun bool) (BulkResult, error) {
-	return e.resolveDeadJobs(ctx, p, dryRun, func(id uuid.UUID) error { _, err := e.ReplayDeadJob(ctx, id, opts); return err })
+	return e.resolveDeadJobs(ctx, p, opts, dryRun, func(id uuid.UUID) error { _, err := e.ReplayDeadJob(ctx, id, opts); return err })
 }
 
 // DiscardDeadJobs is ReplayDeadJobs that discards.
 func (e *Engine) DiscardDeadJobs(ctx context.Context, p ListDeadJobsParams, opts *ResolveOpts, dryRun bool) (BulkResult, error) {
-	return e.resolveDeadJobs(ctx, p, dryRun, func(id uuid.UUID) error { _, err := e.DiscardDeadJob(ctx, id, opts); return err })
+	return e.resolveDeadJobs(ctx, p, opts, dryRun, func(id uuid.UUID) error { _, err := e.DiscardDeadJob(ctx, id, opts); return err })
 }
 
-func (e *Engine) resolveDeadJobs(ctx context.Context, p ListDeadJobsParams, dryRun bool, act func(uuid.UUID) error) (BulkResult, error) {
+func (e *Engine) resolveDeadJobs(ctx context.Context, p ListDeadJobsParams, opts *ResolveOpts, dryRun bool, act func(uuid.UUID) error) (BulkResult, error) {
+	if p.Workflow == "" && p.Reason == "" && p.RunID == uuid.Nil && p.ParkedBefore.IsZero() {
+		return BulkResult{}, fmt.Errorf("%w: a bulk replay or discard needs a filter: a workflow, a reason, a run or a parking time "+
+			"(ParkedBefore: now names every open dead job on purpose)", ErrInvalidArgument)
+	}
+	if opts != nil {
+		// Checked before anything is matched, so a dry run refuses what
+		// the real one would.
+		if err := checkFreeText("by", opts.By, 200); err != nil {
+			return BulkResult{}, err
+		}
+		if err := checkFreeText("note", opts.Note, 4000); err != nil {
+			return BulkResult{}, err
+		}
+	}
 	p.OpenOnly, p.Limit = true, 1000
 	var ids []uuid.UUID
 	more, err := collectPages(&ids, func(cursor string) ([]uuid.UUID, string, error) {

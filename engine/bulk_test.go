@@ -140,3 +140,29 @@ func TestBulkCancelNeedsAFilterAndCountsWhatItChanged(t *testing.T) {
 	}
 	require.Equal(t, n, done, "each run counted once, by the call that cancelled it: %+v", results)
 }
+
+// A bulk replay or discard needs a filter too, and checks its by and note
+// before anything is matched, so a dry run refuses what the real call
+// would (found by an attack pass: {} matched every open dead job).
+func TestBulkDeadJobActionsNeedAFilter(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := testCtx(t)
+	for _, act := range []func(engine.ListDeadJobsParams, *engine.ResolveOpts, bool) (engine.BulkResult, error){
+		func(p engine.ListDeadJobsParams, o *engine.ResolveOpts, dry bool) (engine.BulkResult, error) {
+			return b.engine.ReplayDeadJobs(ctx, p, o, dry)
+		},
+		func(p engine.ListDeadJobsParams, o *engine.ResolveOpts, dry bool) (engine.BulkResult, error) {
+			return b.engine.DiscardDeadJobs(ctx, p, o, dry)
+		},
+	} {
+		_, err := act(engine.ListDeadJobsParams{}, nil, true)
+		require.ErrorIs(t, err, engine.ErrInvalidArgument)
+		require.ErrorContains(t, err, "needs a filter")
+		_, err = act(engine.ListDeadJobsParams{Workflow: "none"}, &engine.ResolveOpts{By: "a\u202eb"}, true)
+		require.ErrorIs(t, err, engine.ErrInvalidArgument, "checked on a dry run too")
+		res, err := act(engine.ListDeadJobsParams{Workflow: "none"}, nil, true)
+		require.NoError(t, err)
+		require.Zero(t, res.Matched)
+	}
+}

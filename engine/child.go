@@ -245,7 +245,8 @@ func (d *delivery) startChild(name string, version int, input []byte, opts *Chil
 	if !d.mayStartStep() {
 		return 0, uuid.Nil, "", d.endErr
 	}
-	r, err := d.e.newRun(name, version, input, &StartOpts{WorkflowID: workflowID, RunTimeout: opts.runTimeout()})
+	r, err := d.e.newRun(name, version, input, &StartOpts{WorkflowID: workflowID, RunTimeout: opts.runTimeout(),
+		engineMade: opts == nil || opts.WorkflowID == ""})
 	if err != nil {
 		return 0, uuid.Nil, "", err
 	}

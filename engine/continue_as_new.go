@@ -62,7 +62,7 @@ func (e *continueAsNewError) Error() string {
 // transaction.
 func (d *delivery) continueAsNew(input []byte) {
 	e := d.e
-	r, err := e.newRun(d.wf.name, d.wf.version, input, &StartOpts{WorkflowID: d.workflowID, RunTimeout: d.runTimeout})
+	r, err := e.newRun(d.wf.name, d.wf.version, input, &StartOpts{WorkflowID: d.workflowID, RunTimeout: d.runTimeout, engineMade: true})
 	if err != nil {
 		d.park(nil, &parkReason{reason: ReasonPermanentError, info: newErrorInfo(err, ClassPermanent)})
 		return

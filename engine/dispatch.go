@@ -160,7 +160,11 @@ func (e *Engine) newRun(name string, version int, input []byte, opts *StartOpts)
 	workflowID := runID.String()
 	if opts != nil && opts.WorkflowID != "" {
 		workflowID = opts.WorkflowID
-		if err := checkChosenWorkflowID(workflowID); err != nil {
+		check := checkChosenWorkflowID
+		if opts.engineMade {
+			check = checkWorkflowID
+		}
+		if err := check(workflowID); err != nil {
 			return store.NewRun{}, fmt.Errorf("%w: %v", ErrInvalidInput, err)
 		}
 	}

@@ -388,6 +388,12 @@ func checkChosenWorkflowID(id string) error {
 		return fmt.Errorf("workflow ID %q parses as a UUID, and run IDs are UUIDs: a chosen workflow ID cannot be one, "+
 			"since it could name another run where run IDs are taken; give it a prefix (\"order-%s\")", truncateText(id, 64), truncateText(id, 64))
 	}
+	if run, seq, ok := strings.Cut(id, ":"); ok && seq != "" && strings.Trim(seq, "0123456789") == "" {
+		if _, err := uuid.Parse(run); err == nil {
+			return fmt.Errorf("workflow ID %q has the shape of a child run's default ID (<parent run ID>:<position>), "+
+				"which no other run may take: choose another", truncateText(id, 64))
+		}
+	}
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -23,7 +24,8 @@ type StartOpts struct {
 	// WorkflowID is the start's idempotency key (1 to 400 bytes, not . or
 	// .., and not a UUID in any spelling: run IDs are UUIDs, and a run ID
 	// names a run wherever a workflow ID does, so "order-<uuid>" rather
-	// than "<uuid>"; ErrInvalidInput otherwise), unique per workflow name:
+	// than "<uuid>"; nor "<uuid>:<digits>", a child's default; ErrInvalidInput
+	// otherwise), unique per workflow name:
 	// starting the same workflow with the
 	// same ID and the same input returns the existing run; with a different
 	// input, ErrWorkflowIDConflict.
@@ -63,6 +65,11 @@ type StartOpts struct {
 	Tags map[string]string
 
 	schedule string // set by the scheduler: the schedule whose fire starts the run
+	// engineMade: the engine made WorkflowID, no caller chose it (a child's
+	// default, "<parent run ID>:<position>"; a continued chain's, its first
+	// run's ID when started without one): it is not held to the rule for
+	// chosen IDs.
+	engineMade bool
 }
 
 // startAt is when a run started now with opts is due: nil for now.
@@ -628,8 +635,8 @@ type GetRunOpts struct {
 func (e *Engine) GetRunWith(ctx context.Context, runID uuid.UUID, opts *GetRunOpts) (*Run, error) {
 	var parts store.RunParts
 	if opts != nil {
-		if opts.StepsFrom < 0 {
-			return nil, fmt.Errorf("%w: GetRunOpts.StepsFrom %d is negative", ErrInvalidArgument, opts.StepsFrom)
+		if opts.StepsFrom < 0 || opts.StepsFrom > math.MaxInt32 {
+			return nil, fmt.Errorf("%w: GetRunOpts.StepsFrom %d is not a step position (0 to %d)", ErrInvalidArgument, opts.StepsFrom, math.MaxInt32)
 		}
 		parts = store.RunParts{StepsFrom: opts.StepsFrom, NoSignals: opts.NoSignals, NoPayloads: opts.NoPayloads}
 	}

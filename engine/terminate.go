@@ -56,6 +56,9 @@ func (e *Engine) Terminate(ctx context.Context, runID uuid.UUID, opts TerminateO
 	if err := checkText("termination reason", opts.Reason, 1, 1000); err != nil {
 		return err
 	}
+	if strings.TrimSpace(opts.Reason) == "" {
+		return fmt.Errorf("%w: termination reason is blank: say why", ErrInvalidArgument)
+	}
 	if err := checkText("terminated by", opts.By, 0, 200); err != nil {
 		return err
 	}

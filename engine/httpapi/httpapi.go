@@ -306,10 +306,11 @@ func (a *api) auth(next http.Handler) http.Handler {
 	if a.opts.Token == "" {
 		return next
 	}
-	want := []byte("Bearer " + a.opts.Token)
+	want := []byte(a.opts.Token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got := []byte(r.Header.Get("Authorization"))
-		if subtle.ConstantTimeCompare(got, want) != 1 {
+		// The scheme is case-insensitive (RFC 9110), the token is not.
+		scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+		if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(token), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="pgdurable"`)
 			writeError(w, http.StatusUnauthorized, "unauthorized", "a valid bearer token is required")
 			return

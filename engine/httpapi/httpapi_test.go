@@ -350,6 +350,8 @@ func TestBearerToken(t *testing.T) {
 	}
 	require.Equal(t, http.StatusUnauthorized, b.do(t, "GET", "/metrics", "").status)
 	require.Equal(t, http.StatusOK, b.do(t, "GET", "/v1/runs", "", "Authorization", "Bearer s3cret").status)
+	require.Equal(t, http.StatusOK, b.do(t, "GET", "/v1/runs", "", "Authorization", "bearer s3cret").status, "the scheme is case-insensitive")
+	require.Equal(t, http.StatusUnauthorized, b.do(t, "GET", "/v1/runs", "", "Authorization", "Bearer S3CRET").status, "the token is not")
 	require.Equal(t, http.StatusOK, b.do(t, "GET", "/healthz", "").status, "probes stay open")
 	require.Equal(t, http.StatusOK, b.do(t, "GET", "/readyz", "").status)
 }
@@ -1109,6 +1111,14 @@ func TestBulkCancelAndPruneRefuseCarelessRequests(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, r.status, body)
 		require.Contains(t, r.raw, "a bulk cancel needs a filter", body)
 	}
+	for _, path := range []string{"/v1/bulk/replay-dead-jobs", "/v1/bulk/discard-dead-jobs"} {
+		r = b.do(t, "POST", path, `{"dry_run": true}`)
+		require.Equal(t, http.StatusBadRequest, r.status, path)
+		require.Contains(t, r.raw, "needs a filter", path)
+	}
+	r = b.do(t, "POST", "/v1/runs/keep-me/terminate", `{"reason": "   "}`)
+	require.Equal(t, http.StatusBadRequest, r.status, r.raw)
+	require.Contains(t, r.raw, "termination reason is blank")
 	for _, age := range []string{"1ns", "59s"} {
 		r = b.do(t, "POST", "/v1/runs/prune", `{"older_than": "`+age+`"}`)
 		require.Equal(t, http.StatusBadRequest, r.status, age)
@@ -1191,7 +1201,8 @@ func TestGetRunTrimsForAFollower(t *testing.T) {
 	r = b.do(t, "GET", fmt.Sprintf("/v1/runs/trim-1?steps_from=%d", len(steps)), "")
 	require.Equal(t, http.StatusOK, r.status, r.raw)
 	require.Nil(t, r.body["steps"], "no step at or after the last one")
-	for _, bad := range []string{"steps_from=-1", "steps_from=x", "signals=maybe", "payloads=2", "other=1"} {
+	for _, bad := range []string{"steps_from=-1", "steps_from=x", "steps_from=2147483648", "steps_from=9223372036854775807",
+		"signals=maybe", "payloads=2", "other=1"} {
 		r = b.do(t, "GET", "/v1/runs/trim-1?"+bad, "")
 		require.Equal(t, http.StatusBadRequest, r.status, bad)
 	}

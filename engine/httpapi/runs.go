@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -129,7 +130,7 @@ func (a *api) getRun(w http.ResponseWriter, r *http.Request) {
 	var opts engine.GetRunOpts
 	if v := q.Get("steps_from"); v != "" {
 		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
+		if err != nil || n < 0 || n > math.MaxInt32 {
 			writeError(w, http.StatusBadRequest, "invalid_parameter", fmt.Sprintf("steps_from %q is not a step position (0 or more)", truncate(v, 64)))
 			return
 		}
