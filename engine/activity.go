@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // ActivityOpts tunes an activity: a step that calls something outside the
@@ -117,25 +116,7 @@ func RunActivity[T any](ctx *Context, name string, opts *ActivityOpts, fn func(c
 	sopts := &StepOpts{RetryPolicy: opts.RetryPolicy, ScheduleToCloseTimeout: opts.ScheduleToCloseTimeout}
 	raw, err := ctx.d.runStep(&stepCall{name: name, kind: KindActivity, opts: sopts, requestID: true,
 		settle: opts.HeartbeatTimeout <= 0, returnExhausted: opts.ReturnExhausted,
-		body: func(sctx context.Context, st *attemptState) ([]byte, error) {
-			if opts.HeartbeatTimeout <= 0 {
-				// An activity that does not heartbeat is not interrupted by
-				// the run's cancellation: its call finishes, and if it took
-				// effect its undo runs. Cutting it short would leave an
-				// effect (a charge) that no one knows to undo. It keeps
-				// the attempt's span, and its ScheduleToCloseTimeout's
-				// deadline (the only deadline sctx adds: see attemptBound),
-				// as GoActivity's attempt does.
-				base := st.d.ctx
-				if dl, ok := sctx.Deadline(); ok {
-					var cancel context.CancelFunc
-					base, cancel = context.WithDeadline(base, dl)
-					defer cancel()
-				}
-				sctx = trace.ContextWithSpan(base, trace.SpanFromContext(sctx))
-			}
-			return runAttempt(sctx, st.d, name, opts, &ActivityAttempt{RequestID: st.requestID, Attempt: st.attempt}, fn)
-		}})
+		body: activityBody(name, opts, fn)})
 	return decodeOutput[T](name, raw, err)
 }
 
@@ -153,6 +134,18 @@ var (
 	errNoHeartbeat  = &timeoutError{"heartbeat timeout"}
 )
 
+// activityBody is the body of RunActivity and GoActivity alike: one
+// attempt of fn (see runAttempt) with the step's request ID.
+func activityBody[T any](name string, opts *ActivityOpts, fn func(context.Context, *ActivityAttempt) (T, error)) func(context.Context, *attemptState) ([]byte, error) {
+	return func(sctx context.Context, a *attemptState) ([]byte, error) {
+		return runAttempt(sctx, a.d, name, opts, &ActivityAttempt{RequestID: a.requestID, Attempt: a.attempt}, fn)
+	}
+}
+
+// runAttempt runs one attempt of an activity's fn on its own goroutine, so
+// that a stuck call can be abandoned: past its StartToCloseTimeout or
+// HeartbeatTimeout it gets abandonGrace to return, and a delivery that is
+// interrupted lets it finish while the lease holds.
 func runAttempt[T any](sctx context.Context, d *delivery, name string, opts *ActivityOpts, a *ActivityAttempt, fn func(context.Context, *ActivityAttempt) (T, error)) ([]byte, error) {
 	a.lastBeat.Store(time.Now().UnixNano())
 	a.d = d

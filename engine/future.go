@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"time"
 
 	"github.com/google/uuid"
@@ -95,7 +94,7 @@ func All[T any](ctx *Context, fs []*Future[T]) ([]T, error) {
 // suspends once none is left. A future the workflow never waits for is
 // cancelled when the workflow function returns.
 func Go[T any](ctx *Context, name string, fn func(context.Context) (T, error), opts *StepOpts) *Future[T] {
-	return startBranch[T](ctx, name, KindStep, opts, func(sctx context.Context, _ *branch) ([]byte, error) {
+	return startBranch[T](ctx, name, KindStep, opts, func(sctx context.Context, _ *attemptState) ([]byte, error) {
 		v, err := fn(sctx)
 		if err != nil {
 			return nil, err
@@ -108,7 +107,7 @@ func Go[T any](ctx *Context, name string, fn func(context.Context) (T, error), o
 // database, which commits with the step's record (exactly once, as
 // TxStep). A GoTx step holds a pool connection while it runs.
 func GoTx[T any](ctx *Context, name string, fn func(context.Context, pgx.Tx) (T, error), opts *StepOpts) *Future[T] {
-	return startBranch[T](ctx, name, KindTx, opts, branchTxBody(fn))
+	return startBranch[T](ctx, name, KindTx, opts, txBody(fn))
 }
 
 // GoUndo is Go with a compensation: when the step completes, undo(result)
@@ -158,9 +157,7 @@ func goActivity[T any](ctx *Context, name string, opts *ActivityOpts, fn func(co
 		sopts = withUndo(sopts, undo)
 	}
 	sopts.activity = opts
-	return startBranch[T](ctx, name, KindActivity, sopts, func(sctx context.Context, b *branch) ([]byte, error) {
-		return runAttempt(sctx, b.d, name, opts, &ActivityAttempt{RequestID: b.requestID, Attempt: b.attempts + 1}, fn)
-	})
+	return startBranch[T](ctx, name, KindActivity, sopts, activityBody(name, opts, fn))
 }
 
 // withUndo carries a parallel step's undo builder to startBranch inside a
@@ -187,20 +184,11 @@ func withUndo[T any](opts *StepOpts, undo func(T) Undo) *StepOpts {
 	return o
 }
 
-// branch is one parallel step as its goroutine runs it.
+// branch is one parallel step as its goroutine runs it: its attempts are
+// made (execute) and judged (judge) as a sequential step's are; it writes
+// each record itself, and waits out its backoffs on its own goroutine.
 type branch struct {
-	d         *delivery
-	seq       int
-	name      string
-	kind      StepKind
-	opts      *StepOpts
-	policy    RetryPolicy
-	startedAt time.Time
-	attempts  int
-	requestID uuid.UUID  // an activity's, stored before its first attempt
-	first     *time.Time // first failure
-	lastErr   []byte
-	fresh     bool // no record of this position exists yet
+	stepState
 	// undo, once the step completed with one (GoUndo), and when.
 	undo   *Undo
 	doneAt time.Time
@@ -208,40 +196,44 @@ type branch struct {
 
 // undoFor builds the branch's undo for its output (nil without GoUndo).
 func (b *branch) undoFor(out []byte) (*Undo, error) {
-	if b.opts == nil || b.opts.undo == nil {
+	if b.call.opts == nil || b.call.opts.undo == nil {
 		return nil, nil
 	}
-	return b.opts.undo(out)
+	return b.call.opts.undo(out)
 }
 
-func (b *branch) record(status string, n int) *store.StepRecord {
-	rec := &store.StepRecord{Seq: b.seq, Name: b.name, Kind: string(b.kind), Status: status, Attempts: n,
-		FirstFailedAt: b.first, StartedAt: b.startedAt, Fresh: b.fresh}
-	if b.requestID != uuid.Nil {
-		rec.RequestID = &b.requestID
+// completed builds the record of the branch's successful attempt, with
+// its undo's name (GoUndo), which it keeps until the record is written.
+func (b *branch) completed(attempt int) func(out []byte) (*store.StepRecord, error) {
+	return func(out []byte) (*store.StepRecord, error) {
+		u, err := b.undoFor(out)
+		if err != nil {
+			return nil, fmt.Errorf("%w: step %q: %v", ErrInvalidArgument, b.call.name, err)
+		}
+		now := b.d.e.now()
+		rec := b.record(store.StepCompleted, attempt)
+		rec.Output, rec.CompletedAt = out, &now
+		if u != nil {
+			rec.Compensation = &u.Name
+		}
+		b.undo, b.doneAt = u, now
+		return rec, nil
 	}
-	return rec
-}
-
-// settles reports whether the branch runs to a definite outcome whatever
-// the run's cancellation: an activity that does not heartbeat, once its
-// request ID is stored (see GoActivity).
-func (b *branch) settles() bool {
-	return b.kind == KindActivity && b.opts.activity.HeartbeatTimeout <= 0 && b.requestID != uuid.Nil
 }
 
 // ctx is the context the branch's attempts run in: the delivery's for a
-// settling activity, else the parallel steps' (cancelled by the run's
-// cancellation and the workflow function's return).
+// settling activity once its request ID is stored (see GoActivity), else
+// the parallel steps' (cancelled by the run's cancellation and the
+// workflow function's return).
 func (b *branch) ctx() context.Context {
-	if b.settles() {
+	if b.call.settle && b.requestID != nil {
 		return b.d.ctx
 	}
 	return b.d.branchCtx
 }
 
 func startBranch[T any](ctx *Context, name string, kind StepKind, opts *StepOpts,
-	body func(context.Context, *branch) ([]byte, error)) *Future[T] {
+	body func(context.Context, *attemptState) ([]byte, error)) *Future[T] {
 	d := ctx.d
 	f := &Future[T]{d: d, name: name, done: make(chan struct{})}
 	resolve := func(raw []byte, err error) *Future[T] {
@@ -289,17 +281,14 @@ func startBranch[T any](ctx *Context, name string, kind StepKind, opts *StepOpts
 			return resolve(nil, ErrCancelled)
 		}
 	}
-	b := &branch{d: d, seq: seq, name: name, kind: kind, opts: opts, startedAt: d.e.now(), fresh: rec == nil}
-	if opts != nil && opts.RetryPolicy != nil {
-		b.policy = *opts.RetryPolicy
-	}
-	b.policy = b.policy.merge(d.wf.retry, &d.e.retry)
-	if rec != nil {
-		b.attempts, b.first, b.lastErr, b.startedAt = rec.Attempts, rec.FirstFailedAt, rec.Error, rec.StartedAt
-		if rec.RequestID != nil {
-			b.requestID = *rec.RequestID
-		}
-	}
+	activity := kind == KindActivity
+	call := &stepCall{name: name, kind: kind, opts: opts, body: body, tx: kind == KindTx, requestID: activity,
+		settle: activity && opts.activity.HeartbeatTimeout <= 0,
+		// A parallel step returns its failure to Get whatever the run's
+		// compensations; an activity that ran out of retries parks the run
+		// unless ReturnExhausted, as RunActivity's.
+		returnExhausted: !activity || opts.ReturnExhausted}
+	b := &branch{stepState: d.newStepState(call, seq, rec)}
 	if !d.flushStarted() {
 		return resolve(nil, d.endErr) // the workflow goes on, and may wait for this step
 	}
@@ -310,7 +299,7 @@ func startBranch[T any](ctx *Context, name string, kind StepKind, opts *StepOpts
 	go func() {
 		defer d.branches.Done()
 		defer d.releaseBranchSlot()
-		raw, park, err := b.run(body)
+		raw, park, err := b.run()
 		f.raw, f.err, f.park = raw, err, park
 		if park != nil {
 			d.branchPark.CompareAndSwap(nil, park)
@@ -323,7 +312,7 @@ func startBranch[T any](ctx *Context, name string, kind StepKind, opts *StepOpts
 // run makes the branch's attempts until it has an outcome: its output, its
 // failure (recorded, returned by Get), an interruption (the delivery's
 // context ended: Get ends the delivery), or a panic (park).
-func (b *branch) run(body func(context.Context, *branch) ([]byte, error)) (_ []byte, _ *parkReason, _ error) {
+func (b *branch) run() (_ []byte, _ *parkReason, _ error) {
 	d := b.d
 	for {
 		attempt := b.attempts + 1
@@ -333,110 +322,59 @@ func (b *branch) run(body func(context.Context, *branch) ([]byte, error)) (_ []b
 		if b.ctx().Err() != nil {
 			return nil, nil, ErrCancelled
 		}
-		if b.kind == KindActivity && b.requestID == uuid.Nil {
+		if b.call.requestID && b.requestID == nil {
 			// The request ID is stored before the first attempt.
-			b.requestID = uuid.New()
+			id := uuid.New()
+			b.requestID = &id
 			if err := b.write(b.record(store.StepStarted, 0)); err != nil {
 				return nil, nil, err
 			}
 		}
-		started := time.Now()
-		timeout, cause := attemptBound(b.opts, b.startedAt, d.e.now())
-		sctx, span := d.e.tr.attempt(b.ctx(), b.name, b.kind, nil, b.seq, attempt, b.requestID)
-		out, p, timedOut, err := bounded(sctx, timeout, cause, b.kind == KindTx, func(ctx context.Context) (out []byte, p *panicInfo, err error) {
-			defer func() {
-				if r := recover(); r != nil {
-					p = &panicInfo{value: r, stack: debug.Stack()}
-				}
-			}()
-			out, err = body(ctx, b)
-			var pe *panicError // an activity's, recovered on its own goroutine
-			if errors.As(err, &pe) {
-				return nil, pe.p, nil
-			}
-			return out, nil, err
-		})
-		if timedOut {
-			err = stepTimeout(b.name, attempt, cause, err)
+		a := &attemptState{d: d, seq: b.seq, attempt: attempt, completed: b.completed(attempt)}
+		if b.requestID != nil {
+			a.requestID = *b.requestID
 		}
-		attempted(span, p, err)
-		observe := func(outcome string) {
-			d.e.obs.StepAttempt(d.wf.name, b.name, b.kind, attempt, outcome, time.Since(started))
+		r := b.execute(b.ctx(), a)
+		if b.call.tx && r.err != nil {
+			b.written = true // its insert may have committed: upsert from now on
 		}
 		switch {
-		case p != nil:
-			observe("parked")
-			info := stepFailure(&PanicError{Value: fmt.Sprint(p.value)}, ClassPanic, b.name, b.seq, attempt)
-			info.Stack = truncateStack(p.stack)
-			rec := b.record(store.StepParked, attempt)
-			rec.Error = info.json()
-			return nil, &parkReason{reason: ReasonPanic, info: info, rec: rec}, nil
-		case err == nil:
-			observe("completed")
-			if b.kind == KindTx {
-				// Recorded in its own transaction, with its undo's name.
-				if b.undo != nil {
-					d.registerBranchUndo(b.seq, *b.undo, b.doneAt)
+		case r.p != nil: // judged below: it parks the run
+		case r.err == nil:
+			b.observe(attempt, "completed", r.started)
+			if !a.recorded { // a tx step's is recorded in its own transaction
+				rec, err := a.completed(r.out)
+				if err != nil {
+					return nil, nil, err
 				}
-				return out, nil, nil
+				if err := b.write(rec); err != nil {
+					return nil, nil, err
+				}
 			}
-			u, err := b.undoFor(out)
-			if err != nil {
-				return nil, nil, fmt.Errorf("%w: step %q: %v", ErrInvalidArgument, b.name, err)
+			if b.undo != nil {
+				d.registerBranchUndo(b.seq, *b.undo, b.doneAt)
 			}
-			now := d.e.now()
-			rec := b.record(store.StepCompleted, attempt)
-			rec.Output, rec.CompletedAt = out, &now
-			if u != nil {
-				rec.Compensation = &u.Name
-			}
-			if err := b.write(rec); err != nil {
-				return nil, nil, err
-			}
-			if u != nil {
-				d.registerBranchUndo(b.seq, *u, now)
-			}
-			return out, nil, nil
-		case errors.Is(err, store.ErrLeaseLost) || d.ctx.Err() != nil:
-			observe("interrupted")
-			return nil, nil, err
-		case b.ctx().Err() != nil && !timedOut:
-			observe("cancelled")
+			return r.out, nil, nil
+		case outcomeLost(r.err) || d.ctx.Err() != nil:
+			b.observe(attempt, "interrupted", r.started)
+			return nil, nil, r.err
+		case b.ctx().Err() != nil && !r.timedOut:
+			b.observe(attempt, "cancelled", r.started)
 			return nil, nil, ErrCancelled
 		}
-		now := d.e.now()
-		if b.first == nil {
-			b.first = &now
+		f := b.judge(attempt, r.err, r.p, false, 0)
+		b.observe(attempt, f.outcome, r.started)
+		if f.park != nil {
+			return nil, f.park, nil
 		}
-		delay := retryDelay(b.policy, attempt, err)
-		next := now.Add(delay)
-		err = lateRetry(b.opts, b.startedAt, next, err, attempt, b.policy.MaximumAttempts)
-		if info, final, exhausted := finalFailure(err, b.name, b.seq, attempt, b.policy.MaximumAttempts); final {
-			if exhausted && b.kind == KindActivity && !b.opts.ReturnExhausted {
-				// One of its attempts may have taken effect, its answer
-				// lost: parked for an operator, as RunActivity's.
-				observe("parked")
-				rec := b.record(store.StepParked, attempt)
-				rec.Error = info.json()
-				return nil, &parkReason{reason: ReasonRetriesExhausted, info: info, rec: rec}, nil
-			}
-			observe("failed")
-			rec := b.record(store.StepFailed, attempt)
-			rec.Error, rec.CompletedAt = info.json(), &now
-			if err := b.write(rec); err != nil {
-				return nil, nil, err
-			}
-			return nil, nil, stepErrorFromRecord(rec)
-		}
-		observe("retry")
-		info := stepFailure(err, classOf(err, ClassTransient), b.name, b.seq, attempt)
-		rec := b.record(store.StepRetrying, attempt)
-		rec.Error, rec.NextAttemptAt = info.json(), &next
-		if err := b.write(rec); err != nil {
+		if err := b.write(f.rec); err != nil {
 			return nil, nil, err
 		}
-		b.attempts, b.lastErr = attempt, rec.Error
-		t := time.NewTimer(delay)
+		if f.rec.Status == store.StepFailed {
+			return nil, nil, stepErrorFromRecord(f.rec)
+		}
+		b.attempts, b.lastErr = attempt, f.rec.Error
+		t := time.NewTimer(f.delay)
 		select {
 		case <-t.C:
 		case <-b.ctx().Done():
@@ -455,74 +393,13 @@ func (b *branch) write(rec *store.StepRecord) error {
 	if err != nil {
 		return err
 	}
-	b.fresh = false
+	b.written = true
 	if !w.KeepLease {
 		d.extendedAt(sent)
 		d.progressed.Store(true)
 	}
 	d.noteCancel(res.CancelRequested)
 	return nil
-}
-
-// branchTxBody is txBody for a parallel tx step: its record alone commits
-// with fn's writes (the workflow's own buffered record is not its to
-// write).
-func branchTxBody[T any](fn func(context.Context, pgx.Tx) (T, error)) func(context.Context, *branch) ([]byte, error) {
-	return func(sctx context.Context, b *branch) ([]byte, error) {
-		d := b.d
-		var out []byte
-		var already bool
-		attempt := b.attempts + 1
-		sent := time.Now()
-		err := pgx.BeginFunc(d.ctx, d.e.pool, func(tx pgx.Tx) error {
-			v, err := fn(sctx, tx)
-			if err != nil {
-				return err
-			}
-			var late *timeoutError
-			if errors.As(context.Cause(sctx), &late) {
-				return late // past its timeout: it failed, its writes roll back
-			}
-			if out, err = encodeOutput(v, d.e.cfg.MaxPayloadBytes); err != nil {
-				return err
-			}
-			u, err := b.undoFor(out)
-			if err != nil {
-				return Permanent(fmt.Errorf("%w: step %q: %v", ErrInvalidArgument, b.name, err))
-			}
-			now := d.e.now()
-			rec := b.record(store.StepCompleted, attempt)
-			rec.Output, rec.CompletedAt = out, &now
-			if u != nil {
-				rec.Compensation = &u.Name
-			}
-			b.undo, b.doneAt = u, now
-			cancel, written, err := store.WriteSteps(d.ctx, tx, d.fence(), "", rec)
-			d.noteCancel(cancel)
-			if err != nil {
-				return err
-			}
-			if written == 0 {
-				already = true
-				return errAlreadyRecorded
-			}
-			return nil
-		})
-		switch {
-		case err == nil:
-			d.extendedAt(sent)
-			d.progressed.Store(true)
-			return out, nil
-		case already:
-			rec, gerr := store.GetStep(d.ctx, d.e.pool, d.runID, b.seq)
-			if gerr == nil && rec.Status == store.StepCompleted {
-				return rec.Output, nil
-			}
-			return nil, &outcomeUnknownError{err: fmt.Errorf("tx step %q already recorded, but reading its record: %v", b.name, gerr)}
-		}
-		b.fresh = false // its insert may have committed: upsert from now on
-		return nil, err
-	}
 }
 
 // settleBranch turns a parallel step's outcome into what Get returns, on

@@ -5,10 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"time"
-
-	"github.com/google/uuid"
 
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
@@ -167,23 +164,6 @@ type stepCall struct {
 	body func(ctx context.Context, a *attemptState) ([]byte, error)
 }
 
-// attemptState is what one attempt knows about itself.
-type attemptState struct {
-	d            *delivery
-	seq, attempt int
-	requestID    uuid.UUID
-	// completed builds the record of a successful attempt; a body that
-	// writes it in its own transaction (a tx step) sets recorded.
-	completed   func(out []byte) *store.StepRecord
-	completedAt time.Time // the completed record's time, once built
-	recorded    bool
-}
-
-type panicInfo struct {
-	value any
-	stack []byte
-}
-
 // enterStep takes the next step position for a step of any kind (what
 // names it in errors: "step", "signal"), or says why none may start. On
 // success the caller must clear d.inStep when the step is done.
@@ -238,27 +218,6 @@ func (d *delivery) runStep(call *stepCall) ([]byte, error) {
 	}
 	return d.newAttemptLoop(call, seq, rec).run()
 }
-
-// attempt runs body once, recovering a panic with its stack (a body that
-// runs user code on another goroutine returns its panic as *panicError).
-func (d *delivery) attempt(ctx context.Context, body func(context.Context, *attemptState) ([]byte, error), a *attemptState) (out []byte, p *panicInfo, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			p = &panicInfo{value: r, stack: debug.Stack()}
-		}
-	}()
-	out, err = body(ctx, a)
-	var pe *panicError
-	if errors.As(err, &pe) {
-		return nil, pe.p, nil
-	}
-	return out, nil, err
-}
-
-// panicError carries a panic recovered on another goroutine.
-type panicError struct{ p *panicInfo }
-
-func (e *panicError) Error() string { return fmt.Sprintf("panic: %v", e.p.value) }
 
 // waitUntil waits for a retry or a sleep that is due at t: in place when
 // it is close, otherwise by ending the delivery until then, except while

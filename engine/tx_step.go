@@ -38,9 +38,11 @@ func TxStep[T any](ctx *Context, name string, fn func(ctx context.Context, tx pg
 }
 
 // txBody runs fn and writes the step's record in one transaction, fenced by
-// the lease: exactly once. fn runs in ctx (a forward step's context, which
-// a cancellation cancels); BEGIN and COMMIT run in the delivery's, so a
-// cancellation never cuts a commit short.
+// the lease: exactly once. It is the body of TxStep and GoTx alike; a
+// TxStep's transaction also commits the previous step's buffered record
+// (a.prev). fn runs in ctx (the attempt's context, which a cancellation
+// cancels); BEGIN and COMMIT run in the delivery's, so a cancellation
+// never cuts a commit short.
 //
 // When the commit's outcome is unknown (its reply was lost with the
 // connection), the record decides: a completed record is never
@@ -52,9 +54,7 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 		d := a.d
 		var out []byte
 		var fnDone, already bool
-		// prev is the previous step's record, not yet written: it commits
-		// with this one (see begin), and stays buffered if this rolls back.
-		prev := d.buf.pending
+		prev := a.prev
 		sent := time.Now()
 		err := pgx.BeginFunc(d.ctx, d.e.pool, func(tx pgx.Tx) error {
 			v, err := fn(sctx, tx)
@@ -70,9 +70,13 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			if out, err = encodeOutput(v, d.e.cfg.MaxPayloadBytes); err != nil {
 				return err
 			}
-			recs := []*store.StepRecord{a.completed(out)}
+			rec, err := a.completed(out)
+			if err != nil {
+				return Permanent(err)
+			}
+			recs := []*store.StepRecord{rec}
 			if prev != nil {
-				recs = []*store.StepRecord{prev, recs[0]}
+				recs = []*store.StepRecord{prev, rec}
 			}
 			cancel, written, err := store.WriteSteps(d.ctx, tx, d.fence(), "", recs...)
 			d.noteCancel(cancel)
@@ -92,7 +96,6 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 		switch {
 		case err == nil:
 			a.recorded = true
-			d.buf.take() // prev, committed with the step's record
 			d.extendedAt(sent)
 			d.progressed.Store(true)
 			return out, nil
@@ -105,7 +108,6 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 				// The commit that recorded it (this attempt's or an
 				// earlier one's) wrote prev too.
 				a.recorded = true
-				d.buf.take()
 				return rec.Output, nil
 			case gerr != nil && !errors.Is(gerr, store.ErrNotFound):
 				// Cannot tell whether the commit landed: end this delivery

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"time"
 
 	"github.com/google/uuid"
@@ -12,27 +13,218 @@ import (
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
-// attemptLoop runs the attempts of one step that has no outcome yet: its
-// first attempt, or the next after the attempts already recorded. Its
-// fields are what the step's record carries from one attempt to the next.
-type attemptLoop struct {
-	d       *delivery
-	call    *stepCall
-	seq     int
-	log     *slog.Logger
-	forward bool // not an undo: the run's cancellation stops it
-	policy  RetryPolicy
-	// ctx is the context attempts run in: a forward step's is cancelled by
-	// the run's cancellation; an undo's is not.
-	ctx context.Context
+// stepState is what a step's record carries from one attempt to the next,
+// the same for a step the workflow waits for (attemptLoop) and a parallel
+// one (branch): the two differ only in how they schedule attempts and
+// write records; what an attempt is (execute) and what its failure comes to
+// (judge) is one code.
+type stepState struct {
+	d      *delivery
+	call   *stepCall
+	seq    int
+	log    *slog.Logger
+	policy RetryPolicy
 
+	startedAt   time.Time
 	attempts    int // attempts made so far
 	firstFailed *time.Time
-	nextAttempt *time.Time // when the next attempt is due: a backoff, a sleep's wake time
 	requestID   *uuid.UUID
 	// lastErr is the latest failure's recorded error, kept in the record
 	// while the next attempt runs.
 	lastErr []byte
+	// written: a record of this step may exist, so the next one upserts
+	// it; and its position stays used even if the run's cancellation
+	// stops it (a forward step stopped before anything was written gives
+	// its position back to the undos).
+	written bool
+}
+
+// newStepState picks a step up at position seq from its record (nil for a
+// new step).
+func (d *delivery) newStepState(call *stepCall, seq int, rec *store.StepRecord) stepState {
+	s := stepState{d: d, call: call, seq: seq, log: d.log.With("step", call.name, "seq", seq), startedAt: d.e.now(), written: rec != nil}
+	if call.opts != nil && call.opts.RetryPolicy != nil {
+		s.policy = *call.opts.RetryPolicy
+	}
+	s.policy = s.policy.merge(d.wf.retry, &d.e.retry)
+	if rec != nil {
+		// The step started when its first record says, whichever delivery
+		// wrote it: its ScheduleToCloseTimeout counts from there.
+		s.attempts, s.firstFailed, s.requestID, s.lastErr, s.startedAt = rec.Attempts, rec.FirstFailedAt, rec.RequestID, rec.Error, rec.StartedAt
+	}
+	return s
+}
+
+// record builds this step's record of attempt n.
+func (s *stepState) record(status string, n int) *store.StepRecord {
+	return &store.StepRecord{Seq: s.seq, Name: s.call.name, Kind: string(s.call.kind), Status: status, Attempts: n,
+		RequestID: s.requestID, FirstFailedAt: s.firstFailed, StartedAt: s.startedAt, CompensationOf: s.call.compensationOf,
+		Fresh: !s.written}
+}
+
+// attemptState is what one attempt knows about itself.
+type attemptState struct {
+	d            *delivery
+	seq, attempt int
+	requestID    uuid.UUID
+	// prev is the record of the step before a tx step, not yet written,
+	// which commits in the tx step's transaction (nil for a parallel step:
+	// the workflow's buffered record is not its to write).
+	prev *store.StepRecord
+	// completed builds the record of a successful attempt; a body that
+	// writes it in its own transaction (a tx step) sets recorded.
+	completed   func(out []byte) (*store.StepRecord, error)
+	completedAt time.Time // the completed record's time, once built
+	recorded    bool
+}
+
+// panicInfo is a panic recovered from a step's attempt, with its stack.
+type panicInfo struct {
+	value any
+	stack []byte
+}
+
+// attemptResult is what came of one attempt.
+type attemptResult struct {
+	out      []byte
+	p        *panicInfo // it panicked
+	err      error
+	timedOut bool // it passed its StartToCloseTimeout or ScheduleToCloseTimeout
+	started  time.Time
+}
+
+// execute makes one attempt of the step, in a context of parent: its
+// span, the bound of its timeouts (see attemptBound and bounded), and its
+// panic recovered. Every kind of step makes its attempts here.
+func (s *stepState) execute(parent context.Context, a *attemptState) attemptResult {
+	d, call := s.d, s.call
+	r := attemptResult{started: time.Now()}
+	timeout, cause := attemptBound(call.opts, s.startedAt, d.e.now())
+	sctx, span := d.e.tr.attempt(parent, call.name, call.kind, call.compensationOf, s.seq, a.attempt, a.requestID)
+	r.out, r.p, r.timedOut, r.err = bounded(sctx, timeout, cause, call.tx, func(ctx context.Context) ([]byte, *panicInfo, error) {
+		return runBody(ctx, call.body, a)
+	})
+	if r.timedOut {
+		r.out, r.p, r.err = nil, nil, stepTimeout(call.name, a.attempt, cause, r.err)
+	}
+	attempted(span, r.p, r.err)
+	return r
+}
+
+// runBody runs body once, recovering a panic with its stack (a body that
+// runs user code on another goroutine returns its panic as *panicError).
+func runBody(ctx context.Context, body func(context.Context, *attemptState) ([]byte, error), a *attemptState) (out []byte, p *panicInfo, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			p = &panicInfo{value: r, stack: debug.Stack()}
+		}
+	}()
+	out, err = body(ctx, a)
+	var pe *panicError
+	if errors.As(err, &pe) {
+		return nil, pe.p, nil
+	}
+	return out, nil, err
+}
+
+// panicError carries a panic recovered on another goroutine.
+type panicError struct{ p *panicInfo }
+
+func (e *panicError) Error() string { return fmt.Sprintf("panic: %v", e.p.value) }
+
+// observe reports the end of attempt, begun at started, to the observer
+// (outcome: completed, retry, failed, parked, cancelled, interrupted).
+func (s *stepState) observe(attempt int, outcome string, started time.Time) {
+	s.d.e.obs.StepAttempt(s.d.wf.name, s.call.name, s.call.kind, attempt, outcome, time.Since(started))
+}
+
+// outcomeLost reports whether err says that an attempt's outcome cannot be
+// known by this delivery: its lease was lost, or the commit of its record
+// got no answer. The delivery ends; the next one reads the records.
+func outcomeLost(err error) bool {
+	var unknown *outcomeUnknownError
+	return errors.Is(err, store.ErrLeaseLost) || errors.As(err, &unknown)
+}
+
+// failure is what a failed attempt comes to: its record (status parked,
+// failed or retrying), with the park's reason or the retry's time.
+type failure struct {
+	rec     *store.StepRecord
+	park    *parkReason // parked: an operator must act
+	delay   time.Duration
+	next    time.Time // retrying: when the next attempt is due
+	outcome string    // for the observer: parked, failed, retry
+}
+
+// judge classifies attempt's failure (err, or the panic p): a panic parks
+// the run; a failure that is final (permanent, out of attempts or of the
+// step's time) parks it when nothing can undo it automatically, and is
+// recorded as failed otherwise; any other is retried after the policy's
+// backoff. noEffect and settled go into a retry's record (see attemptLoop).
+func (s *stepState) judge(attempt int, err error, p *panicInfo, noEffect bool, settled int) failure {
+	d, call, name := s.d, s.call, s.call.name
+	now := d.e.now()
+	if s.firstFailed == nil {
+		s.firstFailed = &now
+	}
+	rec := s.record("", attempt)
+	parkAs := func(reason DeadReason) DeadReason {
+		if call.parkAs != "" {
+			return call.parkAs
+		}
+		return reason
+	}
+	if p != nil {
+		info := stepFailure(&PanicError{Value: fmt.Sprint(p.value)}, ClassPanic, name, s.seq, attempt)
+		info.Stack = truncateStack(p.stack)
+		rec.Status, rec.Error = store.StepParked, info.json()
+		s.log.Error("step panicked", "attempt", attempt, "error_class", info.Class, "panic", info.Message)
+		return failure{rec: rec, park: &parkReason{reason: parkAs(ReasonPanic), info: info, rec: rec}, outcome: "parked"}
+	}
+	delay := retryDelay(s.policy, attempt, err)
+	next := now.Add(delay)
+	// A retry that would begin past the step's deadline is not made: the
+	// step fails as if its retries ran out, the timeout in its error.
+	err = lateRetry(call.opts, s.startedAt, next, err, attempt, s.policy.MaximumAttempts)
+	if info, final, exhausted := finalFailure(err, name, s.seq, attempt, s.policy.MaximumAttempts); final {
+		// An activity that ran out of retries may have taken effect on an
+		// attempt whose answer was lost; compensating now would skip its
+		// undo. Parked, a replay settles it with the same request ID. (A
+		// parallel step reads no compensations: it is an activity, or
+		// returns its failure.)
+		if call.parkAs != "" || (exhausted && !call.returnExhausted && (call.requestID || !d.hasCompensations())) {
+			reason := parkAs(ReasonRetriesExhausted)
+			rec.Status, rec.Error = store.StepParked, info.json()
+			s.log.Warn("step failed; parking the run", "reason", reason, "attempt", attempt, "error_class", info.Class, "error", info.Message)
+			return failure{rec: rec, park: &parkReason{reason: reason, info: info, rec: rec}, outcome: "parked"}
+		}
+		// Recorded and returned: the workflow decides, and a run that
+		// returns it runs its compensations. What it gets is decoded from
+		// the record, as a replay will decode it.
+		rec.Status, rec.Error, rec.CompletedAt = store.StepFailed, info.json(), &now
+		s.log.Info("step failed", "attempt", attempt, "retries_exhausted", exhausted, "error_class", info.Class, "error", info.Message)
+		return failure{rec: rec, outcome: "failed"}
+	}
+	info := stepFailure(err, classOf(err, ClassTransient), name, s.seq, attempt)
+	info.NoEffect, info.SettleAttempts = noEffect, settled
+	rec.Status, rec.Error, rec.NextAttemptAt = store.StepRetrying, info.json(), &next
+	s.log.Info("step failed; will retry", "attempt", attempt, "error_class", info.Class, "error", info.Message, "backoff", delay)
+	return failure{rec: rec, delay: delay, next: next, outcome: "retry"}
+}
+
+// attemptLoop runs the attempts of one step the workflow waits for (Step,
+// TxStep, RunActivity, an undo, a sleep) that has no outcome yet: its
+// first attempt, or the next after the attempts already recorded. Its
+// records go through the delivery's buffer and writes; a retry waits in
+// place or suspends the run.
+type attemptLoop struct {
+	stepState
+	forward bool // not an undo: the run's cancellation stops it
+	// ctx is the context attempts run in: a forward step's is cancelled by
+	// the run's cancellation; an undo's, and a settling activity's, not.
+	ctx context.Context
+
+	nextAttempt *time.Time // when the next attempt is due: a backoff, a sleep's wake time
 	// noEffect: every attempt so far failed with an error marked NoEffect
 	// (see stoppable).
 	noEffect bool
@@ -40,33 +232,25 @@ type attemptLoop struct {
 	// settle an activity that may have taken effect (see maxSettleAttempts).
 	settled int
 	// lost is the failure of the recorded attempt that never ended.
-	lost      error
-	startedAt time.Time
-	// written: a record of this step exists, so its position stays used
-	// even if the run's cancellation stops it; a forward step stopped
-	// before anything was written gives its position back to the undos.
-	written bool
+	lost error
 }
 
 // newAttemptLoop picks a step up at position seq from its record (nil for
 // a new step).
 func (d *delivery) newAttemptLoop(call *stepCall, seq int, rec *store.StepRecord) *attemptLoop {
-	l := &attemptLoop{d: d, call: call, seq: seq, log: d.log.With("step", call.name, "seq", seq),
-		forward: call.compensationOf == nil, noEffect: true, startedAt: d.e.now(), written: rec != nil, ctx: d.fwd}
-	if !l.forward {
-		l.ctx = d.ctx // compensations are not cancelled by the run's cancellation
+	l := &attemptLoop{stepState: d.newStepState(call, seq, rec), forward: call.compensationOf == nil, noEffect: true, ctx: d.fwd}
+	if !l.forward || call.settle {
+		// Compensations are not cancelled by the run's cancellation. An
+		// activity that does not heartbeat is not interrupted by it
+		// either: its call finishes, and if it took effect its undo runs.
+		// Cutting it short would leave an effect (a charge) that no one
+		// knows to undo.
+		l.ctx = d.ctx
 	}
-	if call.opts != nil && call.opts.RetryPolicy != nil {
-		l.policy = *call.opts.RetryPolicy
-	}
-	l.policy = l.policy.merge(d.wf.retry, &d.e.retry)
 	if rec == nil {
 		return l
 	}
-	l.attempts, l.firstFailed, l.nextAttempt, l.requestID, l.lastErr = rec.Attempts, rec.FirstFailedAt, rec.NextAttemptAt, rec.RequestID, rec.Error
-	// The step started when its first record says, whichever delivery
-	// wrote it: its ScheduleToCloseTimeout counts from there.
-	l.startedAt = rec.StartedAt
+	l.nextAttempt = rec.NextAttemptAt
 	switch {
 	case rec.Status == store.StepStarted && rec.Attempts > 0:
 		// Attempt rec.Attempts began and has no outcome: its worker
@@ -124,13 +308,6 @@ func (l *attemptLoop) cancelled(n int) ([]byte, error) {
 func (l *attemptLoop) stop(n int) (out []byte, done bool, err error) {
 	out, err = l.cancelled(n)
 	return out, true, err
-}
-
-// record builds this step's record of attempt n.
-func (l *attemptLoop) record(status string, n int) *store.StepRecord {
-	return &store.StepRecord{Seq: l.seq, Name: l.call.name, Kind: string(l.call.kind), Status: status, Attempts: n,
-		RequestID: l.requestID, FirstFailedAt: l.firstFailed, StartedAt: l.startedAt, CompensationOf: l.call.compensationOf,
-		Fresh: !l.written}
 }
 
 // unannounced is the record as it was before attempt n was announced, for
@@ -209,52 +386,54 @@ func (l *attemptLoop) next() (out []byte, done bool, err error) {
 	d := l.d
 	attempt := l.attempts + 1
 	announced := false
-	var p *panicInfo
-	a := &attemptState{d: d, seq: l.seq, attempt: attempt}
-	attemptStart := time.Now()
+	var r attemptResult
 	if l.lost != nil {
-		err, l.lost = l.lost, nil
+		r = attemptResult{err: l.lost, started: time.Now()}
+		l.lost = nil
 	} else {
 		var stop bool
 		if announced, stop, out, err = l.begin(attempt); stop {
 			return out, true, err
 		}
+		a := &attemptState{d: d, seq: l.seq, attempt: attempt}
 		if l.requestID != nil {
 			a.requestID = *l.requestID
 		}
-		a.completed = func(out []byte) *store.StepRecord {
+		if l.call.tx {
+			// Committed with the tx step's record (see begin); it stays
+			// buffered if the transaction rolls back.
+			a.prev = d.buf.pending
+		}
+		a.completed = func(out []byte) (*store.StepRecord, error) {
 			now := d.e.now()
 			rec := l.record(store.StepCompleted, attempt)
 			rec.Output, rec.CompletedAt = out, &now
 			a.completedAt = now
-			return rec
+			return rec, nil
 		}
-		out, p, err = l.attempt(a)
-	}
-	observe := func(outcome string) {
-		d.e.obs.StepAttempt(d.wf.name, l.call.name, l.call.kind, attempt, outcome, time.Since(attemptStart))
-	}
-	if err == nil && p == nil {
-		observe("completed")
-		if a.recorded {
-			d.lastRecorded, d.lastRecordedAt = l.seq, a.completedAt
-		} else {
-			// Written with the delivery's next write, or sooner when the
-			// workflow goes on to wait (see flushStarted).
-			d.buf.pending = a.completed(out)
+		r = l.execute(l.ctx, a)
+		if r.err == nil && r.p == nil {
+			l.observe(attempt, "completed", r.started)
+			if a.recorded {
+				d.buf.take() // a.prev, committed with the step's record
+				d.lastRecorded, d.lastRecordedAt = l.seq, a.completedAt
+			} else {
+				// Written with the delivery's next write, or sooner when
+				// the workflow goes on to wait (see flushStarted).
+				d.buf.pending, _ = a.completed(r.out)
+			}
+			return r.out, true, nil
 		}
-		return out, true, nil
 	}
-	var unknown *outcomeUnknownError
-	if errors.Is(err, store.ErrLeaseLost) || errors.As(err, &unknown) {
-		observe("interrupted")
-		d.end(err)
+	switch {
+	case outcomeLost(r.err):
+		l.observe(attempt, "interrupted", r.started)
+		d.end(r.err)
 		return nil, true, d.endErr
-	}
-	if d.ctx.Err() != nil {
+	case d.ctx.Err() != nil:
 		// A shutdown or a lost lease interrupted the attempt. After a
 		// shutdown the run is handed back with the attempt uncounted.
-		observe("interrupted")
+		l.observe(attempt, "interrupted", r.started)
 		if announced {
 			d.buf.pending = l.unannounced(attempt)
 		}
@@ -263,11 +442,11 @@ func (l *attemptLoop) next() (out []byte, done bool, err error) {
 	}
 	if l.forward && !l.call.settle && d.fwd.Err() != nil {
 		// The run was cancelled under this attempt: no outcome, no record.
-		observe("cancelled")
+		l.observe(attempt, "cancelled", r.started)
 		l.log.Info("step stopped by the run's cancellation", "attempt", attempt)
 		return l.stop(attempt)
 	}
-	return l.failed(attempt, err, p, observe)
+	return l.failed(attempt, r)
 }
 
 // begin checks that attempt may start and announces it when it must be:
@@ -337,84 +516,40 @@ func (l *attemptLoop) begin(attempt int) (announced, stop bool, out []byte, err 
 	return false, false, nil, nil
 }
 
-// failed handles attempt's failure (err, or the panic p): the run is
-// parked, the failure recorded and returned, or the step retried, in
-// place (done false) or after the delivery ends.
-func (l *attemptLoop) failed(attempt int, err error, p *panicInfo, observe func(string)) (out []byte, done bool, _ error) {
-	d, call, name := l.d, l.call, l.call.name
-	now := d.e.now()
-	if l.firstFailed == nil {
-		l.firstFailed = &now
-	}
-	l.noEffect = l.noEffect && hasNoEffect(err)
+// failed handles attempt's failure (see judge): the run is parked, the
+// failure recorded and returned, or the step retried, in place (done
+// false) or after the delivery ends.
+func (l *attemptLoop) failed(attempt int, r attemptResult) (out []byte, done bool, _ error) {
+	d := l.d
+	l.noEffect = l.noEffect && hasNoEffect(r.err)
 	if l.settling() {
 		l.settled++
 	}
-	rec := l.record("", attempt)
-	if p != nil {
-		info := stepFailure(&PanicError{Value: fmt.Sprint(p.value)}, ClassPanic, name, l.seq, attempt)
-		info.Stack = truncateStack(p.stack)
-		rec.Status, rec.Error = store.StepParked, info.json()
-		observe("parked")
-		l.log.Error("step panicked", "attempt", attempt, "error_class", info.Class, "panic", info.Message)
-		reason := ReasonPanic
-		if call.parkAs != "" {
-			reason = call.parkAs
-		}
-		d.park(rec, &parkReason{reason: reason, info: info, rec: rec})
+	f := l.judge(attempt, r.err, r.p, l.noEffect, l.settled)
+	l.observe(attempt, f.outcome, r.started)
+	switch {
+	case f.park != nil:
+		d.park(f.rec, f.park)
 		return nil, true, d.endErr
+	case f.rec.Status == store.StepFailed:
+		d.buf.pending = f.rec
+		return nil, true, stepErrorFromRecord(f.rec)
 	}
-	delay := retryDelay(l.policy, attempt, err)
-	next := now.Add(delay)
-	// A retry that would begin past the step's deadline is not made: the
-	// step fails as if its retries ran out, the timeout in its error.
-	err = lateRetry(call.opts, l.startedAt, next, err, attempt, l.policy.MaximumAttempts)
-	if info, final, exhausted := finalFailure(err, name, l.seq, attempt, l.policy.MaximumAttempts); final {
-		reason := ReasonRetriesExhausted
-		if call.parkAs != "" {
-			reason = call.parkAs
-		}
-		if call.parkAs != "" || (exhausted && !call.returnExhausted && (!d.hasCompensations() || call.requestID)) {
-			// Nothing can undo this automatically: an operator must act.
-			// An activity that ran out of retries may have taken effect
-			// on an attempt whose answer was lost; compensating now would
-			// skip its undo. Parked, a replay settles it with the same
-			// request ID.
-			rec.Status, rec.Error = store.StepParked, info.json()
-			observe("parked")
-			l.log.Warn("step failed; parking the run", "reason", reason, "attempt", attempt, "error_class", info.Class, "error", info.Message)
-			d.park(rec, &parkReason{reason: reason, info: info, rec: rec})
-			return nil, true, d.endErr
-		}
-		// Recorded and returned: the workflow decides, and a run that
-		// returns it runs its compensations. What it gets is decoded
-		// from the record, as a replay will decode it.
-		rec.Status, rec.Error, rec.CompletedAt = store.StepFailed, info.json(), &now
-		d.buf.pending = rec
-		observe("failed")
-		l.log.Info("step failed", "attempt", attempt, "retries_exhausted", exhausted, "error_class", info.Class, "error", info.Message)
-		return nil, true, stepErrorFromRecord(rec)
-	}
-	info := stepFailure(err, classOf(err, ClassTransient), name, l.seq, attempt)
-	info.NoEffect, info.SettleAttempts = l.noEffect, l.settled
-	rec.Status, rec.Error, rec.NextAttemptAt = store.StepRetrying, info.json(), &next
-	l.lastErr = rec.Error
-	observe("retry")
-	l.log.Info("step failed; will retry", "attempt", attempt, "error_class", info.Class, "error", info.Message, "backoff", delay)
+	l.lastErr = f.rec.Error
 	if l.stoppable() {
 		// Cancelled meanwhile: record the failed attempt, retry no more.
-		l.written, l.lastErr = true, rec.Error
+		l.written = true
 		return l.stop(attempt)
 	}
-	if delay > d.e.cfg.MaxInlineBackoff && !d.branchesRunning() {
-		d.suspend(rec, next)
+	if f.delay > d.e.cfg.MaxInlineBackoff && !d.branchesRunning() {
+		d.suspend(f.rec, f.next)
 		return nil, true, d.endErr
 	}
-	if !d.write(d.buf.takeWith(rec)...) {
+	if !d.write(d.buf.takeWith(f.rec)...) {
 		return nil, true, d.endErr
 	}
 	l.written = true
-	if !d.waitUntil(next, l.stoppable) {
+	if !d.waitUntil(f.next, l.stoppable) {
 		return nil, true, d.endErr
 	}
 	l.attempts = attempt
@@ -473,24 +608,6 @@ func finalFailure(err error, name string, seq, attempt, maxAttempts int) (info *
 		info = stepFailure(err, classOf(err, ClassPermanent), name, seq, attempt)
 	}
 	return info, true, exhausted
-}
-
-// attempt runs one attempt of the step's body, bounded by its
-// StartToCloseTimeout and by what is left of its ScheduleToCloseTimeout
-// (see bounded).
-func (l *attemptLoop) attempt(a *attemptState) ([]byte, *panicInfo, error) {
-	d := l.d
-	timeout, cause := attemptBound(l.call.opts, l.startedAt, d.e.now())
-	sctx, span := d.e.tr.attempt(l.ctx, l.call.name, l.call.kind, l.call.compensationOf, l.seq, a.attempt, a.requestID)
-	out, p, timedOut, err := bounded(sctx, timeout, cause, l.call.tx, func(ctx context.Context) ([]byte, *panicInfo, error) {
-		return d.attempt(ctx, l.call.body, a)
-	})
-	if timedOut {
-		err = stepTimeout(l.call.name, a.attempt, cause, err)
-		out, p = nil, nil
-	}
-	attempted(span, p, err)
-	return out, p, err
 }
 
 // attemptBound is how long an attempt of a step with opts, started at
