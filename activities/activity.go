@@ -70,14 +70,14 @@ func CallFromContext(ctx context.Context) (Call, bool) {
 // parked as dead with reason retries_exhausted, keeping the request ID for
 // an operator's replay).
 func Execute[Req, Resp any](ctx *engine.Context, a *Activity[Req, Resp], req Req) (Resp, error) {
-	return engine.RunActivity(ctx, a.Name, a.opts(), a.fn(req))
+	return engine.RunActivity(ctx, a.Name, a.fn(req), a.opts())
 }
 
 // Go starts a as the run's next step without waiting for it (see
 // engine.GoActivity): a parallel activity with the same request-ID rules
 // as Execute's; its Future's Get returns the response.
 func Go[Req, Resp any](ctx *engine.Context, a *Activity[Req, Resp], req Req) *engine.Future[Resp] {
-	return engine.GoActivity(ctx, a.Name, a.opts(), a.fn(req))
+	return engine.GoActivity(ctx, a.Name, a.fn(req), a.opts())
 }
 
 func (a *Activity[Req, Resp]) opts() *engine.ActivityOpts {

@@ -85,13 +85,13 @@ func TestClientErrorIsPermanent(t *testing.T) {
 	var runErr *engine.RunError
 	require.ErrorAs(t, err, &runErr)
 	require.Equal(t, engine.StatusFailed, runErr.Status)
-	require.Equal(t, "http_400", runErr.Info.Class)
+	require.Equal(t, "http_400", string(runErr.Info.Class))
 	require.Contains(t, runErr.Info.Message, "scripted 400")
 	reqs, _, _ := api.snapshot()
 	require.Len(t, reqs, 1)
 	step := runOf(t, e, res.RunID).Steps[0]
 	require.Equal(t, "failed", string(step.Status))
-	require.Equal(t, "http_400", step.Error.Class)
+	require.Equal(t, "http_400", string(step.Error.Class))
 }
 
 func TestRetryAfterIsHonoured(t *testing.T) {
@@ -168,7 +168,7 @@ func TestReplayAfterExhaustedRetriesKeepsTheKey(t *testing.T) {
 	var runErr *engine.RunError
 	require.ErrorAs(t, err, &runErr)
 	require.Equal(t, engine.StatusDead, runErr.Status)
-	require.Equal(t, "http_503", runErr.Info.Class)
+	require.Equal(t, "http_503", string(runErr.Info.Class))
 
 	jobs, _, err := e.ListDeadJobs(ctx, engine.ListDeadJobsParams{RunID: res.RunID})
 	require.NoError(t, err)

@@ -109,7 +109,7 @@ const abandonGrace = 100 * time.Millisecond
 // (StartToCloseTimeout, HeartbeatTimeout); fn must honour its context.
 // Most code uses package activities, which wraps this with typed requests
 // and HTTP helpers.
-func RunActivity[T any](ctx *Context, name string, opts *ActivityOpts, fn func(ctx context.Context, a *ActivityAttempt) (T, error)) (T, error) {
+func RunActivity[T any](ctx *Context, name string, fn func(ctx context.Context, a *ActivityAttempt) (T, error), opts *ActivityOpts) (T, error) {
 	if opts == nil {
 		opts = &ActivityOpts{}
 	}
@@ -219,9 +219,9 @@ func runAttempt[T any](sctx context.Context, d *delivery, name string, opts *Act
 
 // attemptTimeout is a transient error classed "timeout" or "heartbeat_timeout".
 func attemptTimeout(name string, a *ActivityAttempt, cause, err error) error {
-	class := ClassTimeout
+	class := ClassTimeout // or heartbeat_timeout, an activity's own
 	if errors.Is(cause, errNoHeartbeat) {
-		class = "heartbeat_timeout"
+		class = ErrorClass("heartbeat_timeout")
 	}
 	msg := fmt.Errorf("activity %q attempt %d: %w", name, a.Attempt, cause)
 	if err != nil {

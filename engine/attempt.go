@@ -135,7 +135,7 @@ func (e *panicError) Error() string { return fmt.Sprintf("panic: %v", e.p.value)
 // observe reports the end of attempt, begun at started, to the observer
 // (outcome: completed, retry, failed, parked, cancelled, interrupted).
 func (s *stepState) observe(attempt int, outcome string, started time.Time) {
-	s.d.e.obs.StepAttempt(s.d.wf.name, s.call.name, s.call.kind, attempt, outcome, time.Since(started))
+	s.d.e.obs.StepAttempt(StepAttemptEvent{Workflow: s.d.wf.name, Step: s.call.name, Kind: s.call.kind, Attempt: attempt, Outcome: outcome, Duration: time.Since(started)})
 }
 
 // outcomeLost reports whether err says that an attempt's outcome cannot be
@@ -706,4 +706,4 @@ func (e *scheduleToCloseError) Error() string {
 }
 func (e *scheduleToCloseError) Unwrap() error        { return e.last }
 func (e *scheduleToCloseError) Is(target error) bool { return target == ErrTimeout }
-func (e *scheduleToCloseError) ErrorClass() string   { return ClassTimeout }
+func (e *scheduleToCloseError) ErrorClass() string   { return string(ClassTimeout) }

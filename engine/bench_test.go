@@ -230,7 +230,7 @@ func BenchmarkStepKinds(b *testing.B) {
 			return err
 		},
 		"activity": func(ctx *engine.Context, i int) error {
-			_, err := engine.RunActivity(ctx, fmt.Sprint("a", i), nil, func(context.Context, *engine.ActivityAttempt) (int, error) { return i, nil })
+			_, err := engine.RunActivity(ctx, fmt.Sprint("a", i), func(context.Context, *engine.ActivityAttempt) (int, error) { return i, nil }, nil)
 			return err
 		},
 	}

@@ -28,12 +28,21 @@ type BulkResult struct {
 	DryRun bool `json:"dry_run"`
 }
 
-// CancelRuns cancels every run the filter matches that is still active
+// CancelRunsParams is one CancelRuns call: the runs to cancel, and
+// whether only to count them.
+type CancelRunsParams struct {
+	// Filter selects the runs (see CancelRuns for what it must set).
+	Filter ListRunsParams
+	// DryRun counts what would be cancelled and cancels nothing.
+	DryRun bool
+}
+
+// CancelRuns cancels every run p.Filter matches that is still active
 // (pending, running, waiting; see Cancel), at most MaxBulk of them, one
-// Cancel each; with dryRun it only counts them. p.Status, when set, must
-// be pending, running or waiting (ErrInvalidArgument otherwise, for
+// Cancel each; with p.DryRun it only counts them. Filter.Status, when set,
+// must be pending, running or waiting (ErrInvalidArgument otherwise, for
 // compensating too: such a run is ending already, and Cancel changes
-// nothing for it); p.Limit and p.Cursor are ignored. p must filter: by
+// nothing for it); Filter.Limit and Filter.Cursor are ignored. It must filter: by
 // Workflow, WorkflowIDPrefix, Tags, CreatedAfter or CreatedBefore
 // (ErrInvalidArgument otherwise: an empty filter would cancel every run;
 // CreatedBefore now names them all on purpose). Runs that finished
@@ -41,7 +50,8 @@ type BulkResult struct {
 // bulk cancel running at once, say), are skipped: Done counts the runs
 // this call cancelled. Errors: ErrInvalidArgument (a bad filter), or the
 // first failure (the result counts what was done before it).
-func (e *Engine) CancelRuns(ctx context.Context, p ListRunsParams, dryRun bool) (BulkResult, error) {
+func (e *Engine) CancelRuns(ctx context.Context, params CancelRunsParams) (BulkResult, error) {
+	p, dryRun := params.Filter, params.DryRun
 	statuses := []RunStatus{StatusPending, StatusRunning, StatusWaiting}
 	if p.Status != "" && !slices.Contains(statuses, p.Status) {
 		why := ""
@@ -98,20 +108,30 @@ func (e *Engine) CancelRuns(ctx context.Context, p ListRunsParams, dryRun bool) 
 // requested before.
 var errCancelledBefore = errors.New("cancellation requested before")
 
-// ReplayDeadJobs replays every open dead job the filter matches (see
+// ResolveDeadJobsParams is one ReplayDeadJobs or DiscardDeadJobs call:
+// the dead jobs to act on, and whether only to count them.
+type ResolveDeadJobsParams struct {
+	// Filter selects the dead jobs (see ReplayDeadJobs for what it must
+	// set).
+	Filter ListDeadJobsParams
+	// DryRun counts what would be acted on and changes nothing.
+	DryRun bool
+}
+
+// ReplayDeadJobs replays every open dead job p.Filter matches (see
 // ReplayDeadJob), at most MaxBulk; DiscardDeadJobs discards them. With
-// dryRun they only count them. p.OpenOnly is implied; p.Limit and
-// p.Cursor are ignored. p must filter by Workflow, Reason, RunID or
-// ParkedBefore (ErrInvalidArgument otherwise: an empty filter would act on
-// every open dead job), and opts is checked before anything is matched. Jobs
-// resolved meanwhile are skipped.
-func (e *Engine) ReplayDeadJobs(ctx context.Context, p ListDeadJobsParams, opts *ResolveOpts, dryRun bool) (BulkResult, error) {
-	return e.resolveDeadJobs(ctx, p, opts, dryRun, func(id uuid.UUID) error { _, err := e.ReplayDeadJob(ctx, id, opts); return err })
+// p.DryRun they only count them. Filter.OpenOnly is implied; Filter.Limit
+// and Filter.Cursor are ignored. The filter must set Workflow, Reason,
+// RunID or ParkedBefore (ErrInvalidArgument otherwise: an empty filter
+// would act on every open dead job), and opts is checked before anything
+// is matched. Jobs resolved meanwhile are skipped.
+func (e *Engine) ReplayDeadJobs(ctx context.Context, p ResolveDeadJobsParams, opts *ResolveOpts) (BulkResult, error) {
+	return e.resolveDeadJobs(ctx, p.Filter, opts, p.DryRun, func(id uuid.UUID) error { _, err := e.ReplayDeadJob(ctx, id, opts); return err })
 }
 
 // DiscardDeadJobs is ReplayDeadJobs that discards.
-func (e *Engine) DiscardDeadJobs(ctx context.Context, p ListDeadJobsParams, opts *ResolveOpts, dryRun bool) (BulkResult, error) {
-	return e.resolveDeadJobs(ctx, p, opts, dryRun, func(id uuid.UUID) error { _, err := e.DiscardDeadJob(ctx, id, opts); return err })
+func (e *Engine) DiscardDeadJobs(ctx context.Context, p ResolveDeadJobsParams, opts *ResolveOpts) (BulkResult, error) {
+	return e.resolveDeadJobs(ctx, p.Filter, opts, p.DryRun, func(id uuid.UUID) error { _, err := e.DiscardDeadJob(ctx, id, opts); return err })
 }
 
 func (e *Engine) resolveDeadJobs(ctx context.Context, p ListDeadJobsParams, opts *ResolveOpts, dryRun bool, act func(uuid.UUID) error) (BulkResult, error) {

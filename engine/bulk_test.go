@@ -52,10 +52,10 @@ func TestBulkCancelReplayAndDiscard(t *testing.T) {
 		return waiting == 6 && dead == 3
 	})
 
-	dry, err := b.engine.CancelRuns(ctx, engine.ListRunsParams{Workflow: "bulk-waits", WorkflowIDPrefix: "batch-a-"}, true)
+	dry, err := b.engine.CancelRuns(ctx, engine.CancelRunsParams{Filter: engine.ListRunsParams{Workflow: "bulk-waits", WorkflowIDPrefix: "batch-a-"}, DryRun: true})
 	require.NoError(t, err)
 	require.Equal(t, engine.BulkResult{Matched: 4, DryRun: true}, dry)
-	res, err := b.engine.CancelRuns(ctx, engine.ListRunsParams{Workflow: "bulk-waits", WorkflowIDPrefix: "batch-a-"}, false)
+	res, err := b.engine.CancelRuns(ctx, engine.CancelRunsParams{Filter: engine.ListRunsParams{Workflow: "bulk-waits", WorkflowIDPrefix: "batch-a-"}, DryRun: false})
 	require.NoError(t, err)
 	require.Equal(t, engine.BulkResult{Matched: 4, Done: 4}, res)
 	eventually(t, 10*time.Second, "the four to end cancelled", func() bool {
@@ -66,22 +66,22 @@ func TestBulkCancelReplayAndDiscard(t *testing.T) {
 	var stillWaiting int
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE status = 'waiting'`).Scan(&stillWaiting))
 	require.Equal(t, 2, stillWaiting, "batch-b runs are left alone")
-	_, err = b.engine.CancelRuns(ctx, engine.ListRunsParams{Status: engine.StatusCompleted}, true)
+	_, err = b.engine.CancelRuns(ctx, engine.CancelRunsParams{Filter: engine.ListRunsParams{Status: engine.StatusCompleted}, DryRun: true})
 	require.ErrorIs(t, err, engine.ErrInvalidArgument)
 	require.ErrorContains(t, err, `a bulk cancel takes a status of pending, running or waiting, not "completed"`)
 	// A compensating run is ending already (Cancel changes nothing for it,
 	// and a bulk cancel without a status leaves it alone): the status is
 	// refused rather than matched and counted as cancelled. Before, it
 	// was accepted, and the message listed it as accepted.
-	_, err = b.engine.CancelRuns(ctx, engine.ListRunsParams{Status: engine.StatusCompensating}, true)
+	_, err = b.engine.CancelRuns(ctx, engine.CancelRunsParams{Filter: engine.ListRunsParams{Status: engine.StatusCompensating}, DryRun: true})
 	require.ErrorIs(t, err, engine.ErrInvalidArgument)
 	require.ErrorContains(t, err, `not "compensating"`)
 
 	fixed.Store(true)
-	dry, err = b.engine.ReplayDeadJobs(ctx, engine.ListDeadJobsParams{Workflow: "bulk-flaky"}, nil, true)
+	dry, err = b.engine.ReplayDeadJobs(ctx, engine.ResolveDeadJobsParams{Filter: engine.ListDeadJobsParams{Workflow: "bulk-flaky"}, DryRun: true}, nil)
 	require.NoError(t, err)
 	require.Equal(t, 3, dry.Matched)
-	res, err = b.engine.ReplayDeadJobs(ctx, engine.ListDeadJobsParams{Workflow: "bulk-flaky"}, &engine.ResolveOpts{By: "ann"}, false)
+	res, err = b.engine.ReplayDeadJobs(ctx, engine.ResolveDeadJobsParams{Filter: engine.ListDeadJobsParams{Workflow: "bulk-flaky"}, DryRun: false}, &engine.ResolveOpts{By: "ann"})
 	require.NoError(t, err)
 	require.Equal(t, 3, res.Done)
 	eventually(t, 10*time.Second, "the replayed runs to complete", func() bool {
@@ -89,7 +89,7 @@ func TestBulkCancelReplayAndDiscard(t *testing.T) {
 		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE workflow_name = 'bulk-flaky' AND status = 'completed'`).Scan(&n))
 		return n == 3
 	})
-	res, err = b.engine.DiscardDeadJobs(ctx, engine.ListDeadJobsParams{Workflow: "bulk-flaky"}, nil, false)
+	res, err = b.engine.DiscardDeadJobs(ctx, engine.ResolveDeadJobsParams{Filter: engine.ListDeadJobsParams{Workflow: "bulk-flaky"}, DryRun: false}, nil)
 	require.NoError(t, err)
 	require.Zero(t, res.Matched, "no open dead job is left")
 }
@@ -105,10 +105,10 @@ func TestBulkCancelNeedsAFilterAndCountsWhatItChanged(t *testing.T) {
 	}, nil)
 	b := setup(t, nil, waits)
 	ctx := testCtx(t)
-	_, err := b.engine.CancelRuns(ctx, engine.ListRunsParams{}, true)
+	_, err := b.engine.CancelRuns(ctx, engine.CancelRunsParams{Filter: engine.ListRunsParams{}, DryRun: true})
 	require.ErrorIs(t, err, engine.ErrInvalidArgument)
 	require.ErrorContains(t, err, "a bulk cancel needs a filter")
-	_, err = b.engine.CancelRuns(ctx, engine.ListRunsParams{Status: engine.StatusWaiting}, true)
+	_, err = b.engine.CancelRuns(ctx, engine.CancelRunsParams{Filter: engine.ListRunsParams{Status: engine.StatusWaiting}, DryRun: true})
 	require.ErrorIs(t, err, engine.ErrInvalidArgument, "a status alone is no filter")
 
 	const n = 400
@@ -128,7 +128,7 @@ func TestBulkCancelNeedsAFilterAndCountsWhatItChanged(t *testing.T) {
 	for i := range results {
 		wg.Go(func() {
 			var err error
-			results[i], err = b.engine.CancelRuns(ctx, engine.ListRunsParams{Workflow: "bulk-count-waits"}, false)
+			results[i], err = b.engine.CancelRuns(ctx, engine.CancelRunsParams{Filter: engine.ListRunsParams{Workflow: "bulk-count-waits"}, DryRun: false})
 			require.NoError(t, err)
 		})
 	}
@@ -150,10 +150,10 @@ func TestBulkDeadJobActionsNeedAFilter(t *testing.T) {
 	ctx := testCtx(t)
 	for _, act := range []func(engine.ListDeadJobsParams, *engine.ResolveOpts, bool) (engine.BulkResult, error){
 		func(p engine.ListDeadJobsParams, o *engine.ResolveOpts, dry bool) (engine.BulkResult, error) {
-			return b.engine.ReplayDeadJobs(ctx, p, o, dry)
+			return b.engine.ReplayDeadJobs(ctx, engine.ResolveDeadJobsParams{Filter: p, DryRun: dry}, o)
 		},
 		func(p engine.ListDeadJobsParams, o *engine.ResolveOpts, dry bool) (engine.BulkResult, error) {
-			return b.engine.DiscardDeadJobs(ctx, p, o, dry)
+			return b.engine.DiscardDeadJobs(ctx, engine.ResolveDeadJobsParams{Filter: p, DryRun: dry}, o)
 		},
 	} {
 		_, err := act(engine.ListDeadJobsParams{}, nil, true)

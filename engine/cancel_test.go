@@ -55,13 +55,12 @@ func (s *chargeSaga) workflow(name string) *engine.Workflow[int, string] {
 		}}); err != nil {
 			return "", err
 		}
-		ch, err := engine.RunActivity(ctx, "charge", &engine.ActivityOpts{RetryPolicy: s.policy},
-			func(_ context.Context, a *engine.ActivityAttempt) (string, error) {
-				s.mu.Lock()
-				s.attempts = append(s.attempts, time.Now())
-				s.mu.Unlock()
-				return s.charge(a.Attempt)
-			})
+		ch, err := engine.RunActivity(ctx, "charge", func(_ context.Context, a *engine.ActivityAttempt) (string, error) {
+			s.mu.Lock()
+			s.attempts = append(s.attempts, time.Now())
+			s.mu.Unlock()
+			return s.charge(a.Attempt)
+		}, &engine.ActivityOpts{RetryPolicy: s.policy})
 		if err != nil {
 			return "", err
 		}

@@ -162,7 +162,7 @@ func (e *ChildError) Unwrap() error { return e.Err }
 
 // childErrorClass is the class of a parent's record of a child that ended
 // with status.
-func childErrorClass(status string) string { return "child_" + status }
+func childErrorClass(status string) ErrorClass { return ErrorClass("child_" + status) }
 
 // StartChild starts wf as a child run of this run, with input in, as the
 // run's next step (kind "child", named after wf): the child's run and the
@@ -236,7 +236,7 @@ func (d *delivery) startChild(name string, version int, input []byte, opts *Chil
 	}
 	d.hasChildren = true
 	if rec != nil {
-		d.e.obs.StepReplayed(d.wf.name, KindChild)
+		d.e.obs.StepReplayed(StepReplayedEvent{Workflow: d.wf.name, Kind: KindChild})
 		if rec.RequestID == nil { // the start was refused
 			return 0, uuid.Nil, "", stepErrorFromRecord(rec)
 		}
@@ -296,10 +296,10 @@ func (d *delivery) startChild(name string, version int, input []byte, opts *Chil
 	d.noteCancel(cancel)
 	d.noteChildRecord(rec)
 	if taken {
-		d.e.obs.StepAttempt(d.wf.name, name, KindChild, 1, "failed", time.Since(started))
+		d.e.obs.StepAttempt(StepAttemptEvent{Workflow: d.wf.name, Step: name, Kind: KindChild, Attempt: 1, Outcome: "failed", Duration: time.Since(started)})
 		return 0, uuid.Nil, "", stepErrorFromRecord(rec)
 	}
-	d.e.obs.StepAttempt(d.wf.name, name, KindChild, 1, "completed", time.Since(started))
+	d.e.obs.StepAttempt(StepAttemptEvent{Workflow: d.wf.name, Step: name, Kind: KindChild, Attempt: 1, Outcome: "completed", Duration: time.Since(started)})
 	d.log.Debug("child run started", "child_run_id", *rec.RequestID, "child_workflow", name, "seq", seq)
 	return seq, *rec.RequestID, workflowID, nil
 }
@@ -458,7 +458,7 @@ func (d *delivery) parkForDeadChild(seq int, c *store.ChildEnd) bool {
 // refused (no child run) decodes as the step error it recorded.
 func childErrorFromRecord(rec *store.StepRecord) error {
 	info := decodeErrorInfo(rec.Error)
-	status, ok := strings.CutPrefix(info.Class, "child_")
+	status, ok := strings.CutPrefix(string(info.Class), "child_")
 	if rec.RequestID == nil || !ok {
 		return stepErrorFromRecord(rec)
 	}

@@ -41,15 +41,15 @@ func newDeadChildFixture(t *testing.T, leave bool) *deadChildFixture {
 		}}); err != nil {
 			return "", err
 		}
-		return engine.RunActivity(ctx, "ship", &engine.ActivityOpts{RetryPolicy: &engine.RetryPolicy{
-			InitialInterval: 10 * time.Millisecond, MaximumAttempts: 2}},
+		return engine.RunActivity(ctx, "ship",
 			func(context.Context, *engine.ActivityAttempt) (string, error) {
 				f.ships.Add(1)
 				if f.down.Load() {
 					return "", errors.New("ship: 503")
 				}
 				return "shipped " + order, nil
-			})
+			}, &engine.ActivityOpts{RetryPolicy: &engine.RetryPolicy{
+				InitialInterval: 10 * time.Millisecond, MaximumAttempts: 2}})
 	}, nil)
 	f.parent = engine.Define("order", func(ctx *engine.Context, order string) (string, error) {
 		if _, err := engine.Step(ctx, "charge", func(context.Context) (int, error) { return 4999, nil }, nil); err != nil {
@@ -166,7 +166,7 @@ func TestDeadChildReplayedAfterItsParentClosedOnlyCompensates(t *testing.T) {
 			switch close {
 			case "terminate":
 				waitStatus(t, f.b.engine, f.parentRun, engine.StatusDead, 10*time.Second)
-				require.NoError(t, f.b.engine.Terminate(ctx, f.parentRun, engine.TerminateOpts{Reason: "order cancelled by the customer"}))
+				require.NoError(t, f.b.engine.Terminate(ctx, f.parentRun, &engine.TerminateOpts{Reason: "order cancelled by the customer"}))
 			case "compensate":
 				waitStatus(t, f.b.engine, f.parentRun, engine.StatusCompensated, 10*time.Second)
 				require.EqualValues(t, 1, f.refunds.Load())
@@ -218,14 +218,14 @@ func newDeadChain(t *testing.T) *deadChain {
 	c := &deadChain{}
 	c.down.Store(true)
 	leaf := engine.Define("chain-leaf", func(ctx *engine.Context, in string) (string, error) {
-		return engine.RunActivity(ctx, "ship", &engine.ActivityOpts{RetryPolicy: &engine.RetryPolicy{
-			InitialInterval: 10 * time.Millisecond, MaximumAttempts: 2}},
+		return engine.RunActivity(ctx, "ship",
 			func(context.Context, *engine.ActivityAttempt) (string, error) {
 				if c.down.Load() {
 					return "", errors.New("503")
 				}
 				return "shipped " + in, nil
-			})
+			}, &engine.ActivityOpts{RetryPolicy: &engine.RetryPolicy{
+				InitialInterval: 10 * time.Millisecond, MaximumAttempts: 2}})
 	}, nil)
 	mid := engine.Define("chain-mid", func(ctx *engine.Context, in string) (string, error) {
 		return engine.ChildWorkflow(ctx, leaf, in, nil)
@@ -357,7 +357,7 @@ func TestTerminateRacingReplayOrCancelIsNeverLost(t *testing.T) {
 		start := make(chan struct{})
 		wg.Go(func() {
 			<-start
-			termErr = b.engine.Terminate(ctx, id, engine.TerminateOpts{Reason: "race", By: "ops"})
+			termErr = b.engine.Terminate(ctx, id, &engine.TerminateOpts{Reason: "race", By: "ops"})
 		})
 		wg.Go(func() {
 			<-start

@@ -116,7 +116,7 @@ func (d *delivery) continueAsNew(input []byte) {
 	d.buf.take() // written by the transaction
 	if err == nil {
 		e.noteCancelled(d.closedChildren)
-		e.obs.RunStarted(d.wf.name, false)
+		e.obs.RunStarted(RunStartedEvent{Workflow: d.wf.name})
 		d.log.Debug("run continued as new", "next_run_id", r.RunID)
 	}
 	d.close(StatusContinued, err)

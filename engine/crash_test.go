@@ -611,7 +611,7 @@ func TestAttemptsSurviveAWorkerCrash(t *testing.T) {
 	for _, f := range run.Steps[0].FailedAttempts {
 		got = append(got, fmt.Sprintf("%d %s %s", f.Attempt, f.Status, f.Class))
 	}
-	require.Equal(t, []string{"1 retrying transient", "2 retrying transient", "3 retrying " + engine.ClassWorkerLost}, got)
+	require.Equal(t, []string{"1 retrying transient", "2 retrying transient", "3 retrying " + string(engine.ClassWorkerLost)}, got)
 }
 
 // An attempt that dies with its worker counts toward MaximumAttempts: a

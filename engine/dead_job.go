@@ -33,7 +33,7 @@ type DeadJob struct {
 	Deliveries      int             `json:"deliveries"` // the run's deliveries when it was parked, the parking one included
 	FirstFailedAt   time.Time       `json:"first_failed_at"`
 	LastFailedAt    time.Time       `json:"last_failed_at"`
-	ErrorClass      string          `json:"error_class"`
+	ErrorClass      ErrorClass      `json:"error_class"`
 	ErrorMessage    string          `json:"error_message"`
 	Stack           string          `json:"stack,omitempty"`
 	// ForwardError, for compensation_failed, is the failure that started
@@ -62,7 +62,7 @@ func deadJobFromRow(d *store.DeadJobRow) *DeadJob {
 		ID: d.ID, RunID: d.RunID, WorkflowName: d.WorkflowName, WorkflowID: d.WorkflowID,
 		WorkflowVersion: d.WorkflowVersion, Input: d.Input, Reason: DeadReason(d.Reason), StepName: deref(d.StepName),
 		Seq: d.Seq, Attempts: d.Attempts, FirstFailedAt: d.FirstFailedAt, LastFailedAt: d.LastFailedAt,
-		ErrorClass: d.ErrorClass, ErrorMessage: d.ErrorMessage, Stack: deref(d.Stack), ParkedAt: d.ParkedAt,
+		ErrorClass: ErrorClass(d.ErrorClass), ErrorMessage: d.ErrorMessage, Stack: deref(d.Stack), ParkedAt: d.ParkedAt,
 		ResolvedAt: d.ResolvedAt, Resolution: deref(d.Resolution), ResolvedBy: deref(d.ResolvedBy), Note: deref(d.Note),
 		Deliveries: d.Deliveries, ForwardError: decodeErrorInfo(d.ForwardError),
 		ChildRunID: d.ChildRunID, ChildDeadJobID: d.ChildDeadJobID,

@@ -174,7 +174,7 @@ func TestWaitWakesWhenTheRunEndsInThisProcess(t *testing.T) {
 		return engine.Step(ctx, "s", func(context.Context) (int, error) { return in * 2, nil }, nil)
 	}, nil)
 	ended := make(chan uuid.UUID, 10)
-	b := setup(t, &engine.Config{Observer: endedObserver{ended}}, wf)
+	b := setup(t, &engine.Config{Observer: endedObserver{ended: ended}}, wf)
 	ctx := testCtx(t)
 	for i := range 5 {
 		start := time.Now()
@@ -188,13 +188,12 @@ func TestWaitWakesWhenTheRunEndsInThisProcess(t *testing.T) {
 	}
 }
 
-type endedObserver struct{ ended chan<- uuid.UUID }
+type endedObserver struct {
+	engine.NopObserver
+	ended chan<- uuid.UUID
+}
 
-func (o endedObserver) RunEnded(runID uuid.UUID, _ string, _ engine.RunStatus)                { o.ended <- runID }
-func (endedObserver) RunStarted(string, bool)                                                 {}
-func (endedObserver) StepAttempt(string, string, engine.StepKind, int, string, time.Duration) {}
-func (endedObserver) StepReplayed(string, engine.StepKind)                                    {}
-func (endedObserver) LeaseLost(string)                                                        {}
+func (o endedObserver) RunEnded(ev engine.RunEndedEvent) { o.ended <- ev.RunID }
 
 // A start planned as held whose insert lands after Stop released the held
 // runs (it waited on another transaction's row for its workflow ID) gets

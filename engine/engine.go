@@ -174,7 +174,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.MaxSignalBytesPerRun = orDefault(c.MaxSignalBytesPerRun, defaultSignalBytes)
 	c.Retention = orDefault(c.Retention, DefaultRetention)
 	if c.Observer == nil {
-		c.Observer = nopObserver{}
+		c.Observer = NopObserver{}
 	}
 	if c.Clock == nil {
 		c.Clock = systemClock{}
@@ -216,7 +216,6 @@ type Engine struct {
 	log    *slog.Logger
 	obs    Observer
 	tr     tracing
-	sobs   ScheduleObserver // obs when it implements it, else a no-op
 	queue  *queue.Queue
 	now    func() time.Time
 	retry  RetryPolicy // cfg.RetryPolicy merged over DefaultRetryPolicy
@@ -301,10 +300,6 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	e.beats = newBeatBatcher(e)
 	e.slots = make(chan struct{}, c.MaxWorkers)
 	e.dispatchCtx, e.cancelDispatch = context.WithCancelCause(context.Background())
-	e.sobs = nopObserver{}
-	if so, ok := c.Observer.(ScheduleObserver); ok {
-		e.sobs = so
-	}
 	e.queue, err = queue.New(pool, queue.Config{
 		Queue:             c.Queue,
 		MaxWorkers:        c.MaxWorkers,

@@ -203,11 +203,11 @@ func TestStartSaysWhereAnInputIsNotJSON(t *testing.T) {
 		var syntax *json.SyntaxError
 		require.ErrorAs(t, err, &syntax, c.input)
 		require.Equal(t, c.offset, syntax.Offset)
-		_, err = b.engine.SignalWithStartJSON(ctx, "where", []byte(c.input), &engine.StartOpts{WorkflowID: "w"}, "s", []byte(`1`), nil)
+		_, err = b.engine.SignalWithStartJSON(ctx, engine.SignalWithStartJSONParams{Workflow: "where", Input: []byte(c.input), Opts: &engine.StartOpts{WorkflowID: "w"}, Signal: "s", Payload: []byte(`1`), SignalOpts: nil})
 		require.ErrorIs(t, err, engine.ErrInvalidInput, c.input)
 		require.ErrorContains(t, err, fmt.Sprintf("at byte offset %d", c.offset), c.input)
 	}
-	_, err := b.engine.SignalWithStartJSON(ctx, "where", []byte(`{}`), &engine.StartOpts{WorkflowID: "w"}, "s", []byte(`[1, 2`), nil)
+	_, err := b.engine.SignalWithStartJSON(ctx, engine.SignalWithStartJSONParams{Workflow: "where", Input: []byte(`{}`), Opts: &engine.StartOpts{WorkflowID: "w"}, Signal: "s", Payload: []byte(`[1, 2`), SignalOpts: nil})
 	require.ErrorIs(t, err, engine.ErrInvalidInput)
 	require.ErrorContains(t, err, "signal payload is not valid JSON: unexpected end of JSON input at byte offset 5")
 	require.ErrorContains(t, b.engine.SignalJSON(ctx, "w", "s", []byte(`{"a" 1}`), nil),

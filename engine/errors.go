@@ -90,23 +90,30 @@ var ErrRetriesExhausted = errors.New("pgdurable: retries exhausted")
 // Workflow code should return it; whatever it returns is ignored.
 var errDeliveryEnded = errors.New("pgdurable: delivery ended; return this error from the workflow")
 
+// ErrorClass names the kind of a failure, recorded in step and run errors,
+// in dead jobs (error_class) and in metrics' labels: one of the Class
+// constants, or an error's own (snake_case, such as package activities'
+// "http_503"; see WithClass). An error names its own class with a method
+// ErrorClass() string.
+type ErrorClass string
+
 // Error classes, recorded in step and run errors and in dead_jobs.error_class.
 const (
-	ClassTransient      = "transient"        // any step error not marked otherwise: retried
-	ClassPermanent      = "permanent"        // Permanent(err): recorded, not retried
-	ClassPanic          = "panic"            // a recovered panic, with its stack
-	ClassNonDeterminism = "nondeterminism"   // the code no longer replays the recorded steps
-	ClassPoisonInput    = "poison_input"     // the stored input does not decode as the workflow's input type
-	ClassCrashLoop      = "crash_loop"       // deliveries kept dying without recording progress
-	ClassChildDead      = "child_dead"       // a child run the workflow waits for is parked as dead
-	ClassUnserializable = "unserializable"   // a value json.Marshal rejects, or one holding a NUL character
-	ClassWorkflow       = "workflow"         // the workflow function returned an error of its own
-	ClassCancelled      = "cancelled"        // the run was cancelled (Engine.Cancel)
-	ClassWorkerLost     = "worker_lost"      // an attempt began and never ended: its worker died or lost its lease
-	ClassOutputTooLarge = "output_too_large" // a result whose JSON is over Config.MaxPayloadBytes
-	ClassUnsettled      = "unsettled"        // a cancelled run could not learn an activity's outcome
-	ClassTimeout        = "timeout"          // an attempt past its StartToCloseTimeout, a step past its ScheduleToCloseTimeout
-	ClassTerminated     = "terminated"       // an operator ended the run at once (Engine.Terminate)
+	ClassTransient      ErrorClass = "transient"        // any step error not marked otherwise: retried
+	ClassPermanent      ErrorClass = "permanent"        // Permanent(err): recorded, not retried
+	ClassPanic          ErrorClass = "panic"            // a recovered panic, with its stack
+	ClassNonDeterminism ErrorClass = "nondeterminism"   // the code no longer replays the recorded steps
+	ClassPoisonInput    ErrorClass = "poison_input"     // the stored input does not decode as the workflow's input type
+	ClassCrashLoop      ErrorClass = "crash_loop"       // deliveries kept dying without recording progress
+	ClassChildDead      ErrorClass = "child_dead"       // a child run the workflow waits for is parked as dead
+	ClassUnserializable ErrorClass = "unserializable"   // a value json.Marshal rejects, or one holding a NUL character
+	ClassWorkflow       ErrorClass = "workflow"         // the workflow function returned an error of its own
+	ClassCancelled      ErrorClass = "cancelled"        // the run was cancelled (Engine.Cancel)
+	ClassWorkerLost     ErrorClass = "worker_lost"      // an attempt began and never ended: its worker died or lost its lease
+	ClassOutputTooLarge ErrorClass = "output_too_large" // a result whose JSON is over Config.MaxPayloadBytes
+	ClassUnsettled      ErrorClass = "unsettled"        // a cancelled run could not learn an activity's outcome
+	ClassTimeout        ErrorClass = "timeout"          // an attempt past its StartToCloseTimeout, a step past its ScheduleToCloseTimeout
+	ClassTerminated     ErrorClass = "terminated"       // an operator ended the run at once (Engine.Terminate)
 )
 
 // ErrOutputTooLarge is in the error of a step, activity or workflow whose
@@ -211,12 +218,12 @@ func (e *retriesExhaustedError) Is(target error) bool { return target == ErrRetr
 // context.DeadlineExceeded, ...); other errors are *ApplicationError nodes
 // with the original's type name and message.
 type StepError struct {
-	Step    string // the step's name
-	Seq     int    // its position in the run, from 0
-	Attempt int    // the attempt that failed, from 1
-	Class   string // ClassPermanent, ClassUnserializable, "http_402", ...
-	Message string // the error's text
-	Err     error  // the recorded error chain
+	Step    string     // the step's name
+	Seq     int        // its position in the run, from 0
+	Attempt int        // the attempt that failed, from 1
+	Class   ErrorClass // ClassPermanent, ClassUnserializable, "http_402", ...
+	Message string     // the error's text
+	Err     error      // the recorded error chain
 }
 
 // Error renders the step, its position and attempt, and the message.
@@ -233,8 +240,8 @@ func (e *StepError) Unwrap() error { return e.Err }
 // Registered, Code, Details, Is and Cause (Causes for errors.Join) describe
 // the error itself and its chain, each cause an ErrorInfo of its own.
 type ErrorInfo struct {
-	Class   string `json:"class,omitempty"`
-	Message string `json:"message"`
+	Class   ErrorClass `json:"class,omitempty"`
+	Message string     `json:"message"`
 	// Type is the Go type of the error (fmt's %T).
 	Type string `json:"type,omitempty"`
 	// Registered is the RegisterError name the error was recorded under.
@@ -264,7 +271,7 @@ type ErrorInfo struct {
 }
 
 // newErrorInfo records err with class: its message and its chain.
-func newErrorInfo(err error, class string) *ErrorInfo {
+func newErrorInfo(err error, class ErrorClass) *ErrorInfo {
 	info := &ErrorInfo{Class: class, Message: errorText(err)}
 	encodeError(info, err)
 	return info
@@ -291,7 +298,7 @@ func (e *ErrorInfo) storable() *ErrorInfo {
 		return nil
 	}
 	c := *e
-	c.Class, c.Message, c.Step, c.Stack = storableText(c.Class), storableText(c.Message), storableText(c.Step), storableText(c.Stack)
+	c.Class, c.Message, c.Step, c.Stack = ErrorClass(storableText(string(c.Class))), storableText(c.Message), storableText(c.Step), storableText(c.Stack)
 	c.Type, c.Code, c.Registered = storableText(c.Type), storableText(c.Code), storableText(c.Registered)
 	if c.Details != nil && checkStorable(c.Details) != nil {
 		c.Details, c.Registered = nil, ""
@@ -421,27 +428,27 @@ func checkName(kind, name string, max int) error {
 type classed interface{ ErrorClass() string }
 
 // classOf returns err's own class, or def.
-func classOf(err error, def string) string {
+func classOf(err error, def ErrorClass) ErrorClass {
 	var c classed
 	if errors.As(err, &c) && c.ErrorClass() != "" {
-		return c.ErrorClass()
+		return ErrorClass(c.ErrorClass())
 	}
 	return def
 }
 
 type classedError struct {
 	err   error
-	class string
+	class ErrorClass
 }
 
 func (e *classedError) Error() string      { return e.err.Error() }
 func (e *classedError) Unwrap() error      { return e.err }
-func (e *classedError) ErrorClass() string { return e.class }
+func (e *classedError) ErrorClass() string { return string(e.class) }
 
 // WithClass labels err with an error class for records, logs and metrics
 // (snake_case, e.g. "http_429", "timeout"). Retry behaviour is unchanged:
 // combine with Permanent or RetryAfter. WithClass(nil, c) is nil.
-func WithClass(err error, class string) error {
+func WithClass(err error, class ErrorClass) error {
 	if err == nil {
 		return nil
 	}

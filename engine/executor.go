@@ -304,7 +304,7 @@ func (d *delivery) end(err error) {
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
 		d.endErr = ErrLeaseLost
-		d.e.obs.LeaseLost(d.wf.name)
+		d.e.obs.LeaseLost(LeaseLostEvent{Workflow: d.wf.name})
 		d.log.Warn("lease lost; this delivery stops", "error_class", "lease_lost")
 		d.rescueUnowned()
 	case err != nil:
@@ -350,7 +350,7 @@ func (d *delivery) rescueUnowned() {
 func (d *delivery) close(status RunStatus, err error) {
 	d.end(err)
 	if err == nil {
-		d.e.obs.RunEnded(d.runID, d.wf.name, status)
+		d.e.obs.RunEnded(RunEndedEvent{RunID: d.runID, Workflow: d.wf.name, Status: status})
 		d.e.notifyEnded(d.runID)
 	}
 }
@@ -648,7 +648,7 @@ func (d *delivery) park(rec *store.StepRecord, why *parkReason) bool {
 	runErr.Stack = "" // the stack lives in dead_jobs; keep the run's error short
 	p := &store.Park{
 		ID: uuid.Must(uuid.NewV7()), Reason: string(why.reason), FirstFailedAt: now, LastFailedAt: now, Attempts: why.attempts,
-		ErrorClass: storableText(why.info.Class), ErrorMessage: storableText(why.info.Message), Deliveries: d.deliveries,
+		ErrorClass: storableText(string(why.info.Class)), ErrorMessage: storableText(why.info.Message), Deliveries: d.deliveries,
 		ChildRunID: why.childRunID, ChildDeadJobID: why.childDeadJobID,
 	}
 	if d.sagaCause != nil && why.reason == ReasonCompensationFailed {

@@ -24,13 +24,13 @@ func TestActivityAnsweringAfterStopAndCancelIsRecorded(t *testing.T) {
 	var calls atomic.Int32
 	inCall := make(chan struct{}, 1)
 	wf := engine.Define("late-answer", func(ctx *engine.Context, _ int) (string, error) {
-		ch, err := engine.RunActivity(ctx, "charge", nil, func(actx context.Context, _ *engine.ActivityAttempt) (string, error) {
+		ch, err := engine.RunActivity(ctx, "charge", func(actx context.Context, _ *engine.ActivityAttempt) (string, error) {
 			calls.Add(1)
 			inCall <- struct{}{}
 			<-actx.Done()
-			time.Sleep(300 * time.Millisecond) // the API's answer was already on its way
+			time.Sleep(300 * time.Millisecond)
 			return "ch_1", nil
-		})
+		}, nil)
 		if err != nil {
 			return "", err
 		}
@@ -147,7 +147,7 @@ func TestFailedCompensationKeepsTheForwardFailure(t *testing.T) {
 func TestCrashLoopDeadJobCarriesDeliveriesAndAttempts(t *testing.T) {
 	t.Parallel()
 	wf := engine.Define("looped", func(ctx *engine.Context, _ int) (string, error) {
-		return engine.RunActivity(ctx, "call", nil, func(context.Context, *engine.ActivityAttempt) (string, error) { return "x", nil })
+		return engine.RunActivity(ctx, "call", func(context.Context, *engine.ActivityAttempt) (string, error) { return "x", nil }, nil)
 	}, nil)
 	db := enginetest.NewDB(t)
 	client := newEngine(t, db, nil, false, wf)

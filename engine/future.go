@@ -137,13 +137,13 @@ func GoTxUndo[T any](ctx *Context, name string, fn func(context.Context, pgx.Tx)
 // activity that runs out of retries parks the run (one of its attempts
 // may have taken effect, its answer lost), unless
 // ActivityOpts.ReturnExhausted returns the failure to Get.
-func GoActivity[T any](ctx *Context, name string, opts *ActivityOpts, fn func(ctx context.Context, a *ActivityAttempt) (T, error)) *Future[T] {
+func GoActivity[T any](ctx *Context, name string, fn func(ctx context.Context, a *ActivityAttempt) (T, error), opts *ActivityOpts) *Future[T] {
 	return goActivity(ctx, name, opts, fn, nil)
 }
 
 // GoActivityUndo is GoActivity with a compensation, as GoUndo.
-func GoActivityUndo[T any](ctx *Context, name string, opts *ActivityOpts, fn func(ctx context.Context, a *ActivityAttempt) (T, error),
-	undo func(result T) Undo) *Future[T] {
+func GoActivityUndo[T any](ctx *Context, name string, fn func(ctx context.Context, a *ActivityAttempt) (T, error),
+	undo func(result T) Undo, opts *ActivityOpts) *Future[T] {
 	return goActivity(ctx, name, opts, fn, undo)
 }
 
@@ -262,7 +262,7 @@ func startBranch[T any](ctx *Context, name string, kind StepKind, opts *StepOpts
 	if rec != nil {
 		switch rec.Status {
 		case store.StepCompleted:
-			d.e.obs.StepReplayed(d.wf.name, kind)
+			d.e.obs.StepReplayed(StepReplayedEvent{Workflow: d.wf.name, Kind: kind})
 			if opts != nil && opts.undo != nil && rec.Compensation != nil {
 				u, err := opts.undo(rec.Output)
 				if err != nil {

@@ -371,19 +371,18 @@ func TestGoActivityKeepsItsRequestIDAcrossRetries(t *testing.T) {
 		fs := make([]*engine.Future[string], 4)
 		for i := range fs {
 			name := fmt.Sprint("call", i)
-			fs[i] = engine.GoActivity(ctx, name, &engine.ActivityOpts{RetryPolicy: quick, ReturnExhausted: !exhaust},
-				func(_ context.Context, a *engine.ActivityAttempt) (string, error) {
-					mu.Lock()
-					seen[name] = append(seen[name], a.RequestID)
-					mu.Unlock()
-					if i == 3 {
-						return "", errors.New("503")
-					}
-					if a.Attempt < 2 {
-						return "", errors.New("flaky")
-					}
-					return name, nil
-				})
+			fs[i] = engine.GoActivity(ctx, name, func(_ context.Context, a *engine.ActivityAttempt) (string, error) {
+				mu.Lock()
+				seen[name] = append(seen[name], a.RequestID)
+				mu.Unlock()
+				if i == 3 {
+					return "", errors.New("503")
+				}
+				if a.Attempt < 2 {
+					return "", errors.New("flaky")
+				}
+				return name, nil
+			}, &engine.ActivityOpts{RetryPolicy: quick, ReturnExhausted: !exhaust})
 		}
 		out, err := engine.All(ctx, fs[:3])
 		if err != nil {
@@ -433,10 +432,11 @@ func TestGoActivityPanicParksTheRun(t *testing.T) {
 	t.Parallel()
 	var calls atomic.Int64
 	wf := engine.Define("go-activity-panic", func(ctx *engine.Context, _ int) (int, error) {
-		return engine.GoActivity(ctx, "kaboom", nil, func(context.Context, *engine.ActivityAttempt) (int, error) {
+		return engine.GoActivity(ctx, "kaboom", func(context.Context, *engine.ActivityAttempt) (int, error) {
 			calls.Add(1)
 			panic("kaboom")
-		}).Get(ctx)
+		}, nil).
+			Get(ctx)
 	}, nil)
 	b := setup(t, nil, wf)
 	ctx := testCtx(t)

@@ -26,18 +26,19 @@ func TestTimedOutActivityCanBeHandledByTheWorkflow(t *testing.T) {
 	}
 	policy := &engine.RetryPolicy{InitialInterval: 10 * time.Millisecond, MaximumAttempts: 2}
 	handled := engine.Define("fallback", func(ctx *engine.Context, _ int) (string, error) {
-		_, err := engine.RunActivity(ctx, "primary", &engine.ActivityOpts{
-			StartToCloseTimeout: 50 * time.Millisecond, RetryPolicy: policy, ReturnExhausted: true,
-		}, slow)
-		if errors.Is(err, engine.ErrTimeout) && errors.Is(err, context.DeadlineExceeded) && errors.Is(err, engine.ErrRetriesExhausted) {
-			return engine.RunActivity(ctx, "fallback", nil, func(context.Context, *engine.ActivityAttempt) (string, error) {
-				return "charged by the fallback", nil
+		_, err := engine.RunActivity(ctx, "primary",
+			slow, &engine.ActivityOpts{
+				StartToCloseTimeout: 50 * time.Millisecond, RetryPolicy: policy, ReturnExhausted: true,
 			})
+		if errors.Is(err, engine.ErrTimeout) && errors.Is(err, context.DeadlineExceeded) && errors.Is(err, engine.ErrRetriesExhausted) {
+			return engine.RunActivity(ctx, "fallback", func(context.Context, *engine.ActivityAttempt) (string, error) {
+				return "charged by the fallback", nil
+			}, nil)
 		}
 		return "", err
 	}, nil)
 	parked := engine.Define("parked", func(ctx *engine.Context, _ int) (string, error) {
-		return engine.RunActivity(ctx, "primary", &engine.ActivityOpts{StartToCloseTimeout: 50 * time.Millisecond, RetryPolicy: policy}, slow)
+		return engine.RunActivity(ctx, "primary", slow, &engine.ActivityOpts{StartToCloseTimeout: 50 * time.Millisecond, RetryPolicy: policy})
 	}, nil)
 	b := setup(t, nil, handled, parked)
 	ctx := testCtx(t)
@@ -50,7 +51,7 @@ func TestTimedOutActivityCanBeHandledByTheWorkflow(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "failed", string(run.Steps[0].Status))
 	require.Equal(t, 2, run.Steps[0].Attempts)
-	require.Equal(t, "timeout", run.Steps[0].Error.Class)
+	require.Equal(t, "timeout", string(run.Steps[0].Error.Class))
 
 	res, err = parked.Start(ctx, b.engine, 0, nil)
 	require.NoError(t, err)

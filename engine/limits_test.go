@@ -25,9 +25,9 @@ func TestOversizedOutputsAreRefusedAndCatchable(t *testing.T) {
 		_, err := engine.Step(ctx, "step", func(context.Context) (string, error) { calls++; return big, nil }, nil)
 		var se *engine.StepError
 		if errors.Is(err, engine.ErrOutputTooLarge) && errors.As(err, &se) {
-			caught = append(caught, se.Class)
+			caught = append(caught, string(se.Class))
 		}
-		_, err = engine.RunActivity(ctx, "activity", nil, func(context.Context, *engine.ActivityAttempt) (string, error) { return big, nil })
+		_, err = engine.RunActivity(ctx, "activity", func(context.Context, *engine.ActivityAttempt) (string, error) { return big, nil }, nil)
 		if errors.Is(err, engine.ErrOutputTooLarge) {
 			caught = append(caught, "activity")
 		}

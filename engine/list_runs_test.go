@@ -138,7 +138,7 @@ func TestListRunsTopLevel(t *testing.T) {
 	require.Equal(t, []string{"kid-alone"}, ids(engine.ListRunsParams{TopLevel: true, WorkflowIDPrefix: "kid"}))
 	require.Equal(t, []string{"kid-alone"}, ids(engine.ListRunsParams{TopLevel: true, Tags: map[string]string{"team": "a"}, Status: engine.StatusWaiting}))
 	require.Empty(t, ids(engine.ListRunsParams{TopLevel: true, Tags: map[string]string{"team": "b"}}))
-	res2, err := b.engine.CancelRuns(ctx, engine.ListRunsParams{Workflow: "kid", TopLevel: true}, true)
+	res2, err := b.engine.CancelRuns(ctx, engine.CancelRunsParams{Filter: engine.ListRunsParams{Workflow: "kid", TopLevel: true}, DryRun: true})
 	require.NoError(t, err)
 	require.Equal(t, 1, res2.Matched, "the child is left to its parent")
 }

@@ -11,48 +11,114 @@ import (
 )
 
 // Observer receives the engine's events, for metrics (package
-// engine/enginemetrics implements it with Prometheus) or tracing. Methods
-// are called on the engine's goroutines: keep them fast, never block, and
-// make them safe for concurrent use.
+// engine/enginemetrics implements it with Prometheus) or tracing. Each
+// method takes one event struct, passed by value. Methods are called on
+// the engine's goroutines: keep them fast, never block, and make them safe
+// for concurrent use.
+//
+// An implementation embeds NopObserver and overrides the events it wants
+// (as River's hooks embed HookDefaults): new events are added to the
+// interface with a no-op default, so an Observer keeps compiling as the
+// engine grows. The unexported method makes the embedding required.
 type Observer interface {
-	// RunStarted: a start created a run, or found one (existing: an
-	// idempotent start hit).
-	RunStarted(workflow string, existing bool)
-	// RunEnded: run runID reached status (completed, failed, compensated,
-	// cancelled, dead, continued) and the record is committed.
-	RunEnded(runID uuid.UUID, workflow string, status RunStatus)
-	// StepAttempt: one attempt of a step ended. outcome is completed,
-	// retry, failed (recorded and returned), parked, cancelled or
-	// interrupted (shutdown or lost lease); d is the attempt's duration.
-	StepAttempt(workflow, step string, kind StepKind, attempt int, outcome string, d time.Duration)
-	// StepReplayed: a recorded step returned its record instead of running
-	// again (a duplicate execution avoided).
-	StepReplayed(workflow string, kind StepKind)
+	// RunStarted: a start created a run, or found one.
+	RunStarted(RunStartedEvent)
+	// RunEnded: a run reached a final status and the record is committed.
+	RunEnded(RunEndedEvent)
+	// StepAttempt: one attempt of a step ended.
+	StepAttempt(StepAttemptEvent)
+	// StepReplayed: a recorded step returned its record instead of
+	// running again (a duplicate execution avoided).
+	StepReplayed(StepReplayedEvent)
 	// LeaseLost: a delivery found another owns its run and stopped.
-	LeaseLost(workflow string)
+	LeaseLost(LeaseLostEvent)
+	// ScheduleFired: one fire of a schedule was handled.
+	ScheduleFired(ScheduleFiredEvent)
+	// SignalSent: a signal was stored for a run.
+	SignalSent(SignalSentEvent)
+	// RowsPruned: retention or a prune deleted rows of one table.
+	RowsPruned(RowsPrunedEvent)
+
+	observer()
 }
 
-// ScheduleObserver is an Observer that also hears of schedules and
-// signals. It is optional (checked with a type assertion) so Observers
-// written before schedules existed keep compiling.
-type ScheduleObserver interface {
-	// ScheduleFired: one fire of schedule was handled; outcome is started,
-	// buffered, or skipped with reason missed or overlap.
-	ScheduleFired(schedule, workflow, outcome, reason string)
-	// SignalSent: a signal was stored for a run of workflow (woken: the
-	// run was waiting for it and is delivered now).
-	SignalSent(workflow, name string, woken bool)
+// RunStartedEvent: a start created a run of Workflow, or found one
+// (Existing: an idempotent start hit).
+type RunStartedEvent struct {
+	Workflow string
+	Existing bool
 }
 
-type nopObserver struct{}
+// RunEndedEvent: run RunID of Workflow reached Status (completed, failed,
+// compensated, cancelled, terminated, dead, continued).
+type RunEndedEvent struct {
+	RunID    uuid.UUID
+	Workflow string
+	Status   RunStatus
+}
 
-func (nopObserver) RunStarted(string, bool)                                          {}
-func (nopObserver) RunEnded(uuid.UUID, string, RunStatus)                            {}
-func (nopObserver) StepAttempt(string, string, StepKind, int, string, time.Duration) {}
-func (nopObserver) StepReplayed(string, StepKind)                                    {}
-func (nopObserver) LeaseLost(string)                                                 {}
-func (nopObserver) ScheduleFired(string, string, string, string)                     {}
-func (nopObserver) SignalSent(string, string, bool)                                  {}
+// StepAttemptEvent: attempt Attempt (from 1) of step Step, of kind Kind,
+// in a run of Workflow ended with Outcome: completed, retry, failed
+// (recorded and returned), parked, cancelled or interrupted (shutdown or
+// lost lease). Duration is the attempt's own time.
+type StepAttemptEvent struct {
+	Workflow string
+	Step     string
+	Kind     StepKind
+	Attempt  int
+	Outcome  string
+	Duration time.Duration
+}
+
+// StepReplayedEvent: a recorded step of kind Kind in a run of Workflow
+// returned its record.
+type StepReplayedEvent struct {
+	Workflow string
+	Kind     StepKind
+}
+
+// LeaseLostEvent: a delivery of a run of Workflow lost its lease.
+type LeaseLostEvent struct {
+	Workflow string
+}
+
+// ScheduleFiredEvent: one fire of Schedule (of Workflow) was handled;
+// Outcome is started, buffered, or skipped with Reason missed or overlap.
+type ScheduleFiredEvent struct {
+	Schedule string
+	Workflow string
+	Outcome  string
+	Reason   string
+}
+
+// SignalSentEvent: signal Signal was stored for a run of Workflow (Woken:
+// the run was waiting for it and is delivered now).
+type SignalSentEvent struct {
+	Workflow string
+	Signal   string
+	Woken    bool
+}
+
+// RowsPrunedEvent: a prune deleted Rows rows of Table (workflow_runs,
+// workflow_steps, workflow_signals, dead_jobs, schedule_fires).
+type RowsPrunedEvent struct {
+	Table string
+	Rows  int64
+}
+
+// NopObserver ignores every event. Embed it in an Observer and override
+// the events wanted.
+type NopObserver struct{}
+
+func (NopObserver) RunStarted(RunStartedEvent)       {}
+func (NopObserver) RunEnded(RunEndedEvent)           {}
+func (NopObserver) StepAttempt(StepAttemptEvent)     {}
+func (NopObserver) StepReplayed(StepReplayedEvent)   {}
+func (NopObserver) LeaseLost(LeaseLostEvent)         {}
+func (NopObserver) ScheduleFired(ScheduleFiredEvent) {}
+func (NopObserver) SignalSent(SignalSentEvent)       {}
+func (NopObserver) RowsPruned(RowsPrunedEvent)       {}
+func (NopObserver) observer()                        {}
 
 // Stats is a snapshot of the engine's queue, for gauges.
 type Stats struct {

@@ -27,9 +27,9 @@ func deadlineCrashWorkflows(pool *pgxpool.Pool) []engine.Registration {
 	// activityTx calls an activity, then runs a tx step that is slow (under
 	// envBlockSlowTx, it never commits).
 	activityTx := engine.Define("crash-activity-tx", func(ctx *engine.Context, _ crashIn) (int, error) {
-		n, err := engine.RunActivity(ctx, "charge", nil, func(actx context.Context, a *engine.ActivityAttempt) (int, error) {
+		n, err := engine.RunActivity(ctx, "charge", func(actx context.Context, a *engine.ActivityAttempt) (int, error) {
 			return 1, bumpCalls(context.WithoutCancel(actx), pool, ctx.RunID(), "charge")
-		})
+		}, nil)
 		if err != nil {
 			return 0, err
 		}

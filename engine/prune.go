@@ -59,13 +59,6 @@ func (r *PruneResult) add(p store.Pruned) {
 	r.ScheduleFires += p.ScheduleFires
 }
 
-// RetentionObserver is an Observer that also hears of the rows a prune
-// deleted, by table (workflow_runs, workflow_steps, workflow_signals,
-// dead_jobs, schedule_fires). Optional, checked with a type assertion.
-type RetentionObserver interface {
-	RowsPruned(table string, n int64)
-}
-
 // Retention is how long this engine keeps finished runs: its
 // Config.Retention with the default filled in (DefaultRetention when the
 // Config left it 0), negative when it keeps them for ever. It is what the
@@ -118,12 +111,10 @@ func (e *Engine) pruneBatch(ctx context.Context, cutoff time.Time) (store.Pruned
 	if err != nil {
 		return n, fmt.Errorf("pgdurable: %w", err)
 	}
-	if o, ok := e.cfg.Observer.(RetentionObserver); ok {
-		for table, c := range map[string]int64{"workflow_runs": n.Runs, "workflow_steps": n.Steps,
-			"workflow_signals": n.Signals, "dead_jobs": n.DeadJobs, "schedule_fires": n.ScheduleFires} {
-			if c > 0 {
-				o.RowsPruned(table, c)
-			}
+	for table, c := range map[string]int64{"workflow_runs": n.Runs, "workflow_steps": n.Steps,
+		"workflow_signals": n.Signals, "dead_jobs": n.DeadJobs, "schedule_fires": n.ScheduleFires} {
+		if c > 0 {
+			e.obs.RowsPruned(RowsPrunedEvent{Table: table, Rows: c})
 		}
 	}
 	return n, nil

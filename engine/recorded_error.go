@@ -229,11 +229,11 @@ const stepErrorType = "pgdurable.StepError"
 
 // stepErrorDetails is what a *StepError node records besides its cause.
 type stepErrorDetails struct {
-	Step    string `json:"step"`
-	Seq     int    `json:"seq"`
-	Attempt int    `json:"attempt"`
-	Class   string `json:"class"`
-	Message string `json:"message"`
+	Step    string     `json:"step"`
+	Seq     int        `json:"seq"`
+	Attempt int        `json:"attempt"`
+	Class   ErrorClass `json:"class"`
+	Message string     `json:"message"`
 }
 
 // encodeError records err's chain into info (Type, Code, Details, Is,

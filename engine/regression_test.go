@@ -162,7 +162,7 @@ func TestUnstorableErrorTextIsRecordedNotLooped(t *testing.T) {
 		calls  *atomic.Int64
 		want   int64
 		status engine.RunStatus
-		class  string
+		class  engine.ErrorClass
 	}{
 		{nulErr, &nulCalls, 2, engine.StatusDead, engine.ClassTransient},
 		{utf8Err, &utf8Calls, 2, engine.StatusDead, engine.ClassTransient},

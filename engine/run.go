@@ -197,7 +197,7 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		return nil, fmt.Errorf("pgdurable: starting workflow %q: %w", name, err)
 	}
 	res = &StartResult{RunID: ins.RunID, WorkflowID: workflowID, Existing: ins.Existing, Status: RunStatus(ins.Status)}
-	e.obs.RunStarted(name, res.Existing)
+	e.obs.RunStarted(RunStartedEvent{Workflow: name, Existing: res.Existing})
 	if !res.Existing {
 		e.log.DebugContext(ctx, "run started", "run_id", res.RunID, "workflow", name, "workflow_id", workflowID)
 	}
@@ -518,8 +518,8 @@ type AttemptFailure struct {
 	// Class and Message are the attempt's error's class (transient,
 	// permanent, timeout, panic, worker_lost for an attempt that died with
 	// its worker, ...) and message, cut to 300 characters.
-	Class   string `json:"class,omitempty"`
-	Message string `json:"message,omitempty"`
+	Class   ErrorClass `json:"class,omitempty"`
+	Message string     `json:"message,omitempty"`
 	// At is when the failure was recorded: when the attempt ended, or,
 	// for a worker_lost attempt, when the next delivery found it lost
 	// (about a lease after its worker died). On a Replayed marker, when

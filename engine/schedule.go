@@ -298,7 +298,7 @@ func (e *Engine) TriggerSchedule(ctx context.Context, name string) (*StartResult
 	if err != nil {
 		return nil, err
 	}
-	e.sobs.ScheduleFired(name, workflow, FireStarted, "")
+	e.obs.ScheduleFired(ScheduleFiredEvent{Schedule: name, Workflow: workflow, Outcome: FireStarted})
 	return res, nil
 }
 
@@ -453,7 +453,7 @@ func (e *Engine) fireSchedules(ctx context.Context) error {
 			e.log.Error("firing schedule failed; retried next tick", "schedule", name, "error", err)
 		case err == nil:
 			for _, f := range fired { // committed: now they count
-				e.sobs.ScheduleFired(name, f.workflow, f.outcome, f.reason)
+				e.obs.ScheduleFired(ScheduleFiredEvent{Schedule: name, Workflow: f.workflow, Outcome: f.outcome, Reason: f.reason})
 			}
 		}
 		seen = append(seen, name)

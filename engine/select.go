@@ -171,7 +171,7 @@ func (d *delivery) selectCases(name string, cases []SelectCase) (Selected, error
 	if rec != nil {
 		switch rec.Status {
 		case store.StepCompleted:
-			d.e.obs.StepReplayed(d.wf.name, KindSelect)
+			d.e.obs.StepReplayed(StepReplayedEvent{Workflow: d.wf.name, Kind: KindSelect})
 			return decodeSelected(name, rec.Output)
 		case store.StepCancelled:
 			return Selected{}, ErrCancelled
@@ -246,7 +246,7 @@ func (d *delivery) selectCases(name string, cases []SelectCase) (Selected, error
 			d.end(err)
 			return Selected{}, d.endErr
 		case out != nil:
-			d.e.obs.StepAttempt(d.wf.name, name, KindSelect, 1, "completed", d.e.now().Sub(startedAt))
+			d.e.obs.StepAttempt(StepAttemptEvent{Workflow: d.wf.name, Step: name, Kind: KindSelect, Attempt: 1, Outcome: "completed", Duration: d.e.now().Sub(startedAt)})
 			return Selected(*out), nil
 		case again:
 			continue // a child ended as the run was about to wait for it

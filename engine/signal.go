@@ -144,7 +144,7 @@ func (e *Engine) signalRaw(ctx context.Context, tx pgx.Tx, target, name string, 
 	})
 	if err == nil && !sent.Duplicate {
 		// With SignalTx the caller's commit is still ahead: counted as stored.
-		e.sobs.SignalSent(sent.Workflow, name, sent.Woken)
+		e.obs.SignalSent(SignalSentEvent{Workflow: sent.Workflow, Signal: name, Woken: sent.Woken})
 	}
 	return err
 }
@@ -278,7 +278,7 @@ func (d *delivery) awaitSignal(name string, names []string, timeout time.Duratio
 	}
 	if rec != nil {
 		if rec.Status == store.StepCompleted {
-			d.e.obs.StepReplayed(d.wf.name, KindSignal)
+			d.e.obs.StepReplayed(StepReplayedEvent{Workflow: d.wf.name, Kind: KindSignal})
 			return decodeSignalOutcome(name, rec.Output)
 		}
 		written, deadline, startedAt = true, rec.NextAttemptAt, rec.StartedAt
@@ -337,7 +337,7 @@ func (d *delivery) awaitSignal(name string, names []string, timeout time.Duratio
 		}
 		d.lastRecorded = seq
 		d.noteCancel(cancel)
-		d.e.obs.StepAttempt(d.wf.name, name, KindSignal, 1, "completed", d.e.now().Sub(startedAt))
+		d.e.obs.StepAttempt(StepAttemptEvent{Workflow: d.wf.name, Step: name, Kind: KindSignal, Attempt: 1, Outcome: "completed", Duration: d.e.now().Sub(startedAt)})
 		return outcome.result(name)
 	}
 }

@@ -12,59 +12,87 @@ import (
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
-// SignalWithStart sends the signal name with payload to the run of w whose
-// workflow ID is opts.WorkflowID, starting that run with input in first if
-// there is none, in one transaction (Temporal's SignalWithStart): callers
-// that race with one workflow ID get one run, and every signal reaches it,
-// in the order they committed. A run that exists keeps its input (in is
-// not compared with it). opts.StartAt and Delay apply to a run it starts;
-// sopts (may be nil) gives the signal its idempotency key. The run starts
-// through River (not in this process at once), with the signal already
-// buffered for its AwaitSignal.
+// SignalWithStartParams is one SignalWithStart call: the run to signal or
+// start (Opts.WorkflowID is required: it names the run), its input for a
+// start, and the signal.
+type SignalWithStartParams[In any] struct {
+	Input In
+	// Opts: WorkflowID required; StartAt and Delay apply to a run it starts.
+	Opts *StartOpts
+	// Signal is the signal's name; Payload its value (encoded as JSON).
+	Signal  string
+	Payload any
+	// SignalOpts (may be nil) gives the signal its idempotency key.
+	SignalOpts *SignalOpts
+}
+
+// SignalWithStart sends the signal p.Signal with p.Payload to the run of w
+// whose workflow ID is p.Opts.WorkflowID, starting that run with p.Input
+// first if there is none, in one transaction (Temporal's SignalWithStart):
+// callers that race with one workflow ID get one run, and every signal
+// reaches it, in the order they committed. A run that exists keeps its
+// input (p.Input is not compared with it). The run starts through River
+// (not in this process at once), with the signal already buffered for its
+// AwaitSignal.
 //
 // StartResult.Existing tells whether the run existed. Errors: those of
-// Start and of Signal; ErrInvalidArgument when opts.WorkflowID is empty;
+// Start and of Signal; ErrInvalidArgument when p.Opts.WorkflowID is empty;
 // ErrRunClosed when the run with that workflow ID has finished (a workflow
 // ID names one run for good, so no new run is started).
-func (w *Workflow[In, Out]) SignalWithStart(ctx context.Context, e *Engine, in In, opts *StartOpts, name string, payload any, sopts *SignalOpts) (*StartResult, error) {
-	input, err := w.encode(in)
+func (w *Workflow[In, Out]) SignalWithStart(ctx context.Context, e *Engine, p SignalWithStartParams[In]) (*StartResult, error) {
+	input, err := w.encode(p.Input)
 	if err != nil {
 		return nil, err
 	}
-	raw, err := json.Marshal(payload)
+	raw, err := json.Marshal(p.Payload)
 	if err != nil {
 		return nil, fmt.Errorf("%w: encoding signal payload: %v", ErrInvalidInput, err)
 	}
-	return e.signalWithStart(ctx, w.name, w.opts.Version, input, opts, name, raw, sopts)
+	return e.signalWithStart(ctx, w.opts.Version, SignalWithStartJSONParams{Workflow: w.name, Input: input, Opts: p.Opts,
+		Signal: p.Signal, Payload: raw, SignalOpts: p.SignalOpts})
+}
+
+// SignalWithStartJSONParams is SignalWithStartParams for
+// SignalWithStartJSON: the workflow by name, its input and the signal's
+// payload already encoded as JSON.
+type SignalWithStartJSONParams struct {
+	Workflow   string
+	Input      json.RawMessage
+	Opts       *StartOpts // WorkflowID required
+	Signal     string
+	Payload    json.RawMessage
+	SignalOpts *SignalOpts
 }
 
 // SignalWithStartJSON is SignalWithStart for the registered workflow
-// named workflow, with its input and the signal's payload already encoded
-// as JSON (the HTTP API and the CLI pass them through); the input must
-// decode as the workflow's input type, as StartJSON checks it.
-func (e *Engine) SignalWithStartJSON(ctx context.Context, workflow string, input json.RawMessage, opts *StartOpts, name string, payload []byte, sopts *SignalOpts) (*StartResult, error) {
-	r, ok := e.workflow(workflow)
+// named p.Workflow, with its input and the signal's payload already
+// encoded as JSON (the HTTP API and the CLI pass them through); the input
+// must decode as the workflow's input type, as StartJSON checks it.
+func (e *Engine) SignalWithStartJSON(ctx context.Context, p SignalWithStartJSONParams) (*StartResult, error) {
+	r, ok := e.workflow(p.Workflow)
 	if !ok {
-		return nil, fmt.Errorf("%w: %q is not registered in this process (registered: %s)", ErrUnknownWorkflow, workflow, e.registeredNames())
+		return nil, fmt.Errorf("%w: %q is not registered in this process (registered: %s)", ErrUnknownWorkflow, p.Workflow, e.registeredNames())
 	}
-	input, err := e.checkInput(r, workflow, input)
+	input, err := e.checkInput(r, p.Workflow, p.Input)
 	if err != nil {
 		return nil, err
 	}
-	if err := jsonSyntax(payload); err != nil {
+	if err := jsonSyntax(p.Payload); err != nil {
 		return nil, fmt.Errorf("%w: signal payload is not valid JSON: %w", ErrInvalidInput, err)
 	}
-	return e.signalWithStart(ctx, workflow, r.version, input, opts, name, payload, sopts)
+	p.Input = input
+	return e.signalWithStart(ctx, r.version, p)
 }
 
-func (e *Engine) signalWithStart(ctx context.Context, workflow string, version int, input []byte, opts *StartOpts, name string, payload []byte, sopts *SignalOpts) (res *StartResult, err error) {
+func (e *Engine) signalWithStart(ctx context.Context, version int, p SignalWithStartJSONParams) (res *StartResult, err error) {
+	workflow, opts, name, payload, sopts := p.Workflow, p.Opts, p.Signal, []byte(p.Payload), p.SignalOpts
 	if opts == nil || opts.WorkflowID == "" {
 		return nil, fmt.Errorf("%w: SignalWithStart needs StartOpts.WorkflowID: it names the run to signal or start", ErrInvalidArgument)
 	}
 	if err := e.checkSignal(name, payload, sopts); err != nil {
 		return nil, err
 	}
-	r, err := e.newRun(workflow, version, input, opts)
+	r, err := e.newRun(workflow, version, p.Input, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -94,8 +122,8 @@ func (e *Engine) signalWithStart(ctx context.Context, workflow string, version i
 		return nil, err
 	}
 	if !sent.Duplicate {
-		e.sobs.SignalSent(workflow, name, sent.Woken)
+		e.obs.SignalSent(SignalSentEvent{Workflow: workflow, Signal: name, Woken: sent.Woken})
 	}
-	e.obs.RunStarted(workflow, res.Existing)
+	e.obs.RunStarted(RunStartedEvent{Workflow: workflow, Existing: res.Existing})
 	return res, nil
 }

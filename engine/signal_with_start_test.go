@@ -36,7 +36,7 @@ func TestSignalWithStartFromTwentyCallersGivesOneRunAndTwentySignals(t *testing.
 	results := make(chan result, 20)
 	for i := range 20 {
 		go func() {
-			res, err := collect.SignalWithStart(ctx, b.engine, 20, &engine.StartOpts{WorkflowID: "cart-1"}, "item", i, nil)
+			res, err := collect.SignalWithStart(ctx, b.engine, engine.SignalWithStartParams[int]{Input: 20, Opts: &engine.StartOpts{WorkflowID: "cart-1"}, Signal: "item", Payload: i, SignalOpts: nil})
 			results <- result{res, err}
 		}()
 	}
@@ -75,23 +75,23 @@ func TestSignalWithStartSignalsAnExistingRun(t *testing.T) {
 	first, err := collect.Start(ctx, b.engine, 2, &engine.StartOpts{WorkflowID: "cart-2"})
 	require.NoError(t, err)
 	key := &engine.SignalOpts{Key: "k"}
-	res, err := collect.SignalWithStart(ctx, b.engine, 99, &engine.StartOpts{WorkflowID: "cart-2"}, "item", 1, key)
+	res, err := collect.SignalWithStart(ctx, b.engine, engine.SignalWithStartParams[int]{Input: 99, Opts: &engine.StartOpts{WorkflowID: "cart-2"}, Signal: "item", Payload: 1, SignalOpts: key})
 	require.NoError(t, err)
 	require.True(t, res.Existing)
 	require.Equal(t, first.RunID, res.RunID)
-	_, err = collect.SignalWithStart(ctx, b.engine, 99, &engine.StartOpts{WorkflowID: "cart-2"}, "item", 1, key)
+	_, err = collect.SignalWithStart(ctx, b.engine, engine.SignalWithStartParams[int]{Input: 99, Opts: &engine.StartOpts{WorkflowID: "cart-2"}, Signal: "item", Payload: 1, SignalOpts: key})
 	require.NoError(t, err, "a retry with the key")
-	_, err = collect.SignalWithStart(ctx, b.engine, 2, &engine.StartOpts{WorkflowID: "cart-2"}, "item", 2, nil)
+	_, err = collect.SignalWithStart(ctx, b.engine, engine.SignalWithStartParams[int]{Input: 2, Opts: &engine.StartOpts{WorkflowID: "cart-2"}, Signal: "item", Payload: 2, SignalOpts: nil})
 	require.NoError(t, err)
 	out, err := collect.Wait(ctx, b.engine, first.RunID, 20*time.Millisecond)
 	require.NoError(t, err)
 	require.Equal(t, []int{1, 2}, out)
 
-	_, err = collect.SignalWithStart(ctx, b.engine, 2, &engine.StartOpts{WorkflowID: "cart-2"}, "item", 3, nil)
+	_, err = collect.SignalWithStart(ctx, b.engine, engine.SignalWithStartParams[int]{Input: 2, Opts: &engine.StartOpts{WorkflowID: "cart-2"}, Signal: "item", Payload: 3, SignalOpts: nil})
 	require.ErrorIs(t, err, engine.ErrRunClosed)
-	_, err = collect.SignalWithStart(ctx, b.engine, 2, nil, "item", 3, nil)
+	_, err = collect.SignalWithStart(ctx, b.engine, engine.SignalWithStartParams[int]{Input: 2, Opts: nil, Signal: "item", Payload: 3, SignalOpts: nil})
 	require.ErrorIs(t, err, engine.ErrInvalidArgument)
-	_, err = collect.SignalWithStart(ctx, b.engine, 2, &engine.StartOpts{WorkflowID: "cart-3"}, "", 3, nil)
+	_, err = collect.SignalWithStart(ctx, b.engine, engine.SignalWithStartParams[int]{Input: 2, Opts: &engine.StartOpts{WorkflowID: "cart-3"}, Signal: "", Payload: 3, SignalOpts: nil})
 	require.ErrorIs(t, err, engine.ErrInvalidArgument)
 	_, err = b.engine.FindRun(ctx, "cart-3")
 	require.ErrorIs(t, err, engine.ErrNotFound, "a refused signal starts nothing")

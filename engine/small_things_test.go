@@ -54,18 +54,17 @@ func TestHeartbeatsWriteAtMostOncePerInterval(t *testing.T) {
 	started := make(chan struct{})
 	var calls int
 	wf := engine.Define("busy-heartbeat", func(ctx *engine.Context, _ int) (int, error) {
-		return engine.RunActivity(ctx, "busy", &engine.ActivityOpts{HeartbeatTimeout: 5 * time.Second},
-			func(actx context.Context, a *engine.ActivityAttempt) (int, error) {
-				close(started)
-				for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
-					if err := a.Heartbeat(actx); err != nil {
-						return 0, err
-					}
-					calls++
-					time.Sleep(time.Millisecond)
+		return engine.RunActivity(ctx, "busy", func(actx context.Context, a *engine.ActivityAttempt) (int, error) {
+			close(started)
+			for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
+				if err := a.Heartbeat(actx); err != nil {
+					return 0, err
 				}
-				return calls, nil
-			})
+				calls++
+				time.Sleep(time.Millisecond)
+			}
+			return calls, nil
+		}, &engine.ActivityOpts{HeartbeatTimeout: 5 * time.Second})
 	}, nil)
 	// HeartbeatInterval 1 s: 3 s of heartbeats may write about 3 times.
 	b := setup(t, &engine.Config{LeaseDuration: 3 * time.Second}, wf)

@@ -142,7 +142,7 @@ func (w *Workflow[In, Out]) startMany(ctx context.Context, e *Engine, tx pgx.Tx,
 		return nil, fmt.Errorf("pgdurable: starting %d runs of workflow %q: %w", len(runs), w.name, err)
 	}
 	for _, res := range out {
-		e.obs.RunStarted(w.name, res.Existing)
+		e.obs.RunStarted(RunStartedEvent{Workflow: w.name, Existing: res.Existing})
 	}
 	return out, nil
 }

@@ -208,7 +208,7 @@ func (d *delivery) runStep(call *stepCall) ([]byte, error) {
 	if rec != nil {
 		switch rec.Status {
 		case store.StepCompleted:
-			d.e.obs.StepReplayed(d.wf.name, kind)
+			d.e.obs.StepReplayed(StepReplayedEvent{Workflow: d.wf.name, Kind: kind})
 			return rec.Output, nil
 		case store.StepFailed:
 			return nil, stepErrorFromRecord(rec)
@@ -311,12 +311,12 @@ type workerLostError struct{ attempt int }
 func (e *workerLostError) Error() string {
 	return fmt.Sprintf("attempt %d did not finish: its worker died or lost its lease during it", e.attempt)
 }
-func (e *workerLostError) ErrorClass() string   { return ClassWorkerLost }
+func (e *workerLostError) ErrorClass() string   { return string(ClassWorkerLost) }
 func (e *workerLostError) Is(target error) bool { return target == ErrWorkerLost }
 
 // stepFailure records a step's failure: err's chain, with the step's name,
 // position and attempt.
-func stepFailure(err error, class, name string, seq, attempt int) *ErrorInfo {
+func stepFailure(err error, class ErrorClass, name string, seq, attempt int) *ErrorInfo {
 	info := newErrorInfo(err, class)
 	info.Step, info.Seq, info.Attempt = name, &seq, attempt
 	return info

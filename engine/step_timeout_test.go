@@ -29,7 +29,7 @@ func TestStepIgnoringItsContextPastItsTimeoutReturnsTheTimeoutError(t *testing.T
 			RetryPolicy: &engine.RetryPolicy{MaximumAttempts: 1}})
 		var se *engine.StepError
 		if errors.Is(err, engine.ErrTimeout) && errors.As(err, &se) {
-			return se.Class, nil
+			return string(se.Class), nil
 		}
 		return "", errors.New("not a timeout: " + errText(err))
 	}, nil)
@@ -40,7 +40,7 @@ func TestStepIgnoringItsContextPastItsTimeoutReturnsTheTimeoutError(t *testing.T
 	require.NoError(t, err)
 	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
 	require.NoError(t, err)
-	require.Equal(t, engine.ClassTimeout, out)
+	require.Equal(t, string(engine.ClassTimeout), out)
 	require.Less(t, time.Since(start), 5*time.Second)
 	run, err := b.engine.GetRun(ctx, res.RunID)
 	require.NoError(t, err)
@@ -149,8 +149,7 @@ func TestNegativeStepTimeoutsAreRefused(t *testing.T) {
 		if !errors.Is(err, engine.ErrInvalidArgument) {
 			return "", errors.New("accepted")
 		}
-		_, err = engine.RunActivity(ctx, "a", &engine.ActivityOpts{ScheduleToCloseTimeout: -time.Second},
-			func(context.Context, *engine.ActivityAttempt) (int, error) { return 1, nil })
+		_, err = engine.RunActivity(ctx, "a", func(context.Context, *engine.ActivityAttempt) (int, error) { return 1, nil }, &engine.ActivityOpts{ScheduleToCloseTimeout: -time.Second})
 		if !errors.Is(err, engine.ErrInvalidArgument) {
 			return "", errors.New("activity accepted")
 		}
@@ -203,9 +202,9 @@ func TestActivityScheduleToCloseTimeout(t *testing.T) {
 		for _, fn := range []func(context.Context, *engine.ActivityAttempt) (int, error){flaky, stuck} {
 			opts := &engine.ActivityOpts{ScheduleToCloseTimeout: 500 * time.Millisecond, ReturnExhausted: true, RetryPolicy: retries}
 			if parallel {
-				_, err = engine.GoActivity(ctx, "call", opts, fn).Get(ctx)
+				_, err = engine.GoActivity(ctx, "call", fn, opts).Get(ctx)
 			} else {
-				_, err = engine.RunActivity(ctx, "call", opts, fn)
+				_, err = engine.RunActivity(ctx, "call", fn, opts)
 			}
 			if out, err := deadline(err); err != nil {
 				return out, err

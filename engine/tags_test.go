@@ -61,10 +61,10 @@ func TestTagsLabelRunsAndFilterLists(t *testing.T) {
 	require.Equal(t, []string{"a"}, ids(map[string]string{"customer": "c_42", "region": "eu"}))
 
 	// Bulk actions take the tag filter.
-	res, err := b.engine.CancelRuns(ctx, engine.ListRunsParams{Tags: map[string]string{"customer": "c_42"}}, true)
+	res, err := b.engine.CancelRuns(ctx, engine.CancelRunsParams{Filter: engine.ListRunsParams{Tags: map[string]string{"customer": "c_42"}}, DryRun: true})
 	require.NoError(t, err)
 	require.Equal(t, 2, res.Matched)
-	res, err = b.engine.CancelRuns(ctx, engine.ListRunsParams{Tags: map[string]string{"customer": "c_42"}}, false)
+	res, err = b.engine.CancelRuns(ctx, engine.CancelRunsParams{Filter: engine.ListRunsParams{Tags: map[string]string{"customer": "c_42"}}, DryRun: false})
 	require.NoError(t, err)
 	require.Equal(t, 2, res.Done)
 	waitStatus(t, b.engine, us.RunID, engine.StatusCancelled, 20*time.Second)

@@ -50,9 +50,13 @@ type TerminateOpts struct {
 //
 // Terminating a terminated run succeeds (a client may retry). Errors:
 // ErrNotFound, ErrRunClosed (it completed, failed, was compensated,
-// cancelled or continued), ErrInvalidArgument (a reason or name out of
-// bounds or with a character TerminateOpts refuses).
-func (e *Engine) Terminate(ctx context.Context, runID uuid.UUID, opts TerminateOpts) error {
+// cancelled or continued), ErrInvalidArgument (opts nil: a reason is
+// required; a reason or name out of bounds or with a character
+// TerminateOpts refuses).
+func (e *Engine) Terminate(ctx context.Context, runID uuid.UUID, opts *TerminateOpts) error {
+	if opts == nil {
+		return fmt.Errorf("%w: termination needs TerminateOpts with a reason: say why", ErrInvalidArgument)
+	}
 	if err := checkText("termination reason", opts.Reason, 1, 1000); err != nil {
 		return err
 	}
@@ -112,7 +116,7 @@ func (e *Engine) Terminate(ctx context.Context, runID uuid.UUID, opts TerminateO
 	}
 	e.noteCancelled(cancelled)
 	e.log.Warn("run terminated", "run_id", runID, "workflow", t.Workflow, "by", opts.By, "reason", opts.Reason, "was", t.Status)
-	e.obs.RunEnded(runID, t.Workflow, StatusTerminated)
+	e.obs.RunEnded(RunEndedEvent{RunID: runID, Workflow: t.Workflow, Status: StatusTerminated})
 	e.notifyEnded(runID)
 	return nil
 }

@@ -45,7 +45,7 @@ func TestTerminateEndsARunningRunAtOnceWithoutCompensating(t *testing.T) {
 	res, err := wf.Start(ctx, b.engine, 0, nil)
 	require.NoError(t, err)
 	<-inStep
-	require.NoError(t, b.engine.Terminate(ctx, res.RunID, engine.TerminateOpts{Reason: "stuck on bug 42", By: "ann"}))
+	require.NoError(t, b.engine.Terminate(ctx, res.RunID, &engine.TerminateOpts{Reason: "stuck on bug 42", By: "ann"}))
 	_, err = wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
 	var runErr *engine.RunError
 	require.ErrorAs(t, err, &runErr)
@@ -60,8 +60,9 @@ func TestTerminateEndsARunningRunAtOnceWithoutCompensating(t *testing.T) {
 	require.Equal(t, engine.StatusTerminated, run.Status)
 	require.Len(t, run.Steps, 1, "the step that was running left no record")
 
-	require.NoError(t, b.engine.Terminate(ctx, res.RunID, engine.TerminateOpts{Reason: "again"}), "a retry succeeds")
-	require.ErrorIs(t, b.engine.Terminate(ctx, res.RunID, engine.TerminateOpts{}), engine.ErrInvalidArgument)
+	require.NoError(t, b.engine.Terminate(ctx, res.RunID, &engine.TerminateOpts{Reason: "again"}), "a retry succeeds")
+	require.ErrorIs(t, b.engine.Terminate(ctx, res.RunID, &engine.TerminateOpts{}), engine.ErrInvalidArgument)
+	require.ErrorIs(t, b.engine.Terminate(ctx, res.RunID, nil), engine.ErrInvalidArgument, "a reason is required")
 }
 
 // A terminated child wakes its waiting parent, whose Get returns a
@@ -98,7 +99,7 @@ func TestTerminateAChildADeadRunAndAFinishedOne(t *testing.T) {
 	}, 10*time.Second, 10*time.Millisecond)
 	kid, err := b.engine.FindRun(ctx, "the-kid")
 	require.NoError(t, err)
-	require.NoError(t, b.engine.Terminate(ctx, kid, engine.TerminateOpts{Reason: "test"}))
+	require.NoError(t, b.engine.Terminate(ctx, kid, &engine.TerminateOpts{Reason: "test"}))
 	out, err := parent.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
 	require.NoError(t, err)
 	require.Equal(t, "terminated", out)
@@ -106,7 +107,7 @@ func TestTerminateAChildADeadRunAndAFinishedOne(t *testing.T) {
 	dead, err := dies.Start(ctx, b.engine, 0, nil)
 	require.NoError(t, err)
 	waitStatus(t, b.engine, dead.RunID, engine.StatusDead, 10*time.Second)
-	require.NoError(t, b.engine.Terminate(ctx, dead.RunID, engine.TerminateOpts{Reason: "poison", By: "bob"}))
+	require.NoError(t, b.engine.Terminate(ctx, dead.RunID, &engine.TerminateOpts{Reason: "poison", By: "bob"}))
 	jobs, _, err := b.engine.ListDeadJobs(ctx, engine.ListDeadJobsParams{RunID: dead.RunID})
 	require.NoError(t, err)
 	require.Len(t, jobs, 1)
@@ -116,7 +117,7 @@ func TestTerminateAChildADeadRunAndAFinishedOne(t *testing.T) {
 	require.NoError(t, err)
 	_, err = quick.Wait(ctx, b.engine, q.RunID, 10*time.Millisecond)
 	require.NoError(t, err)
-	err = b.engine.Terminate(ctx, q.RunID, engine.TerminateOpts{Reason: "late"})
+	err = b.engine.Terminate(ctx, q.RunID, &engine.TerminateOpts{Reason: "late"})
 	require.ErrorIs(t, err, engine.ErrRunClosed)
 	require.ErrorContains(t, err, "is completed")
 }
@@ -143,9 +144,9 @@ func TestTerminateAndDeadJobTextRefuseControlAndBidiCharacters(t *testing.T) {
 	bad := []string{"a\x1b[2Jb", "first\nforged second line", "tab\there", "a\u2028b", "a\u2029b", "evil\u202egnp.exe",
 		"\u202aembedded", "\u2066isolate\u2069", "nul\x00", "c1\u009b2J"}
 	for _, s := range bad {
-		err := b.engine.Terminate(ctx, res.RunID, engine.TerminateOpts{Reason: s})
+		err := b.engine.Terminate(ctx, res.RunID, &engine.TerminateOpts{Reason: s})
 		require.ErrorIs(t, err, engine.ErrInvalidArgument, "reason %q", s)
-		err = b.engine.Terminate(ctx, res.RunID, engine.TerminateOpts{Reason: "ok", By: s})
+		err = b.engine.Terminate(ctx, res.RunID, &engine.TerminateOpts{Reason: "ok", By: s})
 		require.ErrorIs(t, err, engine.ErrInvalidArgument, "by %q", s)
 	}
 	run, err := b.engine.GetRun(ctx, res.RunID)
@@ -170,7 +171,7 @@ func TestTerminateAndDeadJobTextRefuseControlAndBidiCharacters(t *testing.T) {
 	_, err = b.engine.DiscardDeadJob(ctx, jobs[0].ID, &engine.ResolveOpts{By: "ann (ünïcode)", Note: "line one\n\tline two"})
 	require.NoError(t, err, "visible text, and a note on several lines, are fine")
 
-	require.NoError(t, b.engine.Terminate(ctx, res.RunID, engine.TerminateOpts{Reason: "stuck on bug «42» — see ticket", By: "ann ünïcode"}))
+	require.NoError(t, b.engine.Terminate(ctx, res.RunID, &engine.TerminateOpts{Reason: "stuck on bug «42» — see ticket", By: "ann ünïcode"}))
 	run, err = b.engine.GetRun(ctx, res.RunID)
 	require.NoError(t, err)
 	require.Equal(t, "terminated by ann ünïcode: stuck on bug «42» — see ticket", run.Error.Message)
@@ -187,19 +188,19 @@ func TestTerminateLeavesAnActivityInFlightUnsettled(t *testing.T) {
 		if _, err := engine.Step(ctx, "reserve", func(context.Context) (int, error) { return 1, nil }, nil); err != nil {
 			return "", err
 		}
-		return engine.RunActivity(ctx, "charge", nil, func(context.Context, *engine.ActivityAttempt) (string, error) {
+		return engine.RunActivity(ctx, "charge", func(context.Context, *engine.ActivityAttempt) (string, error) {
 			close(inCall)
-			<-release // a call that does not heed its context: the charge goes through
+			<-release
 			charged.Add(1)
 			return "ch_1", nil
-		})
+		}, nil)
 	}, nil)
 	b := setup(t, nil, wf)
 	ctx := testCtx(t)
 	res, err := wf.Start(ctx, b.engine, 0, nil)
 	require.NoError(t, err)
 	<-inCall
-	require.NoError(t, b.engine.Terminate(ctx, res.RunID, engine.TerminateOpts{Reason: "stuck", By: "ann"}))
+	require.NoError(t, b.engine.Terminate(ctx, res.RunID, &engine.TerminateOpts{Reason: "stuck", By: "ann"}))
 	close(release)
 	require.Eventually(t, func() bool { return charged.Load() == 1 }, 10*time.Second, 10*time.Millisecond)
 	time.Sleep(300 * time.Millisecond) // its record would land now, and is refused

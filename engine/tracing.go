@@ -135,10 +135,10 @@ func attempted(span trace.Span, p *panicInfo, err error) {
 	}
 	switch {
 	case p != nil:
-		span.SetAttributes(attr("error_class", ClassPanic))
+		span.SetAttributes(attr("error_class", string(ClassPanic)))
 		span.SetStatus(codes.Error, fmt.Sprintf("panic: %v", p.value))
 	case err != nil:
-		span.SetAttributes(attr("error_class", classOf(err, ClassTransient)))
+		span.SetAttributes(attr("error_class", string(classOf(err, ClassTransient))))
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
 	}

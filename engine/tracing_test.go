@@ -68,19 +68,18 @@ func TestTracingJoinsTheCallersTrace(t *testing.T) {
 		if _, err := engine.Step(ctx, "reserve", func(context.Context) (int, error) { return in, nil }, nil); err != nil {
 			return "", err
 		}
-		return engine.RunActivity(ctx, "charge", &engine.ActivityOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: time.Millisecond}},
-			func(actx context.Context, a *engine.ActivityAttempt) (string, error) {
-				req, _ := http.NewRequestWithContext(actx, "POST", downstream.URL, nil)
-				resp, err := client.Do(req)
-				if err != nil {
-					return "", err
-				}
-				resp.Body.Close()
-				if resp.StatusCode >= 500 {
-					return "", errors.New(resp.Status)
-				}
-				return "charged", nil
-			})
+		return engine.RunActivity(ctx, "charge", func(actx context.Context, a *engine.ActivityAttempt) (string, error) {
+			req, _ := http.NewRequestWithContext(actx, "POST", downstream.URL, nil)
+			resp, err := client.Do(req)
+			if err != nil {
+				return "", err
+			}
+			resp.Body.Close()
+			if resp.StatusCode >= 500 {
+				return "", errors.New(resp.Status)
+			}
+			return "charged", nil
+		}, &engine.ActivityOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: time.Millisecond}})
 	}, nil)
 	b := setup(t, &engine.Config{TracerProvider: tp}, wf)
 	ctx, root := tp.Tracer("test").Start(testCtx(t), "POST /checkout")
@@ -175,7 +174,7 @@ func TestTracingCoversEveryStartPath(t *testing.T) {
 	ctx, root := tp.Tracer("test").Start(testCtx(t), "caller")
 	_, err := chain.Start(ctx, b.engine, 1, &engine.StartOpts{WorkflowID: "chain"})
 	require.NoError(t, err)
-	sws, err := b.engine.SignalWithStartJSON(ctx, "traced-waiter", []byte(`0`), &engine.StartOpts{WorkflowID: "sws"}, "go", []byte(`"now"`), nil)
+	sws, err := b.engine.SignalWithStartJSON(ctx, engine.SignalWithStartJSONParams{Workflow: "traced-waiter", Input: []byte(`0`), Opts: &engine.StartOpts{WorkflowID: "sws"}, Signal: "go", Payload: []byte(`"now"`), SignalOpts: nil})
 	require.NoError(t, err)
 	many, err := chain.StartMany(ctx, b.engine, []engine.StartParams[int]{{Input: 3}, {Input: 3}})
 	require.NoError(t, err)
@@ -202,7 +201,7 @@ func TestTracingParallelSteps(t *testing.T) {
 	wf := engine.Define("traced-parallel", func(ctx *engine.Context, _ int) (int, error) {
 		a := engine.Go(ctx, "left", func(context.Context) (int, error) { return 1, nil }, nil)
 		b := engine.Go(ctx, "right", func(context.Context) (int, error) { return 2, nil }, nil)
-		c := engine.GoActivity(ctx, "call", nil, func(context.Context, *engine.ActivityAttempt) (int, error) { return 3, nil })
+		c := engine.GoActivity(ctx, "call", func(context.Context, *engine.ActivityAttempt) (int, error) { return 3, nil }, nil)
 		out, err := engine.All(ctx, []*engine.Future[int]{a, b, c})
 		if err != nil {
 			return 0, err

@@ -44,7 +44,7 @@ func TestWorkflowIDsThatParseAsUUIDsAreRefused(t *testing.T) {
 		require.ErrorContains(t, err, "parses as a UUID", spelling)
 		_, err = b.engine.StartJSON(ctx, "uuid-ids", []byte(`0`), &engine.StartOpts{WorkflowID: spelling})
 		require.ErrorIs(t, err, engine.ErrInvalidInput, spelling)
-		_, err = wf.SignalWithStart(ctx, b.engine, 0, &engine.StartOpts{WorkflowID: spelling}, "s", 1, nil)
+		_, err = wf.SignalWithStart(ctx, b.engine, engine.SignalWithStartParams[int]{Input: 0, Opts: &engine.StartOpts{WorkflowID: spelling}, Signal: "s", Payload: 1, SignalOpts: nil})
 		require.ErrorIs(t, err, engine.ErrInvalidInput, spelling)
 	}
 	res, err := wf.Start(ctx, b.engine, 0, &engine.StartOpts{WorkflowID: "order-" + id.String()})

@@ -196,7 +196,7 @@ func TestGarbageErrorClass(t *testing.T) {
 			wf := engine.Define("garbageclass", func(ctx *engine.Context, _ int) (string, error) {
 				_, err := engine.Step(ctx, "A", func(context.Context) (int, error) {
 					calls.Add(1)
-					return 0, engine.Permanent(engine.WithClass(errors.New("declined"), class))
+					return 0, engine.Permanent(engine.WithClass(errors.New("declined"), engine.ErrorClass(class)))
 				}, nil)
 				return "", err
 			}, nil)

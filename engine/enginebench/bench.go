@@ -16,7 +16,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -285,13 +284,12 @@ type latencies struct {
 
 // endObserver reports each committed run end, so completion is timed
 // without polling the database from the measuring process.
-type endObserver struct{ ended chan time.Time }
+type endObserver struct {
+	engine.NopObserver
+	ended chan time.Time
+}
 
-func (o endObserver) RunEnded(uuid.UUID, string, engine.RunStatus)                          { o.ended <- time.Now() }
-func (endObserver) RunStarted(string, bool)                                                 {}
-func (endObserver) StepAttempt(string, string, engine.StepKind, int, string, time.Duration) {}
-func (endObserver) StepReplayed(string, engine.StepKind)                                    {}
-func (endObserver) LeaseLost(string)                                                        {}
+func (o endObserver) RunEnded(engine.RunEndedEvent) { o.ended <- time.Now() }
 
 func latency(ctx context.Context, pool *pgxpool.Pool, rt *RoundTrips, samples int, log *slog.Logger) (*latencies, error) {
 	var finished atomic.Int64

@@ -15,7 +15,6 @@ package enginemetrics
 
 import (
 	"context"
-	"github.com/google/uuid"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -27,18 +26,19 @@ import (
 
 // Metrics implements engine.Observer with Prometheus collectors.
 type Metrics struct {
-	reg          prometheus.Registerer
-	runsStarted  *prometheus.CounterVec
-	startHits    *prometheus.CounterVec
-	runsEnded    *prometheus.CounterVec
-	stepDuration *prometheus.HistogramVec
-	attempts     *prometheus.CounterVec
-	retries      *prometheus.CounterVec
-	replays      *prometheus.CounterVec
-	leaseLosses  *prometheus.CounterVec
-	fires        *prometheus.CounterVec
-	signals      *prometheus.CounterVec
-	pruned       *prometheus.CounterVec
+	engine.NopObserver // the events it does not count
+	reg                prometheus.Registerer
+	runsStarted        *prometheus.CounterVec
+	startHits          *prometheus.CounterVec
+	runsEnded          *prometheus.CounterVec
+	stepDuration       *prometheus.HistogramVec
+	attempts           *prometheus.CounterVec
+	retries            *prometheus.CounterVec
+	replays            *prometheus.CounterVec
+	leaseLosses        *prometheus.CounterVec
+	fires              *prometheus.CounterVec
+	signals            *prometheus.CounterVec
+	pruned             *prometheus.CounterVec
 
 	workflows, steps, schedules, signalNames *boundedLabel
 }
@@ -78,10 +78,7 @@ func (b *boundedLabel) value(v string) string {
 	return v
 }
 
-var (
-	_ engine.Observer         = (*Metrics)(nil)
-	_ engine.ScheduleObserver = (*Metrics)(nil)
-)
+var _ engine.Observer = (*Metrics)(nil)
 
 // New builds the collectors and registers them with reg. It panics only if
 // reg already holds collectors of the same names (a programming error, as
@@ -132,9 +129,9 @@ func New(reg prometheus.Registerer) *Metrics {
 }
 
 // RunStarted implements engine.Observer.
-func (m *Metrics) RunStarted(workflow string, existing bool) {
-	workflow = m.workflows.value(workflow)
-	if existing {
+func (m *Metrics) RunStarted(ev engine.RunStartedEvent) {
+	workflow := m.workflows.value(ev.Workflow)
+	if ev.Existing {
 		m.startHits.WithLabelValues(workflow).Inc()
 		return
 	}
@@ -142,14 +139,14 @@ func (m *Metrics) RunStarted(workflow string, existing bool) {
 }
 
 // RunEnded implements engine.Observer.
-func (m *Metrics) RunEnded(_ uuid.UUID, workflow string, status engine.RunStatus) {
-	m.runsEnded.WithLabelValues(m.workflows.value(workflow), string(status)).Inc()
+func (m *Metrics) RunEnded(ev engine.RunEndedEvent) {
+	m.runsEnded.WithLabelValues(m.workflows.value(ev.Workflow), string(ev.Status)).Inc()
 }
 
 // StepAttempt implements engine.Observer.
-func (m *Metrics) StepAttempt(workflow, step string, kind engine.StepKind, _ int, outcome string, d time.Duration) {
-	workflow, step = m.workflows.value(workflow), m.steps.value(step)
-	m.stepDuration.WithLabelValues(workflow, string(kind), outcome).Observe(d.Seconds())
+func (m *Metrics) StepAttempt(ev engine.StepAttemptEvent) {
+	workflow, step, outcome := m.workflows.value(ev.Workflow), m.steps.value(ev.Step), ev.Outcome
+	m.stepDuration.WithLabelValues(workflow, string(ev.Kind), outcome).Observe(ev.Duration.Seconds())
 	m.attempts.WithLabelValues(workflow, step, outcome).Inc()
 	if outcome == "retry" {
 		m.retries.WithLabelValues(workflow, step).Inc()
@@ -157,13 +154,13 @@ func (m *Metrics) StepAttempt(workflow, step string, kind engine.StepKind, _ int
 }
 
 // StepReplayed implements engine.Observer.
-func (m *Metrics) StepReplayed(workflow string, kind engine.StepKind) {
-	m.replays.WithLabelValues(m.workflows.value(workflow), string(kind)).Inc()
+func (m *Metrics) StepReplayed(ev engine.StepReplayedEvent) {
+	m.replays.WithLabelValues(m.workflows.value(ev.Workflow), string(ev.Kind)).Inc()
 }
 
 // LeaseLost implements engine.Observer.
-func (m *Metrics) LeaseLost(workflow string) {
-	m.leaseLosses.WithLabelValues(m.workflows.value(workflow)).Inc()
+func (m *Metrics) LeaseLost(ev engine.LeaseLostEvent) {
+	m.leaseLosses.WithLabelValues(m.workflows.value(ev.Workflow)).Inc()
 }
 
 // WatchQueue registers gauges read from e.Stats at scrape time: pending
@@ -209,21 +206,21 @@ func (q *queueCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// RowsPruned implements engine.RetentionObserver.
-func (m *Metrics) RowsPruned(table string, n int64) {
-	m.pruned.WithLabelValues(table).Add(float64(n))
+// RowsPruned implements engine.Observer.
+func (m *Metrics) RowsPruned(ev engine.RowsPrunedEvent) {
+	m.pruned.WithLabelValues(ev.Table).Add(float64(ev.Rows))
 }
 
-// ScheduleFired implements engine.ScheduleObserver.
-func (m *Metrics) ScheduleFired(schedule, workflow, outcome, reason string) {
-	m.fires.WithLabelValues(m.schedules.value(schedule), m.workflows.value(workflow), outcome, reason).Inc()
+// ScheduleFired implements engine.Observer.
+func (m *Metrics) ScheduleFired(ev engine.ScheduleFiredEvent) {
+	m.fires.WithLabelValues(m.schedules.value(ev.Schedule), m.workflows.value(ev.Workflow), ev.Outcome, ev.Reason).Inc()
 }
 
-// SignalSent implements engine.ScheduleObserver.
-func (m *Metrics) SignalSent(workflow, name string, woken bool) {
+// SignalSent implements engine.Observer.
+func (m *Metrics) SignalSent(ev engine.SignalSentEvent) {
 	w := "false"
-	if woken {
+	if ev.Woken {
 		w = "true"
 	}
-	m.signals.WithLabelValues(m.workflows.value(workflow), m.signalNames.value(name), w).Inc()
+	m.signals.WithLabelValues(m.workflows.value(ev.Workflow), m.signalNames.value(ev.Signal), w).Inc()
 }

@@ -142,10 +142,10 @@ func TestNameLabelsAreBounded(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := enginemetrics.New(reg)
 	for i := range 5 * enginemetrics.MaxLabelValues {
-		m.SignalSent("wf", fmt.Sprintf("signal-%d", i), false)
-		m.ScheduleFired(fmt.Sprintf("schedule-%d", i), "wf", engine.FireStarted, "")
+		m.SignalSent(engine.SignalSentEvent{Workflow: "wf", Signal: fmt.Sprintf("signal-%d", i)})
+		m.ScheduleFired(engine.ScheduleFiredEvent{Schedule: fmt.Sprintf("schedule-%d", i), Workflow: "wf", Outcome: engine.FireStarted})
 	}
-	m.SignalSent("wf", "bad\xff", false)
+	m.SignalSent(engine.SignalSentEvent{Workflow: "wf", Signal: "bad\xff"})
 	require.Equal(t, enginemetrics.MaxLabelValues+1, testutil.CollectAndCount(reg, "pgdurable_signals_sent_total"))
 	require.Equal(t, enginemetrics.MaxLabelValues+1, testutil.CollectAndCount(reg, "pgdurable_schedule_fires_total"))
 	require.Equal(t, float64(4*enginemetrics.MaxLabelValues+1),

@@ -114,7 +114,8 @@ func (a *api) signalWithStart(w http.ResponseWriter, r *http.Request) {
 	if len(req.Payload) == 0 {
 		req.Payload = json.RawMessage("null")
 	}
-	res, err := a.e.SignalWithStartJSON(r.Context(), name, req.Input, opts, req.Signal, req.Payload, sopts)
+	res, err := a.e.SignalWithStartJSON(r.Context(), engine.SignalWithStartJSONParams{Workflow: name, Input: req.Input, Opts: opts,
+		Signal: req.Signal, Payload: req.Payload, SignalOpts: sopts})
 	a.writeStart(w, r, name, res, err)
 }
 
@@ -249,7 +250,7 @@ func (a *api) terminateRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	terminate := func(ctx context.Context, id uuid.UUID) error {
-		return a.e.Terminate(ctx, id, engine.TerminateOpts{Reason: req.Reason, By: req.By})
+		return a.e.Terminate(ctx, id, &engine.TerminateOpts{Reason: req.Reason, By: req.By})
 	}
 	if run, ok := a.runAction(w, r, terminate); ok {
 		writeJSON(w, http.StatusOK, run)
@@ -403,8 +404,9 @@ func (a *api) bulkCancel(w http.ResponseWriter, r *http.Request) {
 	if !a.readJSON(w, r, &req, `{"workflow": "...", "status": "...", "workflow_id_prefix": "...", "created_after": "...", "created_before": "...", "tags": {"key": "value"}, "top_level": true, "dry_run": true}`) {
 		return
 	}
-	res, err := a.e.CancelRuns(r.Context(), engine.ListRunsParams{Workflow: req.Workflow, Status: req.Status,
-		WorkflowIDPrefix: req.WorkflowIDPrefix, CreatedAfter: req.CreatedAfter, CreatedBefore: req.CreatedBefore, Tags: req.Tags, TopLevel: req.TopLevel}, req.DryRun)
+	res, err := a.e.CancelRuns(r.Context(), engine.CancelRunsParams{Filter: engine.ListRunsParams{Workflow: req.Workflow, Status: req.Status,
+		WorkflowIDPrefix: req.WorkflowIDPrefix, CreatedAfter: req.CreatedAfter, CreatedBefore: req.CreatedBefore, Tags: req.Tags, TopLevel: req.TopLevel},
+		DryRun: req.DryRun})
 	if err != nil {
 		a.engineError(w, r, err)
 		return
@@ -435,8 +437,8 @@ func (a *api) bulkDeadJobs(replay bool) http.HandlerFunc {
 		if replay {
 			act = a.e.ReplayDeadJobs
 		}
-		res, err := act(r.Context(), engine.ListDeadJobsParams{Workflow: req.Workflow, Reason: req.Reason},
-			&engine.ResolveOpts{By: req.By, Note: req.Note}, req.DryRun)
+		res, err := act(r.Context(), engine.ResolveDeadJobsParams{Filter: engine.ListDeadJobsParams{Workflow: req.Workflow, Reason: req.Reason},
+			DryRun: req.DryRun}, &engine.ResolveOpts{By: req.By, Note: req.Note})
 		if err != nil {
 			a.engineError(w, r, err)
 			return

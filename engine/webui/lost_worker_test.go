@@ -28,12 +28,12 @@ func TestMain(m *testing.M) {
 // elsewhere.
 func courier() *engine.Workflow[struct{}, string] {
 	return engine.Define("courier", func(ctx *engine.Context, _ struct{}) (string, error) {
-		return engine.RunActivity(ctx, "pickup", nil, func(context.Context, *engine.ActivityAttempt) (string, error) {
+		return engine.RunActivity(ctx, "pickup", func(context.Context, *engine.ActivityAttempt) (string, error) {
 			if os.Getenv(envHang) == "1" {
 				select {}
 			}
 			return "picked up", nil
-		})
+		}, nil)
 	}, nil)
 }
 

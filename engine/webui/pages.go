@@ -344,7 +344,7 @@ func (u *ui) cancelMatching(w http.ResponseWriter, r *http.Request) {
 			f.CreatedAfter = p.CreatedAfter.UTC().Format(time.RFC3339Nano)
 		}
 	}
-	res, err := u.e.CancelRuns(r.Context(), p, !confirm)
+	res, err := u.e.CancelRuns(r.Context(), engine.CancelRunsParams{Filter: p, DryRun: !confirm})
 	if err != nil {
 		u.engineError(w, r, err)
 		return
@@ -405,7 +405,7 @@ func history(s engine.StepInfo) []attemptLine {
 			out = append(out, attemptLine{Outcome: "replayed", Message: "a dead job's replay: the attempts count from 1 again", At: &at})
 			continue
 		}
-		out = append(out, attemptLine{Attempt: f.Attempt, Outcome: string(f.Status), Class: f.Class, Message: f.Message, At: &at,
+		out = append(out, attemptLine{Attempt: f.Attempt, Outcome: string(f.Status), Class: string(f.Class), Message: f.Message, At: &at,
 			Lost: f.Class == engine.ClassWorkerLost})
 	}
 	switch s.Status {
@@ -509,7 +509,7 @@ func (u *ui) runAction(w http.ResponseWriter, r *http.Request) {
 	case "cancel":
 		err, done = u.e.Cancel(ctx, id), "cancelled"
 	case "terminate":
-		err, done = u.e.Terminate(ctx, id, engine.TerminateOpts{Reason: r.PostForm.Get("reason"), By: by(r)}), "terminated"
+		err, done = u.e.Terminate(ctx, id, &engine.TerminateOpts{Reason: r.PostForm.Get("reason"), By: by(r)}), "terminated"
 	case "start-now":
 		err, done = u.e.StartNow(ctx, id), "started"
 	case "signal":
@@ -677,9 +677,9 @@ func (u *ui) deadJobsBulk(w http.ResponseWriter, r *http.Request) {
 	var res engine.BulkResult
 	var err error
 	if action == "replay" {
-		res, err = u.e.ReplayDeadJobs(r.Context(), p, opts, !confirm)
+		res, err = u.e.ReplayDeadJobs(r.Context(), engine.ResolveDeadJobsParams{Filter: p, DryRun: !confirm}, opts)
 	} else {
-		res, err = u.e.DiscardDeadJobs(r.Context(), p, opts, !confirm)
+		res, err = u.e.DiscardDeadJobs(r.Context(), engine.ResolveDeadJobsParams{Filter: p, DryRun: !confirm}, opts)
 	}
 	if err != nil {
 		u.engineError(w, r, err)

@@ -57,12 +57,12 @@ func newFixture(t *testing.T, token string) *fixture {
 		if err := ctx.Compensate(engine.Undo{Name: "release", Fn: func(context.Context, *engine.ActivityAttempt) error { return nil }}); err != nil {
 			return "", err
 		}
-		charge, err := engine.RunActivity(ctx, "charge", nil, func(_ context.Context, a *engine.ActivityAttempt) (string, error) {
+		charge, err := engine.RunActivity(ctx, "charge", func(_ context.Context, a *engine.ActivityAttempt) (string, error) {
 			if in.Kind == "decline" {
 				return "", engine.Permanent(errors.New("card declined"))
 			}
 			return "ch_" + a.RequestID.String()[:8], nil
-		})
+		}, nil)
 		if err != nil {
 			return "", err
 		}
@@ -846,11 +846,11 @@ func TestRunPageShowsStepsInFlightOfATerminatedRun(t *testing.T) {
 	t.Parallel()
 	inCall, release := make(chan struct{}), make(chan struct{})
 	hang := engine.Define("page-in-flight", func(ctx *engine.Context, _ int) (string, error) {
-		return engine.RunActivity(ctx, "charge", nil, func(context.Context, *engine.ActivityAttempt) (string, error) {
+		return engine.RunActivity(ctx, "charge", func(context.Context, *engine.ActivityAttempt) (string, error) {
 			close(inCall)
 			<-release
 			return "ch_1", nil
-		})
+		}, nil)
 	}, nil)
 	quiet := engine.Define("page-quiet", func(ctx *engine.Context, _ int) (int, error) {
 		return engine.AwaitSignal[int](ctx, "never", 0)
@@ -867,7 +867,7 @@ func TestRunPageShowsStepsInFlightOfATerminatedRun(t *testing.T) {
 	res, err := hang.Start(ctx, e, 0, nil)
 	require.NoError(t, err)
 	<-inCall
-	require.NoError(t, e.Terminate(ctx, res.RunID, engine.TerminateOpts{Reason: "stuck", By: "ann"}))
+	require.NoError(t, e.Terminate(ctx, res.RunID, &engine.TerminateOpts{Reason: "stuck", By: "ann"}))
 	released = true
 	close(release)
 	run, err := e.GetRun(ctx, res.RunID)
@@ -876,7 +876,7 @@ func TestRunPageShowsStepsInFlightOfATerminatedRun(t *testing.T) {
 	q, err := quiet.Start(ctx, e, 0, nil)
 	require.NoError(t, err)
 	waitStatus(t, e, q.RunID, engine.StatusWaiting)
-	require.NoError(t, e.Terminate(ctx, q.RunID, engine.TerminateOpts{Reason: "not needed"}))
+	require.NoError(t, e.Terminate(ctx, q.RunID, &engine.TerminateOpts{Reason: "not needed"}))
 
 	ui := webui.New(e, &webui.Options{Pool: db.Pool, APIError: httpapi.ErrorCode})
 	srv := httptest.NewUnstartedServer(nil)

@@ -97,7 +97,7 @@ func TestDeclineCompensates(t *testing.T) {
 	require.ErrorAs(t, err, &runErr)
 	require.Equal(t, engine.StatusCompensated, runErr.Status)
 	require.Contains(t, runErr.Info.Message, "declined")
-	require.Equal(t, "card_declined_generic_decline", runErr.Info.Class)
+	require.Equal(t, "card_declined_generic_decline", string(runErr.Info.Class))
 	var reserved int
 	require.NoError(t, f.db.Pool.QueryRow(f.ctx, `SELECT reserved FROM payment_inventory WHERE sku = 'sku_tee'`).Scan(&reserved))
 	require.Zero(t, reserved, "the reservation was released")
@@ -116,7 +116,7 @@ func TestSoldOutCompensatesWithoutCharging(t *testing.T) {
 	var runErr *engine.RunError
 	require.ErrorAs(t, err, &runErr)
 	require.Equal(t, engine.StatusCompensated, runErr.Status, "the claim (and any item reserved) was undone")
-	require.Equal(t, "out_of_stock", runErr.Info.Class)
+	require.Equal(t, "out_of_stock", string(runErr.Info.Class))
 	require.Empty(t, f.gw.Ledger().Charges)
 	var reserved, reservations, claims int
 	require.NoError(t, f.db.Pool.QueryRow(f.ctx, `SELECT (SELECT coalesce(sum(reserved), 0) FROM payment_inventory),

@@ -154,13 +154,13 @@ func classify(err error) error {
 		if se.DeclineCode != "" {
 			class = "card_declined_" + string(se.DeclineCode)
 		}
-		return engine.WithClass(engine.Permanent(msg), class)
+		return engine.WithClass(engine.Permanent(msg), engine.ErrorClass(class))
 	case code == http.StatusTooManyRequests:
 		// Refused before processing: the charge was not made.
 		return engine.NoEffect(engine.WithClass(msg, "http_429"))
 	case code == http.StatusConflict, code >= 500:
-		return engine.WithClass(msg, fmt.Sprintf("http_%d", code))
+		return engine.WithClass(msg, engine.ErrorClass(fmt.Sprintf("http_%d", code)))
 	default:
-		return engine.WithClass(engine.Permanent(msg), fmt.Sprintf("http_%d", code))
+		return engine.WithClass(engine.Permanent(msg), engine.ErrorClass(fmt.Sprintf("http_%d", code)))
 	}
 }

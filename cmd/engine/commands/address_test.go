@@ -213,11 +213,11 @@ func TestTerminateShowsTheStepsInFlight(t *testing.T) {
 	db := enginetest.NewDB(t)
 	inCall, release := make(chan struct{}), make(chan struct{})
 	wf := engine.Define("charge-hang", func(ctx *engine.Context, _ in) (string, error) {
-		return engine.RunActivity(ctx, "charge", nil, func(context.Context, *engine.ActivityAttempt) (string, error) {
+		return engine.RunActivity(ctx, "charge", func(context.Context, *engine.ActivityAttempt) (string, error) {
 			close(inCall)
-			<-release // the call goes through after the termination
+			<-release
 			return "ch_1", nil
-		})
+		}, nil)
 	}, nil)
 	e := enginetest.NewEngine(t, db, nil, true, append(workflows(), wf)...)
 	var once sync.Once

@@ -30,18 +30,18 @@ type backend interface {
 	StartJSON(ctx context.Context, name string, input json.RawMessage, opts *engine.StartOpts) (*engine.StartResult, error)
 	StartNow(ctx context.Context, runID uuid.UUID) error
 	Cancel(ctx context.Context, runID uuid.UUID) error
-	Terminate(ctx context.Context, runID uuid.UUID, opts engine.TerminateOpts) error
-	CancelRuns(ctx context.Context, p engine.ListRunsParams, dryRun bool) (engine.BulkResult, error)
+	Terminate(ctx context.Context, runID uuid.UUID, opts *engine.TerminateOpts) error
+	CancelRuns(ctx context.Context, p engine.CancelRunsParams) (engine.BulkResult, error)
 	Prune(ctx context.Context, p engine.PruneParams) (engine.PruneResult, error)
 	SignalJSON(ctx context.Context, target, name string, payload []byte, opts *engine.SignalOpts) error
-	SignalWithStartJSON(ctx context.Context, workflow string, input json.RawMessage, opts *engine.StartOpts, signal string, payload []byte, sopts *engine.SignalOpts) (*engine.StartResult, error)
+	SignalWithStartJSON(ctx context.Context, p engine.SignalWithStartJSONParams) (*engine.StartResult, error)
 	ListWorkflows(ctx context.Context) ([]engine.WorkflowInfo, error)
 	ListDeadJobs(ctx context.Context, p engine.ListDeadJobsParams) ([]*engine.DeadJob, string, error)
 	GetDeadJob(ctx context.Context, id uuid.UUID) (*engine.DeadJob, error)
 	ReplayDeadJob(ctx context.Context, id uuid.UUID, opts *engine.ResolveOpts) (*engine.DeadJob, error)
 	DiscardDeadJob(ctx context.Context, id uuid.UUID, opts *engine.ResolveOpts) (*engine.DeadJob, error)
-	ReplayDeadJobs(ctx context.Context, p engine.ListDeadJobsParams, opts *engine.ResolveOpts, dryRun bool) (engine.BulkResult, error)
-	DiscardDeadJobs(ctx context.Context, p engine.ListDeadJobsParams, opts *engine.ResolveOpts, dryRun bool) (engine.BulkResult, error)
+	ReplayDeadJobs(ctx context.Context, p engine.ResolveDeadJobsParams, opts *engine.ResolveOpts) (engine.BulkResult, error)
+	DiscardDeadJobs(ctx context.Context, p engine.ResolveDeadJobsParams, opts *engine.ResolveOpts) (engine.BulkResult, error)
 	ListSchedules(ctx context.Context) ([]engine.Schedule, error)
 	GetSchedule(ctx context.Context, name string) (*engine.Schedule, error)
 	ListScheduleFires(ctx context.Context, name string, limit int) ([]engine.ScheduleFire, error)
@@ -334,11 +334,15 @@ func (c *apiClient) Cancel(ctx context.Context, id uuid.UUID) error {
 	return c.runAction(ctx, id, "cancel", nil)
 }
 
-func (c *apiClient) Terminate(ctx context.Context, id uuid.UUID, opts engine.TerminateOpts) error {
+func (c *apiClient) Terminate(ctx context.Context, id uuid.UUID, opts *engine.TerminateOpts) error {
+	if opts == nil {
+		opts = &engine.TerminateOpts{} // the server says a reason is required
+	}
 	return c.runAction(ctx, id, "terminate", map[string]string{"reason": opts.Reason, "by": opts.By})
 }
 
-func (c *apiClient) CancelRuns(ctx context.Context, p engine.ListRunsParams, dryRun bool) (engine.BulkResult, error) {
+func (c *apiClient) CancelRuns(ctx context.Context, params engine.CancelRunsParams) (engine.BulkResult, error) {
+	p, dryRun := params.Filter, params.DryRun
 	var res engine.BulkResult
 	err := c.do(ctx, "POST", "/v1/bulk/cancel-runs", nil, httpapi.BulkCancelRequest{Workflow: p.Workflow, Status: p.Status,
 		WorkflowIDPrefix: p.WorkflowIDPrefix, CreatedAfter: p.CreatedAfter, CreatedBefore: p.CreatedBefore, Tags: p.Tags, TopLevel: p.TopLevel,
@@ -366,14 +370,14 @@ func (c *apiClient) SignalJSON(ctx context.Context, target, name string, payload
 	return c.do(ctx, "POST", runPath(target)+"/signals/"+url.PathEscape(name), nil, payload, signalHeader(opts), nil)
 }
 
-func (c *apiClient) SignalWithStartJSON(ctx context.Context, workflow string, input json.RawMessage, opts *engine.StartOpts, signal string, payload []byte, sopts *engine.SignalOpts) (*engine.StartResult, error) {
-	b := startBody(input, opts)
-	b["signal"] = signal
-	if len(payload) > 0 {
-		b["payload"] = json.RawMessage(payload)
+func (c *apiClient) SignalWithStartJSON(ctx context.Context, p engine.SignalWithStartJSONParams) (*engine.StartResult, error) {
+	b := startBody(p.Input, p.Opts)
+	b["signal"] = p.Signal
+	if len(p.Payload) > 0 {
+		b["payload"] = p.Payload
 	}
 	var res engine.StartResult
-	err := c.do(ctx, "POST", "/v1/workflows/"+url.PathEscape(workflow)+"/signal-with-start", nil, b, signalHeader(sopts), &res)
+	err := c.do(ctx, "POST", "/v1/workflows/"+url.PathEscape(p.Workflow)+"/signal-with-start", nil, b, signalHeader(p.SignalOpts), &res)
 	return &res, err
 }
 
@@ -447,12 +451,12 @@ func (c *apiClient) bulkDead(ctx context.Context, action string, p engine.ListDe
 	return res, err
 }
 
-func (c *apiClient) ReplayDeadJobs(ctx context.Context, p engine.ListDeadJobsParams, opts *engine.ResolveOpts, dryRun bool) (engine.BulkResult, error) {
-	return c.bulkDead(ctx, "replay", p, opts, dryRun)
+func (c *apiClient) ReplayDeadJobs(ctx context.Context, p engine.ResolveDeadJobsParams, opts *engine.ResolveOpts) (engine.BulkResult, error) {
+	return c.bulkDead(ctx, "replay", p.Filter, opts, p.DryRun)
 }
 
-func (c *apiClient) DiscardDeadJobs(ctx context.Context, p engine.ListDeadJobsParams, opts *engine.ResolveOpts, dryRun bool) (engine.BulkResult, error) {
-	return c.bulkDead(ctx, "discard", p, opts, dryRun)
+func (c *apiClient) DiscardDeadJobs(ctx context.Context, p engine.ResolveDeadJobsParams, opts *engine.ResolveOpts) (engine.BulkResult, error) {
+	return c.bulkDead(ctx, "discard", p.Filter, opts, p.DryRun)
 }
 
 func schedulePath(name string) string { return "/v1/schedules/" + url.PathEscape(name) }

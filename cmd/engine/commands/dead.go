@@ -47,7 +47,7 @@ func (g *global) deadCmd() *cobra.Command {
 			}
 			t := newTable(g.opts.Stdout, "ID", "RUN ID", "WORKFLOW", "REASON", "STEP", "ATTEMPTS", "PARKED", "RESOLUTION", "ERROR")
 			for _, j := range jobs {
-				t.row(j.ID, j.RunID, j.WorkflowName, j.Reason, j.StepName, j.Attempts, j.ParkedAt, j.Resolution, j.ErrorClass+": "+j.ErrorMessage)
+				t.row(j.ID, j.RunID, j.WorkflowName, j.Reason, j.StepName, j.Attempts, j.ParkedAt, j.Resolution, string(j.ErrorClass)+": "+j.ErrorMessage)
 			}
 			t.flush()
 			if next != "" {
@@ -172,7 +172,7 @@ func (g *global) deadMatchingCmd(replay bool) *cobra.Command {
 			if replay {
 				act = e.ReplayDeadJobs
 			}
-			res, err := act(ctx, p, &opts, dry)
+			res, err := act(ctx, engine.ResolveDeadJobsParams{Filter: p, DryRun: dry}, &opts)
 			if err != nil {
 				return err
 			}

@@ -64,7 +64,7 @@ func (g *global) runsCmd() *cobra.Command {
 			for _, r := range runs {
 				msg := ""
 				if r.Error != nil {
-					msg = r.Error.Class + ": " + r.Error.Message
+					msg = string(r.Error.Class) + ": " + r.Error.Message
 				}
 				t.row(r.RunID, r.WorkflowName, r.WorkflowID, r.Status, tagText(r.Tags), r.Deliveries, r.CreatedAt, msg)
 			}
@@ -206,7 +206,7 @@ there the server prunes in one request).`,
 			if bulk.CreatedBefore, err = timeFlag("--created-before", bulkBefore, time.Now()); err != nil {
 				return err
 			}
-			res, err := e.CancelRuns(ctx, bulk, bulkDry)
+			res, err := e.CancelRuns(ctx, engine.CancelRunsParams{Filter: bulk, DryRun: bulkDry})
 			if err != nil {
 				return err
 			}
@@ -302,7 +302,7 @@ func (g *global) printRun(run *engine.Run) {
 		}
 		msg := ""
 		if s.Error != nil {
-			msg = s.Error.Class + ": " + s.Error.Message
+			msg = string(s.Error.Class) + ": " + s.Error.Message
 		}
 		if s.TimedOut {
 			msg = "timed out (AwaitSignal returned ErrTimeout)"
@@ -389,7 +389,7 @@ func (g *global) printFailedAttempts(steps []engine.StepInfo) {
 				t.row(s.Seq, s.Name, nil, "replayed (the attempts count from 1 again)", f.At, nil)
 				continue
 			}
-			t.row(s.Seq, s.Name, f.Attempt, f.Status, f.At, f.Class+": "+f.Message)
+			t.row(s.Seq, s.Name, f.Attempt, f.Status, f.At, string(f.Class)+": "+f.Message)
 		}
 	}
 	if t != nil {
@@ -580,7 +580,7 @@ newlines, bidi controls or line separators.`,
 			if err != nil {
 				return err
 			}
-			if err := e.Terminate(ctx, id, opts); err != nil {
+			if err := e.Terminate(ctx, id, &opts); err != nil {
 				return err
 			}
 			run, err := e.GetRun(ctx, id)
@@ -694,7 +694,8 @@ ID is signalled, and started first with --input if there is none, in one transac
 				opts = &engine.SignalOpts{Key: key}
 			}
 			if start != "" {
-				res, err := e.SignalWithStartJSON(cmd.Context(), start, json.RawMessage(input), &engine.StartOpts{WorkflowID: args[0]}, args[1], payload, opts)
+				res, err := e.SignalWithStartJSON(cmd.Context(), engine.SignalWithStartJSONParams{Workflow: start, Input: json.RawMessage(input),
+					Opts: &engine.StartOpts{WorkflowID: args[0]}, Signal: args[1], Payload: payload, SignalOpts: opts})
 				if err != nil {
 					return err
 				}

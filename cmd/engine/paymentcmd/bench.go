@@ -107,25 +107,21 @@ func BenchRow(ctx context.Context, url string, workflows int) (enginebench.Row, 
 // reading workflow_runs. Only the row's engine works its queue (engine
 // bench runs alone on its database), so every run of the row ends here.
 type runEnds struct {
+	engine.NopObserver
 	mu     sync.Mutex
 	ended  map[uuid.UUID]bool
 	notify chan struct{} // one token: some run ended since the last wait
 }
 
-func (o *runEnds) RunEnded(runID uuid.UUID, _ string, _ engine.RunStatus) {
+func (o *runEnds) RunEnded(ev engine.RunEndedEvent) {
 	o.mu.Lock()
-	o.ended[runID] = true
+	o.ended[ev.RunID] = true
 	o.mu.Unlock()
 	select {
 	case o.notify <- struct{}{}:
 	default:
 	}
 }
-
-func (*runEnds) RunStarted(string, bool)                                                 {}
-func (*runEnds) StepAttempt(string, string, engine.StepKind, int, string, time.Duration) {}
-func (*runEnds) StepReplayed(string, engine.StepKind)                                    {}
-func (*runEnds) LeaseLost(string)                                                        {}
 
 // wait returns once every run of runIDs has ended (completed, failed,
 // compensated, cancelled or dead), or ctx's error.
