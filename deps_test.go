@@ -21,11 +21,11 @@ func TestDependencyRule(t *testing.T) {
 		switch {
 		case strings.HasPrefix(p, "storage/"):
 			return 0
-		case strings.HasPrefix(p, "engine/internal/"):
+		case strings.HasPrefix(p, "engine/internal/"), strings.HasPrefix(p, "internal/roundtrips"):
 			return 1
 		case p == "engine":
 			return 2
-		case strings.HasPrefix(p, "engine/"): // enginetest and friends
+		case strings.HasPrefix(p, "engine/"), strings.HasPrefix(p, "internal/crashtest"): // enginetest and friends
 			return 3
 		case strings.HasPrefix(p, "activities"):
 			return 4
@@ -37,7 +37,7 @@ func TestDependencyRule(t *testing.T) {
 	}
 	// riverref is the bench's hand-written River reference, a harness.
 	riverAllowed := map[string]bool{mod + "engine/internal/queue": true, mod + "storage/migrations": true,
-		mod + "engine/enginebench/internal/riverref": true}
+		mod + "cmd/engine/internal/enginebench/internal/riverref": true}
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		pkg, imports, _ := strings.Cut(line, ":")
 		for _, imp := range strings.Fields(imports) {
@@ -62,14 +62,14 @@ func TestDependencyRule(t *testing.T) {
 func TestCommandsLeaveOutTheExample(t *testing.T) {
 	t.Parallel()
 	const mod = "github.com/pgdurable/pgdurable/"
-	for _, pkg := range []string{mod + "cmd/engine/commands", mod + "engine/enginebench"} {
+	for _, pkg := range []string{mod + "cmd/engine/commands", mod + "cmd/engine/internal/enginebench"} {
 		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
 		if err != nil {
 			t.Fatalf("go list -deps %s: %v\n%s", pkg, err, out)
 		}
 		for _, dep := range strings.Fields(string(out)) {
-			if strings.HasPrefix(dep, mod+"examples/") || dep == mod+"cmd/engine/paymentcmd" {
-				t.Errorf("%s depends on %s; the payment example's commands belong in cmd/engine/paymentcmd", pkg, dep)
+			if strings.HasPrefix(dep, mod+"examples/") || dep == mod+"cmd/engine/internal/paymentcmd" {
+				t.Errorf("%s depends on %s; the payment example's commands belong in cmd/engine/internal/paymentcmd", pkg, dep)
 			}
 		}
 	}

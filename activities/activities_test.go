@@ -19,13 +19,14 @@ import (
 	"github.com/pgdurable/pgdurable/activities"
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/internal/crashtest"
 )
 
 // envChildAPI passes the fake API's URL to worker processes.
 const envChildAPI = "PGDURABLE_ACTIVITIES_CHILD_API"
 
 func TestMain(m *testing.M) {
-	enginetest.RunWorkerIfChild(func(*pgxpool.Pool) []engine.Registration {
+	crashtest.RunWorkerIfChild(func(*pgxpool.Pool) []engine.Registration {
 		return []engine.Registration{chargeWorkflow(os.Getenv(envChildAPI))}
 	})
 	goleak.VerifyTestMain(m)

@@ -14,6 +14,7 @@ import (
 	"github.com/pgdurable/pgdurable/activities"
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/internal/crashtest"
 )
 
 // 503, then a timeout, then 200: three attempts, one idempotency key, one
@@ -126,13 +127,13 @@ func TestCrashBetweenCallAndRecordReusesTheKey(t *testing.T) {
 	res, err := wf.Start(ctx, client, chargeReq{OrderID: "ord_4", Amount: 4999}, nil)
 	require.NoError(t, err)
 
-	child := enginetest.StartWorker(t, db, time.Second, envChildAPI+"="+srv.URL)
+	child := crashtest.StartWorker(t, db, time.Second, envChildAPI+"="+srv.URL)
 	select {
 	case <-api.processed:
 	case <-ctx.Done():
 		t.Fatal("the child never called the API")
 	}
-	enginetest.Kill(t, child)
+	crashtest.Kill(t, child)
 
 	worker := newEngine(t, db, &engine.Config{LeaseDuration: time.Second}, true, wf)
 	out, err := wf.Wait(ctx, worker, res.RunID, 10*time.Millisecond)

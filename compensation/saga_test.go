@@ -18,12 +18,13 @@ import (
 	"github.com/pgdurable/pgdurable/compensation"
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/internal/crashtest"
 )
 
 const envBlockUndoB = "PGDURABLE_TEST_BLOCK_UNDO_B" // the worker hangs when undo B starts
 
 func TestMain(m *testing.M) {
-	enginetest.RunWorkerIfChild(workflows)
+	crashtest.RunWorkerIfChild(workflows)
 	goleak.VerifyTestMain(m)
 }
 
@@ -175,7 +176,7 @@ func TestCompensationResumesAfterACrash(t *testing.T) {
 	res, err := client.StartJSON(ctx, "trip", []byte(`{"fail_at": "D"}`), nil)
 	require.NoError(t, err)
 
-	worker := enginetest.StartWorker(t, db, time.Second, envBlockUndoB+"=1")
+	worker := crashtest.StartWorker(t, db, time.Second, envBlockUndoB+"=1")
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var n int
@@ -186,7 +187,7 @@ func TestCompensationResumesAfterACrash(t *testing.T) {
 		require.True(t, time.Now().Before(deadline), "undo C was never recorded")
 		time.Sleep(20 * time.Millisecond)
 	}
-	enginetest.Kill(t, worker)
+	crashtest.Kill(t, worker)
 	require.Equal(t, engine.StatusCompensating, waitStatusNow(t, client, res.RunID))
 
 	e := newEngine(t, db, &engine.Config{LeaseDuration: time.Second}, true)

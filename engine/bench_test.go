@@ -15,14 +15,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdurable/pgdurable/engine"
-	"github.com/pgdurable/pgdurable/engine/enginebench"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/internal/roundtrips"
 )
 
 // quiet keeps benchmark output to the results.
 var quiet = slog.New(slog.DiscardHandler)
 
-func tracedPool(tb testing.TB, db *enginetest.DB, rt *enginebench.RoundTrips) *pgxpool.Pool {
+func tracedPool(tb testing.TB, db *enginetest.DB, rt *roundtrips.Counter) *pgxpool.Pool {
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	require.NoError(tb, err)
 	cfg.MaxConns = 20
@@ -64,7 +64,7 @@ func BenchmarkWorkflow(b *testing.B) {
 	for _, steps := range []int{3, 10} {
 		b.Run(fmt.Sprintf("steps=%d", steps), func(b *testing.B) {
 			db := enginetest.NewDB(b)
-			var rt enginebench.RoundTrips
+			var rt roundtrips.Counter
 			pool := tracedPool(b, db, &rt)
 			var done atomic.Int64
 			wf := noopWorkflow(steps, &done)
@@ -119,7 +119,7 @@ func BenchmarkWorkflow(b *testing.B) {
 // up to the first new step, in time and in round trips.
 func BenchmarkReplay1000Steps(b *testing.B) {
 	db := enginetest.NewDB(b)
-	var rt enginebench.RoundTrips
+	var rt roundtrips.Counter
 	pool := tracedPool(b, db, &rt)
 	ctx := context.Background()
 	const recorded = 1000
@@ -239,7 +239,7 @@ func BenchmarkStepKinds(b *testing.B) {
 			var perWF [2]struct{ rt, commits float64 }
 			for j, n := range []int{3, 10} {
 				db := enginetest.NewDB(b)
-				var rt enginebench.RoundTrips
+				var rt roundtrips.Counter
 				pool := tracedPool(b, db, &rt)
 				var done atomic.Int64
 				wf := engine.Define("kinds", func(ctx *engine.Context, in int) (int, error) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/internal/crashtest"
 )
 
 // A parent starts three children, each waiting for a signal, and gets
@@ -274,7 +275,7 @@ func TestKillWhileChildrenRunParentCompletesWithAllResults(t *testing.T) {
 	db := enginetest.NewDB(t)
 	createCallsTable(t, db.Pool)
 	ctx := testCtx(t)
-	worker := enginetest.StartWorker(t, db, 2*time.Second, enginetest.EnvWorkerStarts+"=crash-parent:1", envBlockKids+"=1")
+	worker := crashtest.StartWorker(t, db, 2*time.Second, crashtest.EnvWorkerStarts+"=crash-parent:1", envBlockKids+"=1")
 	eventually(t, 60*time.Second, "three children inside their tx steps", func() bool {
 		var running, waiting int
 		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE parent_run_id IS NOT NULL AND status = 'running'),
@@ -284,7 +285,7 @@ func TestKillWhileChildrenRunParentCompletesWithAllResults(t *testing.T) {
 			WHERE datname = current_database() AND state = 'idle in transaction'`).Scan(&inTx))
 		return running == 3 && waiting == 1 && inTx >= 3
 	})
-	enginetest.Kill(t, worker)
+	crashtest.Kill(t, worker)
 
 	newEngine(t, db, &engine.Config{LeaseDuration: 2 * time.Second, SweepInterval: 100 * time.Millisecond}, true, crashWorkflows(db.Pool)...)
 	var parentID uuid.UUID

@@ -18,9 +18,10 @@ import (
 
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/internal/crashtest"
 )
 
-// Crash tests run workers as child processes (enginetest.StartWorker
+// Crash tests run workers as child processes (crashtest.StartWorker
 // re-executes this test binary) and SIGKILL them: a real crash, not a
 // cancelled context. These variables steer the children's workflows.
 const (
@@ -33,7 +34,7 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	enginetest.RunWorkerIfChild(crashWorkflows)
+	crashtest.RunWorkerIfChild(crashWorkflows)
 	// Every engine a test starts is stopped by then: no goroutine may remain.
 	goleak.VerifyTestMain(m)
 }
@@ -271,13 +272,13 @@ func TestKilledWorkerRunFinishesOnAnotherWorker(t *testing.T) {
 	res, err := client.StartJSON(ctx, "crash-three", []byte(`{}`), nil)
 	require.NoError(t, err)
 
-	child := enginetest.StartWorker(t, db, 0, envBlockStep3+"=1") // default lease: 10 s
+	child := crashtest.StartWorker(t, db, 0, envBlockStep3+"=1") // default lease: 10 s
 	eventually(t, 30*time.Second, "step 2 to be recorded", func() bool {
 		var n int
 		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_steps WHERE run_id = $1 AND seq = 1 AND status = 'completed'`, res.RunID).Scan(&n))
 		return n == 1
 	})
-	enginetest.Kill(t, child)
+	crashtest.Kill(t, child)
 	killedAt := time.Now()
 
 	// Another worker, with default settings, takes the run over once the
@@ -317,7 +318,7 @@ func TestCrashLoopingRunIsParkedAndHealthyRunsComplete(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for {
-			child := enginetest.StartWorker(t, db, time.Second)
+			child := crashtest.StartWorker(t, db, time.Second)
 			exited := make(chan struct{})
 			go func() { _, _ = child.Process.Wait(); close(exited) }()
 			select {
@@ -589,9 +590,9 @@ func killAtAttempt(t *testing.T, workflow, step string, nth int) (*enginetest.DB
 	client := newEngine(t, db, nil, false, wfs...)
 	res, err := client.StartJSON(testCtx(t), workflow, []byte(`{}`), nil)
 	require.NoError(t, err)
-	child := enginetest.StartWorker(t, db, time.Second, envBlockStep3+"=1")
+	child := crashtest.StartWorker(t, db, time.Second, envBlockStep3+"=1")
 	eventually(t, 30*time.Second, fmt.Sprintf("attempt %d to start", nth), func() bool { return calls(t, db.Pool, res.RunID, step) == nth })
-	enginetest.Kill(t, child)
+	crashtest.Kill(t, child)
 	return db, res.RunID, newEngine(t, db, &engine.Config{LeaseDuration: time.Second}, true, wfs...)
 }
 
@@ -661,13 +662,13 @@ func TestTxStepIsExactlyOnceAcrossKills(t *testing.T) {
 			res, err := client.StartJSON(ctx, "crash-tx", []byte(`{}`), nil)
 			require.NoError(t, err)
 
-			child := enginetest.StartWorker(t, db, time.Second, tc.env+"=1")
+			child := crashtest.StartWorker(t, db, time.Second, tc.env+"=1")
 			eventually(t, 30*time.Second, "the kill point", func() bool {
 				var n int
 				require.NoError(t, db.Pool.QueryRow(ctx, tc.killWhen, res.RunID).Scan(&n))
 				return n == 1
 			})
-			enginetest.Kill(t, child)
+			crashtest.Kill(t, child)
 
 			worker := newEngine(t, db, &engine.Config{LeaseDuration: time.Second}, true, wfs...)
 			run := waitStatus(t, worker, res.RunID, engine.StatusCompleted, 30*time.Second)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/internal/crashtest"
 )
 
 // tickets counts the River jobs that deliver runID.
@@ -148,14 +149,14 @@ func TestDispatchedRunOfAKilledWorkerFinishesElsewhere(t *testing.T) {
 	db := enginetest.NewDB(t)
 	createCallsTable(t, db.Pool)
 	ctx := testCtx(t)
-	child := enginetest.StartWorker(t, db, 2*time.Second, envBlockStep3+"=1", enginetest.EnvWorkerStarts+"=crash-three:1")
+	child := crashtest.StartWorker(t, db, 2*time.Second, envBlockStep3+"=1", crashtest.EnvWorkerStarts+"=crash-three:1")
 	var runID uuid.UUID
 	eventually(t, 30*time.Second, "the child's run to record step 2", func() bool {
 		err := db.Pool.QueryRow(ctx, `SELECT run_id FROM workflow_steps WHERE seq = 1 AND status = 'completed'`).Scan(&runID)
 		return err == nil
 	})
 	require.Zero(t, tickets(t, db, runID), "dispatched in the child without a ticket")
-	enginetest.Kill(t, child)
+	crashtest.Kill(t, child)
 
 	worker := newEngine(t, db, &engine.Config{LeaseDuration: 2 * time.Second, SweepInterval: 100 * time.Millisecond}, true,
 		crashWorkflows(db.Pool)...)

@@ -16,6 +16,7 @@ import (
 	"github.com/pgdurable/pgdurable/compensation"
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/internal/crashtest"
 )
 
 // Ten steps started with Go run at once (each sleeps 200 ms; together they
@@ -182,13 +183,13 @@ func TestKillMidFanOutRunsEachParallelStepOnce(t *testing.T) {
 	db := enginetest.NewDB(t)
 	createCallsTable(t, db.Pool)
 	ctx := testCtx(t)
-	child := enginetest.StartWorker(t, db, 2*time.Second, enginetest.EnvWorkerStarts+"=crash-fanout:1")
+	child := crashtest.StartWorker(t, db, 2*time.Second, crashtest.EnvWorkerStarts+"=crash-fanout:1")
 	eventually(t, 60*time.Second, "30 parallel steps recorded", func() bool {
 		var n int
 		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_steps WHERE status = 'completed'`).Scan(&n))
 		return n >= 30
 	})
-	enginetest.Kill(t, child)
+	crashtest.Kill(t, child)
 	recorded := map[string]int{}
 	rows, err := db.Pool.Query(ctx, `SELECT s.name, coalesce(c.n, 0) FROM workflow_steps s
 		LEFT JOIN step_calls c ON c.run_id = s.run_id AND c.step = s.name WHERE s.status = 'completed'`)

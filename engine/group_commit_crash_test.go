@@ -9,6 +9,7 @@ import (
 
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/internal/crashtest"
 )
 
 // A worker that started 300 runs itself (direct dispatch: no River ticket)
@@ -21,7 +22,7 @@ func TestKillDuringGroupCommitLosesNothingAndDuplicatesNothing(t *testing.T) {
 	db := enginetest.NewDB(t)
 	createCallsTable(t, db.Pool)
 	ctx := testCtx(t)
-	child := enginetest.StartWorker(t, db, 2*time.Second, enginetest.EnvWorkerStarts+"=crash-batch:300")
+	child := crashtest.StartWorker(t, db, 2*time.Second, crashtest.EnvWorkerStarts+"=crash-batch:300")
 	eventually(t, 60*time.Second, "a record batch in flight after 50 runs completed", func() bool {
 		var done, inFlight int
 		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT
@@ -30,7 +31,7 @@ func TestKillDuringGroupCommitLosesNothingAndDuplicatesNothing(t *testing.T) {
 			   AND query LIKE '%pgdurable: workflow_steps records%' AND pid <> pg_backend_pid())`).Scan(&done, &inFlight))
 		return done >= 50 && inFlight > 0
 	})
-	enginetest.Kill(t, child)
+	crashtest.Kill(t, child)
 
 	// What had landed when the worker died.
 	type key struct {

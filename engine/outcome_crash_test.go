@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/internal/crashtest"
 )
 
 // envBlockSlowTx: crash-activity-tx's tx step hangs (its transaction open)
@@ -73,12 +74,12 @@ func TestActivityOutcomeIsRecordedBeforeASlowTxStep(t *testing.T) {
 	ctx := testCtx(t)
 	res, err := client.StartJSON(ctx, "crash-activity-tx", []byte(`{}`), nil)
 	require.NoError(t, err)
-	child := enginetest.StartWorker(t, db, time.Second, envBlockSlowTx+"=1")
+	child := crashtest.StartWorker(t, db, time.Second, envBlockSlowTx+"=1")
 	eventually(t, 30*time.Second, "the tx step to start", func() bool { return calls(t, db.Pool, res.RunID, "record") == 1 })
 	run, err := client.GetRun(ctx, res.RunID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StepCompleted, run.Steps[0].Status, "the activity's outcome is recorded while the tx step runs")
-	enginetest.Kill(t, child)
+	crashtest.Kill(t, child)
 
 	worker := newEngine(t, db, &engine.Config{LeaseDuration: time.Second}, true, wfs...)
 	run = waitStatus(t, worker, res.RunID, engine.StatusCompleted, 30*time.Second)
@@ -100,11 +101,11 @@ func TestScheduleToCloseTimeoutSurvivesAKilledWorker(t *testing.T) {
 	ctx := testCtx(t)
 	res, err := client.StartJSON(ctx, "crash-budget", []byte(`{}`), nil)
 	require.NoError(t, err)
-	child := enginetest.StartWorker(t, db, time.Second, envBlockSlowTx+"=1")
+	child := crashtest.StartWorker(t, db, time.Second, envBlockSlowTx+"=1")
 	eventually(t, 30*time.Second, "the step to start", func() bool { return calls(t, db.Pool, res.RunID, "slow") == 1 })
 	began := time.Now()
 	time.Sleep(budget / 2)
-	enginetest.Kill(t, child)
+	crashtest.Kill(t, child)
 
 	worker := newEngine(t, db, &engine.Config{LeaseDuration: time.Second}, true, wfs...)
 	run := waitStatus(t, worker, res.RunID, engine.StatusFailed, 30*time.Second)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/internal/crashtest"
 )
 
 // A worker paused (SIGSTOP) in workflow code past its lease must not start
@@ -35,7 +36,7 @@ func TestPausedWorkerDoesNotStartStepsAfterTakeover(t *testing.T) {
 	res, err := client.StartJSON(ctx, "crash-three", []byte(`{}`), nil)
 	require.NoError(t, err)
 
-	child := enginetest.StartWorker(t, db, time.Second, envPauseFirst+"=1")
+	child := crashtest.StartWorker(t, db, time.Second, envPauseFirst+"=1")
 	eventually(t, 30*time.Second, "the child to claim the run", func() bool {
 		run, err := client.GetRun(ctx, res.RunID)
 		require.NoError(t, err)
@@ -72,7 +73,7 @@ func TestWorkerPausedDuringItsFlushDoesNotStartTheNextStep(t *testing.T) {
 	lock, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = lock.Rollback(ctx) }()
-	child := enginetest.StartWorker(t, db, 2*time.Second, envSlowS1+"=1")
+	child := crashtest.StartWorker(t, db, 2*time.Second, envSlowS1+"=1")
 	eventually(t, 30*time.Second, "the child to run s1", func() bool { return calls(t, db.Pool, res.RunID, "s1") == 1 })
 	_, err = lock.Exec(ctx, `SELECT 1 FROM workflow_runs WHERE run_id = $1 FOR UPDATE`, res.RunID)
 	require.NoError(t, err)

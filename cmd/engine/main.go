@@ -14,7 +14,7 @@ import (
 	"os"
 
 	"github.com/pgdurable/pgdurable/cmd/engine/commands"
-	"github.com/pgdurable/pgdurable/cmd/engine/paymentcmd"
+	"github.com/pgdurable/pgdurable/cmd/engine/internal/paymentcmd"
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/examples/payment"
 )

@@ -24,6 +24,7 @@ import (
 	"github.com/pgdurable/pgdurable/compensation"
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/internal/crashtest"
 )
 
 const envAPI = "PGDURABLE_REGRESS_API_URL"
@@ -230,7 +231,7 @@ func TestChaos60RunsRandomKills(t *testing.T) {
 type workerProc struct{ cmd *exec.Cmd }
 
 func startW(t *testing.T, db *enginetest.DB, env string) *workerProc {
-	return &workerProc{cmd: enginetest.StartWorker(t, db, time.Second, env)}
+	return &workerProc{cmd: crashtest.StartWorker(t, db, time.Second, env)}
 }
 
-func (w *workerProc) kill(t *testing.T) { enginetest.Kill(t, w.cmd) }
+func (w *workerProc) kill(t *testing.T) { crashtest.Kill(t, w.cmd) }

@@ -13,10 +13,11 @@ import (
 
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/internal/crashtest"
 )
 
 func TestMain(m *testing.M) {
-	enginetest.RunWorkerIfChild(childWorkflows)
+	crashtest.RunWorkerIfChild(childWorkflows)
 	os.Exit(m.Run())
 }
 

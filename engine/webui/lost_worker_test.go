@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdurable/pgdurable/engine"
-	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/internal/crashtest"
 )
 
 // envHang makes the courier's activity hang, in the worker process a test
@@ -19,7 +19,7 @@ import (
 const envHang = "PGDURABLE_WEBUI_TEST_HANG"
 
 func TestMain(m *testing.M) {
-	enginetest.RunWorkerIfChild(func(*pgxpool.Pool) []engine.Registration { return []engine.Registration{courier()} })
+	crashtest.RunWorkerIfChild(func(*pgxpool.Pool) []engine.Registration { return []engine.Registration{courier()} })
 	os.Exit(m.Run())
 }
 
@@ -45,7 +45,7 @@ func courier() *engine.Workflow[struct{}, string] {
 func (f *fixture) lostWorkerRun(t *testing.T) uuid.UUID {
 	t.Helper()
 	ctx := context.Background()
-	worker := enginetest.StartWorker(t, f.db, time.Second, envHang+"=1", enginetest.EnvWorkerStarts+"=courier:1")
+	worker := crashtest.StartWorker(t, f.db, time.Second, envHang+"=1", crashtest.EnvWorkerStarts+"=courier:1")
 	var id uuid.UUID
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		runs, _, err := f.e.ListRuns(ctx, engine.ListRunsParams{Workflow: "courier"})
@@ -61,7 +61,7 @@ func (f *fixture) lostWorkerRun(t *testing.T) uuid.UUID {
 		require.True(t, time.Now().Before(deadline), "the worker never announced the courier's first attempt")
 		time.Sleep(20 * time.Millisecond)
 	}
-	enginetest.Kill(t, worker)
+	crashtest.Kill(t, worker)
 	waitStatus(t, f.e, id, engine.StatusCompleted)
 	return id
 }

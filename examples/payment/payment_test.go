@@ -21,12 +21,13 @@ import (
 	"github.com/pgdurable/pgdurable/engine/enginetest"
 	"github.com/pgdurable/pgdurable/examples/payment"
 	"github.com/pgdurable/pgdurable/examples/payment/fakegateway"
+	"github.com/pgdurable/pgdurable/internal/crashtest"
 )
 
 func TestMain(m *testing.M) {
 	// A worker process of TestPaymentTraceSurvivesAKilledWorker: the
 	// payment workflow against the gateway the test serves.
-	enginetest.RunWorkerIfChild(func(*pgxpool.Pool) []engine.Registration {
+	crashtest.RunWorkerIfChild(func(*pgxpool.Pool) []engine.Registration {
 		client, err := payment.NewGateway(payment.GatewayConfig{Timeout: time.Minute}, os.Getenv)
 		if err != nil {
 			panic(err)

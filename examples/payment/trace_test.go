@@ -20,6 +20,7 @@ import (
 	"github.com/pgdurable/pgdurable/engine/enginetest"
 	"github.com/pgdurable/pgdurable/examples/payment"
 	"github.com/pgdurable/pgdurable/examples/payment/fakegateway"
+	"github.com/pgdurable/pgdurable/internal/crashtest"
 )
 
 // blockingGateway holds the first charge request until the client goes
@@ -76,14 +77,14 @@ func TestPaymentTraceSurvivesAKilledWorker(t *testing.T) {
 
 	// A worker process takes the run and is killed inside its charge.
 	file := filepath.Join(t.TempDir(), "worker-spans.jsonl")
-	worker := enginetest.StartWorker(t, db, time.Second, "PAYMENT_GATEWAY_URL="+srv.URL, "STRIPE_API_KEY=sk_test_fake",
-		enginetest.EnvWorkerTraceFile+"="+file)
+	worker := crashtest.StartWorker(t, db, time.Second, "PAYMENT_GATEWAY_URL="+srv.URL, "STRIPE_API_KEY=sk_test_fake",
+		crashtest.EnvWorkerTraceFile+"="+file)
 	select {
 	case <-gw.blocked:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the worker never charged")
 	}
-	enginetest.Kill(t, worker)
+	crashtest.Kill(t, worker)
 
 	// This process redelivers it once the dead worker's lease expires.
 	redeliverer := enginetest.NewEngine(t, db, &engine.Config{TracerProvider: tp, LeaseDuration: time.Second,
@@ -102,24 +103,24 @@ func TestPaymentTraceSurvivesAKilledWorker(t *testing.T) {
 	require.Equal(t, 2, run.Deliveries)
 	require.Zero(t, fake.Ledger().DoubleCharges(), "no double charge")
 
-	var here []enginetest.SpanLine
+	var here []crashtest.SpanLine
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		here = here[:0]
 		for _, s := range rec.Ended() {
-			here = append(here, enginetest.NewSpanLine(s, 0))
+			here = append(here, crashtest.NewSpanLine(s, 0))
 		}
-		if slices.ContainsFunc(here, func(l enginetest.SpanLine) bool { return strings.HasPrefix(l.Name, "pgdurable.run ") }) || time.Now().After(deadline) {
+		if slices.ContainsFunc(here, func(l crashtest.SpanLine) bool { return strings.HasPrefix(l.Name, "pgdurable.run ") }) || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	killed := enginetest.ReadSpanFile(t, file)
+	killed := crashtest.ReadSpanFile(t, file)
 	all := append(slices.Clone(here), killed...)
 	traceID := root.SpanContext().TraceID().String()
 	for _, s := range all {
 		require.Equal(t, traceID, s.TraceID, "%s (pid %d) is in the caller's trace", s.Name, s.PID)
 	}
-	names := func(spans []enginetest.SpanLine) []string {
+	names := func(spans []crashtest.SpanLine) []string {
 		var out []string
 		for _, s := range spans {
 			n := s.Name
@@ -145,8 +146,8 @@ func TestPaymentTraceSurvivesAKilledWorker(t *testing.T) {
 }
 
 // tree prints spans as an indented tree by parent, for a person to read.
-func tree(spans []enginetest.SpanLine) string {
-	children := map[string][]enginetest.SpanLine{}
+func tree(spans []crashtest.SpanLine) string {
+	children := map[string][]crashtest.SpanLine{}
 	ids := map[string]bool{}
 	for _, s := range spans {
 		ids[s.SpanID] = true

@@ -6,8 +6,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pgdurable/pgdurable/cmd/engine/internal/enginebench"
 	"github.com/pgdurable/pgdurable/cmd/engine/internal/localpg"
-	"github.com/pgdurable/pgdurable/engine/enginebench"
 	"github.com/pgdurable/pgdurable/storage/migrations"
 )
 
@@ -75,7 +75,7 @@ one-at-a-time latency, the cost of replaying 1,000 recorded steps, ` + g.benchRo
 				if opts.Progress != nil {
 					fmt.Fprintf(opts.Progress, "  %-48s %12.2f %s\n", r.Name, r.Value, r.Unit)
 				}
-				extra = append(extra, r)
+				extra = append(extra, enginebench.Row(r))
 			}
 			last := rep.Rows[len(rep.Rows)-1] // the memory row stays last
 			rep.Rows = append(append(rep.Rows[:len(rep.Rows)-1], extra...), last)

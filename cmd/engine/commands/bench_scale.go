@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgdurable/pgdurable/engine/enginebench"
+	"github.com/pgdurable/pgdurable/cmd/engine/internal/enginebench"
 )
 
 // scaleProcesses are the process counts of the scale rows.

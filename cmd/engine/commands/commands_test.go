@@ -22,7 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgdurable/pgdurable/cmd/engine/commands"
-	"github.com/pgdurable/pgdurable/cmd/engine/paymentcmd"
+	"github.com/pgdurable/pgdurable/cmd/engine/internal/paymentcmd"
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
 	"github.com/pgdurable/pgdurable/examples/payment"

@@ -9,8 +9,8 @@
 // ENGINE_* variables override. A program adds commands of its own with
 // Options.Commands and rows of its
 // own to engine bench with Options.BenchRows; cmd/engine adds the payment
-// example's commands (demo, gateway, chaos) and bench row so, from package
-// cmd/engine/paymentcmd, which this package does not import.
+// example's commands (demo, gateway, chaos) and bench row so, from its
+// internal package paymentcmd, which this package does not import.
 package commands
 
 import (
@@ -30,7 +30,6 @@ import (
 
 	"github.com/pgdurable/pgdurable/cmd/engine/internal/localpg"
 	"github.com/pgdurable/pgdurable/engine"
-	"github.com/pgdurable/pgdurable/engine/enginebench"
 	"github.com/pgdurable/pgdurable/engine/httpapi"
 )
 
@@ -78,7 +77,7 @@ type Options struct {
 	// Default: none.
 	Commands []func(*Env) *cobra.Command
 	// BenchRows add rows to engine bench (cmd/engine adds
-	// paymentcmd.BenchRow). They are measured in order after enginebench's
+	// paymentcmd.BenchRow). They are measured in order after the built-in
 	// rows, each printed as a progress line when it is done, and placed
 	// before the last row (the memory row) in the table and in --json.
 	// Default: none.
@@ -123,13 +122,27 @@ type DevKit struct {
 	Stop func()
 }
 
-// BenchRow measures one row of engine bench beyond enginebench's (see
+// BenchRow measures one row of engine bench beyond its built-in ones (see
 // Options.BenchRows). It gets the bench's database URL, migrated with
 // pgdurable's migrations (the row adds any tables of its own), and
 // --workflows (default 2000), the size of each throughput row, to size
-// itself by. It returns the row as enginebench.Row describes it, or an
+// itself by. It returns the row as BenchResult describes it, or an
 // error that fails the bench (exit 1).
-type BenchRow func(ctx context.Context, databaseURL string, workflows int) (enginebench.Row, error)
+type BenchRow func(ctx context.Context, databaseURL string, workflows int) (BenchResult, error)
+
+// BenchResult is one row of engine bench: a line of its table and an
+// element of "rows" in its --json, with the JSON names below. The bench's
+// own measurements live in an internal package of cmd/engine, so a
+// program's BenchRow returns this type, which has the same fields.
+type BenchResult struct {
+	Name  string  `json:"name"`
+	Value float64 `json:"value"`
+	Unit  string  `json:"unit"` // "workflows/s", "ms", "ratio", ...
+	Note  string  `json:"note,omitempty"`
+	// Skipped rows have no value (what they measure does not exist yet);
+	// the table shows "-".
+	Skipped bool `json:"skipped,omitempty"`
+}
 
 // DefaultDatabaseURL is used when neither --database-url nor DATABASE_URL is set.
 const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"

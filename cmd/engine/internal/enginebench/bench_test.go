@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/pgdurable/pgdurable/engine/enginebench"
+	"github.com/pgdurable/pgdurable/cmd/engine/internal/enginebench"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
 )
 

@@ -19,8 +19,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgdurable/pgdurable/cmd/engine/internal/enginebench/internal/riverref"
 	"github.com/pgdurable/pgdurable/engine"
-	"github.com/pgdurable/pgdurable/engine/enginebench/internal/riverref"
+	"github.com/pgdurable/pgdurable/internal/roundtrips"
 )
 
 // Options sizes the benchmark.
@@ -72,7 +73,7 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 		opts.WaitingRuns = 10000
 	}
 	quiet := slog.New(slog.DiscardHandler)
-	rt := &RoundTrips{}
+	rt := &roundtrips.Counter{}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, err
@@ -197,7 +198,7 @@ func noopWorkflow(name string, steps int, done *atomic.Int64, stepOne chan<- tim
 	}, nil)
 }
 
-func throughput(ctx context.Context, pool *pgxpool.Pool, rt *RoundTrips, url string, steps, n int, log *slog.Logger) (*throughputResult, error) {
+func throughput(ctx context.Context, pool *pgxpool.Pool, rt *roundtrips.Counter, url string, steps, n int, log *slog.Logger) (*throughputResult, error) {
 	var done atomic.Int64
 	wf := noopWorkflow(fmt.Sprintf("bench-%d-steps", steps), steps, &done, nil)
 	e, err := engine.New(pool, &engine.Config{Logger: log, Queue: fmt.Sprintf("bench_%d", steps)})
@@ -291,7 +292,7 @@ type endObserver struct {
 
 func (o endObserver) RunEnded(engine.RunEndedEvent) { o.ended <- time.Now() }
 
-func latency(ctx context.Context, pool *pgxpool.Pool, rt *RoundTrips, samples int, log *slog.Logger) (*latencies, error) {
+func latency(ctx context.Context, pool *pgxpool.Pool, rt *roundtrips.Counter, samples int, log *slog.Logger) (*latencies, error) {
 	var finished atomic.Int64
 	stepOne := make(chan time.Time, 1)
 	ended := make(chan time.Time, 1)

@@ -13,12 +13,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/internal/roundtrips"
 )
 
 // replayCost runs a workflow that records 1,000 steps and then waits for a
 // retry; its next delivery replays them. It returns that delivery's claim
 // (one batch) and replay times in ms, and the round trips per replayed step.
-func replayCost(ctx context.Context, pool *pgxpool.Pool, rt *RoundTrips, log *slog.Logger) (claimMS, replayMS, perStep float64, err error) {
+func replayCost(ctx context.Context, pool *pgxpool.Pool, rt *roundtrips.Counter, log *slog.Logger) (claimMS, replayMS, perStep float64, err error) {
 	const recorded = 1000
 	var gate atomic.Bool
 	var mu sync.Mutex

@@ -1,4 +1,11 @@
-package enginetest
+// Package crashtest is the module's private crash harness: a test binary
+// re-executes itself as an engine worker (RunWorkerIfChild, StartWorker)
+// that a test SIGKILLs (Kill) or SIGSTOPs mid-run, and that worker can
+// write its spans to a file a kill cannot truncate (EnvWorkerTraceFile,
+// ReadSpanFile). It sits in the module's root internal/ so that the tests
+// of engine, activities, compensation and the examples can all import it;
+// users' own tests get databases, engines and a clock from enginetest.
+package crashtest
 
 import (
 	"context"
@@ -16,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
 )
 
 // Worker processes for crash tests: the test binary re-executes itself as
@@ -43,7 +51,7 @@ func RunWorkerIfChild(register func(pool *pgxpool.Pool) []engine.Registration) {
 		return
 	}
 	if err := runWorker(register); err != nil {
-		fmt.Fprintln(os.Stderr, "enginetest worker:", err)
+		fmt.Fprintln(os.Stderr, "crashtest worker:", err)
 		os.Exit(1)
 	}
 	os.Exit(0)
@@ -93,7 +101,7 @@ func runWorker(register func(pool *pgxpool.Pool) []engine.Registration) error {
 			wg.Go(func() {
 				for next.Add(1) <= int64(n) {
 					if _, err := e.StartJSON(ctx, name, []byte(`{}`), nil); err != nil {
-						fmt.Fprintln(os.Stderr, "enginetest worker: starting a run:", err)
+						fmt.Fprintln(os.Stderr, "crashtest worker: starting a run:", err)
 					}
 				}
 			})
@@ -108,7 +116,7 @@ func runWorker(register func(pool *pgxpool.Pool) []engine.Registration) error {
 // engine's default) and extra environment ("NAME=value"), which the
 // workflows the worker registers may read. The worker dies with the test,
 // or with this process.
-func StartWorker(t testing.TB, db *DB, lease time.Duration, env ...string) *exec.Cmd {
+func StartWorker(t testing.TB, db *enginetest.DB, lease time.Duration, env ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envWorker+"=1", envWorkerDB+"="+db.URL,
@@ -133,32 +141,4 @@ func Kill(t testing.TB, cmd *exec.Cmd) {
 		t.Fatalf("killing worker: %v", err)
 	}
 	_, _ = cmd.Process.Wait()
-}
-
-// NewEngine builds an engine on db with workflows registered. With start
-// it also starts it, and stops it (StopAndCancel) when the test ends;
-// without, it is a client that starts and inspects runs.
-func NewEngine(t testing.TB, db *DB, cfg *engine.Config, start bool, workflows ...engine.Registration) *engine.Engine {
-	t.Helper()
-	e, err := engine.New(db.Pool, cfg)
-	if err != nil {
-		t.Fatalf("engine.New: %v", err)
-	}
-	if err := e.Register(workflows...); err != nil {
-		t.Fatalf("registering workflows: %v", err)
-	}
-	if !start {
-		return e
-	}
-	if err := e.Start(context.Background()); err != nil {
-		t.Fatalf("starting engine: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := e.StopAndCancel(ctx); err != nil {
-			t.Errorf("stopping engine: %v", err)
-		}
-	})
-	return e
 }

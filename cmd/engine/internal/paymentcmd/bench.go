@@ -12,8 +12,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgdurable/pgdurable/cmd/engine/commands"
 	"github.com/pgdurable/pgdurable/engine"
-	"github.com/pgdurable/pgdurable/engine/enginebench"
 	"github.com/pgdurable/pgdurable/examples/payment"
 	"github.com/pgdurable/pgdurable/examples/payment/fakegateway"
 )
@@ -23,11 +23,11 @@ import (
 // bench's database (it adds the example's tables and seeds its
 // inventory), with max(workflows/4, 10) runs started from 8 goroutines on
 // queue bench_payment, in workflows/s from the first start to the commit
-// of the last run's end. It lives here, not in enginebench, because the
+// of the last run's end. It lives here, not in the bench, because the
 // engine must not import the example.
-func BenchRow(ctx context.Context, url string, workflows int) (enginebench.Row, error) {
+func BenchRow(ctx context.Context, url string, workflows int) (commands.BenchResult, error) {
 	n := max(workflows/4, 10)
-	row := enginebench.Row{Name: "payment workflow, fake gateway without faults", Unit: "workflows/s"}
+	row := commands.BenchResult{Name: "payment workflow, fake gateway without faults", Unit: "workflows/s"}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return row, err

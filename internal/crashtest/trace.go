@@ -1,4 +1,4 @@
-package enginetest
+package crashtest
 
 import (
 	"bufio"
