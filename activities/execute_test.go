@@ -63,7 +63,7 @@ func TestScheduleToCloseTimeoutEndsTheRetries(t *testing.T) {
 	ctx := testCtx(t)
 	res, err := wf.Start(ctx, e, 1, nil)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return runOf(t, e, res.RunID).Status == engine.StatusDead }, 10*time.Second, 10*time.Millisecond)
+	enginetest.RequireRunStatus(ctx, t, e, res.RunID, engine.StatusDead, 10*time.Second)
 	jobs, _, err := e.ListDeadJobs(ctx, engine.ListDeadJobsParams{RunID: res.RunID})
 	require.NoError(t, err)
 	require.Len(t, jobs, 1)

@@ -126,18 +126,7 @@ func newEngine(t *testing.T, db *enginetest.DB, cfg *engine.Config, start bool) 
 
 func waitStatus(t *testing.T, e *engine.Engine, runID uuid.UUID, status engine.RunStatus) *engine.Run {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		run, err := e.GetRun(context.Background(), runID)
-		require.NoError(t, err)
-		if run.Status == status {
-			return run
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("run is %s, want %s (error %+v)", run.Status, status, run.Error)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return enginetest.RequireRunStatus(context.Background(), t, e, runID, status, 30*time.Second)
 }
 
 func TestPermanentFailureUndoesCompletedStepsNewestFirst(t *testing.T) {

@@ -1,6 +1,12 @@
-// Package enginetest gives each test its own PostgreSQL database, cloned
-// from a template that storage/migrations has migrated, so tests run in
-// parallel against a real Postgres and never see each other's rows.
+// Package enginetest is what a test of workflows needs: its own PostgreSQL
+// database (NewDB), cloned from a template that storage/migrations has
+// migrated, so tests run in parallel against a real Postgres and never see
+// each other's rows; an engine on it that stops with the test (NewEngine);
+// a fake clock for timers, retries and schedules (Clock); and assertions
+// in the manner of River's rivertest that wait for a run to end and check
+// what it recorded (RequireRunCompleted, RequireResult, RequireRunStatus,
+// RequireSteps, RequireStepRecorded, RequireDeadJob), each failing with
+// the run's status, error, steps and dead jobs.
 //
 // It reads TEST_DATABASE_URL (any database on the server; the role must be
 // allowed to create databases). When the variable is unset the test is
