@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -29,9 +30,10 @@ import (
 //   - step.go, attempt_loop.go: a step's call (stepCall), its replay
 //     (runStep) and its attempts (attemptLoop); tx_step.go, activity.go,
 //     timer.go, signal.go and compensation.go build the calls of each kind.
-//   - lease.go: heartbeats and the sweep; group_commit.go: the batchers
-//     all deliveries of a process write through (internal/groupcommit); dispatch.go: worker
-//     slots, direct dispatch and held runs.
+//   - this file: the lease's heartbeat; lease.go: the sweep;
+//     group_commit.go: the batchers all deliveries of a process write
+//     through (internal/groupcommit); dispatch.go: worker slots, direct
+//     dispatch and held runs.
 type delivery struct {
 	// ctx is the delivery's context: cancelled (with the cause) when the
 	// lease is lost, the delivery ends or the engine shuts down.
@@ -142,3 +144,61 @@ func (d *delivery) extendedAt(sent time.Time) {
 
 // leaseLeft is how much of the lease this delivery can count on.
 func (d *delivery) leaseLeft() time.Duration { return time.Until(*d.leaseUntil.Load()) }
+
+// heartbeat extends d's lease every Config.HeartbeatInterval while the
+// delivery runs, unless a record write just did. It cancels the delivery
+// with ErrLeaseLost once another delivery owns the run, and also once the local lease view runs out
+// without a successful renewal (a partition, a paused process): past that
+// point another delivery may hold the run, so this one must stop even
+// before it can ask. The returned func stops it.
+func (e *Engine) heartbeat(d *delivery) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		interval := e.cfg.HeartbeatInterval
+		t := time.NewTimer(nextBeat(time.Now(), interval))
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-d.ctx.Done():
+				return
+			case <-t.C:
+				t.Reset(nextBeat(time.Now(), interval))
+				left := d.leaseLeft()
+				if left <= 0 {
+					d.cancel(ErrLeaseLost)
+					return
+				}
+				if left > interval+interval/2 {
+					// A record write extended the lease lately: it still
+					// has half an interval to spare at the next tick.
+					continue
+				}
+				// An activity's Heartbeat may have just sent one.
+				err := d.beatIfDue(interval / 2)
+				switch {
+				case errors.Is(err, store.ErrLeaseLost):
+					return
+				case err != nil:
+					d.log.Warn("lease heartbeat failed", "error", err)
+				}
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		wg.Wait()
+	}
+}
+
+// nextBeat is how long from now until the next heartbeat tick: ticks fall
+// on multiples of interval of the wall clock, the same for every delivery
+// of the process, so the deliveries that are due beat together and their
+// heartbeats share one statement (see newBeatBatcher).
+func nextBeat(now time.Time, interval time.Duration) time.Duration {
+	return now.Truncate(interval).Add(interval).Sub(now)
+}

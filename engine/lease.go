@@ -2,9 +2,7 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"math/rand/v2"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -12,64 +10,6 @@ import (
 
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
-
-// heartbeat extends d's lease every Config.HeartbeatInterval while the
-// delivery runs, unless a record write just did. It cancels the delivery
-// with ErrLeaseLost once another delivery owns the run, and also once the local lease view runs out
-// without a successful renewal (a partition, a paused process): past that
-// point another delivery may hold the run, so this one must stop even
-// before it can ask. The returned func stops it.
-func (e *Engine) heartbeat(d *delivery) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		interval := e.cfg.HeartbeatInterval
-		t := time.NewTimer(nextBeat(time.Now(), interval))
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-d.ctx.Done():
-				return
-			case <-t.C:
-				t.Reset(nextBeat(time.Now(), interval))
-				left := d.leaseLeft()
-				if left <= 0 {
-					d.cancel(ErrLeaseLost)
-					return
-				}
-				if left > interval+interval/2 {
-					// A record write extended the lease lately: it still
-					// has half an interval to spare at the next tick.
-					continue
-				}
-				// An activity's Heartbeat may have just sent one.
-				err := d.beatIfDue(interval / 2)
-				switch {
-				case errors.Is(err, store.ErrLeaseLost):
-					return
-				case err != nil:
-					d.log.Warn("lease heartbeat failed", "error", err)
-				}
-			}
-		}
-	}()
-	return func() {
-		close(done)
-		wg.Wait()
-	}
-}
-
-// nextBeat is how long from now until the next heartbeat tick: ticks fall
-// on multiples of interval of the wall clock, the same for every delivery
-// of the process, so the deliveries that are due beat together and their
-// heartbeats share one statement (see newBeatBatcher).
-func nextBeat(now time.Time, interval time.Duration) time.Duration {
-	return now.Truncate(interval).Add(interval).Sub(now)
-}
 
 // sweepBatch bounds the runs of each kind one sweep re-enqueues.
 const sweepBatch = 500
