@@ -30,10 +30,11 @@ import (
 //   - step.go, attempt_loop.go: a step's call (stepCall), its replay
 //     (runStep) and its attempts (attemptLoop); tx_step.go, activity.go,
 //     timer.go, signal.go and compensation.go build the calls of each kind.
-//   - this file: the lease's heartbeat; lease.go: the sweep;
-//     group_commit.go: the batchers all deliveries of a process write
-//     through (internal/groupcommit); dispatch.go: worker slots, direct
-//     dispatch and held runs.
+//   - this file: the lease's heartbeat; group_commit.go: the batchers
+//     all deliveries of a process write through (internal/groupcommit);
+//     dispatch.go: worker slots, direct dispatch and held runs; the sweep
+//     and the engine's other background jobs are internal/maintenance's
+//     (maintenance.go builds them).
 type delivery struct {
 	// ctx is the delivery's context: cancelled (with the cause) when the
 	// lease is lost, the delivery ends or the engine shuts down.

@@ -11,11 +11,13 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgdurable/pgdurable/engine/internal/groupcommit"
+	"github.com/pgdurable/pgdurable/engine/internal/maintenance"
 	"github.com/pgdurable/pgdurable/engine/internal/queue"
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
@@ -211,15 +213,14 @@ func orDefault[T comparable](v, def T) T {
 // functions. One Engine per process; any number of processes may share a
 // database. Safe for concurrent use.
 type Engine struct {
-	pool   *pgxpool.Pool
-	cfg    Config
-	log    *slog.Logger
-	obs    Observer
-	tr     tracing
-	queue  *queue.Queue
-	now    func() time.Time
-	retry  RetryPolicy // cfg.RetryPolicy merged over DefaultRetryPolicy
-	active sync.WaitGroup
+	pool  *pgxpool.Pool
+	cfg   Config
+	log   *slog.Logger
+	obs   Observer
+	tr    tracing
+	queue *queue.Queue
+	now   func() time.Time
+	retry RetryPolicy // cfg.RetryPolicy merged over DefaultRetryPolicy
 	// processID names this process's row in engine_processes while it is
 	// started (see ListWorkflows).
 	processID uuid.UUID
@@ -265,7 +266,11 @@ type Engine struct {
 	workflows map[string]registered
 	warned    map[string]time.Time // warning key → when last logged (warnOnce)
 	started   bool
-	stopSweep context.CancelFunc
+	// maint runs the sweep and the other background jobs while the
+	// engine is started; process is the one of them that Start and stop
+	// also call.
+	maint   *maintenance.Maintainer
+	process *maintenance.ProcessRegistry
 }
 
 // New builds an Engine over pool, which must point at a database migrated
@@ -392,12 +397,73 @@ func (e *Engine) Start(ctx context.Context) error {
 	if err := e.queue.Start(context.WithoutCancel(ctx)); err != nil {
 		return fmt.Errorf("pgdurable: starting workers: %w", err)
 	}
-	e.seeProcess(ctx)
-	sweepCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	e.stopSweep = cancel
-	e.active.Add(1)
-	go e.sweepLoop(sweepCtx)
+	e.maint, e.process = e.maintainer()
+	e.process.RunOnce(ctx)
+	e.maint.Start(ctx)
 	return nil
+}
+
+// maintainer builds the services of the engine's background jobs: at
+// every sweep (Config.SweepInterval on average, with jitter so several
+// engines do not sweep in lockstep) the lease sweep, the schedules due,
+// the cancellations requested elsewhere; every 10 s the process registry;
+// about once a minute the retention prune (none when Retention is
+// negative); every min(LeaseDuration/2, 5 s) the orphaned tickets. Every
+// engine sweeps, not only River's leader: a dead leader would delay crash
+// recovery by River's leader TTL, and SKIP LOCKED keeps concurrent sweeps
+// off each other's rows.
+func (e *Engine) maintainer() (*maintenance.Maintainer, *maintenance.ProcessRegistry) {
+	process := &maintenance.ProcessRegistry{DB: e.pool, Log: e.log, ID: e.processID, QueueName: e.cfg.Queue,
+		WriteTimeout: writeTimeout, Workflows: func() []store.ProcessWorkflow {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			var wfs []store.ProcessWorkflow
+			for _, w := range e.workflows {
+				wfs = append(wfs, store.ProcessWorkflow{Name: w.name, Version: w.version})
+			}
+			return wfs
+		}}
+	services := []maintenance.Service{
+		&maintenance.LeaseSweeper{DB: e.pool, Queue: e.queue, Log: e.log, QueueName: e.cfg.Queue,
+			Lease: e.cfg.LeaseDuration, Now: e.now, Cancelled: e.noteCancelled},
+		&maintenance.Scheduler{DB: e.pool, Log: e.log, QueueName: e.cfg.Queue, Now: e.now,
+			Workflow: e.scheduleStarter, Fired: func(schedule, workflow, outcome, reason string) {
+				e.obs.ScheduleFired(ScheduleFiredEvent{Schedule: schedule, Workflow: workflow, Outcome: outcome, Reason: reason})
+			}},
+		&maintenance.CancelPoller{DB: e.pool, Log: e.log, Live: e.liveRuns, Cancelled: e.noteCancelled},
+		process,
+	}
+	if e.cfg.Retention > 0 {
+		services = append(services, &maintenance.Pruner{Log: e.log, Retention: e.cfg.Retention, Now: e.now,
+			Batch: e.pruneBatch})
+	}
+	services = append(services, &maintenance.OrphanSweeper{DB: e.pool, Queue: e.queue, Log: e.log,
+		Lease: e.cfg.LeaseDuration})
+	return &maintenance.Maintainer{Interval: e.cfg.SweepInterval, Services: services}, process
+}
+
+// liveRuns yields this process's deliveries, for the CancelPoller.
+func (e *Engine) liveRuns(yield func(maintenance.LiveRun) bool) {
+	e.live.Range(func(k, v any) bool {
+		d := v.(*delivery)
+		return yield(maintenance.LiveRun{RunID: k.(uuid.UUID), ClaimedAt: d.claimedAt, CancelHeard: d.cancelRequested.Load()})
+	})
+}
+
+// scheduleStarter is the Scheduler's way to start runs of workflow for
+// schedule's fires; false when this process does not register workflow.
+func (e *Engine) scheduleStarter(workflow, schedule string) (maintenance.StartFunc, bool) {
+	r, ok := e.workflow(workflow)
+	if !ok {
+		return nil, false
+	}
+	return func(ctx context.Context, tx pgx.Tx, input []byte, workflowID string) (uuid.UUID, error) {
+		res, err := e.startJSON(ctx, tx, workflow, r.version, input, &StartOpts{WorkflowID: workflowID, schedule: schedule})
+		if err != nil {
+			return uuid.Nil, err
+		}
+		return res.RunID, nil
+	}, true
 }
 
 // Stop stops fetching new deliveries and waits, until ctx is done, for
@@ -439,9 +505,8 @@ func (e *Engine) stop(ctx context.Context, stopQueue func(context.Context) error
 	if werr := e.waitDispatched(ctx); err == nil {
 		err = werr
 	}
-	e.stopSweep()
-	e.active.Wait()
-	e.forgetProcess()
+	e.maint.Stop()
+	e.process.Forget()
 	if err != nil {
 		return fmt.Errorf("pgdurable: stopping workers: %w", err)
 	}

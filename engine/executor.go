@@ -737,3 +737,19 @@ func (e *runTimeoutError) Error() string {
 func (e *runTimeoutError) Is(target error) bool {
 	return target == ErrTimeout || target == ErrCancelled
 }
+
+// warnOnce reports whether to log, now, the warning key names: at most
+// once per every per key (a run's unregistered workflow, met at every
+// delivery).
+func (e *Engine) warnOnce(key string, every time.Duration) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.warned == nil {
+		e.warned = map[string]time.Time{}
+	}
+	if last, ok := e.warned[key]; ok && time.Since(last) < every {
+		return false
+	}
+	e.warned[key] = time.Now()
+	return true
+}

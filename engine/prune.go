@@ -3,9 +3,9 @@ package engine
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
+	"github.com/pgdurable/pgdurable/engine/internal/maintenance"
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
@@ -20,15 +20,6 @@ const DefaultRetention = 7 * 24 * time.Hour
 // ("1ns") cannot delete every finished run at once. Engine.Prune itself
 // takes any positive age (tests, scripts).
 const MinRetention = time.Minute
-
-// pruneBatch is how many runs one prune statement deletes; pruneEvery how
-// often each engine's sweep prunes, and pruneBudget how long one pass may
-// take before it leaves the rest for the next.
-const (
-	pruneBatch  = 500
-	pruneEvery  = time.Minute
-	pruneBudget = 5 * time.Second
-)
 
 // PruneParams says what Engine.Prune deletes.
 type PruneParams struct {
@@ -100,14 +91,14 @@ func (e *Engine) Prune(ctx context.Context, p PruneParams) (PruneResult, error) 
 		if p.Progress != nil {
 			p.Progress(res)
 		}
-		if n.Runs < pruneBatch && n.ScheduleFires < pruneBatch {
+		if !maintenance.Full(n) {
 			return res, nil
 		}
 	}
 }
 
 func (e *Engine) pruneBatch(ctx context.Context, cutoff time.Time) (store.Pruned, error) {
-	n, err := store.PruneBatch(ctx, e.pool, cutoff, pruneBatch)
+	n, err := store.PruneBatch(ctx, e.pool, cutoff, maintenance.PruneBatch)
 	if err != nil {
 		return n, fmt.Errorf("pgdurable: %w", err)
 	}
@@ -118,36 +109,4 @@ func (e *Engine) pruneBatch(ctx context.Context, cutoff time.Time) (store.Pruned
 		}
 	}
 	return n, nil
-}
-
-// retentionPass is the sweep's prune: batches until none is full or
-// pruneBudget has passed. Engines prune at once without blocking each
-// other (SKIP LOCKED).
-func (e *Engine) retentionPass(ctx context.Context) {
-	cutoff := e.now().Add(-e.cfg.Retention)
-	deadline := time.Now().Add(pruneBudget)
-	var total PruneResult
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		n, err := e.pruneBatch(ctx, cutoff)
-		total.add(n)
-		if err != nil {
-			if ctx.Err() == nil {
-				e.log.Warn("retention prune failed", "error", err)
-			}
-			break
-		}
-		if n.Runs < pruneBatch && n.ScheduleFires < pruneBatch {
-			break
-		}
-	}
-	if total.Runs > 0 || total.ScheduleFires > 0 {
-		e.log.Info("pruned finished runs past retention", "runs", total.Runs, "steps", total.Steps,
-			"schedule_fires", total.ScheduleFires, "retention", e.cfg.Retention.String())
-	}
-}
-
-// nextPrune is when a sweep that pruned at from prunes next: a minute on,
-// spread so that engines started together do not prune in step.
-func nextPrune(from time.Time) time.Time {
-	return from.Add(pruneEvery/2 + rand.N(pruneEvery))
 }

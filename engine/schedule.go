@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgdurable/pgdurable/engine/internal/cronspec"
+	"github.com/pgdurable/pgdurable/engine/internal/maintenance"
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
@@ -413,7 +414,7 @@ func NextFireTimes(spec, tz string, from time.Time, n int) ([]time.Time, error) 
 // ScheduleWorkflowID is the workflow ID of the run a schedule's fire at
 // fireAt starts: "schedule:<name>:<fireAt in UTC, RFC 3339>".
 func ScheduleWorkflowID(name string, fireAt time.Time) string {
-	return "schedule:" + name + ":" + fireAt.UTC().Format(time.RFC3339)
+	return maintenance.ScheduleWorkflowID(name, fireAt)
 }
 
 // triggerWorkflowID is the workflow ID of the run TriggerSchedule starts:
@@ -421,122 +422,6 @@ func ScheduleWorkflowID(name string, fireAt time.Time) string {
 // no ":", so it cannot be read as a cron fire's ID (ScheduleWorkflowID).
 func triggerWorkflowID(name string, id uuid.UUID) string {
 	return "schedule:" + name + ":trigger:" + id.String()
-}
-
-// maxFiresPerTick bounds the fire times one schedule handles per tick
-// (an "@every 1s" schedule after a day of downtime); the rest follow on
-// the next ticks, in order.
-const maxFiresPerTick = 1000
-
-// fireSchedules handles every due schedule of this engine's queue whose
-// workflow this process registers, each in its own transaction: the fires
-// it starts (one run each, by a deterministic workflow ID), skips or
-// buffers, and the schedule's next fire time commit together.
-func (e *Engine) fireSchedules(ctx context.Context) error {
-	var seen []string // handled this tick: a schedule with a buffered fire stays due
-	for range 100 {
-		var name string
-		var fired []fireEvent
-		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-			fired = fired[:0]
-			due, err := store.DueSchedules(ctx, tx, e.cfg.Queue, e.now(), seen)
-			if err != nil || len(due) == 0 {
-				return err
-			}
-			name = due[0].Name
-			return e.fireSchedule(ctx, tx, &due[0], &fired)
-		})
-		switch {
-		case name == "":
-			return err
-		case err != nil && ctx.Err() == nil:
-			e.log.Error("firing schedule failed; retried next tick", "schedule", name, "error", err)
-		case err == nil:
-			for _, f := range fired { // committed: now they count
-				e.obs.ScheduleFired(ScheduleFiredEvent{Schedule: name, Workflow: f.workflow, Outcome: f.outcome, Reason: f.reason})
-			}
-		}
-		seen = append(seen, name)
-	}
-	return nil
-}
-
-// fireEvent is a handled fire, reported to the Observer after the commit.
-type fireEvent struct{ workflow, outcome, reason string }
-
-func (e *Engine) fireSchedule(ctx context.Context, tx pgx.Tx, s *store.ScheduleRow, fired *[]fireEvent) error {
-	now := e.now()
-	log := e.log.With("schedule", s.Name, "workflow", s.WorkflowName)
-	r, ok := e.workflow(s.WorkflowName)
-	if !ok {
-		// Another process may register it; this one cannot start it. Said
-		// once a minute per schedule, not at every sweep.
-		if e.warnOnce("schedule "+s.Name, time.Minute) {
-			log.Warn("schedule's workflow is not registered in this process; its fires wait for one that does")
-		}
-		return nil
-	}
-	sched, err := cronspec.Parse(s.Cron, s.TimeZone)
-	if err != nil {
-		log.Error("schedule no longer parses; pausing it", "error", err)
-		return store.SetSchedulePaused(ctx, tx, s.Name, true, nil)
-	}
-	active := false
-	if s.LastRunID != nil && s.OverlapPolicy != OverlapAllow {
-		if active, err = store.RunActive(ctx, tx, *s.LastRunID); err != nil {
-			return err
-		}
-	}
-	start := func(fireAt time.Time) error {
-		res, err := e.startJSON(ctx, tx, s.WorkflowName, r.version, s.Input,
-			&StartOpts{WorkflowID: ScheduleWorkflowID(s.Name, fireAt), schedule: s.Name})
-		if err != nil {
-			return err
-		}
-		s.LastRunID, active = &res.RunID, true
-		log.Debug("schedule fired", "fire_at", fireAt.UTC(), "run_id", res.RunID)
-		*fired = append(*fired, fireEvent{s.WorkflowName, FireStarted, ""})
-		return store.RecordFire(ctx, tx, s.Name, fireAt, FireStarted, nil, &res.RunID)
-	}
-	skip := func(fireAt time.Time, reason string) error {
-		log.Debug("schedule fire skipped", "fire_at", fireAt.UTC(), "reason", reason)
-		*fired = append(*fired, fireEvent{s.WorkflowName, FireSkipped, reason})
-		return store.RecordFire(ctx, tx, s.Name, fireAt, FireSkipped, &reason, nil)
-	}
-	if s.BufferedFireAt != nil && !active {
-		if err := start(*s.BufferedFireAt); err != nil {
-			return err
-		}
-		s.BufferedFireAt = nil
-	}
-	at := s.NextFireAt
-	for n := 0; !at.IsZero() && !at.After(now) && n < maxFiresPerTick; n++ {
-		fireAt := at
-		at = sched.Next(at)
-		last := fireAt
-		s.LastFireAt = &last
-		switch {
-		case now.Sub(fireAt) >= s.CatchupWindow:
-			err = skip(fireAt, FireMissed)
-		case s.OverlapPolicy == OverlapAllow || !active:
-			err = start(fireAt)
-		case s.OverlapPolicy == OverlapBufferOne && s.BufferedFireAt == nil:
-			s.BufferedFireAt = &last
-			*fired = append(*fired, fireEvent{s.WorkflowName, FireBuffered, ""})
-			err = store.RecordFire(ctx, tx, s.Name, fireAt, FireBuffered, nil, nil)
-		default:
-			err = skip(fireAt, FireOverlap)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	if at.IsZero() {
-		log.Warn("schedule has no fire time within 8 years; pausing it")
-		return store.SetSchedulePaused(ctx, tx, s.Name, true, nil)
-	}
-	s.NextFireAt = at
-	return store.AdvanceSchedule(ctx, tx, s)
 }
 
 // registeredNames lists this process's workflows, for error messages.
@@ -552,20 +437,4 @@ func (e *Engine) registeredNames() string {
 	}
 	slices.Sort(names)
 	return strings.Join(names, ", ")
-}
-
-// warnOnce reports whether to log, now, the warning key names: at most
-// once per every per key (a schedule's or a run's unregistered workflow,
-// met at every sweep or delivery).
-func (e *Engine) warnOnce(key string, every time.Duration) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.warned == nil {
-		e.warned = map[string]time.Time{}
-	}
-	if last, ok := e.warned[key]; ok && time.Since(last) < every {
-		return false
-	}
-	e.warned[key] = time.Now()
-	return true
 }
