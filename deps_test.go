@@ -2,6 +2,7 @@ package pgdurable_test
 
 import (
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -51,6 +52,44 @@ func TestDependencyRule(t *testing.T) {
 				if !(rank(imp) == rank(pkg) && rank(pkg) != 2) {
 					t.Errorf("%s imports %s: imports must point down the layers of DESIGN §2", pkg, imp)
 				}
+			}
+		}
+	}
+}
+
+// TestInternalImports enforces the layering inside engine/internal (issue
+// 23): the machinery imports none of the API, and each package imports
+// only the internal packages listed for it here, so that the store stays
+// a leaf, River stays in queue (the maintenance services reach it through
+// an interface), and a new internal package states its rules.
+func TestInternalImports(t *testing.T) {
+	t.Parallel()
+	const mod = "github.com/pgdurable/pgdurable/"
+	allowed := map[string][]string{
+		"engine/internal/store":       nil,
+		"engine/internal/cronspec":    nil,
+		"engine/internal/queue":       nil,
+		"engine/internal/groupcommit": {"engine/internal/store"},
+		"engine/internal/maintenance": {"engine/internal/store", "engine/internal/cronspec"},
+	}
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}:{{join .Imports " "}}`, "./engine/internal/...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		pkg, imports, _ := strings.Cut(line, ":")
+		pkg = strings.TrimPrefix(pkg, mod)
+		ok, known := allowed[pkg]
+		if !known {
+			t.Errorf("%s has no import rules: add it to TestInternalImports", pkg)
+			continue
+		}
+		for _, imp := range strings.Fields(imports) {
+			if !strings.HasPrefix(imp, mod) {
+				continue
+			}
+			if imp = strings.TrimPrefix(imp, mod); !slices.Contains(ok, imp) {
+				t.Errorf("%s imports %s; it may import only %v of this module", pkg, imp, ok)
 			}
 		}
 	}
