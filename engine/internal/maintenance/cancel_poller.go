@@ -33,6 +33,7 @@ type LiveRun struct {
 // the listening backend for every NOTIFY in the database, River's
 // included.
 type CancelPoller struct {
+	// DB is the engine's pool (one read per pass), Log its Config.Logger.
 	DB  store.DBTX
 	Log *slog.Logger
 	// Live yields this process's deliveries.

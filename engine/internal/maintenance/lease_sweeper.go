@@ -18,6 +18,8 @@ import (
 // fires, and how soon a crashed worker's run is picked up again (about a
 // lease after its last renewal).
 type LeaseSweeper struct {
+	// DB is the engine's pool, Queue its River queue (a ticket per run
+	// re-enqueued, in the sweep's transaction), Log its Config.Logger.
 	DB    DB
 	Queue Queue
 	Log   *slog.Logger

@@ -4,13 +4,13 @@
 // schedule firer, cancellation polling, the process registry, the retention
 // prune and the sweep of orphaned tickets. A Maintainer runs them.
 //
-// It is River's internal/maintenance with one difference: River runs each
-// service on its own goroutine, on the elected leader only; here every
-// engine process runs all of them (a dead leader would delay crash
-// recovery by River's leader TTL, and SKIP LOCKED keeps concurrent sweeps
-// off each other's rows), in order on one goroutine, so that one engine's
-// maintenance holds at most one connection at a time and a slow job delays
-// the next instead of overlapping it.
+// It follows River's internal/maintenance with two differences. River
+// runs the services on the elected leader only; here every engine process
+// runs them (a dead leader would delay crash recovery by River's leader
+// TTL, and SKIP LOCKED keeps concurrent sweeps off each other's rows).
+// River runs each service on its own goroutine; here they run in order on
+// one, so that one engine's maintenance holds at most one connection at a
+// time and a slow job delays the next instead of overlapping it.
 //
 // The services know nothing of package engine: they get what they need
 // from it as small interfaces (DB, Queue) and funcs (the clock, "tell the

@@ -15,6 +15,8 @@ import (
 // lease ago without the run ever being claimed: the process died between
 // River's fetch and the claim. River's rescuer would take minutes.
 type OrphanSweeper struct {
+	// DB is the engine's pool, Queue its River queue (which lists the
+	// stale tickets and takes the new ones), Log its Config.Logger.
 	DB    DB
 	Queue Queue
 	Log   *slog.Logger

@@ -29,6 +29,7 @@ const (
 // engine deletes the row when it stops (Forget). A failure is logged: the
 // listing is for people, and the engine works without it.
 type ProcessRegistry struct {
+	// DB is the engine's pool, Log its Config.Logger.
 	DB  store.DBTX
 	Log *slog.Logger
 	// ID names this process's row.

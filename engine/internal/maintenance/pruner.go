@@ -32,6 +32,8 @@ func Full(n store.Pruned) bool { return n.Runs >= PruneBatch || n.ScheduleFires 
 // batches until one is not full or 5 s have passed. Engines prune at once
 // without blocking each other (SKIP LOCKED).
 type Pruner struct {
+	// Log is the engine's Config.Logger: a pass that deleted anything
+	// logs its counts at info level.
 	Log *slog.Logger
 	// Retention is how long finished runs are kept: above 0 (an engine
 	// that keeps them for ever has no Pruner).

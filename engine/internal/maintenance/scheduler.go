@@ -48,6 +48,8 @@ type StartFunc func(ctx context.Context, tx pgx.Tx, input []byte, workflowID str
 // workflow ID: see ScheduleWorkflowID), skips or buffers, and the
 // schedule's next fire time commit together.
 type Scheduler struct {
+	// DB is the engine's pool: each schedule's fires commit in a
+	// transaction of their own. Log is the engine's Config.Logger.
 	DB  DB
 	Log *slog.Logger
 	// QueueName is the engine's queue (Config.Queue).
