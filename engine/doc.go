@@ -104,7 +104,7 @@
 // the workflow ID "schedule:<name>:<fire time, UTC RFC 3339>", under row
 // locks that let any number of processes share the work. Overlap policies,
 // a catch-up window after downtime and ISC cron's daylight saving rule are
-// described on ScheduleSpec and in the README.
+// described on ScheduleSpec and in docs/time.md.
 //
 // # Determinism
 //

@@ -51,7 +51,7 @@ type ScheduleSpec struct {
 	// Cron: 5 fields (minute hour day-of-month month day-of-week) or a
 	// descriptor (@yearly, @monthly, @weekly, @daily, @hourly, @every 5m),
 	// robfig/cron/v3 syntax. Daylight saving follows ISC cron: see
-	// package engine/internal/cronspec and README.
+	// package engine/internal/cronspec and docs/time.md.
 	Cron string `json:"cron"`
 	// TimeZone is an IANA name (America/New_York); default UTC.
 	TimeZone string `json:"time_zone"`

@@ -5,7 +5,7 @@
 // STRIPE_API_KEY is set (PAYMENT_GATEWAY_URL points it at Stripe test
 // mode, stripe-mock or the fake gateway). engine dev adds the example on an
 // embedded fake gateway and a signal-waiting example (paymentcmd.Dev).
-// See README.md.
+// See README.md and docs/operating.md.
 package main
 
 import (

@@ -125,7 +125,7 @@ func (g *global) scheduleSaveCmd(verb string) *cobra.Command {
 --workflow with --input and workflow ID schedule:<name>:<fire time in UTC, RFC 3339>.
 --overlap skip (default), allow or buffer_one decides what a fire does while the previous
 run is active; after downtime, fires younger than --catchup-window start in order and
-older ones are recorded as skipped. Daylight saving follows ISC cron (see README).`,
+older ones are recorded as skipped. Daylight saving follows ISC cron (see docs/time.md).`,
 		Args: cobra.ExactArgs(1),
 		RunE: g.withClient(func(ctx context.Context, e backend, args []string) error {
 			spec.Name = args[0]

@@ -1,0 +1,5 @@
+//go:build !race
+
+package pgdurable_test
+
+const raceEnabled = false
