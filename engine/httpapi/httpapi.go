@@ -55,6 +55,9 @@
 //	POST /v1/dead-jobs/{id}/discard       the same
 //	POST /v1/ui-sessions/revoke           sign out everywhere: end every web UI session (no body) → 200 {"revoked": N},
 //	                                      the live sessions ended; browsers must sign in again with the token
+//	GET  /v1/openapi.json                 this API's OpenAPI 3.1 document (routes, statuses, JSON shapes), under the same
+//	                                      authentication as the other /v1 routes: a client in another language can be
+//	                                      generated from it
 //	GET  /healthz, GET /readyz, GET /metrics
 //	GET  /ui/...                          the web UI (Options.UI); GET / redirects there
 //
@@ -75,6 +78,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/subtle"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -122,8 +126,37 @@ type Options struct {
 	UI http.Handler
 }
 
+// openAPI is the API's OpenAPI 3.1 document, served at GET
+// /v1/openapi.json. A test checks it against the routes this package
+// registers and validates the answers of its tests against its schemas.
+//
+//go:embed openapi.json
+var openAPI []byte
+
 // New returns the API's handler over e.
 func New(e *engine.Engine, opts *Options) http.Handler {
+	h, _ := newHandler(e, opts)
+	return h
+}
+
+// routeMux is a ServeMux that remembers the patterns it is given, so the
+// OpenAPI test can hold the document to the routes actually served.
+type routeMux struct {
+	*http.ServeMux
+	patterns *[]string
+}
+
+func (m routeMux) Handle(pattern string, h http.Handler) {
+	*m.patterns = append(*m.patterns, pattern)
+	m.ServeMux.Handle(pattern, h)
+}
+
+func (m routeMux) HandleFunc(pattern string, h func(http.ResponseWriter, *http.Request)) {
+	m.Handle(pattern, http.HandlerFunc(h))
+}
+
+// newHandler is New, and the patterns it registered, in the order given.
+func newHandler(e *engine.Engine, opts *Options) (http.Handler, []string) {
 	o := Options{}
 	if opts != nil {
 		o = *opts
@@ -135,8 +168,9 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 		o.Logger = slog.Default()
 	}
 	a := &api{e: e, opts: o}
-	mux := http.NewServeMux()
-	v1 := http.NewServeMux()
+	var patterns []string
+	mux := routeMux{http.NewServeMux(), &patterns}
+	v1 := routeMux{http.NewServeMux(), &patterns}
 	v1.HandleFunc("POST /v1/workflows/{name}/runs", a.startRun)
 	v1.HandleFunc("POST /v1/workflows/{name}/signal-with-start", a.signalWithStart)
 	v1.HandleFunc("GET /v1/runs/{run_id}", a.getRun)
@@ -163,7 +197,11 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	v1.HandleFunc("POST /v1/dead-jobs/{id}/replay", a.resolveDeadJob(e.ReplayDeadJob))
 	v1.HandleFunc("POST /v1/dead-jobs/{id}/discard", a.resolveDeadJob(e.DiscardDeadJob))
 	v1.HandleFunc("POST /v1/ui-sessions/revoke", a.revokeUISessions)
-	mux.Handle("/v1/", a.auth(a.sameSite(a.limitBody(traced(jsonMisses(v1))))))
+	v1.HandleFunc("GET /v1/openapi.json", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(openAPI)
+	})
+	mux.ServeMux.Handle("/v1/", a.auth(a.sameSite(a.limitBody(traced(jsonMisses(v1.ServeMux))))))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -180,7 +218,7 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
 	})
-	return a.knownHost(cleanPaths(mux))
+	return a.knownHost(cleanPaths(mux)), patterns
 }
 
 // traced continues the trace of a request that carries a W3C traceparent

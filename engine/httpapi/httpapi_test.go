@@ -74,7 +74,7 @@ func setup(t *testing.T, opts *httpapi.Options) *bundle {
 		opts = &httpapi.Options{}
 	}
 	opts.Pool = db.Pool
-	srv := httptest.NewServer(httpapi.New(e, opts))
+	srv := httptest.NewServer(checkedByOpenAPI(t, httpapi.New(e, opts)))
 	t.Cleanup(srv.Close)
 	return &bundle{srv: srv, e: e}
 }

@@ -48,7 +48,7 @@ func (g *global) serveCmd() *cobra.Command {
 		Use:   "serve",
 		Short: "Run workers and the HTTP API until SIGTERM or SIGINT",
 		Long: `Runs this binary's workflows (every registered workflow, on River queue "pgdurable"),
-the HTTP API (routes: docs/http-api.md), the web UI at /ui/ (signing in
+the HTTP API (routes: docs/http-api.md, or GET /v1/openapi.json), the web UI at /ui/ (signing in
 with the API token when one is set; --no-ui turns it off), /metrics, /healthz and /readyz. Several serve processes on one
 database cooperate. On SIGTERM or SIGINT it stops claiming runs, lets running steps finish
 and hands their runs back within --shutdown-timeout, then exits 0.
