@@ -97,6 +97,27 @@ func withoutCode(md string) string {
 	return b.String()
 }
 
+// exampleLink matches a link to runnable examples: [`ExampleX`, `pkg.ExampleY`](file).
+var exampleLink = regexp.MustCompile("\\[((?:`(?:\\w+\\.)?Example\\w*`(?:, )?)+)\\]\\(([^)]+)\\)")
+
+// The README's table of runnable examples names functions that exist in
+// the files it links, one for each feature it lists.
+func TestReadmeExamplesExist(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	links := exampleLink.FindAllStringSubmatch(string(readme), -1)
+	require.GreaterOrEqual(t, len(links), 15, "the README lists an example per feature")
+	for _, m := range links {
+		src, err := os.ReadFile(m[2])
+		require.NoError(t, err)
+		for _, name := range regexp.MustCompile("`(?:\\w+\\.)?(Example\\w*)`").FindAllStringSubmatch(m[1], -1) {
+			require.Contains(t, string(src), "func "+name[1]+"()", "%s has no %s", m[2], name[1])
+			require.Contains(t, string(src), "// Output:", "%s: %s checks no output", m[2], name[1])
+		}
+	}
+}
+
 // headingAnchors are the anchors GitHub gives a Markdown file's headings:
 // lower case, punctuation dropped, spaces as dashes.
 func headingAnchors(md string) []string {

@@ -35,8 +35,9 @@ const (
 
 func TestMain(m *testing.M) {
 	crashtest.RunWorkerIfChild(crashWorkflows)
-	// Every engine a test starts is stopped by then: no goroutine may remain.
-	goleak.VerifyTestMain(m)
+	// Every engine a test starts is stopped by then: no goroutine may
+	// remain. The runnable examples' shared database goes last.
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { dropExampleDatabase() }))
 }
 
 type crashIn struct {
