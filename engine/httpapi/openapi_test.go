@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -259,6 +260,27 @@ func TestOpenAPIDocumentListsEveryRoute(t *testing.T) {
 	sort.Strings(served)
 	sort.Strings(documented)
 	require.Equal(t, served, documented)
+}
+
+// The document is an OpenAPI 3.1 document by the specification's own JSON
+// Schema (https://spec.openapis.org/oas/3.1/schema/2022-10-07, published
+// by the OpenAPI Initiative; testdata holds a copy, as pb33f/libopenapi
+// ships it), which client generators read it by.
+func TestOpenAPIDocumentIsValidOpenAPI31(t *testing.T) {
+	t.Parallel()
+	f, err := os.Open("testdata/oas-3.1-schema-2022-10-07.json")
+	require.NoError(t, err)
+	defer f.Close()
+	meta, err := jsonschema.UnmarshalJSON(f)
+	require.NoError(t, err)
+	c := jsonschema.NewCompiler()
+	const metaURL = "https://spec.openapis.org/oas/3.1/schema/2022-10-07"
+	require.NoError(t, c.AddResource(metaURL, meta))
+	s, err := c.Compile(metaURL)
+	require.NoError(t, err)
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(httpapi.OpenAPIDocument()))
+	require.NoError(t, err)
+	require.NoError(t, s.Validate(doc))
 }
 
 // The document is served, under the same authentication as the rest of
