@@ -55,18 +55,20 @@ type WriteResult struct {
 	CancelRequested bool
 }
 
-// writeRecords applies any number of deliveries' writes ($1..$7 one array
-// element per write; $8.. one per step record, tagged with its write's run
-// and token) in one statement: each run row is updated only where its own
-// fence holds, and only records whose run row was updated are upserted, so
-// a zombie's write in the batch changes nothing and the rest land. A write
-// that ends the run releases the lease and stores its outcome; any other
-// extends the lease. The leading comment names the statement within the
-// first KiB that pg_stat_activity shows of a query.
-var writeRecords = `
+// writeRecords applies any number of deliveries' writes (the @w_
+// parameters: one array element per write; the @step_ ones: one per step
+// record, tagged with its write's run and token) in one statement: each
+// run row is updated only where its own fence holds, and only records
+// whose run row was updated are upserted, so a zombie's write in the batch
+// changes nothing and the rest land. A write that ends the run releases
+// the lease and stores its outcome; any other extends the lease. The
+// leading comment names the statement within the first KiB that
+// pg_stat_activity shows of a query.
+var writeRecords = named(`
 -- pgdurable: workflow_steps records and workflow_runs fences of a batch of deliveries
 WITH f AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bool[], $5::text[], $6::text[], $7::bigint[], $25::bool[])
+    SELECT * FROM unnest(@w_run_id::uuid[], @w_token::uuid[], @w_status::text[], @w_finish::bool[], @w_output::text[],
+                         @w_error::text[], @w_lease_ms::bigint[], @w_keep::bool[])
         AS f(run_id, token, status, finish, output, error, lease_ms, keep)
 ), extended AS (
     UPDATE workflow_runs r SET
@@ -91,9 +93,12 @@ WITH f AS (
 ), run AS (
     SELECT * FROM extended UNION ALL SELECT * FROM kept
 ), u AS (
-    SELECT u.* FROM unnest($8::uuid[], $9::uuid[], $10::int[], $11::text[], $12::text[], $13::text[], $14::int[], $15::uuid[],
-                           $16::text[], $17::text[], $18::timestamptz[], $19::timestamptz[], $20::timestamptz[],
-                           $21::timestamptz[], $22::text[], $23::int[], $24::bool[])
+    SELECT u.* FROM unnest(@step_run_id::uuid[], @step_token::uuid[], @step_seq::int[], @step_name::text[],
+                           @step_kind::text[], @step_status::text[], @step_attempts::int[], @step_request_id::uuid[],
+                           @step_output::text[], @step_error::text[], @step_next_attempt_at::timestamptz[],
+                           @step_first_failed_at::timestamptz[], @step_started_at::timestamptz[],
+                           @step_completed_at::timestamptz[], @step_compensation::text[], @step_compensation_of::int[],
+                           @step_fresh::bool[])
         AS u(run_id, token, seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
              first_failed_at, started_at, completed_at, compensation, compensation_of, fresh)
     JOIN run ON run.run_id = u.run_id AND run.token = u.token
@@ -105,51 +110,47 @@ WITH f AS (
     SELECT ` + stepValues + ` FROM u WHERE NOT u.fresh
 ` + stepConflict + `
 ), ` + notifyEnded + `
-SELECT run_id, token, cancel FROM run WHERE (SELECT count(*) FROM notified) >= 0`
+SELECT run_id, token, cancel FROM run WHERE (SELECT count(*) FROM notified) >= 0`)
 
-// writeRecord is writeRecords for one write of at most one record, with
-// scalar parameters: its generic plan is as good as a custom one, so
-// PostgreSQL stops planning it after a few calls, where the arrays of
-// writeRecords make it plan every call (it cannot know their length). A
-// batch of one is what a delivery writes at low load, where its latency
-// shows.
-var writeRecord = `
+// writeRecord is writeRecords for one write of at most one record (the
+// @step_ parameters, see stepArgs), with scalar parameters: its generic
+// plan is as good as a custom one, so PostgreSQL stops planning it after a
+// few calls, where the arrays of writeRecords make it plan every call (it
+// cannot know their length). A batch of one is what a delivery writes at
+// low load, where its latency shows.
+var writeRecord = named(`
 -- pgdurable: workflow_steps record and workflow_runs fence of one delivery
 WITH extended AS (
     UPDATE workflow_runs r SET
-        status = coalesce($18::text, r.status),
-        lease_expires_at = CASE WHEN $19::bool THEN NULL ELSE now() + $3::bigint * interval '1 millisecond' END,
-        owner_token = CASE WHEN $19::bool THEN NULL ELSE r.owner_token END,
-        output = CASE WHEN $19::bool THEN $20::jsonb ELSE r.output END,
-        error = CASE WHEN $19::bool THEN $21::jsonb ELSE r.error END,
-        completed_at = CASE WHEN $19::bool THEN now() ELSE r.completed_at END,
-        wake_at = CASE WHEN $19::bool THEN NULL ELSE r.wake_at END,
-        deadline_at = CASE WHEN $19::bool THEN NULL ELSE r.deadline_at END,
-        await_signal = CASE WHEN $19::bool THEN NULL ELSE r.await_signal END,
+        status = coalesce(@run_status::text, r.status),
+        lease_expires_at = CASE WHEN @finish::bool THEN NULL ELSE now() + @lease_ms::bigint * interval '1 millisecond' END,
+        owner_token = CASE WHEN @finish::bool THEN NULL ELSE r.owner_token END,
+        output = CASE WHEN @finish::bool THEN @output::jsonb ELSE r.output END,
+        error = CASE WHEN @finish::bool THEN @error::jsonb ELSE r.error END,
+        completed_at = CASE WHEN @finish::bool THEN now() ELSE r.completed_at END,
+        wake_at = CASE WHEN @finish::bool THEN NULL ELSE r.wake_at END,
+        deadline_at = CASE WHEN @finish::bool THEN NULL ELSE r.deadline_at END,
+        await_signal = CASE WHEN @finish::bool THEN NULL ELSE r.await_signal END,
         stalled_deliveries = 0, long_stalled_deliveries = 0
-    WHERE r.run_id = $1 AND r.owner_token = $2 AND NOT $23::bool
-    RETURNING r.run_id, r.cancel_requested_at IS NOT NULL AS cancel, $19::bool AND r.watched AS notify
+    WHERE r.run_id = @run_id AND r.owner_token = @token AND NOT @keep::bool
+    RETURNING r.run_id, r.cancel_requested_at IS NOT NULL AS cancel, @finish::bool AND r.watched AS notify
 ), kept AS (
     SELECT r.run_id, r.cancel_requested_at IS NOT NULL AS cancel, false AS notify
-    FROM workflow_runs r WHERE r.run_id = $1 AND r.owner_token = $2 AND $23::bool
+    FROM workflow_runs r WHERE r.run_id = @run_id AND r.owner_token = @token AND @keep::bool
     FOR SHARE
 ), run AS (
     SELECT * FROM extended UNION ALL SELECT * FROM kept
 ), fresh AS (
     INSERT INTO workflow_steps (` + stepColumnList + `)
-    SELECT run.run_id, $4::int, $5::text, $6::text, $7::text, $8::int, $9::uuid, $10::jsonb, $11::jsonb,
-           $12::timestamptz, $13::timestamptz, $14::timestamptz, $15::timestamptz, $16::text, $17::int,
-           ` + failedAttempt(`$7::text`, `$8::int`, `$11::jsonb`) + `
-    FROM run WHERE $4::int IS NOT NULL AND $22::bool
+    SELECT ` + stepRecordValues + `
+    FROM run WHERE @step_seq::int IS NOT NULL AND @fresh::bool
 ), step AS (
     INSERT INTO workflow_steps AS s (` + stepColumnList + `)
-    SELECT run.run_id, $4::int, $5::text, $6::text, $7::text, $8::int, $9::uuid, $10::jsonb, $11::jsonb,
-           $12::timestamptz, $13::timestamptz, $14::timestamptz, $15::timestamptz, $16::text, $17::int,
-           ` + failedAttempt(`$7::text`, `$8::int`, `$11::jsonb`) + `
-    FROM run WHERE $4::int IS NOT NULL AND NOT $22::bool
+    SELECT ` + stepRecordValues + `
+    FROM run WHERE @step_seq::int IS NOT NULL AND NOT @fresh::bool
 ` + stepConflict + `
 ), ` + notifyEnded + `
-SELECT cancel FROM run WHERE (SELECT count(*) FROM notified) >= 0`
+SELECT cancel FROM run WHERE (SELECT count(*) FROM notified) >= 0`)
 
 // keeps reports whether w leaves the run row as it is (see
 // RecordWrite.KeepLease).
@@ -164,10 +165,11 @@ func writeOne(ctx context.Context, db DBTX, w *RecordWrite) (WriteResult, error)
 	if w.Status != "" {
 		status = &w.Status
 	}
-	args := append([]any{uuidParam(w.Fence.RunID), uuidParam(w.Fence.Token), ms(w.Fence.Lease)}, stepArgs(rec)...)
-	args = append(args, status, w.Finish, w.Output, w.Error, rec != nil && rec.Fresh, w.keeps())
+	args := pgx.StrictNamedArgs{"run_id": uuidParam(w.Fence.RunID), "token": uuidParam(w.Fence.Token),
+		"lease_ms": ms(w.Fence.Lease), "run_status": status, "finish": w.Finish, "output": w.Output, "error": w.Error,
+		"fresh": rec != nil && rec.Fresh, "keep": w.keeps()}
 	var res WriteResult
-	err := db.QueryRow(ctx, writeRecord, args...).Scan(&res.CancelRequested)
+	err := writeRecord.queryRow(ctx, db, stepArgs(args, rec)).Scan(&res.CancelRequested)
 	switch err = translate(err); {
 	case err == ErrNotFound:
 		return WriteResult{}, nil // fenced out
@@ -214,9 +216,13 @@ func WriteRecords(ctx context.Context, db DBTX, writes []*RecordWrite) ([]WriteR
 			s.add(w.Fence, r)
 		}
 	}
-	rows, err := db.Query(ctx, writeRecords, runID, token, status, finish, output, errText, lease,
-		s.runID, s.token, s.seq, s.name, s.kind, s.status, s.attempts, s.requestID, s.output, s.errs,
-		s.next, s.firstFailed, s.started, s.completed, s.comp, s.compOf, s.fresh, keep)
+	rows, err := writeRecords.query(ctx, db, pgx.StrictNamedArgs{"w_run_id": runID, "w_token": token, "w_status": status,
+		"w_finish": finish, "w_output": output, "w_error": errText, "w_lease_ms": lease, "w_keep": keep,
+		"step_run_id": s.runID, "step_token": s.token, "step_seq": s.seq, "step_name": s.name, "step_kind": s.kind,
+		"step_status": s.status, "step_attempts": s.attempts, "step_request_id": s.requestID, "step_output": s.output,
+		"step_error": s.errs, "step_next_attempt_at": s.next, "step_first_failed_at": s.firstFailed,
+		"step_started_at": s.started, "step_completed_at": s.completed, "step_compensation": s.comp,
+		"step_compensation_of": s.compOf, "step_fresh": s.fresh})
 	if err != nil {
 		return nil, fmt.Errorf("recording steps of %d runs: %w", n, translate(err))
 	}
@@ -298,7 +304,7 @@ var (
 // per run), each unless a run with its workflow ID exists, already claimed
 // where its token is set (see NewRun.Claim). Only the inserted rows come
 // back.
-const insertRuns = `
+var insertRuns = named(`
 INSERT INTO workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
                            status, owner_token, lease_expires_at, deliveries, stalled_deliveries, started_at, held_until,
                            wake_at, run_timeout_ms, deadline_at, tags, trace_context)
@@ -309,11 +315,13 @@ SELECT u.run_id, u.name, u.version, u.workflow_id, u.input::jsonb, u.queue, u.sc
        CASE WHEN u.token IS NOT NULL THEN now() END,
        CASE WHEN u.hold_ms > 0 THEN now() + u.hold_ms * interval '1 millisecond' END,
        u.start_at, nullif(u.timeout_ms, 0), u.deadline, u.tags::jsonb, u.trace::jsonb
-FROM unnest($1::uuid[], $2::text[], $3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::uuid[], $9::bigint[],
-            $10::bigint[], $11::timestamptz[], $12::bigint[], $13::timestamptz[], $14::text[], $15::text[])
+FROM unnest(@run_id::uuid[], @workflow_name::text[], @workflow_version::int[], @workflow_id::text[], @input::text[],
+            @queue::text[], @schedule_name::text[], @token::uuid[], @lease_ms::bigint[], @hold_ms::bigint[],
+            @start_at::timestamptz[], @run_timeout_ms::bigint[], @deadline_at::timestamptz[], @tags::text[],
+            @trace_context::text[])
     AS u(run_id, name, version, workflow_id, input, queue, schedule, token, lease_ms, hold_ms, start_at, timeout_ms, deadline, tags, trace)
 ON CONFLICT (workflow_name, workflow_id) WHERE status <> 'continued' DO NOTHING
-RETURNING run_id`
+RETURNING run_id`)
 
 // InsertedRunResult is one run's outcome in InsertRuns: Run, or Err
 // (ErrConflict with Run set, for a workflow ID taken with another input).
@@ -384,8 +392,10 @@ func insertSorted(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunRes
 		hold[i], startAt[i] = ms(r.Hold), timeOrNull(r.StartAt)
 		timeout[i], deadline[i], tags[i], trace[i] = ms(r.RunTimeout), timeOrNull(r.Deadline), jsonParam(r.Tags), jsonParam(r.TraceContext)
 	}
-	rows, err := db.Query(ctx, insertRuns, runID, name, version, workflowID, input, queue, schedule, token, lease, hold, startAt,
-		timeout, deadline, tags, trace)
+	rows, err := insertRuns.query(ctx, db, pgx.StrictNamedArgs{"run_id": runID, "workflow_name": name, "workflow_version": version,
+		"workflow_id": workflowID, "input": input, "queue": queue, "schedule_name": schedule, "token": token, "lease_ms": lease,
+		"hold_ms": hold, "start_at": startAt, "run_timeout_ms": timeout, "deadline_at": deadline, "tags": tags,
+		"trace_context": trace})
 	if err != nil {
 		return nil, fmt.Errorf("inserting %d runs: %w", n, translate(err))
 	}

@@ -36,10 +36,12 @@ func ChildSeqOf(token string) (int, bool) {
 	return seq, err == nil
 }
 
-// finalStatuses are the statuses a child ends in, as its parent sees it:
-// terminal (a dead child's parent learns it died; an operator's replay of
-// the child does not reach a parent that has moved on).
-const finalStatuses = `('completed', 'failed', 'compensated', 'cancelled', 'dead', 'terminated')`
+// childEnded holds for a child run r that has ended as its parent sees
+// it: terminal (a dead child's parent learns it died; an operator's replay
+// of the child does not reach a parent that has moved on), but not
+// continued: the run that continues it takes its parent position, and
+// the child ends when the chain's latest run does.
+const childEnded = `r.status IN ` + terminalStatuses + ` AND r.status <> 'continued'`
 
 // ErrChildIDTaken: a child's workflow ID is held by a run that is not
 // that child.
@@ -57,10 +59,11 @@ FROM workflow_runs WHERE workflow_name = $1 AND workflow_id = $2 AND status <> '
 func InsertChild(ctx context.Context, tx DBTX, r NewRun) (*InsertedRun, error) {
 	var id uuid.UUID
 	p := r.Parent
-	args := []any{r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID, r.Input, r.Queue, r.ScheduleName,
-		nil, 0, 0, r.StartAt, ms(r.RunTimeout), nil}
-	args = append(args, parentArgs(p)...)
-	err := tx.QueryRow(ctx, insertRun, append(args, nil, nil, jsonParam(r.TraceContext))...).Scan(&id)
+	// A child is never claimed, held, given a deadline or tags at its
+	// insert, nor continues a run.
+	c := r
+	c.Claim, c.Hold, c.Deadline, c.ContinuedFrom, c.Tags = nil, 0, nil, nil, nil
+	err := insertRunStmt.queryRow(ctx, tx, c.args()).Scan(&id)
 	if err == nil {
 		return &InsertedRun{RunID: id, Status: r.insertedStatus()}, nil
 	}
@@ -90,16 +93,16 @@ type ChildEnd struct {
 	DeadJobID *uuid.UUID
 }
 
-const childEnds = `
+var childEnds = named(`
 SELECT r.parent_seq, r.run_id, r.status, r.output, r.error,
     (SELECT d.id FROM dead_jobs d WHERE d.run_id = r.run_id AND d.resolved_at IS NULL AND r.status = 'dead')
 FROM workflow_runs r
-WHERE r.parent_run_id = $1 AND r.parent_seq = ANY($2) AND r.status IN ` + finalStatuses
+WHERE r.parent_run_id = @parent AND r.parent_seq = ANY(@seqs) AND ` + childEnded)
 
 // ChildEnds reads how those of parent's children at seqs that have ended
 // ended.
 func ChildEnds(ctx context.Context, db DBTX, parent uuid.UUID, seqs []int) ([]ChildEnd, error) {
-	rows, err := db.Query(ctx, childEnds, parent, seqs)
+	rows, err := childEnds.query(ctx, db, pgx.StrictNamedArgs{"parent": parent, "seqs": seqs})
 	if err != nil {
 		return nil, fmt.Errorf("reading the children of run %s: %w", parent, translate(err))
 	}
@@ -179,11 +182,11 @@ func WakeParent(ctx context.Context, tx DBTX, parent uuid.UUID, seq int) (woken 
 // A child no delivery ever picked up (pending, or waiting for its delayed
 // start) has nothing to undo: it ends cancelled here, with errJSON, rather
 // than wait for a worker (one that registers its workflow may never come).
-const cancelChildren = `
+var cancelChildren = named(`
 WITH target AS (
     SELECT run_id, status, deliveries = 0 AND owner_token IS NULL AND status IN ('pending', 'waiting') AS never
     FROM workflow_runs
-    WHERE parent_run_id = $1 AND parent_close_policy = ANY($2) AND status IN ('pending', 'running', 'waiting')
+    WHERE parent_run_id = @parent AND parent_close_policy = ANY(@policies) AND status IN ('pending', 'running', 'waiting')
       AND (cancel_requested_at IS NULL OR (deliveries = 0 AND owner_token IS NULL))
     ORDER BY run_id
     FOR UPDATE
@@ -191,7 +194,7 @@ WITH target AS (
     UPDATE workflow_runs r SET
         cancel_requested_at = coalesce(r.cancel_requested_at, now()),
         status = CASE WHEN target.never THEN 'cancelled' WHEN target.status = 'waiting' THEN 'pending' ELSE r.status END,
-        error = CASE WHEN target.never THEN $3::jsonb ELSE r.error END,
+        error = CASE WHEN target.never THEN @error::jsonb ELSE r.error END,
         completed_at = CASE WHEN target.never THEN now() ELSE r.completed_at END,
         deadline_at = CASE WHEN target.never THEN NULL ELSE r.deadline_at END,
         held_until = CASE WHEN target.never THEN NULL ELSE r.held_until END,
@@ -203,7 +206,7 @@ WITH target AS (
 ), run AS (
     SELECT run_id, notify FROM upd
 ), ` + notifyEnded + `
-SELECT run_id, woken FROM upd WHERE (SELECT count(*) FROM notified) >= 0`
+SELECT run_id, woken FROM upd WHERE (SELECT count(*) FROM notified) >= 0`)
 
 // CancelChildren requests the cancellation of parent's children with one
 // of policies that are still running (as CancelRun: a compensating child
@@ -212,7 +215,7 @@ SELECT run_id, woken FROM upd WHERE (SELECT count(*) FROM notified) >= 0`
 // and those of them it woke (waiting: the caller enqueues their
 // deliveries in the same transaction).
 func CancelChildren(ctx context.Context, tx DBTX, parent uuid.UUID, policies []string, errJSON []byte) (cancelled, woken []uuid.UUID, err error) {
-	rows, err := tx.Query(ctx, cancelChildren, parent, policies, string(errJSON))
+	rows, err := cancelChildren.query(ctx, tx, pgx.StrictNamedArgs{"parent": parent, "policies": policies, "error": string(errJSON)})
 	if err != nil {
 		return nil, nil, fmt.Errorf("cancelling the children of run %s: %w", parent, translate(err))
 	}
@@ -237,9 +240,9 @@ func CancelChildren(ctx context.Context, tx DBTX, parent uuid.UUID, policies []s
 // ErrChildEnded: a child the parent was about to wait for has ended.
 var ErrChildEnded = errors.New("a child ended")
 
-const anyChildEnded = `
-SELECT EXISTS (SELECT 1 FROM workflow_runs
-WHERE parent_run_id = $1 AND parent_seq = ANY($2) AND status IN ` + finalStatuses + `)`
+var anyChildEnded = named(`
+SELECT EXISTS (SELECT 1 FROM workflow_runs r
+WHERE r.parent_run_id = @parent AND r.parent_seq = ANY(@seqs) AND ` + childEnded + `)`)
 
 // SuspendForChildren, in tx, hands the parent run f fences back waiting
 // (status waiting or compensating) for any of its children at seqs to
@@ -262,7 +265,7 @@ func SuspendForChildren(ctx context.Context, tx DBTX, f Fence, pending *StepReco
 // same transaction), a child that ends later finds the parent waiting.
 func CheckChildrenOpen(ctx context.Context, tx DBTX, parent uuid.UUID, seqs []int) error {
 	var ended bool
-	if err := tx.QueryRow(ctx, anyChildEnded, parent, seqs).Scan(&ended); err != nil {
+	if err := anyChildEnded.queryRow(ctx, tx, pgx.StrictNamedArgs{"parent": parent, "seqs": seqs}).Scan(&ended); err != nil {
 		return fmt.Errorf("reading the children of run %s: %w", parent, translate(err))
 	}
 	if ended {

@@ -30,32 +30,35 @@ type Park struct {
 	ChildDeadJobID *uuid.UUID
 }
 
-var parkRun = `
+var parkRun = named(`
 WITH run AS (
-    UPDATE workflow_runs SET status = 'dead', error = $18::jsonb, completed_at = now(),
+    UPDATE workflow_runs SET status = 'dead', error = @run_error::jsonb, completed_at = now(),
         owner_token = NULL, lease_expires_at = NULL, wake_at = NULL, deadline_at = NULL
-    WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0
+    WHERE run_id = @run_id AND owner_token = @token
     RETURNING run_id, workflow_name, workflow_id, workflow_version, input, watched AS notify
 ), ` + stepUpsert + `, ` + notifyEnded + `,
 dead AS (
     INSERT INTO dead_jobs (id, run_id, workflow_name, workflow_id, workflow_version, input, reason, step_name, seq,
                            attempts, first_failed_at, last_failed_at, error_class, error_message, stack,
                            deliveries, forward_error, child_run_id, child_dead_job_id)
-    SELECT $19, run_id, workflow_name, workflow_id, workflow_version, input, $20, $21, $22,
-           $23, $24, $25, $26, $27, $28, $29, $30::jsonb, $31, $32
+    SELECT @id, run_id, workflow_name, workflow_id, workflow_version, input, @reason, @parked_step, @parked_seq,
+           @attempts, @first_failed_at, @last_failed_at, @error_class, @error_message, @stack, @deliveries,
+           @forward_error::jsonb, @child_run_id, @child_dead_job_id
     FROM run
 )
-SELECT count(*) FROM run WHERE (SELECT count(*) FROM notified) >= 0`
+SELECT count(*) FROM run WHERE (SELECT count(*) FROM notified) >= 0`)
 
 // ParkRun marks the run dead and inserts its dead_jobs row, writing the
 // pending step record (may be nil) in the same statement. ErrLeaseLost when
 // fenced out.
 func ParkRun(ctx context.Context, db DBTX, f Fence, pending *StepRecord, p *Park) error {
 	runID := f.RunID
-	args := append([]any{runID, f.Token, 0}, stepArgs(pending)...)
-	args = append(args, p.RunError, p.ID, p.Reason, p.StepName, p.Seq, p.Attempts, p.FirstFailedAt,
-		p.LastFailedAt, p.ErrorClass, p.ErrorMessage, p.Stack, p.Deliveries, jsonText(p.ForwardError), p.ChildRunID, p.ChildDeadJobID)
-	return fenced(db.QueryRow(ctx, parkRun, args...), "parking run %s", runID)
+	args := pgx.StrictNamedArgs{"run_id": runID, "token": f.Token, "run_error": p.RunError, "id": p.ID, "reason": p.Reason,
+		"parked_step": p.StepName, "parked_seq": p.Seq, "attempts": p.Attempts, "first_failed_at": p.FirstFailedAt,
+		"last_failed_at": p.LastFailedAt, "error_class": p.ErrorClass, "error_message": p.ErrorMessage, "stack": p.Stack,
+		"deliveries": p.Deliveries, "forward_error": jsonText(p.ForwardError), "child_run_id": p.ChildRunID,
+		"child_dead_job_id": p.ChildDeadJobID}
+	return fenced(parkRun.queryRow(ctx, db, stepArgs(args, pending)), "parking run %s", runID)
 }
 
 // DeadJobRow is one row of dead_jobs.
@@ -141,18 +144,19 @@ type DeadJobFilter struct {
 	Limit    int
 }
 
-const listDeadJobs = `SELECT ` + deadJobColumns + ` FROM dead_jobs
-WHERE ($1::text = '' OR workflow_name = $1)
-  AND ($2::text = '' OR reason = $2)
-  AND (NOT $3::bool OR resolved_at IS NULL)
-  AND ($4::uuid IS NULL OR id < $4)
-  AND ($6::uuid IS NULL OR run_id = $6)
+var listDeadJobs = named(`SELECT ` + deadJobColumns + ` FROM dead_jobs
+WHERE (@workflow::text = '' OR workflow_name = @workflow)
+  AND (@reason::text = '' OR reason = @reason)
+  AND (NOT @open_only::bool OR resolved_at IS NULL)
+  AND (@before::uuid IS NULL OR id < @before)
+  AND (@run_id::uuid IS NULL OR run_id = @run_id)
 ORDER BY id DESC
-LIMIT $5`
+LIMIT @limit`)
 
 // ListDeadJobs returns dead jobs newest first.
 func ListDeadJobs(ctx context.Context, db DBTX, f DeadJobFilter) ([]*DeadJobRow, error) {
-	rows, err := db.Query(ctx, listDeadJobs, f.Workflow, f.Reason, f.OpenOnly, f.Before, f.Limit, f.RunID)
+	rows, err := listDeadJobs.query(ctx, db, pgx.StrictNamedArgs{"workflow": f.Workflow, "reason": f.Reason,
+		"open_only": f.OpenOnly, "before": f.Before, "limit": f.Limit, "run_id": f.RunID})
 	if err != nil {
 		return nil, fmt.Errorf("listing dead jobs: %w", err)
 	}
@@ -187,25 +191,25 @@ func ResolveDeadJob(ctx context.Context, db DBTX, id uuid.UUID, resolution, by, 
 // replayed cancelled instead: its unfinished forward steps are recorded
 // cancelled, never tried again, so it runs its undos and ends. Each step
 // it touches notes the replay in its failed attempts.
-var replayRun = `
+var replayRun = named(`
 WITH run AS (
     UPDATE workflow_runs r SET status = 'pending', error = NULL, completed_at = NULL, wake_at = NULL,
-        stalled_deliveries = 0, long_stalled_deliveries = 0, enqueued_at = $3,
-        cancel_requested_at = CASE WHEN $2::bool THEN coalesce(r.cancel_requested_at, $3) ELSE r.cancel_requested_at END
-    WHERE r.run_id = $1 AND r.status = 'dead'
+        stalled_deliveries = 0, long_stalled_deliveries = 0, enqueued_at = @now,
+        cancel_requested_at = CASE WHEN @orphaned::bool THEN coalesce(r.cancel_requested_at, @now) ELSE r.cancel_requested_at END
+    WHERE r.run_id = @run_id AND r.status = 'dead'
     RETURNING r.run_id, r.queue
 ), step AS (
     UPDATE workflow_steps s SET
-        status = CASE WHEN $2::bool AND s.compensation_of IS NULL THEN 'cancelled' ELSE 'retrying' END,
-        attempts = CASE WHEN $2::bool AND s.compensation_of IS NULL THEN s.attempts ELSE 0 END,
-        completed_at = CASE WHEN $2::bool AND s.compensation_of IS NULL THEN $3 ELSE s.completed_at END,
+        status = CASE WHEN @orphaned::bool AND s.compensation_of IS NULL THEN 'cancelled' ELSE 'retrying' END,
+        attempts = CASE WHEN @orphaned::bool AND s.compensation_of IS NULL THEN s.attempts ELSE 0 END,
+        completed_at = CASE WHEN @orphaned::bool AND s.compensation_of IS NULL THEN @now ELSE s.completed_at END,
         next_attempt_at = NULL, error = s.error - 'settle_attempts',
         failed_attempts = ` + keepLatest(`coalesce(s.failed_attempts, '[]'::jsonb)`) + `
-            || jsonb_build_array(jsonb_build_object('replayed', true, 'at', $3::timestamptz))
+            || jsonb_build_array(jsonb_build_object('replayed', true, 'at', @now::timestamptz))
     FROM run WHERE s.run_id = run.run_id AND (s.status = 'parked'
-        OR ($2::bool AND s.compensation_of IS NULL AND s.kind <> 'child' AND s.status IN ('started', 'retrying')))
+        OR (@orphaned::bool AND s.compensation_of IS NULL AND s.kind <> 'child' AND s.status IN ('started', 'retrying')))
 )
-SELECT queue FROM run`
+SELECT queue FROM run`)
 
 // ReplayRun moves a dead run back to pending (as of now) and returns its
 // queue; ErrNotFound when the run is not dead. With orphaned (a child of
@@ -213,7 +217,7 @@ SELECT queue FROM run`
 // requested and its unfinished forward steps are recorded cancelled.
 func ReplayRun(ctx context.Context, db DBTX, runID uuid.UUID, orphaned bool, now time.Time) (string, error) {
 	var queue string
-	if err := db.QueryRow(ctx, replayRun, runID, orphaned, now).Scan(&queue); err != nil {
+	if err := replayRun.queryRow(ctx, db, pgx.StrictNamedArgs{"run_id": runID, "orphaned": orphaned, "now": now}).Scan(&queue); err != nil {
 		return "", translate(err)
 	}
 	return queue, nil

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 )
 
 // Finished runs a prune may delete: ended for good (dead runs only once
@@ -16,12 +17,13 @@ import (
 // or is dead (a retried start is matched against the chain's first run,
 // and a Wait on an earlier run ID follows the chain). The run IDs are UUID v7, ordered by creation time, so the
 // primary key finds the runs created before the cutoff without an index
-// of its own; $1 is the smallest UUID v7 of the cutoff's millisecond.
+// of its own; @floor is the smallest UUID v7 of the cutoff's millisecond,
+// @cutoff the cutoff.
 const prunable = `
-    r.run_id < $1 AND r.completed_at < $2
-    AND (r.status IN ('completed', 'failed', 'compensated', 'cancelled', 'continued', 'terminated')
-         OR (r.status = 'dead' AND NOT EXISTS (
-             SELECT 1 FROM dead_jobs j WHERE j.run_id = r.run_id AND (j.resolved_at IS NULL OR j.resolved_at >= $2))))
+    r.run_id < @floor AND r.completed_at < @cutoff
+    AND r.status IN ` + terminalStatuses + `
+    AND (r.status <> 'dead' OR NOT EXISTS (
+         SELECT 1 FROM dead_jobs j WHERE j.run_id = r.run_id AND (j.resolved_at IS NULL OR j.resolved_at >= @cutoff)))
     AND (r.parent_run_id IS NULL OR NOT EXISTS (
          SELECT 1 FROM workflow_runs p WHERE p.run_id = r.parent_run_id
          AND p.status IN ('pending', 'running', 'waiting', 'compensating', 'dead')))
@@ -32,12 +34,12 @@ const prunable = `
 // pruneRuns deletes one batch: the runs are locked SKIP LOCKED, so a
 // prune never waits for (or blocks) a worker or another prune, and their
 // steps, signals and dead jobs go in the same statement.
-const pruneRuns = `
+var pruneRuns = named(`
 WITH doomed AS (
     SELECT r.run_id FROM workflow_runs r
     WHERE ` + prunable + `
     ORDER BY r.run_id
-    LIMIT $3
+    LIMIT @limit
     FOR UPDATE SKIP LOCKED
 ), steps AS (
     DELETE FROM workflow_steps s USING doomed WHERE s.run_id = doomed.run_id RETURNING 1
@@ -48,14 +50,14 @@ WITH doomed AS (
 ), runs AS (
     DELETE FROM workflow_runs r USING doomed WHERE r.run_id = doomed.run_id RETURNING 1
 )
-SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM steps), (SELECT count(*) FROM signals), (SELECT count(*) FROM jobs)`
+SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM steps), (SELECT count(*) FROM signals), (SELECT count(*) FROM jobs)`)
 
-const countPrunable = `
+var countPrunable = named(`
 SELECT count(*),
        coalesce(sum((SELECT count(*) FROM workflow_steps s WHERE s.run_id = r.run_id)), 0),
        coalesce(sum((SELECT count(*) FROM workflow_signals s WHERE s.run_id = r.run_id)), 0),
        coalesce(sum((SELECT count(*) FROM dead_jobs j WHERE j.run_id = r.run_id)), 0)
-FROM workflow_runs r WHERE ` + prunable
+FROM workflow_runs r WHERE ` + prunable)
 
 const pruneFires = `
 DELETE FROM schedule_fires f USING (
@@ -72,7 +74,8 @@ type Pruned struct {
 // recorded before it.
 func PruneBatch(ctx context.Context, db DBTX, cutoff time.Time, limit int) (Pruned, error) {
 	var p Pruned
-	if err := db.QueryRow(ctx, pruneRuns, uuidFloor(cutoff), cutoff, limit).Scan(&p.Runs, &p.Steps, &p.Signals, &p.DeadJobs); err != nil {
+	args := pgx.StrictNamedArgs{"floor": uuidFloor(cutoff), "cutoff": cutoff, "limit": limit}
+	if err := pruneRuns.queryRow(ctx, db, args).Scan(&p.Runs, &p.Steps, &p.Signals, &p.DeadJobs); err != nil {
 		return p, fmt.Errorf("pruning runs: %w", translate(err))
 	}
 	tag, err := db.Exec(ctx, pruneFires, cutoff, limit)
@@ -87,7 +90,8 @@ func PruneBatch(ctx context.Context, db DBTX, cutoff time.Time, limit int) (Prun
 // would delete.
 func CountPrunable(ctx context.Context, db DBTX, cutoff time.Time) (Pruned, error) {
 	var p Pruned
-	if err := db.QueryRow(ctx, countPrunable, uuidFloor(cutoff), cutoff).Scan(&p.Runs, &p.Steps, &p.Signals, &p.DeadJobs); err != nil {
+	args := pgx.StrictNamedArgs{"floor": uuidFloor(cutoff), "cutoff": cutoff}
+	if err := countPrunable.queryRow(ctx, db, args).Scan(&p.Runs, &p.Steps, &p.Signals, &p.DeadJobs); err != nil {
 		return p, fmt.Errorf("counting prunable runs: %w", translate(err))
 	}
 	if err := db.QueryRow(ctx, `SELECT count(*) FROM schedule_fires WHERE recorded_at < $1`, cutoff).Scan(&p.ScheduleFires); err != nil {

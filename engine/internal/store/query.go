@@ -171,20 +171,23 @@ type RunFilter struct {
 }
 
 const listRuns = `SELECT ` + runColumns + ` FROM workflow_runs
-WHERE ($1::text = '' OR workflow_name = $1)
-  AND ($2::text = '' OR status = $2)
-  AND ($3::uuid IS NULL OR run_id < $3)
-  AND ($5::text = '' OR starts_with(workflow_id, $5))
-  AND ($6::uuid IS NULL OR run_id >= $6) AND ($7::uuid IS NULL OR run_id < $7)
-  AND ($8::timestamptz IS NULL OR completed_at >= $8) AND ($9::timestamptz IS NULL OR completed_at < $9)
-  AND (NOT $10::bool OR parent_run_id IS NULL)
+WHERE (@workflow::text = '' OR workflow_name = @workflow)
+  AND (@status::text = '' OR status = @status)
+  AND (@before::uuid IS NULL OR run_id < @before)
+  AND (@workflow_id_prefix::text = '' OR starts_with(workflow_id, @workflow_id_prefix))
+  AND (@created_from::uuid IS NULL OR run_id >= @created_from) AND (@created_to::uuid IS NULL OR run_id < @created_to)
+  AND (@finished_after::timestamptz IS NULL OR completed_at >= @finished_after)
+  AND (@finished_before::timestamptz IS NULL OR completed_at < @finished_before)
+  AND (NOT @top_level::bool OR parent_run_id IS NULL)
 ORDER BY run_id DESC
-LIMIT $4`
+LIMIT @limit`
+
+var listRunsStmt = named(listRuns)
 
 // listTaggedRuns is listRuns with a tag filter, as its own statement: a
-// condition that is there or not ("$10 IS NULL OR ...") would keep a
+// condition that is there or not ("@tags IS NULL OR ...") would keep a
 // generic plan from the partial index.
-var listTaggedRuns = strings.Replace(listRuns, "ORDER BY run_id DESC", "  AND tags IS NOT NULL AND tags @> $11::jsonb\nORDER BY run_id DESC", 1)
+var listTaggedRuns = named(strings.Replace(listRuns, "ORDER BY run_id DESC", "  AND tags IS NOT NULL AND tags @> @tags::jsonb\nORDER BY run_id DESC", 1))
 
 func floorOrNull(t *time.Time) *uuid.UUID {
 	if t == nil {
@@ -196,12 +199,14 @@ func floorOrNull(t *time.Time) *uuid.UUID {
 
 // ListRuns returns runs newest first.
 func ListRuns(ctx context.Context, db DBTX, f RunFilter) ([]*RunRow, error) {
-	sql, args := listRuns, []any{f.Workflow, f.Status, f.Before, f.Limit, f.WorkflowIDPrefix,
-		floorOrNull(f.CreatedAfter), floorOrNull(f.CreatedBefore), f.FinishedAfter, f.FinishedBefore, f.TopLevel}
+	stmt, args := listRunsStmt, pgx.StrictNamedArgs{"workflow": f.Workflow, "status": f.Status, "before": f.Before,
+		"limit": f.Limit, "workflow_id_prefix": f.WorkflowIDPrefix, "created_from": floorOrNull(f.CreatedAfter),
+		"created_to": floorOrNull(f.CreatedBefore), "finished_after": f.FinishedAfter, "finished_before": f.FinishedBefore,
+		"top_level": f.TopLevel}
 	if f.Tags != nil {
-		sql, args = listTaggedRuns, append(args, string(f.Tags))
+		stmt, args["tags"] = listTaggedRuns, string(f.Tags)
 	}
-	rows, err := db.Query(ctx, sql, args...)
+	rows, err := stmt.query(ctx, db, args)
 	if err != nil {
 		return nil, fmt.Errorf("listing runs: %w", err)
 	}

@@ -60,33 +60,39 @@ type InsertedRun struct {
 	Status   string
 }
 
+// insertRun inserts a run (see NewRun), claimed when @token is set. Its
+// first_run_id is @continued_from, NULL here: only insertContinuedRun
+// starts a run with one.
 const insertRun = `
 INSERT INTO workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
                            status, owner_token, lease_expires_at, deliveries, stalled_deliveries, started_at, held_until,
                            wake_at, run_timeout_ms, deadline_at, parent_run_id, parent_seq, parent_close_policy, first_run_id, tags, trace_context)
-VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7,
-        CASE WHEN $8::uuid IS NOT NULL THEN 'running' WHEN $11::timestamptz IS NOT NULL THEN 'waiting' ELSE 'pending' END,
-        $8::uuid,
-        CASE WHEN $8::uuid IS NOT NULL THEN now() + $9::bigint * interval '1 millisecond' END,
-        CASE WHEN $8::uuid IS NULL THEN 0 ELSE 1 END, CASE WHEN $8::uuid IS NULL THEN 0 ELSE 1 END,
-        CASE WHEN $8::uuid IS NOT NULL THEN now() END,
-        CASE WHEN $10::bigint > 0 THEN now() + $10::bigint * interval '1 millisecond' END,
-        $11::timestamptz, nullif($12::bigint, 0), $13::timestamptz, $14::uuid, $15::int, $16::text,
-        $17::uuid, $18::jsonb, $19::jsonb)
+VALUES (@run_id, @workflow_name, @workflow_version, @workflow_id, @input::jsonb, @queue, @schedule_name,
+        CASE WHEN @token::uuid IS NOT NULL THEN 'running' WHEN @start_at::timestamptz IS NOT NULL THEN 'waiting' ELSE 'pending' END,
+        @token::uuid,
+        CASE WHEN @token::uuid IS NOT NULL THEN now() + @lease_ms::bigint * interval '1 millisecond' END,
+        CASE WHEN @token::uuid IS NULL THEN 0 ELSE 1 END, CASE WHEN @token::uuid IS NULL THEN 0 ELSE 1 END,
+        CASE WHEN @token::uuid IS NOT NULL THEN now() END,
+        CASE WHEN @hold_ms::bigint > 0 THEN now() + @hold_ms::bigint * interval '1 millisecond' END,
+        @start_at::timestamptz, nullif(@run_timeout_ms::bigint, 0), @deadline_at::timestamptz, @parent_run_id::uuid,
+        @parent_seq::int, @parent_close_policy::text,
+        @continued_from::uuid, @tags::jsonb, @trace_context::jsonb)
 ON CONFLICT (workflow_name, workflow_id) WHERE status <> 'continued' DO NOTHING
 RETURNING run_id`
 
-// insertContinuedRun is insertRun for a run ContinueAsNew starts ($17 the
-// run it continues): it records its chain's first run, and takes the
-// tags and trace context of the run it continues when it has none of its
-// own. insertRun stays free of these subqueries: with them PostgreSQL
-// plans every start anew (a custom plan folds them away, so it never
-// settles on the generic one), which cost a one-at-a-time start 0.13 ms
-// of its 0.45 (engine bench, start p50).
-var insertContinuedRun = strings.NewReplacer(
-	"$17::uuid, $18::jsonb, $19::jsonb)", `(SELECT coalesce(p.first_run_id, p.run_id) FROM workflow_runs p WHERE p.run_id = $17::uuid),
-        coalesce($18::jsonb, (SELECT p.tags FROM workflow_runs p WHERE p.run_id = $17::uuid)),
-        coalesce($19::jsonb, (SELECT p.trace_context FROM workflow_runs p WHERE p.run_id = $17::uuid)))`).Replace(insertRun)
+var insertRunStmt = named(insertRun)
+
+// insertContinuedRun is insertRun for a run ContinueAsNew starts
+// (@continued_from the run it continues): it records its chain's first
+// run, and takes the tags and trace context of the run it continues when
+// it has none of its own. insertRun stays free of these subqueries: with
+// them PostgreSQL plans every start anew (a custom plan folds them away,
+// so it never settles on the generic one), which cost a one-at-a-time
+// start 0.13 ms of its 0.45 (engine bench, start p50).
+var insertContinuedRun = named(strings.NewReplacer(
+	"@continued_from::uuid, @tags::jsonb, @trace_context::jsonb)", `(SELECT coalesce(p.first_run_id, p.run_id) FROM workflow_runs p WHERE p.run_id = @continued_from::uuid),
+        coalesce(@tags::jsonb, (SELECT p.tags FROM workflow_runs p WHERE p.run_id = @continued_from::uuid)),
+        coalesce(@trace_context::jsonb, (SELECT p.trace_context FROM workflow_runs p WHERE p.run_id = @continued_from::uuid)))`).Replace(insertRun))
 
 // existingRun compares inputs as jsonb, so key order and whitespace do not
 // matter (Stripe's rule: same key + same parameters is the same request).
@@ -104,19 +110,11 @@ WHERE r.workflow_name = $1 AND r.workflow_id = $2 AND r.status <> 'continued'`
 // on the unique index, so exactly one wins.
 func InsertRun(ctx context.Context, db DBTX, r NewRun) (*InsertedRun, error) {
 	var id uuid.UUID
-	var token *uuid.UUID
-	var lease int64
-	if r.Claim != nil {
-		token, lease = &r.Claim.Token, ms(r.Claim.Lease)
-	}
-	args := []any{r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID, r.Input, r.Queue, r.ScheduleName,
-		token, lease, ms(r.Hold), r.StartAt, ms(r.RunTimeout), r.Deadline}
-	args = append(args, parentArgs(r.Parent)...)
-	sql := insertRun
+	stmt := insertRunStmt
 	if r.ContinuedFrom != nil {
-		sql = insertContinuedRun
+		stmt = insertContinuedRun
 	}
-	err := db.QueryRow(ctx, sql, append(args, r.ContinuedFrom, jsonParam(r.Tags), jsonParam(r.TraceContext))...).Scan(&id)
+	err := stmt.queryRow(ctx, db, r.args()).Scan(&id)
 	if err == nil {
 		return &InsertedRun{RunID: id, Status: r.insertedStatus()}, nil
 	}
@@ -126,12 +124,22 @@ func InsertRun(ctx context.Context, db DBTX, r NewRun) (*InsertedRun, error) {
 	return existing(ctx, db, r)
 }
 
-// parentArgs are insertRun's parent parameters for p (nil: none).
-func parentArgs(p *ParentRef) []any {
-	if p == nil {
-		return []any{nil, nil, nil}
+// args are insertRun's arguments for r.
+func (r *NewRun) args() pgx.StrictNamedArgs {
+	var token *uuid.UUID
+	var lease int64
+	if r.Claim != nil {
+		token, lease = &r.Claim.Token, ms(r.Claim.Lease)
 	}
-	return []any{p.RunID, p.Seq, p.ClosePolicy}
+	args := pgx.StrictNamedArgs{"run_id": r.RunID, "workflow_name": r.WorkflowName, "workflow_version": r.WorkflowVersion,
+		"workflow_id": r.WorkflowID, "input": r.Input, "queue": r.Queue, "schedule_name": r.ScheduleName,
+		"token": token, "lease_ms": lease, "hold_ms": ms(r.Hold), "start_at": r.StartAt, "run_timeout_ms": ms(r.RunTimeout),
+		"deadline_at": r.Deadline, "parent_run_id": nil, "parent_seq": nil, "parent_close_policy": nil,
+		"continued_from": r.ContinuedFrom, "tags": jsonParam(r.Tags), "trace_context": jsonParam(r.TraceContext)}
+	if p := r.Parent; p != nil {
+		args["parent_run_id"], args["parent_seq"], args["parent_close_policy"] = p.RunID, p.Seq, p.ClosePolicy
+	}
+	return args
 }
 
 // insertedStatus is the status r is inserted with.
@@ -284,30 +292,37 @@ func WatchRun(ctx context.Context, db DBTX, runID uuid.UUID) (status string, err
 	return status, translate(err)
 }
 
-// stepUpsert is a CTE that writes one step record ($4..$15) for the run the
-// preceding "run" CTE returned; it writes nothing when that CTE returned no
-// row (the fence failed) or when $4 is NULL (no record to write).
+// stepRecordValues are the columns (stepColumnList) of the step record
+// in the @step_ parameters (see stepArgs), for the run of the preceding
+// "run" CTE.
+var stepRecordValues = `run.run_id, @step_seq::int, @step_name::text, @step_kind::text, @step_status::text, @step_attempts::int,
+           @step_request_id::uuid, @step_output::jsonb, @step_error::jsonb, @step_next_attempt_at::timestamptz,
+           @step_first_failed_at::timestamptz, @step_started_at::timestamptz, @step_completed_at::timestamptz,
+           @step_compensation::text, @step_compensation_of::int,
+           ` + failedAttempt(`@step_status::text`, `@step_attempts::int`, `@step_error::jsonb`)
+
+// stepUpsert is a CTE that writes the step record in the @step_
+// parameters (see stepArgs) for the run the preceding "run" CTE returned;
+// it writes nothing when that CTE returned no row (the fence failed) or
+// when @step_seq is NULL (no record to write).
 var stepUpsert = `
 step AS (
-    INSERT INTO workflow_steps AS s (run_id, seq, name, kind, status, attempts, request_id, output, error,
-                                     next_attempt_at, first_failed_at, started_at, completed_at,
-                                     compensation, compensation_of, failed_attempts)
-    SELECT run.run_id, $4::int, $5::text, $6::text, $7::text, $8::int, $9::uuid, $10::jsonb, $11::jsonb,
-           $12::timestamptz, $13::timestamptz, $14::timestamptz, $15::timestamptz, $16::text, $17::int,
-           ` + failedAttempt(`$7::text`, `$8::int`, `$11::jsonb`) + `
-    FROM run WHERE $4::int IS NOT NULL
+    INSERT INTO workflow_steps AS s (` + stepColumnList + `)
+    SELECT ` + stepRecordValues + `
+    FROM run WHERE @step_seq::int IS NOT NULL
 ` + stepConflict + `
 )`
 
-// writeSteps upserts any number of step records ($4.. as parallel arrays)
-// for a run whose lease $2 holds, extending the lease and optionally moving
-// its status ($18): one statement. It reports whether the run's
-// cancellation was requested, so a delivery learns of it at every write.
-var writeSteps = `
+// writeSteps upserts any number of step records (the @step_ parameters,
+// parallel arrays) for a run whose lease @token holds, extending the lease
+// and optionally moving its status (@run_status, NULL to leave it): one
+// statement. It reports whether the run's cancellation was requested, so
+// a delivery learns of it at every write.
+var writeSteps = named(`
 WITH run AS (
-    UPDATE workflow_runs SET lease_expires_at = now() + $3::bigint * interval '1 millisecond',
-        stalled_deliveries = 0, long_stalled_deliveries = 0, status = coalesce($18::text, status)
-    WHERE run_id = $1 AND owner_token = $2
+    UPDATE workflow_runs SET lease_expires_at = now() + @lease_ms::bigint * interval '1 millisecond',
+        stalled_deliveries = 0, long_stalled_deliveries = 0, status = coalesce(@run_status::text, status)
+    WHERE run_id = @run_id AND owner_token = @token
     RETURNING run_id, cancel_requested_at IS NOT NULL AS cancel
 ), step AS (
     INSERT INTO workflow_steps AS s (run_id, seq, name, kind, status, attempts, request_id, output, error,
@@ -316,15 +331,17 @@ WITH run AS (
     SELECT run.run_id, u.seq, u.name, u.kind, u.status, u.attempts, u.request_id, u.output::jsonb, u.error::jsonb,
            u.next_attempt_at, u.first_failed_at, u.started_at, u.completed_at, u.compensation, u.compensation_of,
            ` + failedAttempt(`u.status`, `u.attempts`, `u.error::jsonb`) + `
-    FROM run, unnest($4::int[], $5::text[], $6::text[], $7::text[], $8::int[], $9::uuid[], $10::text[], $11::text[],
-                     $12::timestamptz[], $13::timestamptz[], $14::timestamptz[], $15::timestamptz[],
-                     $16::text[], $17::int[])
+    FROM run, unnest(@step_seq::int[], @step_name::text[], @step_kind::text[], @step_status::text[], @step_attempts::int[],
+                     @step_request_id::uuid[], @step_output::text[], @step_error::text[],
+                     @step_next_attempt_at::timestamptz[], @step_first_failed_at::timestamptz[],
+                     @step_started_at::timestamptz[], @step_completed_at::timestamptz[],
+                     @step_compensation::text[], @step_compensation_of::int[])
         AS u(seq, name, kind, status, attempts, request_id, output, error, next_attempt_at, first_failed_at,
              started_at, completed_at, compensation, compensation_of)
 ` + stepConflict + `
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM run), coalesce((SELECT bool_or(cancel) FROM run), false), (SELECT count(*) FROM step)`
+SELECT (SELECT count(*) FROM run), coalesce((SELECT bool_or(cancel) FROM run), false), (SELECT count(*) FROM step)`)
 
 // WriteSteps records recs and extends the lease, fenced by token (one
 // statement, one round trip), moving the run to status unless it is "".
@@ -342,8 +359,11 @@ func WriteSteps(ctx context.Context, db DBTX, f Fence, status string, recs ...*S
 		statusArg = &status
 	}
 	var found int
-	err = db.QueryRow(ctx, writeSteps, runID, f.Token, ms(f.Lease), c.seq, c.name, c.kind, c.status, c.attempts,
-		c.requestID, c.output, c.errs, c.next, c.firstFailed, c.started, c.completed, c.comp, c.compOf, statusArg).Scan(&found, &cancel, &written)
+	err = writeSteps.queryRow(ctx, db, pgx.StrictNamedArgs{"run_id": runID, "token": f.Token, "lease_ms": ms(f.Lease),
+		"run_status": statusArg, "step_seq": c.seq, "step_name": c.name, "step_kind": c.kind, "step_status": c.status,
+		"step_attempts": c.attempts, "step_request_id": c.requestID, "step_output": c.output, "step_error": c.errs,
+		"step_next_attempt_at": c.next, "step_first_failed_at": c.firstFailed, "step_started_at": c.started,
+		"step_completed_at": c.completed, "step_compensation": c.comp, "step_compensation_of": c.compOf}).Scan(&found, &cancel, &written)
 	if err != nil {
 		return false, 0, fmt.Errorf("recording steps of run %s: %w", runID, translate(err))
 	}
@@ -458,16 +478,16 @@ func CancelRequested(ctx context.Context, db DBTX, runIDs []uuid.UUID) ([]uuid.U
 	return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 }
 
-var suspendRun = `
+var suspendRun = named(`
 WITH run AS (
-    UPDATE workflow_runs SET status = $18, wake_at = $19, owner_token = NULL, lease_expires_at = NULL,
-        enqueued_at = CASE WHEN $19::timestamptz IS NULL THEN now() ELSE enqueued_at END,
-        stalled_deliveries = CASE WHEN $20::bool THEN 0 ELSE greatest(stalled_deliveries - 1, 0) END,
-        long_stalled_deliveries = CASE WHEN $20::bool THEN 0 ELSE greatest(long_stalled_deliveries - $21::int, 0) END
-    WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0
+    UPDATE workflow_runs SET status = @run_status, wake_at = @wake_at, owner_token = NULL, lease_expires_at = NULL,
+        enqueued_at = CASE WHEN @wake_at::timestamptz IS NULL THEN now() ELSE enqueued_at END,
+        stalled_deliveries = CASE WHEN @progress::bool THEN 0 ELSE greatest(stalled_deliveries - 1, 0) END,
+        long_stalled_deliveries = CASE WHEN @progress::bool THEN 0 ELSE greatest(long_stalled_deliveries - @long::int, 0) END
+    WHERE run_id = @run_id AND owner_token = @token
     RETURNING run_id
 ), ` + stepUpsert + `
-SELECT count(*) FROM run`
+SELECT count(*) FROM run`)
 
 // SuspendParams says how SuspendRun hands a run back.
 type SuspendParams struct {
@@ -490,9 +510,9 @@ func SuspendRun(ctx context.Context, db DBTX, f Fence, p SuspendParams) error {
 	if p.WasLong {
 		long = 1
 	}
-	args := append([]any{f.RunID, f.Token, 0}, stepArgs(p.Pending)...)
-	args = append(args, p.Status, p.WakeAt, p.Progress, long)
-	return fenced(db.QueryRow(ctx, suspendRun, args...), "suspending run %s", f.RunID)
+	args := pgx.StrictNamedArgs{"run_id": f.RunID, "token": f.Token, "run_status": p.Status, "wake_at": p.WakeAt,
+		"progress": p.Progress, "long": long}
+	return fenced(suspendRun.queryRow(ctx, db, stepArgs(args, p.Pending)), "suspending run %s", f.RunID)
 }
 
 // ReleaseUnclaimed gives back a lease this delivery took but cannot use (the
@@ -538,48 +558,48 @@ type SweptRun struct {
 //
 // A run whose delivery is the second or later in a row to die without
 // recording progress is not enqueued at once: it waits (status waiting, or
-// compensating) for a random delay of up to $4 ms × 2^(stalled-2), capped
-// at 4 × $4 (full jitter, as in AWS's backoff note). A worker that a
+// compensating) for a random delay of up to a lease (@lease_ms) ×
+// 2^(stalled-2), capped at 4 leases (full jitter, as in AWS's backoff note). A worker that a
 // poison run kills takes every run in flight with it; redelivered together
 // each time, an innocent run would be parked for a crash loop it did not
 // cause. The jitter spreads the suspects apart, so the innocent ones
 // complete and only the poison run keeps crashing. A first crash costs no
 // delay.
-const sweep = `
+var sweep = named(`
 WITH expired AS (
     SELECT run_id FROM workflow_runs
-    WHERE status IN ('running', 'compensating') AND queue = $2 AND lease_expires_at < now()
+    WHERE status IN ('running', 'compensating') AND queue = @queue AND lease_expires_at < now()
     ORDER BY lease_expires_at
-    LIMIT $1
+    LIMIT @limit
     FOR UPDATE SKIP LOCKED
 ), due AS (
     SELECT run_id FROM workflow_runs
-    WHERE wake_at <= $3 AND queue = $2 AND status IN ('waiting', 'compensating')
+    WHERE wake_at <= @now AND queue = @queue AND status IN ('waiting', 'compensating')
     ORDER BY wake_at
-    LIMIT $1
+    LIMIT @limit
     FOR UPDATE SKIP LOCKED
 ), cancelled AS (
     SELECT run_id FROM workflow_runs
-    WHERE status = 'waiting' AND queue = $2 AND cancel_requested_at IS NOT NULL
-    LIMIT $1
+    WHERE status = 'waiting' AND queue = @queue AND cancel_requested_at IS NOT NULL
+    LIMIT @limit
     FOR UPDATE SKIP LOCKED
 ), held AS (
     SELECT run_id FROM workflow_runs
-    WHERE held_until <= now() AND queue = $2
+    WHERE held_until <= now() AND queue = @queue
     ORDER BY held_until
-    LIMIT $1
+    LIMIT @limit
     FOR UPDATE SKIP LOCKED
 ), timed_out AS (
     SELECT run_id, status FROM workflow_runs
-    WHERE deadline_at <= $3 AND queue = $2 AND cancel_requested_at IS NULL AND status IN ('pending', 'running', 'waiting')
+    WHERE deadline_at <= @now AND queue = @queue AND cancel_requested_at IS NULL AND status IN ('pending', 'running', 'waiting')
     ORDER BY deadline_at
-    LIMIT $1
+    LIMIT @limit
     FOR UPDATE SKIP LOCKED
 ), swept AS (
     UPDATE workflow_runs r SET owner_token = NULL, lease_expires_at = NULL,
         status = CASE WHEN r.stalled_deliveries >= 2 AND r.status = 'running' THEN 'waiting' ELSE r.status END,
-        wake_at = CASE WHEN r.stalled_deliveries >= 2 THEN $3::timestamptz + random()
-            * least(2 ^ (r.stalled_deliveries - 2), 4) * $4::bigint * interval '1 millisecond' END,
+        wake_at = CASE WHEN r.stalled_deliveries >= 2 THEN @now::timestamptz + random()
+            * least(2 ^ (r.stalled_deliveries - 2), 4) * @lease_ms::bigint * interval '1 millisecond' END,
         enqueued_at = now()
     FROM expired WHERE r.run_id = expired.run_id
     RETURNING r.run_id, r.wake_at, r.stalled_deliveries
@@ -608,13 +628,13 @@ SELECT run_id, 'wake', NULL, 0 FROM woken
 UNION ALL
 SELECT run_id, 'held', NULL, 0 FROM released
 UNION ALL
-SELECT run_id, CASE WHEN woken THEN 'wake' ELSE 'timed_out' END, NULL, 0 FROM timeout_cancelled`
+SELECT run_id, CASE WHEN woken THEN 'wake' ELSE 'timed_out' END, NULL, 0 FROM timeout_cancelled`)
 
 // Sweep hands up to limit runs of each kind on queue back for delivery; the
 // caller enqueues a ticket in the same transaction for each whose Cause is
 // not crash_backoff. lease scales the crash backoff.
 func Sweep(ctx context.Context, tx DBTX, queue string, now time.Time, lease time.Duration, limit int) ([]SweptRun, error) {
-	rows, err := tx.Query(ctx, sweep, limit, queue, now, ms(lease))
+	rows, err := sweep.query(ctx, tx, pgx.StrictNamedArgs{"limit": limit, "queue": queue, "now": now, "lease_ms": ms(lease)})
 	if err != nil {
 		return nil, fmt.Errorf("sweeping runs: %w", err)
 	}
@@ -708,18 +728,18 @@ func StartNow(ctx context.Context, tx DBTX, runID uuid.UUID) (status string, wok
 	return status, woken, translate(err)
 }
 
-// continueRun ends the run its fence holds as continued by run $4,
+// continueRun ends the run its fence holds as continued by run @next,
 // notifying RunEndedChannel if it is watched.
-const continueRun = `
+var continueRun = named(`
 WITH run AS (
-    UPDATE workflow_runs SET status = 'continued', continued_run_id = $4, owner_token = NULL, lease_expires_at = NULL,
+    UPDATE workflow_runs SET status = 'continued', continued_run_id = @next, owner_token = NULL, lease_expires_at = NULL,
         completed_at = now(), wake_at = NULL, deadline_at = NULL, await_signal = NULL,
         stalled_deliveries = 0, long_stalled_deliveries = 0
-    WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0 AND cancel_requested_at IS NULL
+    WHERE run_id = @run_id AND owner_token = @token AND cancel_requested_at IS NULL
     RETURNING run_id, watched AS notify
 ), ` + notifyEnded + `
-SELECT count(*), (SELECT cancel_requested_at IS NOT NULL FROM workflow_runs WHERE run_id = $1 AND owner_token = $2)
-FROM run WHERE (SELECT count(*) FROM notified) >= 0`
+SELECT count(*), (SELECT cancel_requested_at IS NOT NULL FROM workflow_runs WHERE run_id = @run_id AND owner_token = @token)
+FROM run WHERE (SELECT count(*) FROM notified) >= 0`)
 
 // ErrCancelRequested: the run's cancellation was requested; it cannot
 // continue as new.
@@ -735,7 +755,7 @@ const moveSignals = `UPDATE workflow_signals SET run_id = $2 WHERE run_id = $1 A
 func ContinueRun(ctx context.Context, tx DBTX, f Fence, next uuid.UUID) error {
 	var n int
 	var cancel *bool
-	if err := tx.QueryRow(ctx, continueRun, f.RunID, f.Token, 0, next).Scan(&n, &cancel); err != nil {
+	if err := continueRun.queryRow(ctx, tx, pgx.StrictNamedArgs{"run_id": f.RunID, "token": f.Token, "next": next}).Scan(&n, &cancel); err != nil {
 		return fmt.Errorf("continuing run %s: %w", f.RunID, translate(err))
 	}
 	switch {
@@ -772,17 +792,17 @@ const runParent = `SELECT parent_run_id, parent_seq, status, workflow_name FROM 
 // it again (its owner token is cleared, so a delivery still running it
 // finds its lease lost at its next write), its open dead job is resolved
 // as discarded, and a watched run's end is notified.
-const terminateRun = `
+var terminateRun = named(`
 WITH run AS (
-    UPDATE workflow_runs SET status = 'terminated', error = $2::jsonb, owner_token = NULL, lease_expires_at = NULL,
+    UPDATE workflow_runs SET status = 'terminated', error = @error::jsonb, owner_token = NULL, lease_expires_at = NULL,
         completed_at = now(), wake_at = NULL, deadline_at = NULL, await_signal = NULL, held_until = NULL
-    WHERE run_id = $1 AND status IN ('pending', 'running', 'waiting', 'compensating', 'dead')
+    WHERE run_id = @run_id AND status IN ('pending', 'running', 'waiting', 'compensating', 'dead')
     RETURNING run_id, watched AS notify
 ), job AS (
-    UPDATE dead_jobs j SET resolved_at = now(), resolution = 'discarded', resolved_by = $3, note = $4
+    UPDATE dead_jobs j SET resolved_at = now(), resolution = 'discarded', resolved_by = @resolved_by, note = @note
     FROM run WHERE j.run_id = run.run_id AND j.resolved_at IS NULL
 ), ` + notifyEnded + `
-SELECT count(*) FROM run WHERE (SELECT count(*) FROM notified) >= 0`
+SELECT count(*) FROM run WHERE (SELECT count(*) FROM notified) >= 0`)
 
 // Terminated is what TerminateRun did.
 type Terminated struct {
@@ -811,7 +831,8 @@ func TerminateRun(ctx context.Context, tx DBTX, runID uuid.UUID, errJSON []byte,
 		}
 	}
 	var n int
-	if err := tx.QueryRow(ctx, terminateRun, runID, string(errJSON), by, note).Scan(&n); err != nil {
+	args := pgx.StrictNamedArgs{"run_id": runID, "error": string(errJSON), "resolved_by": by, "note": note}
+	if err := terminateRun.queryRow(ctx, tx, args).Scan(&n); err != nil {
 		return t, fmt.Errorf("terminating run %s: %w", runID, translate(err))
 	}
 	t.Ended = n > 0

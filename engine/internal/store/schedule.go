@@ -42,11 +42,35 @@ func scanSchedule(row pgx.CollectableRow) (ScheduleRow, error) {
 
 // InsertSchedule creates s; ErrConflict when the name is taken.
 func InsertSchedule(ctx context.Context, db DBTX, s *ScheduleRow) error {
-	_, err := db.Exec(ctx, `INSERT INTO schedules (name, cron, time_zone, workflow_name, input, overlap_policy,
-		catchup_window_ms, paused, queue, next_fire_at) VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10)`,
-		s.Name, s.Cron, s.TimeZone, s.WorkflowName, string(s.Input), s.OverlapPolicy, ms(s.CatchupWindow), s.Paused, s.Queue, s.NextFireAt)
+	_, err := insertSchedule.exec(ctx, db, s.args(true))
 	return translate(err)
 }
+
+var insertSchedule = named(`INSERT INTO schedules (name, cron, time_zone, workflow_name, input, overlap_policy,
+		catchup_window_ms, paused, queue, next_fire_at)
+	VALUES (@name, @cron, @time_zone, @workflow_name, @input::jsonb, @overlap_policy, @catchup_window_ms, @paused, @queue,
+		@next_fire_at)`)
+
+// args are the arguments of insertSchedule (withQueue) or of
+// updateSchedule, which keeps the queue.
+func (s *ScheduleRow) args(withQueue bool) pgx.StrictNamedArgs {
+	args := pgx.StrictNamedArgs{"name": s.Name, "cron": s.Cron, "time_zone": s.TimeZone, "workflow_name": s.WorkflowName,
+		"input": string(s.Input), "overlap_policy": s.OverlapPolicy, "catchup_window_ms": ms(s.CatchupWindow),
+		"paused": s.Paused, "next_fire_at": s.NextFireAt}
+	if withQueue {
+		args["queue"] = s.Queue
+	}
+	return args
+}
+
+// updateSchedule keeps the next fire (and a buffered one) of a schedule
+// whose expression and time zone stay, unless it was paused.
+var updateSchedule = named(`UPDATE schedules SET
+		next_fire_at = CASE WHEN cron = @cron AND time_zone = @time_zone AND NOT paused THEN next_fire_at ELSE @next_fire_at END,
+		buffered_fire_at = CASE WHEN cron = @cron AND time_zone = @time_zone AND NOT paused THEN buffered_fire_at END,
+		cron = @cron, time_zone = @time_zone, workflow_name = @workflow_name, input = @input::jsonb,
+		overlap_policy = @overlap_policy, catchup_window_ms = @catchup_window_ms, paused = paused OR @paused, updated_at = now()
+		WHERE name = @name`)
 
 // UpdateSchedule replaces s's definition, keeping its fire history. When
 // the expression and time zone are unchanged and it was not paused, it
@@ -54,13 +78,7 @@ func InsertSchedule(ctx context.Context, db DBTX, s *ScheduleRow) error {
 // engine ran are still caught up; otherwise the next fire is s.NextFireAt.
 // ErrNotFound when there is no such schedule.
 func UpdateSchedule(ctx context.Context, db DBTX, s *ScheduleRow) error {
-	tag, err := db.Exec(ctx, `UPDATE schedules SET
-		next_fire_at = CASE WHEN cron = $2 AND time_zone = $3 AND NOT paused THEN next_fire_at ELSE $9 END,
-		buffered_fire_at = CASE WHEN cron = $2 AND time_zone = $3 AND NOT paused THEN buffered_fire_at END,
-		cron = $2, time_zone = $3, workflow_name = $4, input = $5::jsonb,
-		overlap_policy = $6, catchup_window_ms = $7, paused = paused OR $8, updated_at = now()
-		WHERE name = $1`,
-		s.Name, s.Cron, s.TimeZone, s.WorkflowName, string(s.Input), s.OverlapPolicy, ms(s.CatchupWindow), s.Paused, s.NextFireAt)
+	tag, err := updateSchedule.exec(ctx, db, s.args(false))
 	if err != nil {
 		return translate(err)
 	}

@@ -49,22 +49,23 @@ func ResolveRun(ctx context.Context, db DBTX, target string) (uuid.UUID, error) 
 // The row lock serializes a signal with the run's AwaitSignal, which locks
 // the same row before it looks for signals: a signal either lands before
 // the look (and is found) or after the run is suspended waiting for it (and
-// wakes it). A run waiting for another name is left asleep.
-const sendSignal = `
+// wakes it). A run waiting for another name is left asleep. A run that
+// ended takes no signal, but a dead one does: it may yet be replayed.
+var sendSignal = named(`
 WITH target AS (
-    SELECT run_id, status, await_signal, workflow_name FROM workflow_runs WHERE run_id = $1 FOR UPDATE
+    SELECT run_id, status, await_signal, workflow_name FROM workflow_runs WHERE run_id = @run_id FOR UPDATE
 ), ins AS (
     INSERT INTO workflow_signals (run_id, name, payload, idempotency_key)
-    SELECT run_id, $2, $3::jsonb, $4 FROM target
-    WHERE status NOT IN ('completed', 'failed', 'compensated', 'cancelled', 'continued', 'terminated')
+    SELECT run_id, @name, @payload::jsonb, @key FROM target
+    WHERE status NOT IN ` + terminalStatuses + ` OR status = 'dead'
     RETURNING id
 ), woken AS (
     UPDATE workflow_runs r SET status = 'pending', wake_at = NULL, await_signal = NULL, enqueued_at = now()
     FROM target
-    WHERE r.run_id = target.run_id AND target.status = 'waiting' AND $2 = ANY(string_to_array(target.await_signal, chr(31)))
+    WHERE r.run_id = target.run_id AND target.status = 'waiting' AND @name = ANY(string_to_array(target.await_signal, chr(31)))
     RETURNING r.run_id
 )
-SELECT target.status, (SELECT count(*) FROM woken) > 0, target.workflow_name FROM target`
+SELECT target.status, (SELECT count(*) FROM woken) > 0, target.workflow_name FROM target`)
 
 // SignalLimits bound the signals one run holds, consumed ones included
 // (they stay, so a replay can read them): a count and their payloads'
@@ -173,7 +174,8 @@ func SendSignal(ctx context.Context, tx DBTX, p SignalParams) (SignalSent, error
 	case limits.Bytes > 0 && bytes+int64(len(p.Payload)) > limits.Bytes:
 		return SignalSent{}, fmt.Errorf("%w: run %s holds %d bytes of signals; %d more would pass the %d-byte bound", ErrLimit, runID, bytes, len(p.Payload), limits.Bytes)
 	}
-	err = tx.QueryRow(ctx, sendSignal, runID, p.Name, string(p.Payload), key).Scan(&sent.Status, &sent.Woken, &sent.Workflow)
+	err = sendSignal.queryRow(ctx, tx, pgx.StrictNamedArgs{"run_id": runID, "name": p.Name, "payload": string(p.Payload), "key": key}).
+		Scan(&sent.Status, &sent.Woken, &sent.Workflow)
 	if err != nil {
 		return SignalSent{}, translate(err)
 	}
@@ -222,14 +224,14 @@ func TakeSignal(ctx context.Context, tx pgx.Tx, f Fence, names []string, seq int
 	return name, payload, true, cancel, nil
 }
 
-var suspendAwaitingRun = `
+var suspendAwaitingRun = named(`
 WITH run AS (
-    UPDATE workflow_runs SET status = $20, wake_at = $18, await_signal = $19, owner_token = NULL,
+    UPDATE workflow_runs SET status = @run_status, wake_at = @wake_at, await_signal = @await_signal, owner_token = NULL,
         lease_expires_at = NULL, stalled_deliveries = 0, long_stalled_deliveries = 0
-    WHERE run_id = $1 AND owner_token = $2 AND $3::bigint >= 0
+    WHERE run_id = @run_id AND owner_token = @token
     RETURNING run_id
 ), ` + stepUpsert + `
-SELECT count(*) FROM run`
+SELECT count(*) FROM run`)
 
 // SuspendForSignal hands the run back waiting for a signal named one of
 // names, until wakeAt (nil: no timeout), writing rec (the wait's started
@@ -247,7 +249,6 @@ func SuspendAwaiting(ctx context.Context, tx DBTX, f Fence, rec *StepRecord, sta
 		joined := strings.Join(awaits, AwaitSeparator)
 		await = &joined
 	}
-	args := append([]any{f.RunID, f.Token, 0}, stepArgs(rec)...)
-	args = append(args, wakeAt, await, status)
-	return fenced(tx.QueryRow(ctx, suspendAwaitingRun, args...), "suspending run %s", f.RunID)
+	args := pgx.StrictNamedArgs{"run_id": f.RunID, "token": f.Token, "run_status": status, "wake_at": wakeAt, "await_signal": await}
+	return fenced(suspendAwaitingRun.queryRow(ctx, tx, stepArgs(args, rec)), "suspending run %s", f.RunID)
 }

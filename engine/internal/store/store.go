@@ -163,13 +163,36 @@ const (
 	RunTerminated   = "terminated"
 )
 
-// stepArgs returns the positional arguments for stepUpsert's $n.. placeholders,
-// or nulls when rec is nil so the CTE inserts nothing.
-func stepArgs(rec *StepRecord) []any {
+// terminalStatuses is the one list, for IN, of the statuses of a run
+// that has ended (as the engine's RunStatus.Terminal): every status but
+// the active ones (pending, running, waiting, compensating). Statements
+// narrow it where they mean less: a dead run may yet be replayed, so it
+// takes signals and waits for its dead jobs before a prune; a continued
+// run's chain goes on in the run that continues it, at the same parent
+// position, so a parent does not read it as its child's end.
+const terminalStatuses = `('completed', 'failed', 'compensated', 'cancelled', 'dead', 'continued', 'terminated')`
+
+// stepParams are the names of stepUpsert's (and writeRecord's) step
+// record parameters.
+var stepParams = []string{"step_seq", "step_name", "step_kind", "step_status", "step_attempts", "step_request_id",
+	"step_output", "step_error", "step_next_attempt_at", "step_first_failed_at", "step_started_at", "step_completed_at",
+	"step_compensation", "step_compensation_of"}
+
+// stepArgs binds the step record parameters (stepParams) in args to rec,
+// or to NULLs when rec is nil so that no record is written, and returns
+// args.
+func stepArgs(args pgx.StrictNamedArgs, rec *StepRecord) pgx.StrictNamedArgs {
 	if rec == nil {
-		return []any{nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+		for _, name := range stepParams {
+			args[name] = nil
+		}
+		return args
 	}
-	return []any{rec.Seq, rec.Name, rec.Kind, rec.Status, rec.Attempts, uuidOrNull(rec.RequestID),
+	values := []any{rec.Seq, rec.Name, rec.Kind, rec.Status, rec.Attempts, uuidOrNull(rec.RequestID),
 		rec.Output, rec.Error, rec.NextAttemptAt, rec.FirstFailedAt, rec.StartedAt, rec.CompletedAt,
 		rec.Compensation, rec.CompensationOf}
+	for i, name := range stepParams {
+		args[name] = values[i]
+	}
+	return args
 }
