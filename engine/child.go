@@ -281,7 +281,9 @@ func (d *delivery) startChild(name string, version int, input []byte, opts *Chil
 			if p := d.buf.pending; p != nil {
 				recs = append(recs, p)
 			}
-			cancel, _, err = store.WriteSteps(ctx, tx, d.fence(), "", recs...)
+			var w store.StepsWritten
+			w, err = store.WriteSteps(ctx, tx, d.fence(), "", recs...)
+			cancel = w.CancelRequested
 			return err
 		})
 	})
@@ -493,7 +495,7 @@ func (d *delivery) suspendForChildren(seqs []int) bool {
 	err := d.do(func(ctx context.Context) error {
 		ended = false
 		err := pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
-			return store.SuspendForChildren(ctx, tx, d.fence(), d.buf.pending, string(status), seqs)
+			return store.SuspendForChildren(ctx, tx, d.fence(), store.ChildWaitParams{Pending: d.buf.pending, Status: string(status), Seqs: seqs})
 		})
 		if errors.Is(err, store.ErrChildEnded) {
 			ended = true
@@ -543,12 +545,12 @@ func (d *delivery) closeChildren(cancel, wait []string) bool {
 				if err := store.LockRun(ctx, tx, d.runID); err != nil {
 					return err
 				}
-				var woken []uuid.UUID
-				var err error
-				if cancelled, woken, err = store.CancelChildren(ctx, tx, d.runID, cancel, cancelledJSON()); err != nil {
+				c, err := store.CancelChildren(ctx, tx, d.runID, cancel, cancelledJSON())
+				if err != nil {
 					return err
 				}
-				return d.e.queue.EnqueueMany(ctx, tx, woken)
+				cancelled = c.Cancelled
+				return d.e.queue.EnqueueMany(ctx, tx, c.Woken)
 			})
 		})
 		if err != nil {
@@ -614,12 +616,12 @@ func (d *delivery) endRelated(ctx context.Context, tx pgx.Tx, status RunStatus) 
 		}
 	}
 	if d.hasChildren && status.closed() {
-		cancelled, woken, err := store.CancelChildren(ctx, tx, d.runID, []string{string(ParentCloseCancel)}, cancelledJSON())
+		c, err := store.CancelChildren(ctx, tx, d.runID, []string{string(ParentCloseCancel)}, cancelledJSON())
 		if err != nil {
 			return err
 		}
-		d.closedChildren = cancelled
-		return d.e.queue.EnqueueMany(ctx, tx, woken)
+		d.closedChildren = c.Cancelled
+		return d.e.queue.EnqueueMany(ctx, tx, c.Woken)
 	}
 	return nil
 }

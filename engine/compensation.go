@@ -227,8 +227,9 @@ func (e *Engine) cancel(ctx context.Context, tx pgx.Tx, runID uuid.UUID) (reques
 	err = e.inTx(ctx, tx, func(tx pgx.Tx) error {
 		// Wall time, not Config.Clock: the sweeps compare these columns
 		// with PostgreSQL's clock.
-		status, wake, first, err := store.CancelRun(ctx, tx, runID, time.Now())
-		requested = first
+		res, err := store.CancelRun(ctx, tx, runID, time.Now())
+		status, wake := res.Status, res.WakeUp
+		requested = res.Requested
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			return fmt.Errorf("%w: run %s", ErrNotFound, runID)

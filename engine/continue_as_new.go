@@ -80,7 +80,7 @@ func (d *delivery) continueAsNew(input []byte) {
 				return err
 			}
 			if p := d.buf.pending; p != nil {
-				if _, _, err := store.WriteSteps(ctx, tx, d.fence(), "", p); err != nil {
+				if _, err := store.WriteSteps(ctx, tx, d.fence(), "", p); err != nil {
 					return err
 				}
 			}

@@ -139,7 +139,8 @@ func (e *Engine) GetDeadJob(ctx context.Context, id uuid.UUID) (*DeadJob, error)
 	}
 	j := deadJobFromRow(d)
 	if d.Resolution == nil {
-		parent, _, err := store.RunParent(ctx, e.pool, d.RunID)
+		up, err := store.RunParent(ctx, e.pool, d.RunID)
+		parent := up.Parent
 		if err == nil && parent != nil {
 			j.ParentDeadJobID, err = store.ParentParkedOn(ctx, e.pool, *parent, d.RunID)
 		}
@@ -213,10 +214,11 @@ func (e *Engine) replayLinked(ctx context.Context, tx pgx.Tx, d *store.DeadJobRo
 		down = child
 	}
 	for up := d.RunID; ; {
-		parent, _, err := store.RunParent(ctx, tx, up)
-		if err != nil || parent == nil {
+		res, err := store.RunParent(ctx, tx, up)
+		if err != nil || res.Parent == nil {
 			return err
 		}
+		parent := res.Parent
 		job, err := store.OpenChildDeadJob(ctx, tx, *parent, up)
 		if errors.Is(err, store.ErrNotFound) {
 			return nil
@@ -238,7 +240,7 @@ func (e *Engine) closeLinked(ctx context.Context, tx pgx.Tx, j, by *store.DeadJo
 	if opts.Note != "" {
 		note += ": " + opts.Note
 	}
-	if _, err := store.ResolveDeadJob(ctx, tx, j.ID, "replayed", opts.By, note); err != nil {
+	if _, err := store.ResolveDeadJob(ctx, tx, store.ResolveDeadJobParams{ID: j.ID, Resolution: "replayed", By: opts.By, Note: note}); err != nil {
 		return err
 	}
 	e.log.Info("dead job resolved", "dead_job_id", j.ID, "run_id", j.RunID, "resolution", "replayed", "with", by.ID)
@@ -249,10 +251,11 @@ func (e *Engine) closeLinked(ctx context.Context, tx pgx.Tx, j, by *store.DeadJo
 // cancelled when it is a child of policy cancel or wait whose parent has
 // closed (see ReplayDeadJob).
 func (e *Engine) replayRun(ctx context.Context, tx pgx.Tx, runID uuid.UUID) error {
-	parent, policy, err := store.RunParent(ctx, tx, runID)
+	up, err := store.RunParent(ctx, tx, runID)
 	if err != nil {
 		return fmt.Errorf("reading run %s: %w", runID, err)
 	}
+	parent, policy := up.Parent, up.ClosePolicy
 	orphaned := false
 	if parent != nil && ParentClosePolicy(policy) != ParentCloseAbandon {
 		status, err := store.RunStatusOf(ctx, tx, *parent)
@@ -322,7 +325,7 @@ func (e *Engine) resolveDeadJob(ctx context.Context, id uuid.UUID, resolution st
 			}
 			return nil
 		}
-		if _, err := store.ResolveDeadJob(ctx, tx, id, resolution, opts.By, opts.Note); err != nil {
+		if _, err := store.ResolveDeadJob(ctx, tx, store.ResolveDeadJobParams{ID: id, Resolution: resolution, By: opts.By, Note: opts.Note}); err != nil {
 			return err
 		}
 		if err := apply(ctx, tx, d); err != nil {
@@ -367,7 +370,8 @@ func (e *Engine) lockFamily(ctx context.Context, tx pgx.Tx, id uuid.UUID) error 
 func lockFamilyOf(ctx context.Context, tx pgx.Tx, runID uuid.UUID) error {
 	root := runID
 	for range maxFamilyDepth {
-		parent, _, err := store.RunParent(ctx, tx, root)
+		up, err := store.RunParent(ctx, tx, root)
+		parent := up.Parent
 		if errors.Is(err, store.ErrNotFound) {
 			break // no such run: its action says so next
 		}

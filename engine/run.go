@@ -215,7 +215,8 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 // to start: it has started).
 func (e *Engine) StartNow(ctx context.Context, runID uuid.UUID) error {
 	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		status, woken, err := store.StartNow(ctx, tx, runID)
+		res, err := store.StartNow(ctx, tx, runID)
+		status, woken := res.Status, res.Woken
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			return fmt.Errorf("%w: run %s", ErrNotFound, runID)

@@ -271,11 +271,12 @@ func (d *delivery) commitSelect(seq int, name string, startedAt time.Time, deadl
 		out, again, cancel = nil, false, false
 		err := pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
 			if len(signals) > 0 {
-				got, payload, found, cancelled, err := store.TakeSignal(ctx, tx, d.fence(), signals, seq)
+				taken, err := store.TakeSignal(ctx, tx, d.fence(), signals, seq)
 				if err != nil {
 					return err
 				}
-				cancel = cancelled
+				got, payload, found := taken.Name, taken.Payload, taken.Found
+				cancel = taken.CancelRequested
 				if found {
 					for i, c := range cases {
 						if c.kind == caseSignal && c.signal == got {
@@ -302,11 +303,12 @@ func (d *delivery) commitSelect(seq int, name string, startedAt time.Time, deadl
 				rec := &store.StepRecord{Seq: seq, Name: name, Kind: string(KindSelect), Status: store.StepStarted,
 					StartedAt: startedAt, NextAttemptAt: deadline}
 				if len(recs) > 0 {
-					if _, _, err := store.WriteSteps(ctx, tx, d.fence(), "", recs...); err != nil {
+					if _, err := store.WriteSteps(ctx, tx, d.fence(), "", recs...); err != nil {
 						return err
 					}
 				}
-				if err := store.SuspendAwaiting(ctx, tx, d.fence(), rec, store.RunWaiting, awaits, deadline); err != nil {
+				w := store.AwaitParams{Pending: rec, Status: store.RunWaiting, Awaits: awaits, WakeAt: deadline}
+				if err := store.SuspendAwaiting(ctx, tx, d.fence(), w); err != nil {
 					return err
 				}
 				if len(childSeqs) > 0 {
@@ -322,7 +324,7 @@ func (d *delivery) commitSelect(seq int, name string, startedAt time.Time, deadl
 			recs = append(recs, &store.StepRecord{Seq: seq, Name: name, Kind: string(KindSelect), Status: store.StepCompleted,
 				Attempts: 1, Output: raw, NextAttemptAt: deadline, StartedAt: startedAt, CompletedAt: &now})
 			d.lastRecordedAt = now
-			_, _, err = store.WriteSteps(ctx, tx, d.fence(), "", recs...)
+			_, err = store.WriteSteps(ctx, tx, d.fence(), "", recs...)
 			return err
 		})
 		switch {

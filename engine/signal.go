@@ -354,10 +354,11 @@ func (d *delivery) takeSignal(seq int, name string, names []string, startedAt ti
 	err = d.doOnce(func(ctx context.Context) error {
 		return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
 			outcome, cancel = nil, false
-			got, payload, found, cancelled, err := store.TakeSignal(ctx, tx, d.fence(), names, seq)
+			taken, err := store.TakeSignal(ctx, tx, d.fence(), names, seq)
 			if err != nil {
 				return err
 			}
+			got, payload, found, cancelled := taken.Name, taken.Payload, taken.Found, taken.CancelRequested
 			cancel = cancelled
 			now := d.e.now()
 			switch {
@@ -385,15 +386,15 @@ func (d *delivery) takeSignal(seq int, name string, names []string, startedAt ti
 					if len(recs) == 0 {
 						return nil
 					}
-					_, _, err := store.WriteSteps(ctx, tx, d.fence(), "", recs...)
+					_, err := store.WriteSteps(ctx, tx, d.fence(), "", recs...)
 					return err
 				}
 				if len(recs) > 0 {
-					if _, _, err := store.WriteSteps(ctx, tx, d.fence(), "", recs...); err != nil {
+					if _, err := store.WriteSteps(ctx, tx, d.fence(), "", recs...); err != nil {
 						return err
 					}
 				}
-				return store.SuspendForSignal(ctx, tx, d.fence(), rec, names, deadline)
+				return store.SuspendAwaiting(ctx, tx, d.fence(), store.AwaitParams{Pending: rec, Status: store.RunWaiting, Awaits: names, WakeAt: deadline})
 			}
 			out, err := json.Marshal(outcome)
 			if err != nil {
@@ -402,7 +403,7 @@ func (d *delivery) takeSignal(seq int, name string, names []string, startedAt ti
 			recs = append(recs, &store.StepRecord{Seq: seq, Name: name, Kind: string(KindSignal), Status: store.StepCompleted,
 				Attempts: 1, Output: out, NextAttemptAt: deadline, StartedAt: startedAt, CompletedAt: &now})
 			d.lastRecordedAt = now // for an undo registered with this step
-			_, _, err = store.WriteSteps(ctx, tx, d.fence(), "", recs...)
+			_, err = store.WriteSteps(ctx, tx, d.fence(), "", recs...)
 			return err
 		})
 	})

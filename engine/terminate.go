@@ -78,7 +78,7 @@ func (e *Engine) Terminate(ctx context.Context, runID uuid.UUID, opts *Terminate
 			return err
 		}
 		var err error
-		if t, err = store.TerminateRun(ctx, tx, runID, info.json(), opts.By, msg); err != nil {
+		if t, err = store.TerminateRun(ctx, tx, store.TerminateParams{RunID: runID, Error: info.json(), By: opts.By, Note: msg}); err != nil {
 			return err
 		}
 		if !t.Ended {
@@ -95,11 +95,12 @@ func (e *Engine) Terminate(ctx context.Context, runID uuid.UUID, opts *Terminate
 				}
 			}
 		}
-		var woken []uuid.UUID
-		if cancelled, woken, err = store.CancelChildren(ctx, tx, runID, compensateStops, cancelledJSON()); err != nil {
+		c, err := store.CancelChildren(ctx, tx, runID, compensateStops, cancelledJSON())
+		if err != nil {
 			return err
 		}
-		return e.queue.EnqueueMany(ctx, tx, woken)
+		cancelled = c.Cancelled
+		return e.queue.EnqueueMany(ctx, tx, c.Woken)
 	})
 	switch {
 	case errors.Is(err, store.ErrNotFound):

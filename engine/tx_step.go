@@ -78,8 +78,9 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			if prev != nil {
 				recs = []*store.StepRecord{prev, rec}
 			}
-			cancel, written, err := store.WriteSteps(d.ctx, tx, d.fence(), "", recs...)
-			d.noteCancel(cancel)
+			w, err := store.WriteSteps(d.ctx, tx, d.fence(), "", recs...)
+			written := w.Written
+			d.noteCancel(w.CancelRequested)
 			if err != nil {
 				return err
 			}

@@ -245,7 +245,8 @@ func (u *ui) session(r *http.Request) (secret []byte, ok bool, err error) {
 		return nil, false, nil
 	}
 	hash := sha256.Sum256(secret)
-	digest, ok, err := store.UISessionTokenDigest(r.Context(), u.opts.Pool, hash[:])
+	sess, err := store.UISessionTokenDigest(r.Context(), u.opts.Pool, hash[:])
+	digest, ok := sess.TokenDigest, sess.Live
 	if err != nil {
 		return nil, false, fmt.Errorf("pgdurable: reading the UI session: %w", err)
 	}

@@ -142,12 +142,12 @@ func (s *Scheduler) fireSchedule(ctx context.Context, tx pgx.Tx, sc *store.Sched
 		sc.LastRunID, active = &runID, true
 		log.Debug("schedule fired", "fire_at", fireAt.UTC(), "run_id", runID)
 		*fired = append(*fired, fireEvent{sc.WorkflowName, FireStarted, ""})
-		return store.RecordFire(ctx, tx, sc.Name, fireAt, FireStarted, nil, &runID)
+		return store.RecordFire(ctx, tx, store.RecordFireParams{Schedule: sc.Name, FireAt: fireAt, Outcome: FireStarted, RunID: &runID})
 	}
 	skip := func(fireAt time.Time, reason string) error {
 		log.Debug("schedule fire skipped", "fire_at", fireAt.UTC(), "reason", reason)
 		*fired = append(*fired, fireEvent{sc.WorkflowName, FireSkipped, reason})
-		return store.RecordFire(ctx, tx, sc.Name, fireAt, FireSkipped, &reason, nil)
+		return store.RecordFire(ctx, tx, store.RecordFireParams{Schedule: sc.Name, FireAt: fireAt, Outcome: FireSkipped, Reason: &reason})
 	}
 	if sc.BufferedFireAt != nil && !active {
 		if err := start(*sc.BufferedFireAt); err != nil {
@@ -169,7 +169,7 @@ func (s *Scheduler) fireSchedule(ctx context.Context, tx pgx.Tx, sc *store.Sched
 		case sc.OverlapPolicy == OverlapBufferOne && sc.BufferedFireAt == nil:
 			sc.BufferedFireAt = &last
 			*fired = append(*fired, fireEvent{sc.WorkflowName, FireBuffered, ""})
-			err = store.RecordFire(ctx, tx, sc.Name, fireAt, FireBuffered, nil, nil)
+			err = store.RecordFire(ctx, tx, store.RecordFireParams{Schedule: sc.Name, FireAt: fireAt, Outcome: FireBuffered})
 		default:
 			err = skip(fireAt, FireOverlap)
 		}

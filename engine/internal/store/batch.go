@@ -632,14 +632,14 @@ RETURNING r.run_id, u.token, r.cancel_requested_at IS NOT NULL, u.mark AND r.sta
 func Heartbeats(ctx context.Context, db DBTX, beats []Beat) ([]BeatResult, error) {
 	if len(beats) == 1 {
 		b := beats[0]
-		cancel, marked, err := Heartbeat(ctx, db, b.Fence, b.MarkLong)
+		res, err := Heartbeat(ctx, db, b.Fence, b.MarkLong)
 		switch {
 		case errors.Is(err, ErrLeaseLost):
 			return []BeatResult{{}}, nil
 		case err != nil:
 			return nil, err
 		}
-		return []BeatResult{{Landed: true, CancelRequested: cancel, Marked: marked}}, nil
+		return []BeatResult{res}, nil
 	}
 	n := len(beats)
 	ids, tokens, lease, mark := make(uuidArray, n), make(uuidArray, n), make([]int64, n), make([]bool, n)

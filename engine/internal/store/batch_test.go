@@ -237,12 +237,14 @@ func TestCompletedRecordsAreNeverOverwritten(t *testing.T) {
 	db := enginetest.NewDB(t)
 	ctx := context.Background()
 	f := claimed(t, db.Pool, "x")
-	_, n, err := store.WriteSteps(ctx, db.Pool, f, "", completedStep(0, "tx"))
+	w, err := store.WriteSteps(ctx, db.Pool, f, "", completedStep(0, "tx"))
+	n := w.Written
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	again := completedStep(0, "tx")
 	again.Output = []byte(`2`)
-	_, n, err = store.WriteSteps(ctx, db.Pool, f, "", again)
+	w, err = store.WriteSteps(ctx, db.Pool, f, "", again)
+	n = w.Written
 	require.NoError(t, err)
 	require.Zero(t, n)
 	res, err := store.WriteRecords(ctx, db.Pool, []*store.RecordWrite{{Fence: f, Records: []*store.StepRecord{again}}})

@@ -208,33 +208,39 @@ WITH target AS (
 ), ` + notifyEnded + `
 SELECT run_id, woken FROM upd WHERE (SELECT count(*) FROM notified) >= 0`)
 
+// CancelledChildren are the children CancelChildren cancelled, and those
+// of them it woke (waiting: the caller enqueues their deliveries in the
+// same transaction).
+type CancelledChildren struct {
+	Cancelled, Woken []uuid.UUID
+}
+
 // CancelChildren requests the cancellation of parent's children with one
 // of policies that are still running (as CancelRun: a compensating child
 // is left to finish its undos); one that never started ends cancelled at
-// once, with errJSON as its error. It returns the children it cancelled
-// and those of them it woke (waiting: the caller enqueues their
-// deliveries in the same transaction).
-func CancelChildren(ctx context.Context, tx DBTX, parent uuid.UUID, policies []string, errJSON []byte) (cancelled, woken []uuid.UUID, err error) {
+// once, with errJSON as its error.
+func CancelChildren(ctx context.Context, tx DBTX, parent uuid.UUID, policies []string, errJSON []byte) (CancelledChildren, error) {
 	rows, err := cancelChildren.query(ctx, tx, pgx.StrictNamedArgs{"parent": parent, "policies": policies, "error": string(errJSON)})
 	if err != nil {
-		return nil, nil, fmt.Errorf("cancelling the children of run %s: %w", parent, translate(err))
+		return CancelledChildren{}, fmt.Errorf("cancelling the children of run %s: %w", parent, translate(err))
 	}
 	defer rows.Close()
+	var out CancelledChildren
 	for rows.Next() {
 		var id uuid.UUID
 		var wake bool
 		if err := rows.Scan(&id, &wake); err != nil {
-			return nil, nil, fmt.Errorf("cancelling the children of run %s: %w", parent, err)
+			return CancelledChildren{}, fmt.Errorf("cancelling the children of run %s: %w", parent, err)
 		}
-		cancelled = append(cancelled, id)
+		out.Cancelled = append(out.Cancelled, id)
 		if wake {
-			woken = append(woken, id)
+			out.Woken = append(out.Woken, id)
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("cancelling the children of run %s: %w", parent, translate(err))
+		return CancelledChildren{}, fmt.Errorf("cancelling the children of run %s: %w", parent, translate(err))
 	}
-	return cancelled, woken, nil
+	return out, nil
 }
 
 // ErrChildEnded: a child the parent was about to wait for has ended.
@@ -244,20 +250,28 @@ var anyChildEnded = named(`
 SELECT EXISTS (SELECT 1 FROM workflow_runs r
 WHERE r.parent_run_id = @parent AND r.parent_seq = ANY(@seqs) AND ` + childEnded + `)`)
 
+// ChildWaitParams says how SuspendForChildren hands a parent back: in Status
+// (waiting or compensating) until one of its children at Seqs ends,
+// writing Pending (may be nil) in the same statement.
+type ChildWaitParams struct {
+	Pending *StepRecord
+	Status  string
+	Seqs    []int
+}
+
 // SuspendForChildren, in tx, hands the parent run f fences back waiting
-// (status waiting or compensating) for any of its children at seqs to
-// end, writing pending. It updates the run row first and then looks at
-// the children: ErrChildEnded when one has ended already (the caller rolls
-// tx back and reads it).
-func SuspendForChildren(ctx context.Context, tx DBTX, f Fence, pending *StepRecord, status string, seqs []int) error {
-	tokens := make([]string, len(seqs))
-	for i, s := range seqs {
+// for any of its children at w.Seqs to end. It updates the run row first
+// and then looks at the children: ErrChildEnded when one has ended already
+// (the caller rolls tx back and reads it).
+func SuspendForChildren(ctx context.Context, tx DBTX, f Fence, w ChildWaitParams) error {
+	tokens := make([]string, len(w.Seqs))
+	for i, s := range w.Seqs {
 		tokens[i] = ChildToken(s)
 	}
-	if err := SuspendAwaiting(ctx, tx, f, pending, status, tokens, nil); err != nil {
+	if err := SuspendAwaiting(ctx, tx, f, AwaitParams{Pending: w.Pending, Status: w.Status, Awaits: tokens}); err != nil {
 		return err
 	}
-	return CheckChildrenOpen(ctx, tx, f.RunID, seqs)
+	return CheckChildrenOpen(ctx, tx, f.RunID, w.Seqs)
 }
 
 // CheckChildrenOpen returns ErrChildEnded when one of parent's children at

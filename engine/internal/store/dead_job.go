@@ -176,11 +176,20 @@ const resolveDeadJob = `
 UPDATE dead_jobs SET resolved_at = now(), resolution = $2, resolved_by = $3, note = $4
 WHERE id = $1 AND resolved_at IS NULL`
 
-// ResolveDeadJob closes an open dead job; false when it was already resolved.
-func ResolveDeadJob(ctx context.Context, db DBTX, id uuid.UUID, resolution, by, note string) (bool, error) {
-	tag, err := db.Exec(ctx, resolveDeadJob, id, resolution, by, note)
+// ResolveDeadJobParams says how a dead job was resolved: Resolution
+// (replayed or discarded), by whom and with what note ("" for none).
+type ResolveDeadJobParams struct {
+	ID         uuid.UUID
+	Resolution string
+	By, Note   string
+}
+
+// ResolveDeadJob closes the open dead job p.ID; false when it was already
+// resolved.
+func ResolveDeadJob(ctx context.Context, db DBTX, p ResolveDeadJobParams) (bool, error) {
+	tag, err := db.Exec(ctx, resolveDeadJob, p.ID, p.Resolution, p.By, p.Note)
 	if err != nil {
-		return false, fmt.Errorf("resolving dead job %s: %w", id, translate(err))
+		return false, fmt.Errorf("resolving dead job %s: %w", p.ID, translate(err))
 	}
 	return tag.RowsAffected() == 1, nil
 }
@@ -226,18 +235,25 @@ func ReplayRun(ctx context.Context, db DBTX, runID uuid.UUID, orphaned bool, now
 const runParentOf = `
 SELECT parent_run_id, parent_close_policy FROM workflow_runs WHERE run_id = $1`
 
+// RunParentResult is a run's parent and its parent-close policy (nil and
+// "" for a run with no parent).
+type RunParentResult struct {
+	Parent      *uuid.UUID
+	ClosePolicy string
+}
+
 // RunParent returns the parent of run runID and the run's parent-close
-// policy (nil and "" for a run with no parent); ErrNotFound for no run.
-func RunParent(ctx context.Context, db DBTX, runID uuid.UUID) (*uuid.UUID, string, error) {
+// policy; ErrNotFound for no run.
+func RunParent(ctx context.Context, db DBTX, runID uuid.UUID) (RunParentResult, error) {
 	var parent *uuid.UUID
 	var policy *string
 	if err := db.QueryRow(ctx, runParentOf, runID).Scan(&parent, &policy); err != nil {
-		return nil, "", translate(err)
+		return RunParentResult{}, translate(err)
 	}
 	if policy == nil {
-		return parent, "", nil
+		return RunParentResult{Parent: parent}, nil
 	}
-	return parent, *policy, nil
+	return RunParentResult{Parent: parent, ClosePolicy: *policy}, nil
 }
 
 const runStatus = `SELECT status FROM workflow_runs WHERE run_id = $1`

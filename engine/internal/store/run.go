@@ -343,12 +343,19 @@ WITH run AS (
 )
 SELECT (SELECT count(*) FROM run), coalesce((SELECT bool_or(cancel) FROM run), false), (SELECT count(*) FROM step)`)
 
+// StepsWritten is what WriteSteps did: whether the run's cancellation
+// was requested, and how many records it wrote (a completed record is
+// never overwritten, so not counted).
+type StepsWritten struct {
+	CancelRequested bool
+	Written         int
+}
+
 // WriteSteps records recs and extends the lease, fenced by token (one
 // statement, one round trip), moving the run to status unless it is "".
-// A completed record is never overwritten. It reports whether cancellation
-// was requested and how many records it wrote, and returns ErrLeaseLost
-// when token no longer owns the run.
-func WriteSteps(ctx context.Context, db DBTX, f Fence, status string, recs ...*StepRecord) (cancel bool, written int, err error) {
+// A completed record is never overwritten. ErrLeaseLost when token no
+// longer owns the run.
+func WriteSteps(ctx context.Context, db DBTX, f Fence, status string, recs ...*StepRecord) (StepsWritten, error) {
 	runID := f.RunID
 	var c stepColumns // its run and token columns are not sent: the fence is one
 	for _, r := range recs {
@@ -359,18 +366,19 @@ func WriteSteps(ctx context.Context, db DBTX, f Fence, status string, recs ...*S
 		statusArg = &status
 	}
 	var found int
-	err = writeSteps.queryRow(ctx, db, pgx.StrictNamedArgs{"run_id": runID, "token": f.Token, "lease_ms": ms(f.Lease),
+	var out StepsWritten
+	err := writeSteps.queryRow(ctx, db, pgx.StrictNamedArgs{"run_id": runID, "token": f.Token, "lease_ms": ms(f.Lease),
 		"run_status": statusArg, "step_seq": c.seq, "step_name": c.name, "step_kind": c.kind, "step_status": c.status,
 		"step_attempts": c.attempts, "step_request_id": c.requestID, "step_output": c.output, "step_error": c.errs,
 		"step_next_attempt_at": c.next, "step_first_failed_at": c.firstFailed, "step_started_at": c.started,
-		"step_completed_at": c.completed, "step_compensation": c.comp, "step_compensation_of": c.compOf}).Scan(&found, &cancel, &written)
+		"step_completed_at": c.completed, "step_compensation": c.comp, "step_compensation_of": c.compOf}).Scan(&found, &out.CancelRequested, &out.Written)
 	if err != nil {
-		return false, 0, fmt.Errorf("recording steps of run %s: %w", runID, translate(err))
+		return StepsWritten{}, fmt.Errorf("recording steps of run %s: %w", runID, translate(err))
 	}
 	if found == 0 {
-		return false, 0, ErrLeaseLost
+		return StepsWritten{}, ErrLeaseLost
 	}
-	return cancel, written, nil
+	return out, nil
 }
 
 // GetStep reads one step record; ErrNotFound when there is none.
@@ -418,39 +426,53 @@ UPDATE workflow_runs SET lease_expires_at = now() + $3::bigint * interval '1 mil
 WHERE run_id = $1 AND owner_token = $2
 RETURNING cancel_requested_at IS NOT NULL, $4::bool AND stalled_deliveries > 0`
 
-// Heartbeat extends the lease and reports whether cancellation was
-// requested; ErrLeaseLost when token no longer owns the run. markLong asks
-// to count this delivery as long-lived (it has run for a whole lease
-// without progress); marked reports whether it was, so the caller asks
-// once and a hand-back can undo exactly that (SuspendRun's wasLong).
-func Heartbeat(ctx context.Context, db DBTX, f Fence, markLong bool) (cancel, marked bool, err error) {
+// Heartbeat extends the lease and reports (Landed true) whether
+// cancellation was requested; ErrLeaseLost when token no longer owns the
+// run. markLong asks to count this delivery as long-lived (it has run for
+// a whole lease without progress); Marked reports whether it was, so the
+// caller asks once and a hand-back can undo exactly that (SuspendParams's
+// WasLong).
+func Heartbeat(ctx context.Context, db DBTX, f Fence, markLong bool) (BeatResult, error) {
 	runID := f.RunID
-	err = db.QueryRow(ctx, heartbeat, runID, f.Token, ms(f.Lease), markLong).Scan(&cancel, &marked)
+	res := BeatResult{Landed: true}
+	err := db.QueryRow(ctx, heartbeat, runID, f.Token, ms(f.Lease), markLong).Scan(&res.CancelRequested, &res.Marked)
 	if translate(err) == ErrNotFound {
-		return false, false, ErrLeaseLost
+		return BeatResult{}, ErrLeaseLost
 	}
 	if err != nil {
-		return false, false, fmt.Errorf("extending lease of run %s: %w", runID, translate(err))
+		return BeatResult{}, fmt.Errorf("extending lease of run %s: %w", runID, translate(err))
 	}
-	return cancel, marked, nil
+	return res, nil
 }
 
 // CancelRun requests cancellation of an active run and returns its status
 // before the request. A compensating run is left alone: it is already
-// undoing its steps, and its outcome (compensated, with its error) stands. A waiting run becomes pending (wakeUp true): the
-// caller enqueues a delivery in the same transaction so compensations run
-// now. ErrNotFound when there is no such run; a finished run is returned
-// unchanged (the caller reports it closed).
+// undoing its steps, and its outcome (compensated, with its error) stands.
+// A waiting run becomes pending (WakeUp): the caller enqueues a delivery
+// in the same transaction so compensations run now. ErrNotFound when there
+// is no such run; a finished run is returned unchanged (the caller reports
+// it closed).
 //
-// requested reports whether this call requested the cancellation (the run
-// was active and none was requested before), so that concurrent callers
-// count each request once. now is the time the request is recorded at.
-func CancelRun(ctx context.Context, db DBTX, runID uuid.UUID, now time.Time) (status string, wakeUp, requested bool, err error) {
-	err = db.QueryRow(ctx, cancelRun, runID, now).Scan(&status, &requested)
-	if err != nil {
-		return "", false, false, translate(err)
+// now is the time the request is recorded at.
+func CancelRun(ctx context.Context, db DBTX, runID uuid.UUID, now time.Time) (CancelRunResult, error) {
+	var res CancelRunResult
+	if err := db.QueryRow(ctx, cancelRun, runID, now).Scan(&res.Status, &res.Requested); err != nil {
+		return CancelRunResult{}, translate(err)
 	}
-	return status, status == RunWaiting, requested, nil
+	res.WakeUp = res.Status == RunWaiting
+	return res, nil
+}
+
+// CancelRunResult is what CancelRun found and did.
+type CancelRunResult struct {
+	Status string // the run's status before the request
+	// WakeUp: the run was waiting and is now pending; the caller enqueues
+	// its delivery in the same transaction.
+	WakeUp bool
+	// Requested: this call requested the cancellation (the run was active
+	// and none was requested before), so that concurrent callers count
+	// each request once.
+	Requested bool
 }
 
 const cancelRun = `
@@ -630,11 +652,19 @@ SELECT run_id, 'held', NULL, 0 FROM released
 UNION ALL
 SELECT run_id, CASE WHEN woken THEN 'wake' ELSE 'timed_out' END, NULL, 0 FROM timeout_cancelled`)
 
-// Sweep hands up to limit runs of each kind on queue back for delivery; the
-// caller enqueues a ticket in the same transaction for each whose Cause is
-// not crash_backoff. lease scales the crash backoff.
-func Sweep(ctx context.Context, tx DBTX, queue string, now time.Time, lease time.Duration, limit int) ([]SweptRun, error) {
-	rows, err := sweep.query(ctx, tx, pgx.StrictNamedArgs{"limit": limit, "queue": queue, "now": now, "lease_ms": ms(lease)})
+// SweepParams says which runs Sweep looks at: up to Limit of each kind on
+// Queue, due or expired as of Now; Lease scales the crash backoff.
+type SweepParams struct {
+	Queue string
+	Now   time.Time
+	Lease time.Duration
+	Limit int
+}
+
+// Sweep hands runs back for delivery; the caller enqueues a ticket in the
+// same transaction for each whose Cause is not crash_backoff.
+func Sweep(ctx context.Context, tx DBTX, p SweepParams) ([]SweptRun, error) {
+	rows, err := sweep.query(ctx, tx, pgx.StrictNamedArgs{"limit": p.Limit, "queue": p.Queue, "now": p.Now, "lease_ms": ms(p.Lease)})
 	if err != nil {
 		return nil, fmt.Errorf("sweeping runs: %w", err)
 	}
@@ -718,14 +748,22 @@ WITH target AS (
 )
 SELECT status, (SELECT count(*) FROM woken) > 0 FROM target`
 
+// StartNowResult is what StartNow found and did: the run's status, and
+// whether it woke it.
+type StartNowResult struct {
+	Status string
+	Woken  bool
+}
+
 // StartNow makes a delayed run (inserted with NewRun.StartAt, not yet
-// due) due now and pending; woken false leaves it as it was, with status
+// due) due now and pending; Woken false leaves it as it was, with Status
 // saying why (another status, or waiting after it started: a timer or a
 // signal). The caller enqueues its delivery in the same transaction.
 // ErrNotFound for no such run.
-func StartNow(ctx context.Context, tx DBTX, runID uuid.UUID) (status string, woken bool, err error) {
-	err = tx.QueryRow(ctx, startNow, runID).Scan(&status, &woken)
-	return status, woken, translate(err)
+func StartNow(ctx context.Context, tx DBTX, runID uuid.UUID) (StartNowResult, error) {
+	var res StartNowResult
+	err := tx.QueryRow(ctx, startNow, runID).Scan(&res.Status, &res.Woken)
+	return res, translate(err)
 }
 
 // continueRun ends the run its fence holds as continued by run @next,
@@ -812,12 +850,21 @@ type Terminated struct {
 	Ended    bool       // this call ended it
 }
 
-// TerminateRun, in tx, ends runID as terminated with errJSON as its error
-// (an open dead job is resolved as discarded by `by`, with note), after
-// locking its parent's row (ancestors first, see LockRun). A run already
-// closed is left as it is (Status says how it ended). ErrNotFound when
-// there is no such run.
-func TerminateRun(ctx context.Context, tx DBTX, runID uuid.UUID, errJSON []byte, by, note string) (Terminated, error) {
+// TerminateParams says which run TerminateRun ends, with what error (JSON),
+// and who (By) ends it, with what note: they resolve its open dead job.
+type TerminateParams struct {
+	RunID    uuid.UUID
+	Error    []byte
+	By, Note string
+}
+
+// TerminateRun, in tx, ends p.RunID as terminated with p.Error as its
+// error (an open dead job is resolved as discarded by p.By, with p.Note),
+// after locking its parent's row (ancestors first, see LockRun). A run
+// already closed is left as it is (Status says how it ended). ErrNotFound
+// when there is no such run.
+func TerminateRun(ctx context.Context, tx DBTX, p TerminateParams) (Terminated, error) {
+	runID := p.RunID
 	var t Terminated
 	var parent *uuid.UUID
 	var seq *int
@@ -831,7 +878,7 @@ func TerminateRun(ctx context.Context, tx DBTX, runID uuid.UUID, errJSON []byte,
 		}
 	}
 	var n int
-	args := pgx.StrictNamedArgs{"run_id": runID, "error": string(errJSON), "resolved_by": by, "note": note}
+	args := pgx.StrictNamedArgs{"run_id": runID, "error": string(p.Error), "resolved_by": p.By, "note": p.Note}
 	if err := terminateRun.queryRow(ctx, tx, args).Scan(&n); err != nil {
 		return t, fmt.Errorf("terminating run %s: %w", runID, translate(err))
 	}

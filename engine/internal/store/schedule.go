@@ -170,12 +170,23 @@ func RunActive(ctx context.Context, db DBTX, runID uuid.UUID) (bool, error) {
 	return active, translate(err)
 }
 
-// RecordFire records what became of the fire at fireAt (a buffered fire is
-// recorded again when it starts).
-func RecordFire(ctx context.Context, db DBTX, name string, fireAt time.Time, outcome string, reason *string, runID *uuid.UUID) error {
+// RecordFireParams is what became of schedule Schedule's fire at FireAt:
+// its Outcome, the Reason of one skipped (nil otherwise), and the RunID
+// of one started (nil otherwise).
+type RecordFireParams struct {
+	Schedule string
+	FireAt   time.Time
+	Outcome  string
+	Reason   *string
+	RunID    *uuid.UUID
+}
+
+// RecordFire records what became of a fire (a buffered fire is recorded
+// again when it starts).
+func RecordFire(ctx context.Context, db DBTX, p RecordFireParams) error {
 	_, err := db.Exec(ctx, `INSERT INTO schedule_fires (schedule_name, fire_at, outcome, reason, run_id) VALUES ($1, $2, $3, $4, $5)
 		ON CONFLICT (schedule_name, fire_at) DO UPDATE SET outcome = excluded.outcome, reason = excluded.reason,
-		run_id = excluded.run_id, recorded_at = now()`, name, fireAt, outcome, reason, runID)
+		run_id = excluded.run_id, recorded_at = now()`, p.Schedule, p.FireAt, p.Outcome, p.Reason, p.RunID)
 	return translate(err)
 }
 

@@ -195,33 +195,46 @@ const AwaitSeparator = "\x1f"
 
 const consumeSignal = `UPDATE workflow_signals SET consumed_seq = $2, consumed_at = now() WHERE id = $1`
 
+// TakenSignal is what TakeSignal found: the signal it took (Found false
+// when none was buffered), and whether the run's cancellation was
+// requested.
+type TakenSignal struct {
+	Name            string
+	Payload         []byte
+	Found           bool
+	CancelRequested bool
+}
+
 // TakeSignal, in tx, locks the run (fenced by token: ErrLeaseLost) and
 // takes its oldest unconsumed signal named one of names for step seq (the
-// first sent wins). found is false when none is buffered; the run stays
-// locked until tx ends, so no signal can arrive unseen before the caller
-// suspends it.
-func TakeSignal(ctx context.Context, tx pgx.Tx, f Fence, names []string, seq int) (name string, payload []byte, found, cancel bool, err error) {
+// first sent wins). The run stays locked until tx ends, so no signal can
+// arrive unseen before the caller suspends it. With an error other than
+// ErrLeaseLost, CancelRequested is still set once the lock was taken.
+func TakeSignal(ctx context.Context, tx pgx.Tx, f Fence, names []string, seq int) (TakenSignal, error) {
 	runID := f.RunID
+	var cancel bool
 	if err := tx.QueryRow(ctx, lockOwnedRun, runID, f.Token).Scan(&cancel); err != nil {
 		if translate(err) == ErrNotFound {
-			return "", nil, false, false, ErrLeaseLost
+			return TakenSignal{}, ErrLeaseLost
 		}
-		return "", nil, false, false, fmt.Errorf("locking run %s: %w", runID, translate(err))
+		return TakenSignal{}, fmt.Errorf("locking run %s: %w", runID, translate(err))
 	}
 	var id int64
+	var name string
+	var payload []byte
 	// A new statement after the lock: its snapshot sees every signal
 	// committed before the lock was granted.
-	err = tx.QueryRow(ctx, nextSignal, runID, names).Scan(&id, &name, &payload)
+	err := tx.QueryRow(ctx, nextSignal, runID, names).Scan(&id, &name, &payload)
 	if translate(err) == ErrNotFound {
-		return "", nil, false, cancel, nil
+		return TakenSignal{CancelRequested: cancel}, nil
 	}
 	if err != nil {
-		return "", nil, false, cancel, fmt.Errorf("reading signals of run %s: %w", runID, translate(err))
+		return TakenSignal{CancelRequested: cancel}, fmt.Errorf("reading signals of run %s: %w", runID, translate(err))
 	}
 	if _, err := tx.Exec(ctx, consumeSignal, id, seq); err != nil {
-		return "", nil, false, cancel, fmt.Errorf("consuming signal %d of run %s: %w", id, runID, translate(err))
+		return TakenSignal{CancelRequested: cancel}, fmt.Errorf("consuming signal %d of run %s: %w", id, runID, translate(err))
 	}
-	return name, payload, true, cancel, nil
+	return TakenSignal{Name: name, Payload: payload, Found: true, CancelRequested: cancel}, nil
 }
 
 var suspendAwaitingRun = named(`
@@ -233,22 +246,25 @@ WITH run AS (
 ), ` + stepUpsert + `
 SELECT count(*) FROM run`)
 
-// SuspendForSignal hands the run back waiting for a signal named one of
-// names, until wakeAt (nil: no timeout), writing rec (the wait's started
-// record).
-func SuspendForSignal(ctx context.Context, tx DBTX, f Fence, rec *StepRecord, names []string, wakeAt *time.Time) error {
-	return SuspendAwaiting(ctx, tx, f, rec, RunWaiting, names, wakeAt)
+// AwaitParams says how SuspendAwaiting hands a run back: in Status (waiting, or
+// compensating) until one of Awaits (signal names, ChildToken tokens)
+// wakes it or WakeAt passes (nil: no timeout), writing Pending (may be
+// nil; a wait for a signal writes its started record) in the same
+// statement.
+type AwaitParams struct {
+	Pending *StepRecord
+	Status  string
+	Awaits  []string
+	WakeAt  *time.Time
 }
 
-// SuspendAwaiting hands the run back in status (waiting, or compensating)
-// until one of awaits (signal names, ChildToken tokens) wakes it or wakeAt
-// passes (nil: no timeout), writing rec (may be nil).
-func SuspendAwaiting(ctx context.Context, tx DBTX, f Fence, rec *StepRecord, status string, awaits []string, wakeAt *time.Time) error {
+// SuspendAwaiting hands the run f fences back waiting, as w says.
+func SuspendAwaiting(ctx context.Context, tx DBTX, f Fence, w AwaitParams) error {
 	var await *string // a wait for a timer alone waits for nothing else
-	if len(awaits) > 0 {
-		joined := strings.Join(awaits, AwaitSeparator)
+	if len(w.Awaits) > 0 {
+		joined := strings.Join(w.Awaits, AwaitSeparator)
 		await = &joined
 	}
-	args := pgx.StrictNamedArgs{"run_id": f.RunID, "token": f.Token, "run_status": status, "wake_at": wakeAt, "await_signal": await}
-	return fenced(suspendAwaitingRun.queryRow(ctx, tx, stepArgs(args, rec)), "suspending run %s", f.RunID)
+	args := pgx.StrictNamedArgs{"run_id": f.RunID, "token": f.Token, "run_status": w.Status, "wake_at": w.WakeAt, "await_signal": await}
+	return fenced(suspendAwaitingRun.queryRow(ctx, tx, stepArgs(args, w.Pending)), "suspending run %s", f.RunID)
 }

@@ -20,18 +20,28 @@ func CreateUISession(ctx context.Context, db DBTX, hash, tokenDigest []byte, ttl
 	return translate(err)
 }
 
+// UISession is what UISessionTokenDigest found of a session.
+type UISession struct {
+	// Live is false when there is no such session: never created,
+	// signed out or expired.
+	Live bool
+	// TokenDigest ties the session to the API token it was opened with
+	// (nil for a row written without one).
+	TokenDigest []byte
+}
+
 // UISessionTokenDigest returns the token digest of the live session with
-// this hash (nil for a row written without one); ok is false when there is
-// no such session: never created, signed out or expired.
-func UISessionTokenDigest(ctx context.Context, db DBTX, hash []byte) (digest []byte, ok bool, err error) {
-	err = db.QueryRow(ctx, `SELECT token_digest FROM ui_sessions WHERE session_hash = $1 AND expires_at > now()`, hash).Scan(&digest)
+// this hash.
+func UISessionTokenDigest(ctx context.Context, db DBTX, hash []byte) (UISession, error) {
+	var digest []byte
+	err := db.QueryRow(ctx, `SELECT token_digest FROM ui_sessions WHERE session_hash = $1 AND expires_at > now()`, hash).Scan(&digest)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, false, nil
+		return UISession{}, nil
 	}
 	if err != nil {
-		return nil, false, translate(err)
+		return UISession{}, translate(err)
 	}
-	return digest, true, nil
+	return UISession{Live: true, TokenDigest: digest}, nil
 }
 
 // DeleteUISession ends a session (sign-out).
