@@ -438,8 +438,8 @@ func insertSorted(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunRes
 // 3-step workflow.
 //
 // Any number of runs are claimed in one statement, each with its own token
-// ($1..$3 one element per run).
-const claimRuns = `
+// (@run_id, @token, @lease_ms: one element per run), as of @now.
+var claimRuns = named(`
 UPDATE workflow_runs r SET
     owner_token = u.token,
     lease_expires_at = now() + u.lease_ms * interval '1 millisecond',
@@ -450,15 +450,15 @@ UPDATE workflow_runs r SET
     wake_at = NULL,
     await_signal = NULL,
     held_until = NULL,
-    deadline_at = coalesce(r.deadline_at, $4::timestamptz + r.run_timeout_ms * interval '1 millisecond')
-FROM unnest($1::uuid[], $2::uuid[], $3::bigint[]) AS u(run_id, token, lease_ms)
+    deadline_at = coalesce(r.deadline_at, @now::timestamptz + r.run_timeout_ms * interval '1 millisecond')
+FROM unnest(@run_id::uuid[], @token::uuid[], @lease_ms::bigint[]) AS u(run_id, token, lease_ms)
 WHERE r.run_id = u.run_id
   AND r.status IN ('pending', 'running', 'waiting', 'compensating')
   AND (r.owner_token IS NULL OR r.lease_expires_at < now())
-  AND (r.wake_at IS NULL OR r.wake_at <= $4)
+  AND (r.wake_at IS NULL OR r.wake_at <= @now)
 RETURNING r.run_id, u.token, r.workflow_name, r.workflow_version, r.workflow_id, r.input, r.deliveries,
           r.stalled_deliveries, r.long_stalled_deliveries, r.status, r.cancel_requested_at IS NOT NULL, r.deadline_at,
-          r.parent_run_id, r.parent_seq, r.parent_close_policy, r.run_timeout_ms, r.trace_context`
+          r.parent_run_id, r.parent_seq, r.parent_close_policy, r.run_timeout_ms, r.trace_context`)
 
 // claimSettings applies to the rest of the claim batch's implicit
 // transaction: its commit is asynchronous (a claim that a PostgreSQL crash
@@ -502,7 +502,7 @@ func ClaimRuns(ctx context.Context, db DBTX, fences []Fence, now time.Time) ([]C
 	}
 	b := &pgx.Batch{}
 	b.Queue(claimSettings)
-	b.Queue(claimRuns, ids, tokens, lease, now)
+	claimRuns.queue(b, pgx.StrictNamedArgs{"run_id": ids, "token": tokens, "lease_ms": lease, "now": now})
 	b.Queue(loadStepsOfRuns, ids)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()

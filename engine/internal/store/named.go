@@ -10,11 +10,13 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Long statements, and those assembled from fragments, name their
+// Statements with more than a few parameters, and those assembled from
+// fragments that bind parameters or hold conditions, name their
 // parameters (@run_id), as River's sqlc queries do: a fragment's comment
 // saying which numbered parameters it binds went stale ($4..$15 for a
 // fragment that bound $4..$17), and a thirty-parameter CTE cannot be
-// checked by eye. sqlc would do the naming at build time, but it cannot
+// checked by eye. Short statements whose only fragment is a column list
+// keep $1..$n (TestStatementsNameTheirParameters allows at most $8). sqlc would do the naming at build time, but it cannot
 // compose a statement from fragments (stepUpsert, notifyEnded,
 // failedAttempt): each copy would be spelled out again.
 //
@@ -103,4 +105,10 @@ func (s *namedStmt) query(ctx context.Context, db DBTX, args pgx.StrictNamedArgs
 
 func (s *namedStmt) exec(ctx context.Context, db DBTX, args pgx.StrictNamedArgs) (pgconn.CommandTag, error) {
 	return db.Exec(ctx, s.sql, s.bind(args))
+}
+
+// queue adds a call of s to b: pgx.Batch takes a QueryRewriter as a
+// query's only argument, and calls it when the batch is sent.
+func (s *namedStmt) queue(b *pgx.Batch, args pgx.StrictNamedArgs) {
+	b.Queue(s.sql, s.bind(args))
 }
