@@ -23,18 +23,20 @@ import (
 //
 // Where its parts live:
 //   - executor.go: how a delivery starts (deliver, execute) and ends
-//     (finish, suspend, handBack, park), and its fenced writes.
-//   - replay.go: positions and the one replay lookup every kind of step
-//     goes through.
-//   - record_buffer.go: records not yet written.
-//   - step.go, attempt_loop.go: a step's call (stepCall), its replay
-//     (runStep) and its attempts (attemptLoop); tx_step.go, activity.go,
-//     timer.go, signal.go and compensation.go build the calls of each kind.
-//   - this file: the lease's heartbeat; group_commit.go: the batchers
-//     all deliveries of a process write through (internal/groupcommit);
-//     dispatch.go: worker slots, direct dispatch and held runs; the sweep
-//     and the engine's other background jobs are internal/maintenance's
-//     (maintenance.go builds them).
+//     (finish, suspend, handBack, park), its fenced writes, and the
+//     positions with the one replay lookup every kind of step goes
+//     through.
+//   - step.go: a step's call (stepCall) and its replay (runStep);
+//     attempt.go: the one attempt runner (stepState, execute, judge) and
+//     the attempts of a step the workflow waits for (attemptLoop);
+//     future.go: those of a parallel one (branch); step.go (TxStep),
+//     activity.go, timer.go, signal.go and compensation.go build the calls
+//     of each kind.
+//   - records.go: records not yet written, and the batchers all
+//     deliveries of a process write through (internal/groupcommit).
+//   - this file: the lease's heartbeat; dispatch.go: worker slots, direct
+//     dispatch and held runs; the sweep and the engine's other background
+//     jobs are internal/maintenance's (Engine.maintainer builds them).
 type delivery struct {
 	// ctx is the delivery's context: cancelled (with the cause) when the
 	// lease is lost, the delivery ends or the engine shuts down.
