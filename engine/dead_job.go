@@ -182,8 +182,8 @@ type ResolveOpts struct {
 // finished (completed, failed, compensated, cancelled, continued,
 // terminated, or dead with its dead job resolved), ErrRunNotFinished when
 // it is still pending, running, waiting or compensating; ErrNotFound when
-// id is neither (or is the ID of a run whose open dead job has another
-// ID: ListDeadJobsParams.RunID finds it).
+// id is neither, or is the ID of a run whose open dead job has another ID
+// (the error names that dead job's ID).
 func (e *Engine) ReplayDeadJob(ctx context.Context, id uuid.UUID, opts *ResolveOpts) (*DeadJob, error) {
 	if opts == nil {
 		opts = &ResolveOpts{}
@@ -335,6 +335,8 @@ func (e *Engine) resolveDeadJob(ctx context.Context, id uuid.UUID, resolution st
 		return err
 	})
 	switch {
+	case errors.As(err, new(*runNotJobError)):
+		return nil, err
 	case errors.Is(err, store.ErrNotFound):
 		return nil, fmt.Errorf("%w: dead job %s", ErrNotFound, id)
 	case errors.Is(err, ErrDeadJobResolved):
@@ -404,7 +406,9 @@ func notADeadJob(ctx context.Context, db store.DBTX, id uuid.UUID, verb string) 
 	case err != nil:
 		return err // ErrNotFound: no run either
 	case run.OpenJob != nil:
-		return store.ErrNotFound // a run's ID; its open dead job has its own
+		// A run's ID; its open dead job has its own, which the error names
+		// so the caller can act on it.
+		return &runNotJobError{runID: id, jobID: *run.OpenJob}
 	}
 	what := fmt.Sprintf("run %s is %s and has no open dead job to %s", id, run.Status, verb)
 	if RunStatus(run.Status).active() {
@@ -412,6 +416,15 @@ func notADeadJob(ctx context.Context, db store.DBTX, id uuid.UUID, verb string) 
 	}
 	return fmt.Errorf("%w: %s", ErrRunClosed, what)
 }
+
+// runNotJobError is ErrNotFound for a run's ID given where a dead job's
+// was expected, naming the run's open dead job.
+type runNotJobError struct{ runID, jobID uuid.UUID }
+
+func (e *runNotJobError) Error() string {
+	return fmt.Sprintf("%v: dead job %s: that is a run's ID, and its open dead job is %s", ErrNotFound, e.runID, e.jobID)
+}
+func (e *runNotJobError) Unwrap() error { return ErrNotFound }
 
 // checkFreeText validates an operator's text (a note): at most max
 // bytes of UTF-8 without control characters other than newlines and tabs,

@@ -432,3 +432,27 @@ func TestResolvingADeadJobByARunWithoutOneNamesTheRunsStatus(t *testing.T) {
 	_, err = b.engine.DiscardDeadJob(ctx, uuid.New(), nil)
 	require.ErrorIs(t, err, engine.ErrNotFound)
 }
+
+// A run's ID given for its own open dead job is not found (the IDs differ),
+// and the error names the dead job to use instead: a new user replayed by
+// the run ID over HTTP and got a bare 404.
+func TestResolvingADeadJobByItsRunsIDNamesTheDeadJob(t *testing.T) {
+	t.Parallel()
+	fails := engine.Define("resolve-by-run", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.Step(ctx, "x", func(context.Context) (int, error) { return 0, errors.New("nope") },
+			&engine.StepOpts{RetryPolicy: &engine.RetryPolicy{MaximumAttempts: 1}})
+	}, nil)
+	b := setup(t, nil, fails)
+	ctx := testCtx(t)
+	dead, err := fails.Start(ctx, b.engine, 1, nil)
+	require.NoError(t, err)
+	waitStatus(t, b.engine, dead.RunID, engine.StatusDead, 10*time.Second)
+	job := openDeadJob(t, b.engine, dead.RunID)
+	_, err = b.engine.ReplayDeadJob(ctx, dead.RunID, nil)
+	require.ErrorIs(t, err, engine.ErrNotFound)
+	require.ErrorContains(t, err, fmt.Sprintf("that is a run's ID, and its open dead job is %s", job.ID))
+	_, err = b.engine.DiscardDeadJob(ctx, dead.RunID, nil)
+	require.ErrorContains(t, err, job.ID.String())
+	_, err = b.engine.ReplayDeadJob(ctx, job.ID, nil)
+	require.NoError(t, err, "the named ID works")
+}

@@ -278,7 +278,7 @@ func (w *Workflow[In, Out]) runResult(run *Run) (Out, error) {
 }
 
 // Wait returns what Result returns once the run reaches a terminal status
-// (completed, failed, dead, cancelled, compensated; a run that continued
+// (completed, failed, dead, cancelled, compensated, terminated; a run that continued
 // as new is followed to the latest run of its chain), or ctx's error when
 // ctx is done first. It is woken as the run's end commits: at once when
 // the run ends in e's process (one Start dispatched there, or that e's

@@ -14,6 +14,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -246,11 +247,17 @@ const minTokenBytes = 16
 const startupRetryFor = 30 * time.Second
 
 // retryStartup retries fn every second for startupRetryFor while it fails
-// for want of a database; a schema that is simply not migrated fails at once.
+// for want of a database server; a schema that is simply not migrated, and
+// a database that does not exist on a server that answers, fail at once
+// (waiting would not create it).
 func retryStartup(ctx context.Context, log *slog.Logger, fn func() error) error {
 	deadline := time.Now().Add(startupRetryFor)
 	for {
 		err := fn()
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "3D000" { // invalid_catalog_name: no such database
+			return fmt.Errorf("%w: create it first (createdb), or name another database with --database-url or DATABASE_URL", err)
+		}
 		if err == nil || errors.Is(err, errNotMigrated) || time.Now().After(deadline) {
 			return err
 		}

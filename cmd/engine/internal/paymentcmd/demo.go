@@ -149,7 +149,7 @@ func demo(ctx context.Context, env *commands.Env, f *demoFlags) error {
 	defer cancel()
 	_ = e.Stop(sctx)
 	stopped = true
-	return printSummary(ctx, out, env.DatabaseFlag(), pool, gw, tag, statuses, elapsed)
+	return printSummary(ctx, out, env.DatabaseFlag(), env.Getenv("DATABASE_URL") != "", pool, gw, tag, statuses, elapsed)
 }
 
 // tagOrders prefixes each order's ID with tag, so a demo run never meets

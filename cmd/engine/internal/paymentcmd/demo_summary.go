@@ -18,8 +18,10 @@ import (
 func uuidMust(s string) uuid.UUID { return uuid.MustParse(s) }
 
 // printSummary prints what the demo's runs did; databaseFlag is
-// --database-url as the demo used it, repeated in the commands it suggests.
-func printSummary(ctx context.Context, out io.Writer, databaseFlag string, pool *pgxpool.Pool, gw *fakegateway.Gateway,
+// --database-url as the demo used it, repeated in the commands it suggests;
+// fromEnv: the database came from DATABASE_URL instead, which those
+// commands read too (its URL, which may hold a password, is not printed).
+func printSummary(ctx context.Context, out io.Writer, databaseFlag string, fromEnv bool, pool *pgxpool.Pool, gw *fakegateway.Gateway,
 	tag string, runs map[string]*engine.Run, elapsed time.Duration) error {
 	counts := map[engine.RunStatus]int{}
 	var compensated, dead, completed []*engine.Run
@@ -66,6 +68,9 @@ func printSummary(ctx context.Context, out io.Writer, databaseFlag string, pool 
 	db := ""
 	if databaseFlag != "" {
 		db = " --database-url '" + databaseFlag + "'"
+	}
+	if db == "" && fromEnv {
+		fmt.Fprintf(out, "the commands below read DATABASE_URL: run them with it set as for this demo\n")
 	}
 	if len(compensated) > 0 {
 		fmt.Fprintf(out, "a compensated run:  go run ./cmd/engine%s runs show %s\n", db, compensated[0].RunID)

@@ -143,6 +143,7 @@ func Dev(ctx context.Context, env *commands.Env) (*commands.DevKit, error) {
 			fmt.Sprintf(`  curl -s %s/v1/workflows/approval/runs -H 'Content-Type: application/json' -d '{"id": "taxi-%d", "input": {"expense": "taxi", "amount": 3500}}'`, base, n),
 			fmt.Sprintf("a dead job (dev-export-%d: its upload failed 3 times, so it is parked; the bucket is back once it is):", n),
 			fmt.Sprintf("  open %s/ui/dead-jobs and replay it, or: curl -s '%s/v1/dead-jobs?open=true'", base, base),
+			fmt.Sprintf(`  then, with the "id" it lists: curl -s -X POST %s/v1/dead-jobs/<id>/replay -H 'Content-Type: application/json' -d '{"by": "you"}'`, base),
 			"a schedule (then pause or trigger it on the UI's Schedules page):",
 			fmt.Sprintf(`  curl -s %s/v1/schedules -H 'Content-Type: application/json' -d '{"name": "hourly-expense-%d", "cron": "@hourly", "workflow": "approval", "input": {"expense": "coffee", "amount": 450}}'`, base, n),
 			"",
