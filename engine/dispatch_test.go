@@ -93,6 +93,11 @@ func warmUp(t *testing.T, wf *engine.Workflow[int, int], e *engine.Engine) {
 	require.NoError(t, err)
 	_, err = wf.Wait(ctx, e, r.RunID, 10*time.Millisecond)
 	require.NoError(t, err)
+	// Wait returns as the run's end commits; its delivery frees its worker
+	// a moment later. Starting before then would find every worker busy.
+	eventually(t, 10*time.Second, "the warm-up run's worker to be free", func() bool {
+		return engine.FreeWorkers(e) > 0
+	})
 }
 
 // A held run whose process stays busy past the hold (about a second) gets
