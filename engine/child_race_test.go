@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdurable/pgdurable/engine"
@@ -287,6 +288,55 @@ func TestCancelledParentEndsAChildThatNeverStarted(t *testing.T) {
 	kid, err := b.engine.GetRun(ctx, run.Children[0].RunID)
 	require.NoError(t, err)
 	require.NotNil(t, kid.Error)
+	require.ErrorIs(t, kid.Error.Err(), engine.ErrCancelled)
+}
+
+// The same, when the parent's cancellation comes while a process that
+// does not register the child's workflow holds a claim on it (a moment
+// between its claim and its hand-back): the cancellation can only be
+// requested then, and once the claim is given back no delivery may ever
+// act on it. The hand-back ends the child cancelled and wakes the parent.
+// Before, the parent waited until some process registered the child's
+// workflow (the test above failed that way once under load).
+func TestCancelledParentEndsAChildCancelledWhileClaimedElsewhere(t *testing.T) {
+	t.Parallel()
+	ghost := engine.Define("claimed-ghost", func(ctx *engine.Context, _ int) (string, error) { return "", nil }, nil)
+	parent := engine.Define("claimed-ghost-parent", func(ctx *engine.Context, _ int) (string, error) {
+		return engine.ChildWorkflow(ctx, ghost, 0, nil)
+	}, nil)
+	b := setup(t, nil, parent) // ghost is registered nowhere
+	ctx := testCtx(t)
+	res, err := parent.Start(ctx, b.engine, 0, nil)
+	require.NoError(t, err)
+	waitStatus(t, b.engine, res.RunID, engine.StatusWaiting, 10*time.Second)
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	child := run.Children[0]
+	// Another process claims the child (this engine's own deliveries of
+	// it claim and hand it back too: the claim is taken when it is free).
+	token := uuid.New()
+	eventually(t, 10*time.Second, "the child claimed", func() bool {
+		tag, err := b.db.Pool.Exec(ctx, `UPDATE workflow_runs SET owner_token = $2, status = 'running',
+			deliveries = deliveries + 1, lease_expires_at = now() + interval '1 minute'
+			WHERE run_id = $1 AND status = 'pending' AND owner_token IS NULL`, child.RunID, token)
+		require.NoError(t, err)
+		return tag.RowsAffected() == 1
+	})
+	require.NoError(t, b.engine.Cancel(ctx, res.RunID))
+	waitStatus(t, b.engine, res.RunID, engine.StatusCompensating, 10*time.Second) // waiting for the child
+	var requested bool
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT cancel_requested_at IS NOT NULL FROM workflow_runs WHERE run_id = $1`,
+		child.RunID).Scan(&requested))
+	require.True(t, requested, "the cancellation is requested of the claimed child")
+
+	require.NoError(t, engine.ReleaseUnregistered(ctx, b.engine, child.RunID, token, res.RunID, child.Seq, child.ParentClosePolicy))
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err = parent.Wait(wctx, b.engine, res.RunID, 20*time.Millisecond)
+	require.ErrorIs(t, err, engine.ErrCancelled)
+	kid, err := b.engine.GetRun(ctx, child.RunID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCancelled, kid.Status)
 	require.ErrorIs(t, kid.Error.Err(), engine.ErrCancelled)
 }
 

@@ -81,12 +81,51 @@ func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
 			log.Error("workflow not registered in this process; handing its runs back for a process that registers it",
 				"retry_in", retry, "registered", e.registeredNames())
 		}
-		if err := store.ReleaseUnclaimed(context.WithoutCancel(ctx), e.pool, store.Fence{RunID: runID, Token: token}); err != nil {
+		if err := e.releaseUnregistered(context.WithoutCancel(ctx), claimed, token); err != nil {
 			return err
 		}
 		return queue.Snooze(retry)
 	}
 	return e.execute(ctx, wf, claimed, token, sent)
+}
+
+// releaseUnregistered gives back the claim (under token) of a run whose
+// workflow this process does not register. For a child, in the same
+// transaction (the parent's row locked first, as every end of a child
+// does): if its parent's cancellation asked for its cancellation while
+// this claim was held, CancelChildren saw it claimed and left it to a
+// delivery that may never come; having never been delivered, it ends
+// cancelled now and wakes its parent, as a cancelled child that never
+// started does.
+func (e *Engine) releaseUnregistered(ctx context.Context, claimed *store.ClaimedRun, token uuid.UUID) error {
+	fence := store.Fence{RunID: claimed.RunID, Token: token}
+	p := claimed.Parent
+	if p == nil {
+		return store.ReleaseUnclaimed(ctx, e.pool, fence)
+	}
+	var ended bool
+	err := e.inTx(ctx, nil, func(tx pgx.Tx) error {
+		if err := store.LockRun(ctx, tx, p.RunID); err != nil {
+			return err
+		}
+		if err := store.ReleaseUnclaimed(ctx, tx, fence); err != nil {
+			return err
+		}
+		var err error
+		if ended, err = store.EndCancelledUnstarted(ctx, tx, claimed.RunID, cancelledJSON()); err != nil || !ended {
+			return err
+		}
+		woken, err := store.WakeParent(ctx, tx, p.RunID, p.Seq)
+		if err != nil || !woken {
+			return err
+		}
+		return e.queue.Enqueue(ctx, tx, p.RunID, time.Time{})
+	})
+	if err == nil && ended {
+		e.log.Info("child run cancelled before any delivery ran it", "run_id", claimed.RunID, "parent_run_id", p.RunID)
+		e.notifyEnded(claimed.RunID)
+	}
+	return err
 }
 
 // execute runs the workflow function for a delivery that holds the run's

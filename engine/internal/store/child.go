@@ -208,6 +208,40 @@ WITH target AS (
 ), ` + notifyEnded + `
 SELECT run_id, woken FROM upd WHERE (SELECT count(*) FROM notified) >= 0`)
 
+// endCancelledUnstarted ends a child whose cancellation was requested
+// while a process that cannot run it held a claim it then gave back
+// (ReleaseUnclaimed): CancelChildren saw it claimed, so it only asked for
+// its cancellation, and no delivery may ever come to act on it. Having
+// never been delivered, it ends cancelled as CancelChildren ends a child
+// that never started.
+var endCancelledUnstarted = named(`
+WITH upd AS (
+    UPDATE workflow_runs SET status = 'cancelled', error = @error::jsonb, completed_at = now(),
+        deadline_at = NULL, held_until = NULL, wake_at = NULL, await_signal = NULL
+    WHERE run_id = @run_id AND parent_run_id IS NOT NULL AND cancel_requested_at IS NOT NULL
+      AND deliveries = 0 AND owner_token IS NULL AND status = 'pending'
+    RETURNING run_id, watched AS notify
+), run AS (
+    SELECT run_id, notify FROM upd
+), ` + notifyEnded + `
+SELECT run_id FROM upd WHERE (SELECT count(*) FROM notified) >= 0`)
+
+// EndCancelledUnstarted ends child run runID cancelled, with errJSON as its
+// error, when its cancellation was requested and no delivery ever ran it
+// (see endCancelledUnstarted); ended reports whether it did. The caller
+// locked the parent's row first (LockRun) and wakes the parent.
+func EndCancelledUnstarted(ctx context.Context, tx DBTX, runID uuid.UUID, errJSON []byte) (ended bool, err error) {
+	var id uuid.UUID
+	err = endCancelledUnstarted.queryRow(ctx, tx, pgx.StrictNamedArgs{"run_id": runID, "error": string(errJSON)}).Scan(&id)
+	switch err = translate(err); {
+	case err == ErrNotFound:
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("ending cancelled child run %s: %w", runID, err)
+	}
+	return true, nil
+}
+
 // CancelledChildren are the children CancelChildren cancelled, and those
 // of them it woke (waiting: the caller enqueues their deliveries in the
 // same transaction).
