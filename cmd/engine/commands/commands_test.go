@@ -861,6 +861,15 @@ func TestDeadShowLinksAChildDeadJob(t *testing.T) {
 	code, out, errOut := run(t, db, "dead", "show", job.ID.String())
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "reason       child_dead")
+	// The parent's workflow ID leads to its dead job (a new user tried
+	// "dead replay dev-export-1"); an unknown one is still only refused.
+	code, _, errOut = run(t, db, "dead", "replay", "waits-for-a-dead-kid")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, `dead job ID "waits-for-a-dead-kid" is not a UUID; waits-for-a-dead-kid is a workflow ID, and its run's latest dead job is `+job.ID.String())
+	code, _, errOut = run(t, db, "dead", "replay", "no-such-workflow-id")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, `dead job ID "no-such-workflow-id" is not a UUID`)
+	require.NotContains(t, errOut, "is a workflow ID")
 	require.Contains(t, out, fmt.Sprintf("child        run %s, dead job %s (replaying either dead job replays both)", *job.ChildRunID, *job.ChildDeadJobID))
 	code, out, errOut = run(t, db, "dead", "show", job.ChildDeadJobID.String())
 	require.Equal(t, 0, code, errOut)

@@ -97,15 +97,25 @@ func (g *global) deadCmd() *cobra.Command {
 }
 
 func (g *global) withDeadJob(ctx context.Context, arg string, do func(backend, uuid.UUID) (*engine.DeadJob, error)) error {
-	id, err := parseID("dead job ID", arg)
-	if err != nil {
-		return err
-	}
+	id, perr := parseID("dead job ID", arg)
 	e, done, err := g.client(ctx)
 	if err != nil {
+		if perr != nil {
+			return perr
+		}
 		return err
 	}
 	defer done()
+	if perr != nil {
+		// An operator often has the workflow ID at hand: name its run's
+		// dead job (the action itself takes the dead job's ID).
+		if runID, ferr := e.FindRun(ctx, arg); ferr == nil {
+			if jobs, _, lerr := e.ListDeadJobs(ctx, engine.ListDeadJobsParams{RunID: runID, Limit: 1}); lerr == nil && len(jobs) > 0 {
+				return &usageError{fmt.Errorf("%w; %s is a workflow ID, and its run's latest dead job is %s", perr.(*usageError).err, text(arg), jobs[0].ID)}
+			}
+		}
+		return perr
+	}
 	j, err := do(e, id)
 	if errors.Is(err, engine.ErrNotFound) {
 		// An operator often has the run's ID at hand: name its dead job.
