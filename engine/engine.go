@@ -293,7 +293,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		pool:      pool,
 		cfg:       c,
 		log:       c.Logger,
-		obs:       c.Observer,
+		obs:       guardedObserver{o: c.Observer, log: c.Logger},
 		tr:        newTracing(c.TracerProvider, c.Propagator),
 		now:       c.Clock.Now,
 		workflows: map[string]registered{},

@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"runtime/debug"
 	"time"
 
 	"github.com/google/uuid"
@@ -14,7 +16,8 @@ import (
 // engine/enginemetrics implements it with Prometheus) or tracing. Each
 // method takes one event struct, passed by value. Methods are called on
 // the engine's goroutines: keep them fast, never block, and make them safe
-// for concurrent use.
+// for concurrent use. A method that panics loses its event (the panic is
+// logged with its stack); the run it concerns goes on.
 //
 // An implementation embeds NopObserver and overrides the events it wants
 // (as River's hooks embed HookDefaults): new events are added to the
@@ -119,6 +122,65 @@ func (NopObserver) ScheduleFired(ScheduleFiredEvent) {}
 func (NopObserver) SignalSent(SignalSentEvent)       {}
 func (NopObserver) RowsPruned(RowsPrunedEvent)       {}
 func (NopObserver) observer()                        {}
+
+// guardedObserver calls an Observer, recovering and logging a panic in
+// it: an Observer's bug must not park a run as if its workflow had
+// panicked (an event of a sequential step is reported on the workflow's
+// goroutine) nor kill the process (a parallel step's is reported on a
+// goroutine of its own). The event is lost; the run goes on. A deferred
+// recover allocates nothing, so the replay path stays allocation-free.
+type guardedObserver struct {
+	o   Observer
+	log *slog.Logger
+}
+
+func (g guardedObserver) recover(event string) {
+	if r := recover(); r != nil {
+		g.log.Error("observer panicked; the event is dropped", "event", event, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+	}
+}
+
+func (g guardedObserver) RunStarted(ev RunStartedEvent) {
+	defer g.recover("RunStarted")
+	g.o.RunStarted(ev)
+}
+
+func (g guardedObserver) RunEnded(ev RunEndedEvent) {
+	defer g.recover("RunEnded")
+	g.o.RunEnded(ev)
+}
+
+func (g guardedObserver) StepAttempt(ev StepAttemptEvent) {
+	defer g.recover("StepAttempt")
+	g.o.StepAttempt(ev)
+}
+
+func (g guardedObserver) StepReplayed(ev StepReplayedEvent) {
+	defer g.recover("StepReplayed")
+	g.o.StepReplayed(ev)
+}
+
+func (g guardedObserver) LeaseLost(ev LeaseLostEvent) {
+	defer g.recover("LeaseLost")
+	g.o.LeaseLost(ev)
+}
+
+func (g guardedObserver) ScheduleFired(ev ScheduleFiredEvent) {
+	defer g.recover("ScheduleFired")
+	g.o.ScheduleFired(ev)
+}
+
+func (g guardedObserver) SignalSent(ev SignalSentEvent) {
+	defer g.recover("SignalSent")
+	g.o.SignalSent(ev)
+}
+
+func (g guardedObserver) RowsPruned(ev RowsPrunedEvent) {
+	defer g.recover("RowsPruned")
+	g.o.RowsPruned(ev)
+}
+
+func (guardedObserver) observer() {}
 
 // Stats is a snapshot of the engine's queue, for gauges.
 type Stats struct {

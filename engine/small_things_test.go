@@ -122,3 +122,34 @@ func TestNewRefusesARetentionUnderAMinute(t *testing.T) {
 		require.NoError(t, err, ok)
 	}
 }
+
+// panickyObserver panics on every event it overrides.
+type panickyObserver struct{ engine.NopObserver }
+
+func (panickyObserver) RunStarted(engine.RunStartedEvent)     { panic("observer boom") }
+func (panickyObserver) RunEnded(engine.RunEndedEvent)         { panic("observer boom") }
+func (panickyObserver) StepAttempt(engine.StepAttemptEvent)   { panic("observer boom") }
+func (panickyObserver) StepReplayed(engine.StepReplayedEvent) { panic("observer boom") }
+
+// An Observer that panics loses its events and nothing else: a
+// sequential step's run is not parked as if its workflow had panicked,
+// and a parallel step's panic does not kill the process (an attack pass
+// found both).
+func TestAPanickingObserverLosesOnlyItsEvents(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("observed-by-a-panic", func(ctx *engine.Context, in int) (int, error) {
+		a, err := engine.Step(ctx, "seq", func(context.Context) (int, error) { return in, nil }, nil)
+		if err != nil {
+			return 0, err
+		}
+		b, err := engine.Go(ctx, "par", func(context.Context) (int, error) { return 2 * in, nil }, nil).Get(ctx)
+		return a + b, err
+	}, nil)
+	b := setup(t, &engine.Config{Observer: panickyObserver{}}, wf)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 7, nil)
+	require.NoError(t, err)
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 21, out)
+}

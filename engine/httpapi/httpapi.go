@@ -443,6 +443,13 @@ func (a *api) readJSON(w http.ResponseWriter, r *http.Request, v any, shape stri
 			"request body holds the escape "+esc+", half of a UTF-16 surrogate pair without its other half, which is no character")
 		return false
 	}
+	if bytes.Equal(bytes.TrimSpace(body), []byte("null")) {
+		// encoding/json decodes null into a struct as nothing at all: a
+		// start would take it for a start without an ID, and start a new
+		// run at every retry of a careless client.
+		writeError(w, http.StatusBadRequest, "invalid_json", "request body must be "+shape+", not null")
+		return false
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {

@@ -187,6 +187,9 @@ func TestStartErrors(t *testing.T) {
 		{"unknown field", "/v1/workflows/payment/runs", `{"inputs": {}}`, 400, "invalid_json"},
 		{"wrong type", "/v1/workflows/payment/runs", `{"input": {"amount": "ten"}}`, 400, "invalid_input"},
 		{"trailing data", "/v1/workflows/payment/runs", `{"input": {}} {}`, 400, "invalid_json"},
+		// Before, a null body started a new run (a generated ID) each time.
+		{"null body", "/v1/workflows/payment/runs", ` null `, 400, "invalid_json"},
+		{"null signal-with-start", "/v1/workflows/payment/signal-with-start", `null`, 400, "invalid_json"},
 		{"NUL in input", "/v1/workflows/payment/runs", `{"input": {"order_id": "a\u0000"}}`, 400, "invalid_input"},
 		{"long workflow ID", "/v1/workflows/payment/runs", fmt.Sprintf(`{"id": %q, "input": {}}`, strings.Repeat("x", 401)), 400, "invalid_input"},
 		{"oversize body", "/v1/workflows/payment/runs", fmt.Sprintf(`{"input": {"order_id": %q}}`, strings.Repeat("x", 5000)), 413, "payload_too_large"},
