@@ -37,12 +37,21 @@ type stepState struct {
 	// stops it (a forward step stopped before anything was written gives
 	// its position back to the undos).
 	written bool
+	// noEffect: every attempt so far failed with an error marked NoEffect
+	// (see attemptLoop.stoppable).
+	noEffect bool
+	// settled counts the attempts made after the run's cancellation to
+	// settle an activity that may have taken effect (see maxSettleAttempts).
+	settled int
+	// lost is the failure of the recorded attempt that never ended.
+	lost error
 }
 
 // newStepState picks a step up at position seq from its record (nil for a
 // new step).
 func (d *delivery) newStepState(call *stepCall, seq int, rec *store.StepRecord) stepState {
-	s := stepState{d: d, call: call, seq: seq, log: d.log.With("step", call.name, "seq", seq), startedAt: d.e.now(), written: rec != nil}
+	s := stepState{d: d, call: call, seq: seq, log: d.log.With("step", call.name, "seq", seq), startedAt: d.e.now(), written: rec != nil,
+		noEffect: true}
 	if call.opts != nil && call.opts.RetryPolicy != nil {
 		s.policy = *call.opts.RetryPolicy
 	}
@@ -51,8 +60,61 @@ func (d *delivery) newStepState(call *stepCall, seq int, rec *store.StepRecord) 
 		// The step started when its first record says, whichever delivery
 		// wrote it: its ScheduleToCloseTimeout counts from there.
 		s.attempts, s.firstFailed, s.requestID, s.lastErr, s.startedAt = rec.Attempts, rec.FirstFailedAt, rec.RequestID, rec.Error, rec.StartedAt
+		switch {
+		case rec.Status == store.StepStarted && rec.Attempts > 0:
+			// Attempt rec.Attempts began and has no outcome: its worker
+			// died, or lost its lease, during it. It counts, and it may
+			// have taken effect.
+			s.lost = &workerLostError{attempt: rec.Attempts}
+			s.attempts, s.noEffect = rec.Attempts-1, false
+			if info := decodeErrorInfo(rec.Error); info != nil {
+				s.settled = info.SettleAttempts
+			}
+		case rec.Status == store.StepRetrying:
+			// Records older than the flag say nothing: they may have.
+			info := decodeErrorInfo(rec.Error)
+			s.noEffect = info != nil && info.NoEffect
+			if info != nil {
+				s.settled = info.SettleAttempts
+			}
+		}
 	}
 	return s
+}
+
+// announces reports whether attempt is written down (status started)
+// before it runs: an activity's attempts, every retry, and the attempts of
+// a step with a ScheduleToCloseTimeout, so that an attempt whose worker
+// dies counts (worker_lost) and the step's time counts from its first
+// start across deliveries. A plain or tx step's first attempt is not,
+// which would cost a round trip per step: a crash in it is bounded by
+// MaxDeliveries.
+func (s *stepState) announces(attempt int) bool {
+	return s.call.requestID || attempt > 1 || s.call.opts.scheduleToClose() > 0
+}
+
+// unsettled is the park of an activity whose run was cancelled and whose
+// outcome its maxSettleAttempts attempts after the cancellation did not
+// learn: an operator must look (the request ID is in the record) and
+// replay or discard.
+func (s *stepState) unsettled() *parkReason {
+	info := stepFailure(&unsettledError{attempts: s.settled, last: decodeErrorInfo(s.lastErr).Err()},
+		ClassUnsettled, s.call.name, s.seq, s.attempts)
+	rec := s.record(store.StepParked, s.attempts)
+	rec.Error = info.json()
+	s.log.Warn("cancelled run could not settle an activity; parking it", "settle_attempts", s.settled)
+	return &parkReason{reason: ReasonRetriesExhausted, info: info, rec: rec}
+}
+
+// failedAttempt folds attempt's failure err into what the next record
+// carries: whether every failure so far had no effect and, when settling
+// (an activity retried after its run's cancellation), one more settle
+// attempt.
+func (s *stepState) failedAttempt(err error, settling bool) {
+	s.noEffect = s.noEffect && hasNoEffect(err)
+	if settling {
+		s.settled++
+	}
 }
 
 // record builds this step's record of attempt n.
@@ -225,20 +287,12 @@ type attemptLoop struct {
 	ctx context.Context
 
 	nextAttempt *time.Time // when the next attempt is due: a backoff, a sleep's wake time
-	// noEffect: every attempt so far failed with an error marked NoEffect
-	// (see stoppable).
-	noEffect bool
-	// settled counts the attempts made after the run's cancellation to
-	// settle an activity that may have taken effect (see maxSettleAttempts).
-	settled int
-	// lost is the failure of the recorded attempt that never ended.
-	lost error
 }
 
 // newAttemptLoop picks a step up at position seq from its record (nil for
 // a new step).
 func (d *delivery) newAttemptLoop(call *stepCall, seq int, rec *store.StepRecord) *attemptLoop {
-	l := &attemptLoop{stepState: d.newStepState(call, seq, rec), forward: call.compensationOf == nil, noEffect: true, ctx: d.fwd}
+	l := &attemptLoop{stepState: d.newStepState(call, seq, rec), forward: call.compensationOf == nil, ctx: d.fwd}
 	if !l.forward || call.settle {
 		// Compensations are not cancelled by the run's cancellation. An
 		// activity that does not heartbeat is not interrupted by it
@@ -251,24 +305,6 @@ func (d *delivery) newAttemptLoop(call *stepCall, seq int, rec *store.StepRecord
 		return l
 	}
 	l.nextAttempt = rec.NextAttemptAt
-	switch {
-	case rec.Status == store.StepStarted && rec.Attempts > 0:
-		// Attempt rec.Attempts began and has no outcome: its worker
-		// died, or lost its lease, during it. It counts, and it may
-		// have taken effect.
-		l.lost = &workerLostError{attempt: rec.Attempts}
-		l.attempts, l.noEffect = rec.Attempts-1, false
-		if info := decodeErrorInfo(rec.Error); info != nil {
-			l.settled = info.SettleAttempts
-		}
-	case rec.Status == store.StepRetrying:
-		// Records older than the flag say nothing: they may have.
-		info := decodeErrorInfo(rec.Error)
-		l.noEffect = info != nil && info.NoEffect
-		if info != nil {
-			l.settled = info.SettleAttempts
-		}
-	}
 	return l
 }
 
@@ -461,24 +497,13 @@ func (l *attemptLoop) begin(attempt int) (announced, stop bool, out []byte, err 
 		return false, true, out, err
 	}
 	if l.settling() && l.settled >= maxSettleAttempts {
-		// Its outcome is still unknown: an operator must look (the
-		// request ID is in the record) and replay or discard.
-		info := stepFailure(&unsettledError{attempts: l.settled, last: decodeErrorInfo(l.lastErr).Err()},
-			ClassUnsettled, l.call.name, l.seq, l.attempts)
-		rec := l.record(store.StepParked, l.attempts)
-		rec.Error = info.json()
-		l.log.Warn("cancelled run could not settle an activity; parking it", "settle_attempts", l.settled)
-		d.park(rec, &parkReason{reason: ReasonRetriesExhausted, info: info, rec: rec})
+		p := l.unsettled()
+		d.park(p.rec, p)
 		return false, true, nil, d.endErr
 	}
-	// Everything before this step is recorded before it runs. An
-	// activity's attempts, every retry and the attempts of a step with a
-	// ScheduleToCloseTimeout are announced with it (status started), so
-	// an attempt whose worker dies counts, and the step's time counts from
-	// its first start across deliveries; a plain or tx step's first
-	// attempt is not, which would cost a round trip per step: a crash in
-	// it is bounded by MaxDeliveries.
-	if l.call.requestID || attempt > 1 || l.call.opts.scheduleToClose() > 0 {
+	// Everything before this step is recorded before it runs, and the
+	// attempt is announced with it when it must be (see announces).
+	if l.announces(attempt) {
 		rec := l.record(store.StepStarted, attempt)
 		rec.Error = l.lastErr
 		if !d.write(d.buf.takeWith(rec)...) {
@@ -521,10 +546,7 @@ func (l *attemptLoop) begin(attempt int) (announced, stop bool, out []byte, err 
 // false) or after the delivery ends.
 func (l *attemptLoop) failed(attempt int, r attemptResult) (out []byte, done bool, _ error) {
 	d := l.d
-	l.noEffect = l.noEffect && hasNoEffect(r.err)
-	if l.settling() {
-		l.settled++
-	}
+	l.failedAttempt(r.err, l.settling())
 	f := l.judge(attempt, r.err, r.p, l.noEffect, l.settled)
 	l.observe(attempt, f.outcome, r.started)
 	switch {

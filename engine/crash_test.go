@@ -213,7 +213,34 @@ func crashWorkflows(pool *pgxpool.Pool) []engine.Registration {
 		}
 		return out, nil
 	}, nil)
-	return append([]engine.Registration{three, flaky, lost, tx, batch, fanout, kid, parent}, deadlineCrashWorkflows(pool)...)
+	// lostPar is lost's activity run as a parallel step; lostS2C a
+	// parallel step allowed one attempt within a 4 s budget, which hangs
+	// in a child with envBlockStep3.
+	lostPar := engine.Define("crash-lost-par", func(ctx *engine.Context, in crashIn) (int, error) {
+		return engine.GoActivity(ctx, "lost", func(sctx context.Context, _ *engine.ActivityAttempt) (int, error) {
+			if err := bumpCalls(context.WithoutCancel(sctx), pool, ctx.RunID(), "lost"); err != nil {
+				return 0, err
+			}
+			if calls := callsOf(sctx, pool, ctx.RunID(), "lost"); calls == 1 {
+				return 0, errors.New("503")
+			} else if calls == 2 && os.Getenv(envBlockStep3) == "1" {
+				select {}
+			}
+			return 1, nil
+		}, &engine.ActivityOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: 50 * time.Millisecond, MaximumAttempts: 2}}).Get(ctx)
+	}, nil)
+	lostS2C := engine.Define("crash-s2c-par", func(ctx *engine.Context, in crashIn) (int, error) {
+		return engine.Go(ctx, "s2c", func(sctx context.Context) (int, error) {
+			if err := bumpCalls(context.WithoutCancel(sctx), pool, ctx.RunID(), "s2c"); err != nil {
+				return 0, err
+			}
+			if os.Getenv(envBlockStep3) == "1" {
+				select {}
+			}
+			return 1, nil
+		}, &engine.StepOpts{ScheduleToCloseTimeout: 4 * time.Second, RetryPolicy: &engine.RetryPolicy{MaximumAttempts: 1}}).Get(ctx)
+	}, nil)
+	return append([]engine.Registration{three, flaky, lost, tx, batch, fanout, kid, parent, lostPar, lostS2C}, deadlineCrashWorkflows(pool)...)
 }
 
 func createCallsTable(t *testing.T, pool *pgxpool.Pool) {
@@ -637,6 +664,33 @@ func TestAttemptKilledWithItsWorkerCountsTowardTheLimit(t *testing.T) {
 	require.Equal(t, 2, lostAttempt.Attempt)
 	require.Equal(t, engine.StepParked, lostAttempt.Status)
 	require.Equal(t, engine.ClassWorkerLost, lostAttempt.Class, "the lost attempt is in the step's history")
+}
+
+// A parallel step keeps the same accounting: its attempts are announced
+// as a sequential step's are, so a GoActivity allowed 2 attempts whose
+// second dies with its worker is parked after the crash (worker_lost)
+// and never called a third time, and a Go step allowed one attempt with a
+// ScheduleToCloseTimeout is not run again after its worker dies. Before
+// (found by an attack pass), neither attempt counted: the activity was
+// called a third time and the step ran twice, its budget restarted.
+func TestParallelAttemptKilledWithItsWorkerCounts(t *testing.T) {
+	t.Parallel()
+	t.Run("activity", func(t *testing.T) {
+		t.Parallel()
+		db, runID, worker := killAtAttempt(t, "crash-lost-par", "lost", 2)
+		run := waitStatus(t, worker, runID, engine.StatusDead, 30*time.Second)
+		require.Equal(t, 2, run.Steps[0].Attempts)
+		require.Equal(t, engine.ClassWorkerLost, run.Steps[0].Error.Class)
+		require.Equal(t, 2, calls(t, db.Pool, runID, "lost"), "no third attempt")
+	})
+	t.Run("budgeted step", func(t *testing.T) {
+		t.Parallel()
+		db, runID, worker := killAtAttempt(t, "crash-s2c-par", "s2c", 1)
+		run := waitStatus(t, worker, runID, engine.StatusFailed, 30*time.Second)
+		require.Equal(t, engine.ClassWorkerLost, run.Steps[0].Error.Class)
+		require.ErrorIs(t, run.Error.Err(), engine.ErrWorkerLost)
+		require.Equal(t, 1, calls(t, db.Pool, runID, "s2c"), "its one attempt is not made again")
+	})
 }
 
 // A process killed around a tx step's transaction — before its commit, or

@@ -311,7 +311,13 @@ func startBranch[T any](ctx *Context, name string, kind StepKind, opts *StepOpts
 
 // run makes the branch's attempts until it has an outcome: its output, its
 // failure (recorded, returned by Get), an interruption (the delivery's
-// context ended: Get ends the delivery), or a panic (park).
+// context ended: Get ends the delivery), or a panic (park). It keeps the
+// promises a sequential step keeps, with the same stepState: an attempt
+// is announced when it must be (a worker that dies in it makes it count,
+// as worker_lost), a step the run's cancellation stops is recorded
+// cancelled, and a settling activity of a cancelled run is stopped when
+// no attempt can have taken effect, or parked once maxSettleAttempts
+// more did not settle it.
 func (b *branch) run() (_ []byte, _ *parkReason, _ error) {
 	d := b.d
 	for {
@@ -319,22 +325,37 @@ func (b *branch) run() (_ []byte, _ *parkReason, _ error) {
 		if d.ctx.Err() != nil {
 			return nil, nil, d.ctx.Err()
 		}
-		if b.ctx().Err() != nil {
-			return nil, nil, ErrCancelled
+		settling := b.settling()
+		if b.ctx().Err() != nil || (settling && b.noEffect && b.lost == nil) {
+			return nil, nil, b.cancelled(b.attempts)
 		}
-		if b.call.requestID && b.requestID == nil {
-			// The request ID is stored before the first attempt.
-			id := uuid.New()
-			b.requestID = &id
-			if err := b.write(b.record(store.StepStarted, 0)); err != nil {
-				return nil, nil, err
-			}
+		if settling && b.settled >= maxSettleAttempts && b.lost == nil {
+			return nil, b.unsettled(), nil
 		}
+		var r attemptResult
 		a := &attemptState{d: d, seq: b.seq, attempt: attempt, completed: b.completed(attempt)}
-		if b.requestID != nil {
-			a.requestID = *b.requestID
+		if b.lost != nil {
+			r = attemptResult{err: b.lost, started: time.Now()}
+			b.lost = nil
+		} else {
+			if b.call.requestID && b.requestID == nil {
+				// The request ID is stored before the first attempt, with
+				// its announcement.
+				id := uuid.Must(uuid.NewV7())
+				b.requestID = &id
+			}
+			if b.announces(attempt) {
+				rec := b.record(store.StepStarted, attempt)
+				rec.Error = b.lastErr
+				if err := b.write(rec); err != nil {
+					return nil, nil, err
+				}
+			}
+			if b.requestID != nil {
+				a.requestID = *b.requestID
+			}
+			r = b.execute(b.ctx(), a)
 		}
-		r := b.execute(b.ctx(), a)
 		if b.call.tx && r.err != nil {
 			b.written = true // its insert may have committed: upsert from now on
 		}
@@ -360,9 +381,10 @@ func (b *branch) run() (_ []byte, _ *parkReason, _ error) {
 			return nil, nil, r.err
 		case b.ctx().Err() != nil && !r.timedOut:
 			b.observe(attempt, "cancelled", r.started)
-			return nil, nil, ErrCancelled
+			return nil, nil, b.cancelled(attempt)
 		}
-		f := b.judge(attempt, r.err, r.p, false, 0)
+		b.failedAttempt(r.err, settling || b.settling())
+		f := b.judge(attempt, r.err, r.p, b.noEffect, b.settled)
 		b.observe(attempt, f.outcome, r.started)
 		if f.park != nil {
 			return nil, f.park, nil
@@ -374,13 +396,46 @@ func (b *branch) run() (_ []byte, _ *parkReason, _ error) {
 			return nil, nil, stepErrorFromRecord(f.rec)
 		}
 		b.attempts, b.lastErr = attempt, f.rec.Error
+		// The run's cancellation ends the backoff of a settling activity
+		// none of whose attempts had an effect: it stops at once (above).
+		var stop <-chan struct{}
+		if b.call.settle && b.noEffect {
+			stop = d.fwd.Done()
+		}
 		t := time.NewTimer(f.delay)
 		select {
 		case <-t.C:
 		case <-b.ctx().Done():
 			t.Stop()
+		case <-stop:
+			t.Stop()
 		}
 	}
+}
+
+// settling: the branch is an activity that runs to a definite outcome
+// (see GoActivity) and its run's cancellation was requested: its next
+// attempt is made only to learn whether an earlier one took effect.
+func (b *branch) settling() bool {
+	return b.call.settle && b.requestID != nil && b.d.cancelRequested.Load()
+}
+
+// cancelled is ErrCancelled for a branch that the run's cancellation (or
+// the workflow function's return) stopped after n attempts. A branch with
+// a record is recorded as cancelled, as a sequential step is, so a
+// finished run shows no step still retrying.
+func (b *branch) cancelled(n int) error {
+	if !b.written || b.d.ctx.Err() != nil {
+		return ErrCancelled
+	}
+	rec := b.record(store.StepCancelled, n)
+	rec.Error = b.lastErr
+	now := b.d.e.now()
+	rec.CompletedAt = &now
+	if err := b.write(rec); err != nil {
+		return err
+	}
+	return ErrCancelled
 }
 
 // write writes the branch's record fenced, with the delivery's other
