@@ -174,6 +174,19 @@ func TestStartAndReadRuns(t *testing.T) {
 	require.Len(t, list.body["runs"].([]any), 1)
 }
 
+// A start's optional fields may be JSON null, as clients generated in
+// other languages send them: null is the same as leaving the field out,
+// and the OpenAPI document (which the test server checks every accepted
+// body against) says so.
+func TestStartTakesNullAsAnAbsentField(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	r := b.do(t, "POST", "/v1/workflows/payment/runs", `{"id": null, "input": {"order_id": "ord_n", "amount": 10},
+		"start_at": null, "delay": null, "run_timeout": null, "tags": null}`)
+	require.Equal(t, http.StatusCreated, r.status, r.raw)
+	require.NotEmpty(t, r.body["workflow_id"], "a generated workflow ID, as without the field")
+}
+
 func TestStartErrors(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &httpapi.Options{MaxBodyBytes: 4096})
