@@ -16,16 +16,9 @@ import (
 // params or result struct, whose fields name them at the call site.
 func TestStoreCallsTakeAndReturnFewValues(t *testing.T) {
 	t.Parallel()
-	files, err := filepath.Glob("*.go")
-	require.NoError(t, err)
-	fset := token.NewFileSet()
+	fset, files := packageSource(t)
 	funcs := 0
-	for _, file := range files {
-		if strings.HasSuffix(file, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, file, nil, parser.SkipObjectResolution)
-		require.NoError(t, err)
+	for _, f := range files {
 		for _, decl := range f.Decls {
 			fn, ok := decl.(*ast.FuncDecl)
 			if !ok || fn.Recv != nil || !fn.Name.IsExported() {
@@ -57,6 +50,25 @@ func TestStoreCallsTakeAndReturnFewValues(t *testing.T) {
 		}
 	}
 	require.Greater(t, funcs, 50, "the package's calls were not found")
+}
+
+// packageSource parses the package's Go source, its tests aside, for the
+// tests that hold rules over all of it.
+func packageSource(t *testing.T) (*token.FileSet, []*ast.File) {
+	t.Helper()
+	names, err := filepath.Glob("*.go")
+	require.NoError(t, err)
+	fset := token.NewFileSet()
+	var files []*ast.File
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, parser.SkipObjectResolution)
+		require.NoError(t, err)
+		files = append(files, f)
+	}
+	return fset, files
 }
 
 // types renders a parameter's type as written, for the few the test
