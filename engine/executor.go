@@ -112,7 +112,7 @@ func (e *Engine) releaseUnregistered(ctx context.Context, claimed *store.Claimed
 			return err
 		}
 		var err error
-		if ended, err = store.EndCancelledUnstarted(ctx, tx, claimed.RunID, cancelledJSON()); err != nil || !ended {
+		if ended, err = store.EndCancelledUnstarted(ctx, tx, claimed.RunID, cancelledJSON(), e.now()); err != nil || !ended {
 			return err
 		}
 		woken, err := store.WakeParent(ctx, tx, p.RunID, p.Seq)

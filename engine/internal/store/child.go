@@ -216,7 +216,7 @@ SELECT run_id, woken FROM upd WHERE (SELECT count(*) FROM notified) >= 0`)
 // that never started.
 var endCancelledUnstarted = named(`
 WITH upd AS (
-    UPDATE workflow_runs SET status = 'cancelled', error = @error::jsonb, completed_at = now(),
+    UPDATE workflow_runs SET status = 'cancelled', error = @error::jsonb, completed_at = @now,
         deadline_at = NULL, held_until = NULL, wake_at = NULL, await_signal = NULL
     WHERE run_id = @run_id AND parent_run_id IS NOT NULL AND cancel_requested_at IS NOT NULL
       AND deliveries = 0 AND owner_token IS NULL AND status = 'pending'
@@ -226,13 +226,15 @@ WITH upd AS (
 ), ` + notifyEnded + `
 SELECT run_id FROM upd WHERE (SELECT count(*) FROM notified) >= 0`)
 
-// EndCancelledUnstarted ends child run runID cancelled, with errJSON as its
-// error, when its cancellation was requested and no delivery ever ran it
-// (see endCancelledUnstarted); ended reports whether it did. The caller
-// locked the parent's row first (LockRun) and wakes the parent.
-func EndCancelledUnstarted(ctx context.Context, tx DBTX, runID uuid.UUID, errJSON []byte) (ended bool, err error) {
+// EndCancelledUnstarted ends child run runID cancelled at now, with
+// errJSON as its error, when its cancellation was requested and no
+// delivery ever ran it (see endCancelledUnstarted); ended reports whether
+// it did. The caller locked the parent's row first (LockRun) and wakes the
+// parent. The time is a parameter, as Citus needs it (no now() in a
+// statement it routes to a shard).
+func EndCancelledUnstarted(ctx context.Context, tx DBTX, runID uuid.UUID, errJSON []byte, now time.Time) (ended bool, err error) {
 	var id uuid.UUID
-	err = endCancelledUnstarted.queryRow(ctx, tx, pgx.StrictNamedArgs{"run_id": runID, "error": string(errJSON)}).Scan(&id)
+	err = endCancelledUnstarted.queryRow(ctx, tx, pgx.StrictNamedArgs{"run_id": runID, "error": string(errJSON), "now": now}).Scan(&id)
 	switch err = translate(err); {
 	case err == ErrNotFound:
 		return false, nil
