@@ -261,7 +261,7 @@ func (d *delivery) startChild(name string, version int, input []byte, opts *Chil
 		return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
 			rec = &store.StepRecord{Seq: seq, Name: name, Kind: string(KindChild), Status: store.StepStarted,
 				Attempts: 1, StartedAt: now}
-			ins, err := store.InsertChild(ctx, tx, r)
+			ins, err := store.InsertChild(ctx, d.e.on(tx), r)
 			switch taken = errors.Is(err, store.ErrChildIDTaken); {
 			case taken:
 				info := stepFailure(fmt.Errorf("%w: child workflow %q: ID %q is held by run %s", ErrWorkflowIDConflict, name, workflowID, ins.RunID),
@@ -282,7 +282,7 @@ func (d *delivery) startChild(name string, version int, input []byte, opts *Chil
 				recs = append(recs, p)
 			}
 			var w store.StepsWritten
-			w, err = store.WriteSteps(ctx, tx, d.fence(), "", recs...)
+			w, err = store.WriteSteps(ctx, d.e.on(tx), d.fence(), "", recs...)
 			cancel = w.CancelRequested
 			return err
 		})
@@ -391,7 +391,7 @@ func (d *delivery) childResult(seq int, name string) ([]byte, error) {
 func (d *delivery) settleChildren(seqs []int, deadEnds bool) (int, *store.ChildEnd, error) {
 	var ends []store.ChildEnd
 	err := d.do(func(ctx context.Context) (err error) {
-		ends, err = store.ChildEnds(ctx, d.e.pool, d.runID, seqs)
+		ends, err = store.ChildEnds(ctx, d.e.db, d.runID, seqs)
 		return err
 	})
 	if err != nil || len(ends) == 0 {
@@ -495,7 +495,7 @@ func (d *delivery) suspendForChildren(seqs []int) bool {
 	err := d.do(func(ctx context.Context) error {
 		ended = false
 		err := pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
-			return store.SuspendForChildren(ctx, tx, d.fence(), store.ChildWaitParams{Pending: d.buf.pending, Status: string(status), Seqs: seqs})
+			return store.SuspendForChildren(ctx, d.e.on(tx), d.fence(), store.ChildWaitParams{Pending: d.buf.pending, Status: string(status), Seqs: seqs})
 		})
 		if errors.Is(err, store.ErrChildEnded) {
 			ended = true
@@ -542,10 +542,10 @@ func (d *delivery) closeChildren(cancel, wait []string) bool {
 			return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
 				// Its own row first: a child continuing as new meanwhile
 				// commits its new run before, or waits (see store.LockRun).
-				if err := store.LockRun(ctx, tx, d.runID); err != nil {
+				if err := store.LockRun(ctx, d.e.on(tx), d.runID); err != nil {
 					return err
 				}
-				c, err := store.CancelChildren(ctx, tx, d.runID, cancel, cancelledJSON())
+				c, err := store.CancelChildren(ctx, d.e.on(tx), d.runID, cancel, cancelledJSON())
 				if err != nil {
 					return err
 				}
@@ -562,7 +562,7 @@ func (d *delivery) closeChildren(cancel, wait []string) bool {
 	for {
 		var open []int
 		err := d.do(func(ctx context.Context) (err error) {
-			open, err = store.OpenChildren(ctx, d.e.pool, d.runID, policies, 100)
+			open, err = store.OpenChildren(ctx, d.e.db, d.runID, policies, 100)
 			return err
 		})
 		if err != nil {
@@ -605,7 +605,7 @@ func (d *delivery) settleStartedChildren() bool {
 // children of policy cancel still running are cancelled when it closed.
 func (d *delivery) endRelated(ctx context.Context, tx pgx.Tx, status RunStatus) error {
 	if p := d.parent; p != nil && status != StatusContinued { // a continued child's chain goes on
-		woken, err := store.WakeParent(ctx, tx, p.RunID, p.Seq)
+		woken, err := store.WakeParent(ctx, d.e.on(tx), p.RunID, p.Seq)
 		if err != nil {
 			return err
 		}
@@ -616,7 +616,7 @@ func (d *delivery) endRelated(ctx context.Context, tx pgx.Tx, status RunStatus) 
 		}
 	}
 	if d.hasChildren && status.closed() {
-		c, err := store.CancelChildren(ctx, tx, d.runID, []string{string(ParentCloseCancel)}, cancelledJSON())
+		c, err := store.CancelChildren(ctx, d.e.on(tx), d.runID, []string{string(ParentCloseCancel)}, cancelledJSON())
 		if err != nil {
 			return err
 		}
@@ -632,7 +632,7 @@ func (d *delivery) lockParent(ctx context.Context, tx pgx.Tx) error {
 	if d.parent == nil {
 		return nil
 	}
-	return store.LockRun(ctx, tx, d.parent.RunID)
+	return store.LockRun(ctx, d.e.on(tx), d.parent.RunID)
 }
 
 // related reports whether the run's end touches other runs (see
@@ -655,7 +655,7 @@ func (d *delivery) endTx(w *store.RecordWrite, status RunStatus) error {
 			if err := d.lockParent(ctx, tx); err != nil {
 				return err
 			}
-			res, err := store.WriteRecords(ctx, tx, []*store.RecordWrite{w})
+			res, err := store.WriteRecords(ctx, d.e.on(tx), []*store.RecordWrite{w})
 			if err != nil {
 				return err
 			}
@@ -754,14 +754,14 @@ func (d *delivery) continueAsNew(input []byte) {
 				return err
 			}
 			if p := d.buf.pending; p != nil {
-				if _, err := store.WriteSteps(ctx, tx, d.fence(), "", p); err != nil {
+				if _, err := store.WriteSteps(ctx, e.on(tx), d.fence(), "", p); err != nil {
 					return err
 				}
 			}
-			if err := store.ContinueRun(ctx, tx, d.fence(), r.RunID); err != nil {
+			if err := store.ContinueRun(ctx, e.on(tx), d.fence(), r.RunID); err != nil {
 				return err
 			}
-			ins, err := store.InsertRun(ctx, tx, r)
+			ins, err := store.InsertRun(ctx, e.on(tx), r)
 			switch {
 			case err != nil:
 				return err
@@ -772,7 +772,7 @@ func (d *delivery) continueAsNew(input []byte) {
 					return err
 				}
 			}
-			if err := store.MoveSignals(ctx, tx, d.runID, r.RunID); err != nil {
+			if err := store.MoveSignals(ctx, e.on(tx), d.runID, r.RunID); err != nil {
 				return err
 			}
 			return d.endRelated(ctx, tx, StatusContinued)

@@ -227,7 +227,7 @@ func (e *Engine) cancel(ctx context.Context, tx pgx.Tx, runID uuid.UUID) (reques
 	err = e.inTx(ctx, tx, func(tx pgx.Tx) error {
 		// Wall time, not Config.Clock: the sweeps compare these columns
 		// with PostgreSQL's clock.
-		res, err := store.CancelRun(ctx, tx, runID, time.Now())
+		res, err := store.CancelRun(ctx, e.on(tx), runID, time.Now())
 		status, wake := res.Status, res.WakeUp
 		requested = res.Requested
 		switch {

@@ -112,7 +112,7 @@ func (e *Engine) ListDeadJobs(ctx context.Context, p ListDeadJobsParams) (jobs [
 	if p.RunID != uuid.Nil {
 		f.RunID = &p.RunID
 	}
-	rows, err := store.ListDeadJobs(ctx, e.pool, f)
+	rows, err := store.ListDeadJobs(ctx, e.db, f)
 	if err != nil {
 		return nil, "", fmt.Errorf("pgdurable: %w", err)
 	}
@@ -130,7 +130,7 @@ func (e *Engine) ListDeadJobs(ctx context.Context, p ListDeadJobsParams) (jobs [
 // open dead job of a child run it also names the parent parked waiting
 // for that child, if any (DeadJob.ParentDeadJobID).
 func (e *Engine) GetDeadJob(ctx context.Context, id uuid.UUID) (*DeadJob, error) {
-	d, err := store.GetDeadJob(ctx, e.pool, id, false)
+	d, err := store.GetDeadJob(ctx, e.db, id, false)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("%w: dead job %s", ErrNotFound, id)
 	}
@@ -139,10 +139,10 @@ func (e *Engine) GetDeadJob(ctx context.Context, id uuid.UUID) (*DeadJob, error)
 	}
 	j := deadJobFromRow(d)
 	if d.Resolution == nil {
-		up, err := store.RunParent(ctx, e.pool, d.RunID)
+		up, err := store.RunParent(ctx, e.db, d.RunID)
 		parent := up.Parent
 		if err == nil && parent != nil {
-			j.ParentDeadJobID, err = store.ParentParkedOn(ctx, e.pool, *parent, d.RunID)
+			j.ParentDeadJobID, err = store.ParentParkedOn(ctx, e.db, *parent, d.RunID)
 		}
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			return nil, fmt.Errorf("pgdurable: reading dead job %s: %w", id, err)
@@ -201,7 +201,7 @@ func (e *Engine) replayLinked(ctx context.Context, tx pgx.Tx, d *store.DeadJobRo
 		return err
 	}
 	for down := d; down.Reason == string(ReasonChildDead) && down.ChildRunID != nil; {
-		child, err := store.GetDeadJob(ctx, tx, derefID(down.ChildDeadJobID), true)
+		child, err := store.GetDeadJob(ctx, e.on(tx), derefID(down.ChildDeadJobID), true)
 		if errors.Is(err, store.ErrNotFound) || err == nil && child.Resolution != nil {
 			break // discarded (or gone): the parent takes the child's death
 		}
@@ -214,12 +214,12 @@ func (e *Engine) replayLinked(ctx context.Context, tx pgx.Tx, d *store.DeadJobRo
 		down = child
 	}
 	for up := d.RunID; ; {
-		res, err := store.RunParent(ctx, tx, up)
+		res, err := store.RunParent(ctx, e.on(tx), up)
 		if err != nil || res.Parent == nil {
 			return err
 		}
 		parent := res.Parent
-		job, err := store.OpenChildDeadJob(ctx, tx, *parent, up)
+		job, err := store.OpenChildDeadJob(ctx, e.on(tx), *parent, up)
 		if errors.Is(err, store.ErrNotFound) {
 			return nil
 		}
@@ -240,7 +240,7 @@ func (e *Engine) closeLinked(ctx context.Context, tx pgx.Tx, j, by *store.DeadJo
 	if opts.Note != "" {
 		note += ": " + opts.Note
 	}
-	if _, err := store.ResolveDeadJob(ctx, tx, store.ResolveDeadJobParams{ID: j.ID, Resolution: "replayed", By: opts.By, Note: note}); err != nil {
+	if _, err := store.ResolveDeadJob(ctx, e.on(tx), store.ResolveDeadJobParams{ID: j.ID, Resolution: "replayed", By: opts.By, Note: note}); err != nil {
 		return err
 	}
 	e.log.Info("dead job resolved", "dead_job_id", j.ID, "run_id", j.RunID, "resolution", "replayed", "with", by.ID)
@@ -251,20 +251,20 @@ func (e *Engine) closeLinked(ctx context.Context, tx pgx.Tx, j, by *store.DeadJo
 // cancelled when it is a child of policy cancel or wait whose parent has
 // closed (see ReplayDeadJob).
 func (e *Engine) replayRun(ctx context.Context, tx pgx.Tx, runID uuid.UUID) error {
-	up, err := store.RunParent(ctx, tx, runID)
+	up, err := store.RunParent(ctx, e.on(tx), runID)
 	if err != nil {
 		return fmt.Errorf("reading run %s: %w", runID, err)
 	}
 	parent, policy := up.Parent, up.ClosePolicy
 	orphaned := false
 	if parent != nil && ParentClosePolicy(policy) != ParentCloseAbandon {
-		status, err := store.RunStatusOf(ctx, tx, *parent)
+		status, err := store.RunStatusOf(ctx, e.on(tx), *parent)
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			return fmt.Errorf("reading parent run %s: %w", *parent, err)
 		}
 		orphaned = err != nil || RunStatus(status).closed() // a pruned parent closed long ago
 	}
-	if _, err := store.ReplayRun(ctx, tx, runID, orphaned, e.now()); err != nil {
+	if _, err := store.ReplayRun(ctx, e.on(tx), runID, orphaned, e.now()); err != nil {
 		return fmt.Errorf("reopening run %s: %w", runID, err)
 	}
 	if orphaned {
@@ -285,7 +285,7 @@ func derefID(id *uuid.UUID) uuid.UUID {
 // job; the errors of ReplayDeadJob for an id that is a run's.
 func (e *Engine) DiscardDeadJob(ctx context.Context, id uuid.UUID, opts *ResolveOpts) (*DeadJob, error) {
 	return e.resolveDeadJob(ctx, id, "discarded", opts, func(ctx context.Context, tx pgx.Tx, d *store.DeadJobRow) error {
-		return store.MarkRunDiscarded(ctx, tx, d.RunID)
+		return store.MarkRunDiscarded(ctx, e.on(tx), d.RunID)
 	})
 }
 
@@ -311,9 +311,9 @@ func (e *Engine) resolveDeadJob(ctx context.Context, id uuid.UUID, resolution st
 		if err := e.lockFamily(ctx, tx, id); err != nil {
 			return err
 		}
-		d, err := store.GetDeadJob(ctx, tx, id, true) // locks the row: concurrent resolves serialise
+		d, err := store.GetDeadJob(ctx, e.on(tx), id, true) // locks the row: concurrent resolves serialise
 		if errors.Is(err, store.ErrNotFound) {
-			return notADeadJob(ctx, tx, id, verb)
+			return notADeadJob(ctx, e.on(tx), id, verb)
 		}
 		if err != nil {
 			return err
@@ -325,13 +325,13 @@ func (e *Engine) resolveDeadJob(ctx context.Context, id uuid.UUID, resolution st
 			}
 			return nil
 		}
-		if _, err := store.ResolveDeadJob(ctx, tx, store.ResolveDeadJobParams{ID: id, Resolution: resolution, By: opts.By, Note: opts.Note}); err != nil {
+		if _, err := store.ResolveDeadJob(ctx, e.on(tx), store.ResolveDeadJobParams{ID: id, Resolution: resolution, By: opts.By, Note: opts.Note}); err != nil {
 			return err
 		}
 		if err := apply(ctx, tx, d); err != nil {
 			return err
 		}
-		out, err = store.GetDeadJob(ctx, tx, id, false)
+		out, err = store.GetDeadJob(ctx, e.on(tx), id, false)
 		return err
 	})
 	switch {
@@ -353,14 +353,14 @@ func (e *Engine) resolveDeadJob(ctx context.Context, id uuid.UUID, resolution st
 // lockFamily locks, in tx, the run row of the root of dead job id's run:
 // the ancestor with no parent (the run itself when it has none).
 func (e *Engine) lockFamily(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
-	d, err := store.GetDeadJob(ctx, tx, id, false)
+	d, err := store.GetDeadJob(ctx, e.on(tx), id, false)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return nil // no such dead job: the caller says what id is
 	case err != nil:
 		return err
 	}
-	return lockFamilyOf(ctx, tx, d.RunID)
+	return lockFamilyOf(ctx, e.on(tx), d.RunID)
 }
 
 // lockFamilyOf locks, in tx, the run row of the root of run runID's
@@ -369,7 +369,7 @@ func (e *Engine) lockFamily(ctx context.Context, tx pgx.Tx, id uuid.UUID) error 
 // its dead job (replay, discard, terminate) take it first, so two on one
 // family wait for each other instead of locking its runs and dead jobs in
 // opposite orders. (Cancel touches the run's row alone.)
-func lockFamilyOf(ctx context.Context, tx pgx.Tx, runID uuid.UUID) error {
+func lockFamilyOf(ctx context.Context, tx store.DBTX, runID uuid.UUID) error {
 	root := runID
 	for range maxFamilyDepth {
 		up, err := store.RunParent(ctx, tx, root)

@@ -214,14 +214,19 @@ func orDefault[T comparable](v, def T) T {
 // functions. One Engine per process; any number of processes may share a
 // database. Safe for concurrent use.
 type Engine struct {
-	pool  *pgxpool.Pool
-	cfg   Config
-	log   *slog.Logger
-	obs   Observer
-	tr    tracing
-	queue *queue.Queue
-	now   func() time.Time
-	retry RetryPolicy // cfg.RetryPolicy merged over DefaultRetryPolicy
+	pool *pgxpool.Pool
+	// schema is where the engine's tables are (Config.Schema), and db the
+	// pool bound to it: every statement runs on db or on a transaction
+	// bound with on.
+	schema *store.Schema
+	db     store.DBTX
+	cfg    Config
+	log    *slog.Logger
+	obs    Observer
+	tr     tracing
+	queue  *queue.Queue
+	now    func() time.Time
+	retry  RetryPolicy // cfg.RetryPolicy merged over DefaultRetryPolicy
 	// processID names this process's row in engine_processes while it is
 	// started (see ListWorkflows).
 	processID uuid.UUID
@@ -289,8 +294,14 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	schema, err := store.NewSchema("")
+	if err != nil {
+		return nil, fmt.Errorf("pgdurable: %w", err)
+	}
 	e := &Engine{
 		pool:      pool,
+		schema:    schema,
+		db:        schema.On(pool),
 		cfg:       c,
 		log:       c.Logger,
 		obs:       guardedObserver{o: c.Observer, log: c.Logger},
@@ -318,6 +329,10 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	}
 	return e, nil
 }
+
+// on binds q (a transaction of the engine's pool, or one a caller passed
+// in) to the engine's schema, for the store's statements.
+func (e *Engine) on(q store.Querier) store.DBTX { return e.schema.On(q) }
 
 // riverLogger passes on River's warnings and errors only: its info logs
 // repeat what the engine logs with run context.
@@ -414,7 +429,7 @@ func (e *Engine) Start(ctx context.Context) error {
 // recovery by River's leader TTL, and SKIP LOCKED keeps concurrent sweeps
 // off each other's rows.
 func (e *Engine) maintainer() (*maintenance.Maintainer, *maintenance.ProcessRegistry) {
-	process := &maintenance.ProcessRegistry{DB: e.pool, Log: e.log, ID: e.processID, QueueName: e.cfg.Queue,
+	process := &maintenance.ProcessRegistry{DB: e.db, Log: e.log, ID: e.processID, QueueName: e.cfg.Queue,
 		WriteTimeout: writeTimeout, Workflows: func() []store.ProcessWorkflow {
 			e.mu.Lock()
 			defer e.mu.Unlock()
@@ -425,20 +440,20 @@ func (e *Engine) maintainer() (*maintenance.Maintainer, *maintenance.ProcessRegi
 			return wfs
 		}}
 	services := []maintenance.Service{
-		&maintenance.LeaseSweeper{DB: e.pool, Queue: e.queue, Log: e.log, QueueName: e.cfg.Queue,
+		&maintenance.LeaseSweeper{DB: e.db, Queue: e.queue, Log: e.log, QueueName: e.cfg.Queue,
 			Lease: e.cfg.LeaseDuration, Now: e.now, Cancelled: e.noteCancelled},
-		&maintenance.Scheduler{DB: e.pool, Log: e.log, QueueName: e.cfg.Queue, Now: e.now,
+		&maintenance.Scheduler{DB: e.db, Log: e.log, QueueName: e.cfg.Queue, Now: e.now,
 			Workflow: e.scheduleStarter, Fired: func(schedule, workflow, outcome, reason string) {
 				e.obs.ScheduleFired(ScheduleFiredEvent{Schedule: schedule, Workflow: workflow, Outcome: outcome, Reason: reason})
 			}},
-		&maintenance.CancelPoller{DB: e.pool, Log: e.log, Live: e.liveRuns, Cancelled: e.noteCancelled},
+		&maintenance.CancelPoller{DB: e.db, Log: e.log, Live: e.liveRuns, Cancelled: e.noteCancelled},
 		process,
 	}
 	if e.cfg.Retention > 0 {
 		services = append(services, &maintenance.Pruner{Log: e.log, Retention: e.cfg.Retention, Now: e.now,
 			Batch: e.pruneBatch})
 	}
-	services = append(services, &maintenance.OrphanSweeper{DB: e.pool, Queue: e.queue, Log: e.log,
+	services = append(services, &maintenance.OrphanSweeper{DB: e.db, Queue: e.queue, Log: e.log,
 		Lease: e.cfg.LeaseDuration})
 	return &maintenance.Maintainer{Interval: e.cfg.SweepInterval, Services: services}, process
 }
@@ -602,7 +617,7 @@ type ProcessInfo struct {
 // every 10 s after, and deletes its record when it stops; a killed one
 // drops out of the list 30 s after it was last seen.
 func (e *Engine) ListWorkflows(ctx context.Context) ([]WorkflowInfo, error) {
-	procs, err := store.LiveProcesses(ctx, e.pool, maintenance.ProcessLive)
+	procs, err := store.LiveProcesses(ctx, e.db, maintenance.ProcessLive)
 	if err != nil {
 		return nil, fmt.Errorf("pgdurable: %w", err)
 	}

@@ -101,21 +101,21 @@ func (e *Engine) releaseUnregistered(ctx context.Context, claimed *store.Claimed
 	fence := store.Fence{RunID: claimed.RunID, Token: token}
 	p := claimed.Parent
 	if p == nil {
-		return store.ReleaseUnclaimed(ctx, e.pool, fence)
+		return store.ReleaseUnclaimed(ctx, e.db, fence)
 	}
 	var ended bool
 	err := e.inTx(ctx, nil, func(tx pgx.Tx) error {
-		if err := store.LockRun(ctx, tx, p.RunID); err != nil {
+		if err := store.LockRun(ctx, e.on(tx), p.RunID); err != nil {
 			return err
 		}
-		if err := store.ReleaseUnclaimed(ctx, tx, fence); err != nil {
+		if err := store.ReleaseUnclaimed(ctx, e.on(tx), fence); err != nil {
 			return err
 		}
 		var err error
-		if ended, err = store.EndCancelledUnstarted(ctx, tx, claimed.RunID, cancelledJSON(), e.now()); err != nil || !ended {
+		if ended, err = store.EndCancelledUnstarted(ctx, e.on(tx), claimed.RunID, cancelledJSON(), e.now()); err != nil || !ended {
 			return err
 		}
-		woken, err := store.WakeParent(ctx, tx, p.RunID, p.Seq)
+		woken, err := store.WakeParent(ctx, e.on(tx), p.RunID, p.Seq)
 		if err != nil || !woken {
 			return err
 		}
@@ -367,7 +367,7 @@ func (d *delivery) end(err error) {
 func (d *delivery) rescueUnowned() {
 	err := d.do(func(ctx context.Context) error {
 		return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
-			unowned, err := store.ReenqueueUnowned(ctx, tx, d.runID)
+			unowned, err := store.ReenqueueUnowned(ctx, d.e.on(tx), d.runID)
 			if err != nil || !unowned {
 				return err
 			}
@@ -639,11 +639,11 @@ func (d *delivery) handBack(rec *store.StepRecord, status RunStatus, wakeAt time
 	defer d.longMu.Unlock()
 	return d.do(func(ctx context.Context) error {
 		if !wakeAt.IsZero() {
-			return store.SuspendRun(ctx, d.e.pool, d.fence(), store.SuspendParams{Pending: rec, Status: string(status), WakeAt: &wakeAt,
+			return store.SuspendRun(ctx, d.e.db, d.fence(), store.SuspendParams{Pending: rec, Status: string(status), WakeAt: &wakeAt,
 				Progress: progress, WasLong: d.long})
 		}
 		return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
-			if err := store.SuspendRun(ctx, tx, d.fence(), store.SuspendParams{Pending: rec, Status: string(status),
+			if err := store.SuspendRun(ctx, d.e.on(tx), d.fence(), store.SuspendParams{Pending: rec, Status: string(status),
 				Progress: progress, WasLong: d.long}); err != nil {
 				return err
 			}
@@ -713,13 +713,13 @@ func (d *delivery) park(rec *store.StepRecord, why *parkReason) bool {
 	}
 	err := d.do(func(ctx context.Context) error {
 		if !d.related() {
-			return store.ParkRun(ctx, d.e.pool, d.fence(), rec, p)
+			return store.ParkRun(ctx, d.e.db, d.fence(), rec, p)
 		}
 		return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
 			if err := d.lockParent(ctx, tx); err != nil {
 				return err
 			}
-			if err := store.ParkRun(ctx, tx, d.fence(), rec, p); err != nil {
+			if err := store.ParkRun(ctx, d.e.on(tx), d.fence(), rec, p); err != nil {
 				return err
 			}
 			if why.childDeadJobID != nil {
@@ -727,7 +727,7 @@ func (d *delivery) park(rec *store.StepRecord, why *parkReason) bool {
 				// locks it first (see lockFamily): either the replay
 				// committed before (the child runs again: no park), or it
 				// comes after and finds this dead job to replay with it.
-				if open, err := store.DeadJobOpen(ctx, tx, *why.childRunID, *why.childDeadJobID); err != nil || !open {
+				if open, err := store.DeadJobOpen(ctx, d.e.on(tx), *why.childRunID, *why.childDeadJobID); err != nil || !open {
 					return cmp.Or(err, errChildReplayed)
 				}
 			}

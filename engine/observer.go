@@ -198,11 +198,11 @@ type Stats struct {
 // Stats reads the queue's state on this engine's queue: a few index scans,
 // fine for a scrape every few seconds.
 func (e *Engine) Stats(ctx context.Context) (*Stats, error) {
-	s, err := store.GetStats(ctx, e.pool, e.cfg.Queue)
+	s, err := store.GetStats(ctx, e.db, e.cfg.Queue)
 	if err != nil {
 		return nil, fmt.Errorf("pgdurable: reading stats: %w", err)
 	}
-	sizes, err := store.TableSizes(ctx, e.pool)
+	sizes, err := store.TableSizes(ctx, e.db)
 	if err != nil {
 		return nil, fmt.Errorf("pgdurable: %w", err)
 	}
@@ -234,7 +234,7 @@ func (e *Engine) Overview(ctx context.Context) (*Overview, error) {
 	if err != nil {
 		return nil, err
 	}
-	a, err := store.GetActivity(ctx, e.pool, time.Now())
+	a, err := store.GetActivity(ctx, e.db, time.Now())
 	if err != nil {
 		return nil, fmt.Errorf("pgdurable: %w", err)
 	}

@@ -75,7 +75,7 @@ func (e *Engine) Prune(ctx context.Context, p PruneParams) (PruneResult, error) 
 	}
 	cutoff := e.now().Add(-p.OlderThan)
 	if p.DryRun {
-		n, err := store.CountPrunable(ctx, e.pool, cutoff)
+		n, err := store.CountPrunable(ctx, e.db, cutoff)
 		if err != nil {
 			return res, fmt.Errorf("pgdurable: %w", err)
 		}
@@ -98,7 +98,7 @@ func (e *Engine) Prune(ctx context.Context, p PruneParams) (PruneResult, error) 
 }
 
 func (e *Engine) pruneBatch(ctx context.Context, cutoff time.Time) (store.Pruned, error) {
-	n, err := store.PruneBatch(ctx, e.pool, cutoff, maintenance.PruneBatch)
+	n, err := store.PruneBatch(ctx, e.db, cutoff, maintenance.PruneBatch)
 	if err != nil {
 		return n, fmt.Errorf("pgdurable: %w", err)
 	}

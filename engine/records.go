@@ -13,7 +13,7 @@ import (
 // statement and one transaction, each fenced on its own.
 func newRecordWriter(e *Engine) *groupcommit.Batcher[*store.RecordWrite, groupcommit.Outcome[store.WriteResult]] {
 	write := func(ctx context.Context, writes []*store.RecordWrite) ([]store.WriteResult, error) {
-		return store.WriteRecords(ctx, e.pool, writes)
+		return store.WriteRecords(ctx, e.db, writes)
 	}
 	size := func(w *store.RecordWrite) int {
 		n := len(w.Output) + len(w.Error)
@@ -30,7 +30,7 @@ func newRecordWriter(e *Engine) *groupcommit.Batcher[*store.RecordWrite, groupco
 // free up) into one round trip.
 func newClaimBatcher(e *Engine) *groupcommit.Batcher[store.Fence, groupcommit.Outcome[store.ClaimResult]] {
 	return groupcommit.Store(func(ctx context.Context, fences []store.Fence) ([]store.ClaimResult, error) {
-		return store.ClaimRuns(ctx, e.pool, fences, e.now())
+		return store.ClaimRuns(ctx, e.db, fences, e.now())
 	}, nil, false, writeTimeout)
 }
 
@@ -46,7 +46,7 @@ func (e *Engine) claim(runID, token uuid.UUID) (*store.ClaimedRun, *store.ClaimM
 // deliveries whose lease is due share one statement.
 func newBeatBatcher(e *Engine) *groupcommit.Batcher[store.Beat, groupcommit.Outcome[store.BeatResult]] {
 	return groupcommit.Store(func(ctx context.Context, beats []store.Beat) ([]store.BeatResult, error) {
-		return store.Heartbeats(ctx, e.pool, beats)
+		return store.Heartbeats(ctx, e.db, beats)
 	}, nil, false, writeTimeout)
 }
 

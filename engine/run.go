@@ -216,7 +216,7 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 // to start: it has started).
 func (e *Engine) StartNow(ctx context.Context, runID uuid.UUID) error {
 	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		res, err := store.StartNow(ctx, tx, runID)
+		res, err := store.StartNow(ctx, e.on(tx), runID)
 		status, woken := res.Status, res.Woken
 		switch {
 		case errors.Is(err, store.ErrNotFound):
@@ -285,7 +285,7 @@ const (
 // insertRunTx inserts r in the caller's tx, with its River ticket when it
 // is new.
 func (e *Engine) insertRunTx(ctx context.Context, tx pgx.Tx, r store.NewRun) (*store.InsertedRun, error) {
-	ins, err := store.InsertRun(ctx, tx, r)
+	ins, err := store.InsertRun(ctx, e.on(tx), r)
 	if err != nil || ins.Existing || !needsTicket(r) {
 		return ins, err
 	}
@@ -355,7 +355,7 @@ func (e *Engine) insertRunBatch(ctx context.Context, runs []store.NewRun) ([]gro
 	var err error
 	if slices.ContainsFunc(runs, needsTicket) {
 		err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-			if res, err = store.InsertRuns(ctx, tx, runs); err != nil {
+			if res, err = store.InsertRuns(ctx, e.on(tx), runs); err != nil {
 				return err
 			}
 			var tickets []uuid.UUID
@@ -367,7 +367,7 @@ func (e *Engine) insertRunBatch(ctx context.Context, runs []store.NewRun) ([]gro
 			return e.queue.EnqueueMany(ctx, tx, tickets)
 		})
 	} else {
-		res, err = store.InsertRuns(ctx, e.pool, runs)
+		res, err = store.InsertRuns(ctx, e.db, runs)
 	}
 	if err != nil {
 		return nil, err
@@ -598,7 +598,7 @@ func (e *Engine) FindRun(ctx context.Context, runOrWorkflowID string) (uuid.UUID
 		// control character): not found, rather than a database error.
 		return uuid.Nil, fmt.Errorf("%w: no run with run ID or workflow ID %q", ErrNotFound, truncateText(runOrWorkflowID, 64))
 	}
-	id, err := store.ResolveRun(ctx, e.pool, runOrWorkflowID)
+	id, err := store.ResolveRun(ctx, e.db, runOrWorkflowID)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return uuid.Nil, fmt.Errorf("%w: no run with run ID or workflow ID %q", ErrNotFound, runOrWorkflowID)
@@ -642,7 +642,7 @@ func (e *Engine) GetRunWith(ctx context.Context, runID uuid.UUID, opts *GetRunOp
 		}
 		parts = store.RunParts{StepsFrom: opts.StepsFrom, NoSignals: opts.NoSignals, NoPayloads: opts.NoPayloads}
 	}
-	detail, err := store.GetRunParts(ctx, e.pool, runID, parts)
+	detail, err := store.GetRunParts(ctx, e.db, runID, parts)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("%w: run %s", ErrNotFound, runID)
 	}
@@ -726,7 +726,7 @@ func (e *Engine) ListRuns(ctx context.Context, p ListRunsParams) (runs []*Run, n
 	if err != nil {
 		return nil, "", err
 	}
-	rows, err := store.ListRuns(ctx, e.pool, store.RunFilter{Workflow: p.Workflow, Status: string(p.Status), Tags: tags,
+	rows, err := store.ListRuns(ctx, e.db, store.RunFilter{Workflow: p.Workflow, Status: string(p.Status), Tags: tags,
 		WorkflowIDPrefix: p.WorkflowIDPrefix, TopLevel: p.TopLevel, Before: before, Limit: limit + 1,
 		CreatedAfter: timeOrNil(p.CreatedAfter), CreatedBefore: timeOrNil(p.CreatedBefore),
 		FinishedAfter: timeOrNil(p.FinishedAfter), FinishedBefore: timeOrNil(p.FinishedBefore)})

@@ -55,7 +55,7 @@ func (e *Engine) watchRemote(ctx context.Context, runID uuid.UUID) (RunStatus, f
 		unwatch()
 		return "", nil, l.err
 	}
-	status, err := store.WatchRun(ctx, e.pool, runID)
+	status, err := store.WatchRun(ctx, e.db, runID)
 	if err != nil {
 		unwatch()
 		if errors.Is(err, store.ErrNotFound) {

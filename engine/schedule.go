@@ -190,7 +190,7 @@ func (e *Engine) writeSchedule(ctx context.Context, spec ScheduleSpec, verb stri
 	if err != nil {
 		return nil, err
 	}
-	if err := write(ctx, e.pool, e.scheduleRow(&spec, sched.Next(e.now()))); err != nil {
+	if err := write(ctx, e.db, e.scheduleRow(&spec, sched.Next(e.now()))); err != nil {
 		return nil, e.scheduleErr(verb, spec.Name, err)
 	}
 	return e.GetSchedule(ctx, spec.Name)
@@ -223,7 +223,7 @@ func (e *Engine) PauseSchedule(ctx context.Context, name string) error {
 	if err := lookupName(name); err != nil {
 		return e.scheduleErr("pausing", name, err)
 	}
-	return e.scheduleErr("pausing", name, store.SetSchedulePaused(ctx, e.pool, name, true, nil))
+	return e.scheduleErr("pausing", name, store.SetSchedulePaused(ctx, e.db, name, true, nil))
 }
 
 // ResumeSchedule lets a paused schedule fire again, from the first fire
@@ -238,7 +238,7 @@ func (e *Engine) ResumeSchedule(ctx context.Context, name string) error {
 		return fmt.Errorf("pgdurable: schedule %q: %w", name, err)
 	}
 	next := sched.Next(e.now())
-	return e.scheduleErr("resuming", name, store.SetSchedulePaused(ctx, e.pool, name, false, &next))
+	return e.scheduleErr("resuming", name, store.SetSchedulePaused(ctx, e.db, name, false, &next))
 }
 
 // TriggerSchedule fires schedule name now, outside its cron expression, as
@@ -267,7 +267,7 @@ func (e *Engine) TriggerSchedule(ctx context.Context, name string) (*StartResult
 	var res *StartResult
 	var workflow string
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		s, err := store.LockSchedule(ctx, tx, name)
+		s, err := store.LockSchedule(ctx, e.on(tx), name)
 		if err != nil {
 			return e.scheduleErr("triggering", name, err)
 		}
@@ -290,11 +290,11 @@ func (e *Engine) TriggerSchedule(ctx context.Context, name string) (*StartResult
 		if err != nil {
 			return err
 		}
-		if _, err := store.RecordTrigger(ctx, tx, name, e.now().UTC(), res.RunID); err != nil {
+		if _, err := store.RecordTrigger(ctx, e.on(tx), name, e.now().UTC(), res.RunID); err != nil {
 			return fmt.Errorf("pgdurable: triggering schedule %q: %w", name, err)
 		}
 		s.LastRunID = &res.RunID
-		return store.AdvanceSchedule(ctx, tx, s)
+		return store.AdvanceSchedule(ctx, e.on(tx), s)
 	})
 	if err != nil {
 		return nil, err
@@ -309,7 +309,7 @@ func (e *Engine) DeleteSchedule(ctx context.Context, name string) error {
 	if err := lookupName(name); err != nil {
 		return e.scheduleErr("deleting", name, err)
 	}
-	return e.scheduleErr("deleting", name, store.DeleteSchedule(ctx, e.pool, name))
+	return e.scheduleErr("deleting", name, store.DeleteSchedule(ctx, e.db, name))
 }
 
 // GetSchedule reads one schedule; ErrNotFound when absent.
@@ -317,7 +317,7 @@ func (e *Engine) GetSchedule(ctx context.Context, name string) (*Schedule, error
 	if err := lookupName(name); err != nil {
 		return nil, e.scheduleErr("reading", name, err)
 	}
-	row, err := store.GetSchedule(ctx, e.pool, name)
+	row, err := store.GetSchedule(ctx, e.db, name)
 	if err != nil {
 		return nil, e.scheduleErr("reading", name, err)
 	}
@@ -326,7 +326,7 @@ func (e *Engine) GetSchedule(ctx context.Context, name string) (*Schedule, error
 
 // ListSchedules returns every schedule, by name.
 func (e *Engine) ListSchedules(ctx context.Context) ([]Schedule, error) {
-	rows, err := store.ListSchedules(ctx, e.pool)
+	rows, err := store.ListSchedules(ctx, e.db)
 	if err != nil {
 		return nil, fmt.Errorf("pgdurable: listing schedules: %w", err)
 	}
@@ -346,7 +346,7 @@ func (e *Engine) ListScheduleFires(ctx context.Context, name string, limit int) 
 	if _, err := e.GetSchedule(ctx, name); err != nil {
 		return nil, err
 	}
-	fires, err := store.ListFires(ctx, e.pool, name, limit)
+	fires, err := store.ListFires(ctx, e.db, name, limit)
 	if err != nil {
 		return nil, e.scheduleErr("reading fires of", name, err)
 	}

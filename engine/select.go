@@ -271,7 +271,7 @@ func (d *delivery) commitSelect(seq int, name string, startedAt time.Time, deadl
 		out, again, cancel = nil, false, false
 		err := pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
 			if len(signals) > 0 {
-				taken, err := store.TakeSignal(ctx, tx, d.fence(), signals, seq)
+				taken, err := store.TakeSignal(ctx, d.e.on(tx), d.fence(), signals, seq)
 				if err != nil {
 					return err
 				}
@@ -303,16 +303,16 @@ func (d *delivery) commitSelect(seq int, name string, startedAt time.Time, deadl
 				rec := &store.StepRecord{Seq: seq, Name: name, Kind: string(KindSelect), Status: store.StepStarted,
 					StartedAt: startedAt, NextAttemptAt: deadline}
 				if len(recs) > 0 {
-					if _, err := store.WriteSteps(ctx, tx, d.fence(), "", recs...); err != nil {
+					if _, err := store.WriteSteps(ctx, d.e.on(tx), d.fence(), "", recs...); err != nil {
 						return err
 					}
 				}
 				w := store.AwaitParams{Pending: rec, Status: store.RunWaiting, Awaits: awaits, WakeAt: deadline}
-				if err := store.SuspendAwaiting(ctx, tx, d.fence(), w); err != nil {
+				if err := store.SuspendAwaiting(ctx, d.e.on(tx), d.fence(), w); err != nil {
 					return err
 				}
 				if len(childSeqs) > 0 {
-					return store.CheckChildrenOpen(ctx, tx, d.runID, childSeqs)
+					return store.CheckChildrenOpen(ctx, d.e.on(tx), d.runID, childSeqs)
 				}
 				return nil
 			}
@@ -324,7 +324,7 @@ func (d *delivery) commitSelect(seq int, name string, startedAt time.Time, deadl
 			recs = append(recs, &store.StepRecord{Seq: seq, Name: name, Kind: string(KindSelect), Status: store.StepCompleted,
 				Attempts: 1, Output: raw, NextAttemptAt: deadline, StartedAt: startedAt, CompletedAt: &now})
 			d.lastRecordedAt = now
-			_, err = store.WriteSteps(ctx, tx, d.fence(), "", recs...)
+			_, err = store.WriteSteps(ctx, d.e.on(tx), d.fence(), "", recs...)
 			return err
 		})
 		switch {
@@ -373,7 +373,7 @@ func (d *delivery) endedChildren(seqs []int) (map[int]bool, error) {
 	}
 	var ends []store.ChildEnd
 	err := d.do(func(ctx context.Context) (err error) {
-		ends, err = store.ChildEnds(ctx, d.e.pool, d.runID, open)
+		ends, err = store.ChildEnds(ctx, d.e.db, d.runID, open)
 		return err
 	})
 	for _, c := range ends {

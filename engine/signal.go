@@ -125,7 +125,7 @@ func (e *Engine) signalRaw(ctx context.Context, tx pgx.Tx, target, name string, 
 	var sent store.SignalSent
 	err := e.inTx(ctx, tx, func(tx pgx.Tx) error {
 		for hop := 0; ; hop++ {
-			runID, err := store.ResolveRun(ctx, tx, target)
+			runID, err := store.ResolveRun(ctx, e.on(tx), target)
 			switch {
 			case errors.Is(err, store.ErrNotFound):
 				return fmt.Errorf("%w: run %q", ErrNotFound, target)
@@ -159,7 +159,7 @@ const maxSignalHops = 100
 // sendSignal stores a checked signal for runID in tx and enqueues the
 // run's delivery when the signal wakes it.
 func (e *Engine) sendSignal(ctx context.Context, tx pgx.Tx, runID uuid.UUID, name string, payload []byte, opts *SignalOpts) (store.SignalSent, error) {
-	sent, err := store.SendSignal(ctx, tx, store.SignalParams{RunID: runID, Name: name, Payload: payload, Key: opts.key(),
+	sent, err := store.SendSignal(ctx, e.on(tx), store.SignalParams{RunID: runID, Name: name, Payload: payload, Key: opts.key(),
 		Limits: store.SignalLimits{Count: e.cfg.MaxSignalsPerRun, Bytes: e.cfg.MaxSignalBytesPerRun}})
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -353,7 +353,7 @@ func (d *delivery) takeSignal(seq int, name string, names []string, startedAt ti
 	err = d.doOnce(func(ctx context.Context) error {
 		return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
 			outcome, cancel = nil, false
-			taken, err := store.TakeSignal(ctx, tx, d.fence(), names, seq)
+			taken, err := store.TakeSignal(ctx, d.e.on(tx), d.fence(), names, seq)
 			if err != nil {
 				return err
 			}
@@ -385,15 +385,15 @@ func (d *delivery) takeSignal(seq int, name string, names []string, startedAt ti
 					if len(recs) == 0 {
 						return nil
 					}
-					_, err := store.WriteSteps(ctx, tx, d.fence(), "", recs...)
+					_, err := store.WriteSteps(ctx, d.e.on(tx), d.fence(), "", recs...)
 					return err
 				}
 				if len(recs) > 0 {
-					if _, err := store.WriteSteps(ctx, tx, d.fence(), "", recs...); err != nil {
+					if _, err := store.WriteSteps(ctx, d.e.on(tx), d.fence(), "", recs...); err != nil {
 						return err
 					}
 				}
-				return store.SuspendAwaiting(ctx, tx, d.fence(), store.AwaitParams{Pending: rec, Status: store.RunWaiting, Awaits: names, WakeAt: deadline})
+				return store.SuspendAwaiting(ctx, d.e.on(tx), d.fence(), store.AwaitParams{Pending: rec, Status: store.RunWaiting, Awaits: names, WakeAt: deadline})
 			}
 			out, err := json.Marshal(outcome)
 			if err != nil {
@@ -402,7 +402,7 @@ func (d *delivery) takeSignal(seq int, name string, names []string, startedAt ti
 			recs = append(recs, &store.StepRecord{Seq: seq, Name: name, Kind: string(KindSignal), Status: store.StepCompleted,
 				Attempts: 1, Output: out, NextAttemptAt: deadline, StartedAt: startedAt, CompletedAt: &now})
 			d.lastRecordedAt = now // for an undo registered with this step
-			_, err = store.WriteSteps(ctx, tx, d.fence(), "", recs...)
+			_, err = store.WriteSteps(ctx, d.e.on(tx), d.fence(), "", recs...)
 			return err
 		})
 	})
@@ -522,7 +522,7 @@ func (e *Engine) signalWithStart(ctx context.Context, version int, p SignalWithS
 	r.TraceContext = traceCtx
 	var sent store.SignalSent
 	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		ins, err := store.InsertRun(ctx, tx, r)
+		ins, err := store.InsertRun(ctx, e.on(tx), r)
 		switch {
 		case errors.Is(err, store.ErrConflict):
 			// The run exists with another input: it is the one to signal.

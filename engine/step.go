@@ -504,7 +504,7 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			if prev != nil {
 				recs = []*store.StepRecord{prev, rec}
 			}
-			w, err := store.WriteSteps(d.ctx, tx, d.fence(), "", recs...)
+			w, err := store.WriteSteps(d.ctx, d.e.on(tx), d.fence(), "", recs...)
 			written := w.Written
 			d.noteCancel(w.CancelRequested)
 			if err != nil {
@@ -529,7 +529,7 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 		case errors.Is(err, store.ErrLeaseLost):
 			return nil, err
 		case already || fnDone:
-			rec, gerr := store.GetStep(d.ctx, d.e.pool, d.runID, a.seq)
+			rec, gerr := store.GetStep(d.ctx, d.e.db, d.runID, a.seq)
 			switch {
 			case gerr == nil && rec.Status == store.StepCompleted:
 				// The commit that recorded it (this attempt's or an

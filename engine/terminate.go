@@ -74,18 +74,18 @@ func (e *Engine) Terminate(ctx context.Context, runID uuid.UUID, opts *Terminate
 	var t store.Terminated
 	var cancelled []uuid.UUID
 	err := e.inTx(ctx, nil, func(tx pgx.Tx) error {
-		if err := lockFamilyOf(ctx, tx, runID); err != nil {
+		if err := lockFamilyOf(ctx, e.on(tx), runID); err != nil {
 			return err
 		}
 		var err error
-		if t, err = store.TerminateRun(ctx, tx, store.TerminateParams{RunID: runID, Error: info.json(), By: opts.By, Note: msg}); err != nil {
+		if t, err = store.TerminateRun(ctx, e.on(tx), store.TerminateParams{RunID: runID, Error: info.json(), By: opts.By, Note: msg}); err != nil {
 			return err
 		}
 		if !t.Ended {
 			return nil
 		}
 		if p := t.Parent; p != nil {
-			woken, err := store.WakeParent(ctx, tx, p.RunID, p.Seq)
+			woken, err := store.WakeParent(ctx, e.on(tx), p.RunID, p.Seq)
 			if err != nil {
 				return err
 			}
@@ -95,7 +95,7 @@ func (e *Engine) Terminate(ctx context.Context, runID uuid.UUID, opts *Terminate
 				}
 			}
 		}
-		c, err := store.CancelChildren(ctx, tx, runID, compensateStops, cancelledJSON())
+		c, err := store.CancelChildren(ctx, e.on(tx), runID, compensateStops, cancelledJSON())
 		if err != nil {
 			return err
 		}

@@ -251,7 +251,7 @@ func (w *Workflow[In, Out]) result(ctx context.Context, e *Engine, runID uuid.UU
 		return out, runID, err
 	}
 	if run.Status == StatusContinued {
-		latest, err := store.LatestRun(ctx, e.pool, run.WorkflowName, run.WorkflowID)
+		latest, err := store.LatestRun(ctx, e.db, run.WorkflowName, run.WorkflowID)
 		if err != nil {
 			return out, runID, fmt.Errorf("pgdurable: finding the latest run of workflow ID %q: %w", run.WorkflowID, err)
 		}
@@ -481,7 +481,7 @@ func (w *Workflow[In, Out]) startMany(ctx context.Context, e *Engine, tx pgx.Tx,
 	var inserted []store.InsertedRunResult
 	err := e.inTx(ctx, tx, func(tx pgx.Tx) error {
 		var err error
-		if inserted, err = store.InsertRuns(ctx, tx, runs); err != nil {
+		if inserted, err = store.InsertRuns(ctx, e.on(tx), runs); err != nil {
 			return err
 		}
 		var tickets []uuid.UUID

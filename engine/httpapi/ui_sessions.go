@@ -23,7 +23,7 @@ func (a *api) revokeUISessions(w http.ResponseWriter, r *http.Request) {
 			"this service has no database pool (httpapi.Options.Pool), where the web UI's sessions are kept")
 		return
 	}
-	n, err := store.DeleteAllUISessions(r.Context(), a.opts.Pool, time.Now())
+	n, err := store.DeleteAllUISessions(r.Context(), store.Default.On(a.opts.Pool), time.Now())
 	if err != nil {
 		a.engineError(w, r, fmt.Errorf("pgdurable: ending the UI sessions: %w", err))
 		return

@@ -245,7 +245,7 @@ func (u *ui) session(r *http.Request) (secret []byte, ok bool, err error) {
 		return nil, false, nil
 	}
 	hash := sha256.Sum256(secret)
-	sess, err := store.UISessionTokenDigest(r.Context(), u.opts.Pool, hash[:])
+	sess, err := store.UISessionTokenDigest(r.Context(), store.Default.On(u.opts.Pool), hash[:])
 	digest, ok := sess.TokenDigest, sess.Live
 	if err != nil {
 		return nil, false, fmt.Errorf("pgdurable: reading the UI session: %w", err)
@@ -344,7 +344,7 @@ func (u *ui) login(w http.ResponseWriter, r *http.Request) {
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret)
 	hash := sha256.Sum256(secret)
-	if err := store.CreateUISession(r.Context(), u.opts.Pool, hash[:], tokenDigest(secret, u.opts.Token), SessionTTL); err != nil {
+	if err := store.CreateUISession(r.Context(), store.Default.On(u.opts.Pool), hash[:], tokenDigest(secret, u.opts.Token), SessionTTL); err != nil {
 		u.engineError(w, r, fmt.Errorf("pgdurable: recording the UI session: %w", err))
 		return
 	}
@@ -359,7 +359,7 @@ func (u *ui) login(w http.ResponseWriter, r *http.Request) {
 func (u *ui) logout(w http.ResponseWriter, r *http.Request) {
 	if secret, ok, _ := u.session(r); ok {
 		hash := sha256.Sum256(secret)
-		if err := store.DeleteUISession(r.Context(), u.opts.Pool, hash[:]); err != nil {
+		if err := store.DeleteUISession(r.Context(), store.Default.On(u.opts.Pool), hash[:]); err != nil {
 			u.engineError(w, r, fmt.Errorf("pgdurable: ending the UI session: %w", err))
 			return
 		}
@@ -394,7 +394,7 @@ func (u *ui) logoutEverywhere(w http.ResponseWriter, r *http.Request) {
 // sessions it ended. The UI's "Sign out everywhere" button, the API's
 // POST /v1/ui-sessions/revoke and engine ui-sessions revoke do this.
 func RevokeSessions(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
-	n, err := store.DeleteAllUISessions(ctx, pool, time.Now())
+	n, err := store.DeleteAllUISessions(ctx, store.Default.On(pool), time.Now())
 	if err != nil {
 		return 0, fmt.Errorf("pgdurable: ending the UI sessions: %w", err)
 	}

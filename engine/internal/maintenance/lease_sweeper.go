@@ -64,7 +64,7 @@ func (s *LeaseSweeper) sweep(ctx context.Context) (int, error) {
 	var swept []store.SweptRun
 	err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
 		var err error
-		swept, err = store.Sweep(ctx, tx, store.SweepParams{Queue: s.QueueName, Now: s.Now(), Lease: s.Lease, Limit: sweepBatch})
+		swept, err = store.Sweep(ctx, store.Bind(s.DB, tx), store.SweepParams{Queue: s.QueueName, Now: s.Now(), Lease: s.Lease, Limit: sweepBatch})
 		if err != nil {
 			return err
 		}

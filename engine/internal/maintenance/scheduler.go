@@ -86,7 +86,7 @@ func (s *Scheduler) fireSchedules(ctx context.Context) error {
 		var fired []fireEvent
 		err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
 			fired = fired[:0]
-			due, err := store.DueSchedules(ctx, tx, s.QueueName, s.Now(), seen)
+			due, err := store.DueSchedules(ctx, store.Bind(s.DB, tx), s.QueueName, s.Now(), seen)
 			if err != nil || len(due) == 0 {
 				return err
 			}
@@ -126,11 +126,11 @@ func (s *Scheduler) fireSchedule(ctx context.Context, tx pgx.Tx, sc *store.Sched
 	sched, err := cronspec.Parse(sc.Cron, sc.TimeZone)
 	if err != nil {
 		log.Error("schedule no longer parses; pausing it", "error", err)
-		return store.SetSchedulePaused(ctx, tx, sc.Name, true, nil)
+		return store.SetSchedulePaused(ctx, store.Bind(s.DB, tx), sc.Name, true, nil)
 	}
 	active := false
 	if sc.LastRunID != nil && sc.OverlapPolicy != OverlapAllow {
-		if active, err = store.RunActive(ctx, tx, *sc.LastRunID); err != nil {
+		if active, err = store.RunActive(ctx, store.Bind(s.DB, tx), *sc.LastRunID); err != nil {
 			return err
 		}
 	}
@@ -142,12 +142,12 @@ func (s *Scheduler) fireSchedule(ctx context.Context, tx pgx.Tx, sc *store.Sched
 		sc.LastRunID, active = &runID, true
 		log.Debug("schedule fired", "fire_at", fireAt.UTC(), "run_id", runID)
 		*fired = append(*fired, fireEvent{sc.WorkflowName, FireStarted, ""})
-		return store.RecordFire(ctx, tx, store.RecordFireParams{Schedule: sc.Name, FireAt: fireAt, Outcome: FireStarted, RunID: &runID})
+		return store.RecordFire(ctx, store.Bind(s.DB, tx), store.RecordFireParams{Schedule: sc.Name, FireAt: fireAt, Outcome: FireStarted, RunID: &runID})
 	}
 	skip := func(fireAt time.Time, reason string) error {
 		log.Debug("schedule fire skipped", "fire_at", fireAt.UTC(), "reason", reason)
 		*fired = append(*fired, fireEvent{sc.WorkflowName, FireSkipped, reason})
-		return store.RecordFire(ctx, tx, store.RecordFireParams{Schedule: sc.Name, FireAt: fireAt, Outcome: FireSkipped, Reason: &reason})
+		return store.RecordFire(ctx, store.Bind(s.DB, tx), store.RecordFireParams{Schedule: sc.Name, FireAt: fireAt, Outcome: FireSkipped, Reason: &reason})
 	}
 	if sc.BufferedFireAt != nil && !active {
 		if err := start(*sc.BufferedFireAt); err != nil {
@@ -169,7 +169,7 @@ func (s *Scheduler) fireSchedule(ctx context.Context, tx pgx.Tx, sc *store.Sched
 		case sc.OverlapPolicy == OverlapBufferOne && sc.BufferedFireAt == nil:
 			sc.BufferedFireAt = &last
 			*fired = append(*fired, fireEvent{sc.WorkflowName, FireBuffered, ""})
-			err = store.RecordFire(ctx, tx, store.RecordFireParams{Schedule: sc.Name, FireAt: fireAt, Outcome: FireBuffered})
+			err = store.RecordFire(ctx, store.Bind(s.DB, tx), store.RecordFireParams{Schedule: sc.Name, FireAt: fireAt, Outcome: FireBuffered})
 		default:
 			err = skip(fireAt, FireOverlap)
 		}
@@ -179,10 +179,10 @@ func (s *Scheduler) fireSchedule(ctx context.Context, tx pgx.Tx, sc *store.Sched
 	}
 	if at.IsZero() {
 		log.Warn("schedule has no fire time within 8 years; pausing it")
-		return store.SetSchedulePaused(ctx, tx, sc.Name, true, nil)
+		return store.SetSchedulePaused(ctx, store.Bind(s.DB, tx), sc.Name, true, nil)
 	}
 	sc.NextFireAt = at
-	return store.AdvanceSchedule(ctx, tx, sc)
+	return store.AdvanceSchedule(ctx, store.Bind(s.DB, tx), sc)
 }
 
 // warnOnce reports whether to log, now, that schedule's workflow is not

@@ -97,9 +97,9 @@ func insertRun(t *testing.T, db store.DBTX, lease time.Duration, deadline *time.
 func TestLeaseSweeperReenqueuesARunWhoseLeaseExpired(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	expired := insertRun(t, b.db.Pool, time.Millisecond, nil)
-	insertRun(t, b.db.Pool, time.Hour, nil)
-	s := &maintenance.LeaseSweeper{DB: b.db.Pool, Queue: b.queue, Log: b.log, QueueName: "q", Lease: time.Second,
+	expired := insertRun(t, store.Default.On(b.db.Pool), time.Millisecond, nil)
+	insertRun(t, store.Default.On(b.db.Pool), time.Hour, nil)
+	s := &maintenance.LeaseSweeper{DB: store.Default.On(b.db.Pool), Queue: b.queue, Log: b.log, QueueName: "q", Lease: time.Second,
 		Now: time.Now, Cancelled: func([]uuid.UUID) { t.Error("nothing timed out") }}
 	require.Eventually(t, func() bool {
 		s.RunOnce(context.Background())
@@ -116,9 +116,9 @@ func TestLeaseSweeperCancelsARunPastItsTimeout(t *testing.T) {
 	b := setup(t)
 	now := time.Now()
 	deadline := now.Add(-time.Second)
-	id := insertRun(t, b.db.Pool, time.Hour, &deadline)
+	id := insertRun(t, store.Default.On(b.db.Pool), time.Hour, &deadline)
 	var cancelled []uuid.UUID
-	s := &maintenance.LeaseSweeper{DB: b.db.Pool, Queue: b.queue, Log: b.log, QueueName: "q", Lease: time.Second,
+	s := &maintenance.LeaseSweeper{DB: store.Default.On(b.db.Pool), Queue: b.queue, Log: b.log, QueueName: "q", Lease: time.Second,
 		Now: func() time.Time { return now }, Cancelled: func(ids []uuid.UUID) { cancelled = append(cancelled, ids...) }}
 	s.RunOnce(context.Background())
 	require.Equal(t, []uuid.UUID{id}, cancelled)
@@ -133,8 +133,8 @@ func TestCancelPollerTellsDeliveriesOfCancellationsRequestedElsewhere(t *testing
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	old, young, heard, running := insertRun(t, b.db.Pool, time.Hour, nil), insertRun(t, b.db.Pool, time.Hour, nil),
-		insertRun(t, b.db.Pool, time.Hour, nil), insertRun(t, b.db.Pool, time.Hour, nil)
+	old, young, heard, running := insertRun(t, store.Default.On(b.db.Pool), time.Hour, nil), insertRun(t, store.Default.On(b.db.Pool), time.Hour, nil),
+		insertRun(t, store.Default.On(b.db.Pool), time.Hour, nil), insertRun(t, store.Default.On(b.db.Pool), time.Hour, nil)
 	_, err := b.db.Pool.Exec(ctx, `UPDATE workflow_runs SET cancel_requested_at = now() WHERE run_id = ANY($1)`,
 		[]uuid.UUID{old, young, heard})
 	require.NoError(t, err)
@@ -145,7 +145,7 @@ func TestCancelPollerTellsDeliveriesOfCancellationsRequestedElsewhere(t *testing
 		{RunID: running, ClaimedAt: time.Now().Add(-time.Second)},
 	}
 	var told []uuid.UUID
-	p := &maintenance.CancelPoller{DB: b.db.Pool, Log: b.log, Live: slices.Values(live),
+	p := &maintenance.CancelPoller{DB: store.Default.On(b.db.Pool), Log: b.log, Live: slices.Values(live),
 		Cancelled: func(ids []uuid.UUID) { told = append(told, ids...) }}
 	p.RunOnce(ctx)
 	require.Equal(t, []uuid.UUID{old}, told)
@@ -157,19 +157,19 @@ func TestProcessRegistryRecordsAndForgetsThisProcess(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	r := &maintenance.ProcessRegistry{DB: b.db.Pool, Log: b.log, ID: uuid.New(), QueueName: "q", WriteTimeout: 15 * time.Second,
+	r := &maintenance.ProcessRegistry{DB: store.Default.On(b.db.Pool), Log: b.log, ID: uuid.New(), QueueName: "q", WriteTimeout: 15 * time.Second,
 		Workflows: func() []store.ProcessWorkflow {
 			return []store.ProcessWorkflow{{Name: "b", Version: 2}, {Name: "a", Version: 1}}
 		}}
 	r.RunOnce(ctx)
-	procs, err := store.LiveProcesses(ctx, b.db.Pool, maintenance.ProcessLive)
+	procs, err := store.LiveProcesses(ctx, store.Default.On(b.db.Pool), maintenance.ProcessLive)
 	require.NoError(t, err)
 	require.Len(t, procs, 1)
 	require.Equal(t, r.ID, procs[0].ID)
 	require.Equal(t, "q", procs[0].Queue)
 	require.Equal(t, []store.ProcessWorkflow{{Name: "a", Version: 1}, {Name: "b", Version: 2}}, procs[0].Workflows)
 	r.Forget()
-	procs, err = store.LiveProcesses(ctx, b.db.Pool, maintenance.ProcessLive)
+	procs, err = store.LiveProcesses(ctx, store.Default.On(b.db.Pool), maintenance.ProcessLive)
 	require.NoError(t, err)
 	require.Empty(t, procs)
 	require.NotContains(t, b.logs.String(), "failed")
@@ -201,10 +201,10 @@ func TestPrunerPrunesUntilABatchIsNotFull(t *testing.T) {
 func TestOrphanSweeperReenqueuesUnclaimedRunsOfStaleTickets(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	orphan := insertRun(t, b.db.Pool, 0, nil)
-	claimed := insertRun(t, b.db.Pool, time.Hour, nil)
+	orphan := insertRun(t, store.Default.On(b.db.Pool), 0, nil)
+	claimed := insertRun(t, store.Default.On(b.db.Pool), time.Hour, nil)
 	b.queue.stale = []uuid.UUID{orphan, claimed}
-	s := &maintenance.OrphanSweeper{DB: b.db.Pool, Queue: b.queue, Log: b.log, Lease: time.Millisecond}
+	s := &maintenance.OrphanSweeper{DB: store.Default.On(b.db.Pool), Queue: b.queue, Log: b.log, Lease: time.Millisecond}
 	require.Eventually(t, func() bool {
 		s.RunOnce(context.Background())
 		return len(b.queue.got()) > 0
@@ -224,14 +224,14 @@ func TestSchedulerFiresDueSchedulesOfRegisteredWorkflows(t *testing.T) {
 	now := time.Date(2026, 12, 2, 12, 0, 30, 0, time.UTC)
 	fireAt := now.Truncate(time.Minute)
 	for _, name := range []string{"mine", "theirs"} {
-		require.NoError(t, store.InsertSchedule(ctx, b.db.Pool, &store.ScheduleRow{Name: name, Cron: "* * * * *", TimeZone: "UTC",
+		require.NoError(t, store.InsertSchedule(ctx, store.Default.On(b.db.Pool), &store.ScheduleRow{Name: name, Cron: "* * * * *", TimeZone: "UTC",
 			WorkflowName: name + "-wf", Input: []byte(`{"n":1}`), OverlapPolicy: "skip", CatchupWindow: time.Hour,
 			Queue: "q", NextFireAt: fireAt}))
 	}
 	runID := uuid.New()
 	var startedWith []string
 	var fired []string
-	s := &maintenance.Scheduler{DB: b.db.Pool, Log: b.log, QueueName: "q", Now: func() time.Time { return now },
+	s := &maintenance.Scheduler{DB: store.Default.On(b.db.Pool), Log: b.log, QueueName: "q", Now: func() time.Time { return now },
 		Workflow: func(workflow, schedule string) (maintenance.StartFunc, bool) {
 			if workflow != "mine-wf" {
 				return nil, false
@@ -251,15 +251,15 @@ func TestSchedulerFiresDueSchedulesOfRegisteredWorkflows(t *testing.T) {
 	require.JSONEq(t, `{"n":1}`, startedWith[1])
 	require.Equal(t, "schedule:mine:2026-12-02T12:00:00Z", startedWith[2])
 	require.Equal(t, []string{"mine", "mine-wf", maintenance.FireStarted, ""}, fired)
-	fires, err := store.ListFires(ctx, b.db.Pool, "mine", 10)
+	fires, err := store.ListFires(ctx, store.Default.On(b.db.Pool), "mine", 10)
 	require.NoError(t, err)
 	require.Len(t, fires, 1)
 	require.Equal(t, maintenance.FireStarted, fires[0].Outcome)
 	require.Equal(t, &runID, fires[0].RunID)
-	mine, err := store.GetSchedule(ctx, b.db.Pool, "mine")
+	mine, err := store.GetSchedule(ctx, store.Default.On(b.db.Pool), "mine")
 	require.NoError(t, err)
 	require.Equal(t, fireAt.Add(time.Minute), mine.NextFireAt.UTC())
-	theirs, err := store.GetSchedule(ctx, b.db.Pool, "theirs")
+	theirs, err := store.GetSchedule(ctx, store.Default.On(b.db.Pool), "theirs")
 	require.NoError(t, err)
 	require.Equal(t, fireAt, theirs.NextFireAt.UTC())
 	require.Equal(t, 1, bytes.Count([]byte(b.logs.String()), []byte("schedule's workflow is not registered in this process")))

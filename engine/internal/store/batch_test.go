@@ -40,14 +40,14 @@ func TestWriteRecordsFencesEachWriteOnItsOwn(t *testing.T) {
 	t.Parallel()
 	db := enginetest.NewDB(t)
 	ctx := context.Background()
-	a, b, c := claimed(t, db.Pool, "a"), claimed(t, db.Pool, "b"), claimed(t, db.Pool, "c")
+	a, b, c := claimed(t, store.Default.On(db.Pool), "a"), claimed(t, store.Default.On(db.Pool), "b"), claimed(t, store.Default.On(db.Pool), "c")
 	// b's lease passes to a new delivery: the first token is a zombie's.
 	_, err := db.Pool.Exec(ctx, `UPDATE workflow_runs SET owner_token = $2 WHERE run_id = $1`, b.RunID, uuid.New())
 	require.NoError(t, err)
 	_, err = db.Pool.Exec(ctx, `UPDATE workflow_runs SET cancel_requested_at = now() WHERE run_id = $1`, c.RunID)
 	require.NoError(t, err)
 
-	res, err := store.WriteRecords(ctx, db.Pool, []*store.RecordWrite{
+	res, err := store.WriteRecords(ctx, store.Default.On(db.Pool), []*store.RecordWrite{
 		{Fence: a, Records: []*store.StepRecord{completedStep(0, "s0"), completedStep(1, "s1")}},
 		{Fence: b, Records: []*store.StepRecord{completedStep(0, "zombie")}},
 		{Fence: c, Records: []*store.StepRecord{completedStep(0, "s0")}, Status: store.RunCompleted, Finish: true, Output: []byte(`"done"`)},
@@ -91,7 +91,7 @@ func TestInsertRunsAnswersEachRunAsInsertRunWould(t *testing.T) {
 		return r
 	}
 	old := run("old", `{"a": 1}`, false)
-	_, err := store.InsertRun(ctx, db.Pool, old)
+	_, err := store.InsertRun(ctx, store.Default.On(db.Pool), old)
 	require.NoError(t, err)
 
 	batch := []store.NewRun{
@@ -102,7 +102,7 @@ func TestInsertRunsAnswersEachRunAsInsertRunWould(t *testing.T) {
 		run("claimed", `{}`, false),       // earlier in the batch, same input
 		run("claimed", `{"b": 1}`, false), // earlier in the batch, other input
 	}
-	res, err := store.InsertRuns(ctx, db.Pool, batch)
+	res, err := store.InsertRuns(ctx, store.Default.On(db.Pool), batch)
 	require.NoError(t, err)
 	require.Len(t, res, len(batch))
 	require.NoError(t, res[0].Err)
@@ -131,23 +131,23 @@ func TestClaimRunsClaimsEachRunOnce(t *testing.T) {
 	db := enginetest.NewDB(t)
 	ctx := context.Background()
 	insert := func(workflowID string) uuid.UUID {
-		ins, err := store.InsertRun(ctx, db.Pool, store.NewRun{RunID: uuid.Must(uuid.NewV7()), WorkflowName: "wf",
+		ins, err := store.InsertRun(ctx, store.Default.On(db.Pool), store.NewRun{RunID: uuid.Must(uuid.NewV7()), WorkflowName: "wf",
 			WorkflowVersion: 1, WorkflowID: workflowID, Input: []byte(`{}`), Queue: "q"})
 		require.NoError(t, err)
 		return ins.RunID
 	}
-	free, leased, twice := insert("free"), claimed(t, db.Pool, "leased"), insert("twice")
-	_, err := store.WriteRecords(ctx, db.Pool, []*store.RecordWrite{{Fence: leased, Records: []*store.StepRecord{completedStep(0, "s0")}}})
+	free, leased, twice := insert("free"), claimed(t, store.Default.On(db.Pool), "leased"), insert("twice")
+	_, err := store.WriteRecords(ctx, store.Default.On(db.Pool), []*store.RecordWrite{{Fence: leased, Records: []*store.StepRecord{completedStep(0, "s0")}}})
 	require.NoError(t, err)
 	_, err = db.Pool.Exec(ctx, `UPDATE workflow_runs SET owner_token = NULL, lease_expires_at = NULL WHERE run_id = $1`, leased.RunID)
 	require.NoError(t, err)
-	leased2 := claimed(t, db.Pool, "leased-live")
+	leased2 := claimed(t, store.Default.On(db.Pool), "leased-live")
 
 	fence := func(id uuid.UUID) store.Fence {
 		return store.Fence{RunID: id, Token: uuid.New(), Lease: 10 * time.Second}
 	}
 	fences := []store.Fence{fence(free), fence(leased.RunID), fence(leased2.RunID), fence(uuid.New()), fence(twice), fence(twice)}
-	res, err := store.ClaimRuns(ctx, db.Pool, fences, time.Now())
+	res, err := store.ClaimRuns(ctx, store.Default.On(db.Pool), fences, time.Now())
 	require.NoError(t, err)
 	require.NotNil(t, res[0].Run)
 	require.Empty(t, res[0].Run.Steps)
@@ -177,11 +177,11 @@ func TestWriteRecordsAloneFencesAndFinishes(t *testing.T) {
 	t.Parallel()
 	db := enginetest.NewDB(t)
 	ctx := context.Background()
-	a, b := claimed(t, db.Pool, "a"), claimed(t, db.Pool, "b")
+	a, b := claimed(t, store.Default.On(db.Pool), "a"), claimed(t, store.Default.On(db.Pool), "b")
 	_, err := db.Pool.Exec(ctx, `UPDATE workflow_runs SET cancel_requested_at = now() WHERE run_id = $1`, a.RunID)
 	require.NoError(t, err)
 	one := func(w *store.RecordWrite) store.WriteResult {
-		res, err := store.WriteRecords(ctx, db.Pool, []*store.RecordWrite{w})
+		res, err := store.WriteRecords(ctx, store.Default.On(db.Pool), []*store.RecordWrite{w})
 		require.NoError(t, err)
 		return res[0]
 	}
@@ -201,7 +201,7 @@ func TestWriteRecordsAloneFencesAndFinishes(t *testing.T) {
 	require.Equal(t, store.RunFailed, status)
 	require.Nil(t, owner)
 	require.JSONEq(t, `{"message":"no"}`, string(errJSON))
-	rec, err := store.GetStep(ctx, db.Pool, b.RunID, 0)
+	rec, err := store.GetStep(ctx, store.Default.On(db.Pool), b.RunID, 0)
 	require.NoError(t, err)
 	require.Equal(t, "s0", rec.Name, "the zombie's record was not written")
 	// The finished run's fence is gone: a retry of the finish is fenced out.
@@ -214,15 +214,15 @@ func TestHeartbeatsFenceEachDelivery(t *testing.T) {
 	t.Parallel()
 	db := enginetest.NewDB(t)
 	ctx := context.Background()
-	a, b := claimed(t, db.Pool, "a"), claimed(t, db.Pool, "b")
+	a, b := claimed(t, store.Default.On(db.Pool), "a"), claimed(t, store.Default.On(db.Pool), "b")
 	zombie := b
 	zombie.Token = uuid.New()
 	_, err := db.Pool.Exec(ctx, `UPDATE workflow_runs SET cancel_requested_at = now() WHERE run_id = $1`, b.RunID)
 	require.NoError(t, err)
-	res, err := store.Heartbeats(ctx, db.Pool, []store.Beat{{Fence: a, MarkLong: true}, {Fence: zombie}, {Fence: b}})
+	res, err := store.Heartbeats(ctx, store.Default.On(db.Pool), []store.Beat{{Fence: a, MarkLong: true}, {Fence: zombie}, {Fence: b}})
 	require.NoError(t, err)
 	require.Equal(t, []store.BeatResult{{Landed: true, Marked: true}, {}, {Landed: true, CancelRequested: true}}, res)
-	res, err = store.Heartbeats(ctx, db.Pool, []store.Beat{{Fence: zombie}})
+	res, err = store.Heartbeats(ctx, store.Default.On(db.Pool), []store.Beat{{Fence: zombie}})
 	require.NoError(t, err)
 	require.Equal(t, []store.BeatResult{{}}, res)
 	var long int
@@ -236,24 +236,24 @@ func TestCompletedRecordsAreNeverOverwritten(t *testing.T) {
 	t.Parallel()
 	db := enginetest.NewDB(t)
 	ctx := context.Background()
-	f := claimed(t, db.Pool, "x")
-	w, err := store.WriteSteps(ctx, db.Pool, f, "", completedStep(0, "tx"))
+	f := claimed(t, store.Default.On(db.Pool), "x")
+	w, err := store.WriteSteps(ctx, store.Default.On(db.Pool), f, "", completedStep(0, "tx"))
 	n := w.Written
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	again := completedStep(0, "tx")
 	again.Output = []byte(`2`)
-	w, err = store.WriteSteps(ctx, db.Pool, f, "", again)
+	w, err = store.WriteSteps(ctx, store.Default.On(db.Pool), f, "", again)
 	n = w.Written
 	require.NoError(t, err)
 	require.Zero(t, n)
-	res, err := store.WriteRecords(ctx, db.Pool, []*store.RecordWrite{{Fence: f, Records: []*store.StepRecord{again}}})
+	res, err := store.WriteRecords(ctx, store.Default.On(db.Pool), []*store.RecordWrite{{Fence: f, Records: []*store.StepRecord{again}}})
 	require.NoError(t, err)
 	require.True(t, res[0].Landed)
-	res, err = store.WriteRecords(ctx, db.Pool, []*store.RecordWrite{{Fence: f, Records: []*store.StepRecord{again, completedStep(1, "s1")}}})
+	res, err = store.WriteRecords(ctx, store.Default.On(db.Pool), []*store.RecordWrite{{Fence: f, Records: []*store.StepRecord{again, completedStep(1, "s1")}}})
 	require.NoError(t, err)
 	require.True(t, res[0].Landed)
-	rec, err := store.GetStep(ctx, db.Pool, f.RunID, 0)
+	rec, err := store.GetStep(ctx, store.Default.On(db.Pool), f.RunID, 0)
 	require.NoError(t, err)
 	require.JSONEq(t, `1`, string(rec.Output))
 }
@@ -265,19 +265,19 @@ func TestWriteRecordsInsertsFreshRecordsPlainly(t *testing.T) {
 	t.Parallel()
 	db := enginetest.NewDB(t)
 	ctx := context.Background()
-	a, b := claimed(t, db.Pool, "a"), claimed(t, db.Pool, "b")
+	a, b := claimed(t, store.Default.On(db.Pool), "a"), claimed(t, store.Default.On(db.Pool), "b")
 	fresh := func(seq int, name string) *store.StepRecord {
 		r := completedStep(seq, name)
 		r.Fresh = true
 		return r
 	}
-	res, err := store.WriteRecords(ctx, db.Pool, []*store.RecordWrite{
+	res, err := store.WriteRecords(ctx, store.Default.On(db.Pool), []*store.RecordWrite{
 		{Fence: a, Records: []*store.StepRecord{fresh(0, "s0"), completedStep(1, "s1")}},
 		{Fence: b, Records: []*store.StepRecord{fresh(0, "s0")}},
 	})
 	require.NoError(t, err)
 	require.Equal(t, []store.WriteResult{{Landed: true}, {Landed: true}}, res)
-	res, err = store.WriteRecords(ctx, db.Pool, []*store.RecordWrite{{Fence: b, Records: []*store.StepRecord{fresh(1, "s1")}}})
+	res, err = store.WriteRecords(ctx, store.Default.On(db.Pool), []*store.RecordWrite{{Fence: b, Records: []*store.StepRecord{fresh(1, "s1")}}})
 	require.NoError(t, err)
 	require.Equal(t, []store.WriteResult{{Landed: true}}, res, "a batch of one")
 	var steps int
@@ -288,12 +288,12 @@ func TestWriteRecordsInsertsFreshRecordsPlainly(t *testing.T) {
 		{{Fence: a, Records: []*store.StepRecord{fresh(0, "again")}}},
 		{{Fence: a, Records: []*store.StepRecord{fresh(1, "again")}}, {Fence: b, Records: []*store.StepRecord{completedStep(5, "s5")}}},
 	} {
-		_, err = store.WriteRecords(ctx, db.Pool, writes)
+		_, err = store.WriteRecords(ctx, store.Default.On(db.Pool), writes)
 		require.ErrorIs(t, err, store.ErrConflict)
 	}
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_steps WHERE name = 'again' OR seq = 5`).Scan(&steps))
 	require.Zero(t, steps, "the failed statement landed nothing")
-	res, err = store.WriteRecords(ctx, db.Pool, []*store.RecordWrite{{Fence: a, Records: []*store.StepRecord{completedStep(0, "again")}}})
+	res, err = store.WriteRecords(ctx, store.Default.On(db.Pool), []*store.RecordWrite{{Fence: a, Records: []*store.StepRecord{completedStep(0, "again")}}})
 	require.NoError(t, err)
 	require.True(t, res[0].Landed, "an upsert of an existing record lands (a completed one is kept)")
 }
@@ -307,7 +307,7 @@ func TestKeepLeaseWritesLockTheRunRowInsteadOfUpdatingIt(t *testing.T) {
 	t.Parallel()
 	db := enginetest.NewDB(t)
 	ctx := context.Background()
-	a, b, zombie := claimed(t, db.Pool, "a"), claimed(t, db.Pool, "b"), claimed(t, db.Pool, "zombie")
+	a, b, zombie := claimed(t, store.Default.On(db.Pool), "a"), claimed(t, store.Default.On(db.Pool), "b"), claimed(t, store.Default.On(db.Pool), "zombie")
 	_, err := db.Pool.Exec(ctx, `UPDATE workflow_runs SET owner_token = $2 WHERE run_id = $1`, zombie.RunID, uuid.New())
 	require.NoError(t, err)
 	type row struct {
@@ -324,10 +324,10 @@ func TestKeepLeaseWritesLockTheRunRowInsteadOfUpdatingIt(t *testing.T) {
 	beforeA, beforeB := read(a.RunID), read(b.RunID)
 	require.Equal(t, 1, beforeA.stalled)
 
-	res, err := store.WriteRecords(ctx, db.Pool, []*store.RecordWrite{{Fence: a, Records: []*store.StepRecord{completedStep(0, "s0")}, KeepLease: true}})
+	res, err := store.WriteRecords(ctx, store.Default.On(db.Pool), []*store.RecordWrite{{Fence: a, Records: []*store.StepRecord{completedStep(0, "s0")}, KeepLease: true}})
 	require.NoError(t, err)
 	require.Equal(t, []store.WriteResult{{Landed: true}}, res)
-	res, err = store.WriteRecords(ctx, db.Pool, []*store.RecordWrite{
+	res, err = store.WriteRecords(ctx, store.Default.On(db.Pool), []*store.RecordWrite{
 		{Fence: a, Records: []*store.StepRecord{completedStep(1, "s1"), completedStep(2, "s2")}, KeepLease: true},
 		{Fence: b, Records: []*store.StepRecord{completedStep(0, "s0")}, KeepLease: true},
 		{Fence: zombie, Records: []*store.StepRecord{completedStep(0, "zombie")}, KeepLease: true},
@@ -343,7 +343,7 @@ func TestKeepLeaseWritesLockTheRunRowInsteadOfUpdatingIt(t *testing.T) {
 	require.Zero(t, steps, "a zombie's record is not written")
 
 	// A write that changes the status updates the row even with KeepLease.
-	res, err = store.WriteRecords(ctx, db.Pool, []*store.RecordWrite{{Fence: b, Status: store.RunCompensating, KeepLease: true}})
+	res, err = store.WriteRecords(ctx, store.Default.On(db.Pool), []*store.RecordWrite{{Fence: b, Status: store.RunCompensating, KeepLease: true}})
 	require.NoError(t, err)
 	require.True(t, res[0].Landed)
 	require.Zero(t, read(b.RunID).stalled, "a status write records progress")
@@ -355,12 +355,12 @@ func TestKeepLeaseWritesLockTheRunRowInsteadOfUpdatingIt(t *testing.T) {
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	res, err = store.WriteRecords(ctx, tx, []*store.RecordWrite{{Fence: a, Records: []*store.StepRecord{completedStep(3, "s3")}, KeepLease: true}})
+	res, err = store.WriteRecords(ctx, store.Default.On(tx), []*store.RecordWrite{{Fence: a, Records: []*store.StepRecord{completedStep(3, "s3")}, KeepLease: true}})
 	require.NoError(t, err)
 	require.True(t, res[0].Landed)
 	claimedC := make(chan []store.ClaimResult, 1)
 	go func() {
-		c, err := store.ClaimRuns(ctx, db.Pool, []store.Fence{{RunID: a.RunID, Token: uuid.New(), Lease: time.Minute}}, time.Now())
+		c, err := store.ClaimRuns(ctx, store.Default.On(db.Pool), []store.Fence{{RunID: a.RunID, Token: uuid.New(), Lease: time.Minute}}, time.Now())
 		if err != nil {
 			t.Error(err)
 		}

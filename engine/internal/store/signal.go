@@ -210,7 +210,7 @@ type TakenSignal struct {
 // first sent wins). The run stays locked until tx ends, so no signal can
 // arrive unseen before the caller suspends it. With an error other than
 // ErrLeaseLost, CancelRequested is still set once the lock was taken.
-func TakeSignal(ctx context.Context, tx pgx.Tx, f Fence, names []string, seq int) (TakenSignal, error) {
+func TakeSignal(ctx context.Context, tx DBTX, f Fence, names []string, seq int) (TakenSignal, error) {
 	runID := f.RunID
 	var cancel bool
 	if err := tx.QueryRow(ctx, lockOwnedRun, runID, f.Token).Scan(&cancel); err != nil {

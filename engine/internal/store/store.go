@@ -19,14 +19,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// DBTX is the store's one seam: a pool, a connection or a transaction.
-type DBTX interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
-
 // Conditions the store reports. ErrNotFound and ErrLeaseLost are the
 // engine's public errors too (engine re-exports them, as River re-exports
 // rivertype.ErrNotFound), so they carry the engine's messages; the engine

@@ -1,0 +1,193 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DefaultSchema is the PostgreSQL schema that holds the engine's tables
+// (and River's) unless the engine is told otherwise. The statements of
+// this package are written against it.
+const DefaultSchema = "pgdurable"
+
+// Tables are the engine's own tables, as the statements of this package
+// name them (DefaultSchema + "." + table). River's tables sit in the same
+// schema but only River's own code reads them.
+var Tables = []string{
+	"workflow_runs", "workflow_steps", "workflow_signals", "dead_jobs",
+	"schedules", "schedule_fires", "engine_processes", "ui_sessions",
+}
+
+// validSchema is what a schema name may be: an identifier PostgreSQL
+// takes unquoted and keeps as written, since River puts its schema
+// option into SQL as it is, unquoted.
+var validSchema = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// ValidSchemaName reports why name cannot be a schema for the engine's
+// tables, or nil: lower-case ASCII letters, digits and underscores, not
+// starting with a digit, at most 63 bytes, and not a "pg_" name
+// (PostgreSQL reserves those).
+func ValidSchemaName(name string) error {
+	if !validSchema.MatchString(name) || strings.HasPrefix(name, "pg_") {
+		return fmt.Errorf("schema name %q: want lower-case letters, digits and underscores, starting with a letter or underscore, at most 63 bytes, not starting with pg_", name)
+	}
+	return nil
+}
+
+// Querier is what a statement runs on: a pool, a connection or a
+// transaction.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// DBTX is the store's one seam: a pool, a connection or a transaction
+// bound to the schema the engine's tables are in (Schema.On). Only this
+// package makes one, so no statement can run on a handle that was not
+// told where the tables are: with two installations in one database, a
+// statement that fell back to the default schema would write another
+// installation's rows.
+type DBTX interface {
+	Querier
+	// Begin begins a transaction (a savepoint on a transaction); bind it
+	// with Bind before a statement runs on it.
+	Begin(ctx context.Context) (pgx.Tx, error)
+	schema() *Schema
+}
+
+// Schema is where one engine's tables are, and rewrites the package's
+// statements for it. The statements name DefaultSchema; for another
+// schema each distinct statement is rewritten once and the result kept,
+// so a call costs a map lookup (River's sqlctemplate does the same for
+// its Config.Schema). Safe for concurrent use.
+type Schema struct {
+	name      string
+	rewritten sync.Map // statement as written -> statement for this schema
+}
+
+// Default is the Schema of DefaultSchema: its statements run as written.
+var Default = &Schema{name: DefaultSchema}
+
+// NewSchema returns the Schema named name ("" is DefaultSchema), or an
+// error when ValidSchemaName refuses the name.
+func NewSchema(name string) (*Schema, error) {
+	if name == "" || name == DefaultSchema {
+		return Default, nil
+	}
+	if err := ValidSchemaName(name); err != nil {
+		return nil, err
+	}
+	return &Schema{name: name}, nil
+}
+
+// Name is the schema's name.
+func (s *Schema) Name() string { return s.name }
+
+// On binds q to s: statements run on the result name s's tables.
+func (s *Schema) On(q Querier) DBTX {
+	if b, ok := q.(bound); ok {
+		if b.s != s {
+			panic(fmt.Sprintf("store: a handle bound to schema %s bound again to %s", b.s.name, s.name))
+		}
+		return b
+	}
+	return bound{q: q, s: s}
+}
+
+// qualified finds the package's references to its tables.
+var qualified = regexp.MustCompile(`\b` + DefaultSchema + `\.(` + strings.Join(Tables, "|") + `)\b`)
+
+// SQL is sql as it runs in s: every DefaultSchema.table of the engine's
+// tables names s's table instead. Text that is not such a reference (a
+// River job kind such as 'pgdurable.run', a column) is left alone.
+func (s *Schema) SQL(sql string) string {
+	if s == Default {
+		return sql
+	}
+	if v, ok := s.rewritten.Load(sql); ok {
+		return v.(string)
+	}
+	out := qualified.ReplaceAllString(sql, s.name+".$1")
+	s.rewritten.Store(sql, out)
+	return out
+}
+
+type bound struct {
+	q Querier
+	s *Schema
+}
+
+func (b bound) schema() *Schema { return b.s }
+
+// args rewrites a statement whose only argument is a pgx.QueryRewriter
+// (a named statement's bound arguments) after that rewriter has run,
+// since the rewriter checks the statement it was bound for.
+func (b bound) args(sql string, args []any) (string, []any) {
+	if b.s == Default {
+		return sql, args
+	}
+	if len(args) == 1 {
+		if r, ok := args[0].(pgx.QueryRewriter); ok {
+			return sql, []any{schemaRewriter{r, b.s}}
+		}
+	}
+	return b.s.SQL(sql), args
+}
+
+func (b bound) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	sql, args = b.args(sql, args)
+	return b.q.Exec(ctx, sql, args...)
+}
+
+func (b bound) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	sql, args = b.args(sql, args)
+	return b.q.Query(ctx, sql, args...)
+}
+
+func (b bound) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	sql, args = b.args(sql, args)
+	return b.q.QueryRow(ctx, sql, args...)
+}
+
+func (b bound) SendBatch(ctx context.Context, batch *pgx.Batch) pgx.BatchResults {
+	if b.s != Default {
+		for _, qq := range batch.QueuedQueries {
+			qq.SQL, qq.Arguments = b.args(qq.SQL, qq.Arguments)
+		}
+	}
+	return b.q.SendBatch(ctx, batch)
+}
+
+type schemaRewriter struct {
+	r pgx.QueryRewriter
+	s *Schema
+}
+
+// RewriteQuery implements pgx.QueryRewriter.
+func (w schemaRewriter) RewriteQuery(ctx context.Context, conn *pgx.Conn, sql string, args []any) (string, []any, error) {
+	sql, args, err := w.r.RewriteQuery(ctx, conn, sql, args)
+	return w.s.SQL(sql), args, err
+}
+
+// Bind is q bound to like's schema: a transaction begun on a bound pool
+// runs its statements where the pool's do.
+func Bind(like DBTX, q Querier) DBTX { return like.schema().On(q) }
+
+// Begin implements DBTX.
+func (b bound) Begin(ctx context.Context) (pgx.Tx, error) {
+	beginner, ok := b.q.(interface {
+		Begin(context.Context) (pgx.Tx, error)
+	})
+	if !ok {
+		return nil, fmt.Errorf("store: %T cannot begin a transaction", b.q)
+	}
+	return beginner.Begin(ctx)
+}
