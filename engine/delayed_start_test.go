@@ -40,7 +40,7 @@ func TestDelayedStartIsNotPickedUpEarly(t *testing.T) {
 	require.Equal(t, clockStart.Add(time.Hour), run.WakeAt.UTC())
 	require.Nil(t, run.StartedAt)
 	var jobs int
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM river_job`).Scan(&jobs))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.river_job`).Scan(&jobs))
 	require.Zero(t, jobs, "a delayed run has no River job while it waits")
 
 	dueAfter(t, b.engine, clock, res.RunID, time.Hour)
@@ -83,7 +83,7 @@ func TestCancelledDelayedRunLeavesNothingBehind(t *testing.T) {
 	require.Zero(t, ran.Load())
 	eventually(t, 10*time.Second, "the run's River ticket to finish", func() bool {
 		var open int
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE state NOT IN ('completed', 'cancelled', 'discarded')`).Scan(&open))
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.river_job WHERE state NOT IN ('completed', 'cancelled', 'discarded')`).Scan(&open))
 		return open == 0
 	})
 	require.ErrorIs(t, b.engine.StartNow(ctx, res.RunID), engine.ErrRunClosed)
@@ -158,7 +158,7 @@ func TestSignalDoesNotStartADelayedRunEarly(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusWaiting, run.Status)
 	var jobs int
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE args->>'run_id' = $1`, res.RunID.String()).Scan(&jobs))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.river_job WHERE args->>'run_id' = $1`, res.RunID.String()).Scan(&jobs))
 	require.Zero(t, jobs, "no delivery was enqueued")
 	require.Zero(t, run.Deliveries, "not started by the signal")
 	require.Nil(t, run.StartedAt)

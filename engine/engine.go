@@ -31,6 +31,15 @@ type Config struct {
 	// logs pass through at warning level and above. Default slog.Default().
 	Logger *slog.Logger
 
+	// Schema is the PostgreSQL schema that holds the engine's tables and
+	// River's, as storage/migrations created them (its Opts.Schema, and
+	// engine's --schema, must name the same). Every statement the engine
+	// runs names it, so the connections' search_path plays no part: a tx
+	// step's own statements resolve names as the application's pool
+	// says, and two engines on different schemas of one database never
+	// see each other's runs. Lower-case letters, digits and underscores
+	// (New refuses other names). Default DefaultSchema.
+	Schema string
 	// Queue is the River queue the engine's deliveries use. Default "pgdurable".
 	Queue string
 	// MaxWorkers is how many deliveries this process runs at once, River's
@@ -135,6 +144,10 @@ type Config struct {
 // HeartbeatInterval default is a third of the lease), DefaultMaxWorkers
 // for MaxWorkers, DefaultMaxDeliveries for MaxDeliveries; DefaultRetention
 // is Retention's.
+// DefaultSchema is the PostgreSQL schema of the engine's tables and River's
+// when Config.Schema is empty.
+const DefaultSchema = "pgdurable"
+
 const (
 	// MaxMaxWorkers is the largest MaxWorkers New takes: River's limit of
 	// workers per queue.
@@ -163,6 +176,7 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	c.Schema = orDefault(c.Schema, DefaultSchema)
 	c.Queue = orDefault(c.Queue, defaultQueue)
 	c.MaxWorkers = orDefault(c.MaxWorkers, defaultMaxWorkers)
 	c.FetchCooldown = orDefault(c.FetchCooldown, defaultFetchCooldown)
@@ -294,7 +308,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	schema, err := store.NewSchema("")
+	schema, err := store.NewSchema(c.Schema)
 	if err != nil {
 		return nil, fmt.Errorf("pgdurable: %w", err)
 	}
@@ -318,6 +332,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	e.slots = make(chan struct{}, c.MaxWorkers)
 	e.dispatchCtx, e.cancelDispatch = context.WithCancelCause(context.Background())
 	e.queue, err = queue.New(pool, queue.Config{
+		Schema:            c.Schema,
 		Queue:             c.Queue,
 		MaxWorkers:        c.MaxWorkers,
 		FetchCooldown:     c.FetchCooldown,
@@ -329,6 +344,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	}
 	return e, nil
 }
+
+// Schema is the PostgreSQL schema of the engine's tables (Config.Schema,
+// DefaultSchema when it was empty), for tools that read them beside the
+// engine.
+func (e *Engine) Schema() string { return e.cfg.Schema }
 
 // on binds q (a transaction of the engine's pool, or one a caller passed
 // in) to the engine's schema, for the store's statements.

@@ -191,7 +191,7 @@ func riverJobs(t *testing.T, b *bundle, runID uuid.UUID) int {
 	t.Helper()
 	var n int
 	require.NoError(t, b.db.Pool.QueryRow(context.Background(),
-		"SELECT count(*) FROM river_job WHERE args->>'run_id' = $1", runID.String()).Scan(&n))
+		"SELECT count(*) FROM pgdurable.river_job WHERE args->>'run_id' = $1", runID.String()).Scan(&n))
 	return n
 }
 

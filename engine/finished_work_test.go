@@ -88,7 +88,7 @@ func TestTransientRecordWriteFailureIsRetried(t *testing.T) {
 					END IF;
 					RETURN NEW;
 				END $$;
-				CREATE TRIGGER inject_fault BEFORE INSERT OR UPDATE ON workflow_steps FOR EACH ROW EXECUTE FUNCTION inject_fault();`, fault))
+				CREATE TRIGGER inject_fault BEFORE INSERT OR UPDATE ON pgdurable.workflow_steps FOR EACH ROW EXECUTE FUNCTION inject_fault();`, fault))
 			require.NoError(t, err)
 			res, err := wf.Start(ctx, b.engine, 0, nil)
 			require.NoError(t, err)
@@ -156,8 +156,8 @@ func TestCrashLoopDeadJobCarriesDeliveriesAndAttempts(t *testing.T) {
 	require.NoError(t, err)
 	// As if 10 deliveries had claimed it and each died in its call.
 	_, err = db.Pool.Exec(ctx, `
-		WITH run AS (UPDATE workflow_runs SET deliveries = 10, stalled_deliveries = 10 WHERE run_id = $1 RETURNING run_id)
-		INSERT INTO workflow_steps (run_id, seq, name, kind, status, attempts, request_id, started_at)
+		WITH run AS (UPDATE pgdurable.workflow_runs SET deliveries = 10, stalled_deliveries = 10 WHERE run_id = $1 RETURNING run_id)
+		INSERT INTO pgdurable.workflow_steps (run_id, seq, name, kind, status, attempts, request_id, started_at)
 		SELECT run_id, 0, 'call', 'activity', 'started', 3, gen_random_uuid(), now() FROM run`, res.RunID)
 	require.NoError(t, err)
 	worker := newEngine(t, db, nil, true, wf)

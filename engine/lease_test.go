@@ -95,7 +95,7 @@ func TestOrphanedTicketIsFoundBehindManyStaleOnes(t *testing.T) {
 	ctx := testCtx(t)
 	// Older stale tickets, for runs that ended elsewhere; too young for
 	// River's rescuer, which takes them after a minute.
-	_, err := db.Pool.Exec(ctx, `INSERT INTO river_job (args, kind, queue, state, attempt, max_attempts, priority,
+	_, err := db.Pool.Exec(ctx, `INSERT INTO pgdurable.river_job (args, kind, queue, state, attempt, max_attempts, priority,
 		attempted_at, attempted_by, scheduled_at)
 		SELECT jsonb_build_object('run_id', gen_random_uuid()), 'pgdurable.run', 'pgdurable', 'running', 1, 25, 1,
 		       now() - interval '25 seconds', ARRAY['dead-process'], now()
@@ -105,10 +105,10 @@ func TestOrphanedTicketIsFoundBehindManyStaleOnes(t *testing.T) {
 	res, err := wf.Start(ctx, client, 7, nil)
 	require.NoError(t, err)
 	// Its ticket was fetched by a process that died before its claim.
-	_, err = db.Pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now() - interval '20 seconds',
+	_, err = db.Pool.Exec(ctx, `UPDATE pgdurable.river_job SET state = 'running', attempt = 1, attempted_at = now() - interval '20 seconds',
 		attempted_by = ARRAY['dead-process'] WHERE args->>'run_id' = $1`, res.RunID.String())
 	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, `UPDATE workflow_runs SET enqueued_at = now() - interval '20 seconds' WHERE run_id = $1`, res.RunID)
+	_, err = db.Pool.Exec(ctx, `UPDATE pgdurable.workflow_runs SET enqueued_at = now() - interval '20 seconds' WHERE run_id = $1`, res.RunID)
 	require.NoError(t, err)
 
 	worker := newEngine(t, db, &engine.Config{LeaseDuration: time.Second}, true, wf)

@@ -44,7 +44,7 @@ func TestOversizedOutputsAreRefusedAndCatchable(t *testing.T) {
 	require.Equal(t, 1, calls, "not retried")
 	var stored int
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT coalesce(max(octet_length(coalesce(output::text, '') || coalesce(error::text, ''))), 0)
-		FROM workflow_steps WHERE run_id = $1`, res.RunID).Scan(&stored))
+		FROM pgdurable.workflow_steps WHERE run_id = $1`, res.RunID).Scan(&stored))
 	require.Less(t, stored, 64<<10, "nothing oversized is stored")
 
 	res, err = wfBig.Start(ctx, b.engine, 0, nil)

@@ -26,11 +26,11 @@ func insertOldRuns(t *testing.T, pool *pgxpool.Pool, prefix, status string, n, s
 	ts := fmt.Sprintf("now() - interval '%d seconds' + g * interval '1 millisecond'", int(age.Seconds()))
 	_, err := pool.Exec(context.Background(), fmt.Sprintf(`
 WITH runs AS (
-    INSERT INTO workflow_runs (run_id, workflow_name, workflow_id, status, input, output, created_at, started_at, completed_at)
+    INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_id, status, input, output, created_at, started_at, completed_at)
     SELECT `+oldRunID+`, 'history', $1 || g, $2, '1', '2', %[2]s, %[2]s, %[2]s FROM generate_series(1, $3) g
     RETURNING run_id, created_at
 )
-INSERT INTO workflow_steps (run_id, seq, name, kind, status, attempts, output, started_at, completed_at)
+INSERT INTO pgdurable.workflow_steps (run_id, seq, name, kind, status, attempts, output, started_at, completed_at)
 SELECT r.run_id, s, 's', 'step', 'completed', 1, '1', r.created_at, r.created_at
 FROM runs r, generate_series(0, $4 - 1) s`, ts, ts), prefix, status, n, steps)
 	require.NoError(t, err)
@@ -63,18 +63,18 @@ func TestPruneDeletesOldRunsWhileRunsExecute(t *testing.T) {
 	insertOldRuns(t, b.db.Pool, "dead-open-", "dead", 10, 1, month)
 	insertOldRuns(t, b.db.Pool, "dead-discarded-", "dead", 5, 1, month)
 	_, err := b.db.Pool.Exec(ctx, `
-INSERT INTO dead_jobs (id, run_id, workflow_name, workflow_id, workflow_version, input, reason, error_class, error_message,
+INSERT INTO pgdurable.dead_jobs (id, run_id, workflow_name, workflow_id, workflow_version, input, reason, error_class, error_message,
                        parked_at, resolved_at, resolution)
 SELECT gen_random_uuid(), run_id, workflow_name, workflow_id, 1, input, 'panic', 'panic', 'boom', completed_at,
        CASE WHEN starts_with(workflow_id, 'dead-discarded-') THEN completed_at END,
        CASE WHEN starts_with(workflow_id, 'dead-discarded-') THEN 'discarded' END
-FROM workflow_runs WHERE status = 'dead';
-INSERT INTO workflow_signals (run_id, name, payload, created_at)
-SELECT run_id, 'sig', '1', created_at FROM workflow_runs WHERE workflow_id IN ('done-1', 'done-2');
+FROM pgdurable.workflow_runs WHERE status = 'dead';
+INSERT INTO pgdurable.workflow_signals (run_id, name, payload, created_at)
+SELECT run_id, 'sig', '1', created_at FROM pgdurable.workflow_runs WHERE workflow_id IN ('done-1', 'done-2');
 -- a parent still waiting, with an old finished child it has not read
-INSERT INTO workflow_runs (run_id, workflow_name, workflow_id, status, input)
+INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_id, status, input)
 VALUES ('00000000-0000-7000-8000-000000000001', 'history', 'live-parent', 'waiting', '1');
-INSERT INTO workflow_runs (run_id, workflow_name, workflow_id, status, input, output, completed_at,
+INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_id, status, input, output, completed_at,
                            parent_run_id, parent_seq, parent_close_policy)
 VALUES ('00000000-0000-7000-8000-000000000002', 'history', 'old-child', 'completed', '1', '2', now() - interval '30 days',
         '00000000-0000-7000-8000-000000000001', 0, 'cancel');`)
@@ -106,11 +106,11 @@ VALUES ('00000000-0000-7000-8000-000000000002', 'history', 'old-child', 'complet
 		require.Equal(t, 3*i, out)
 	}
 	var runs, steps, openDead, kept int
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE workflow_name = 'prune-live'`).Scan(&runs))
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_steps s JOIN workflow_runs r USING (run_id)
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE workflow_name = 'prune-live'`).Scan(&runs))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_steps s JOIN pgdurable.workflow_runs r USING (run_id)
 		WHERE r.workflow_name = 'prune-live'`).Scan(&steps))
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM dead_jobs WHERE resolved_at IS NULL`).Scan(&openDead))
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE workflow_name = 'history'`).Scan(&kept))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.dead_jobs WHERE resolved_at IS NULL`).Scan(&openDead))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE workflow_name = 'history'`).Scan(&kept))
 	require.Equal(t, 100, runs, "the runs executing meanwhile are all there")
 	require.Equal(t, 300, steps)
 	require.Equal(t, 10, openDead, "no unresolved dead job is deleted")
@@ -137,12 +137,12 @@ func TestRetentionSweepPrunesOldRuns(t *testing.T) {
 	ctx := testCtx(t)
 	eventually(t, 20*time.Second, "the old runs to be pruned", func() bool {
 		var n int
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE starts_with(workflow_id, 'two-days-')`).Scan(&n))
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE starts_with(workflow_id, 'two-days-')`).Scan(&n))
 		return n == 0
 	})
 	var recent, steps int
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE starts_with(workflow_id, 'an-hour-')`).Scan(&recent))
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_steps`).Scan(&steps))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE starts_with(workflow_id, 'an-hour-')`).Scan(&recent))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_steps`).Scan(&steps))
 	require.Equal(t, 1, recent)
 	require.Equal(t, 1, steps)
 }

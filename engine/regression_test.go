@@ -75,7 +75,7 @@ func TestWorkerPausedDuringItsFlushDoesNotStartTheNextStep(t *testing.T) {
 	defer func() { _ = lock.Rollback(ctx) }()
 	child := crashtest.StartWorker(t, db, 2*time.Second, envSlowS1+"=1")
 	eventually(t, 30*time.Second, "the child to run s1", func() bool { return calls(t, db.Pool, res.RunID, "s1") == 1 })
-	_, err = lock.Exec(ctx, `SELECT 1 FROM workflow_runs WHERE run_id = $1 FOR UPDATE`, res.RunID)
+	_, err = lock.Exec(ctx, `SELECT 1 FROM pgdurable.workflow_runs WHERE run_id = $1 FOR UPDATE`, res.RunID)
 	require.NoError(t, err)
 	eventually(t, 30*time.Second, "the child's flush to wait for the row", func() bool {
 		var n int
@@ -87,7 +87,7 @@ func TestWorkerPausedDuringItsFlushDoesNotStartTheNextStep(t *testing.T) {
 	require.NoError(t, lock.Commit(ctx)) // the flush commits while the child is stopped
 	eventually(t, 10*time.Second, "s1's record to land", func() bool {
 		var n int
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_steps WHERE run_id = $1`, res.RunID).Scan(&n))
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_steps WHERE run_id = $1`, res.RunID).Scan(&n))
 		return n == 1
 	})
 
@@ -114,7 +114,7 @@ func TestTicketOfDeadWorkerIsRedelivered(t *testing.T) {
 	require.NoError(t, err)
 	// The state River's fetch leaves a ticket in, in a worker then SIGKILLed
 	// (a test-only write to River's table to stage that crash exactly).
-	tag, err := db.Pool.Exec(ctx, `UPDATE river_job SET state = 'running', attempt = attempt + 1, attempted_at = now(),
+	tag, err := db.Pool.Exec(ctx, `UPDATE pgdurable.river_job SET state = 'running', attempt = attempt + 1, attempted_at = now(),
 		attempted_by = array_append(attempted_by, 'killed-worker') WHERE args->>'run_id' = $1`, res.RunID.String())
 	require.NoError(t, err)
 	require.EqualValues(t, 1, tag.RowsAffected())
@@ -306,7 +306,7 @@ func TestRunOfLostClaimIsRedelivered(t *testing.T) {
 	res, err := wf.Start(ctx, worker, 5, nil)
 	require.NoError(t, err)
 	<-inStep
-	tag, err := db.Pool.Exec(ctx, `UPDATE workflow_runs SET owner_token = NULL, lease_expires_at = NULL, status = 'pending',
+	tag, err := db.Pool.Exec(ctx, `UPDATE pgdurable.workflow_runs SET owner_token = NULL, lease_expires_at = NULL, status = 'pending',
 		deliveries = deliveries - 1 WHERE run_id = $1`, res.RunID)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, tag.RowsAffected())
@@ -340,7 +340,7 @@ func TestFailedWriteAfterLostClaimIsRedelivered(t *testing.T) {
 	crash, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = crash.Rollback(ctx) }()
-	_, err = crash.Exec(ctx, `UPDATE workflow_runs SET owner_token = NULL, lease_expires_at = NULL, status = 'pending',
+	_, err = crash.Exec(ctx, `UPDATE pgdurable.workflow_runs SET owner_token = NULL, lease_expires_at = NULL, status = 'pending',
 		deliveries = deliveries - 1 WHERE run_id = $1`, res.RunID)
 	require.NoError(t, err)
 	close(release) // s1's record write now waits for the row

@@ -26,13 +26,13 @@ func TestRunOfAnUnregisteredWorkflowReachesAProcessThatRegistersIt(t *testing.T)
 	require.NoError(t, err)
 	eventually(t, 10*time.Second, "the old process to hand the run back", func() bool {
 		var snoozed bool
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) > 0 FROM river_job WHERE coalesce((metadata->>'snoozes')::int, 0) >= 1`).Scan(&snoozed))
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) > 0 FROM pgdurable.river_job WHERE coalesce((metadata->>'snoozes')::int, 0) >= 1`).Scan(&snoozed))
 		return snoozed
 	})
 	handedBackAt := time.Now()
 	defer func() {
 		var snoozes, attempt int
-		_ = db.Pool.QueryRow(ctx, `SELECT coalesce((metadata->>'snoozes')::int, 0), attempt FROM river_job`).Scan(&snoozes, &attempt)
+		_ = db.Pool.QueryRow(ctx, `SELECT coalesce((metadata->>'snoozes')::int, 0), attempt FROM pgdurable.river_job`).Scan(&snoozes, &attempt)
 		t.Logf("snoozes %d attempt %d", snoozes, attempt)
 	}()
 	updated := newEngine(t, db, nil, true, wf, other)
@@ -76,7 +76,7 @@ func TestHeartbeatsWriteAtMostOncePerInterval(t *testing.T) {
 	res, err := wf.Start(ctx, b.engine, 0, nil)
 	require.NoError(t, err)
 	<-started
-	_, err = b.db.Pool.Exec(ctx, `CREATE TRIGGER count_update AFTER UPDATE ON workflow_runs FOR EACH ROW EXECUTE FUNCTION count_update()`)
+	_, err = b.db.Pool.Exec(ctx, `CREATE TRIGGER count_update AFTER UPDATE ON pgdurable.workflow_runs FOR EACH ROW EXECUTE FUNCTION count_update()`)
 	require.NoError(t, err)
 	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
 	require.NoError(t, err)

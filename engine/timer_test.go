@@ -23,7 +23,7 @@ var clockStart = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 func countRuns(t *testing.T, db *enginetest.DB, status engine.RunStatus) int {
 	t.Helper()
 	var n int
-	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM workflow_runs WHERE status = $1`, status).Scan(&n))
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pgdurable.workflow_runs WHERE status = $1`, status).Scan(&n))
 	return n
 }
 
@@ -109,7 +109,7 @@ func TestThousandSleepingRunsHoldNothingAndWakeAfterRestart(t *testing.T) {
 	// River marks a ticket completed in batches, just after its delivery ends.
 	eventually(t, 10*time.Second, "no River job running", func() bool {
 		var running int
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE state = 'running'`).Scan(&running))
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.river_job WHERE state = 'running'`).Scan(&running))
 		return running == 0
 	})
 	// A goroutine held per sleeping run would never go; the generous wait

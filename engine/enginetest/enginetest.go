@@ -147,6 +147,8 @@ func createFromTemplate(ctx context.Context, admin *pgx.Conn, name, template str
 // gets a new template and an unchanged one is reused across test runs.
 func ensureTemplate(ctx context.Context, base string) (string, error) {
 	h := sha256.New()
+	// Where Migrate puts the tables is part of what the template holds.
+	h.Write([]byte("schema " + migrations.DefaultSchema + "\n"))
 	err := fs.WalkDir(migrations.FS(), ".", func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err

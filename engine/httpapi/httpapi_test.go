@@ -1155,11 +1155,11 @@ func TestRevokeUISessionsRoute(t *testing.T) {
 	opts := &httpapi.Options{Token: token}
 	b := setup(t, opts)
 	ctx := context.Background()
-	_, err := opts.Pool.Exec(ctx, `INSERT INTO ui_sessions (session_hash, expires_at) VALUES
+	_, err := opts.Pool.Exec(ctx, `INSERT INTO pgdurable.ui_sessions (session_hash, expires_at) VALUES
 		('\x01', now() + interval '1 hour'), ('\x02', now() + interval '1 hour'), ('\x03', now() - interval '1 hour')`)
 	require.NoError(t, err)
 	sessions := func() (n int) {
-		require.NoError(t, opts.Pool.QueryRow(ctx, `SELECT count(*) FROM ui_sessions`).Scan(&n))
+		require.NoError(t, opts.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.ui_sessions`).Scan(&n))
 		return n
 	}
 

@@ -23,7 +23,12 @@ func (a *api) revokeUISessions(w http.ResponseWriter, r *http.Request) {
 			"this service has no database pool (httpapi.Options.Pool), where the web UI's sessions are kept")
 		return
 	}
-	n, err := store.DeleteAllUISessions(r.Context(), store.Default.On(a.opts.Pool), time.Now())
+	schema, err := store.NewSchema(a.e.Schema())
+	if err != nil {
+		a.engineError(w, r, err)
+		return
+	}
+	n, err := store.DeleteAllUISessions(r.Context(), schema.On(a.opts.Pool), time.Now())
 	if err != nil {
 		a.engineError(w, r, fmt.Errorf("pgdurable: ending the UI sessions: %w", err))
 		return

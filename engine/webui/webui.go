@@ -245,7 +245,7 @@ func (u *ui) session(r *http.Request) (secret []byte, ok bool, err error) {
 		return nil, false, nil
 	}
 	hash := sha256.Sum256(secret)
-	sess, err := store.UISessionTokenDigest(r.Context(), store.Default.On(u.opts.Pool), hash[:])
+	sess, err := store.UISessionTokenDigest(r.Context(), u.sessions(), hash[:])
 	digest, ok := sess.TokenDigest, sess.Live
 	if err != nil {
 		return nil, false, fmt.Errorf("pgdurable: reading the UI session: %w", err)
@@ -344,7 +344,7 @@ func (u *ui) login(w http.ResponseWriter, r *http.Request) {
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret)
 	hash := sha256.Sum256(secret)
-	if err := store.CreateUISession(r.Context(), store.Default.On(u.opts.Pool), hash[:], tokenDigest(secret, u.opts.Token), SessionTTL); err != nil {
+	if err := store.CreateUISession(r.Context(), u.sessions(), hash[:], tokenDigest(secret, u.opts.Token), SessionTTL); err != nil {
 		u.engineError(w, r, fmt.Errorf("pgdurable: recording the UI session: %w", err))
 		return
 	}
@@ -359,7 +359,7 @@ func (u *ui) login(w http.ResponseWriter, r *http.Request) {
 func (u *ui) logout(w http.ResponseWriter, r *http.Request) {
 	if secret, ok, _ := u.session(r); ok {
 		hash := sha256.Sum256(secret)
-		if err := store.DeleteUISession(r.Context(), store.Default.On(u.opts.Pool), hash[:]); err != nil {
+		if err := store.DeleteUISession(r.Context(), u.sessions(), hash[:]); err != nil {
 			u.engineError(w, r, fmt.Errorf("pgdurable: ending the UI session: %w", err))
 			return
 		}
@@ -377,7 +377,7 @@ func endCookie(w http.ResponseWriter) {
 // everywhere): after a token leaked, or a laptop was lost.
 func (u *ui) logoutEverywhere(w http.ResponseWriter, r *http.Request) {
 	if u.opts.Pool != nil {
-		n, err := RevokeSessions(r.Context(), u.opts.Pool)
+		n, err := RevokeSessions(r.Context(), u.opts.Pool, u.e.Schema())
 		if err != nil {
 			u.engineError(w, r, err)
 			return
@@ -388,17 +388,32 @@ func (u *ui) logoutEverywhere(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "/ui/login?done=signed-out-everywhere", http.StatusSeeOther)
 }
 
-// RevokeSessions ends every web UI session kept in pool's database (sign
-// out everywhere): each browser signed in to any engine process on that
-// database must sign in again, with the token. It returns how many live
+// RevokeSessions ends every web UI session kept in pool's database, in
+// the engine tables' schema ("" is engine.DefaultSchema), signing out
+// everywhere: each browser signed in to any engine process on those
+// tables must sign in again, with the token. It returns how many live
 // sessions it ended. The UI's "Sign out everywhere" button, the API's
 // POST /v1/ui-sessions/revoke and engine ui-sessions revoke do this.
-func RevokeSessions(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
-	n, err := store.DeleteAllUISessions(ctx, store.Default.On(pool), time.Now())
+func RevokeSessions(ctx context.Context, pool *pgxpool.Pool, schema string) (int64, error) {
+	s, err := store.NewSchema(schema)
+	if err != nil {
+		return 0, fmt.Errorf("pgdurable: %w", err)
+	}
+	n, err := store.DeleteAllUISessions(ctx, s.On(pool), time.Now())
 	if err != nil {
 		return 0, fmt.Errorf("pgdurable: ending the UI sessions: %w", err)
 	}
 	return n, nil
+}
+
+// sessions is the sessions' pool, bound to the engine's schema (which
+// engine.New validated).
+func (u *ui) sessions() store.DBTX {
+	s, err := store.NewSchema(u.e.Schema())
+	if err != nil {
+		panic(err)
+	}
+	return s.On(u.opts.Pool)
 }
 
 // safeNext is where to go after signing in: a page of this UI, never

@@ -1,6 +1,11 @@
 // Package migrations holds pgdurable's schema: embedded goose v3 migrations
 // (the only source of the schema) and River's own migrations, applied
-// together by [Migrate].
+// together by [Migrate] into one PostgreSQL schema of their own,
+// DefaultSchema ("pgdurable") unless Opts.Schema names another, so that
+// neither collides with an application's tables in the same database.
+//
+// An installation from before the tables had a schema of their own keeps
+// them in public; Migrate(Up) moves them (see [Migrate]).
 //
 // Migrate never runs implicitly: engine.New does not touch the schema. Run it
 // from a deploy step or at program start-up; enginetest runs it for tests.
@@ -13,7 +18,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"regexp"
+	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -30,6 +38,38 @@ var files embed.FS
 // schema, such as sqlc or a hash of the schema in tests.
 func FS() fs.FS { return files }
 
+// DefaultSchema is the PostgreSQL schema that holds pgdurable's tables and
+// River's unless Opts.Schema names another (engine.Config.Schema and
+// engine's --schema must then name the same).
+const DefaultSchema = "pgdurable"
+
+// Tables are pgdurable's own tables, which Migrate creates in the schema
+// (besides River's and the migration version table, VersionTable).
+var Tables = []string{
+	"workflow_runs", "workflow_steps", "dead_jobs", "workflow_signals",
+	"schedules", "schedule_fires", "engine_processes", "ui_sessions",
+}
+
+// VersionTable is goose's table of applied pgdurable migrations, in the
+// schema.
+const VersionTable = "pgdurable_schema_migrations"
+
+// validSchema is what a schema name may be: an identifier PostgreSQL takes
+// unquoted and keeps as written, since River puts its schema option into
+// SQL as it is.
+var validSchema = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// ValidSchemaName reports why name cannot hold pgdurable's tables, or nil:
+// lower-case ASCII letters, digits and underscores, not starting with a
+// digit, at most 63 bytes, and not a "pg_" name (PostgreSQL reserves
+// those).
+func ValidSchemaName(name string) error {
+	if !validSchema.MatchString(name) || strings.HasPrefix(name, "pg_") {
+		return fmt.Errorf("schema name %q: want lower-case letters, digits and underscores, starting with a letter or underscore, at most 63 bytes, not starting with pg_", name)
+	}
+	return nil
+}
+
 // Direction says which way [Migrate] moves the schema.
 type Direction string
 
@@ -41,8 +81,13 @@ const (
 	Down Direction = "down"
 )
 
-// Opts tunes [Migrate]. A nil *Opts uses the defaults.
+// Opts tunes [Migrate] and [GetStatus]. A nil *Opts uses the defaults.
 type Opts struct {
+	// Schema is the PostgreSQL schema that holds the tables, created by
+	// Up when missing. Default DefaultSchema. "public" keeps an
+	// installation from before the tables had a schema of their own where
+	// it is (and moves nothing).
+	Schema string
 	// Steps limits a Down migration to this many pgdurable versions.
 	// 0 means all of them. Ignored for Up.
 	Steps int
@@ -52,31 +97,71 @@ type Opts struct {
 	IncludeRiver bool
 }
 
+func (o *Opts) schema() (string, error) {
+	if o == nil || o.Schema == "" {
+		return DefaultSchema, nil
+	}
+	return o.Schema, ValidSchemaName(o.Schema)
+}
+
 // Result lists what one [Migrate] call changed. Both slices are empty when
 // nothing was pending, which makes Migrate(Up) idempotent.
 type Result struct {
+	// Schema is the schema migrated.
+	Schema string `json:"schema"`
 	// Applied holds pgdurable migration versions applied (Up) or rolled back
 	// (Down), in the order they ran.
-	Applied []int64
+	Applied []int64 `json:"applied"`
 	// River holds River migration versions applied or rolled back.
-	River []int
+	River []int `json:"river"`
+	// Moved, when not nil, says that Up moved an installation's tables
+	// out of public into Schema before migrating.
+	Moved *Moved `json:"moved,omitempty"`
 }
 
 // Migrate moves the schema of the database behind pool in direction.
 //
-// Concurrent callers are safe: goose serialises on a Postgres session
-// advisory lock and River's migrator runs in one transaction. Errors name the
-// failing migration.
+// Up first moves an installation from before the tables had a schema of
+// their own: when public holds pgdurable's tables and the schema does not,
+// it moves them (with every run, step, signal, schedule and dead job) and
+// the runs' River jobs into the schema, in one transaction, and leaves
+// public a version table that stops an engine of the earlier version from
+// starting on, or re-creating, the moved tables. It refuses, with
+// ErrEnginesRunning and moving nothing, while an engine process of the
+// earlier version is alive (seen in the last 30 s, or holding a run's
+// lease): stop those first. A database whose tables were moved out of the
+// schema asked for fails with ErrMoved, naming where they went.
+//
+// Concurrent callers are safe: the move and goose serialise on Postgres
+// advisory locks and River's migrator runs in one transaction. Errors name
+// the failing migration.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, direction Direction, opts *Opts) (*Result, error) {
+	schema, err := opts.schema()
+	if err != nil {
+		return nil, err
+	}
 	if opts == nil {
 		opts = &Opts{}
 	}
-	res := &Result{}
-	river, err := rivermigrate.New(riverpgxv5.New(pool), nil)
+	res := &Result{Schema: schema, Applied: []int64{}, River: []int{}}
+	river, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: schema})
 	if err != nil {
 		return nil, fmt.Errorf("creating river migrator: %w", err)
 	}
-	db := stdlib.OpenDBFromPool(pool)
+	if err := refuseMoved(ctx, pool, schema); err != nil {
+		return nil, err
+	}
+	if direction == Up {
+		if _, err := pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
+			return nil, fmt.Errorf("creating schema %s: %w", schema, err)
+		}
+	}
+	spool, err := schemaPool(ctx, pool, schema)
+	if err != nil {
+		return nil, err
+	}
+	defer spool.Close()
+	db := stdlib.OpenDBFromPool(spool)
 	defer db.Close()
 	provider, err := newProvider(db)
 	if err != nil {
@@ -91,6 +176,9 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, direction Direction, opts 
 		}
 		for _, v := range rr.Versions {
 			res.River = append(res.River, v.Version)
+		}
+		if res.Moved, err = moveFromPublic(ctx, pool, schema); err != nil {
+			return nil, err
 		}
 		applied, err := provider.Up(ctx)
 		if err != nil {
@@ -135,8 +223,15 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, direction Direction, opts 
 // Status reports each pgdurable migration and whether it is applied, plus
 // River's applied versions.
 type Status struct {
-	Migrations   []MigrationStatus
-	RiverVersion int // highest applied River migration, 0 when none
+	// Schema is the schema read.
+	Schema     string
+	Migrations []MigrationStatus
+	// RiverVersion is the highest applied River migration, 0 when none.
+	RiverVersion int
+	// InPublic: Schema holds no tables yet, and public holds an
+	// installation from before the tables had a schema of their own,
+	// which Migrate(Up) moves.
+	InPublic bool
 }
 
 // MigrationStatus is one pgdurable migration's state.
@@ -146,27 +241,63 @@ type MigrationStatus struct {
 	Applied bool
 }
 
-// GetStatus reads the schema state without changing it.
-func GetStatus(ctx context.Context, pool *pgxpool.Pool) (*Status, error) {
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	provider, err := newProvider(db)
+// GetStatus reads the state of opts.Schema without changing it. It fails
+// with ErrMoved when the schema's tables were moved elsewhere.
+func GetStatus(ctx context.Context, pool *pgxpool.Pool, opts *Opts) (*Status, error) {
+	schema, err := opts.schema()
 	if err != nil {
 		return nil, err
 	}
-	st, err := provider.Status(ctx)
+	if err := refuseMoved(ctx, pool, schema); err != nil {
+		return nil, err
+	}
+	out := &Status{Schema: schema}
+	var versioned, riverTables bool
+	err = pool.QueryRow(ctx, `SELECT to_regclass(format('%I.%I', $1::text, $2::text)) IS NOT NULL,
+		to_regclass(format('%I.river_migration', $1::text)) IS NOT NULL,
+		$1::text <> 'public' AND to_regclass(format('public.%I', $2::text)) IS NOT NULL`,
+		schema, VersionTable).Scan(&versioned, &riverTables, &out.InPublic)
 	if err != nil {
 		return nil, fmt.Errorf("reading pgdurable migration status: %w", err)
 	}
-	out := &Status{}
-	for _, s := range st {
-		out.Migrations = append(out.Migrations, MigrationStatus{
-			Version: s.Source.Version,
-			Name:    s.Source.Path,
-			Applied: s.State == goose.StateApplied,
-		})
+	out.InPublic = out.InPublic && !versioned
+	if !versioned {
+		// Nothing applied; goose would create its table to say so.
+		provider, err := newProvider(nil)
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range provider.ListSources() {
+			out.Migrations = append(out.Migrations, MigrationStatus{Version: s.Version, Name: s.Path})
+		}
+	} else {
+		spool, err := schemaPool(ctx, pool, schema)
+		if err != nil {
+			return nil, err
+		}
+		defer spool.Close()
+		db := stdlib.OpenDBFromPool(spool)
+		defer db.Close()
+		provider, err := newProvider(db)
+		if err != nil {
+			return nil, err
+		}
+		st, err := provider.Status(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("reading pgdurable migration status: %w", err)
+		}
+		for _, s := range st {
+			out.Migrations = append(out.Migrations, MigrationStatus{
+				Version: s.Source.Version,
+				Name:    s.Source.Path,
+				Applied: s.State == goose.StateApplied,
+			})
+		}
 	}
-	river, err := rivermigrate.New(riverpgxv5.New(pool), nil)
+	if !riverTables {
+		return out, nil
+	}
+	river, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: schema})
 	if err != nil {
 		return nil, fmt.Errorf("creating river migrator: %w", err)
 	}
@@ -180,14 +311,32 @@ func GetStatus(ctx context.Context, pool *pgxpool.Pool) (*Status, error) {
 	return out, nil
 }
 
+// schemaPool is a small pool like pool whose connections resolve names in
+// schema alone: the migrations name their tables without a schema, as
+// goose names its version table.
+func schemaPool(ctx context.Context, pool *pgxpool.Pool, schema string) (*pgxpool.Pool, error) {
+	cfg := pool.Config()
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	cfg.MinConns, cfg.MaxConns = 0, 2
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connecting for migrations: %w", err)
+	}
+	return p, nil
+}
+
+// newProvider is goose over db; a nil db serves only ListSources.
 func newProvider(db *sql.DB) (*goose.Provider, error) {
 	locker, err := lock.NewPostgresSessionLocker()
 	if err != nil {
 		return nil, fmt.Errorf("creating migration lock: %w", err)
 	}
+	if db == nil {
+		db = &sql.DB{}
+	}
 	p, err := goose.NewProvider(goose.DialectPostgres, db, files,
 		goose.WithSessionLocker(locker),
-		goose.WithTableName("pgdurable_schema_migrations"),
+		goose.WithTableName(VersionTable),
 		goose.WithDisableGlobalRegistry(true),
 	)
 	if err != nil {

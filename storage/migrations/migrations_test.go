@@ -20,7 +20,7 @@ func TestMigrateIsIdempotentAndReversible(t *testing.T) {
 	require.Empty(t, res.Applied, "a second Up applies nothing")
 	require.Empty(t, res.River)
 
-	st, err := migrations.GetStatus(ctx, db.Pool)
+	st, err := migrations.GetStatus(ctx, db.Pool, nil)
 	require.NoError(t, err)
 	require.NotEmpty(t, st.Migrations)
 	for _, m := range st.Migrations {
@@ -33,7 +33,7 @@ func TestMigrateIsIdempotentAndReversible(t *testing.T) {
 	require.Equal(t, []int64{24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1}, res.Applied, "newest first")
 	require.NotEmpty(t, res.River)
 	var tables int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = 'public'
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = 'pgdurable'
 		AND tablename IN ('workflow_runs', 'workflow_steps', 'dead_jobs', 'workflow_signals', 'schedules', 'schedule_fires', 'river_job')`).Scan(&tables))
 	require.Zero(t, tables)
 
@@ -49,7 +49,7 @@ func TestMigrateIsIdempotentAndReversible(t *testing.T) {
 func TestSchemaRejectsInvalidStatus(t *testing.T) {
 	t.Parallel()
 	db := enginetest.NewDB(t)
-	_, err := db.Pool.Exec(context.Background(), `INSERT INTO workflow_runs (run_id, workflow_name, workflow_id, status, input)
+	_, err := db.Pool.Exec(context.Background(), `INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_id, status, input)
 		VALUES (gen_random_uuid(), 'w', 'id', 'bogus', '{}')`)
 	require.ErrorContains(t, err, "workflow_runs_status_check")
 }

@@ -579,7 +579,7 @@ func TestRunsShowACrashBackoff(t *testing.T) {
 	db := enginetest.NewDB(t)
 	code, _, errOut := run(t, db, "start", "double", "--id", "held-1", "--input", `{"n": 1}`)
 	require.Equal(t, 0, code, errOut)
-	_, err := db.Pool.Exec(context.Background(), `UPDATE workflow_runs SET status = 'waiting', deliveries = 3, stalled_deliveries = 3,
+	_, err := db.Pool.Exec(context.Background(), `UPDATE pgdurable.workflow_runs SET status = 'waiting', deliveries = 3, stalled_deliveries = 3,
 		wake_at = now() + interval '1 hour' WHERE workflow_id = 'held-1'`)
 	require.NoError(t, err)
 	code, out, _ := run(t, db, "runs", "show", "held-1")
@@ -777,7 +777,7 @@ func TestCLIDelayedStartAndSignalKey(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "idempotency key")
 	var n int
-	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM workflow_signals`).Scan(&n))
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pgdurable.workflow_signals`).Scan(&n))
 	require.Equal(t, 1, n)
 
 	// signal --start: signal-with-start.
@@ -790,7 +790,7 @@ func TestCLIDelayedStartAndSignalKey(t *testing.T) {
 	code, _, errOut = run(t, db, "signal", "sws", "approve", "--input", `{"n": 0}`)
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "--input is for --start")
-	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM workflow_signals`).Scan(&n))
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pgdurable.workflow_signals`).Scan(&n))
 	require.Equal(t, 3, n)
 }
 
@@ -981,7 +981,7 @@ func TestRunsPrune(t *testing.T) {
 	t.Parallel()
 	db := enginetest.NewDB(t)
 	_, err := db.Pool.Exec(context.Background(), `
-INSERT INTO workflow_runs (run_id, workflow_name, workflow_id, status, input, completed_at)
+INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_id, status, input, completed_at)
 VALUES ('00000000-0001-7000-8000-000000000001', 'double', 'ancient', 'completed', '1', now() - interval '40 days')`)
 	require.NoError(t, err)
 	code, out, errOut := run(t, db, "runs", "prune", "--older-than", "720h", "--dry-run")
@@ -1396,4 +1396,46 @@ func TestUISessionsRevoke(t *testing.T) {
 	rotated := serveForCLI(t, db, "cli-ui-sessions-rotated-0123456789")
 	require.Equal(t, http.StatusSeeOther, uiPage(t, rotated, cookie))
 	require.Equal(t, http.StatusOK, uiPage(t, addr, cookie), "the old token's server still takes it")
+}
+
+// --schema (or ENGINE_SCHEMA) puts every command on the tables of another
+// schema; an installation in public is told to migrate, migrate moves
+// it, and public is refused afterwards.
+func TestCLISchema(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	code, out, errOut := run(t, db, "--schema", "acme_cli", "migrate", "up")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "migrate up (schema acme_cli): pgdurable versions [1 2 3")
+	code, out, errOut = run(t, db, "--schema", "acme_cli", "start", "double", "--id", "in-acme", "--input", `{"n": 1}`)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "started")
+	code, out, _ = run(t, db, "runs", "list")
+	require.Equal(t, 0, code)
+	require.NotContains(t, out, "in-acme", "the default schema's runs are others")
+	var envOut bytes.Buffer
+	code = commands.Execute(context.Background(), []string{"--database-url", db.URL, "runs", "list"}, withPayment(commands.Options{
+		Workflows: workflows(), Stdout: &envOut, Stderr: io.Discard,
+		Getenv: func(k string) string { return map[string]string{"ENGINE_SCHEMA": "acme_cli"}[k] },
+	}))
+	require.Equal(t, 0, code)
+	require.Contains(t, envOut.String(), "in-acme")
+	code, _, errOut = run(t, db, "--schema", "Acme", "runs", "list")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, `schema name "Acme"`)
+
+	// An installation from before: its tables in public.
+	_, err := db.Pool.Exec(context.Background(), `DROP SCHEMA pgdurable CASCADE`)
+	require.NoError(t, err)
+	code, _, errOut = run(t, db, "--schema", "public", "migrate", "up")
+	require.Equal(t, 0, code, errOut)
+	code, _, errOut = run(t, db, "serve", "--listen", freePort(t))
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "pgdurable's tables are in schema public, where an earlier version kept them")
+	code, out, errOut = run(t, db, "migrate", "up")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "moved from schema public to schema pgdurable: tables pgdurable_schema_migrations, workflow_runs")
+	code, _, errOut = run(t, db, "--schema", "public", "runs", "list")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "pgdurable's tables were moved from schema public to schema pgdurable: use --schema pgdurable")
 }

@@ -34,6 +34,12 @@ func (e *Env) Getenv(key string) string { return e.g.opts.Getenv(key) }
 // prints itself.
 func (e *Env) DatabaseURL() string { return e.g.dbURL() }
 
+// Schema is the PostgreSQL schema of pgdurable's tables the commands use:
+// --schema, else $ENGINE_SCHEMA, else Options.Config.Schema, else
+// engine.DefaultSchema. Pass it as engine.Config.Schema and
+// migrations.Opts.Schema.
+func (e *Env) Schema() string { return e.g.schema() }
+
 // DatabaseFlag is --database-url as given, or what SetDatabaseURL set; ""
 // when neither (the database then comes from $DATABASE_URL or the
 // default).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -17,7 +18,9 @@ func (g *global) migrateCmd() *cobra.Command {
 	var river bool
 	up := &cobra.Command{
 		Use: "up", Short: "Apply every pending migration (idempotent)", Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return g.migrate(cmd.Context(), migrations.Up, nil) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return g.migrate(cmd.Context(), migrations.Up, &migrations.Opts{})
+		},
 	}
 	down := &cobra.Command{
 		Use: "down", Short: "Roll back pgdurable's migrations (all, or --steps)", Args: cobra.NoArgs,
@@ -38,7 +41,7 @@ func (g *global) migrateCmd() *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			st, err := migrations.GetStatus(cmd.Context(), pool)
+			st, err := migrations.GetStatus(cmd.Context(), pool, &migrations.Opts{Schema: g.schema()})
 			if err != nil {
 				return err
 			}
@@ -67,6 +70,7 @@ func (g *global) migrate(ctx context.Context, dir migrations.Direction, opts *mi
 		return err
 	}
 	defer pool.Close()
+	opts.Schema = g.schema()
 	res, err := migrations.Migrate(ctx, pool, dir, opts)
 	if err != nil {
 		return err
@@ -79,7 +83,11 @@ func (g *global) migrate(ctx context.Context, dir migrations.Direction, opts *mi
 	if g.jsonOut {
 		return writeJSON(g.opts.Stdout, res)
 	}
-	fmt.Fprintf(g.opts.Stdout, "migrate %s: pgdurable versions %v, river versions %v\n", dir, res.Applied, res.River)
+	if m := res.Moved; m != nil {
+		fmt.Fprintf(g.opts.Stdout, "moved from schema public to schema %s: tables %s, %d River jobs (River's own tables stay in public for any other River client)\n",
+			res.Schema, strings.Join(m.Tables, ", "), m.RiverJobs)
+	}
+	fmt.Fprintf(g.opts.Stdout, "migrate %s (schema %s): pgdurable versions %v, river versions %v\n", dir, res.Schema, res.Applied, res.River)
 	return nil
 }
 
@@ -87,10 +95,16 @@ func (g *global) migrate(ctx context.Context, dir migrations.Direction, opts *mi
 var errNotMigrated = errors.New("schema not migrated")
 
 // checkSchema fails with a clear message when migrations are pending.
-func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
-	st, err := migrations.GetStatus(ctx, pool)
+func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	st, err := migrations.GetStatus(ctx, pool, &migrations.Opts{Schema: schema})
+	if errors.Is(err, migrations.ErrMoved) {
+		return err
+	}
 	if err != nil {
 		return fmt.Errorf("reading the schema version: %w (run `engine migrate up`)", err)
+	}
+	if st.InPublic {
+		return fmt.Errorf("%w: %s", errNotMigrated, inPublic(schema))
 	}
 	for _, m := range st.Migrations {
 		if !m.Applied {
@@ -101,4 +115,10 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("%w: the River tables are missing: run `engine migrate up` or pass --migrate", errNotMigrated)
 	}
 	return nil
+}
+
+// inPublic is what to do about tables an earlier version kept in public.
+func inPublic(schema string) string {
+	return "pgdurable's tables are in schema public, where an earlier version kept them: stop the engines of that version and run `engine migrate up` to move them to schema " +
+		schema + " (or pass --schema public to keep them there)"
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/pgdurable/pgdurable/cmd/engine/internal/localpg"
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/httpapi"
+	"github.com/pgdurable/pgdurable/storage/migrations"
 )
 
 // Options configures the commands.
@@ -159,7 +160,7 @@ func Execute(ctx context.Context, args []string, opts Options) int {
 		msg := scrub(err.Error(), g.secrets())
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
-			msg += "; the database has no pgdurable tables: run `engine migrate up` first"
+			msg += "; " + scrub(g.missingTables(ctx), g.secrets())
 		}
 		var usage *usageError
 		var outcome *runOutcomeError
@@ -215,6 +216,7 @@ type global struct {
 	jsonOut     bool
 	apiToken    string // serve's, or the one --address sends, once known: a secret like the database password
 	addressFlag string // --address
+	schemaFlag  string // --schema
 	clientToken string // --api-token on the root: what --address sends
 	// otlpPassword is the password of serve's OTLP endpoint URL, if any:
 	// a secret like the database password.
@@ -243,6 +245,7 @@ func newRoot(opts Options) (*cobra.Command, *global) {
 	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL, else "+DefaultDatabaseURL+")")
 	root.PersistentFlags().StringVar(&g.addressFlag, "address", "", "talk to a running engine's HTTP API at host:port or http(s)://host:port instead of the database (default $ENGINE_ADDRESS, unless --database-url is given; a redirect is an error, never followed)")
 	root.PersistentFlags().StringVar(&g.clientToken, "api-token", "", "the bearer token --address sends (default $ENGINE_API_TOKEN); serve: the token it requires")
+	root.PersistentFlags().StringVar(&g.schemaFlag, "schema", "", "PostgreSQL schema of pgdurable's tables and River's, for every command that uses the database except bench and chaos, whose databases are their own (default $"+envSchema+", else the binary's engine.Config.Schema, else "+engine.DefaultSchema+")")
 	root.PersistentFlags().BoolVar(&g.jsonOut, "json", false, "print JSON instead of tables (the HTTP API's shapes; errors as {\"error\": {\"code\", \"message\"}} on stdout)")
 	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.startNowCmd(), g.cancelCmd(), g.terminateCmd(), g.workflowsCmd(), g.signalCmd(), g.schedulesCmd(), g.uiSessionsCmd(), g.devCmd(), g.benchCmd())
 	env := &Env{g: g}
@@ -280,6 +283,44 @@ func usageArgs(c *cobra.Command) {
 	for _, sub := range c.Commands() {
 		usageArgs(sub)
 	}
+}
+
+// missingTables says why a statement found no table: the schema is
+// empty, its tables were moved, or they are still in public.
+func (g *global) missingTables(ctx context.Context) string {
+	generic := "the database has no pgdurable tables in schema " + g.schema() + ": run `engine migrate up` first"
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	pool, err := g.pool(ctx, 1)
+	if err != nil {
+		return generic
+	}
+	defer pool.Close()
+	st, err := migrations.GetStatus(ctx, pool, &migrations.Opts{Schema: g.schema()})
+	switch {
+	case errors.Is(err, migrations.ErrMoved):
+		return err.Error()
+	case err == nil && st.InPublic:
+		return inPublic(g.schema())
+	}
+	return generic
+}
+
+// envSchema names the variable --schema defaults to.
+const envSchema = "ENGINE_SCHEMA"
+
+// schema is the schema of the engine's tables: --schema, else
+// $ENGINE_SCHEMA, else Options.Config.Schema, else the engine's default.
+func (g *global) schema() string {
+	switch {
+	case g.schemaFlag != "":
+		return g.schemaFlag
+	case g.opts.Getenv(envSchema) != "":
+		return g.opts.Getenv(envSchema)
+	case g.opts.Config != nil && g.opts.Config.Schema != "":
+		return g.opts.Config.Schema
+	}
+	return engine.DefaultSchema
 }
 
 func (g *global) dbURL() string {

@@ -134,7 +134,7 @@ func (g *global) serve(ctx context.Context, name string, fs *pflag.FlagSet, f *s
 	}
 	defer pool.Close()
 	if f.migrate {
-		if _, err := migrations.Migrate(ctx, pool, migrations.Up, nil); err != nil {
+		if _, err := migrations.Migrate(ctx, pool, migrations.Up, &migrations.Opts{Schema: cfg.Schema}); err != nil {
 			return err
 		}
 		if g.opts.Migrate != nil {
@@ -142,7 +142,7 @@ func (g *global) serve(ctx context.Context, name string, fs *pflag.FlagSet, f *s
 				return err
 			}
 		}
-	} else if err := retryStartup(ctx, log, func() error { return checkSchema(ctx, pool) }); err != nil {
+	} else if err := retryStartup(ctx, log, func() error { return checkSchema(ctx, pool, cfg.Schema) }); err != nil {
 		return err
 	}
 

@@ -40,6 +40,7 @@ func (g *global) baseConfig() engine.Config {
 		cfg = *g.opts.Config
 	}
 	cfg.Logger, cfg.Observer, cfg.TracerProvider = nil, nil, nil
+	cfg.Schema = g.schema()
 	return cfg
 }
 

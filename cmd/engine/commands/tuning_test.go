@@ -65,7 +65,7 @@ func insertEnded(t *testing.T, db *enginetest.DB, workflowID string, ago time.Du
 		id[i] = byte(ms >> (40 - 8*i))
 	}
 	_, err = db.Pool.Exec(context.Background(), `
-INSERT INTO workflow_runs (run_id, workflow_name, workflow_id, status, input, created_at, completed_at)
+INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_id, status, input, created_at, completed_at)
 VALUES ($1, 'double', $2, 'completed', '1', now() - $3 * interval '1 second', now() - $3 * interval '1 second')`, id, workflowID, ago.Seconds())
 	require.NoError(t, err)
 }
@@ -73,7 +73,7 @@ VALUES ($1, 'double', $2, 'completed', '1', now() - $3 * interval '1 second', no
 func runExists(t *testing.T, db *enginetest.DB, workflowID string) bool {
 	t.Helper()
 	var n int
-	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM workflow_runs WHERE workflow_id = $1`, workflowID).Scan(&n))
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pgdurable.workflow_runs WHERE workflow_id = $1`, workflowID).Scan(&n))
 	return n > 0
 }
 

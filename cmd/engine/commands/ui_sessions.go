@@ -58,5 +58,5 @@ func (g *global) revokeUISessions(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	defer pool.Close()
-	return webui.RevokeSessions(ctx, pool)
+	return webui.RevokeSessions(ctx, pool, g.schema())
 }

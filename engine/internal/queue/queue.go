@@ -43,6 +43,7 @@ func Snooze(d time.Duration) error { return river.JobSnooze(d) }
 
 // Config holds River's knobs as the engine sets them.
 type Config struct {
+	Schema            string // where River's tables are
 	Queue             string
 	MaxWorkers        int
 	FetchCooldown     time.Duration
@@ -133,6 +134,7 @@ func New(pool *pgxpool.Pool, cfg Config, handle Handler) (*Queue, error) {
 		MaxAttempts:          ticketMaxAttempts,
 		RetryPolicy:          ticketRetry{},
 		Logger:               cfg.Logger,
+		Schema:               cfg.Schema,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating river client: %w", err)

@@ -71,7 +71,7 @@ WITH f AS (
                          @w_error::text[], @w_lease_ms::bigint[], @w_keep::bool[])
         AS f(run_id, token, status, finish, output, error, lease_ms, keep)
 ), extended AS (
-    UPDATE workflow_runs r SET
+    UPDATE pgdurable.workflow_runs r SET
         status = coalesce(f.status, r.status),
         lease_expires_at = CASE WHEN f.finish THEN NULL ELSE now() + f.lease_ms * interval '1 millisecond' END,
         owner_token = CASE WHEN f.finish THEN NULL ELSE r.owner_token END,
@@ -87,7 +87,7 @@ WITH f AS (
     RETURNING r.run_id, f.token, r.cancel_requested_at IS NOT NULL AS cancel, f.finish AND r.watched AS notify
 ), kept AS (
     SELECT r.run_id, f.token, r.cancel_requested_at IS NOT NULL AS cancel, false AS notify
-    FROM workflow_runs r JOIN f ON r.run_id = f.run_id AND r.owner_token = f.token
+    FROM pgdurable.workflow_runs r JOIN f ON r.run_id = f.run_id AND r.owner_token = f.token
     WHERE f.keep
     FOR SHARE OF r
 ), run AS (
@@ -103,10 +103,10 @@ WITH f AS (
              first_failed_at, started_at, completed_at, compensation, compensation_of, fresh)
     JOIN run ON run.run_id = u.run_id AND run.token = u.token
 ), fresh AS (
-    INSERT INTO workflow_steps (` + stepColumnList + `)
+    INSERT INTO pgdurable.workflow_steps (` + stepColumnList + `)
     SELECT ` + stepValues + ` FROM u WHERE u.fresh
 ), step AS (
-    INSERT INTO workflow_steps AS s (` + stepColumnList + `)
+    INSERT INTO pgdurable.workflow_steps AS s (` + stepColumnList + `)
     SELECT ` + stepValues + ` FROM u WHERE NOT u.fresh
 ` + stepConflict + `
 ), ` + notifyEnded + `
@@ -121,7 +121,7 @@ SELECT run_id, token, cancel FROM run WHERE (SELECT count(*) FROM notified) >= 0
 var writeRecord = named(`
 -- pgdurable: workflow_steps record and workflow_runs fence of one delivery
 WITH extended AS (
-    UPDATE workflow_runs r SET
+    UPDATE pgdurable.workflow_runs r SET
         status = coalesce(@run_status::text, r.status),
         lease_expires_at = CASE WHEN @finish::bool THEN NULL ELSE now() + @lease_ms::bigint * interval '1 millisecond' END,
         owner_token = CASE WHEN @finish::bool THEN NULL ELSE r.owner_token END,
@@ -136,16 +136,16 @@ WITH extended AS (
     RETURNING r.run_id, r.cancel_requested_at IS NOT NULL AS cancel, @finish::bool AND r.watched AS notify
 ), kept AS (
     SELECT r.run_id, r.cancel_requested_at IS NOT NULL AS cancel, false AS notify
-    FROM workflow_runs r WHERE r.run_id = @run_id AND r.owner_token = @token AND @keep::bool
+    FROM pgdurable.workflow_runs r WHERE r.run_id = @run_id AND r.owner_token = @token AND @keep::bool
     FOR SHARE
 ), run AS (
     SELECT * FROM extended UNION ALL SELECT * FROM kept
 ), fresh AS (
-    INSERT INTO workflow_steps (` + stepColumnList + `)
+    INSERT INTO pgdurable.workflow_steps (` + stepColumnList + `)
     SELECT ` + stepRecordValues + `
     FROM run WHERE @step_seq::int IS NOT NULL AND @fresh::bool
 ), step AS (
-    INSERT INTO workflow_steps AS s (` + stepColumnList + `)
+    INSERT INTO pgdurable.workflow_steps AS s (` + stepColumnList + `)
     SELECT ` + stepRecordValues + `
     FROM run WHERE @step_seq::int IS NOT NULL AND NOT @fresh::bool
 ` + stepConflict + `
@@ -305,7 +305,7 @@ var (
 // where its token is set (see NewRun.Claim). Only the inserted rows come
 // back.
 var insertRuns = named(`
-INSERT INTO workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
+INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
                            status, owner_token, lease_expires_at, deliveries, stalled_deliveries, started_at, held_until,
                            wake_at, run_timeout_ms, deadline_at, tags, trace_context)
 SELECT u.run_id, u.name, u.version, u.workflow_id, u.input::jsonb, u.queue, u.schedule,
@@ -440,7 +440,7 @@ func insertSorted(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunRes
 // Any number of runs are claimed in one statement, each with its own token
 // (@run_id, @token, @lease_ms: one element per run), as of @now.
 var claimRuns = named(`
-UPDATE workflow_runs r SET
+UPDATE pgdurable.workflow_runs r SET
     owner_token = u.token,
     lease_expires_at = now() + u.lease_ms * interval '1 millisecond',
     status = CASE WHEN r.status = 'compensating' THEN r.status ELSE 'running' END,
@@ -476,11 +476,11 @@ const claimSettings = `SELECT set_config('synchronous_commit', 'off', true), set
 const loadStepsOfRuns = `
 SELECT run_id, seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
        first_failed_at, started_at, completed_at, compensation, compensation_of
-FROM workflow_steps WHERE run_id = ANY($1) ORDER BY run_id, seq`
+FROM pgdurable.workflow_steps WHERE run_id = ANY($1) ORDER BY run_id, seq`
 
 const claimMisses = `
 SELECT run_id, status, owner_token IS NOT NULL AND lease_expires_at >= now(), wake_at
-FROM workflow_runs WHERE run_id = ANY($1)`
+FROM pgdurable.workflow_runs WHERE run_id = ANY($1)`
 
 // ClaimResult is one run's outcome in ClaimRuns: Run when claimed, else
 // Miss says why not.
@@ -621,7 +621,7 @@ type BeatResult struct {
 }
 
 const heartbeats = `
-UPDATE workflow_runs r SET lease_expires_at = now() + u.lease_ms * interval '1 millisecond',
+UPDATE pgdurable.workflow_runs r SET lease_expires_at = now() + u.lease_ms * interval '1 millisecond',
     long_stalled_deliveries = r.long_stalled_deliveries + CASE WHEN u.mark AND r.stalled_deliveries > 0 THEN 1 ELSE 0 END
 FROM unnest($1::uuid[], $2::uuid[], $3::bigint[], $4::bool[]) AS u(run_id, token, lease_ms, mark)
 WHERE r.run_id = u.run_id AND r.owner_token = u.token

@@ -42,9 +42,9 @@ func TestWriteRecordsFencesEachWriteOnItsOwn(t *testing.T) {
 	ctx := context.Background()
 	a, b, c := claimed(t, store.Default.On(db.Pool), "a"), claimed(t, store.Default.On(db.Pool), "b"), claimed(t, store.Default.On(db.Pool), "c")
 	// b's lease passes to a new delivery: the first token is a zombie's.
-	_, err := db.Pool.Exec(ctx, `UPDATE workflow_runs SET owner_token = $2 WHERE run_id = $1`, b.RunID, uuid.New())
+	_, err := db.Pool.Exec(ctx, `UPDATE pgdurable.workflow_runs SET owner_token = $2 WHERE run_id = $1`, b.RunID, uuid.New())
 	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, `UPDATE workflow_runs SET cancel_requested_at = now() WHERE run_id = $1`, c.RunID)
+	_, err = db.Pool.Exec(ctx, `UPDATE pgdurable.workflow_runs SET cancel_requested_at = now() WHERE run_id = $1`, c.RunID)
 	require.NoError(t, err)
 
 	res, err := store.WriteRecords(ctx, store.Default.On(db.Pool), []*store.RecordWrite{
@@ -56,22 +56,22 @@ func TestWriteRecordsFencesEachWriteOnItsOwn(t *testing.T) {
 	require.Equal(t, []store.WriteResult{{Landed: true}, {Landed: false}, {Landed: true, CancelRequested: true}}, res)
 
 	var steps int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_steps WHERE run_id = $1`, a.RunID).Scan(&steps))
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_steps WHERE run_id = $1`, a.RunID).Scan(&steps))
 	require.Equal(t, 2, steps)
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_steps WHERE run_id = $1`, b.RunID).Scan(&steps))
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_steps WHERE run_id = $1`, b.RunID).Scan(&steps))
 	require.Zero(t, steps, "a zombie's record is not written")
 
 	var status string
 	var owner *uuid.UUID
 	var output []byte
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT status, owner_token, output FROM workflow_runs WHERE run_id = $1`, c.RunID).
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT status, owner_token, output FROM pgdurable.workflow_runs WHERE run_id = $1`, c.RunID).
 		Scan(&status, &owner, &output))
 	require.Equal(t, store.RunCompleted, status)
 	require.Nil(t, owner, "a finish releases the lease")
 	require.JSONEq(t, `"done"`, string(output))
 
 	var lease time.Time
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT lease_expires_at FROM workflow_runs WHERE run_id = $1`, a.RunID).Scan(&lease))
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT lease_expires_at FROM pgdurable.workflow_runs WHERE run_id = $1`, a.RunID).Scan(&lease))
 	require.WithinDuration(t, time.Now().Add(a.Lease), lease, 5*time.Second, "a write extends its lease")
 }
 
@@ -116,7 +116,7 @@ func TestInsertRunsAnswersEachRunAsInsertRunWould(t *testing.T) {
 
 	var owner *uuid.UUID
 	var deliveries int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT owner_token, deliveries FROM workflow_runs WHERE run_id = $1`, batch[1].RunID).
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT owner_token, deliveries FROM pgdurable.workflow_runs WHERE run_id = $1`, batch[1].RunID).
 		Scan(&owner, &deliveries))
 	require.Equal(t, batch[1].Claim.Token, *owner)
 	require.Equal(t, 1, deliveries, "a claimed insert counts its first delivery")
@@ -139,7 +139,7 @@ func TestClaimRunsClaimsEachRunOnce(t *testing.T) {
 	free, leased, twice := insert("free"), claimed(t, store.Default.On(db.Pool), "leased"), insert("twice")
 	_, err := store.WriteRecords(ctx, store.Default.On(db.Pool), []*store.RecordWrite{{Fence: leased, Records: []*store.StepRecord{completedStep(0, "s0")}}})
 	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, `UPDATE workflow_runs SET owner_token = NULL, lease_expires_at = NULL WHERE run_id = $1`, leased.RunID)
+	_, err = db.Pool.Exec(ctx, `UPDATE pgdurable.workflow_runs SET owner_token = NULL, lease_expires_at = NULL WHERE run_id = $1`, leased.RunID)
 	require.NoError(t, err)
 	leased2 := claimed(t, store.Default.On(db.Pool), "leased-live")
 
@@ -163,7 +163,7 @@ func TestClaimRunsClaimsEachRunOnce(t *testing.T) {
 		}
 	}
 	var owner uuid.UUID
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT owner_token FROM workflow_runs WHERE run_id = $1`, twice).Scan(&owner))
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT owner_token FROM pgdurable.workflow_runs WHERE run_id = $1`, twice).Scan(&owner))
 	winner := fences[4]
 	if res[5].Run != nil {
 		winner = fences[5]
@@ -178,7 +178,7 @@ func TestWriteRecordsAloneFencesAndFinishes(t *testing.T) {
 	db := enginetest.NewDB(t)
 	ctx := context.Background()
 	a, b := claimed(t, store.Default.On(db.Pool), "a"), claimed(t, store.Default.On(db.Pool), "b")
-	_, err := db.Pool.Exec(ctx, `UPDATE workflow_runs SET cancel_requested_at = now() WHERE run_id = $1`, a.RunID)
+	_, err := db.Pool.Exec(ctx, `UPDATE pgdurable.workflow_runs SET cancel_requested_at = now() WHERE run_id = $1`, a.RunID)
 	require.NoError(t, err)
 	one := func(w *store.RecordWrite) store.WriteResult {
 		res, err := store.WriteRecords(ctx, store.Default.On(db.Pool), []*store.RecordWrite{w})
@@ -196,7 +196,7 @@ func TestWriteRecordsAloneFencesAndFinishes(t *testing.T) {
 	var status string
 	var owner *uuid.UUID
 	var errJSON []byte
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT status, owner_token, error FROM workflow_runs WHERE run_id = $1`, b.RunID).
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT status, owner_token, error FROM pgdurable.workflow_runs WHERE run_id = $1`, b.RunID).
 		Scan(&status, &owner, &errJSON))
 	require.Equal(t, store.RunFailed, status)
 	require.Nil(t, owner)
@@ -217,7 +217,7 @@ func TestHeartbeatsFenceEachDelivery(t *testing.T) {
 	a, b := claimed(t, store.Default.On(db.Pool), "a"), claimed(t, store.Default.On(db.Pool), "b")
 	zombie := b
 	zombie.Token = uuid.New()
-	_, err := db.Pool.Exec(ctx, `UPDATE workflow_runs SET cancel_requested_at = now() WHERE run_id = $1`, b.RunID)
+	_, err := db.Pool.Exec(ctx, `UPDATE pgdurable.workflow_runs SET cancel_requested_at = now() WHERE run_id = $1`, b.RunID)
 	require.NoError(t, err)
 	res, err := store.Heartbeats(ctx, store.Default.On(db.Pool), []store.Beat{{Fence: a, MarkLong: true}, {Fence: zombie}, {Fence: b}})
 	require.NoError(t, err)
@@ -226,7 +226,7 @@ func TestHeartbeatsFenceEachDelivery(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []store.BeatResult{{}}, res)
 	var long int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT long_stalled_deliveries FROM workflow_runs WHERE run_id = $1`, a.RunID).Scan(&long))
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT long_stalled_deliveries FROM pgdurable.workflow_runs WHERE run_id = $1`, a.RunID).Scan(&long))
 	require.Equal(t, 1, long)
 }
 
@@ -281,7 +281,7 @@ func TestWriteRecordsInsertsFreshRecordsPlainly(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []store.WriteResult{{Landed: true}}, res, "a batch of one")
 	var steps int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_steps WHERE run_id = ANY($1)`, []uuid.UUID{a.RunID, b.RunID}).Scan(&steps))
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_steps WHERE run_id = ANY($1)`, []uuid.UUID{a.RunID, b.RunID}).Scan(&steps))
 	require.Equal(t, 4, steps)
 
 	for _, writes := range [][]*store.RecordWrite{
@@ -291,7 +291,7 @@ func TestWriteRecordsInsertsFreshRecordsPlainly(t *testing.T) {
 		_, err = store.WriteRecords(ctx, store.Default.On(db.Pool), writes)
 		require.ErrorIs(t, err, store.ErrConflict)
 	}
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_steps WHERE name = 'again' OR seq = 5`).Scan(&steps))
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_steps WHERE name = 'again' OR seq = 5`).Scan(&steps))
 	require.Zero(t, steps, "the failed statement landed nothing")
 	res, err = store.WriteRecords(ctx, store.Default.On(db.Pool), []*store.RecordWrite{{Fence: a, Records: []*store.StepRecord{completedStep(0, "again")}}})
 	require.NoError(t, err)
@@ -308,7 +308,7 @@ func TestKeepLeaseWritesLockTheRunRowInsteadOfUpdatingIt(t *testing.T) {
 	db := enginetest.NewDB(t)
 	ctx := context.Background()
 	a, b, zombie := claimed(t, store.Default.On(db.Pool), "a"), claimed(t, store.Default.On(db.Pool), "b"), claimed(t, store.Default.On(db.Pool), "zombie")
-	_, err := db.Pool.Exec(ctx, `UPDATE workflow_runs SET owner_token = $2 WHERE run_id = $1`, zombie.RunID, uuid.New())
+	_, err := db.Pool.Exec(ctx, `UPDATE pgdurable.workflow_runs SET owner_token = $2 WHERE run_id = $1`, zombie.RunID, uuid.New())
 	require.NoError(t, err)
 	type row struct {
 		lease   time.Time
@@ -317,7 +317,7 @@ func TestKeepLeaseWritesLockTheRunRowInsteadOfUpdatingIt(t *testing.T) {
 	}
 	read := func(runID uuid.UUID) row {
 		var r row
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT lease_expires_at, stalled_deliveries, ctid::text FROM workflow_runs WHERE run_id = $1`, runID).
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT lease_expires_at, stalled_deliveries, ctid::text FROM pgdurable.workflow_runs WHERE run_id = $1`, runID).
 			Scan(&r.lease, &r.stalled, &r.ctid))
 		return r
 	}
@@ -337,9 +337,9 @@ func TestKeepLeaseWritesLockTheRunRowInsteadOfUpdatingIt(t *testing.T) {
 	require.Equal(t, beforeA, read(a.RunID), "the run row is not updated")
 	require.Equal(t, beforeB, read(b.RunID), "the run row is not updated")
 	var steps int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_steps WHERE run_id = $1`, a.RunID).Scan(&steps))
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_steps WHERE run_id = $1`, a.RunID).Scan(&steps))
 	require.Equal(t, 3, steps)
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM workflow_steps WHERE run_id = $1`, zombie.RunID).Scan(&steps))
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_steps WHERE run_id = $1`, zombie.RunID).Scan(&steps))
 	require.Zero(t, steps, "a zombie's record is not written")
 
 	// A write that changes the status updates the row even with KeepLease.
@@ -350,7 +350,7 @@ func TestKeepLeaseWritesLockTheRunRowInsteadOfUpdatingIt(t *testing.T) {
 
 	// The lock: a claim of a's run (its lease run out) waits for the
 	// write's commit, then sees its record.
-	_, err = db.Pool.Exec(ctx, `UPDATE workflow_runs SET lease_expires_at = now() - interval '1 second' WHERE run_id = $1`, a.RunID)
+	_, err = db.Pool.Exec(ctx, `UPDATE pgdurable.workflow_runs SET lease_expires_at = now() - interval '1 second' WHERE run_id = $1`, a.RunID)
 	require.NoError(t, err)
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)

@@ -49,7 +49,7 @@ var ErrChildIDTaken = errors.New("workflow ID taken")
 
 const childByWorkflowID = `
 SELECT run_id, parent_run_id IS NOT DISTINCT FROM $3 AND parent_seq IS NOT DISTINCT FROM $4
-FROM workflow_runs WHERE workflow_name = $1 AND workflow_id = $2 AND status <> 'continued'`
+FROM pgdurable.workflow_runs WHERE workflow_name = $1 AND workflow_id = $2 AND status <> 'continued'`
 
 // InsertChild inserts the child run r (r.Parent set) in tx, the parent's
 // delivery's transaction, which also writes the parent's record of it. A
@@ -95,8 +95,8 @@ type ChildEnd struct {
 
 var childEnds = named(`
 SELECT r.parent_seq, r.run_id, r.status, r.output, r.error,
-    (SELECT d.id FROM dead_jobs d WHERE d.run_id = r.run_id AND d.resolved_at IS NULL AND r.status = 'dead')
-FROM workflow_runs r
+    (SELECT d.id FROM pgdurable.dead_jobs d WHERE d.run_id = r.run_id AND d.resolved_at IS NULL AND r.status = 'dead')
+FROM pgdurable.workflow_runs r
 WHERE r.parent_run_id = @parent AND r.parent_seq = ANY(@seqs) AND ` + childEnded)
 
 // ChildEnds reads how those of parent's children at seqs that have ended
@@ -118,7 +118,7 @@ func ChildEnds(ctx context.Context, db DBTX, parent uuid.UUID, seqs []int) ([]Ch
 }
 
 const openChildren = `
-SELECT parent_seq FROM workflow_runs
+SELECT parent_seq FROM pgdurable.workflow_runs
 WHERE parent_run_id = $1 AND parent_close_policy = ANY($2) AND status IN ('pending', 'running', 'waiting', 'compensating')
 ORDER BY parent_seq LIMIT $3`
 
@@ -148,7 +148,7 @@ func OpenChildren(ctx context.Context, db DBTX, parent uuid.UUID, policies []str
 // deadlock.
 func LockRun(ctx context.Context, tx DBTX, runID uuid.UUID) error {
 	var one int
-	err := tx.QueryRow(ctx, `SELECT 1 FROM workflow_runs WHERE run_id = $1 FOR UPDATE`, runID).Scan(&one)
+	err := tx.QueryRow(ctx, `SELECT 1 FROM pgdurable.workflow_runs WHERE run_id = $1 FOR UPDATE`, runID).Scan(&one)
 	if err = translate(err); err != nil && err != ErrNotFound {
 		return fmt.Errorf("locking run %s: %w", runID, err)
 	}
@@ -157,7 +157,7 @@ func LockRun(ctx context.Context, tx DBTX, runID uuid.UUID) error {
 
 // wakeParent runs after LockRun(parent) in the same transaction.
 const wakeParent = `
-UPDATE workflow_runs SET status = CASE WHEN status = 'waiting' THEN 'pending' ELSE status END,
+UPDATE pgdurable.workflow_runs SET status = CASE WHEN status = 'waiting' THEN 'pending' ELSE status END,
     wake_at = NULL, await_signal = NULL, enqueued_at = now()
 WHERE run_id = $1 AND owner_token IS NULL AND status IN ('waiting', 'compensating')
   AND $2 = ANY(string_to_array(await_signal, chr(31)))
@@ -185,13 +185,13 @@ func WakeParent(ctx context.Context, tx DBTX, parent uuid.UUID, seq int) (woken 
 var cancelChildren = named(`
 WITH target AS (
     SELECT run_id, status, deliveries = 0 AND owner_token IS NULL AND status IN ('pending', 'waiting') AS never
-    FROM workflow_runs
+    FROM pgdurable.workflow_runs
     WHERE parent_run_id = @parent AND parent_close_policy = ANY(@policies) AND status IN ('pending', 'running', 'waiting')
       AND (cancel_requested_at IS NULL OR (deliveries = 0 AND owner_token IS NULL))
     ORDER BY run_id
     FOR UPDATE
 ), upd AS (
-    UPDATE workflow_runs r SET
+    UPDATE pgdurable.workflow_runs r SET
         cancel_requested_at = coalesce(r.cancel_requested_at, now()),
         status = CASE WHEN target.never THEN 'cancelled' WHEN target.status = 'waiting' THEN 'pending' ELSE r.status END,
         error = CASE WHEN target.never THEN @error::jsonb ELSE r.error END,
@@ -216,7 +216,7 @@ SELECT run_id, woken FROM upd WHERE (SELECT count(*) FROM notified) >= 0`)
 // that never started.
 var endCancelledUnstarted = named(`
 WITH upd AS (
-    UPDATE workflow_runs SET status = 'cancelled', error = @error::jsonb, completed_at = @now,
+    UPDATE pgdurable.workflow_runs SET status = 'cancelled', error = @error::jsonb, completed_at = @now,
         deadline_at = NULL, held_until = NULL, wake_at = NULL, await_signal = NULL
     WHERE run_id = @run_id AND parent_run_id IS NOT NULL AND cancel_requested_at IS NOT NULL
       AND deliveries = 0 AND owner_token IS NULL AND status = 'pending'
@@ -283,7 +283,7 @@ func CancelChildren(ctx context.Context, tx DBTX, parent uuid.UUID, policies []s
 var ErrChildEnded = errors.New("a child ended")
 
 var anyChildEnded = named(`
-SELECT EXISTS (SELECT 1 FROM workflow_runs r
+SELECT EXISTS (SELECT 1 FROM pgdurable.workflow_runs r
 WHERE r.parent_run_id = @parent AND r.parent_seq = ANY(@seqs) AND ` + childEnded + `)`)
 
 // ChildWaitParams says how SuspendForChildren hands a parent back: in Status
@@ -353,5 +353,5 @@ type ChildRow struct {
 // before), so the chain shows once, at its latest run.
 const listChildren = `
 SELECT parent_seq, run_id, workflow_name, workflow_id, status, parent_close_policy, created_at, completed_at, first_run_id
-FROM workflow_runs WHERE parent_run_id = $1 AND status <> 'continued'
+FROM pgdurable.workflow_runs WHERE parent_run_id = $1 AND status <> 'continued'
 ORDER BY parent_seq, run_id LIMIT $2`

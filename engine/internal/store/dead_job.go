@@ -32,13 +32,13 @@ type Park struct {
 
 var parkRun = named(`
 WITH run AS (
-    UPDATE workflow_runs SET status = 'dead', error = @run_error::jsonb, completed_at = now(),
+    UPDATE pgdurable.workflow_runs SET status = 'dead', error = @run_error::jsonb, completed_at = now(),
         owner_token = NULL, lease_expires_at = NULL, wake_at = NULL, deadline_at = NULL
     WHERE run_id = @run_id AND owner_token = @token
     RETURNING run_id, workflow_name, workflow_id, workflow_version, input, watched AS notify
 ), ` + stepUpsert + `, ` + notifyEnded + `,
 dead AS (
-    INSERT INTO dead_jobs (id, run_id, workflow_name, workflow_id, workflow_version, input, reason, step_name, seq,
+    INSERT INTO pgdurable.dead_jobs (id, run_id, workflow_name, workflow_id, workflow_version, input, reason, step_name, seq,
                            attempts, first_failed_at, last_failed_at, error_class, error_message, stack,
                            deliveries, forward_error, child_run_id, child_dead_job_id)
     SELECT @id, run_id, workflow_name, workflow_id, workflow_version, input, @reason, @parked_step, @parked_seq,
@@ -107,7 +107,7 @@ func scanDeadJob(row pgx.Row) (*DeadJobRow, error) {
 
 // GetDeadJob reads one dead job; ErrNotFound when absent. forUpdate locks it.
 func GetDeadJob(ctx context.Context, db DBTX, id uuid.UUID, forUpdate bool) (*DeadJobRow, error) {
-	q := `SELECT ` + deadJobColumns + ` FROM dead_jobs WHERE id = $1`
+	q := `SELECT ` + deadJobColumns + ` FROM pgdurable.dead_jobs WHERE id = $1`
 	if forUpdate {
 		q += ` FOR UPDATE`
 	}
@@ -126,8 +126,8 @@ type RunDeadJob struct {
 // run.
 func GetRunDeadJob(ctx context.Context, db DBTX, runID uuid.UUID) (*RunDeadJob, error) {
 	var r RunDeadJob
-	err := db.QueryRow(ctx, `SELECT r.status, (SELECT j.id FROM dead_jobs j WHERE j.run_id = r.run_id AND j.resolved_at IS NULL)
-		FROM workflow_runs r WHERE r.run_id = $1`, runID).Scan(&r.Status, &r.OpenJob)
+	err := db.QueryRow(ctx, `SELECT r.status, (SELECT j.id FROM pgdurable.dead_jobs j WHERE j.run_id = r.run_id AND j.resolved_at IS NULL)
+		FROM pgdurable.workflow_runs r WHERE r.run_id = $1`, runID).Scan(&r.Status, &r.OpenJob)
 	if err != nil {
 		return nil, translate(err)
 	}
@@ -144,7 +144,7 @@ type DeadJobFilter struct {
 	Limit    int
 }
 
-var listDeadJobs = named(`SELECT ` + deadJobColumns + ` FROM dead_jobs
+var listDeadJobs = named(`SELECT ` + deadJobColumns + ` FROM pgdurable.dead_jobs
 WHERE (@workflow::text = '' OR workflow_name = @workflow)
   AND (@reason::text = '' OR reason = @reason)
   AND (NOT @open_only::bool OR resolved_at IS NULL)
@@ -173,7 +173,7 @@ func ListDeadJobs(ctx context.Context, db DBTX, f DeadJobFilter) ([]*DeadJobRow,
 }
 
 const resolveDeadJob = `
-UPDATE dead_jobs SET resolved_at = now(), resolution = $2, resolved_by = $3, note = $4
+UPDATE pgdurable.dead_jobs SET resolved_at = now(), resolution = $2, resolved_by = $3, note = $4
 WHERE id = $1 AND resolved_at IS NULL`
 
 // ResolveDeadJobParams says how a dead job was resolved: Resolution
@@ -202,13 +202,13 @@ func ResolveDeadJob(ctx context.Context, db DBTX, p ResolveDeadJobParams) (bool,
 // it touches notes the replay in its failed attempts.
 var replayRun = named(`
 WITH run AS (
-    UPDATE workflow_runs r SET status = 'pending', error = NULL, completed_at = NULL, wake_at = NULL,
+    UPDATE pgdurable.workflow_runs r SET status = 'pending', error = NULL, completed_at = NULL, wake_at = NULL,
         stalled_deliveries = 0, long_stalled_deliveries = 0, enqueued_at = @now,
         cancel_requested_at = CASE WHEN @orphaned::bool THEN coalesce(r.cancel_requested_at, @now) ELSE r.cancel_requested_at END
     WHERE r.run_id = @run_id AND r.status = 'dead'
     RETURNING r.run_id, r.queue
 ), step AS (
-    UPDATE workflow_steps s SET
+    UPDATE pgdurable.workflow_steps s SET
         status = CASE WHEN @orphaned::bool AND s.compensation_of IS NULL THEN 'cancelled' ELSE 'retrying' END,
         attempts = CASE WHEN @orphaned::bool AND s.compensation_of IS NULL THEN s.attempts ELSE 0 END,
         completed_at = CASE WHEN @orphaned::bool AND s.compensation_of IS NULL THEN @now ELSE s.completed_at END,
@@ -233,7 +233,7 @@ func ReplayRun(ctx context.Context, db DBTX, runID uuid.UUID, orphaned bool, now
 }
 
 const runParentOf = `
-SELECT parent_run_id, parent_close_policy FROM workflow_runs WHERE run_id = $1`
+SELECT parent_run_id, parent_close_policy FROM pgdurable.workflow_runs WHERE run_id = $1`
 
 // RunParentResult is a run's parent and its parent-close policy (nil and
 // "" for a run with no parent).
@@ -256,7 +256,7 @@ func RunParent(ctx context.Context, db DBTX, runID uuid.UUID) (RunParentResult, 
 	return RunParentResult{Parent: parent, ClosePolicy: *policy}, nil
 }
 
-const runStatus = `SELECT status FROM workflow_runs WHERE run_id = $1`
+const runStatus = `SELECT status FROM pgdurable.workflow_runs WHERE run_id = $1`
 
 // RunStatusOf returns the status of run runID; ErrNotFound for no run.
 func RunStatusOf(ctx context.Context, db DBTX, runID uuid.UUID) (string, error) {
@@ -268,7 +268,7 @@ func RunStatusOf(ctx context.Context, db DBTX, runID uuid.UUID) (string, error) 
 }
 
 const openChildDeadJob = `
-SELECT ` + deadJobColumns + ` FROM dead_jobs
+SELECT ` + deadJobColumns + ` FROM pgdurable.dead_jobs
 WHERE run_id = $1 AND resolved_at IS NULL AND reason = 'child_dead' AND child_run_id = $2
 FOR UPDATE`
 
@@ -276,7 +276,7 @@ FOR UPDATE`
 // child_dead for its child run child; nil when it has none.
 func ParentParkedOn(ctx context.Context, db DBTX, parent, child uuid.UUID) (*uuid.UUID, error) {
 	var id uuid.UUID
-	err := db.QueryRow(ctx, `SELECT id FROM dead_jobs
+	err := db.QueryRow(ctx, `SELECT id FROM pgdurable.dead_jobs
 WHERE run_id = $1 AND resolved_at IS NULL AND reason = 'child_dead' AND child_run_id = $2`, parent, child).Scan(&id)
 	switch err = translate(err); {
 	case err == ErrNotFound:
@@ -294,7 +294,7 @@ func OpenChildDeadJob(ctx context.Context, db DBTX, parent, child uuid.UUID) (*D
 }
 
 const discardRun = `
-UPDATE workflow_runs SET error = jsonb_set(coalesce(error, '{}'::jsonb), '{discarded}', 'true'::jsonb)
+UPDATE pgdurable.workflow_runs SET error = jsonb_set(coalesce(error, '{}'::jsonb), '{discarded}', 'true'::jsonb)
 WHERE run_id = $1 AND status = 'dead'`
 
 // MarkRunDiscarded notes on a dead run that an operator discarded it; the
@@ -308,7 +308,7 @@ func MarkRunDiscarded(ctx context.Context, db DBTX, runID uuid.UUID) error {
 // replayed or discarded); false for none.
 func DeadJobOpen(ctx context.Context, db DBTX, runID, id uuid.UUID) (bool, error) {
 	var open bool
-	err := db.QueryRow(ctx, `SELECT resolved_at IS NULL FROM dead_jobs WHERE run_id = $1 AND id = $2`, runID, id).Scan(&open)
+	err := db.QueryRow(ctx, `SELECT resolved_at IS NULL FROM pgdurable.dead_jobs WHERE run_id = $1 AND id = $2`, runID, id).Scan(&open)
 	if err = translate(err); err == ErrNotFound {
 		return false, nil
 	}

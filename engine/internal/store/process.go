@@ -28,7 +28,7 @@ type ProcessWorkflow struct {
 }
 
 const upsertProcess = `
-INSERT INTO engine_processes (process_id, hostname, pid, queue, workflows)
+INSERT INTO pgdurable.engine_processes (process_id, hostname, pid, queue, workflows)
 VALUES ($1, $2, $3, $4, $5::jsonb)
 ON CONFLICT (process_id) DO UPDATE SET workflows = excluded.workflows, last_seen_at = now()`
 
@@ -42,7 +42,7 @@ func SeeProcess(ctx context.Context, db DBTX, p Process, forget time.Duration) e
 	if _, err := db.Exec(ctx, upsertProcess, p.ID, p.Hostname, p.PID, p.Queue, string(wfs)); err != nil {
 		return fmt.Errorf("recording engine process: %w", translate(err))
 	}
-	if _, err := db.Exec(ctx, `DELETE FROM engine_processes WHERE last_seen_at < now() - $1::bigint * interval '1 millisecond'`, ms(forget)); err != nil {
+	if _, err := db.Exec(ctx, `DELETE FROM pgdurable.engine_processes WHERE last_seen_at < now() - $1::bigint * interval '1 millisecond'`, ms(forget)); err != nil {
 		return fmt.Errorf("forgetting engine processes: %w", translate(err))
 	}
 	return nil
@@ -50,14 +50,14 @@ func SeeProcess(ctx context.Context, db DBTX, p Process, forget time.Duration) e
 
 // ForgetProcess deletes a stopping process's row.
 func ForgetProcess(ctx context.Context, db DBTX, id uuid.UUID) error {
-	_, err := db.Exec(ctx, `DELETE FROM engine_processes WHERE process_id = $1`, id)
+	_, err := db.Exec(ctx, `DELETE FROM pgdurable.engine_processes WHERE process_id = $1`, id)
 	return translate(err)
 }
 
 // LiveProcesses returns the processes seen within within, oldest first.
 func LiveProcesses(ctx context.Context, db DBTX, within time.Duration) ([]Process, error) {
 	rows, err := db.Query(ctx, `
-SELECT process_id, hostname, pid, queue, workflows, started_at, last_seen_at FROM engine_processes
+SELECT process_id, hostname, pid, queue, workflows, started_at, last_seen_at FROM pgdurable.engine_processes
 WHERE last_seen_at >= now() - $1::bigint * interval '1 millisecond' ORDER BY started_at, process_id`, ms(within))
 	if err != nil {
 		return nil, fmt.Errorf("reading engine processes: %w", translate(err))

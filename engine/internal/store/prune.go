@@ -23,12 +23,12 @@ const prunable = `
     r.run_id < @floor AND r.completed_at < @cutoff
     AND r.status IN ` + terminalStatuses + `
     AND (r.status <> 'dead' OR NOT EXISTS (
-         SELECT 1 FROM dead_jobs j WHERE j.run_id = r.run_id AND (j.resolved_at IS NULL OR j.resolved_at >= @cutoff)))
+         SELECT 1 FROM pgdurable.dead_jobs j WHERE j.run_id = r.run_id AND (j.resolved_at IS NULL OR j.resolved_at >= @cutoff)))
     AND (r.parent_run_id IS NULL OR NOT EXISTS (
-         SELECT 1 FROM workflow_runs p WHERE p.run_id = r.parent_run_id
+         SELECT 1 FROM pgdurable.workflow_runs p WHERE p.run_id = r.parent_run_id
          AND p.status IN ('pending', 'running', 'waiting', 'compensating', 'dead')))
     AND (r.status <> 'continued' OR NOT EXISTS (
-         SELECT 1 FROM workflow_runs h WHERE h.workflow_name = r.workflow_name AND h.workflow_id = r.workflow_id
+         SELECT 1 FROM pgdurable.workflow_runs h WHERE h.workflow_name = r.workflow_name AND h.workflow_id = r.workflow_id
          AND h.status IN ('pending', 'running', 'waiting', 'compensating', 'dead')))`
 
 // pruneRuns deletes one batch: the runs are locked SKIP LOCKED, so a
@@ -36,32 +36,32 @@ const prunable = `
 // steps, signals and dead jobs go in the same statement.
 var pruneRuns = named(`
 WITH doomed AS (
-    SELECT r.run_id FROM workflow_runs r
+    SELECT r.run_id FROM pgdurable.workflow_runs r
     WHERE ` + prunable + `
     ORDER BY r.run_id
     LIMIT @limit
     FOR UPDATE SKIP LOCKED
 ), steps AS (
-    DELETE FROM workflow_steps s USING doomed WHERE s.run_id = doomed.run_id RETURNING 1
+    DELETE FROM pgdurable.workflow_steps s USING doomed WHERE s.run_id = doomed.run_id RETURNING 1
 ), signals AS (
-    DELETE FROM workflow_signals s USING doomed WHERE s.run_id = doomed.run_id RETURNING 1
+    DELETE FROM pgdurable.workflow_signals s USING doomed WHERE s.run_id = doomed.run_id RETURNING 1
 ), jobs AS (
-    DELETE FROM dead_jobs j USING doomed WHERE j.run_id = doomed.run_id RETURNING 1
+    DELETE FROM pgdurable.dead_jobs j USING doomed WHERE j.run_id = doomed.run_id RETURNING 1
 ), runs AS (
-    DELETE FROM workflow_runs r USING doomed WHERE r.run_id = doomed.run_id RETURNING 1
+    DELETE FROM pgdurable.workflow_runs r USING doomed WHERE r.run_id = doomed.run_id RETURNING 1
 )
 SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM steps), (SELECT count(*) FROM signals), (SELECT count(*) FROM jobs)`)
 
 var countPrunable = named(`
 SELECT count(*),
-       coalesce(sum((SELECT count(*) FROM workflow_steps s WHERE s.run_id = r.run_id)), 0),
-       coalesce(sum((SELECT count(*) FROM workflow_signals s WHERE s.run_id = r.run_id)), 0),
-       coalesce(sum((SELECT count(*) FROM dead_jobs j WHERE j.run_id = r.run_id)), 0)
-FROM workflow_runs r WHERE ` + prunable)
+       coalesce(sum((SELECT count(*) FROM pgdurable.workflow_steps s WHERE s.run_id = r.run_id)), 0),
+       coalesce(sum((SELECT count(*) FROM pgdurable.workflow_signals s WHERE s.run_id = r.run_id)), 0),
+       coalesce(sum((SELECT count(*) FROM pgdurable.dead_jobs j WHERE j.run_id = r.run_id)), 0)
+FROM pgdurable.workflow_runs r WHERE ` + prunable)
 
 const pruneFires = `
-DELETE FROM schedule_fires f USING (
-    SELECT schedule_name, fire_at FROM schedule_fires WHERE recorded_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED
+DELETE FROM pgdurable.schedule_fires f USING (
+    SELECT schedule_name, fire_at FROM pgdurable.schedule_fires WHERE recorded_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED
 ) old WHERE f.schedule_name = old.schedule_name AND f.fire_at = old.fire_at`
 
 // Pruned counts the rows one prune deleted (or, dry, would delete).
@@ -94,7 +94,7 @@ func CountPrunable(ctx context.Context, db DBTX, cutoff time.Time) (Pruned, erro
 	if err := countPrunable.queryRow(ctx, db, args).Scan(&p.Runs, &p.Steps, &p.Signals, &p.DeadJobs); err != nil {
 		return p, fmt.Errorf("counting prunable runs: %w", translate(err))
 	}
-	if err := db.QueryRow(ctx, `SELECT count(*) FROM schedule_fires WHERE recorded_at < $1`, cutoff).Scan(&p.ScheduleFires); err != nil {
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM pgdurable.schedule_fires WHERE recorded_at < $1`, cutoff).Scan(&p.ScheduleFires); err != nil {
 		return p, fmt.Errorf("counting prunable schedule fires: %w", translate(err))
 	}
 	return p, nil
@@ -119,8 +119,8 @@ func UUIDFloor(t time.Time) uuid.UUID {
 // tables, by name.
 func TableSizes(ctx context.Context, db DBTX) (map[string]int64, error) {
 	rows, err := db.Query(ctx, `
-SELECT t, pg_total_relation_size(t::regclass)
-FROM unnest(ARRAY['workflow_runs', 'workflow_steps', 'workflow_signals', 'dead_jobs', 'schedule_fires']) AS t`)
+SELECT t, pg_total_relation_size(format('%I.%I', $1::text, t)::regclass)
+FROM unnest(ARRAY['workflow_runs', 'workflow_steps', 'workflow_signals', 'dead_jobs', 'schedule_fires']) AS t`, db.schema().Name())
 	if err != nil {
 		return nil, fmt.Errorf("reading table sizes: %w", translate(err))
 	}

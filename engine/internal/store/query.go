@@ -104,14 +104,14 @@ func GetRunParts(ctx context.Context, db DBTX, runID uuid.UUID, p RunParts) (*Ru
 	if p.NoPayloads {
 		runCols, stepOutput, payload = runWithoutInput, "NULL::jsonb", "NULL::jsonb"
 	}
-	b.Queue(`SELECT `+runCols+` FROM workflow_runs WHERE run_id = $1`, runID)
+	b.Queue(`SELECT `+runCols+` FROM pgdurable.workflow_runs WHERE run_id = $1`, runID)
 	b.Queue(`SELECT seq, name, kind, status, attempts, request_id, `+stepOutput+`, error, next_attempt_at,
        first_failed_at, started_at, completed_at, compensation, compensation_of, failed_attempts
-FROM workflow_steps WHERE run_id = $1 AND seq >= $2 ORDER BY seq`, runID, p.StepsFrom)
+FROM pgdurable.workflow_steps WHERE run_id = $1 AND seq >= $2 ORDER BY seq`, runID, p.StepsFrom)
 	if p.NoSignals {
-		b.Queue(`SELECT id, name, payload, created_at, consumed_seq, consumed_at, idempotency_key FROM workflow_signals WHERE false`)
+		b.Queue(`SELECT id, name, payload, created_at, consumed_seq, consumed_at, idempotency_key FROM pgdurable.workflow_signals WHERE false`)
 	} else {
-		b.Queue(`SELECT id, name, `+payload+`, created_at, consumed_seq, consumed_at, idempotency_key FROM workflow_signals WHERE run_id = $1 ORDER BY id`, runID)
+		b.Queue(`SELECT id, name, `+payload+`, created_at, consumed_seq, consumed_at, idempotency_key FROM pgdurable.workflow_signals WHERE run_id = $1 ORDER BY id`, runID)
 	}
 	b.Queue(listChildren, runID, MaxListedChildren)
 	br := db.SendBatch(ctx, b)
@@ -170,7 +170,7 @@ type RunFilter struct {
 	TopLevel bool
 }
 
-const listRuns = `SELECT ` + runColumns + ` FROM workflow_runs
+const listRuns = `SELECT ` + runColumns + ` FROM pgdurable.workflow_runs
 WHERE (@workflow::text = '' OR workflow_name = @workflow)
   AND (@status::text = '' OR status = @status)
   AND (@before::uuid IS NULL OR run_id < @before)
@@ -234,8 +234,8 @@ SELECT
     count(*) FILTER (WHERE status IN ('running', 'compensating') AND wake_at IS NULL),
     count(*) FILTER (WHERE status = 'waiting' OR (status = 'compensating' AND wake_at IS NOT NULL)),
     coalesce(extract(epoch FROM now() - min(enqueued_at) FILTER (WHERE status = 'pending')), 0)::float8,
-    (SELECT count(*) FROM dead_jobs WHERE resolved_at IS NULL)
-FROM workflow_runs
+    (SELECT count(*) FROM pgdurable.dead_jobs WHERE resolved_at IS NULL)
+FROM pgdurable.workflow_runs
 WHERE queue = $1 AND status IN ('pending', 'running', 'waiting', 'compensating')`
 
 // GetStats reads the queue's state.
@@ -269,13 +269,13 @@ func GetActivity(ctx context.Context, db DBTX, now time.Time) (*Activity, error)
 	var starts15, ends1, ends15 int64
 	err := db.QueryRow(ctx, `
 SELECT (SELECT coalesce(jsonb_object_agg(status, n), '{}') FROM (
-            SELECT status, count(*) AS n FROM workflow_runs
+            SELECT status, count(*) AS n FROM pgdurable.workflow_runs
             WHERE status IN ('pending', 'running', 'waiting', 'compensating', 'dead') GROUP BY status) o),
        count(*) FILTER (WHERE run_id >= $2),
        count(*) FILTER (WHERE run_id >= $1),
        count(*) FILTER (WHERE completed_at >= now() - interval '1 minute'),
        count(*) FILTER (WHERE completed_at >= now() - interval '15 minutes')
-FROM workflow_runs WHERE run_id >= $3`, from15, from1, fromHour).Scan(&a.Open, &a.Started1m, &starts15, &ends1, &ends15)
+FROM pgdurable.workflow_runs WHERE run_id >= $3`, from15, from1, fromHour).Scan(&a.Open, &a.Started1m, &starts15, &ends1, &ends15)
 	if err != nil {
 		return nil, fmt.Errorf("reading activity: %w", translate(err))
 	}

@@ -64,7 +64,7 @@ type InsertedRun struct {
 // first_run_id is @continued_from, NULL here: only insertContinuedRun
 // starts a run with one.
 const insertRun = `
-INSERT INTO workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
+INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
                            status, owner_token, lease_expires_at, deliveries, stalled_deliveries, started_at, held_until,
                            wake_at, run_timeout_ms, deadline_at, parent_run_id, parent_seq, parent_close_policy, first_run_id, tags, trace_context)
 VALUES (@run_id, @workflow_name, @workflow_version, @workflow_id, @input::jsonb, @queue, @schedule_name,
@@ -90,18 +90,18 @@ var insertRunStmt = named(insertRun)
 // so it never settles on the generic one), which cost a one-at-a-time
 // start 0.13 ms of its 0.45 (engine bench, start p50).
 var insertContinuedRun = named(strings.NewReplacer(
-	"@continued_from::uuid, @tags::jsonb, @trace_context::jsonb)", `(SELECT coalesce(p.first_run_id, p.run_id) FROM workflow_runs p WHERE p.run_id = @continued_from::uuid),
-        coalesce(@tags::jsonb, (SELECT p.tags FROM workflow_runs p WHERE p.run_id = @continued_from::uuid)),
-        coalesce(@trace_context::jsonb, (SELECT p.trace_context FROM workflow_runs p WHERE p.run_id = @continued_from::uuid)))`).Replace(insertRun))
+	"@continued_from::uuid, @tags::jsonb, @trace_context::jsonb)", `(SELECT coalesce(p.first_run_id, p.run_id) FROM pgdurable.workflow_runs p WHERE p.run_id = @continued_from::uuid),
+        coalesce(@tags::jsonb, (SELECT p.tags FROM pgdurable.workflow_runs p WHERE p.run_id = @continued_from::uuid)),
+        coalesce(@trace_context::jsonb, (SELECT p.trace_context FROM pgdurable.workflow_runs p WHERE p.run_id = @continued_from::uuid)))`).Replace(insertRun))
 
 // existingRun compares inputs as jsonb, so key order and whitespace do not
 // matter (Stripe's rule: same key + same parameters is the same request).
 // A run a chain continued into (ContinueAsNew) also matches its chain's
 // first input: the start that began the chain, retried.
 const existingRun = `
-SELECT r.run_id, r.input = $3::jsonb OR coalesce((SELECT f.input = $3::jsonb FROM workflow_runs f WHERE f.run_id = r.first_run_id), false),
+SELECT r.run_id, r.input = $3::jsonb OR coalesce((SELECT f.input = $3::jsonb FROM pgdurable.workflow_runs f WHERE f.run_id = r.first_run_id), false),
        r.status
-FROM workflow_runs r
+FROM pgdurable.workflow_runs r
 WHERE r.workflow_name = $1 AND r.workflow_id = $2 AND r.status <> 'continued'`
 
 // InsertRun inserts r unless a run with its workflow ID exists. An existing
@@ -288,7 +288,7 @@ notified AS (
 // ended before the mark sends nothing, and its status says so.
 // ErrNotFound for an unknown run.
 func WatchRun(ctx context.Context, db DBTX, runID uuid.UUID) (status string, err error) {
-	err = db.QueryRow(ctx, `UPDATE workflow_runs SET watched = true WHERE run_id = $1 RETURNING status`, runID).Scan(&status)
+	err = db.QueryRow(ctx, `UPDATE pgdurable.workflow_runs SET watched = true WHERE run_id = $1 RETURNING status`, runID).Scan(&status)
 	return status, translate(err)
 }
 
@@ -307,7 +307,7 @@ var stepRecordValues = `run.run_id, @step_seq::int, @step_name::text, @step_kind
 // when @step_seq is NULL (no record to write).
 var stepUpsert = `
 step AS (
-    INSERT INTO workflow_steps AS s (` + stepColumnList + `)
+    INSERT INTO pgdurable.workflow_steps AS s (` + stepColumnList + `)
     SELECT ` + stepRecordValues + `
     FROM run WHERE @step_seq::int IS NOT NULL
 ` + stepConflict + `
@@ -320,12 +320,12 @@ step AS (
 // a delivery learns of it at every write.
 var writeSteps = named(`
 WITH run AS (
-    UPDATE workflow_runs SET lease_expires_at = now() + @lease_ms::bigint * interval '1 millisecond',
+    UPDATE pgdurable.workflow_runs SET lease_expires_at = now() + @lease_ms::bigint * interval '1 millisecond',
         stalled_deliveries = 0, long_stalled_deliveries = 0, status = coalesce(@run_status::text, status)
     WHERE run_id = @run_id AND owner_token = @token
     RETURNING run_id, cancel_requested_at IS NOT NULL AS cancel
 ), step AS (
-    INSERT INTO workflow_steps AS s (run_id, seq, name, kind, status, attempts, request_id, output, error,
+    INSERT INTO pgdurable.workflow_steps AS s (run_id, seq, name, kind, status, attempts, request_id, output, error,
                                      next_attempt_at, first_failed_at, started_at, completed_at,
                                      compensation, compensation_of, failed_attempts)
     SELECT run.run_id, u.seq, u.name, u.kind, u.status, u.attempts, u.request_id, u.output::jsonb, u.error::jsonb,
@@ -385,7 +385,7 @@ func WriteSteps(ctx context.Context, db DBTX, f Fence, status string, recs ...*S
 func GetStep(ctx context.Context, db DBTX, runID uuid.UUID, seq int) (*StepRecord, error) {
 	rows, err := db.Query(ctx, `SELECT seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
        first_failed_at, started_at, completed_at, compensation, compensation_of, failed_attempts
-FROM workflow_steps WHERE run_id = $1 AND seq = $2`, runID, seq)
+FROM pgdurable.workflow_steps WHERE run_id = $1 AND seq = $2`, runID, seq)
 	if err != nil {
 		return nil, fmt.Errorf("reading step %d of run %s: %w", seq, runID, err)
 	}
@@ -421,7 +421,7 @@ func fenced(row pgx.Row, format string, runID uuid.UUID) error {
 // A delivery that recorded progress has reset stalled_deliveries to 0 and
 // is no longer a stalled one: it is not marked.
 const heartbeat = `
-UPDATE workflow_runs SET lease_expires_at = now() + $3::bigint * interval '1 millisecond',
+UPDATE pgdurable.workflow_runs SET lease_expires_at = now() + $3::bigint * interval '1 millisecond',
     long_stalled_deliveries = long_stalled_deliveries + CASE WHEN $4::bool AND stalled_deliveries > 0 THEN 1 ELSE 0 END
 WHERE run_id = $1 AND owner_token = $2
 RETURNING cancel_requested_at IS NOT NULL, $4::bool AND stalled_deliveries > 0`
@@ -477,9 +477,9 @@ type CancelRunResult struct {
 
 const cancelRun = `
 WITH target AS (
-    SELECT run_id, status, cancel_requested_at IS NULL AS first FROM workflow_runs WHERE run_id = $1 FOR UPDATE
+    SELECT run_id, status, cancel_requested_at IS NULL AS first FROM pgdurable.workflow_runs WHERE run_id = $1 FOR UPDATE
 ), upd AS (
-    UPDATE workflow_runs r SET
+    UPDATE pgdurable.workflow_runs r SET
         cancel_requested_at = coalesce(r.cancel_requested_at, $2),
         status = CASE WHEN target.status = 'waiting' THEN 'pending' ELSE r.status END,
         wake_at = CASE WHEN target.status = 'waiting' THEN NULL ELSE r.wake_at END,
@@ -493,7 +493,7 @@ SELECT status, first AND status IN ('pending', 'running', 'waiting') FROM target
 // CancelRequested returns which of runIDs have a cancellation requested:
 // a primary-key lookup per run, read-only.
 func CancelRequested(ctx context.Context, db DBTX, runIDs []uuid.UUID) ([]uuid.UUID, error) {
-	rows, err := db.Query(ctx, `SELECT run_id FROM workflow_runs WHERE run_id = ANY($1) AND cancel_requested_at IS NOT NULL`, runIDs)
+	rows, err := db.Query(ctx, `SELECT run_id FROM pgdurable.workflow_runs WHERE run_id = ANY($1) AND cancel_requested_at IS NOT NULL`, runIDs)
 	if err != nil {
 		return nil, fmt.Errorf("reading cancellations: %w", translate(err))
 	}
@@ -502,7 +502,7 @@ func CancelRequested(ctx context.Context, db DBTX, runIDs []uuid.UUID) ([]uuid.U
 
 var suspendRun = named(`
 WITH run AS (
-    UPDATE workflow_runs SET status = @run_status, wake_at = @wake_at, owner_token = NULL, lease_expires_at = NULL,
+    UPDATE pgdurable.workflow_runs SET status = @run_status, wake_at = @wake_at, owner_token = NULL, lease_expires_at = NULL,
         enqueued_at = CASE WHEN @wake_at::timestamptz IS NULL THEN now() ELSE enqueued_at END,
         stalled_deliveries = CASE WHEN @progress::bool THEN 0 ELSE greatest(stalled_deliveries - 1, 0) END,
         long_stalled_deliveries = CASE WHEN @progress::bool THEN 0 ELSE greatest(long_stalled_deliveries - @long::int, 0) END
@@ -540,7 +540,7 @@ func SuspendRun(ctx context.Context, db DBTX, f Fence, p SuspendParams) error {
 // ReleaseUnclaimed gives back a lease this delivery took but cannot use (the
 // workflow is not registered in this process), without counting a delivery.
 const releaseUnclaimed = `
-UPDATE workflow_runs SET owner_token = NULL, lease_expires_at = NULL,
+UPDATE pgdurable.workflow_runs SET owner_token = NULL, lease_expires_at = NULL,
     status = CASE WHEN status = 'running' THEN 'pending' ELSE status END,
     deliveries = deliveries - 1, stalled_deliveries = greatest(stalled_deliveries - 1, 0)
 WHERE run_id = $1 AND owner_token = $2`
@@ -589,36 +589,36 @@ type SweptRun struct {
 // delay.
 var sweep = named(`
 WITH expired AS (
-    SELECT run_id FROM workflow_runs
+    SELECT run_id FROM pgdurable.workflow_runs
     WHERE status IN ('running', 'compensating') AND queue = @queue AND lease_expires_at < now()
     ORDER BY lease_expires_at
     LIMIT @limit
     FOR UPDATE SKIP LOCKED
 ), due AS (
-    SELECT run_id FROM workflow_runs
+    SELECT run_id FROM pgdurable.workflow_runs
     WHERE wake_at <= @now AND queue = @queue AND status IN ('waiting', 'compensating')
     ORDER BY wake_at
     LIMIT @limit
     FOR UPDATE SKIP LOCKED
 ), cancelled AS (
-    SELECT run_id FROM workflow_runs
+    SELECT run_id FROM pgdurable.workflow_runs
     WHERE status = 'waiting' AND queue = @queue AND cancel_requested_at IS NOT NULL
     LIMIT @limit
     FOR UPDATE SKIP LOCKED
 ), held AS (
-    SELECT run_id FROM workflow_runs
+    SELECT run_id FROM pgdurable.workflow_runs
     WHERE held_until <= now() AND queue = @queue
     ORDER BY held_until
     LIMIT @limit
     FOR UPDATE SKIP LOCKED
 ), timed_out AS (
-    SELECT run_id, status FROM workflow_runs
+    SELECT run_id, status FROM pgdurable.workflow_runs
     WHERE deadline_at <= @now AND queue = @queue AND cancel_requested_at IS NULL AND status IN ('pending', 'running', 'waiting')
     ORDER BY deadline_at
     LIMIT @limit
     FOR UPDATE SKIP LOCKED
 ), swept AS (
-    UPDATE workflow_runs r SET owner_token = NULL, lease_expires_at = NULL,
+    UPDATE pgdurable.workflow_runs r SET owner_token = NULL, lease_expires_at = NULL,
         status = CASE WHEN r.stalled_deliveries >= 2 AND r.status = 'running' THEN 'waiting' ELSE r.status END,
         wake_at = CASE WHEN r.stalled_deliveries >= 2 THEN @now::timestamptz + random()
             * least(2 ^ (r.stalled_deliveries - 2), 4) * @lease_ms::bigint * interval '1 millisecond' END,
@@ -626,13 +626,13 @@ WITH expired AS (
     FROM expired WHERE r.run_id = expired.run_id
     RETURNING r.run_id, r.wake_at, r.stalled_deliveries
 ), woken AS (
-    UPDATE workflow_runs r SET status = CASE WHEN r.status = 'waiting' THEN 'pending' ELSE r.status END,
+    UPDATE pgdurable.workflow_runs r SET status = CASE WHEN r.status = 'waiting' THEN 'pending' ELSE r.status END,
         wake_at = NULL, await_signal = NULL, enqueued_at = now()
     WHERE r.run_id IN (SELECT run_id FROM due UNION SELECT run_id FROM cancelled)
       AND r.run_id NOT IN (SELECT run_id FROM timed_out)
     RETURNING r.run_id
 ), timeout_cancelled AS (
-    UPDATE workflow_runs r SET cancel_requested_at = now(),
+    UPDATE pgdurable.workflow_runs r SET cancel_requested_at = now(),
         status = CASE WHEN t.status = 'waiting' THEN 'pending' ELSE r.status END,
         wake_at = CASE WHEN t.status = 'waiting' THEN NULL ELSE r.wake_at END,
         await_signal = CASE WHEN t.status = 'waiting' THEN NULL ELSE r.await_signal END,
@@ -640,7 +640,7 @@ WITH expired AS (
     FROM timed_out t WHERE r.run_id = t.run_id
     RETURNING r.run_id, t.status = 'waiting' AS woken
 ), released AS (
-    UPDATE workflow_runs r SET held_until = NULL, enqueued_at = now()
+    UPDATE pgdurable.workflow_runs r SET held_until = NULL, enqueued_at = now()
     FROM held WHERE r.run_id = held.run_id
     RETURNING r.run_id
 )
@@ -682,7 +682,7 @@ func Sweep(ctx context.Context, tx DBTX, p SweepParams) ([]SweptRun, error) {
 // latest ticket is older than that, and stamps enqueued_at so a run is
 // re-enqueued at most once per olderThan.
 const reenqueueOrphans = `
-UPDATE workflow_runs SET enqueued_at = now()
+UPDATE pgdurable.workflow_runs SET enqueued_at = now()
 WHERE run_id = ANY($1) AND owner_token IS NULL
   AND status IN ('pending', 'running', 'compensating') AND wake_at IS NULL
   AND enqueued_at < now() - $2::bigint * interval '1 millisecond'
@@ -692,7 +692,7 @@ RETURNING run_id`
 // finished or waiting: a claim lost in a PostgreSQL crash leaves one behind
 // (the claim commits asynchronously, see claimRun).
 const reenqueueUnowned = `
-UPDATE workflow_runs SET enqueued_at = now()
+UPDATE pgdurable.workflow_runs SET enqueued_at = now()
 WHERE run_id = $1 AND owner_token IS NULL AND status IN ('pending', 'running', 'compensating') AND wake_at IS NULL
 RETURNING run_id`
 
@@ -720,7 +720,7 @@ func ReenqueueOrphans(ctx context.Context, tx DBTX, runIDs []uuid.UUID, olderTha
 // releaseHeld ends the hold on runs a stopping process held (see
 // NewRun.Hold) and has not claimed.
 const releaseHeld = `
-UPDATE workflow_runs SET held_until = NULL, enqueued_at = now()
+UPDATE pgdurable.workflow_runs SET held_until = NULL, enqueued_at = now()
 WHERE run_id = ANY($1) AND held_until IS NOT NULL
 RETURNING run_id`
 
@@ -739,9 +739,9 @@ func ReleaseHeld(ctx context.Context, tx DBTX, runIDs []uuid.UUID) ([]uuid.UUID,
 const startNow = `
 WITH target AS (
     SELECT run_id, status, started_at IS NULL AND await_signal IS NULL AS delayed
-    FROM workflow_runs WHERE run_id = $1 FOR UPDATE
+    FROM pgdurable.workflow_runs WHERE run_id = $1 FOR UPDATE
 ), woken AS (
-    UPDATE workflow_runs r SET status = 'pending', wake_at = NULL, enqueued_at = now()
+    UPDATE pgdurable.workflow_runs r SET status = 'pending', wake_at = NULL, enqueued_at = now()
     FROM target
     WHERE r.run_id = target.run_id AND target.status = 'waiting' AND target.delayed
     RETURNING r.run_id
@@ -770,20 +770,20 @@ func StartNow(ctx context.Context, tx DBTX, runID uuid.UUID) (StartNowResult, er
 // notifying RunEndedChannel if it is watched.
 var continueRun = named(`
 WITH run AS (
-    UPDATE workflow_runs SET status = 'continued', continued_run_id = @next, owner_token = NULL, lease_expires_at = NULL,
+    UPDATE pgdurable.workflow_runs SET status = 'continued', continued_run_id = @next, owner_token = NULL, lease_expires_at = NULL,
         completed_at = now(), wake_at = NULL, deadline_at = NULL, await_signal = NULL,
         stalled_deliveries = 0, long_stalled_deliveries = 0
     WHERE run_id = @run_id AND owner_token = @token AND cancel_requested_at IS NULL
     RETURNING run_id, watched AS notify
 ), ` + notifyEnded + `
-SELECT count(*), (SELECT cancel_requested_at IS NOT NULL FROM workflow_runs WHERE run_id = @run_id AND owner_token = @token)
+SELECT count(*), (SELECT cancel_requested_at IS NOT NULL FROM pgdurable.workflow_runs WHERE run_id = @run_id AND owner_token = @token)
 FROM run WHERE (SELECT count(*) FROM notified) >= 0`)
 
 // ErrCancelRequested: the run's cancellation was requested; it cannot
 // continue as new.
 var ErrCancelRequested = errors.New("cancellation requested")
 
-const moveSignals = `UPDATE workflow_signals SET run_id = $2 WHERE run_id = $1 AND consumed_seq IS NULL`
+const moveSignals = `UPDATE pgdurable.workflow_signals SET run_id = $2 WHERE run_id = $1 AND consumed_seq IS NULL`
 
 // ContinueRun, in tx, ends the run f fences as continued by next, a run
 // the caller inserts next in the same transaction, then hands the signals
@@ -819,12 +819,12 @@ func MoveSignals(ctx context.Context, tx DBTX, from, to uuid.UUID) error {
 // its chain of continued runs.
 func LatestRun(ctx context.Context, db DBTX, workflowName, workflowID string) (uuid.UUID, error) {
 	var id uuid.UUID
-	err := db.QueryRow(ctx, `SELECT run_id FROM workflow_runs WHERE workflow_name = $1 AND workflow_id = $2 AND status <> 'continued'`,
+	err := db.QueryRow(ctx, `SELECT run_id FROM pgdurable.workflow_runs WHERE workflow_name = $1 AND workflow_id = $2 AND status <> 'continued'`,
 		workflowName, workflowID).Scan(&id)
 	return id, translate(err)
 }
 
-const runParent = `SELECT parent_run_id, parent_seq, status, workflow_name FROM workflow_runs WHERE run_id = $1`
+const runParent = `SELECT parent_run_id, parent_seq, status, workflow_name FROM pgdurable.workflow_runs WHERE run_id = $1`
 
 // terminateRun ends an active or dead run at once: no delivery may write
 // it again (its owner token is cleared, so a delivery still running it
@@ -832,12 +832,12 @@ const runParent = `SELECT parent_run_id, parent_seq, status, workflow_name FROM 
 // as discarded, and a watched run's end is notified.
 var terminateRun = named(`
 WITH run AS (
-    UPDATE workflow_runs SET status = 'terminated', error = @error::jsonb, owner_token = NULL, lease_expires_at = NULL,
+    UPDATE pgdurable.workflow_runs SET status = 'terminated', error = @error::jsonb, owner_token = NULL, lease_expires_at = NULL,
         completed_at = now(), wake_at = NULL, deadline_at = NULL, await_signal = NULL, held_until = NULL
     WHERE run_id = @run_id AND status IN ('pending', 'running', 'waiting', 'compensating', 'dead')
     RETURNING run_id, watched AS notify
 ), job AS (
-    UPDATE dead_jobs j SET resolved_at = now(), resolution = 'discarded', resolved_by = @resolved_by, note = @note
+    UPDATE pgdurable.dead_jobs j SET resolved_at = now(), resolution = 'discarded', resolved_by = @resolved_by, note = @note
     FROM run WHERE j.run_id = run.run_id AND j.resolved_at IS NULL
 ), ` + notifyEnded + `
 SELECT count(*) FROM run WHERE (SELECT count(*) FROM notified) >= 0`)
@@ -885,7 +885,7 @@ func TerminateRun(ctx context.Context, tx DBTX, p TerminateParams) (Terminated, 
 	t.Ended = n > 0
 	if !t.Ended {
 		// It ended meanwhile (its row was locked by its end): say how.
-		if err := tx.QueryRow(ctx, `SELECT status FROM workflow_runs WHERE run_id = $1`, runID).Scan(&t.Status); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT status FROM pgdurable.workflow_runs WHERE run_id = $1`, runID).Scan(&t.Status); err != nil {
 			return t, fmt.Errorf("reading run %s: %w", runID, translate(err))
 		}
 	}

@@ -46,7 +46,7 @@ func InsertSchedule(ctx context.Context, db DBTX, s *ScheduleRow) error {
 	return translate(err)
 }
 
-var insertSchedule = named(`INSERT INTO schedules (name, cron, time_zone, workflow_name, input, overlap_policy,
+var insertSchedule = named(`INSERT INTO pgdurable.schedules (name, cron, time_zone, workflow_name, input, overlap_policy,
 		catchup_window_ms, paused, queue, next_fire_at)
 	VALUES (@name, @cron, @time_zone, @workflow_name, @input::jsonb, @overlap_policy, @catchup_window_ms, @paused, @queue,
 		@next_fire_at)`)
@@ -65,7 +65,7 @@ func (s *ScheduleRow) args(withQueue bool) pgx.StrictNamedArgs {
 
 // updateSchedule keeps the next fire (and a buffered one) of a schedule
 // whose expression and time zone stay, unless it was paused.
-var updateSchedule = named(`UPDATE schedules SET
+var updateSchedule = named(`UPDATE pgdurable.schedules SET
 		next_fire_at = CASE WHEN cron = @cron AND time_zone = @time_zone AND NOT paused THEN next_fire_at ELSE @next_fire_at END,
 		buffered_fire_at = CASE WHEN cron = @cron AND time_zone = @time_zone AND NOT paused THEN buffered_fire_at END,
 		cron = @cron, time_zone = @time_zone, workflow_name = @workflow_name, input = @input::jsonb,
@@ -91,7 +91,7 @@ func UpdateSchedule(ctx context.Context, db DBTX, s *ScheduleRow) error {
 // SetSchedulePaused pauses or resumes name; resuming sets the next fire
 // time (fires during the pause are not caught up). ErrNotFound when absent.
 func SetSchedulePaused(ctx context.Context, db DBTX, name string, paused bool, next *time.Time) error {
-	tag, err := db.Exec(ctx, `UPDATE schedules SET paused = $2, next_fire_at = coalesce($3, next_fire_at),
+	tag, err := db.Exec(ctx, `UPDATE pgdurable.schedules SET paused = $2, next_fire_at = coalesce($3, next_fire_at),
 		buffered_fire_at = CASE WHEN $2 THEN buffered_fire_at ELSE NULL END, updated_at = now() WHERE name = $1`, name, paused, next)
 	if err != nil {
 		return translate(err)
@@ -104,7 +104,7 @@ func SetSchedulePaused(ctx context.Context, db DBTX, name string, paused bool, n
 
 // DeleteSchedule removes name and its fire history (its runs stay).
 func DeleteSchedule(ctx context.Context, db DBTX, name string) error {
-	tag, err := db.Exec(ctx, `DELETE FROM schedules WHERE name = $1`, name)
+	tag, err := db.Exec(ctx, `DELETE FROM pgdurable.schedules WHERE name = $1`, name)
 	if err != nil {
 		return translate(err)
 	}
@@ -116,13 +116,13 @@ func DeleteSchedule(ctx context.Context, db DBTX, name string) error {
 
 // GetSchedule reads one schedule; ErrNotFound when absent.
 func GetSchedule(ctx context.Context, db DBTX, name string) (*ScheduleRow, error) {
-	return oneSchedule(ctx, db, `SELECT `+scheduleColumns+` FROM schedules WHERE name = $1`, name)
+	return oneSchedule(ctx, db, `SELECT `+scheduleColumns+` FROM pgdurable.schedules WHERE name = $1`, name)
 }
 
 // LockSchedule reads one schedule and locks its row until tx ends, as a
 // fire does; ErrNotFound when absent.
 func LockSchedule(ctx context.Context, tx DBTX, name string) (*ScheduleRow, error) {
-	return oneSchedule(ctx, tx, `SELECT `+scheduleColumns+` FROM schedules WHERE name = $1 FOR UPDATE`, name)
+	return oneSchedule(ctx, tx, `SELECT `+scheduleColumns+` FROM pgdurable.schedules WHERE name = $1 FOR UPDATE`, name)
 }
 
 func oneSchedule(ctx context.Context, db DBTX, sql, name string) (*ScheduleRow, error) {
@@ -139,7 +139,7 @@ func oneSchedule(ctx context.Context, db DBTX, sql, name string) (*ScheduleRow, 
 
 // ListSchedules returns every schedule by name.
 func ListSchedules(ctx context.Context, db DBTX) ([]ScheduleRow, error) {
-	rows, err := db.Query(ctx, `SELECT `+scheduleColumns+` FROM schedules ORDER BY name`)
+	rows, err := db.Query(ctx, `SELECT `+scheduleColumns+` FROM pgdurable.schedules ORDER BY name`)
 	if err != nil {
 		return nil, translate(err)
 	}
@@ -151,7 +151,7 @@ func ListSchedules(ctx context.Context, db DBTX) ([]ScheduleRow, error) {
 // process look at once: each schedule is handled by one of them, and the
 // next tick of any of them picks up what a dead one left.
 func DueSchedules(ctx context.Context, tx DBTX, queue string, now time.Time, skip []string) ([]ScheduleRow, error) {
-	rows, err := tx.Query(ctx, `SELECT `+scheduleColumns+` FROM schedules
+	rows, err := tx.Query(ctx, `SELECT `+scheduleColumns+` FROM pgdurable.schedules
 		WHERE queue = $1 AND NOT paused AND (next_fire_at <= $2 OR buffered_fire_at IS NOT NULL) AND NOT (name = ANY(coalesce($3::text[], '{}')))
 		ORDER BY next_fire_at LIMIT 1 FOR UPDATE SKIP LOCKED`, queue, now, skip)
 	if err != nil {
@@ -163,7 +163,7 @@ func DueSchedules(ctx context.Context, tx DBTX, queue string, now time.Time, ski
 // RunActive reports whether runID has not reached a terminal status.
 func RunActive(ctx context.Context, db DBTX, runID uuid.UUID) (bool, error) {
 	var active bool
-	err := db.QueryRow(ctx, `SELECT status IN ('pending', 'running', 'waiting', 'compensating') FROM workflow_runs WHERE run_id = $1`, runID).Scan(&active)
+	err := db.QueryRow(ctx, `SELECT status IN ('pending', 'running', 'waiting', 'compensating') FROM pgdurable.workflow_runs WHERE run_id = $1`, runID).Scan(&active)
 	if translate(err) == ErrNotFound {
 		return false, nil
 	}
@@ -184,7 +184,7 @@ type RecordFireParams struct {
 // RecordFire records what became of a fire (a buffered fire is recorded
 // again when it starts).
 func RecordFire(ctx context.Context, db DBTX, p RecordFireParams) error {
-	_, err := db.Exec(ctx, `INSERT INTO schedule_fires (schedule_name, fire_at, outcome, reason, run_id) VALUES ($1, $2, $3, $4, $5)
+	_, err := db.Exec(ctx, `INSERT INTO pgdurable.schedule_fires (schedule_name, fire_at, outcome, reason, run_id) VALUES ($1, $2, $3, $4, $5)
 		ON CONFLICT (schedule_name, fire_at) DO UPDATE SET outcome = excluded.outcome, reason = excluded.reason,
 		run_id = excluded.run_id, recorded_at = now()`, p.Schedule, p.FireAt, p.Outcome, p.Reason, p.RunID)
 	return translate(err)
@@ -203,7 +203,7 @@ func RecordFire(ctx context.Context, db DBTX, p RecordFireParams) error {
 func RecordTrigger(ctx context.Context, tx DBTX, name string, at time.Time, runID uuid.UUID) (time.Time, error) {
 	at = at.Truncate(time.Microsecond)
 	var latest *time.Time
-	if err := tx.QueryRow(ctx, `SELECT max(fire_at) FROM schedule_fires WHERE schedule_name = $1 AND fire_at >= $2`,
+	if err := tx.QueryRow(ctx, `SELECT max(fire_at) FROM pgdurable.schedule_fires WHERE schedule_name = $1 AND fire_at >= $2`,
 		name, at).Scan(&latest); err != nil {
 		return time.Time{}, fmt.Errorf("recording a trigger of schedule %q: %w", name, translate(err))
 	}
@@ -213,7 +213,7 @@ func RecordTrigger(ctx context.Context, tx DBTX, name string, at time.Time, runI
 	if at.Equal(at.Truncate(time.Second)) {
 		at = at.Add(time.Microsecond)
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO schedule_fires (schedule_name, fire_at, outcome, run_id) VALUES ($1, $2, 'started', $3)`,
+	_, err := tx.Exec(ctx, `INSERT INTO pgdurable.schedule_fires (schedule_name, fire_at, outcome, run_id) VALUES ($1, $2, 'started', $3)`,
 		name, at, runID)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("recording a trigger of schedule %q: %w", name, translate(err))
@@ -223,7 +223,7 @@ func RecordTrigger(ctx context.Context, tx DBTX, name string, at time.Time, runI
 
 // AdvanceSchedule stores a schedule's state after its fires were handled.
 func AdvanceSchedule(ctx context.Context, db DBTX, s *ScheduleRow) error {
-	_, err := db.Exec(ctx, `UPDATE schedules SET next_fire_at = $2, last_fire_at = $3, last_run_id = $4, buffered_fire_at = $5
+	_, err := db.Exec(ctx, `UPDATE pgdurable.schedules SET next_fire_at = $2, last_fire_at = $3, last_run_id = $4, buffered_fire_at = $5
 		WHERE name = $1`, s.Name, s.NextFireAt, s.LastFireAt, s.LastRunID, s.BufferedFireAt)
 	return translate(err)
 }
@@ -239,7 +239,7 @@ type ScheduleFire struct {
 
 // ListFires returns name's latest fires, newest first, up to limit.
 func ListFires(ctx context.Context, db DBTX, name string, limit int) ([]ScheduleFire, error) {
-	rows, err := db.Query(ctx, `SELECT fire_at, outcome, reason, run_id, recorded_at FROM schedule_fires
+	rows, err := db.Query(ctx, `SELECT fire_at, outcome, reason, run_id, recorded_at FROM pgdurable.schedule_fires
 		WHERE schedule_name = $1 ORDER BY fire_at DESC LIMIT $2`, name, limit)
 	if err != nil {
 		return nil, translate(err)

@@ -15,14 +15,14 @@ import (
 var ErrAmbiguous = errors.New("ambiguous")
 
 // A workflow ID names the latest run of its chain (continue-as-new).
-const runByWorkflowID = `SELECT run_id FROM workflow_runs WHERE workflow_id = $1 AND status <> 'continued' LIMIT 2`
+const runByWorkflowID = `SELECT run_id FROM pgdurable.workflow_runs WHERE workflow_id = $1 AND status <> 'continued' LIMIT 2`
 
 // ResolveRun finds the run target names: a run ID, else a workflow ID
 // (unique per workflow name; ErrAmbiguous when two workflows use it).
 func ResolveRun(ctx context.Context, db DBTX, target string) (uuid.UUID, error) {
 	if id, err := uuid.Parse(target); err == nil {
 		var found uuid.UUID
-		err := db.QueryRow(ctx, `SELECT run_id FROM workflow_runs WHERE run_id = $1`, id).Scan(&found)
+		err := db.QueryRow(ctx, `SELECT run_id FROM pgdurable.workflow_runs WHERE run_id = $1`, id).Scan(&found)
 		if err == nil {
 			return found, nil
 		}
@@ -53,14 +53,14 @@ func ResolveRun(ctx context.Context, db DBTX, target string) (uuid.UUID, error) 
 // ended takes no signal, but a dead one does: it may yet be replayed.
 var sendSignal = named(`
 WITH target AS (
-    SELECT run_id, status, await_signal, workflow_name FROM workflow_runs WHERE run_id = @run_id FOR UPDATE
+    SELECT run_id, status, await_signal, workflow_name FROM pgdurable.workflow_runs WHERE run_id = @run_id FOR UPDATE
 ), ins AS (
-    INSERT INTO workflow_signals (run_id, name, payload, idempotency_key)
+    INSERT INTO pgdurable.workflow_signals (run_id, name, payload, idempotency_key)
     SELECT run_id, @name, @payload::jsonb, @key FROM target
     WHERE status NOT IN ` + terminalStatuses + ` OR status = 'dead'
     RETURNING id
 ), woken AS (
-    UPDATE workflow_runs r SET status = 'pending', wake_at = NULL, await_signal = NULL, enqueued_at = now()
+    UPDATE pgdurable.workflow_runs r SET status = 'pending', wake_at = NULL, await_signal = NULL, enqueued_at = now()
     FROM target
     WHERE r.run_id = target.run_id AND target.status = 'waiting' AND @name = ANY(string_to_array(target.await_signal, chr(31)))
     RETURNING r.run_id
@@ -81,16 +81,16 @@ var ErrLimit = errors.New("limit reached")
 // Locking the run first, then counting in a statement of its own, sees
 // every signal committed before the lock: the bound holds under
 // concurrent senders.
-const lockSignalled = `SELECT 1 FROM workflow_runs WHERE run_id = $1 FOR UPDATE`
+const lockSignalled = `SELECT 1 FROM pgdurable.workflow_runs WHERE run_id = $1 FOR UPDATE`
 
-const signalTotals = `SELECT count(*), coalesce(sum(octet_length(payload::text)), 0) FROM workflow_signals WHERE run_id = $1`
+const signalTotals = `SELECT count(*), coalesce(sum(octet_length(payload::text)), 0) FROM pgdurable.workflow_signals WHERE run_id = $1`
 
 // keyedSignal finds the signal a key was sent with; the run's lock (taken
 // first) makes the check and the insert after it one step for concurrent
 // senders of the key.
 const keyedSignal = `
 SELECT s.name = $3 AND s.payload = $4::jsonb, r.status, r.workflow_name
-FROM workflow_signals s JOIN workflow_runs r ON r.run_id = s.run_id
+FROM pgdurable.workflow_signals s JOIN pgdurable.workflow_runs r ON r.run_id = s.run_id
 WHERE s.run_id = $1 AND s.idempotency_key = $2`
 
 // SignalParams is one signal to send: its name and JSON payload, and its
@@ -182,10 +182,10 @@ func SendSignal(ctx context.Context, tx DBTX, p SignalParams) (SignalSent, error
 	return sent, nil
 }
 
-const lockOwnedRun = `SELECT cancel_requested_at IS NOT NULL FROM workflow_runs WHERE run_id = $1 AND owner_token = $2 FOR UPDATE`
+const lockOwnedRun = `SELECT cancel_requested_at IS NOT NULL FROM pgdurable.workflow_runs WHERE run_id = $1 AND owner_token = $2 FOR UPDATE`
 
 const nextSignal = `
-SELECT id, name, payload FROM workflow_signals
+SELECT id, name, payload FROM pgdurable.workflow_signals
 WHERE run_id = $1 AND name = ANY($2) AND consumed_seq IS NULL
 ORDER BY id LIMIT 1`
 
@@ -193,7 +193,7 @@ ORDER BY id LIMIT 1`
 // (ASCII unit separator: signal names hold no control characters).
 const AwaitSeparator = "\x1f"
 
-const consumeSignal = `UPDATE workflow_signals SET consumed_seq = $2, consumed_at = now() WHERE id = $1`
+const consumeSignal = `UPDATE pgdurable.workflow_signals SET consumed_seq = $2, consumed_at = now() WHERE id = $1`
 
 // TakenSignal is what TakeSignal found: the signal it took (Found false
 // when none was buffered), and whether the run's cancellation was
@@ -239,7 +239,7 @@ func TakeSignal(ctx context.Context, tx DBTX, f Fence, names []string, seq int) 
 
 var suspendAwaitingRun = named(`
 WITH run AS (
-    UPDATE workflow_runs SET status = @run_status, wake_at = @wake_at, await_signal = @await_signal, owner_token = NULL,
+    UPDATE pgdurable.workflow_runs SET status = @run_status, wake_at = @wake_at, await_signal = @await_signal, owner_token = NULL,
         lease_expires_at = NULL, stalled_deliveries = 0, long_stalled_deliveries = 0
     WHERE run_id = @run_id AND owner_token = @token
     RETURNING run_id

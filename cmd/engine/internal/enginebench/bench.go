@@ -89,7 +89,7 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 	n := opts.Workflows
 
 	// The references: River alone, with the engine's queue settings.
-	qcfg := riverref.Config{MaxWorkers: 100, FetchCooldown: 2 * time.Millisecond, FetchPollInterval: 50 * time.Millisecond, Logger: quiet}
+	qcfg := riverref.Config{Schema: engine.DefaultSchema, MaxWorkers: 100, FetchCooldown: 2 * time.Millisecond, FetchPollInterval: 50 * time.Millisecond, Logger: quiet}
 	noop, err := riverref.RunReference(ctx, pool, qcfg, "noop", n)
 	if err != nil {
 		return nil, err

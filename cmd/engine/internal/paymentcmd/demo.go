@@ -76,7 +76,7 @@ func demo(ctx context.Context, env *commands.Env, f *demoFlags) error {
 	}
 	defer pool.Close()
 	fmt.Fprintf(out, "database     %s\n", localpg.Redact(env.DatabaseURL()))
-	if _, err := migrations.Migrate(ctx, pool, migrations.Up, nil); err != nil {
+	if _, err := migrations.Migrate(ctx, pool, migrations.Up, &migrations.Opts{Schema: env.Schema()}); err != nil {
 		return err
 	}
 	if err := payment.Migrate(ctx, pool); err != nil {
@@ -107,7 +107,7 @@ func demo(ctx context.Context, env *commands.Env, f *demoFlags) error {
 		logOut = env.Stderr()
 	}
 	log := slog.New(slog.NewJSONHandler(logOut, nil))
-	e, err := engine.New(pool, &engine.Config{Logger: log, MaxWorkers: f.workers,
+	e, err := engine.New(pool, &engine.Config{Schema: env.Schema(), Logger: log, MaxWorkers: f.workers,
 		RetryPolicy: &engine.RetryPolicy{InitialInterval: 50 * time.Millisecond, MaximumInterval: 2 * time.Second}})
 	if err != nil {
 		return err

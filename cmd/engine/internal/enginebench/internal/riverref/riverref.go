@@ -56,6 +56,8 @@ func (w *txWorker) Work(ctx context.Context, job *river.Job[txArgs]) error {
 
 // Config holds the River knobs the reference runs with: the engine's.
 type Config struct {
+	// Schema holds River's tables (the engine's, so both use the same).
+	Schema            string
 	MaxWorkers        int
 	FetchCooldown     time.Duration
 	FetchPollInterval time.Duration
@@ -87,6 +89,7 @@ func RunReference(ctx context.Context, pool *pgxpool.Pool, cfg Config, kind stri
 		FetchCooldown:     cfg.FetchCooldown,
 		FetchPollInterval: cfg.FetchPollInterval,
 		Logger:            cfg.Logger,
+		Schema:            cfg.Schema,
 	})
 	if err != nil {
 		return nil, err

@@ -1,0 +1,251 @@
+package migrations
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrEnginesRunning: Migrate(Up) found engine processes of the earlier
+// version alive on the tables it would move, and moved nothing. Stop them
+// (or wait until their rows and leases have expired) and migrate again.
+var ErrEnginesRunning = errors.New("engine processes of an earlier version are running on the tables in public")
+
+// ErrMoved: the schema asked for is where pgdurable's tables were, before
+// Migrate(Up) moved them to another schema; the error names it.
+var ErrMoved = errors.New("pgdurable's tables were moved")
+
+// Moved is what Migrate(Up) moved out of public (see [Migrate]).
+type Moved struct {
+	// Tables are the tables moved, the version table among them.
+	Tables []string `json:"tables"`
+	// RiverJobs is how many of the runs' River jobs (deliveries) moved
+	// to the schema's River tables. River's own tables stay in public
+	// for any other River client; no other job is touched.
+	RiverJobs int64 `json:"river_jobs"`
+}
+
+// movedVersion is the one version a moved installation's public version
+// table holds (besides goose's 0): an engine of the earlier version reads
+// every migration as missing below it, so `engine serve` refuses to start
+// ("not migrated") and `engine migrate up` refuses to re-create the tables
+// ("detected 24 missing (out-of-order) migrations lower than database
+// version").
+const movedVersion = 99_999_999_999
+
+// riverKind is the River job kind of a run's delivery (engine's
+// queue.Kind): the jobs the move carries to the schema's River tables.
+const riverKind = "pgdurable.run"
+
+// processLive is how recently a process row must have been written for
+// the move to count its process as running (engine's
+// maintenance.ProcessLive: three of its 10 s beats).
+const processLive = 30 * time.Second
+
+// moveLockTimeout bounds how long the move waits for an earlier engine's
+// transaction to let go of a table, so a process that is still working
+// fails the migration instead of stalling it.
+const moveLockTimeout = 10 * time.Second
+
+// moveFromPublic moves an installation from before the tables had a
+// schema of their own (see Migrate) into schema, or returns nil when
+// there is none to move.
+func moveFromPublic(ctx context.Context, pool *pgxpool.Pool, schema string) (*Moved, error) {
+	if schema == "public" {
+		return nil, nil
+	}
+	var moved *Moved
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// A second migrator waits here, then finds nothing left to move.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('pgdurable: move tables out of public'))`); err != nil {
+			return err
+		}
+		var legacy, taken bool
+		var version *int64
+		if err := tx.QueryRow(ctx, `SELECT to_regclass(format('public.%I', $2::text)) IS NOT NULL,
+			to_regclass(format('%I.%I', $1::text, $2::text)) IS NOT NULL`, schema, VersionTable).Scan(&legacy, &taken); err != nil {
+			return fmt.Errorf("looking for tables in public: %w", err)
+		}
+		if !legacy || taken {
+			return nil
+		}
+		if err := tx.QueryRow(ctx, `SELECT max(version_id) FROM public.`+VersionTable).Scan(&version); err != nil {
+			return fmt.Errorf("reading the version of the tables in public: %w", err)
+		}
+		if version == nil || *version == movedVersion {
+			return nil // nothing was ever migrated there, or it was moved
+		}
+		tables, err := existing(ctx, tx, append([]string{VersionTable}, Tables...))
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", moveLockTimeout.Milliseconds())); err != nil {
+			return err
+		}
+		qualified := make([]string, len(tables))
+		for i, t := range tables {
+			qualified[i] = pgx.Identifier{"public", t}.Sanitize()
+		}
+		if _, err := tx.Exec(ctx, "LOCK TABLE "+strings.Join(qualified, ", ")+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+			return fmt.Errorf("%w: %w", ErrEnginesRunning, err)
+		}
+		if err := refuseLive(ctx, tx, tables); err != nil {
+			return err
+		}
+		for i, t := range tables {
+			if _, err := tx.Exec(ctx, "ALTER TABLE "+qualified[i]+" SET SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+				return fmt.Errorf("moving table %s to schema %s: %w", t, schema, err)
+			}
+		}
+		if err := leaveTombstone(ctx, tx, schema); err != nil {
+			return err
+		}
+		jobs, err := moveRiverJobs(ctx, tx, schema)
+		if err != nil {
+			return err
+		}
+		moved = &Moved{Tables: tables, RiverJobs: jobs}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("moving pgdurable's tables from public to schema %s: %w", schema, err)
+	}
+	return moved, nil
+}
+
+// existing returns those of tables that public holds, in order (an
+// earlier version may predate some).
+func existing(ctx context.Context, tx pgx.Tx, tables []string) ([]string, error) {
+	rows, err := tx.Query(ctx, `SELECT t FROM unnest($1::text[]) WITH ORDINALITY AS u(t, i)
+		WHERE to_regclass(format('public.%I', t)) IS NOT NULL ORDER BY i`, tables)
+	if err != nil {
+		return nil, fmt.Errorf("listing the tables in public: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// refuseLive fails with ErrEnginesRunning when an engine process works
+// on the tables: its registry row was written lately, or a run's lease
+// is held.
+func refuseLive(ctx context.Context, tx pgx.Tx, tables []string) error {
+	var live []string
+	for _, t := range tables {
+		if t != "engine_processes" {
+			continue
+		}
+		rows, err := tx.Query(ctx, `SELECT format('%s (pid %s, seen %s ago)', hostname, pid, date_trunc('second', now() - last_seen_at))
+			FROM public.engine_processes WHERE last_seen_at > now() - $1 * interval '1 millisecond' ORDER BY last_seen_at DESC LIMIT 10`,
+			processLive.Milliseconds())
+		if err != nil {
+			return fmt.Errorf("reading the engine processes in public: %w", err)
+		}
+		if live, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+			return fmt.Errorf("reading the engine processes in public: %w", err)
+		}
+	}
+	var leased int64
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM public.workflow_runs WHERE lease_expires_at > now()`).Scan(&leased); err != nil {
+		return fmt.Errorf("reading the runs in public: %w", err)
+	}
+	if len(live) == 0 && leased == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("%d runs are held by a delivery", leased)
+	if len(live) > 0 {
+		msg = "processes seen in the last " + processLive.String() + ": " + strings.Join(live, ", ") + "; " + msg
+	}
+	return fmt.Errorf("%w (%s): stop every engine of the earlier version, wait for its leases to expire, and migrate again", ErrEnginesRunning, msg)
+}
+
+// leaveTombstone puts a version table back in public that holds only
+// movedVersion, and names schema in its comment.
+func leaveTombstone(ctx context.Context, tx pgx.Tx, schema string) error {
+	table := pgx.Identifier{"public", VersionTable}.Sanitize()
+	stmts := []string{
+		// goose's own table, as its Postgres dialect creates it.
+		`CREATE TABLE ` + table + ` (
+			id integer PRIMARY KEY GENERATED BY DEFAULT AS IDENTITY,
+			version_id bigint NOT NULL,
+			is_applied boolean NOT NULL,
+			tstamp timestamp NOT NULL DEFAULT now())`,
+		fmt.Sprintf(`INSERT INTO %s (version_id, is_applied) VALUES (0, true), (%d, true)`, table, movedVersion),
+		`COMMENT ON TABLE ` + table + ` IS ` + quoteLiteral(tombstoneComment+schema+
+			". This table keeps an engine of an earlier version from starting on the tables in public, or creating them again; drop it once no such engine is left."),
+	}
+	for _, s := range stmts {
+		if _, err := tx.Exec(ctx, s); err != nil {
+			return fmt.Errorf("leaving a version table in public: %w", err)
+		}
+	}
+	return nil
+}
+
+const tombstoneComment = "pgdurable moved its tables to schema "
+
+// quoteLiteral quotes s as an SQL string literal (COMMENT takes no
+// parameters); s is ours and holds a validated schema name.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// moveRiverJobs moves the runs' River jobs to schema's River tables (which
+// Migrate created first: River's migrations cannot share one transaction)
+// from public's (which stay, for any other River client), returning
+// how many moved. A job a stopped engine was running is made available
+// again, as River's rescuer would make it once stuck.
+func moveRiverJobs(ctx context.Context, tx pgx.Tx, schema string) (int64, error) {
+	var public bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass('public.river_job') IS NOT NULL`).Scan(&public); err != nil || !public {
+		return 0, err
+	}
+	// The columns both tables have (public's River may be older); id is
+	// left to the schema's sequence, as nothing refers to it.
+	rows, err := tx.Query(ctx, `SELECT column_name FROM information_schema.columns WHERE table_schema = 'public' AND table_name = 'river_job'
+		INTERSECT SELECT column_name FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'river_job'`, schema)
+	if err != nil {
+		return 0, fmt.Errorf("reading river's columns: %w", err)
+	}
+	cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, fmt.Errorf("reading river's columns: %w", err)
+	}
+	var into, from []string
+	for _, c := range cols {
+		if c == "id" {
+			continue
+		}
+		id := pgx.Identifier{c}.Sanitize()
+		into = append(into, id)
+		if c == "state" {
+			id = `(CASE WHEN state = 'running' THEN 'available' ELSE state::text END)::` + pgx.Identifier{schema, "river_job_state"}.Sanitize()
+		}
+		from = append(from, id)
+	}
+	tag, err := tx.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "river_job"}.Sanitize()+` (`+strings.Join(into, ", ")+`)
+		SELECT `+strings.Join(from, ", ")+` FROM public.river_job WHERE kind = $1 ORDER BY id ON CONFLICT DO NOTHING`, riverKind)
+	if err != nil {
+		return 0, fmt.Errorf("moving the runs' river jobs: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM public.river_job WHERE kind = $1`, riverKind); err != nil {
+		return 0, fmt.Errorf("moving the runs' river jobs: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// refuseMoved fails with ErrMoved when schema's tables were moved out.
+func refuseMoved(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	var comment *string
+	err := pool.QueryRow(ctx, `SELECT obj_description(to_regclass(format('%I.%I', $1::text, $2::text)), 'pg_class')`,
+		schema, VersionTable).Scan(&comment)
+	if err != nil {
+		return fmt.Errorf("reading schema %s: %w", schema, err)
+	}
+	if comment == nil || !strings.HasPrefix(*comment, tombstoneComment) {
+		return nil
+	}
+	to, _, _ := strings.Cut(strings.TrimPrefix(*comment, tombstoneComment), ".")
+	return fmt.Errorf("%w from schema %s to schema %s: use --schema %s (engine.Config.Schema, migrations.Opts.Schema)", ErrMoved, schema, to, to)
+}
