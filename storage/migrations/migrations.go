@@ -19,7 +19,9 @@ import (
 	"fmt"
 	"io/fs"
 	"regexp"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -54,18 +56,51 @@ var Tables = []string{
 // schema.
 const VersionTable = "pgdurable_schema_migrations"
 
+// migrateLock names the advisory lock Migrate holds.
+const migrateLock = "pgdurable: migrate"
+
 // validSchema is what a schema name may be: an identifier PostgreSQL takes
 // unquoted and keeps as written, since River puts its schema option into
 // SQL as it is.
 var validSchema = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
+// keywords are the PostgreSQL keywords (15 to 18) that are not unreserved
+// (pg_get_keywords() catcode R, T or C): written unquoted as a schema
+// name, as River writes it, some break the statement ("select.river_job")
+// and the rest are one grammar change away from it.
+var keywords = strings.Fields(`all analyse analyze and any array as asc asymmetric
+	authorization between bigint binary bit boolean both case cast char character
+	check coalesce collate collation column concurrently constraint create cross
+	current_catalog current_date current_role current_schema current_time
+	current_timestamp current_user dec decimal default deferrable desc distinct do
+	else end except exists extract false fetch float for foreign freeze from full
+	grant greatest group grouping having ilike in initially inner inout int integer
+	intersect interval into is isnull join json json_array json_arrayagg
+	json_exists json_object json_objectagg json_query json_scalar json_serialize
+	json_table json_value lateral leading least left like limit localtime
+	localtimestamp merge_action national natural nchar none normalize not notnull
+	null nullif numeric offset on only or order out outer overlaps overlay placing
+	position precision primary real references returning right row select
+	session_user setof similar smallint some substring symmetric system_user table
+	tablesample then time timestamp to trailing treat trim true union unique user
+	using values varchar variadic verbose when where window with xmlattributes
+	xmlconcat xmlelement xmlexists xmlforest xmlnamespaces xmlparse xmlpi xmlroot
+	xmlserialize xmltable`)
+
 // ValidSchemaName reports why name cannot hold pgdurable's tables, or nil:
 // lower-case ASCII letters, digits and underscores, not starting with a
-// digit, at most 63 bytes, and not a "pg_" name (PostgreSQL reserves
-// those).
+// digit, at most 63 bytes, not a "pg_" name or information_schema (which
+// PostgreSQL and pg_dump keep for themselves), and not a PostgreSQL
+// keyword other than an unreserved one (such as select or user).
 func ValidSchemaName(name string) error {
 	if !validSchema.MatchString(name) || strings.HasPrefix(name, "pg_") {
 		return fmt.Errorf("schema name %q: want lower-case letters, digits and underscores, starting with a letter or underscore, at most 63 bytes, not starting with pg_", name)
+	}
+	if name == "information_schema" {
+		return fmt.Errorf("schema name %q: PostgreSQL keeps it for itself (and pg_dump leaves it out)", name)
+	}
+	if slices.Contains(keywords, name) {
+		return fmt.Errorf("schema name %q: a PostgreSQL keyword, which SQL cannot name a schema by unquoted; pick another name, such as %s_pgdurable", name, name)
 	}
 	return nil
 }
@@ -129,12 +164,17 @@ type Result struct {
 // starting on, or re-creating, the moved tables. It refuses, with
 // ErrEnginesRunning and moving nothing, while an engine process of the
 // earlier version is alive (seen in the last 30 s, or holding a run's
-// lease): stop those first. A database whose tables were moved out of the
+// lease): stop those first. (By then the schema and River's tables in it
+// may have been created; they hold nothing, and the next Up uses them.) A database whose tables were moved out of the
 // schema asked for fails with ErrMoved, naming where they went.
 //
-// Concurrent callers are safe: the move and goose serialise on Postgres
-// advisory locks and River's migrator runs in one transaction. Errors name
-// the failing migration.
+// Concurrent callers are safe: they take turns on a PostgreSQL advisory
+// lock (one migration at a time per database), and the later ones find
+// nothing pending. Errors name the failing migration.
+//
+// The role needs CREATE on the database when the schema does not exist
+// yet; a schema created beforehand needs only to be owned by the role (or
+// grant it CREATE and USAGE).
 func Migrate(ctx context.Context, pool *pgxpool.Pool, direction Direction, opts *Opts) (*Result, error) {
 	schema, err := opts.schema()
 	if err != nil {
@@ -148,12 +188,37 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, direction Direction, opts 
 	if err != nil {
 		return nil, fmt.Errorf("creating river migrator: %w", err)
 	}
+	// One migration at a time per database: CREATE SCHEMA and River's
+	// first migration race when two deploy steps start together.
+	// The lock's session is a connection of its own, so that a pool of
+	// one connection still has it free for the migration; closing the
+	// connection releases the lock, whatever happened to ctx.
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+	if err != nil {
+		return nil, fmt.Errorf("connecting for migrations: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(hashtext($1))`, migrateLock); err != nil {
+		return nil, fmt.Errorf("waiting for another migration: %w", err)
+	}
 	if err := refuseMoved(ctx, pool, schema); err != nil {
 		return nil, err
 	}
 	if direction == Up {
-		if _, err := pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
-			return nil, fmt.Errorf("creating schema %s: %w", schema, err)
+		// A schema created beforehand by its owner needs no CREATE
+		// privilege on the database, so none is asked for.
+		var exists bool
+		if err := pool.QueryRow(ctx, `SELECT to_regnamespace($1) IS NOT NULL`, schema).Scan(&exists); err != nil {
+			return nil, fmt.Errorf("looking for schema %s: %w", schema, err)
+		}
+		if !exists {
+			if _, err := pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
+				return nil, fmt.Errorf("creating schema %s: %w", schema, err)
+			}
 		}
 	}
 	spool, err := schemaPool(ctx, pool, schema)
@@ -254,13 +319,14 @@ func GetStatus(ctx context.Context, pool *pgxpool.Pool, opts *Opts) (*Status, er
 	out := &Status{Schema: schema}
 	var versioned, riverTables bool
 	err = pool.QueryRow(ctx, `SELECT to_regclass(format('%I.%I', $1::text, $2::text)) IS NOT NULL,
-		to_regclass(format('%I.river_migration', $1::text)) IS NOT NULL,
-		$1::text <> 'public' AND to_regclass(format('public.%I', $2::text)) IS NOT NULL`,
-		schema, VersionTable).Scan(&versioned, &riverTables, &out.InPublic)
+		to_regclass(format('%I.river_migration', $1::text)) IS NOT NULL`,
+		schema, VersionTable).Scan(&versioned, &riverTables)
 	if err != nil {
 		return nil, fmt.Errorf("reading pgdurable migration status: %w", err)
 	}
-	out.InPublic = out.InPublic && !versioned
+	if out.InPublic, err = inPublic(ctx, pool, schema); err != nil {
+		return nil, err
+	}
 	if !versioned {
 		// Nothing applied; goose would create its table to say so.
 		provider, err := newProvider(nil)

@@ -2,7 +2,10 @@ package migrations_test
 
 import (
 	"context"
+	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/stretchr/testify/require"
 
@@ -52,4 +55,27 @@ func TestSchemaRejectsInvalidStatus(t *testing.T) {
 	_, err := db.Pool.Exec(context.Background(), `INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_id, status, input)
 		VALUES (gen_random_uuid(), 'w', 'id', 'bogus', '{}')`)
 	require.ErrorContains(t, err, "workflow_runs_status_check")
+}
+
+func TestSchemaNames(t *testing.T) {
+	t.Parallel()
+	for _, ok := range []string{"pgdurable", "acme", "_x", "flows_2", "users", "orders", strings.Repeat("a", 63)} {
+		require.NoError(t, migrations.ValidSchemaName(ok), ok)
+	}
+	for _, bad := range []string{"", "Acme", "1x", "a-b", "a.b", `a"b`, "pg_flows", strings.Repeat("a", 64), "a b", "ä",
+		"information_schema", "select", "user", "order", "all", "table"} {
+		require.Error(t, migrations.ValidSchemaName(bad), bad)
+	}
+
+	// Every keyword of the server at hand that is not unreserved is
+	// refused (the list in the package covers PostgreSQL 15 to 18).
+	db := enginetest.NewDB(t)
+	rows, err := db.Pool.Query(context.Background(), `SELECT word FROM pg_get_keywords() WHERE catcode <> 'U'`)
+	require.NoError(t, err)
+	words, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.NotEmpty(t, words)
+	for _, w := range words {
+		require.ErrorContains(t, migrations.ValidSchemaName(w), "keyword", w)
+	}
 }

@@ -8,13 +8,16 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// ErrEnginesRunning: Migrate(Up) found engine processes of the earlier
-// version alive on the tables it would move, and moved nothing. Stop them
-// (or wait until their rows and leases have expired) and migrate again.
-var ErrEnginesRunning = errors.New("engine processes of an earlier version are running on the tables in public")
+// ErrEnginesRunning: Migrate(Up) found engine processes alive on the
+// tables in public it would move, and moved nothing. Stop them (or wait
+// until their rows and leases have expired) and migrate again; or, if
+// the installation is meant to stay in public, migrate with Schema
+// "public".
+var ErrEnginesRunning = errors.New("engine processes are running on pgdurable's tables in public")
 
 // ErrMoved: the schema asked for is where pgdurable's tables were, before
 // Migrate(Up) moved them to another schema; the error names it.
@@ -61,24 +64,10 @@ func moveFromPublic(ctx context.Context, pool *pgxpool.Pool, schema string) (*Mo
 	}
 	var moved *Moved
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		// A second migrator waits here, then finds nothing left to move.
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('pgdurable: move tables out of public'))`); err != nil {
+		// Migrate's lock keeps a second migrator out until this commits;
+		// it then finds nothing left to move.
+		if legacy, err := inPublic(ctx, tx, schema); err != nil || !legacy {
 			return err
-		}
-		var legacy, taken bool
-		var version *int64
-		if err := tx.QueryRow(ctx, `SELECT to_regclass(format('public.%I', $2::text)) IS NOT NULL,
-			to_regclass(format('%I.%I', $1::text, $2::text)) IS NOT NULL`, schema, VersionTable).Scan(&legacy, &taken); err != nil {
-			return fmt.Errorf("looking for tables in public: %w", err)
-		}
-		if !legacy || taken {
-			return nil
-		}
-		if err := tx.QueryRow(ctx, `SELECT max(version_id) FROM public.`+VersionTable).Scan(&version); err != nil {
-			return fmt.Errorf("reading the version of the tables in public: %w", err)
-		}
-		if version == nil || *version == movedVersion {
-			return nil // nothing was ever migrated there, or it was moved
 		}
 		tables, err := existing(ctx, tx, append([]string{VersionTable}, Tables...))
 		if err != nil {
@@ -94,7 +83,7 @@ func moveFromPublic(ctx context.Context, pool *pgxpool.Pool, schema string) (*Mo
 		if _, err := tx.Exec(ctx, "LOCK TABLE "+strings.Join(qualified, ", ")+" IN ACCESS EXCLUSIVE MODE"); err != nil {
 			return fmt.Errorf("%w: %w", ErrEnginesRunning, err)
 		}
-		if err := refuseLive(ctx, tx, tables); err != nil {
+		if err := refuseLive(ctx, tx, schema, tables); err != nil {
 			return err
 		}
 		for i, t := range tables {
@@ -118,6 +107,32 @@ func moveFromPublic(ctx context.Context, pool *pgxpool.Pool, schema string) (*Mo
 	return moved, nil
 }
 
+// inPublic reports whether public holds an installation to move into
+// schema: goose's table of an earlier version there, holding a version
+// (an engine of that version that started on an unmigrated database left
+// it holding only goose's 0) other than the one a move leaves, while
+// schema has no version table of its own yet.
+func inPublic(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, schema string) (bool, error) {
+	if schema == "public" {
+		return false, nil
+	}
+	var legacy, taken bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass(format('public.%I', $2::text)) IS NOT NULL,
+		to_regclass(format('%I.%I', $1::text, $2::text)) IS NOT NULL`, schema, VersionTable).Scan(&legacy, &taken); err != nil {
+		return false, fmt.Errorf("looking for tables in public: %w", err)
+	}
+	if !legacy || taken {
+		return false, nil
+	}
+	var version *int64
+	if err := q.QueryRow(ctx, `SELECT max(version_id) FROM public.`+VersionTable).Scan(&version); err != nil {
+		return false, fmt.Errorf("reading the version of the tables in public: %w", err)
+	}
+	return version != nil && *version != 0 && *version != movedVersion, nil
+}
+
 // existing returns those of tables that public holds, in order (an
 // earlier version may predate some).
 func existing(ctx context.Context, tx pgx.Tx, tables []string) ([]string, error) {
@@ -132,7 +147,7 @@ func existing(ctx context.Context, tx pgx.Tx, tables []string) ([]string, error)
 // refuseLive fails with ErrEnginesRunning when an engine process works
 // on the tables: its registry row was written lately, or a run's lease
 // is held.
-func refuseLive(ctx context.Context, tx pgx.Tx, tables []string) error {
+func refuseLive(ctx context.Context, tx pgx.Tx, schema string, tables []string) error {
 	var live []string
 	for _, t := range tables {
 		if t != "engine_processes" {
@@ -159,7 +174,8 @@ func refuseLive(ctx context.Context, tx pgx.Tx, tables []string) error {
 	if len(live) > 0 {
 		msg = "processes seen in the last " + processLive.String() + ": " + strings.Join(live, ", ") + "; " + msg
 	}
-	return fmt.Errorf("%w (%s): stop every engine of the earlier version, wait for its leases to expire, and migrate again", ErrEnginesRunning, msg)
+	return fmt.Errorf("%w (%s): to move them to schema %s, stop every engine working on them, wait for their leases to expire, and migrate again; to keep them in public, pass --schema public (migrations.Opts.Schema, engine.Config.Schema) instead",
+		ErrEnginesRunning, msg, schema)
 }
 
 // leaveTombstone puts a version table back in public that holds only
@@ -248,4 +264,36 @@ func refuseMoved(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	}
 	to, _, _ := strings.Cut(strings.TrimPrefix(*comment, tombstoneComment), ".")
 	return fmt.Errorf("%w from schema %s to schema %s: use --schema %s (engine.Config.Schema, migrations.Opts.Schema)", ErrMoved, schema, to, to)
+}
+
+// Schemas lists the schemas of the database that hold pgdurable's tables
+// (a version table with a migration applied, other than what a move
+// leaves in public), in name order: where to point a mistyped --schema.
+func Schemas(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
+	rows, err := pool.Query(ctx, `SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.relname = $1 AND c.relkind IN ('r', 'p') ORDER BY n.nspname`, VersionTable)
+	if err != nil {
+		return nil, fmt.Errorf("listing pgdurable's schemas: %w", err)
+	}
+	candidates, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("listing pgdurable's schemas: %w", err)
+	}
+	var out []string
+	for _, s := range candidates {
+		var version *int64
+		// The name comes from the catalog; Identifier quotes it anyway.
+		err := pool.QueryRow(ctx, `SELECT max(version_id) FROM `+pgx.Identifier{s, VersionTable}.Sanitize()).Scan(&version)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			continue // not ours to read (permission denied), or gone meanwhile
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading the version in schema %s: %w", s, err)
+		}
+		if version != nil && *version != 0 && *version != movedVersion {
+			out = append(out, s)
+		}
+	}
+	return out, nil
 }

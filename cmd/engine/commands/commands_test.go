@@ -1424,6 +1424,29 @@ func TestCLISchema(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, `schema name "Acme"`)
 
+	// A mistyped schema is pointed at the ones that hold tables.
+	code, _, errOut = run(t, db, "--schema", "acme_typo", "runs", "list")
+	require.Equal(t, 1, code)
+	require.True(t, strings.HasPrefix(errOut, "error: the database has no pgdurable tables in schema acme_typo; schemas acme_cli, pgdurable hold them: pass --schema"), errOut)
+	require.Contains(t, errOut, "(pgdurable: listing runs: ERROR: relation", "PostgreSQL's words come after")
+	code, out, _ = run(t, db, "--schema", "acme_typo", "runs", "list", "--json")
+	require.Equal(t, 1, code)
+	require.Contains(t, out, `"code":"not_migrated"`)
+	code, _, errOut = run(t, db, "--schema", "acme_typo", "serve", "--listen", freePort(t))
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "schema acme_typo holds no pgdurable tables; schemas acme_cli, pgdurable hold them")
+	code, out, errOut = run(t, db, "--schema", "acme_typo", "migrate", "status")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "schema: acme_typo\n")
+	require.Contains(t, out, "schemas acme_cli, pgdurable hold them")
+	// Over the HTTP API the server's schema is used: a --schema that would
+	// change nothing is refused.
+	var apiErr bytes.Buffer
+	code = commands.Execute(context.Background(), []string{"--address", "127.0.0.1:1", "--schema", "acme_cli", "runs", "list"},
+		commands.Options{Stdout: io.Discard, Stderr: &apiErr, Getenv: func(string) string { return "" }})
+	require.Equal(t, 2, code)
+	require.Contains(t, apiErr.String(), "over the HTTP API (127.0.0.1:1) the server's own schema is used")
+
 	// An installation from before: its tables in public.
 	_, err := db.Pool.Exec(context.Background(), `DROP SCHEMA pgdurable CASCADE`)
 	require.NoError(t, err)
@@ -1432,6 +1455,14 @@ func TestCLISchema(t *testing.T) {
 	code, _, errOut = run(t, db, "serve", "--listen", freePort(t))
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "pgdurable's tables are in schema public, where an earlier version kept them")
+	code, out, errOut = run(t, db, "migrate", "status")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "schema: pgdurable\n")
+	require.Contains(t, out, "pgdurable's tables are in schema public, where an earlier version kept them")
+	code, out, _ = run(t, db, "runs", "list", "--json")
+	require.Equal(t, 1, code)
+	require.Contains(t, out, `"code":"not_migrated"`)
+	require.Contains(t, out, "where an earlier version kept them")
 	code, out, errOut = run(t, db, "migrate", "up")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "moved from schema public to schema pgdurable: tables pgdurable_schema_migrations, workflow_runs")

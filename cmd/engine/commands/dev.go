@@ -90,8 +90,9 @@ func devDatabase(ctx context.Context, throwaway bool, g *global) (string, func()
 
 // banner starts the kit's seed runs and prints where the UI is, the
 // workflows the process registers and what to try, with the CLI as
-// invocation runs it.
-func (k *DevKit) banner(ctx context.Context, e *engine.Engine, log *slog.Logger, out io.Writer, base, dbURL, invocation string, workflows []string, ui bool) {
+// invocation runs it in the environment cliEnv ("DATABASE_URL='...'", and
+// the schema when --schema named one).
+func (k *DevKit) banner(ctx context.Context, e *engine.Engine, log *slog.Logger, out io.Writer, base, cliEnv, invocation string, workflows []string, ui bool) {
 	if k.Seed != nil {
 		if err := k.Seed(ctx, e); err != nil {
 			log.Warn("engine dev: starting the example runs failed", "error", err)
@@ -102,7 +103,7 @@ func (k *DevKit) banner(ctx context.Context, e *engine.Engine, log *slog.Logger,
 		fmt.Fprintf(out, "  web UI   %s/ui/\n", base)
 	}
 	fmt.Fprintf(out, "  API      %s/v1/runs  (no token needed on loopback)\n", base)
-	fmt.Fprintf(out, "  CLI      DATABASE_URL='%s' %s runs list\n", dbURL, invocation)
+	fmt.Fprintf(out, "  CLI      %s %s runs list\n", cliEnv, invocation)
 	if len(workflows) == 0 {
 		fmt.Fprintln(out, "  start    nothing: this process registers no workflows, so it works no runs")
 	} else {

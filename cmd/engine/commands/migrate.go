@@ -48,12 +48,20 @@ func (g *global) migrateCmd() *cobra.Command {
 			if g.jsonOut {
 				return writeJSON(g.opts.Stdout, st)
 			}
+			fmt.Fprintf(g.opts.Stdout, "schema: %s\n", st.Schema)
 			t := newTable(g.opts.Stdout, "VERSION", "NAME", "APPLIED")
 			for _, m := range st.Migrations {
 				t.row(m.Version, m.Name, m.Applied)
 			}
 			t.flush()
 			fmt.Fprintf(g.opts.Stdout, "river schema version: %d\n", st.RiverVersion)
+			if st.InPublic {
+				fmt.Fprintln(g.opts.Stdout, inPublic(st.Schema))
+			} else if len(st.Migrations) > 0 && !st.Migrations[0].Applied {
+				if elsewhere := otherSchemas(cmd.Context(), pool, st.Schema); elsewhere != "" {
+					fmt.Fprintf(g.opts.Stdout, "schema %s holds no pgdurable tables; %s\n", st.Schema, elsewhere)
+				}
+			}
 			return nil
 		},
 	}
@@ -106,10 +114,16 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	if st.InPublic {
 		return fmt.Errorf("%w: %s", errNotMigrated, inPublic(schema))
 	}
-	for _, m := range st.Migrations {
-		if !m.Applied {
-			return fmt.Errorf("%w: migration %d (%s) is not applied: run `engine migrate up` or pass --migrate", errNotMigrated, m.Version, m.Name)
+	for i, m := range st.Migrations {
+		if m.Applied {
+			continue
 		}
+		if i == 0 {
+			if elsewhere := otherSchemas(ctx, pool, schema); elsewhere != "" {
+				return fmt.Errorf("%w: schema %s holds no pgdurable tables; %s", errNotMigrated, schema, elsewhere)
+			}
+		}
+		return fmt.Errorf("%w: migration %d (%s) is not applied in schema %s: run `engine migrate up` or pass --migrate", errNotMigrated, m.Version, m.Name, schema)
 	}
 	if st.RiverVersion == 0 {
 		return fmt.Errorf("%w: the River tables are missing: run `engine migrate up` or pass --migrate", errNotMigrated)
@@ -119,6 +133,6 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 
 // inPublic is what to do about tables an earlier version kept in public.
 func inPublic(schema string) string {
-	return "pgdurable's tables are in schema public, where an earlier version kept them: stop the engines of that version and run `engine migrate up` to move them to schema " +
-		schema + " (or pass --schema public to keep them there)"
+	return "pgdurable's tables are in schema public, where an earlier version kept them: stop every engine of that version and run `engine migrate up` to move them to schema " +
+		schema + " (or pass --schema public, to every command, to keep them there)"
 }

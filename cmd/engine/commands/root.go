@@ -22,6 +22,8 @@ import (
 	"os"
 	"os/exec"
 	"runtime/debug"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -159,8 +161,10 @@ func Execute(ctx context.Context, args []string, opts Options) int {
 		// reaches the terminal.
 		msg := scrub(err.Error(), g.secrets())
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
-			msg += "; " + scrub(g.missingTables(ctx), g.secrets())
+		missing := errors.As(err, &pgErr) && pgErr.Code == "42P01" // undefined_table
+		if missing {
+			// What to do first; PostgreSQL's words after, for the record.
+			msg = scrub(g.missingTables(ctx), g.secrets()) + " (" + msg + ")"
 		}
 		var usage *usageError
 		var outcome *runOutcomeError
@@ -170,6 +174,10 @@ func Execute(ctx context.Context, args []string, opts Options) int {
 			return 1 // the run, as it ended, is printed
 		case errors.As(err, &outcome):
 			code, exit = "run_not_completed", 1
+		case missing, errors.Is(err, errNotMigrated), errors.Is(err, migrations.ErrMoved):
+			code, exit = "not_migrated", 1
+		case errors.Is(err, migrations.ErrEnginesRunning):
+			code, exit = "engines_running", 1
 		case !errors.As(err, &usage):
 			_, code = httpapi.ErrorCode(err)
 			var api *apiError
@@ -245,7 +253,7 @@ func newRoot(opts Options) (*cobra.Command, *global) {
 	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL, else "+DefaultDatabaseURL+")")
 	root.PersistentFlags().StringVar(&g.addressFlag, "address", "", "talk to a running engine's HTTP API at host:port or http(s)://host:port instead of the database (default $ENGINE_ADDRESS, unless --database-url is given; a redirect is an error, never followed)")
 	root.PersistentFlags().StringVar(&g.clientToken, "api-token", "", "the bearer token --address sends (default $ENGINE_API_TOKEN); serve: the token it requires")
-	root.PersistentFlags().StringVar(&g.schemaFlag, "schema", "", "PostgreSQL schema of pgdurable's tables and River's, for every command that uses the database except bench and chaos, whose databases are their own (default $"+envSchema+", else the binary's engine.Config.Schema, else "+engine.DefaultSchema+")")
+	root.PersistentFlags().StringVar(&g.schemaFlag, "schema", "", "PostgreSQL schema of pgdurable's tables and River's, for every command that uses the database except bench and chaos, whose databases are their own; refused with --address, where the server's own schema is used (default $"+envSchema+", else the binary's engine.Config.Schema, else "+engine.DefaultSchema+")")
 	root.PersistentFlags().BoolVar(&g.jsonOut, "json", false, "print JSON instead of tables (the HTTP API's shapes; errors as {\"error\": {\"code\", \"message\"}} on stdout)")
 	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.startNowCmd(), g.cancelCmd(), g.terminateCmd(), g.workflowsCmd(), g.signalCmd(), g.schedulesCmd(), g.uiSessionsCmd(), g.devCmd(), g.benchCmd())
 	env := &Env{g: g}
@@ -303,7 +311,27 @@ func (g *global) missingTables(ctx context.Context) string {
 	case err == nil && st.InPublic:
 		return inPublic(g.schema())
 	}
+	if elsewhere := otherSchemas(ctx, pool, g.schema()); elsewhere != "" {
+		return "the database has no pgdurable tables in schema " + g.schema() + "; " + elsewhere
+	}
 	return generic
+}
+
+// otherSchemas names the schemas other than schema that hold pgdurable's
+// tables, as a hint for a mistyped --schema ("" if none).
+func otherSchemas(ctx context.Context, pool *pgxpool.Pool, schema string) string {
+	all, err := migrations.Schemas(ctx, pool)
+	if err != nil {
+		return ""
+	}
+	all = slices.DeleteFunc(all, func(s string) bool { return s == schema })
+	switch len(all) {
+	case 0:
+		return ""
+	case 1:
+		return "schema " + all[0] + " holds them: pass --schema " + all[0] + " (or ENGINE_SCHEMA), or run `engine migrate up` to create them in " + schema
+	}
+	return "schemas " + strings.Join(all, ", ") + " hold them: pass --schema with one of these (or ENGINE_SCHEMA), or run `engine migrate up` to create them in " + schema
 }
 
 // envSchema names the variable --schema defaults to.
@@ -404,6 +432,12 @@ func (g *global) client(ctx context.Context) (b backend, done func(), err error)
 // apiClient is the client of the server at address(), with --api-token,
 // else ENGINE_API_TOKEN.
 func (g *global) apiClient() (*apiClient, error) {
+	if g.schemaFlag != "" {
+		// The server reads its own schema; a flag that changed nothing
+		// would let an operator believe they were looking at another
+		// installation.
+		return nil, &usageError{fmt.Errorf("--schema names where the tables are in the database; over the HTTP API (%s) the server's own schema is used: drop --schema, or --address to work on the database", g.address())}
+	}
 	token := g.clientToken
 	if token == "" {
 		token = g.opts.Getenv("ENGINE_API_TOKEN")

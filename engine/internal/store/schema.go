@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgdurable/pgdurable/storage/migrations"
 )
 
 // DefaultSchema is the PostgreSQL schema that holds the engine's tables
@@ -17,28 +19,10 @@ import (
 const DefaultSchema = "pgdurable"
 
 // Tables are the engine's own tables, as the statements of this package
-// name them (DefaultSchema + "." + table). River's tables sit in the same
-// schema but only River's own code reads them.
-var Tables = []string{
-	"workflow_runs", "workflow_steps", "workflow_signals", "dead_jobs",
-	"schedules", "schedule_fires", "engine_processes", "ui_sessions",
-}
-
-// validSchema is what a schema name may be: an identifier PostgreSQL
-// takes unquoted and keeps as written, since River puts its schema
-// option into SQL as it is, unquoted.
-var validSchema = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
-
-// ValidSchemaName reports why name cannot be a schema for the engine's
-// tables, or nil: lower-case ASCII letters, digits and underscores, not
-// starting with a digit, at most 63 bytes, and not a "pg_" name
-// (PostgreSQL reserves those).
-func ValidSchemaName(name string) error {
-	if !validSchema.MatchString(name) || strings.HasPrefix(name, "pg_") {
-		return fmt.Errorf("schema name %q: want lower-case letters, digits and underscores, starting with a letter or underscore, at most 63 bytes, not starting with pg_", name)
-	}
-	return nil
-}
+// name them (DefaultSchema + "." + table): the tables the migrations
+// create. River's tables sit in the same schema but only River's own code
+// reads them.
+var Tables = migrations.Tables
 
 // Querier is what a statement runs on: a pool, a connection or a
 // transaction.
@@ -77,12 +61,12 @@ type Schema struct {
 var Default = &Schema{name: DefaultSchema}
 
 // NewSchema returns the Schema named name ("" is DefaultSchema), or an
-// error when ValidSchemaName refuses the name.
+// error when migrations.ValidSchemaName refuses the name.
 func NewSchema(name string) (*Schema, error) {
 	if name == "" || name == DefaultSchema {
 		return Default, nil
 	}
-	if err := ValidSchemaName(name); err != nil {
+	if err := migrations.ValidSchemaName(name); err != nil {
 		return nil, err
 	}
 	return &Schema{name: name}, nil

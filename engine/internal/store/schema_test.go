@@ -6,7 +6,6 @@ import (
 	"go/token"
 	"regexp"
 	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -62,15 +61,6 @@ WHERE kind = 'pgdurable.run' AND r.status = 'pgdurable.workflow_runs_x'`, s.SQL(
 	again, err := NewSchema("")
 	require.NoError(t, err)
 	require.Same(t, Default, again)
-}
-
-func TestSchemaNames(t *testing.T) {
-	for _, ok := range []string{"pgdurable", "acme", "_x", "flows_2", strings.Repeat("a", 63)} {
-		require.NoError(t, ValidSchemaName(ok), ok)
-	}
-	for _, bad := range []string{"", "Acme", "1x", "a-b", "a.b", `a"b`, "pg_flows", strings.Repeat("a", 64), "a b", "ä"} {
-		require.Error(t, ValidSchemaName(bad), bad)
-	}
 }
 
 // rewriterFunc is a pgx.QueryRewriter as a func.
