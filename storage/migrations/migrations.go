@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -215,8 +216,17 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, direction Direction, opts 
 		if err := pool.QueryRow(ctx, `SELECT to_regnamespace($1) IS NOT NULL`, schema).Scan(&exists); err != nil {
 			return nil, fmt.Errorf("looking for schema %s: %w", schema, err)
 		}
+		// A move that would be refused is refused before anything is
+		// created.
+		if err := precheckMove(ctx, pool, schema); err != nil {
+			return nil, err
+		}
 		if !exists {
 			if _, err := pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
+				var pgErr *pgconn.PgError
+				if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+					return nil, fmt.Errorf("creating schema %s: %w: the role may not create schemas; have it created for the role (CREATE SCHEMA %s AUTHORIZATION <role>), or grant the role CREATE on the database", schema, err, schema)
+				}
 				return nil, fmt.Errorf("creating schema %s: %w", schema, err)
 			}
 		}
@@ -251,6 +261,11 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, direction Direction, opts 
 		}
 		for _, r := range applied {
 			res.Applied = append(res.Applied, r.Source.Version)
+		}
+		if schema == "public" {
+			if err := keepInPublic(ctx, pool); err != nil {
+				return nil, err
+			}
 		}
 	case Down:
 		for i := 0; opts.Steps == 0 || i < opts.Steps; i++ {
@@ -289,21 +304,25 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, direction Direction, opts 
 // River's applied versions.
 type Status struct {
 	// Schema is the schema read.
-	Schema     string
-	Migrations []MigrationStatus
+	Schema     string            `json:"schema"`
+	Migrations []MigrationStatus `json:"migrations"`
 	// RiverVersion is the highest applied River migration, 0 when none.
-	RiverVersion int
+	RiverVersion int `json:"river_version"`
 	// InPublic: Schema holds no tables yet, and public holds an
 	// installation from before the tables had a schema of their own,
 	// which Migrate(Up) moves.
-	InPublic bool
+	InPublic bool `json:"in_public"`
+	// OtherSchemas are the other schemas of the database that hold
+	// pgdurable's tables (see [Schemas]), in name order: where to look
+	// when Schema holds none.
+	OtherSchemas []string `json:"other_schemas"`
 }
 
 // MigrationStatus is one pgdurable migration's state.
 type MigrationStatus struct {
-	Version int64
-	Name    string
-	Applied bool
+	Version int64  `json:"version"`
+	Name    string `json:"name"`
+	Applied bool   `json:"applied"`
 }
 
 // GetStatus reads the state of opts.Schema without changing it. It fails
@@ -327,6 +346,11 @@ func GetStatus(ctx context.Context, pool *pgxpool.Pool, opts *Opts) (*Status, er
 	if out.InPublic, err = inPublic(ctx, pool, schema); err != nil {
 		return nil, err
 	}
+	all, err := Schemas(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	out.OtherSchemas = slices.DeleteFunc(all, func(s string) bool { return s == schema })
 	if !versioned {
 		// Nothing applied; goose would create its table to say so.
 		provider, err := newProvider(nil)

@@ -81,7 +81,8 @@ func moveFromPublic(ctx context.Context, pool *pgxpool.Pool, schema string) (*Mo
 			qualified[i] = pgx.Identifier{"public", t}.Sanitize()
 		}
 		if _, err := tx.Exec(ctx, "LOCK TABLE "+strings.Join(qualified, ", ")+" IN ACCESS EXCLUSIVE MODE"); err != nil {
-			return fmt.Errorf("%w: %w", ErrEnginesRunning, err)
+			return fmt.Errorf("%w (a session held a lock on them for %s; see pg_locks): stop every engine working on them, or end that session, and migrate again: %w",
+				ErrEnginesRunning, moveLockTimeout, err)
 		}
 		if err := refuseLive(ctx, tx, schema, tables); err != nil {
 			return err
@@ -127,10 +128,50 @@ func inPublic(ctx context.Context, q interface {
 		return false, nil
 	}
 	var version *int64
-	if err := q.QueryRow(ctx, `SELECT max(version_id) FROM public.`+VersionTable).Scan(&version); err != nil {
+	var comment *string
+	if err := q.QueryRow(ctx, `SELECT max(version_id), obj_description(to_regclass(format('public.%I', $1::text)), 'pg_class')
+		FROM public.`+VersionTable, VersionTable).Scan(&version, &comment); err != nil {
 		return false, fmt.Errorf("reading the version of the tables in public: %w", err)
 	}
+	if comment != nil && strings.HasPrefix(*comment, keptComment) {
+		return false, nil // migrated by this version with Schema "public": meant to stay
+	}
 	return version != nil && *version != 0 && *version != movedVersion, nil
+}
+
+// keptComment marks the version table of an installation that Migrate put
+// (or kept) in public on purpose, which a migration into another schema
+// must leave alone: that is a second installation.
+const keptComment = "pgdurable keeps its tables in schema public"
+
+// keepInPublic marks public's installation as meant to stay there.
+func keepInPublic(ctx context.Context, pool *pgxpool.Pool) error {
+	_, err := pool.Exec(ctx, `COMMENT ON TABLE `+pgx.Identifier{"public", VersionTable}.Sanitize()+` IS `+
+		quoteLiteral(keptComment+" (migrated with schema public): a migration into another schema starts a second installation there and leaves these tables alone."))
+	if err != nil {
+		return fmt.Errorf("marking the tables in public as kept there: %w", err)
+	}
+	return nil
+}
+
+// precheckMove refuses, as moveFromPublic would, a move while engines run
+// on the tables in public, before Migrate creates anything; moveFromPublic
+// checks again under its locks.
+func precheckMove(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if legacy, err := inPublic(ctx, tx, schema); err != nil || !legacy {
+			return err
+		}
+		tables, err := existing(ctx, tx, Tables)
+		if err != nil {
+			return err
+		}
+		return refuseLive(ctx, tx, schema, tables)
+	})
+	if err != nil {
+		return fmt.Errorf("moving pgdurable's tables from public to schema %s: %w", schema, err)
+	}
+	return nil
 }
 
 // existing returns those of tables that public holds, in order (an

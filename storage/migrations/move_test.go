@@ -31,6 +31,10 @@ func legacyDB(t *testing.T) *enginetest.DB {
 	require.NoError(t, err)
 	_, err = migrations.Migrate(ctx, db.Pool, migrations.Up, &migrations.Opts{Schema: "public"})
 	require.NoError(t, err)
+	// The earlier version left its version table unmarked; this version
+	// marks one it keeps in public on purpose.
+	_, err = db.Pool.Exec(ctx, `COMMENT ON TABLE public.pgdurable_schema_migrations IS NULL`)
+	require.NoError(t, err)
 	return db
 }
 
@@ -231,6 +235,9 @@ func TestMigrateRefusesWhileARunIsLeased(t *testing.T) {
 	var n int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM public.workflow_runs`).Scan(&n))
 	require.Equal(t, 1, n)
+	var created bool
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT to_regnamespace('pgdurable') IS NOT NULL`).Scan(&created))
+	require.False(t, created, "a refused move creates nothing, not even the schema")
 
 	_, err = db.Pool.Exec(ctx, `UPDATE public.workflow_runs SET lease_expires_at = now() - interval '1 second'`)
 	require.NoError(t, err)
@@ -377,4 +384,36 @@ func TestMigrateIntoASchemaCreatedBeforehand(t *testing.T) {
 	require.Len(t, res.Applied, 24)
 	_, err = migrations.Migrate(ctx, pool, migrations.Up, &migrations.Opts{Schema: "not_there"})
 	require.ErrorContains(t, err, "creating schema not_there")
+	require.ErrorContains(t, err, "(CREATE SCHEMA not_there AUTHORIZATION <role>)")
+}
+
+// An installation this version migrated into public on purpose stays
+// there: a migration into another schema starts a second installation.
+func TestAnInstallationKeptInPublicStaysThere(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := enginetest.NewDB(t)
+	_, err := db.Pool.Exec(ctx, `DROP SCHEMA `+migrations.DefaultSchema+` CASCADE`)
+	require.NoError(t, err)
+	_, err = migrations.Migrate(ctx, db.Pool, migrations.Up, &migrations.Opts{Schema: "public"})
+	require.NoError(t, err)
+	wf := newMoveWorkflows()
+	kept := enginetest.NewEngine(t, db, &engine.Config{Schema: "public"}, false, wf.all()...)
+	_, err = wf.greet.Start(ctx, kept, "kept", nil)
+	require.NoError(t, err)
+	before := counts(t, db.Pool, "public")
+
+	st, err := migrations.GetStatus(ctx, db.Pool, nil)
+	require.NoError(t, err)
+	require.False(t, st.InPublic)
+	require.Equal(t, []string{"public"}, st.OtherSchemas)
+	res, err := migrations.Migrate(ctx, db.Pool, migrations.Up, nil)
+	require.NoError(t, err)
+	require.Nil(t, res.Moved)
+	require.Len(t, res.Applied, 24)
+	require.Equal(t, before, counts(t, db.Pool, "public"))
+	require.Zero(t, counts(t, db.Pool, migrations.DefaultSchema)["workflow_runs"])
+	st, err = migrations.GetStatus(ctx, db.Pool, &migrations.Opts{Schema: "public"})
+	require.NoError(t, err)
+	require.Equal(t, []string{migrations.DefaultSchema}, st.OtherSchemas)
 }

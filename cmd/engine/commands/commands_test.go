@@ -1421,7 +1421,7 @@ func TestCLISchema(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.Contains(t, envOut.String(), "in-acme")
 	code, _, errOut = run(t, db, "--schema", "Acme", "runs", "list")
-	require.Equal(t, 1, code)
+	require.Equal(t, 2, code, "a usage mistake")
 	require.Contains(t, errOut, `schema name "Acme"`)
 
 	// A mistyped schema is pointed at the ones that hold tables.
@@ -1439,6 +1439,10 @@ func TestCLISchema(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "schema: acme_typo\n")
 	require.Contains(t, out, "schemas acme_cli, pgdurable hold them")
+	code, out, errOut = run(t, db, "--schema", "acme_typo", "migrate", "status", "--json")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, `"schema":"acme_typo"`)
+	require.Contains(t, out, `"other_schemas":["acme_cli","pgdurable"]`)
 	// Over the HTTP API the server's schema is used: a --schema that would
 	// change nothing is refused.
 	var apiErr bytes.Buffer
@@ -1452,6 +1456,8 @@ func TestCLISchema(t *testing.T) {
 	require.NoError(t, err)
 	code, _, errOut = run(t, db, "--schema", "public", "migrate", "up")
 	require.Equal(t, 0, code, errOut)
+	_, err = db.Pool.Exec(context.Background(), `COMMENT ON TABLE public.pgdurable_schema_migrations IS NULL`) // as the earlier version left it
+	require.NoError(t, err)
 	code, _, errOut = run(t, db, "serve", "--listen", freePort(t))
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "pgdurable's tables are in schema public, where an earlier version kept them")

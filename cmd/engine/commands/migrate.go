@@ -58,7 +58,7 @@ func (g *global) migrateCmd() *cobra.Command {
 			if st.InPublic {
 				fmt.Fprintln(g.opts.Stdout, inPublic(st.Schema))
 			} else if len(st.Migrations) > 0 && !st.Migrations[0].Applied {
-				if elsewhere := otherSchemas(cmd.Context(), pool, st.Schema); elsewhere != "" {
+				if elsewhere := otherSchemas(st.Schema, st.OtherSchemas); elsewhere != "" {
 					fmt.Fprintf(g.opts.Stdout, "schema %s holds no pgdurable tables; %s\n", st.Schema, elsewhere)
 				}
 			}
@@ -85,7 +85,9 @@ func (g *global) migrate(ctx context.Context, dir migrations.Direction, opts *mi
 	}
 	if dir == migrations.Up && g.opts.Migrate != nil {
 		if err := g.opts.Migrate(ctx, pool); err != nil {
-			return err
+			// Say what did happen: the engine's part is done and stays.
+			return fmt.Errorf("pgdurable's tables in schema %s are migrated (pgdurable versions %v applied now), but this binary's own migration (Options.Migrate) failed: %w",
+				res.Schema, res.Applied, err)
 		}
 	}
 	if g.jsonOut {
@@ -119,7 +121,7 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 			continue
 		}
 		if i == 0 {
-			if elsewhere := otherSchemas(ctx, pool, schema); elsewhere != "" {
+			if elsewhere := otherSchemas(schema, st.OtherSchemas); elsewhere != "" {
 				return fmt.Errorf("%w: schema %s holds no pgdurable tables; %s", errNotMigrated, schema, elsewhere)
 			}
 		}

@@ -22,7 +22,6 @@ import (
 	"os"
 	"os/exec"
 	"runtime/debug"
-	"slices"
 	"strings"
 	"time"
 
@@ -178,6 +177,8 @@ func Execute(ctx context.Context, args []string, opts Options) int {
 			code, exit = "not_migrated", 1
 		case errors.Is(err, migrations.ErrEnginesRunning):
 			code, exit = "engines_running", 1
+		case pgErr != nil && pgErr.Code == "42501": // insufficient_privilege
+			code, exit = "permission_denied", 1
 		case !errors.As(err, &usage):
 			_, code = httpapi.ErrorCode(err)
 			var api *apiError
@@ -250,6 +251,17 @@ func newRoot(opts Options) (*cobra.Command, *global) {
 	root.SetOut(opts.Stdout)
 	root.SetErr(opts.Stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{err} })
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		// A bad schema name is a usage mistake, told before anything
+		// connects (bench and chaos use databases of their own).
+		if name := cmd.Name(); name == "bench" || name == "chaos" || name == "help" {
+			return nil
+		}
+		if err := migrations.ValidSchemaName(g.schema()); err != nil {
+			return &usageError{fmt.Errorf("--schema (or $%s): %w", envSchema, err)}
+		}
+		return nil
+	}
 	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL, else "+DefaultDatabaseURL+")")
 	root.PersistentFlags().StringVar(&g.addressFlag, "address", "", "talk to a running engine's HTTP API at host:port or http(s)://host:port instead of the database (default $ENGINE_ADDRESS, unless --database-url is given; a redirect is an error, never followed)")
 	root.PersistentFlags().StringVar(&g.clientToken, "api-token", "", "the bearer token --address sends (default $ENGINE_API_TOKEN); serve: the token it requires")
@@ -311,27 +323,24 @@ func (g *global) missingTables(ctx context.Context) string {
 	case err == nil && st.InPublic:
 		return inPublic(g.schema())
 	}
-	if elsewhere := otherSchemas(ctx, pool, g.schema()); elsewhere != "" {
-		return "the database has no pgdurable tables in schema " + g.schema() + "; " + elsewhere
+	if err == nil {
+		if elsewhere := otherSchemas(g.schema(), st.OtherSchemas); elsewhere != "" {
+			return "the database has no pgdurable tables in schema " + g.schema() + "; " + elsewhere
+		}
 	}
 	return generic
 }
 
-// otherSchemas names the schemas other than schema that hold pgdurable's
-// tables, as a hint for a mistyped --schema ("" if none).
-func otherSchemas(ctx context.Context, pool *pgxpool.Pool, schema string) string {
-	all, err := migrations.Schemas(ctx, pool)
-	if err != nil {
-		return ""
-	}
-	all = slices.DeleteFunc(all, func(s string) bool { return s == schema })
-	switch len(all) {
+// otherSchemas names others, the schemas other than schema that hold
+// pgdurable's tables, as a hint for a mistyped --schema ("" if none).
+func otherSchemas(schema string, others []string) string {
+	switch len(others) {
 	case 0:
 		return ""
 	case 1:
-		return "schema " + all[0] + " holds them: pass --schema " + all[0] + " (or ENGINE_SCHEMA), or run `engine migrate up` to create them in " + schema
+		return "schema " + others[0] + " holds them: pass --schema " + others[0] + " (or ENGINE_SCHEMA), or run `engine migrate up` to create them in " + schema
 	}
-	return "schemas " + strings.Join(all, ", ") + " hold them: pass --schema with one of these (or ENGINE_SCHEMA), or run `engine migrate up` to create them in " + schema
+	return "schemas " + strings.Join(others, ", ") + " hold them: pass --schema with one of these (or ENGINE_SCHEMA), or run `engine migrate up` to create them in " + schema
 }
 
 // envSchema names the variable --schema defaults to.
