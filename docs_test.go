@@ -168,6 +168,11 @@ func chargeCard(context.Context, Order) (string, error) { return "", nil }
 	"docs/concepts.md": `
 var ctx context.Context
 `,
+	"docs/deploys.md": `
+var ctx *engine.Context
+type Receipt struct{}
+func checkFraud(context.Context) (bool, error) { return true, nil }
+`,
 	"docs/steps-and-activities.md": `
 var (
 	ctx      *engine.Context

@@ -240,7 +240,8 @@ func crashWorkflows(pool *pgxpool.Pool) []engine.Registration {
 			return 1, nil
 		}, &engine.StepOpts{ScheduleToCloseTimeout: 4 * time.Second, RetryPolicy: &engine.RetryPolicy{MaximumAttempts: 1}}).Get(ctx)
 	}, nil)
-	return append([]engine.Registration{three, flaky, lost, tx, batch, fanout, kid, parent, lostPar, lostS2C}, deadlineCrashWorkflows(pool)...)
+	return append(append([]engine.Registration{three, flaky, lost, tx, batch, fanout, kid, parent, lostPar, lostS2C}, deadlineCrashWorkflows(pool)...),
+		patchCrashWorkflows(pool)...)
 }
 
 func createCallsTable(t *testing.T, pool *pgxpool.Pool) {

@@ -1,0 +1,105 @@
+package engine_test
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/internal/crashtest"
+)
+
+// Where crash-patch's child worker hangs until the test kills it: in the
+// workflow's code right after Patched returned (its marker not written
+// yet), or inside the first step of the new code (the marker written with
+// the activity's request ID).
+const (
+	envHangAfterPatched = "PGDURABLE_TEST_HANG_AFTER_PATCHED"
+	envHangInNewCode    = "PGDURABLE_TEST_HANG_IN_NEW_CODE"
+)
+
+// patchCrashWorkflows are crash workflows for Patched.
+func patchCrashWorkflows(pool *pgxpool.Pool) []engine.Registration {
+	patched := engine.Define("crash-patch", func(ctx *engine.Context, _ crashIn) (string, error) {
+		if _, err := engine.Step(ctx, "before", func(context.Context) (int, error) { return 1, nil }, nil); err != nil {
+			return "", err
+		}
+		branch := "old"
+		if engine.Patched(ctx, "fraud-check") {
+			if os.Getenv(envHangAfterPatched) == "1" {
+				if err := bumpCalls(context.Background(), pool, ctx.RunID(), "after_patched"); err != nil {
+					return "", err
+				}
+				select {}
+			}
+			if _, err := engine.RunActivity(ctx, "fraud_check", func(actx context.Context, _ *engine.ActivityAttempt) (int, error) {
+				if err := bumpCalls(context.WithoutCancel(actx), pool, ctx.RunID(), "fraud_check"); err != nil {
+					return 0, err
+				}
+				if os.Getenv(envHangInNewCode) == "1" {
+					select {}
+				}
+				return 1, nil
+			}, nil); err != nil {
+				return "", err
+			}
+			branch = "new"
+		} else if _, err := engine.Step(ctx, "old_check", func(context.Context) (int, error) { return 1, nil }, nil); err != nil {
+			return "", err
+		}
+		if _, err := engine.Step(ctx, "after", func(context.Context) (int, error) { return 1, nil }, nil); err != nil {
+			return "", err
+		}
+		return branch, nil
+	}, nil)
+	return []engine.Registration{patched}
+}
+
+// A worker killed between Patched and the first step of the new code, with
+// the marker written or not: the next delivery takes the same branch, and
+// the marker is recorded once, where Patched was called.
+func TestPatchedTakesTheSameBranchAfterACrash(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, env, reached string
+		fraudChecks        int // the new code's activity: run again when killed in it
+		markers            int // marker rows when the worker is killed
+	}{
+		{"marker not yet written", envHangAfterPatched, "after_patched", 1, 0},
+		{"marker written", envHangInNewCode, "fraud_check", 2, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db := enginetest.NewDB(t)
+			createCallsTable(t, db.Pool)
+			wfs := crashWorkflows(db.Pool)
+			client := newEngine(t, db, nil, false, wfs...)
+			ctx := testCtx(t)
+			res, err := client.StartJSON(ctx, "crash-patch", []byte(`{}`), nil)
+			require.NoError(t, err)
+
+			child := crashtest.StartWorker(t, db, 2*time.Second, tc.env+"=1")
+			eventually(t, 30*time.Second, tc.reached+" to be reached", func() bool {
+				return calls(t, db.Pool, res.RunID, tc.reached) == 1
+			})
+			var markers int
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_steps WHERE run_id = $1 AND kind = 'patch'`,
+				res.RunID).Scan(&markers))
+			require.Equal(t, tc.markers, markers)
+			crashtest.Kill(t, child)
+
+			worker := newEngine(t, db, &engine.Config{LeaseDuration: 2 * time.Second}, true, wfs...)
+			run := waitStatus(t, worker, res.RunID, engine.StatusCompleted, 30*time.Second)
+			require.JSONEq(t, `"new"`, string(run.Output))
+			steps := enginetest.RequireSteps(ctx, t, worker, res.RunID, []string{"before", "fraud-check", "fraud_check", "after"})
+			require.Equal(t, engine.KindPatch, steps[1].Kind)
+			require.Equal(t, tc.fraudChecks, calls(t, db.Pool, res.RunID, "fraud_check"))
+			require.Equal(t, tc.fraudChecks, steps[2].Attempts, "one request ID, one attempt per call")
+		})
+	}
+}

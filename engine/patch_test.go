@@ -1,0 +1,166 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
+)
+
+// deployApproval is one deploy of a workflow named "approval": each version of
+// its code a test deploys by starting an engine that registers it.
+func deployApproval(body func(ctx *engine.Context) error) *engine.Workflow[string, string] {
+	return engine.Define("approval", func(ctx *engine.Context, in string) (string, error) {
+		if _, err := engine.Step(ctx, "validate", func(context.Context) (string, error) { return in, nil }, nil); err != nil {
+			return "", err
+		}
+		if err := body(ctx); err != nil {
+			return "", err
+		}
+		return engine.Step(ctx, "ship", func(context.Context) (string, error) { return "shipped " + in, nil }, nil)
+	}, nil)
+}
+
+func step(ctx *engine.Context, name string) error {
+	_, err := engine.Step(ctx, name, func(context.Context) (bool, error) { return true, nil }, nil)
+	return err
+}
+
+func awaitApproval(ctx *engine.Context) error {
+	_, err := engine.AwaitSignal[string](ctx, "approve", time.Hour)
+	return err
+}
+
+// The deploy of the issue: runs wait on an approval signal; the workflow
+// gains a fraud check before the wait and a gift wrap after it; the
+// signal arrives. Every waiting run replays the old code up to the wait
+// (it passed the fraud check's point before the deploy) and takes the
+// gift wrap (it had not reached that point); a run started after the
+// deploy takes both. Nothing is parked. Then the old code is deleted
+// (DeprecatePatch), and runs with the marker and runs without finish.
+func TestPatchedKeepsInFlightRunsOnTheirCode(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := testCtx(t)
+	v1 := deployApproval(awaitApproval)
+	old := newEngine(t, db, nil, true, v1)
+	var waiting []uuid.UUID
+	for i := range 5 {
+		id := fmt.Sprintf("order-%d", i)
+		r, err := v1.Start(ctx, old, id, &engine.StartOpts{WorkflowID: id})
+		require.NoError(t, err)
+		enginetest.RequireRunStatus(ctx, t, old, r.RunID, engine.StatusWaiting, 0)
+		waiting = append(waiting, r.RunID)
+	}
+	require.NoError(t, old.Stop(ctx))
+
+	// Without a patch, the same change parks a waiting run: the guard
+	// this test exists for.
+	unpatched := newEngine(t, db, nil, true, deployApproval(func(ctx *engine.Context) error {
+		if err := step(ctx, "fraud_check"); err != nil {
+			return err
+		}
+		return awaitApproval(ctx)
+	}))
+	require.NoError(t, unpatched.Signal(ctx, waiting[0].String(), "approve", "ann", nil))
+	parked := waiting[0]
+	enginetest.RequireRunStatus(ctx, t, unpatched, parked, engine.StatusDead, 0)
+	enginetest.RequireDeadJob(ctx, t, unpatched, parked, &enginetest.RequireDeadJobOpts{Reason: engine.ReasonNonDeterminism})
+	require.NoError(t, unpatched.Stop(ctx))
+
+	v2 := deployApproval(func(ctx *engine.Context) error {
+		if engine.Patched(ctx, "fraud-check") {
+			if err := step(ctx, "fraud_check"); err != nil {
+				return err
+			}
+		}
+		if err := awaitApproval(ctx); err != nil {
+			return err
+		}
+		if engine.Patched(ctx, "gift-wrap") {
+			return step(ctx, "gift_wrap")
+		}
+		return nil
+	})
+	deployed := newEngine(t, db, nil, true, v2)
+	for _, runID := range waiting[1:] {
+		require.NoError(t, deployed.Signal(ctx, runID.String(), "approve", "ann", nil))
+		enginetest.RequireRunCompleted(ctx, t, deployed, runID, 0)
+		enginetest.RequireSteps(ctx, t, deployed, runID, []string{"validate", "approve", "gift-wrap", "gift_wrap", "ship"})
+	}
+	fresh, err := v2.Start(ctx, deployed, "order-new", &engine.StartOpts{WorkflowID: "order-new"})
+	require.NoError(t, err)
+	enginetest.RequireRunStatus(ctx, t, deployed, fresh.RunID, engine.StatusWaiting, 0)
+	steps := enginetest.RequireSteps(ctx, t, deployed, fresh.RunID, []string{"validate", "fraud-check", "fraud_check", "approve"})
+	require.Equal(t, engine.KindPatch, steps[1].Kind)
+	require.Equal(t, engine.StepCompleted, steps[1].Status)
+	dead, _, err := deployed.ListDeadJobs(ctx, engine.ListDeadJobsParams{})
+	require.NoError(t, err)
+	require.Len(t, dead, 1, "only the unpatched deploy's run")
+
+	// The old code is gone: the fraud check always runs.
+	other, err := v2.Start(ctx, deployed, "order-new-2", &engine.StartOpts{WorkflowID: "order-new-2"})
+	require.NoError(t, err)
+	enginetest.RequireRunStatus(ctx, t, deployed, other.RunID, engine.StatusWaiting, 0)
+	require.NoError(t, deployed.Stop(ctx))
+	v3 := deployApproval(func(ctx *engine.Context) error {
+		engine.DeprecatePatch(ctx, "fraud-check")
+		if err := step(ctx, "fraud_check"); err != nil {
+			return err
+		}
+		if err := awaitApproval(ctx); err != nil {
+			return err
+		}
+		engine.DeprecatePatch(ctx, "gift-wrap")
+		return step(ctx, "gift_wrap")
+	})
+	cleaned := newEngine(t, db, nil, true, v3)
+	// Both recorded the fraud check's marker, and reach the gift wrap only
+	// now, where it runs with no marker to record.
+	for _, r := range []*engine.StartResult{fresh, other} {
+		require.NoError(t, cleaned.Signal(ctx, r.RunID.String(), "approve", "bo", nil))
+		enginetest.RequireRunCompleted(ctx, t, cleaned, r.RunID, 0)
+		enginetest.RequireSteps(ctx, t, cleaned, r.RunID, []string{"validate", "fraud-check", "fraud_check", "approve", "gift_wrap", "ship"})
+	}
+	newest, err := v3.Start(ctx, cleaned, "order-newest", nil)
+	require.NoError(t, err)
+	enginetest.RequireRunStatus(ctx, t, cleaned, newest.RunID, engine.StatusWaiting, 0)
+	require.NoError(t, cleaned.Signal(ctx, newest.RunID.String(), "approve", "cy", nil))
+	enginetest.RequireRunCompleted(ctx, t, cleaned, newest.RunID, 0)
+	enginetest.RequireSteps(ctx, t, cleaned, newest.RunID, []string{"validate", "fraud_check", "approve", "gift_wrap", "ship"})
+}
+
+// A marker is written before a parallel step starts, whose record is
+// written apart from the workflow's: a crash can never leave the
+// parallel step's record at a later position with the marker's empty,
+// where a replay would read the run as one that took the old code.
+func TestPatchedMarkerIsWrittenBeforeAParallelStep(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := testCtx(t)
+	wf := engine.Define("patch-then-go", func(ctx *engine.Context, _ string) (int, error) {
+		if err := step(ctx, "before"); err != nil {
+			return 0, err
+		}
+		if !engine.Patched(ctx, "parallel") {
+			return 0, nil
+		}
+		runID := ctx.RunID()
+		return engine.Go(ctx, "count_markers", func(sctx context.Context) (int, error) {
+			var n int
+			err := db.Pool.QueryRow(sctx, `SELECT count(*) FROM pgdurable.workflow_steps WHERE run_id = $1 AND kind = 'patch'`, runID).Scan(&n)
+			return n, err
+		}, nil).Get(ctx)
+	}, nil)
+	e := newEngine(t, db, nil, true, wf)
+	r, err := wf.Start(ctx, e, "", nil)
+	require.NoError(t, err)
+	run := enginetest.RequireRunCompleted(ctx, t, e, r.RunID, 0)
+	require.JSONEq(t, `1`, string(run.Output))
+}
