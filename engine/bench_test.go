@@ -234,7 +234,14 @@ func BenchmarkStepKinds(b *testing.B) {
 			return err
 		},
 	}
-	for _, kind := range []string{"step", "tx", "activity"} {
+	// A patched step: the change's marker, then the step (see Patched).
+	kinds["patched"] = func(ctx *engine.Context, i int) error {
+		if !engine.Patched(ctx, fmt.Sprint("p", i)) {
+			return nil
+		}
+		return kinds["step"](ctx, i)
+	}
+	for _, kind := range []string{"step", "tx", "activity", "patched"} {
 		b.Run("kind="+kind, func(b *testing.B) {
 			var perWF [2]struct{ rt, commits float64 }
 			for j, n := range []int{3, 10} {

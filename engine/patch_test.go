@@ -164,3 +164,45 @@ func TestPatchedMarkerIsWrittenBeforeAParallelStep(t *testing.T) {
 	run := enginetest.RequireRunCompleted(ctx, t, e, r.RunID, 0)
 	require.JSONEq(t, `1`, string(run.Output))
 }
+
+// Runs list by whether they recorded a change's marker, so an operator
+// can tell when the old code has no run left.
+func TestListRunsByPatch(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := testCtx(t)
+	v1 := deployApproval(awaitApproval)
+	old := newEngine(t, db, nil, true, v1)
+	before, err := v1.Start(ctx, old, "before", nil)
+	require.NoError(t, err)
+	enginetest.RequireRunStatus(ctx, t, old, before.RunID, engine.StatusWaiting, 0)
+	require.NoError(t, old.Stop(ctx))
+	v2 := deployApproval(func(ctx *engine.Context) error {
+		if engine.Patched(ctx, "fraud-check") {
+			if err := step(ctx, "fraud_check"); err != nil {
+				return err
+			}
+		}
+		return awaitApproval(ctx)
+	})
+	e := newEngine(t, db, nil, true, v2)
+	after, err := v2.Start(ctx, e, "after", nil)
+	require.NoError(t, err)
+	enginetest.RequireRunStatus(ctx, t, e, after.RunID, engine.StatusWaiting, 0)
+
+	ids := func(p engine.ListRunsParams) []uuid.UUID {
+		runs, _, err := e.ListRuns(ctx, p)
+		require.NoError(t, err)
+		var out []uuid.UUID
+		for _, r := range runs {
+			out = append(out, r.RunID)
+		}
+		return out
+	}
+	require.Equal(t, []uuid.UUID{after.RunID}, ids(engine.ListRunsParams{Workflow: "approval", Patched: "fraud-check"}))
+	require.Equal(t, []uuid.UUID{before.RunID}, ids(engine.ListRunsParams{Workflow: "approval", Status: engine.StatusWaiting, Unpatched: "fraud-check"}))
+	require.Empty(t, ids(engine.ListRunsParams{Patched: "fraud-check", Unpatched: "fraud-check"}))
+	require.Len(t, ids(engine.ListRunsParams{Unpatched: "other-change"}), 2)
+	_, _, err = e.ListRuns(ctx, engine.ListRunsParams{Patched: "bad\nid"})
+	require.ErrorIs(t, err, engine.ErrInvalidArgument)
+}

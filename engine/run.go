@@ -702,8 +702,15 @@ type ListRunsParams struct {
 	// run's children stay reachable from its Run.Children. No index
 	// serves it; it filters the runs the other fields select.
 	TopLevel bool
-	Limit    int    // 1..1000, default 50
-	Cursor   string // the nextCursor the previous page's ListRuns returned
+	// Patched keeps the runs that recorded the marker of the change of
+	// this name (see Patched); Unpatched keeps those that did not, which
+	// with a Workflow and an open Status are the runs that may still
+	// replay the code before the change. A step name's rules apply (else
+	// ErrInvalidArgument). The runs' steps are read per run: pair these
+	// with Workflow and Status.
+	Patched, Unpatched string
+	Limit              int    // 1..1000, default 50
+	Cursor             string // the nextCursor the previous page's ListRuns returned
 }
 
 // ListRuns returns runs newest first, and a cursor for the next page ("" on
@@ -726,7 +733,16 @@ func (e *Engine) ListRuns(ctx context.Context, p ListRunsParams) (runs []*Run, n
 	if err != nil {
 		return nil, "", err
 	}
+	for what, id := range map[string]string{"patched": p.Patched, "unpatched": p.Unpatched} {
+		if id == "" {
+			continue
+		}
+		if err := checkName(what+" change ID", id, 200); err != nil {
+			return nil, "", fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		}
+	}
 	rows, err := store.ListRuns(ctx, e.db, store.RunFilter{Workflow: p.Workflow, Status: string(p.Status), Tags: tags,
+		Patched: p.Patched, Unpatched: p.Unpatched,
 		WorkflowIDPrefix: p.WorkflowIDPrefix, TopLevel: p.TopLevel, Before: before, Limit: limit + 1,
 		CreatedAfter: timeOrNil(p.CreatedAfter), CreatedBefore: timeOrNil(p.CreatedBefore),
 		FinishedAfter: timeOrNil(p.FinishedAfter), FinishedBefore: timeOrNil(p.FinishedBefore)})

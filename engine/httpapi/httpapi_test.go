@@ -1072,6 +1072,12 @@ func TestTopLevelRunsOverHTTP(t *testing.T) {
 	r = b.do(t, "GET", "/v1/runs?top_level=maybe", "")
 	require.Equal(t, 400, r.status, r.raw)
 	require.Contains(t, r.raw, `top_level \"maybe\" is not true or false`)
+	// No run of these workflows calls engine.Patched: none is patched.
+	require.Empty(t, ids("patched=fraud-check"))
+	require.Len(t, ids("workflow=approval&unpatched=fraud-check"), 2)
+	r = b.do(t, "GET", "/v1/runs?patched=%0Abad", "")
+	require.Equal(t, 400, r.status, r.raw)
+	require.Contains(t, r.raw, "patched change ID")
 	dry := b.do(t, "POST", "/v1/bulk/cancel-runs", `{"workflow": "approval", "top_level": true, "dry_run": true}`)
 	require.Equal(t, http.StatusOK, dry.status, dry.raw)
 	require.EqualValues(t, 1, dry.body["matched"])

@@ -165,7 +165,7 @@ func (a *api) getRun(w http.ResponseWriter, r *http.Request) {
 
 func (a *api) listRuns(w http.ResponseWriter, r *http.Request) {
 	q, ok := queryParams(w, r, "workflow", "status", "workflow_id_prefix", "limit", "cursor",
-		"created_after", "created_before", "finished_after", "finished_before", "tag", "top_level")
+		"created_after", "created_before", "finished_after", "finished_before", "tag", "top_level", "patched", "unpatched")
 	if !ok {
 		return
 	}
@@ -189,6 +189,7 @@ func (a *api) listRuns(w http.ResponseWriter, r *http.Request) {
 	p := engine.ListRunsParams{
 		Workflow: q.Get("workflow"), Status: engine.RunStatus(q.Get("status")), WorkflowIDPrefix: q.Get("workflow_id_prefix"),
 		Limit: limit, Cursor: q.Get("cursor"), Tags: tags, TopLevel: topLevel,
+		Patched: q.Get("patched"), Unpatched: q.Get("unpatched"),
 	}
 	for name, dst := range map[string]*time.Time{"created_after": &p.CreatedAfter, "created_before": &p.CreatedBefore,
 		"finished_after": &p.FinishedAfter, "finished_before": &p.FinishedBefore} {

@@ -236,13 +236,15 @@ func openCounts(m map[engine.RunStatus]int64) []statusCount {
 
 // runFilter is the runs page's filter, as its form and query string hold it.
 // TopLevel is "true" to leave out child runs (a checkbox), else "".
+// Patched and Unpatched are change IDs (engine.Patched's markers).
 type runFilter struct {
-	Workflow, Status, Prefix, CreatedAfter, CreatedBefore, Tags, TopLevel, Cursor string
+	Workflow, Status, Prefix, CreatedAfter, CreatedBefore, Tags, TopLevel, Patched, Unpatched, Cursor string
 }
 
 func readRunFilter(v url.Values) runFilter {
 	f := runFilter{Workflow: v.Get("workflow"), Status: v.Get("status"), Prefix: v.Get("workflow_id_prefix"),
-		CreatedAfter: v.Get("created_after"), CreatedBefore: v.Get("created_before"), Tags: v.Get("tags"), Cursor: v.Get("cursor")}
+		CreatedAfter: v.Get("created_after"), CreatedBefore: v.Get("created_before"), Tags: v.Get("tags"), Cursor: v.Get("cursor"),
+		Patched: strings.TrimSpace(v.Get("patched")), Unpatched: strings.TrimSpace(v.Get("unpatched"))}
 	if top, _ := strconv.ParseBool(v.Get("top_level")); top {
 		f.TopLevel = "true"
 	}
@@ -253,7 +255,7 @@ func readRunFilter(v url.Values) runFilter {
 // datetime-local field's value (UTC), or a duration ago ("1h").
 func (f runFilter) params() (engine.ListRunsParams, error) {
 	p := engine.ListRunsParams{Workflow: f.Workflow, Status: engine.RunStatus(f.Status), WorkflowIDPrefix: f.Prefix, Cursor: f.Cursor, Limit: 50,
-		TopLevel: f.TopLevel != ""}
+		TopLevel: f.TopLevel != "", Patched: f.Patched, Unpatched: f.Unpatched}
 	var err error
 	if p.CreatedAfter, err = parseWhen("created after", f.CreatedAfter); err != nil {
 		return p, err
@@ -269,7 +271,7 @@ func (f runFilter) params() (engine.ListRunsParams, error) {
 
 func (f runFilter) query(cursor string) template.URL {
 	return query("workflow", f.Workflow, "status", f.Status, "workflow_id_prefix", f.Prefix, "created_after", f.CreatedAfter,
-		"created_before", f.CreatedBefore, "tags", f.Tags, "top_level", f.TopLevel, "cursor", cursor)
+		"created_before", f.CreatedBefore, "tags", f.Tags, "top_level", f.TopLevel, "patched", f.Patched, "unpatched", f.Unpatched, "cursor", cursor)
 }
 
 func parseWhen(field, s string) (time.Time, error) {
@@ -350,7 +352,8 @@ func (u *ui) cancelMatching(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fields := [][2]string{{"workflow", f.Workflow}, {"status", f.Status}, {"workflow_id_prefix", f.Prefix},
-		{"created_after", f.CreatedAfter}, {"created_before", f.CreatedBefore}, {"tags", f.Tags}, {"top_level", f.TopLevel}}
+		{"created_after", f.CreatedAfter}, {"created_before", f.CreatedBefore}, {"tags", f.Tags}, {"top_level", f.TopLevel},
+		{"patched", f.Patched}, {"unpatched", f.Unpatched}}
 	u.render(w, r, http.StatusOK, "confirm", &page{Title: "Cancel matching runs", Nav: "runs", Data: map[string]any{
 		"Verb": "Cancel", "What": "runs", "Result": res, "Confirmed": confirm, "Action": "/ui/runs/cancel-matching",
 		"Fields": fields, "Back": "/ui/runs?" + string(f.query("")),

@@ -541,6 +541,30 @@ func TestRunsPageTopLevelFilter(t *testing.T) {
 	require.Contains(t, body, "Matching runs: <strong>2</strong>.")
 }
 
+// The runs page filters by a change's marker (engine.Patched) as
+// GET /v1/runs?patched=&unpatched= do, and its cancel-matching keeps the
+// filter, so it never cancels more than the page shows.
+func TestRunsPagePatchFilter(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "")
+	c := newClient(t, f.srv.URL)
+	code, _, body := c.do("GET", "/ui/runs?workflow_id_prefix=family-&patched=fraud-check", nil, nil)
+	require.Equal(t, 200, code, body)
+	require.Contains(t, body, "No runs match.", "no fixture workflow calls Patched")
+	require.Contains(t, body, `<input type="hidden" name="patched" value="fraud-check">`, "the bulk form keeps it")
+	code, _, body = c.do("GET", "/ui/runs?workflow_id_prefix=family-&unpatched=fraud-check", nil, nil)
+	require.Equal(t, 200, code, body)
+	require.Contains(t, body, "family-1-kid")
+	csrf := c.csrf("/ui/runs")
+	code, _, body = c.do("POST", "/ui/runs/cancel-matching", url.Values{"csrf": {csrf}, "workflow_id_prefix": {"family-"}, "patched": {"fraud-check"}}, nil)
+	require.Equal(t, 200, code, body)
+	require.Contains(t, body, "Matching runs: <strong>0</strong>.")
+	code, _, body = c.do("GET", "/ui/runs?patched=%0A", nil, nil)
+	require.Equal(t, 200, code, body, "white space alone is no filter")
+	code, _, body = c.do("GET", "/ui/runs?patched=a%0Ab", nil, nil)
+	require.Equal(t, 400, code, body)
+}
+
 // A run's page shows each step's attempts, their outcomes and when they
 // were recorded, an attempt lost with its worker (worker_lost) included;
 // the runs list shows each run's error.

@@ -277,6 +277,8 @@ func (c *apiClient) ListRuns(ctx context.Context, p engine.ListRunsParams) ([]*e
 	if p.TopLevel {
 		q.Set("top_level", "true")
 	}
+	setStr(q, "patched", p.Patched)
+	setStr(q, "unpatched", p.Unpatched)
 	var list struct {
 		Runs       []*engine.Run `json:"runs"`
 		NextCursor string        `json:"next_cursor"`

@@ -78,6 +78,8 @@ func (g *global) runsCmd() *cobra.Command {
 	list.Flags().StringVar(&p.Workflow, "workflow", "", "only this workflow")
 	list.Flags().StringVar(&p.WorkflowIDPrefix, "workflow-id-prefix", "", "only runs whose workflow ID starts with this (case-sensitive)")
 	list.Flags().BoolVar(&p.TopLevel, "top-level", false, "only runs no other run started: child runs are left out")
+	list.Flags().StringVar(&p.Patched, "patched", "", "only runs that recorded the marker of this change (engine.Patched)")
+	list.Flags().StringVar(&p.Unpatched, "unpatched", "", "only runs that did not record the marker of this change: with --workflow and --status, the runs that may still replay the code before it")
 	list.Flags().StringArrayVar(&listTags, "tag", nil, "only runs with this tag, key=value (repeatable: all must match)")
 	list.Flags().StringVar((*string)(&p.Status), "status", "", "only this status")
 	list.Flags().IntVar(&p.Limit, "limit", 50, "page size (1..1000)")

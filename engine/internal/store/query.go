@@ -168,6 +168,10 @@ type RunFilter struct {
 	Tags []byte
 	// TopLevel keeps the runs without a parent (parent_run_id IS NULL).
 	TopLevel bool
+	// Patched keeps the runs that recorded the marker of this change
+	// (a step of kind patch so named); Unpatched those that did not.
+	// "": no filter.
+	Patched, Unpatched string
 }
 
 const listRuns = `SELECT ` + runColumns + ` FROM pgdurable.workflow_runs
@@ -179,6 +183,10 @@ WHERE (@workflow::text = '' OR workflow_name = @workflow)
   AND (@finished_after::timestamptz IS NULL OR completed_at >= @finished_after)
   AND (@finished_before::timestamptz IS NULL OR completed_at < @finished_before)
   AND (NOT @top_level::bool OR parent_run_id IS NULL)
+  AND (@patched::text = '' OR EXISTS (SELECT 1 FROM pgdurable.workflow_steps s
+       WHERE s.run_id = workflow_runs.run_id AND s.kind = 'patch' AND s.name = @patched))
+  AND (@unpatched::text = '' OR NOT EXISTS (SELECT 1 FROM pgdurable.workflow_steps s
+       WHERE s.run_id = workflow_runs.run_id AND s.kind = 'patch' AND s.name = @unpatched))
 ORDER BY run_id DESC
 LIMIT @limit`
 
@@ -202,7 +210,7 @@ func ListRuns(ctx context.Context, db DBTX, f RunFilter) ([]*RunRow, error) {
 	stmt, args := listRunsStmt, pgx.StrictNamedArgs{"workflow": f.Workflow, "status": f.Status, "before": f.Before,
 		"limit": f.Limit, "workflow_id_prefix": f.WorkflowIDPrefix, "created_from": floorOrNull(f.CreatedAfter),
 		"created_to": floorOrNull(f.CreatedBefore), "finished_after": f.FinishedAfter, "finished_before": f.FinishedBefore,
-		"top_level": f.TopLevel}
+		"top_level": f.TopLevel, "patched": f.Patched, "unpatched": f.Unpatched}
 	if f.Tags != nil {
 		stmt, args["tags"] = listTaggedRuns, string(f.Tags)
 	}
