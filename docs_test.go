@@ -149,11 +149,12 @@ func headingAnchors(md string) []string {
 // a snippet shows the calls, not the import block. Each page is one
 // package; unused imports and variables are not errors there.
 var docImports = []string{
-	"context", "encoding/json", "errors", "fmt", "io", "log", "net/http", "os", "time",
+	"context", "encoding/json", "errors", "fmt", "io", "log", "net/http", "os", "testing", "time",
 	"github.com/jackc/pgx/v5", "github.com/jackc/pgx/v5/pgxpool",
 	"github.com/pgdurable/pgdurable/activities",
 	"github.com/pgdurable/pgdurable/compensation",
 	"github.com/pgdurable/pgdurable/engine",
+	"github.com/pgdurable/pgdurable/engine/enginetest",
 	"github.com/pgdurable/pgdurable/storage/migrations",
 	"github.com/pgdurable/pgdurable/cmd/engine/commands",
 }
@@ -170,6 +171,7 @@ var ctx context.Context
 `,
 	"docs/deploys.md": `
 var ctx *engine.Context
+var checkout *engine.Workflow[string, string]
 type Receipt struct{}
 func checkFraud(context.Context) (bool, error) { return true, nil }
 `,

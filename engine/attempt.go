@@ -161,6 +161,11 @@ type attemptResult struct {
 func (s *stepState) execute(parent context.Context, a *attemptState) attemptResult {
 	d, call := s.d, s.call
 	r := attemptResult{started: time.Now()}
+	if d.e.replay != nil {
+		d.e.replay.stop(s.seq, call.name, call.kind)
+		r.err = errReplayStopped
+		return r
+	}
 	timeout, cause := attemptBound(call.opts, s.startedAt, d.e.now())
 	sctx, span := d.e.tr.attempt(parent, call.name, call.kind, call.compensationOf, s.seq, a.attempt, a.requestID)
 	r.out, r.p, r.timedOut, r.err = bounded(sctx, timeout, cause, call.tx, func(ctx context.Context) ([]byte, *panicInfo, error) {
@@ -205,7 +210,7 @@ func (s *stepState) observe(attempt int, outcome string, started time.Time) {
 // got no answer. The delivery ends; the next one reads the records.
 func outcomeLost(err error) bool {
 	var unknown *outcomeUnknownError
-	return errors.Is(err, store.ErrLeaseLost) || errors.As(err, &unknown)
+	return errors.Is(err, store.ErrLeaseLost) || errors.As(err, &unknown) || errors.Is(err, errReplayStopped)
 }
 
 // failure is what a failed attempt comes to: its record (status parked,

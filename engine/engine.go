@@ -229,6 +229,9 @@ func orDefault[T comparable](v, def T) T {
 // database. Safe for concurrent use.
 type Engine struct {
 	pool *pgxpool.Pool
+	// replay, set only on the scratch engine of Replay, stops a delivery
+	// where it would run a step's function.
+	replay *replayProbe
 	// schema is where the engine's tables are (Config.Schema), and db the
 	// pool bound to it: every statement runs on db or on a transaction
 	// bound with on.

@@ -340,6 +340,8 @@ func (d *delivery) end(err error) {
 	d.ended = true
 	d.endErr = errDeliveryEnded
 	switch {
+	case errors.Is(err, errReplayStopped):
+		d.endErr = err // Replay reads where; the scratch run is left as it is
 	case errors.Is(err, store.ErrLeaseLost):
 		d.endErr = ErrLeaseLost
 		d.e.obs.LeaseLost(LeaseLostEvent{Workflow: d.wf.name})

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -84,6 +86,24 @@ func TestRunsListFiltersMatchTheAPI(t *testing.T) {
 		code, out, errOut = cmd("runs", "list", "--workflow-id-prefix", "fam-", "--patched", "fraud-check", "--json")
 		require.Equal(t, 0, code, errOut)
 		require.Empty(t, ids(out), name)
+		// A run's history, for replay tests.
+		code, out, errOut = cmd("runs", "export", "fam-solo")
+		require.Equal(t, 0, code, errOut)
+		var h engine.History
+		require.NoError(t, json.Unmarshal([]byte(out), &h), out)
+		require.Equal(t, engine.HistoryFormat, h.Format, name)
+		require.Equal(t, "fam-solo", h.WorkflowID, name)
+		require.Equal(t, "approval", h.Workflow, name)
+		require.NotEmpty(t, h.Input, name)
+		code, _, errOut = cmd("runs", "export", "no-such-run")
+		require.Equal(t, 1, code, errOut)
+		file := filepath.Join(t.TempDir(), "fam-solo.json")
+		code, _, errOut = cmd("runs", "export", "fam-solo", "-o", file)
+		require.Equal(t, 0, code, errOut)
+		require.Contains(t, errOut, "wrote the history of run")
+		written, err := os.ReadFile(file)
+		require.NoError(t, err)
+		require.JSONEq(t, out, string(written), name)
 		code, out, errOut = cmd("runs", "list", "--workflow", "approval", "--top-level")
 		require.Equal(t, 0, code, errOut)
 		require.NotContains(t, out, "fam-1-kid", name)

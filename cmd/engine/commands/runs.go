@@ -126,6 +126,46 @@ func (g *global) runsCmd() *cobra.Command {
 	}
 	show.Flags().BoolVar(&followRun, "follow", false, "print the run's steps as they are recorded until it ends; exit 0 if it completed, 1 otherwise\n"+
 		"(over --address, a server that does not answer, not up yet or restarting, is asked again for a minute)")
+	var exportTo string
+	export := &cobra.Command{
+		Use:   "export RUN",
+		Short: "Write a run's recorded history as JSON, for replay tests (enginetest.Replay, ReplayDir)",
+		Long: `Writes the run (by run ID or workflow ID) as it is recorded: its workflow and version, input,
+status, output or error, and every step with its kind, name, status, output and error. Keep the file
+next to the workflow's tests: enginetest.ReplayDir replays every such file against the current code,
+so a change that would strand runs in flight fails CI before it is deployed. Inputs, outputs and
+step results are written as they are stored: scrub what must not leave production first.`,
+		Args: cobra.ExactArgs(1),
+		RunE: g.withClient(func(ctx context.Context, e backend, args []string) error {
+			id, err := e.FindRun(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			run, err := e.GetRun(ctx, id)
+			if err != nil {
+				return err
+			}
+			h, err := engine.NewHistory(run)
+			if err != nil {
+				return err
+			}
+			b, err := json.MarshalIndent(h, "", "  ")
+			if err != nil {
+				return err
+			}
+			b = append(b, '\n')
+			if exportTo == "" || exportTo == "-" {
+				_, err = g.opts.Stdout.Write(b)
+				return err
+			}
+			if err := os.WriteFile(exportTo, b, 0o600); err != nil {
+				return err
+			}
+			fmt.Fprintf(g.opts.Stderr, "wrote the history of run %s (%s, %d steps) to %s\n", run.RunID, run.WorkflowName, len(run.Steps), exportTo)
+			return nil
+		}),
+	}
+	export.Flags().StringVarP(&exportTo, "output", "o", "", "write to this file instead of stdout")
 	var prune engine.PruneParams
 	var pruneCmd *cobra.Command
 	pruneCmd = &cobra.Command{
@@ -223,7 +263,7 @@ there the server prunes in one request).`,
 	cancelMatching.Flags().StringVar(&bulkAfter, "created-after", "", "only runs created at or after this time (RFC 3339, or a duration ago)")
 	cancelMatching.Flags().StringVar(&bulkBefore, "created-before", "", "only runs created before this time")
 	cancelMatching.Flags().BoolVar(&bulkDry, "dry-run", false, "count what would be cancelled; cancel nothing")
-	cmd.AddCommand(list, show, pruneCmd, cancelMatching)
+	cmd.AddCommand(list, show, export, pruneCmd, cancelMatching)
 	return cmd
 }
 

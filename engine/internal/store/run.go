@@ -891,3 +891,53 @@ func TerminateRun(ctx context.Context, tx DBTX, p TerminateParams) (Terminated, 
 	}
 	return t, nil
 }
+
+// insertSteps writes a run's steps as a recorded history holds them
+// (engine.Replay), unfenced: the run is one no delivery has claimed yet.
+var insertSteps = named(`INSERT INTO pgdurable.workflow_steps
+    (run_id, seq, name, kind, status, attempts, request_id, output, error, next_attempt_at, started_at, completed_at,
+     compensation, compensation_of)
+SELECT @run_id, s.seq, s.name, s.kind, s.status, s.attempts, s.request_id, s.output, s.error, s.next_attempt_at, s.started_at,
+       s.completed_at, s.compensation, s.compensation_of
+FROM unnest(@seq::int[], @name::text[], @kind::text[], @status::text[], @attempts::int[], @request_id::uuid[],
+            @output::jsonb[], @error::jsonb[], @next_attempt_at::timestamptz[], @started_at::timestamptz[], @completed_at::timestamptz[],
+            @compensation::text[], @compensation_of::int[])
+    AS s(seq, name, kind, status, attempts, request_id, output, error, next_attempt_at, started_at, completed_at,
+         compensation, compensation_of)`)
+
+// InsertSteps writes recs, the steps of run runID as a history recorded
+// them, to a run no delivery has claimed (engine.Replay's scratch run).
+func InsertSteps(ctx context.Context, db DBTX, runID uuid.UUID, recs []*StepRecord) error {
+	n := len(recs)
+	var (
+		seq, attempts        = make([]int32, n), make([]int32, n)
+		name, kind, status   = make([]string, n), make([]string, n), make([]string, n)
+		requestID            = make([]*uuid.UUID, n)
+		output, errs         = make([]*string, n), make([]*string, n)
+		next, started, ended = make([]*time.Time, n), make([]time.Time, n), make([]*time.Time, n)
+		comp, compOf         = make([]*string, n), make([]*int32, n)
+	)
+	for i, r := range recs {
+		seq[i], attempts[i], name[i], kind[i], status[i] = int32(r.Seq), int32(r.Attempts), r.Name, r.Kind, r.Status
+		requestID[i], next[i], started[i], ended[i], comp[i] = r.RequestID, r.NextAttemptAt, r.StartedAt, r.CompletedAt, r.Compensation
+		if r.CompensationOf != nil {
+			v := int32(*r.CompensationOf)
+			compOf[i] = &v
+		}
+		if r.Output != nil {
+			s := string(r.Output)
+			output[i] = &s
+		}
+		if r.Error != nil {
+			s := string(r.Error)
+			errs[i] = &s
+		}
+	}
+	_, err := insertSteps.exec(ctx, db, pgx.StrictNamedArgs{"run_id": runID, "seq": seq, "name": name, "kind": kind, "status": status,
+		"attempts": attempts, "request_id": requestID, "output": output, "error": errs, "next_attempt_at": next,
+		"started_at": started, "completed_at": ended, "compensation": comp, "compensation_of": compOf})
+	if err != nil {
+		return fmt.Errorf("inserting the steps of run %s: %w", runID, err)
+	}
+	return nil
+}
