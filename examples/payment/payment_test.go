@@ -348,3 +348,19 @@ func TestCancelAfterPaymentRefundsAndUnrecords(t *testing.T) {
 	require.NoError(t, err, "the order can be paid again")
 	require.Equal(t, int64(1234), f.gw.Ledger().NetByOrder()["ord_paid_cancel"])
 }
+
+// The fraud check stops a blocked customer before anything is claimed,
+// reserved or charged; its marker shows the run took the check.
+func TestFraudCheckStopsABlockedCustomer(t *testing.T) {
+	t.Parallel()
+	f := setup(t, fakegateway.Faults{})
+	o := order("ord_fraud", 4999, "pm_card_visa")
+	o.CustomerID = "cus_blocked"
+	res, err := f.wf.Start(f.ctx, f.e, o, &engine.StartOpts{WorkflowID: o.OrderID})
+	require.NoError(t, err)
+	_, err = f.wf.Wait(f.ctx, f.e, res.RunID, 10*time.Millisecond)
+	require.ErrorIs(t, err, payment.ErrFraudSuspected)
+	enginetest.RequireRunStatus(f.ctx, t, f.e, res.RunID, engine.StatusFailed, 0)
+	enginetest.RequireSteps(f.ctx, t, f.e, res.RunID, []string{"validate", "fraud-check", "fraud_check"})
+	require.Empty(t, f.gw.Ledger().Charges)
+}

@@ -133,13 +133,14 @@ func TestPaymentTraceSurvivesAKilledWorker(t *testing.T) {
 		return out
 	}
 	// The killed worker's spans that ended before the kill: its claim and
-	// the attempts before the charge it died in.
-	require.Equal(t, []string{"pgdurable.claim", "pgdurable.step claim_order #1", "pgdurable.step reserve_item #1",
-		"pgdurable.step validate #1"}, names(killed))
+	// the attempts before the charge it died in (the fraud check's marker
+	// is no attempt and has no span).
+	require.Equal(t, []string{"pgdurable.claim", "pgdurable.step claim_order #1", "pgdurable.step fraud_check #1",
+		"pgdurable.step reserve_item #1", "pgdurable.step validate #1"}, names(killed))
 	// The redelivery: its run span, its claim, the charge's second attempt
 	// (the first died with its worker), and the steps after it; validate,
-	// claim_order and the parallel reserve_item replay from their records
-	// and are not attempted.
+	// the fraud check, claim_order and the parallel reserve_item replay
+	// from their records and are not attempted.
 	require.Equal(t, []string{"POST /orders", "pgdurable.claim", "pgdurable.run payment", "pgdurable.start payment",
 		"pgdurable.step charge #2", "pgdurable.step record_payment #1", "pgdurable.step send_receipt #1"}, names(here))
 	t.Logf("one trace, %s:\n%s", traceID, tree(all))

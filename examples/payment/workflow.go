@@ -19,7 +19,8 @@ const WorkflowName = "payment"
 
 // New defines the payment workflow over gateway g:
 //
-//	validate → claim the order (tx step; undo: release the order and its reservations)
+//	validate → fraud check (behind engine.Patched: added under runs in flight)
+//	→ claim the order (tx step; undo: release the order and its reservations)
 //	→ reserve each item, in parallel (a tx step per item, engine.GoTx) → charge (activity;
 //	undo: refund) → record payment in the ledger (tx step, one row per order; undo: remove
 //	the row) → send receipt (activity)
@@ -30,6 +31,8 @@ const WorkflowName = "payment"
 // refunding anything. Clients should use the order ID as the workflow ID:
 // a repeated start then returns the first run.
 //
+// A customer the fraud check stops fails the run (ErrFraudSuspected,
+// class fraud_suspected) before anything is claimed or charged.
 // A decline (402) or a sold-out item fails permanently and the completed
 // steps are undone: the run ends compensated with the decline in its error.
 // A receipt that cannot be sent does not undo a paid order: the receipt is
@@ -52,6 +55,16 @@ func New(g *Gateway, cfg *Config) *engine.Workflow[Order, Receipt] {
 			return true, engine.Permanent(o.Validate()) // also checked at start; here for runs stored before a rule changed
 		}, nil); err != nil {
 			return Receipt{}, err
+		}
+		// Added after runs were in flight: a run that passed this point
+		// before the deploy replays without it (testdata/histories holds
+		// such runs, which TestPaymentReplaysRecordedRuns replays).
+		if engine.Patched(ctx, "fraud-check") {
+			if _, err := engine.Step(ctx, "fraud_check", func(context.Context) (bool, error) {
+				return true, screen(o)
+			}, nil); err != nil {
+				return Receipt{}, err
+			}
 		}
 		saga := compensation.New(ctx)
 		// The claim's undo releases whatever the run reserved (it may have
@@ -119,6 +132,24 @@ type receiptReq struct {
 	Charge Charge
 }
 
+// ErrFraudSuspected is in the error of a run whose order the fraud check
+// stopped, before anything was claimed, reserved or charged (class
+// fraud_suspected; the run fails).
+var ErrFraudSuspected = errors.New("payment: fraud suspected")
+
+// blockedCustomers are the customers the fraud check stops: the
+// example's stand-in for a fraud service's verdict.
+var blockedCustomers = map[string]bool{"cus_blocked": true}
+
+// screen is the fraud check's verdict on o: nil, or ErrFraudSuspected
+// (permanent: trying again changes nothing).
+func screen(o Order) error {
+	if blockedCustomers[o.CustomerID] {
+		return engine.WithClass(engine.Permanent(fmt.Errorf("%w: customer %s", ErrFraudSuspected, o.CustomerID)), "fraud_suspected")
+	}
+	return nil
+}
+
 // ErrOrderTaken is in the error of a run refused because another run is
 // paying (or has paid) the same order: one order is one charge, whatever
 // workflow ID a client picked. Use the order ID as the workflow ID, and a
@@ -130,6 +161,9 @@ var ErrOrderTaken = errors.New("payment: order is paid by another run")
 var _ = func() error {
 	if err := engine.RegisterSentinel("payment.ErrOrderTaken", ErrOrderTaken); err != nil {
 		panic(err) // a name clash within this module: a programming error
+	}
+	if err := engine.RegisterSentinel("payment.ErrFraudSuspected", ErrFraudSuspected); err != nil {
+		panic(err)
 	}
 	return nil
 }()

@@ -98,7 +98,7 @@ func BenchRow(ctx context.Context, url string, workflows int) (commands.BenchRes
 		return row, err
 	}
 	row.Value = float64(n) / time.Since(start).Seconds()
-	row.Note = fmt.Sprintf("%d runs: validate, 2 tx steps, 2 HTTP activities", n)
+	row.Note = fmt.Sprintf("%d runs: validate, fraud check, 2 tx steps, 2 HTTP activities", n)
 	return row, nil
 }
 
