@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"fmt"
+
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
@@ -25,8 +27,12 @@ import (
 // The marker costs no round trip of its own: it is written with the
 // delivery's next write (before any wait, so a crash never leaves a later
 // record without it). Markers show in a run's steps (CLI, HTTP API, web
-// UI) like any step. changeID follows the rules of a step name; use each
-// one once in a workflow.
+// UI) like any step. changeID names one change: 1 to 200 bytes of UTF-8,
+// no control or invisible characters, no white space at either end (a
+// step name's rules). An invalid one panics, on every delivery alike: the
+// run is parked as a panic naming the rule, never given two answers.
+// Called again with the same ID (in a loop), each call is a point of its
+// own and records its own marker.
 //
 // Once no run that took the old code remains, delete the old code and
 // replace Patched with DeprecatePatch, which lets the runs that recorded
@@ -38,6 +44,7 @@ import (
 // as the steps after it do not start. It must be called from the
 // workflow's own goroutine, not inside a step.
 func Patched(ctx *Context, changeID string) bool {
+	mustChangeID("Patched", changeID)
 	d := ctx.d
 	rec := d.pos.at(d.pos.next)
 	if d.cancelRequested.Load() && (rec == nil || rec.Kind == string(KindCompensation)) {
@@ -50,8 +57,8 @@ func Patched(ctx *Context, changeID string) bool {
 	}
 	seq, err := d.enterStep("patch", changeID)
 	if err != nil {
-		// The delivery ended, or a misuse the next step reports too: the
-		// workflow learns it there.
+		// The delivery ended (the ID is valid): nothing more is recorded
+		// in it, and the workflow learns that from its next step.
 		return true
 	}
 	defer d.inStep.Store(false)
@@ -76,8 +83,9 @@ func Patched(ctx *Context, changeID string) bool {
 // and the code that Patched(ctx, changeID) guarded runs unconditionally.
 // A run that recorded the change's marker replays it here; any other run
 // records nothing. Delete the call once no run with the marker remains
-// (see Patched).
+// (see Patched). An invalid changeID panics, as in Patched.
 func DeprecatePatch(ctx *Context, changeID string) {
+	mustChangeID("DeprecatePatch", changeID)
 	d := ctx.d
 	if !d.pos.replaying() || !isMarker(d.pos.at(d.pos.next), changeID) {
 		return
@@ -95,4 +103,13 @@ var patchedOutput = []byte("true")
 // isMarker reports whether rec is the marker of changeID.
 func isMarker(rec *store.StepRecord, changeID string) bool {
 	return rec != nil && rec.Kind == string(KindPatch) && rec.Name == changeID
+}
+
+// mustChangeID panics when id breaks a step name's rules: a programming
+// error that must give the same outcome on every delivery (the run parked
+// as a panic), which returning an answer without a record could not.
+func mustChangeID(fn, id string) {
+	if err := checkName("change ID", id, 200); err != nil {
+		panic(fmt.Sprintf("pgdurable: %s: %v", fn, err))
+	}
 }

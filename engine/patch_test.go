@@ -201,8 +201,33 @@ func TestListRunsByPatch(t *testing.T) {
 	}
 	require.Equal(t, []uuid.UUID{after.RunID}, ids(engine.ListRunsParams{Workflow: "approval", Patched: "fraud-check"}))
 	require.Equal(t, []uuid.UUID{before.RunID}, ids(engine.ListRunsParams{Workflow: "approval", Status: engine.StatusWaiting, Unpatched: "fraud-check"}))
-	require.Empty(t, ids(engine.ListRunsParams{Patched: "fraud-check", Unpatched: "fraud-check"}))
+	_, _, err = e.ListRuns(ctx, engine.ListRunsParams{Patched: "fraud-check", Unpatched: "fraud-check"})
+	require.ErrorIs(t, err, engine.ErrInvalidArgument, "a contradiction matches no run")
 	require.Len(t, ids(engine.ListRunsParams{Unpatched: "other-change"}), 2)
 	_, _, err = e.ListRuns(ctx, engine.ListRunsParams{Patched: "bad\nid"})
 	require.ErrorIs(t, err, engine.ErrInvalidArgument)
+}
+
+// An invalid change ID is a programming error with one outcome on every
+// delivery: the run is parked as a panic naming the rule (never true on
+// one delivery and false on the next).
+func TestPatchedRefusesAnInvalidChangeID(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := testCtx(t)
+	for i, id := range []string{"", " lead", "a\x00b", string(make([]byte, 201))} {
+		wf := engine.Define(fmt.Sprintf("bad-patch-%d", i), func(ctx *engine.Context, _ string) (string, error) {
+			if engine.Patched(ctx, id) {
+				return "new", step(ctx, "new_code")
+			}
+			return "old", nil
+		}, nil)
+		e := newEngine(t, db, nil, true, wf)
+		r, err := wf.Start(ctx, e, "", nil)
+		require.NoError(t, err)
+		enginetest.RequireRunStatus(ctx, t, e, r.RunID, engine.StatusDead, 0)
+		job := enginetest.RequireDeadJob(ctx, t, e, r.RunID, &enginetest.RequireDeadJobOpts{Reason: engine.ReasonPanic})
+		require.Contains(t, job.ErrorMessage, "pgdurable: Patched: change ID", id)
+		enginetest.RequireSteps(ctx, t, e, r.RunID, nil)
+	}
 }

@@ -50,9 +50,13 @@ func NewHistory(run *Run) (*History, error) {
 	if run.Input == nil {
 		return nil, fmt.Errorf("%w: run %s was read without its input: read it with GetRun", ErrInvalidArgument, run.RunID)
 	}
+	steps := run.Steps
+	if steps == nil {
+		steps = []StepInfo{}
+	}
 	return &History{Format: HistoryFormat, RunID: run.RunID, Workflow: run.WorkflowName, WorkflowVersion: run.WorkflowVersion,
 		WorkflowID: run.WorkflowID, Status: run.Status, Input: run.Input, Output: run.Output, Error: run.Error,
-		CancelRequested: run.CancelRequestedAt != nil, Steps: run.Steps}, nil
+		CancelRequested: run.CancelRequestedAt != nil, Steps: steps}, nil
 }
 
 // ReplayError is how a workflow's code departs from a recorded history
@@ -125,6 +129,16 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, w Registration, h *History)
 	case h.CancelRequested:
 		return fmt.Errorf("%w: the history is of a run whose cancellation was requested; Replay does not replay those yet", ErrInvalidArgument)
 	}
+	if err := h.check(); err != nil {
+		return err
+	}
+	var used bool
+	if err := pool.QueryRow(ctx, store.Default.SQL(`SELECT EXISTS (SELECT 1 FROM pgdurable.workflow_runs)`)).Scan(&used); err != nil {
+		return fmt.Errorf("replay: reading the scratch database: %w", err)
+	}
+	if used {
+		return fmt.Errorf("%w: the database holds runs: Replay works on a scratch database of its own (enginetest.NewDB), never on one in use", ErrInvalidArgument)
+	}
 	recs := make([]*store.StepRecord, len(h.Steps))
 	for i, s := range h.Steps {
 		errJSON, err := encodeHistoryError(s.Error)
@@ -164,6 +178,63 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, w Registration, h *History)
 		return fmt.Errorf("replay: %w", err)
 	}
 	return e.replayOutcome(ctx, probe, res.RunID, h)
+}
+
+// check refuses a history that is not one NewHistory could have written:
+// it would replay as something other than the run (a file cut short, or
+// edited by hand).
+func (h *History) check() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: history of run %s: %s", ErrInvalidArgument, h.RunID, fmt.Sprintf(format, args...))
+	}
+	if h.Steps == nil {
+		return bad(`it has no "steps" (an exported history lists them, [] for none): a file cut short?`)
+	}
+	if !h.Status.valid() {
+		return bad("unknown run status %q", h.Status)
+	}
+	if len(h.Input) == 0 {
+		return bad("it has no input")
+	}
+	prev := -1
+	for i, s := range h.Steps {
+		switch {
+		case s.Seq <= prev:
+			return bad("step %d (%q) is at position %d, not after position %d: positions must increase", i, s.Name, s.Seq, prev)
+		case s.Seq >= len(h.Steps)+maxHistoryHoles:
+			return bad("step %d (%q) is at position %d, far past the %d steps listed", i, s.Name, s.Seq, len(h.Steps))
+		case !validStepKind(s.Kind):
+			return bad("step %d (%q) has unknown kind %q", i, s.Name, s.Kind)
+		case !validStepStatus(s.Status):
+			return bad("step %d (%q) has unknown status %q", i, s.Name, s.Status)
+		}
+		if err := checkName("step name", s.Name, 200); err != nil {
+			return bad("step %d: %v", i, err)
+		}
+		prev = s.Seq
+	}
+	return nil
+}
+
+// maxHistoryHoles bounds how far a history's positions may run past its
+// step count: a hole is a parallel step that had not ended, and a run
+// holds at most so many of those at once.
+const maxHistoryHoles = 1000
+
+func validStepKind(k StepKind) bool {
+	switch k {
+	case KindStep, KindTx, KindActivity, KindSleep, KindSignal, KindChild, KindSelect, KindCompensation, KindPatch:
+		return true
+	}
+	return false
+}
+
+func validStepStatus(s StepStatus) bool {
+	switch s {
+	case StepStarted, StepCompleted, StepFailed, StepRetrying, StepParked, StepCancelled:
+		return true
+	}
+	return false
 }
 
 // replayOutcome waits for the replayed run to reach an end, a wait or a
@@ -234,8 +305,12 @@ func (e *Engine) replayDivergence(ctx context.Context, run *Run, h *History) err
 func replayEnd(run *Run, h *History) error {
 	switch {
 	case run.Status != h.Status:
-		return &ReplayError{Seq: -1, Recorded: "the run ended " + string(h.Status), Called: "ended " + string(run.Status),
-			Message: fmt.Sprintf("the code ends %s where the run ended %s", run.Status, h.Status)}
+		why := ""
+		if run.Error != nil {
+			why = fmt.Sprintf(" (%s: %s)", run.Error.Class, run.Error.Message)
+		}
+		return &ReplayError{Seq: -1, Recorded: "the run ended " + string(h.Status), Called: "ended " + string(run.Status) + why,
+			Message: fmt.Sprintf("the code ends %s%s where the run ended %s", run.Status, why, h.Status)}
 	case run.Status == StatusCompleted && !jsonEqual(run.Output, h.Output):
 		return &ReplayError{Seq: -1, Recorded: "output " + string(h.Output), Called: "output " + string(run.Output),
 			Message: fmt.Sprintf("the code returns %s where the run returned %s", run.Output, h.Output)}

@@ -150,6 +150,31 @@ func TestReplayCatchesChanges(t *testing.T) {
 	wrong.Format = 99
 	require.ErrorIs(t, engine.Replay(ctx, enginetest.NewDB(t).Pool, v1, &wrong), engine.ErrInvalidArgument)
 
+	// A history that NewHistory could not have written is refused, as is
+	// a database that holds runs (Replay needs a scratch one).
+	for name, edit := range map[string]func(h *engine.History){
+		"no steps":       func(h *engine.History) { h.Steps = nil },
+		"unknown status": func(h *engine.History) { h.Status = "bogus" },
+		"no input":       func(h *engine.History) { h.Input = nil },
+		"same position":  func(h *engine.History) { h.Steps[1].Seq = h.Steps[0].Seq },
+		"negative":       func(h *engine.History) { h.Steps[0].Seq = -1 },
+		"far position":   func(h *engine.History) { h.Steps[3].Seq = 5000 },
+		"unknown kind":   func(h *engine.History) { h.Steps[0].Kind = "magic" },
+		"unknown status of a step": func(h *engine.History) {
+			h.Steps[0].Status = "weird"
+		},
+		"bad name": func(h *engine.History) { h.Steps[0].Name = "" },
+	} {
+		bad := *completed
+		bad.Steps = append([]engine.StepInfo(nil), completed.Steps...)
+		edit(&bad)
+		err := engine.Replay(ctx, enginetest.NewDB(t).Pool, v1, &bad)
+		require.ErrorIs(t, err, engine.ErrInvalidArgument, name)
+	}
+	err = engine.Replay(ctx, db.Pool, v1, completed)
+	require.ErrorIs(t, err, engine.ErrInvalidArgument)
+	require.ErrorContains(t, err, "the database holds runs")
+
 	// enginetest.ReplayDir replays a folder of exported histories.
 	dir := t.TempDir()
 	for name, h := range map[string]*engine.History{"completed.json": completed, "open.json": open} {

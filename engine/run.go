@@ -733,6 +733,9 @@ func (e *Engine) ListRuns(ctx context.Context, p ListRunsParams) (runs []*Run, n
 	if err != nil {
 		return nil, "", err
 	}
+	if p.Patched != "" && p.Patched == p.Unpatched {
+		return nil, "", fmt.Errorf("%w: patched and unpatched name the same change %q: no run matches both", ErrInvalidArgument, p.Patched)
+	}
 	for what, id := range map[string]string{"patched": p.Patched, "unpatched": p.Unpatched} {
 		if id == "" {
 			continue
