@@ -49,6 +49,9 @@ type ActivityOpts struct {
 	// errors.Is(err, ErrTimeout); MaximumAttempts 1 returns the first
 	// failure.
 	ReturnExhausted bool
+	// Input is the activity's input (the request it sends), checked on
+	// replay as StepOpts.Input is.
+	Input any
 }
 
 // ActivityAttempt is one attempt of an activity, as its function sees it.
@@ -113,7 +116,7 @@ func RunActivity[T any](ctx *Context, name string, fn func(ctx context.Context, 
 	if opts == nil {
 		opts = &ActivityOpts{}
 	}
-	sopts := &StepOpts{RetryPolicy: opts.RetryPolicy, ScheduleToCloseTimeout: opts.ScheduleToCloseTimeout}
+	sopts := &StepOpts{RetryPolicy: opts.RetryPolicy, ScheduleToCloseTimeout: opts.ScheduleToCloseTimeout, Input: opts.Input}
 	raw, err := ctx.d.runStep(&stepCall{name: name, kind: KindActivity, opts: sopts, requestID: true,
 		settle: opts.HeartbeatTimeout <= 0, returnExhausted: opts.ReturnExhausted,
 		body: activityBody(name, opts, fn)})

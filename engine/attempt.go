@@ -121,7 +121,7 @@ func (s *stepState) failedAttempt(err error, settling bool) {
 func (s *stepState) record(status string, n int) *store.StepRecord {
 	return &store.StepRecord{Seq: s.seq, Name: s.call.name, Kind: string(s.call.kind), Status: status, Attempts: n,
 		RequestID: s.requestID, FirstFailedAt: s.firstFailed, StartedAt: s.startedAt, CompensationOf: s.call.compensationOf,
-		Fresh: !s.written}
+		InputHash: s.call.inputHash, Fresh: !s.written}
 }
 
 // attemptState is what one attempt knows about itself.

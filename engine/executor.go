@@ -878,6 +878,22 @@ func (d *delivery) replay(seq int, name string, kind StepKind) (rec *store.StepR
 	return rec, true
 }
 
+// sameInput reports whether step name, at position seq, has the input its
+// record rec was written with (see StepOpts.Input); when not, the run is
+// parked as nondeterminism and false returned (hash is the step's
+// StepOpts.Input hash). A record or step without
+// an input hash is not checked.
+func (d *delivery) sameInput(seq int, name string, hash *int64, rec *store.StepRecord) bool {
+	if rec == nil || rec.InputHash == nil || hash == nil || *rec.InputHash == *hash {
+		return true
+	}
+	d.park(nil, &parkReason{reason: ReasonNonDeterminism, info: &ErrorInfo{Class: ClassNonDeterminism, Step: name, Seq: &seq,
+		Message: fmt.Sprintf("step %d %q is recorded with another input (hash %016x) than the workflow now gives it (hash %016x): "+
+			"steps of this name were reordered, or their input is computed otherwise; the code changed under a running workflow",
+			seq, name, uint64(*rec.InputHash), uint64(*hash))}})
+	return false
+}
+
 // parkUnreplayed parks a run whose workflow function (or compensation)
 // returned (what) before calling every recorded step: the code changed
 // under the run.

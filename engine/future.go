@@ -152,7 +152,8 @@ func goActivity[T any](ctx *Context, name string, opts *ActivityOpts, fn func(co
 	if opts == nil {
 		opts = &ActivityOpts{}
 	}
-	sopts := &StepOpts{RetryPolicy: opts.RetryPolicy, ReturnExhausted: opts.ReturnExhausted, ScheduleToCloseTimeout: opts.ScheduleToCloseTimeout}
+	sopts := &StepOpts{RetryPolicy: opts.RetryPolicy, ReturnExhausted: opts.ReturnExhausted, ScheduleToCloseTimeout: opts.ScheduleToCloseTimeout,
+		Input: opts.Input}
 	if undo != nil {
 		sopts = withUndo(sopts, undo)
 	}
@@ -244,6 +245,10 @@ func startBranch[T any](ctx *Context, name string, kind StepKind, opts *StepOpts
 	if err := opts.validate(); err != nil {
 		return resolve(nil, fmt.Errorf("%w: step %q: %v", ErrInvalidArgument, name, err))
 	}
+	hash, err := opts.inputHash()
+	if err != nil {
+		return resolve(nil, fmt.Errorf("%w: step %q: %v", ErrInvalidArgument, name, err))
+	}
 	seq, err := d.enterStep("step", name)
 	if err != nil {
 		return resolve(nil, err)
@@ -256,7 +261,7 @@ func startBranch[T any](ctx *Context, name string, kind StepKind, opts *StepOpts
 		}
 	}
 	rec, ok := d.replay(seq, name, kind)
-	if !ok {
+	if !ok || !d.sameInput(seq, name, hash, rec) {
 		return resolve(nil, d.endErr)
 	}
 	if rec != nil {
@@ -282,7 +287,7 @@ func startBranch[T any](ctx *Context, name string, kind StepKind, opts *StepOpts
 		}
 	}
 	activity := kind == KindActivity
-	call := &stepCall{name: name, kind: kind, opts: opts, body: body, tx: kind == KindTx, requestID: activity,
+	call := &stepCall{name: name, kind: kind, opts: opts, body: body, tx: kind == KindTx, requestID: activity, inputHash: hash,
 		settle: activity && opts.activity.HeartbeatTimeout <= 0,
 		// A parallel step returns its failure to Get whatever the run's
 		// compensations; an activity that ran out of retries parks the run

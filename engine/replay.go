@@ -147,7 +147,7 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, w Registration, h *History)
 		}
 		recs[i] = &store.StepRecord{Seq: s.Seq, Name: s.Name, Kind: string(s.Kind), Status: string(s.Status), Attempts: s.Attempts,
 			RequestID: s.RequestID, Output: s.Output, Error: errJSON, NextAttemptAt: s.NextAttemptAt, StartedAt: s.StartedAt,
-			CompletedAt: s.CompletedAt, Compensation: s.Compensation, CompensationOf: s.CompensationOf}
+			CompletedAt: s.CompletedAt, Compensation: s.Compensation, CompensationOf: s.CompensationOf, InputHash: s.InputHash}
 	}
 	e, err := New(pool, &Config{Logger: slog.New(slog.DiscardHandler), Queue: "pgdurable_replay"})
 	if err != nil {

@@ -184,3 +184,66 @@ func TestReplayCatchesChanges(t *testing.T) {
 	}
 	enginetest.ReplayDir(t, replayed(steps(&replays, "a", "patched-x", "b", "approve", "c")), dir)
 }
+
+// A pair of same-named steps swapped is invisible to names alone; with
+// StepOpts.Input, the recorded hash catches it, in a replay test and in a
+// live run alike, naming the position.
+func TestReplayCatchesReorderedStepsByTheirInput(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := testCtx(t)
+	reserve := func(items []string, withInput bool) *engine.Workflow[string, string] {
+		return engine.Define("reserve-items", func(ctx *engine.Context, _ string) (string, error) {
+			for _, it := range items {
+				var opts *engine.StepOpts
+				if withInput {
+					opts = &engine.StepOpts{Input: it}
+				}
+				if _, err := engine.Step(ctx, "reserve", func(context.Context) (string, error) { return it, nil }, opts); err != nil {
+					return "", err
+				}
+			}
+			_, err := engine.AwaitSignal[string](ctx, "ship", time.Hour)
+			return "shipped", err
+		}, nil)
+	}
+	v1 := reserve([]string{"tee", "mug"}, true)
+	e := newEngine(t, db, nil, true, v1)
+	r, err := v1.Start(ctx, e, "", nil)
+	require.NoError(t, err)
+	enginetest.RequireRunStatus(ctx, t, e, r.RunID, engine.StatusWaiting, 0)
+	run, err := e.GetRun(ctx, r.RunID)
+	require.NoError(t, err)
+	require.NotNil(t, run.Steps[0].InputHash)
+	require.NotEqual(t, *run.Steps[0].InputHash, *run.Steps[1].InputHash)
+	h, err := engine.NewHistory(run)
+	require.NoError(t, err)
+
+	err = engine.Replay(ctx, enginetest.NewDB(t).Pool, reserve([]string{"mug", "tee"}, true), h)
+	var re *engine.ReplayError
+	require.True(t, errors.As(err, &re), "%v", err)
+	require.Equal(t, 0, re.Seq)
+	require.Contains(t, re.Message, `step 0 "reserve" is recorded with another input`)
+	require.NoError(t, engine.Replay(ctx, enginetest.NewDB(t).Pool, reserve([]string{"tee", "mug"}, true), h), "unchanged")
+	require.NoError(t, engine.Replay(ctx, enginetest.NewDB(t).Pool, reserve([]string{"mug", "tee"}, false), h),
+		"without inputs, names alone cannot tell")
+
+	// Live: the swapped code deployed under the waiting run parks it.
+	require.NoError(t, e.Stop(ctx))
+	swapped := newEngine(t, db, nil, true, reserve([]string{"mug", "tee"}, true))
+	require.NoError(t, swapped.Signal(ctx, r.RunID.String(), "ship", "now", nil))
+	enginetest.RequireRunStatus(ctx, t, swapped, r.RunID, engine.StatusDead, 0)
+	job := enginetest.RequireDeadJob(ctx, t, swapped, r.RunID, &enginetest.RequireDeadJobOpts{Reason: engine.ReasonNonDeterminism})
+	require.Equal(t, 0, *job.Seq)
+	require.Contains(t, job.ErrorMessage, "steps of this name were reordered")
+
+	// An input json.Marshal rejects is refused, and nothing is recorded.
+	bad := engine.Define("bad-input", func(ctx *engine.Context, _ string) (string, error) {
+		return engine.Step(ctx, "s", func(context.Context) (string, error) { return "", nil }, &engine.StepOpts{Input: func() {}})
+	}, nil)
+	be := newEngine(t, db, nil, true, bad)
+	br, err := bad.Start(ctx, be, "", nil)
+	require.NoError(t, err)
+	_, err = bad.Wait(ctx, be, br.RunID, 10*time.Millisecond)
+	require.ErrorContains(t, err, "StepOpts.Input")
+}

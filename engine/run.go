@@ -498,6 +498,9 @@ type StepInfo struct {
 	// CompensationOf is the seq of the forward step a compensation undoes.
 	Compensation   *string `json:"compensation,omitempty"`
 	CompensationOf *int    `json:"compensation_of,omitempty"`
+	// InputHash is the hash of the input the step was given
+	// (StepOpts.Input), which a replay compares; nil when none was.
+	InputHash *int64 `json:"input_hash,omitempty"`
 	// FailedAttempts are the step's failed attempts as they were
 	// recorded, oldest first: the latest 20 (older ones are dropped), with
 	// a Replayed entry where a dead job's replay started its count again.
@@ -655,7 +658,7 @@ func (e *Engine) GetRunWith(ctx context.Context, runID uuid.UUID, opts *GetRunOp
 			Seq: s.Seq, Name: s.Name, Kind: StepKind(s.Kind), Status: StepStatus(s.Status), Attempts: s.Attempts,
 			RequestID: s.RequestID, Output: s.Output, Error: decodeErrorInfo(s.Error),
 			NextAttemptAt: s.NextAttemptAt, StartedAt: s.StartedAt, CompletedAt: s.CompletedAt,
-			Compensation: s.Compensation, CompensationOf: s.CompensationOf, FailedAttempts: decodeFailures(s.FailedAttempts),
+			Compensation: s.Compensation, CompensationOf: s.CompensationOf, InputHash: s.InputHash, FailedAttempts: decodeFailures(s.FailedAttempts),
 			TimedOut: s.Kind == string(KindSignal) && s.Status == store.StepCompleted && signalTimedOut(s.Output),
 		})
 	}

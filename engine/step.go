@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math"
 	"math/rand/v2"
 	"time"
@@ -49,6 +50,16 @@ type StepOpts struct {
 	// attempt of such a step is announced (recorded started, one write) so
 	// the start survives a crash, and an attempt whose worker died counts.
 	ScheduleToCloseTimeout time.Duration
+	// Input, when set, is the step's input as the workflow gives it (the
+	// item a loop reserves, the request an activity sends): a 64-bit hash
+	// of its JSON is recorded with the step, and a replay that reaches this
+	// position with a different input parks the run as nondeterminism
+	// (and fails a replay test), naming the position. That catches what
+	// names alone cannot: two steps of one name swapped, or an input the
+	// new code computes otherwise. A value json.Marshal rejects returns
+	// ErrInvalidArgument, unrecorded. Records from before a step set it
+	// are not checked.
+	Input any
 
 	// undo builds a parallel step's undo from its output (GoUndo).
 	undo func(out []byte) (*Undo, error)
@@ -62,6 +73,22 @@ func (o *StepOpts) scheduleToClose() time.Duration {
 		return 0
 	}
 	return o.ScheduleToCloseTimeout
+}
+
+// inputHash is the hash recorded for o.Input (FNV-1a of its JSON), nil
+// when o sets no input.
+func (o *StepOpts) inputHash() (*int64, error) {
+	if o == nil || o.Input == nil {
+		return nil, nil
+	}
+	b, err := json.Marshal(o.Input)
+	if err != nil {
+		return nil, fmt.Errorf("StepOpts.Input: %v", err)
+	}
+	h := fnv.New64a()
+	h.Write(b)
+	v := int64(h.Sum64())
+	return &v, nil
 }
 
 func (o *StepOpts) validate() error {
@@ -160,6 +187,8 @@ type stepCall struct {
 	// failure or exhausted retries instead of returning the error
 	// (compensation steps: compensation_failed).
 	parkAs DeadReason
+	// inputHash is StepOpts.Input's hash (nil: none).
+	inputHash *int64
 	// wake, set for a sleep, gives the time a new sleep waits until; a
 	// recorded sleep waits until its recorded time instead.
 	wake func() time.Time
@@ -191,6 +220,11 @@ func (d *delivery) runStep(call *stepCall) ([]byte, error) {
 		// Not recorded and no position used: the same on replay.
 		return nil, fmt.Errorf("%w: step %q: %v", ErrInvalidArgument, name, err)
 	}
+	hash, err := opts.inputHash()
+	if err != nil {
+		return nil, fmt.Errorf("%w: step %q: %v", ErrInvalidArgument, name, err)
+	}
+	call.inputHash = hash
 	seq, err := d.enterStep("step", name)
 	if err != nil {
 		return nil, err
@@ -205,7 +239,7 @@ func (d *delivery) runStep(call *stepCall) ([]byte, error) {
 	}
 	// Replay, the hot path: nothing here allocates.
 	rec, ok := d.replay(seq, name, kind)
-	if !ok {
+	if !ok || !d.sameInput(seq, name, call.inputHash, rec) {
 		return nil, d.endErr
 	}
 	if rec != nil {

@@ -98,9 +98,9 @@ WITH f AS (
                            @step_output::text[], @step_error::text[], @step_next_attempt_at::timestamptz[],
                            @step_first_failed_at::timestamptz[], @step_started_at::timestamptz[],
                            @step_completed_at::timestamptz[], @step_compensation::text[], @step_compensation_of::int[],
-                           @step_fresh::bool[])
+                           @step_input_hash::bigint[], @step_fresh::bool[])
         AS u(run_id, token, seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
-             first_failed_at, started_at, completed_at, compensation, compensation_of, fresh)
+             first_failed_at, started_at, completed_at, compensation, compensation_of, input_hash, fresh)
     JOIN run ON run.run_id = u.run_id AND run.token = u.token
 ), fresh AS (
     INSERT INTO pgdurable.workflow_steps (` + stepColumnList + `)
@@ -222,7 +222,7 @@ func WriteRecords(ctx context.Context, db DBTX, writes []*RecordWrite) ([]WriteR
 		"step_status": s.status, "step_attempts": s.attempts, "step_request_id": s.requestID, "step_output": s.output,
 		"step_error": s.errs, "step_next_attempt_at": s.next, "step_first_failed_at": s.firstFailed,
 		"step_started_at": s.started, "step_completed_at": s.completed, "step_compensation": s.comp,
-		"step_compensation_of": s.compOf, "step_fresh": s.fresh})
+		"step_compensation_of": s.compOf, "step_input_hash": s.inputHash, "step_fresh": s.fresh})
 	if err != nil {
 		return nil, fmt.Errorf("recording steps of %d runs: %w", n, translate(err))
 	}
@@ -272,6 +272,7 @@ type stepColumns struct {
 	requestID                    uuidArray
 	output, errs, comp           pgtype.FlatArray[pgtype.Text]
 	compOf                       pgtype.FlatArray[pgtype.Int4]
+	inputHash                    pgtype.FlatArray[pgtype.Int8]
 	next, firstFailed, completed pgtype.FlatArray[pgtype.Timestamptz]
 	started                      []time.Time
 	fresh                        []bool
@@ -284,6 +285,7 @@ func (s *stepColumns) add(f Fence, r *StepRecord) {
 	s.requestID = append(s.requestID, uuidOrNull(r.RequestID))
 	s.output, s.errs, s.comp = append(s.output, jsonParam(r.Output)), append(s.errs, jsonParam(r.Error)), append(s.comp, textOrNull(r.Compensation))
 	s.compOf = append(s.compOf, int4OrNull(r.CompensationOf))
+	s.inputHash = append(s.inputHash, int8OrNull(r.InputHash))
 	s.next, s.firstFailed = append(s.next, timeOrNull(r.NextAttemptAt)), append(s.firstFailed, timeOrNull(r.FirstFailedAt))
 	s.completed = append(s.completed, timeOrNull(r.CompletedAt))
 	s.started = append(s.started, r.StartedAt)
@@ -294,9 +296,9 @@ func (s *stepColumns) add(f Fence, r *StepRecord) {
 // values in a CTE u of unnested records.
 var (
 	stepColumnList = `run_id, seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
-                      first_failed_at, started_at, completed_at, compensation, compensation_of, failed_attempts`
+                      first_failed_at, started_at, completed_at, compensation, compensation_of, input_hash, failed_attempts`
 	stepValues = `u.run_id, u.seq, u.name, u.kind, u.status, u.attempts, u.request_id, u.output::jsonb, u.error::jsonb,
-           u.next_attempt_at, u.first_failed_at, u.started_at, u.completed_at, u.compensation, u.compensation_of,
+           u.next_attempt_at, u.first_failed_at, u.started_at, u.completed_at, u.compensation, u.compensation_of, u.input_hash,
            ` + failedAttempt(`u.status`, `u.attempts`, `u.error::jsonb`)
 )
 
@@ -475,7 +477,7 @@ const claimSettings = `SELECT set_config('synchronous_commit', 'off', true), set
 
 const loadStepsOfRuns = `
 SELECT run_id, seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
-       first_failed_at, started_at, completed_at, compensation, compensation_of
+       first_failed_at, started_at, completed_at, compensation, compensation_of, input_hash
 FROM pgdurable.workflow_steps WHERE run_id = ANY($1) ORDER BY run_id, seq`
 
 const claimMisses = `
@@ -552,7 +554,7 @@ func ClaimRuns(ctx context.Context, db DBTX, fences []Fence, now time.Time) ([]C
 		var runID uuid.UUID
 		var s StepRecord
 		if err := rows.Scan(&runID, &s.Seq, &s.Name, &s.Kind, &s.Status, &s.Attempts, &s.RequestID, &s.Output, &s.Error,
-			&s.NextAttemptAt, &s.FirstFailedAt, &s.StartedAt, &s.CompletedAt, &s.Compensation, &s.CompensationOf); err != nil {
+			&s.NextAttemptAt, &s.FirstFailedAt, &s.StartedAt, &s.CompletedAt, &s.Compensation, &s.CompensationOf, &s.InputHash); err != nil {
 			rows.Close()
 			return fail(err)
 		}

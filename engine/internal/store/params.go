@@ -57,6 +57,13 @@ func int4OrNull(v *int) pgtype.Int4 {
 	return pgtype.Int4{Int32: int32(*v), Valid: true}
 }
 
+func int8OrNull(v *int64) pgtype.Int8 {
+	if v == nil {
+		return pgtype.Int8{}
+	}
+	return pgtype.Int8{Int64: *v, Valid: true}
+}
+
 // uuids is ids as a uuid[] parameter.
 func uuids(ids []uuid.UUID) uuidArray {
 	out := make(uuidArray, len(ids))

@@ -106,7 +106,7 @@ func GetRunParts(ctx context.Context, db DBTX, runID uuid.UUID, p RunParts) (*Ru
 	}
 	b.Queue(`SELECT `+runCols+` FROM pgdurable.workflow_runs WHERE run_id = $1`, runID)
 	b.Queue(`SELECT seq, name, kind, status, attempts, request_id, `+stepOutput+`, error, next_attempt_at,
-       first_failed_at, started_at, completed_at, compensation, compensation_of, failed_attempts
+       first_failed_at, started_at, completed_at, compensation, compensation_of, input_hash, failed_attempts
 FROM pgdurable.workflow_steps WHERE run_id = $1 AND seq >= $2 ORDER BY seq`, runID, p.StepsFrom)
 	if p.NoSignals {
 		b.Queue(`SELECT id, name, payload, created_at, consumed_seq, consumed_at, idempotency_key FROM pgdurable.workflow_signals WHERE false`)

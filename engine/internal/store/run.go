@@ -208,7 +208,7 @@ func scanSteps(rows pgx.Rows) ([]StepRecord, error) {
 	for rows.Next() {
 		var s StepRecord
 		if err := rows.Scan(&s.Seq, &s.Name, &s.Kind, &s.Status, &s.Attempts, &s.RequestID, &s.Output, &s.Error,
-			&s.NextAttemptAt, &s.FirstFailedAt, &s.StartedAt, &s.CompletedAt, &s.Compensation, &s.CompensationOf, &s.FailedAttempts); err != nil {
+			&s.NextAttemptAt, &s.FirstFailedAt, &s.StartedAt, &s.CompletedAt, &s.Compensation, &s.CompensationOf, &s.InputHash, &s.FailedAttempts); err != nil {
 			return nil, err
 		}
 		out = append(out, s)
@@ -232,6 +232,7 @@ var stepConflict = `    ON CONFLICT (run_id, seq) DO UPDATE SET
         completed_at = excluded.completed_at,
         compensation = coalesce(excluded.compensation, s.compensation),
         compensation_of = coalesce(excluded.compensation_of, s.compensation_of),
+        input_hash = coalesce(s.input_hash, excluded.input_hash),
         failed_attempts = CASE
             WHEN excluded.failed_attempts IS NULL
               OR (s.status = excluded.status AND s.attempts = excluded.attempts AND s.error IS NOT DISTINCT FROM excluded.error)
@@ -298,7 +299,7 @@ func WatchRun(ctx context.Context, db DBTX, runID uuid.UUID) (status string, err
 var stepRecordValues = `run.run_id, @step_seq::int, @step_name::text, @step_kind::text, @step_status::text, @step_attempts::int,
            @step_request_id::uuid, @step_output::jsonb, @step_error::jsonb, @step_next_attempt_at::timestamptz,
            @step_first_failed_at::timestamptz, @step_started_at::timestamptz, @step_completed_at::timestamptz,
-           @step_compensation::text, @step_compensation_of::int,
+           @step_compensation::text, @step_compensation_of::int, @step_input_hash::bigint,
            ` + failedAttempt(`@step_status::text`, `@step_attempts::int`, `@step_error::jsonb`)
 
 // stepUpsert is a CTE that writes the step record in the @step_
@@ -327,17 +328,17 @@ WITH run AS (
 ), step AS (
     INSERT INTO pgdurable.workflow_steps AS s (run_id, seq, name, kind, status, attempts, request_id, output, error,
                                      next_attempt_at, first_failed_at, started_at, completed_at,
-                                     compensation, compensation_of, failed_attempts)
+                                     compensation, compensation_of, input_hash, failed_attempts)
     SELECT run.run_id, u.seq, u.name, u.kind, u.status, u.attempts, u.request_id, u.output::jsonb, u.error::jsonb,
-           u.next_attempt_at, u.first_failed_at, u.started_at, u.completed_at, u.compensation, u.compensation_of,
+           u.next_attempt_at, u.first_failed_at, u.started_at, u.completed_at, u.compensation, u.compensation_of, u.input_hash,
            ` + failedAttempt(`u.status`, `u.attempts`, `u.error::jsonb`) + `
     FROM run, unnest(@step_seq::int[], @step_name::text[], @step_kind::text[], @step_status::text[], @step_attempts::int[],
                      @step_request_id::uuid[], @step_output::text[], @step_error::text[],
                      @step_next_attempt_at::timestamptz[], @step_first_failed_at::timestamptz[],
                      @step_started_at::timestamptz[], @step_completed_at::timestamptz[],
-                     @step_compensation::text[], @step_compensation_of::int[])
+                     @step_compensation::text[], @step_compensation_of::int[], @step_input_hash::bigint[])
         AS u(seq, name, kind, status, attempts, request_id, output, error, next_attempt_at, first_failed_at,
-             started_at, completed_at, compensation, compensation_of)
+             started_at, completed_at, compensation, compensation_of, input_hash)
 ` + stepConflict + `
     RETURNING 1
 )
@@ -371,7 +372,8 @@ func WriteSteps(ctx context.Context, db DBTX, f Fence, status string, recs ...*S
 		"run_status": statusArg, "step_seq": c.seq, "step_name": c.name, "step_kind": c.kind, "step_status": c.status,
 		"step_attempts": c.attempts, "step_request_id": c.requestID, "step_output": c.output, "step_error": c.errs,
 		"step_next_attempt_at": c.next, "step_first_failed_at": c.firstFailed, "step_started_at": c.started,
-		"step_completed_at": c.completed, "step_compensation": c.comp, "step_compensation_of": c.compOf}).Scan(&found, &out.CancelRequested, &out.Written)
+		"step_completed_at": c.completed, "step_compensation": c.comp, "step_compensation_of": c.compOf,
+		"step_input_hash": c.inputHash}).Scan(&found, &out.CancelRequested, &out.Written)
 	if err != nil {
 		return StepsWritten{}, fmt.Errorf("recording steps of run %s: %w", runID, translate(err))
 	}
@@ -384,7 +386,7 @@ func WriteSteps(ctx context.Context, db DBTX, f Fence, status string, recs ...*S
 // GetStep reads one step record; ErrNotFound when there is none.
 func GetStep(ctx context.Context, db DBTX, runID uuid.UUID, seq int) (*StepRecord, error) {
 	rows, err := db.Query(ctx, `SELECT seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
-       first_failed_at, started_at, completed_at, compensation, compensation_of, failed_attempts
+       first_failed_at, started_at, completed_at, compensation, compensation_of, input_hash, failed_attempts
 FROM pgdurable.workflow_steps WHERE run_id = $1 AND seq = $2`, runID, seq)
 	if err != nil {
 		return nil, fmt.Errorf("reading step %d of run %s: %w", seq, runID, err)
@@ -896,14 +898,14 @@ func TerminateRun(ctx context.Context, tx DBTX, p TerminateParams) (Terminated, 
 // (engine.Replay), unfenced: the run is one no delivery has claimed yet.
 var insertSteps = named(`INSERT INTO pgdurable.workflow_steps
     (run_id, seq, name, kind, status, attempts, request_id, output, error, next_attempt_at, started_at, completed_at,
-     compensation, compensation_of)
+     compensation, compensation_of, input_hash)
 SELECT @run_id, s.seq, s.name, s.kind, s.status, s.attempts, s.request_id, s.output, s.error, s.next_attempt_at, s.started_at,
-       s.completed_at, s.compensation, s.compensation_of
+       s.completed_at, s.compensation, s.compensation_of, s.input_hash
 FROM unnest(@seq::int[], @name::text[], @kind::text[], @status::text[], @attempts::int[], @request_id::uuid[],
             @output::jsonb[], @error::jsonb[], @next_attempt_at::timestamptz[], @started_at::timestamptz[], @completed_at::timestamptz[],
-            @compensation::text[], @compensation_of::int[])
+            @compensation::text[], @compensation_of::int[], @input_hash::bigint[])
     AS s(seq, name, kind, status, attempts, request_id, output, error, next_attempt_at, started_at, completed_at,
-         compensation, compensation_of)`)
+         compensation, compensation_of, input_hash)`)
 
 // InsertSteps writes recs, the steps of run runID as a history recorded
 // them, to a run no delivery has claimed (engine.Replay's scratch run).
@@ -916,10 +918,12 @@ func InsertSteps(ctx context.Context, db DBTX, runID uuid.UUID, recs []*StepReco
 		output, errs         = make([]*string, n), make([]*string, n)
 		next, started, ended = make([]*time.Time, n), make([]time.Time, n), make([]*time.Time, n)
 		comp, compOf         = make([]*string, n), make([]*int32, n)
+		inputHash            = make([]*int64, n)
 	)
 	for i, r := range recs {
 		seq[i], attempts[i], name[i], kind[i], status[i] = int32(r.Seq), int32(r.Attempts), r.Name, r.Kind, r.Status
 		requestID[i], next[i], started[i], ended[i], comp[i] = r.RequestID, r.NextAttemptAt, r.StartedAt, r.CompletedAt, r.Compensation
+		inputHash[i] = r.InputHash
 		if r.CompensationOf != nil {
 			v := int32(*r.CompensationOf)
 			compOf[i] = &v
@@ -935,7 +939,7 @@ func InsertSteps(ctx context.Context, db DBTX, runID uuid.UUID, recs []*StepReco
 	}
 	_, err := insertSteps.exec(ctx, db, pgx.StrictNamedArgs{"run_id": runID, "seq": seq, "name": name, "kind": kind, "status": status,
 		"attempts": attempts, "request_id": requestID, "output": output, "error": errs, "next_attempt_at": next,
-		"started_at": started, "completed_at": ended, "compensation": comp, "compensation_of": compOf})
+		"started_at": started, "completed_at": ended, "compensation": comp, "compensation_of": compOf, "input_hash": inputHash})
 	if err != nil {
 		return fmt.Errorf("inserting the steps of run %s: %w", runID, err)
 	}
