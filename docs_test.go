@@ -172,7 +172,10 @@ var ctx context.Context
 	"docs/deploys.md": `
 var ctx *engine.Context
 var checkout *engine.Workflow[string, string]
+var e *engine.Engine
 type Receipt struct{}
+func checkoutCode(*engine.Context, string) (Receipt, error) { return Receipt{}, nil }
+func checkoutCodeV2(*engine.Context, string) (Receipt, error) { return Receipt{}, nil }
 func checkFraud(context.Context) (bool, error) { return true, nil }
 `,
 	"docs/steps-and-activities.md": `

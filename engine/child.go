@@ -703,8 +703,10 @@ func (e *Engine) noteCancelled(runIDs []uuid.UUID) {
 // follow it to the latest. Children of policy wait are waited for first;
 // those of policy cancel are cancelled as the run ends.
 //
-// in must encode as JSON that decodes as the workflow's input type
-// (ErrInvalidInput otherwise, returned here). A cancellation requested
+// The new run takes the latest version of the workflow registered in this
+// process (see Engine.Register): a chain moves to new code here. in must
+// encode as JSON that decodes as the workflow's input type (ErrInvalidInput
+// otherwise, returned here). A cancellation requested
 // before the run ends wins: the run compensates and ends cancelled.
 func ContinueAsNew[In any](ctx *Context, in In) error {
 	d := ctx.d
@@ -736,7 +738,13 @@ func (e *continueAsNewError) Error() string {
 // transaction.
 func (d *delivery) continueAsNew(input []byte) {
 	e := d.e
-	r, err := e.newRun(d.wf.name, d.wf.version, input, &StartOpts{WorkflowID: d.workflowID, RunTimeout: d.runTimeout, engineMade: true})
+	// The next run takes the latest version registered here: a chain
+	// moves to new code at its continue-as-new.
+	next := d.wf
+	if latest, ok := e.workflow(d.wf.name); ok {
+		next = latest
+	}
+	r, err := e.newRun(next.name, next.version, input, &StartOpts{WorkflowID: d.workflowID, RunTimeout: d.runTimeout, engineMade: true})
 	if err != nil {
 		d.park(nil, &parkReason{reason: ReasonPermanentError, info: newErrorInfo(err, ClassPermanent)})
 		return
@@ -744,7 +752,7 @@ func (d *delivery) continueAsNew(input []byte) {
 	r.Parent = d.parent
 	r.TraceContext = d.traceContext // the chain stays in one trace, its first delivery here too
 	r.ContinuedFrom = &d.runID
-	wf, path := e.planStart(nil, d.wf.name, false)
+	wf, path := e.planStart(nil, next.name, next.version, false)
 	e.route(&r, path)
 	sent := time.Now()
 	d.writeMu.Lock()

@@ -121,12 +121,12 @@ func (m *movingAverage) get() time.Duration {
 // (StartOpts.StartAt: the sweep wakes it when due). For dispatchNow
 // the caller holds a worker slot: dispatch releases it, and a start that
 // does not dispatch after all must release it itself.
-func (e *Engine) planStart(tx pgx.Tx, name string, delayed bool) (registered, startPath) {
+func (e *Engine) planStart(tx pgx.Tx, name string, version int, delayed bool) (registered, startPath) {
 	if tx != nil || delayed || e.stopping.Load() {
 		return registered{}, viaRiver
 	}
 	e.mu.Lock()
-	wf, ok := e.workflows[name]
+	wf, ok := e.versions[workflowKey{name, version}] // a version not registered here goes to one that registers it
 	started := e.started
 	e.mu.Unlock()
 	if !ok || !started {

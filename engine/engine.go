@@ -285,8 +285,12 @@ type Engine struct {
 	// remote hears of ends committed by other processes (see Wait).
 	remote remoteEnds
 
-	mu        sync.Mutex
+	mu sync.Mutex
+	// workflows is the latest registered version of each workflow, which
+	// starts by name take; versions every registered version, which
+	// deliveries are routed by.
 	workflows map[string]registered
+	versions  map[workflowKey]registered
 	warned    map[string]time.Time // warning key → when last logged (warnOnce)
 	started   bool
 	// maint runs the sweep and the other background jobs while the
@@ -325,6 +329,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		tr:        newTracing(c.TracerProvider, c.Propagator),
 		now:       c.Clock.Now,
 		workflows: map[string]registered{},
+		versions:  map[workflowKey]registered{},
 		processID: uuid.New(),
 	}
 	e.retry = (RetryPolicy{}).merge(c.RetryPolicy, &DefaultRetryPolicy)
@@ -390,8 +395,15 @@ func (f levelFilter) WithGroup(name string) slog.Handler {
 	return levelFilter{f.Handler.WithGroup(name), f.min}
 }
 
-// Register adds workflows built with Define. Names must be unique; register
-// every workflow in every process that shares a database, before Start.
+// Register adds workflows built with Define, before Start. A workflow may
+// be registered under several versions (WorkflowOpts.Version), side by
+// side: a run stays on the version it started with, and this process
+// works only the runs of the versions it registers, handing the others
+// back for a process that does (as it does the runs of a workflow it does
+// not register at all). Starts by name (StartJSON, the HTTP API, the CLI,
+// schedules, signal-with-start) take the latest version registered here;
+// Workflow.Start takes its own. A name and version registered twice is an
+// error.
 func (e *Engine) Register(workflows ...Registration) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -400,18 +412,37 @@ func (e *Engine) Register(workflows ...Registration) error {
 		if r.err != nil {
 			return r.err
 		}
-		if _, dup := e.workflows[r.name]; dup {
-			return fmt.Errorf("pgdurable: workflow %q registered twice", r.name)
+		key := workflowKey{r.name, r.version}
+		if _, dup := e.versions[key]; dup {
+			return fmt.Errorf("pgdurable: workflow %q version %d registered twice", r.name, r.version)
 		}
-		e.workflows[r.name] = r
+		e.versions[key] = r
+		if latest, ok := e.workflows[r.name]; !ok || r.version > latest.version {
+			e.workflows[r.name] = r
+		}
 	}
 	return nil
 }
 
+// workflowKey names one registered version of a workflow.
+type workflowKey struct {
+	name    string
+	version int
+}
+
+// workflow is the latest version of name registered here.
 func (e *Engine) workflow(name string) (registered, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	r, ok := e.workflows[name]
+	return r, ok
+}
+
+// workflowVersion is version of name, when registered here.
+func (e *Engine) workflowVersion(name string, version int) (registered, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	r, ok := e.versions[workflowKey{name, version}]
 	return r, ok
 }
 
@@ -457,7 +488,7 @@ func (e *Engine) maintainer() (*maintenance.Maintainer, *maintenance.ProcessRegi
 			e.mu.Lock()
 			defer e.mu.Unlock()
 			var wfs []store.ProcessWorkflow
-			for _, w := range e.workflows {
+			for _, w := range e.versions {
 				wfs = append(wfs, store.ProcessWorkflow{Name: w.name, Version: w.version})
 			}
 			return wfs

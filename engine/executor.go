@@ -74,12 +74,12 @@ func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
 		return e.missed(runID, miss)
 	}
 	log := e.log.With("run_id", runID, "workflow", claimed.WorkflowName, "workflow_id", claimed.WorkflowID)
-	wf, ok := e.workflow(claimed.WorkflowName)
+	wf, ok := e.workflowVersion(claimed.WorkflowName, claimed.WorkflowVersion)
 	if !ok {
 		retry := unknownWorkflowRetry(queue.Snoozes(ctx))
-		if e.warnOnce("workflow "+claimed.WorkflowName, time.Minute) {
-			log.Error("workflow not registered in this process; handing its runs back for a process that registers it",
-				"retry_in", retry, "registered", e.registeredNames())
+		if e.warnOnce(fmt.Sprintf("workflow %s version %d", claimed.WorkflowName, claimed.WorkflowVersion), time.Minute) {
+			log.Error("workflow version not registered in this process; handing its runs back for a process that registers it",
+				"workflow_version", claimed.WorkflowVersion, "retry_in", retry, "registered", e.registeredNames())
 		}
 		if err := e.releaseUnregistered(context.WithoutCancel(ctx), claimed, token); err != nil {
 			return err

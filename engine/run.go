@@ -178,7 +178,7 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	span, traceCtx := e.tr.start(ctx, name, workflowID)
 	defer func() { started(span, res, err) }()
 	r.TraceContext = traceCtx
-	wf, path := e.planStart(tx, name, r.StartAt != nil)
+	wf, path := e.planStart(tx, name, version, r.StartAt != nil)
 	e.route(&r, path)
 	sent := time.Now()
 	var ins *store.InsertedRun

@@ -428,9 +428,9 @@ func triggerWorkflowID(name string, id uuid.UUID) string {
 func (e *Engine) registeredNames() string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	names := make([]string, 0, len(e.workflows))
-	for n := range e.workflows {
-		names = append(names, n)
+	names := make([]string, 0, len(e.versions))
+	for k := range e.versions {
+		names = append(names, fmt.Sprintf("%s v%d", k.name, k.version))
 	}
 	if len(names) == 0 {
 		return "none"

@@ -18,8 +18,12 @@ import (
 
 // WorkflowOpts tunes a workflow. A nil *WorkflowOpts takes the defaults.
 type WorkflowOpts struct {
-	// Version is recorded on each run and in dead jobs so operators can
-	// tell which code a run started under. Default 1.
+	// Version is the version of the code, recorded on each run and in
+	// dead jobs. A run stays on the version it started with: a process
+	// works only the runs of the versions it registers (Engine.Register
+	// takes several versions of one workflow side by side), so a change
+	// that does not replay the old steps ships as a new version, both
+	// registered until the old version's runs have ended. Default 1.
 	Version int
 	// RetryPolicy fills fields its steps leave zero, before the engine's.
 	RetryPolicy *RetryPolicy
@@ -42,8 +46,9 @@ type Workflow[In, Out any] struct {
 
 // Define names fn as a workflow. The name is what the database stores, so
 // it must stay stable across deploys (1 to 200 bytes); change the code
-// behind a name only in ways that replay the same steps in the same order,
-// or bump WorkflowOpts.Version and keep old runs' steps intact.
+// behind a name only in ways that replay the same steps in the same order
+// (see Patched), or define a new WorkflowOpts.Version and register it
+// beside the old one until the old version's runs have ended.
 //
 // fn receives a *Context and must be deterministic apart from its steps:
 // anything that reads the clock, randomness or the outside world belongs in
@@ -466,7 +471,7 @@ func (w *Workflow[In, Out]) startMany(ctx context.Context, e *Engine, tx pgx.Tx,
 	e.heldMu.Unlock()
 	for i := range runs {
 		var p registered
-		p, paths[i] = e.planStart(tx, w.name, runs[i].StartAt != nil)
+		p, paths[i] = e.planStart(tx, w.name, w.opts.Version, runs[i].StartAt != nil)
 		if paths[i] != viaRiver {
 			wf = p
 		}

@@ -1,0 +1,123 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
+)
+
+// versioned is version v of the workflow "pinned": one step that says
+// which version ran it, a wait for signal go, then the answer.
+func versioned(v int) *engine.Workflow[string, string] {
+	return engine.Define("pinned", func(ctx *engine.Context, in string) (string, error) {
+		first, err := engine.Step(ctx, "first", func(context.Context) (string, error) { return fmt.Sprintf("v%d", v), nil }, nil)
+		if err != nil {
+			return "", err
+		}
+		if v >= 2 {
+			// v2's code has a step v1's runs never recorded: were a v1 run
+			// given to v2's code, it would be parked as nondeterminism.
+			if _, err := engine.Step(ctx, "v2_only", func(context.Context) (bool, error) { return true, nil }, nil); err != nil {
+				return "", err
+			}
+		}
+		if _, err := engine.AwaitSignal[string](ctx, "go", time.Hour); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("%s then v%d", first, v), nil
+	}, &engine.WorkflowOpts{Version: v})
+}
+
+// A process may register several versions of a workflow: each run stays
+// on the version it started with, a start by name takes the latest, and
+// a process works only the versions it registers, handing the others to
+// one that does.
+func TestRunsStayOnTheirVersion(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := testCtx(t)
+	v1, v2 := versioned(1), versioned(2)
+
+	both := newEngine(t, db, nil, true, v1, v2)
+	require.ErrorContains(t, both.Register(versioned(2)), `workflow "pinned" version 2 registered twice`)
+	old, err := v1.Start(ctx, both, "old", nil)
+	require.NoError(t, err)
+	byName, err := both.StartJSON(ctx, "pinned", []byte(`"by-name"`), nil)
+	require.NoError(t, err)
+	for _, id := range []uuid.UUID{old.RunID, byName.RunID} {
+		enginetest.RequireRunStatus(ctx, t, both, id, engine.StatusWaiting, 0)
+		require.NoError(t, both.Signal(ctx, id.String(), "go", "", nil))
+	}
+	require.JSONEq(t, `"v1 then v1"`, string(enginetest.RequireRunCompleted(ctx, t, both, old.RunID, 0).Output))
+	require.JSONEq(t, `"v2 then v2"`, string(enginetest.RequireRunCompleted(ctx, t, both, byName.RunID, 0).Output), "a start by name takes the latest")
+	require.NoError(t, both.Stop(ctx))
+
+	// A process of v2 only beside one of v1 only: each works its own.
+	onlyV2 := newEngine(t, db, nil, true, v2)
+	onlyV1 := newEngine(t, db, nil, true, v1)
+	var ones, twos []uuid.UUID
+	for i := range 5 {
+		r, err := v1.Start(ctx, onlyV2, fmt.Sprint("one-", i), nil) // started from the v2 process
+		require.NoError(t, err)
+		ones = append(ones, r.RunID)
+		r, err = v2.Start(ctx, onlyV1, fmt.Sprint("two-", i), nil) // and the other way round
+		require.NoError(t, err)
+		twos = append(twos, r.RunID)
+	}
+	for _, id := range append(append([]uuid.UUID{}, ones...), twos...) {
+		enginetest.RequireRunStatus(ctx, t, onlyV1, id, engine.StatusWaiting, 0)
+		require.NoError(t, onlyV1.Signal(ctx, id.String(), "go", "", nil))
+	}
+	for _, id := range ones {
+		require.JSONEq(t, `"v1 then v1"`, string(enginetest.RequireRunCompleted(ctx, t, onlyV1, id, 0).Output))
+	}
+	for _, id := range twos {
+		require.JSONEq(t, `"v2 then v2"`, string(enginetest.RequireRunCompleted(ctx, t, onlyV1, id, 0).Output))
+	}
+	dead, _, err := onlyV1.ListDeadJobs(ctx, engine.ListDeadJobsParams{})
+	require.NoError(t, err)
+	require.Empty(t, dead, "no run was given the other version's code")
+}
+
+// A continue-as-new starts the chain's next run on the latest version
+// registered, so a long-lived chain moves to new code at that point.
+func TestContinueAsNewTakesTheLatestVersion(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := testCtx(t)
+	chain := func(v int) *engine.Workflow[int, string] {
+		return engine.Define("chain", func(ctx *engine.Context, n int) (string, error) {
+			if n > 0 {
+				return "", engine.ContinueAsNew(ctx, n-1)
+			}
+			return fmt.Sprintf("ended on v%d", v), nil
+		}, &engine.WorkflowOpts{Version: v})
+	}
+	v1, v2 := chain(1), chain(2)
+	e := newEngine(t, db, nil, true, v1, v2)
+	first, err := v1.Start(ctx, e, 1, &engine.StartOpts{WorkflowID: "chain-1"})
+	require.NoError(t, err)
+	run, err := e.GetRun(ctx, first.RunID)
+	require.NoError(t, err)
+	require.Equal(t, 1, run.WorkflowVersion)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		run, err = e.GetRun(ctx, first.RunID)
+		require.NoError(t, err)
+		if run.ContinuedRunID != nil {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the run never continued")
+		time.Sleep(10 * time.Millisecond)
+	}
+	next := enginetest.RequireRunCompleted(ctx, t, e, *run.ContinuedRunID, 0)
+	require.Equal(t, 2, next.WorkflowVersion)
+	require.JSONEq(t, `"ended on v2"`, string(next.Output))
+}
