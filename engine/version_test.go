@@ -121,3 +121,29 @@ func TestContinueAsNewTakesTheLatestVersion(t *testing.T) {
 	require.Equal(t, 2, next.WorkflowVersion)
 	require.JSONEq(t, `"ended on v2"`, string(next.Output))
 }
+
+// With no process registering a run's version, the run waits: not
+// parked, not run on other code; it finishes once a process that
+// registers its version starts.
+func TestARunWaitsForAProcessOfItsVersion(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := testCtx(t)
+	v1, v2 := versioned(1), versioned(2)
+	onlyV2 := newEngine(t, db, nil, true, v2)
+	r, err := v1.Start(ctx, onlyV2, "orphan", nil)
+	require.NoError(t, err)
+	time.Sleep(3 * time.Second) // a few hand-backs by the v2 process
+	run, err := onlyV2.GetRun(ctx, r.RunID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusPending, run.Status)
+	require.Empty(t, run.Steps, "no other version's code ran it")
+	dead, _, err := onlyV2.ListDeadJobs(ctx, engine.ListDeadJobsParams{RunID: r.RunID})
+	require.NoError(t, err)
+	require.Empty(t, dead)
+
+	onlyV1 := newEngine(t, db, nil, true, v1)
+	enginetest.RequireRunStatus(ctx, t, onlyV1, r.RunID, engine.StatusWaiting, 0)
+	require.NoError(t, onlyV1.Signal(ctx, r.RunID.String(), "go", "", nil))
+	require.JSONEq(t, `"v1 then v1"`, string(enginetest.RequireRunCompleted(ctx, t, onlyV1, r.RunID, 0).Output))
+}
