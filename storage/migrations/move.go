@@ -136,7 +136,15 @@ func inPublic(ctx context.Context, q interface {
 	if comment != nil && strings.HasPrefix(*comment, keptComment) {
 		return false, nil // migrated by this version with Schema "public": meant to stay
 	}
-	return version != nil && *version != 0 && *version != movedVersion, nil
+	return installed(version), nil
+}
+
+// installed reports whether a version table's highest version, version,
+// is an installation's: not empty (nil, or goose's 0 alone, which an
+// engine of an earlier version left on a database nobody migrated) and
+// not what a move leaves behind.
+func installed(version *int64) bool {
+	return version != nil && *version != 0 && *version != movedVersion
 }
 
 // keptComment marks the version table of an installation that Migrate put
@@ -332,7 +340,7 @@ func Schemas(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 		if err != nil {
 			return nil, fmt.Errorf("reading the version in schema %s: %w", s, err)
 		}
-		if version != nil && *version != 0 && *version != movedVersion {
+		if installed(version) {
 			out = append(out, s)
 		}
 	}

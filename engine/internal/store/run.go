@@ -899,10 +899,10 @@ func TerminateRun(ctx context.Context, tx DBTX, p TerminateParams) (Terminated, 
 var insertSteps = named(`INSERT INTO pgdurable.workflow_steps
     (run_id, seq, name, kind, status, attempts, request_id, output, error, next_attempt_at, started_at, completed_at,
      compensation, compensation_of, input_hash)
-SELECT @run_id, s.seq, s.name, s.kind, s.status, s.attempts, s.request_id, s.output, s.error, s.next_attempt_at, s.started_at,
-       s.completed_at, s.compensation, s.compensation_of, s.input_hash
+SELECT @run_id, s.seq, s.name, s.kind, s.status, s.attempts, s.request_id, s.output::jsonb, s.error::jsonb, s.next_attempt_at,
+       s.started_at, s.completed_at, s.compensation, s.compensation_of, s.input_hash
 FROM unnest(@seq::int[], @name::text[], @kind::text[], @status::text[], @attempts::int[], @request_id::uuid[],
-            @output::jsonb[], @error::jsonb[], @next_attempt_at::timestamptz[], @started_at::timestamptz[], @completed_at::timestamptz[],
+            @output::text[], @error::text[], @next_attempt_at::timestamptz[], @started_at::timestamptz[], @completed_at::timestamptz[],
             @compensation::text[], @compensation_of::int[], @input_hash::bigint[])
     AS s(seq, name, kind, status, attempts, request_id, output, error, next_attempt_at, started_at, completed_at,
          compensation, compensation_of, input_hash)`)
@@ -910,36 +910,14 @@ FROM unnest(@seq::int[], @name::text[], @kind::text[], @status::text[], @attempt
 // InsertSteps writes recs, the steps of run runID as a history recorded
 // them, to a run no delivery has claimed (engine.Replay's scratch run).
 func InsertSteps(ctx context.Context, db DBTX, runID uuid.UUID, recs []*StepRecord) error {
-	n := len(recs)
-	var (
-		seq, attempts        = make([]int32, n), make([]int32, n)
-		name, kind, status   = make([]string, n), make([]string, n), make([]string, n)
-		requestID            = make([]*uuid.UUID, n)
-		output, errs         = make([]*string, n), make([]*string, n)
-		next, started, ended = make([]*time.Time, n), make([]time.Time, n), make([]*time.Time, n)
-		comp, compOf         = make([]*string, n), make([]*int32, n)
-		inputHash            = make([]*int64, n)
-	)
-	for i, r := range recs {
-		seq[i], attempts[i], name[i], kind[i], status[i] = int32(r.Seq), int32(r.Attempts), r.Name, r.Kind, r.Status
-		requestID[i], next[i], started[i], ended[i], comp[i] = r.RequestID, r.NextAttemptAt, r.StartedAt, r.CompletedAt, r.Compensation
-		inputHash[i] = r.InputHash
-		if r.CompensationOf != nil {
-			v := int32(*r.CompensationOf)
-			compOf[i] = &v
-		}
-		if r.Output != nil {
-			s := string(r.Output)
-			output[i] = &s
-		}
-		if r.Error != nil {
-			s := string(r.Error)
-			errs[i] = &s
-		}
+	var c stepColumns // its run and token columns are not sent: the run is @run_id
+	for _, r := range recs {
+		c.add(Fence{RunID: runID}, r)
 	}
-	_, err := insertSteps.exec(ctx, db, pgx.StrictNamedArgs{"run_id": runID, "seq": seq, "name": name, "kind": kind, "status": status,
-		"attempts": attempts, "request_id": requestID, "output": output, "error": errs, "next_attempt_at": next,
-		"started_at": started, "completed_at": ended, "compensation": comp, "compensation_of": compOf, "input_hash": inputHash})
+	_, err := insertSteps.exec(ctx, db, pgx.StrictNamedArgs{"run_id": runID, "seq": c.seq, "name": c.name, "kind": c.kind,
+		"status": c.status, "attempts": c.attempts, "request_id": c.requestID, "output": c.output, "error": c.errs,
+		"next_attempt_at": c.next, "started_at": c.started, "completed_at": c.completed, "compensation": c.comp,
+		"compensation_of": c.compOf, "input_hash": c.inputHash})
 	if err != nil {
 		return fmt.Errorf("inserting the steps of run %s: %w", runID, err)
 	}
