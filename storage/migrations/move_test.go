@@ -26,15 +26,29 @@ import (
 // migrated by goose and River with the connection's search_path.
 func legacyDB(t *testing.T) *enginetest.DB {
 	t.Helper()
-	ctx := context.Background()
-	db := enginetest.NewDB(t)
-	_, err := db.Pool.Exec(ctx, `DROP SCHEMA `+migrations.DefaultSchema+` CASCADE`)
-	require.NoError(t, err)
-	_, err = migrations.Migrate(ctx, db.Pool, migrations.Up, &migrations.Opts{Schema: "public"})
-	require.NoError(t, err)
+	db := publicDB(t)
 	// The earlier version left its version table unmarked; this version
 	// marks one it keeps in public on purpose.
-	_, err = db.Pool.Exec(ctx, `COMMENT ON TABLE public.pgdurable_schema_migrations IS NULL`)
+	_, err := db.Pool.Exec(context.Background(), `COMMENT ON TABLE public.pgdurable_schema_migrations IS NULL`)
+	require.NoError(t, err)
+	return db
+}
+
+// unmigratedDB is a database with none of pgdurable's tables in the
+// default schema.
+func unmigratedDB(t *testing.T) *enginetest.DB {
+	t.Helper()
+	db := enginetest.NewDB(t)
+	_, err := db.Pool.Exec(context.Background(), `DROP SCHEMA `+migrations.DefaultSchema+` CASCADE`)
+	require.NoError(t, err)
+	return db
+}
+
+// publicDB is a database this version migrated into public.
+func publicDB(t *testing.T) *enginetest.DB {
+	t.Helper()
+	db := unmigratedDB(t)
+	_, err := migrations.Migrate(context.Background(), db.Pool, migrations.Up, &migrations.Opts{Schema: "public"})
 	require.NoError(t, err)
 	return db
 }
@@ -320,9 +334,7 @@ func TestMigrateIgnoresAnEmptyVersionTableInPublic(t *testing.T) {
 func TestConcurrentMigrations(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := enginetest.NewDB(t)
-	_, err := db.Pool.Exec(ctx, `DROP SCHEMA `+migrations.DefaultSchema+` CASCADE`)
-	require.NoError(t, err)
+	db := unmigratedDB(t)
 	const n = 4
 	results := make(chan *migrations.Result, n)
 	errs := make(chan error, n)
@@ -393,14 +405,10 @@ func TestMigrateIntoASchemaCreatedBeforehand(t *testing.T) {
 func TestAnInstallationKeptInPublicStaysThere(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := enginetest.NewDB(t)
-	_, err := db.Pool.Exec(ctx, `DROP SCHEMA `+migrations.DefaultSchema+` CASCADE`)
-	require.NoError(t, err)
-	_, err = migrations.Migrate(ctx, db.Pool, migrations.Up, &migrations.Opts{Schema: "public"})
-	require.NoError(t, err)
+	db := publicDB(t)
 	wf := newMoveWorkflows()
 	kept := enginetest.NewEngine(t, db, &engine.Config{Schema: "public"}, false, wf.all()...)
-	_, err = wf.greet.Start(ctx, kept, "kept", nil)
+	_, err := wf.greet.Start(ctx, kept, "kept", nil)
 	require.NoError(t, err)
 	before := counts(t, db.Pool, "public")
 
