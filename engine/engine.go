@@ -133,6 +133,15 @@ type Config struct {
 	// days); at least MinRetention (a minute); negative keeps them for
 	// ever.
 	Retention time.Duration
+	// VersionWaitAlert is how long a run may wait for a process that
+	// registers its workflow version (see WorkflowOpts.Version) before it
+	// is overdue: a process that hands such a run back logs an error about
+	// it (once every 10 minutes per workflow version), and Stats (the
+	// pgdurable_runs_waiting_for_version_overdue metric) counts it. The
+	// run keeps waiting: it is never parked or lost for want of a
+	// process. Default DefaultVersionWaitAlert (10 minutes); negative
+	// never alerts.
+	VersionWaitAlert time.Duration
 	// Clock is the time timers, signal timeouts, retry backoffs and
 	// schedules follow. Default the system clock; tests inject
 	// enginetest.Clock to move time.
@@ -156,6 +165,10 @@ const (
 	DefaultLeaseDuration = 10 * time.Second
 	DefaultMaxWorkers    = 100
 	DefaultMaxDeliveries = 10
+	// DefaultVersionWaitAlert is Config.VersionWaitAlert's default: long
+	// enough for a rolling deploy to bring up the processes of a version,
+	// short enough to page someone the same hour.
+	DefaultVersionWaitAlert = 10 * time.Minute
 )
 
 const (
@@ -190,6 +203,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.MaxSignalsPerRun = orDefault(c.MaxSignalsPerRun, defaultMaxSignals)
 	c.MaxSignalBytesPerRun = orDefault(c.MaxSignalBytesPerRun, defaultSignalBytes)
 	c.Retention = orDefault(c.Retention, DefaultRetention)
+	c.VersionWaitAlert = orDefault(c.VersionWaitAlert, DefaultVersionWaitAlert)
 	if c.Observer == nil {
 		c.Observer = NopObserver{}
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 	"time"
 
@@ -77,41 +78,76 @@ func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
 	wf, ok := e.workflowVersion(claimed.WorkflowName, claimed.WorkflowVersion)
 	if !ok {
 		retry := unknownWorkflowRetry(queue.Snoozes(ctx))
-		if e.warnOnce(fmt.Sprintf("workflow %s version %d", claimed.WorkflowName, claimed.WorkflowVersion), time.Minute) {
-			log.Error("workflow version not registered in this process; handing its runs back for a process that registers it",
-				"workflow_version", claimed.WorkflowVersion, "retry_in", retry, "registered", e.registeredNames())
-		}
-		if err := e.releaseUnregistered(context.WithoutCancel(ctx), claimed, token); err != nil {
+		since, err := e.releaseUnregistered(context.WithoutCancel(ctx), claimed, token)
+		if err != nil {
 			return err
 		}
+		e.logVersionWait(log, claimed, since, retry)
 		return queue.Snooze(retry)
 	}
 	return e.execute(ctx, wf, claimed, token, sent)
 }
 
+// logVersionWait tells the operator about a run handed back for a process
+// that registers its version, waiting since since: an error once it waited
+// Config.VersionWaitAlert (no process of that version is running, or none
+// has taken it for that long), else, as is routine in a rolling deploy, an
+// info line. Each at most once every few minutes per workflow version.
+func (e *Engine) logVersionWait(log *slog.Logger, claimed *store.ClaimedRun, since time.Time, retry time.Duration) {
+	key := fmt.Sprintf("%s v%d", claimed.WorkflowName, claimed.WorkflowVersion)
+	waited := e.now().Sub(since)
+	if alert := e.cfg.VersionWaitAlert; alert > 0 && !since.IsZero() && waited >= alert {
+		if e.warnOnce("overdue "+key, 10*time.Minute) {
+			log.Error("run has waited too long for a process that registers its workflow version; start one, or replay it onto another version",
+				"workflow_version", claimed.WorkflowVersion, "waiting_since", since, "waited", waited.Round(time.Second),
+				"alert_after", alert, "registered", e.registeredNames())
+		}
+		return
+	}
+	if e.warnOnce(key, time.Minute) {
+		log.Info("workflow version not registered in this process; handing its runs back for a process that registers it",
+			"workflow_version", claimed.WorkflowVersion, "retry_in", retry, "registered", e.registeredNames())
+	}
+}
+
+// endVersionWait clears the wait for a process that registers the run's
+// version, now that one (this) holds it under token. A failure is logged
+// and leaves the run to run: the next delivery clears it.
+func (e *Engine) endVersionWait(log *slog.Logger, claimed *store.ClaimedRun, token uuid.UUID) {
+	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+	defer cancel()
+	if err := store.ClearVersionWait(ctx, e.db, store.Fence{RunID: claimed.RunID, Token: token}); err != nil {
+		log.Warn("clearing the run's wait for a process of its version failed; it still shows as waiting", "error", err)
+		return
+	}
+	log.Info("run picked up by a process that registers its workflow version",
+		"workflow_version", claimed.WorkflowVersion, "waited", e.now().Sub(*claimed.VersionWaitSince).Round(time.Millisecond))
+}
+
 // releaseUnregistered gives back the claim (under token) of a run whose
-// workflow this process does not register. For a child, in the same
+// workflow version this process does not register, and returns since when
+// the run has waited for a process that does. For a child, in the same
 // transaction (the parent's row locked first, as every end of a child
 // does): if its parent's cancellation asked for its cancellation while
 // this claim was held, CancelChildren saw it claimed and left it to a
 // delivery that may never come; having never been delivered, it ends
 // cancelled now and wakes its parent, as a cancelled child that never
 // started does.
-func (e *Engine) releaseUnregistered(ctx context.Context, claimed *store.ClaimedRun, token uuid.UUID) error {
+func (e *Engine) releaseUnregistered(ctx context.Context, claimed *store.ClaimedRun, token uuid.UUID) (since time.Time, err error) {
 	fence := store.Fence{RunID: claimed.RunID, Token: token}
 	p := claimed.Parent
 	if p == nil {
-		return store.ReleaseUnclaimed(ctx, e.db, fence)
+		return store.ReleaseUnregistered(ctx, e.db, fence, e.now())
 	}
 	var ended bool
-	err := e.inTx(ctx, nil, func(tx pgx.Tx) error {
+	err = e.inTx(ctx, nil, func(tx pgx.Tx) error {
 		if err := store.LockRun(ctx, e.on(tx), p.RunID); err != nil {
 			return err
 		}
-		if err := store.ReleaseUnclaimed(ctx, e.on(tx), fence); err != nil {
+		var err error
+		if since, err = store.ReleaseUnregistered(ctx, e.on(tx), fence, e.now()); err != nil {
 			return err
 		}
-		var err error
 		if ended, err = store.EndCancelledUnstarted(ctx, e.on(tx), claimed.RunID, cancelledJSON(), e.now()); err != nil || !ended {
 			return err
 		}
@@ -125,7 +161,7 @@ func (e *Engine) releaseUnregistered(ctx context.Context, claimed *store.Claimed
 		e.log.Info("child run cancelled before any delivery ran it", "run_id", claimed.RunID, "parent_run_id", p.RunID)
 		e.notifyEnded(claimed.RunID)
 	}
-	return err
+	return since, err
 }
 
 // execute runs the workflow function for a delivery that holds the run's
@@ -160,6 +196,9 @@ func (e *Engine) execute(ctx context.Context, wf registered, claimed *store.Clai
 	d.noteCancel(claimed.CancelRequested)
 	stopHeartbeat := e.heartbeat(d)
 	defer stopHeartbeat()
+	if claimed.VersionWaitSince != nil {
+		e.endVersionWait(log, claimed, token)
+	}
 
 	if died := claimed.StalledDeliveries - 1; crashLoop(died, claimed.LongStalled, e.cfg.MaxDeliveries) {
 		why := &parkReason{reason: ReasonCrashLoop, attempts: died, info: &ErrorInfo{

@@ -18,6 +18,7 @@ func FreeWorkers(e *Engine) int { return cap(e.slots) - len(e.slots) }
 // (its parent's step seq started it, with policy) as a process that does
 // not register the child's workflow gives it back.
 func ReleaseUnregistered(ctx context.Context, e *Engine, runID, token, parent uuid.UUID, seq int, policy ParentClosePolicy) error {
-	return e.releaseUnregistered(ctx, &store.ClaimedRun{RunID: runID,
+	_, err := e.releaseUnregistered(ctx, &store.ClaimedRun{RunID: runID,
 		Parent: &store.ParentRef{RunID: parent, Seq: seq, ClosePolicy: string(policy)}}, token)
+	return err
 }

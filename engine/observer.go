@@ -193,7 +193,29 @@ type Stats struct {
 	// indexes (workflow_runs, workflow_steps, workflow_signals, dead_jobs,
 	// schedule_fires), which retention (Config.Retention) bounds.
 	TableBytes map[string]int64
+	// VersionWaits are the open runs waiting for a process that registers
+	// their workflow version (Run.WaitingFor), by workflow version,
+	// longest-waiting first: at most 50 versions.
+	VersionWaits []VersionWait
 }
+
+// VersionWait counts the runs of one workflow version that wait for a
+// process that registers it (Run.WaitingFor).
+type VersionWait struct {
+	Workflow string
+	Version  int
+	Runs     int64
+	// OldestSince is when the longest-waiting of them began to wait, and
+	// Waited how long ago that was (on Config.Clock).
+	OldestSince time.Time
+	Waited      time.Duration
+	// Overdue counts those that have waited Config.VersionWaitAlert or
+	// longer (0 when the alert is off).
+	Overdue int64
+}
+
+// Reason is what the runs wait for, as Run.WaitingFor says it.
+func (w VersionWait) Reason() string { return versionWaitReason(w.Workflow, w.Version) }
 
 // Stats reads the queue's state on this engine's queue: a few index scans,
 // fine for a scrape every few seconds.
@@ -206,8 +228,21 @@ func (e *Engine) Stats(ctx context.Context) (*Stats, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgdurable: %w", err)
 	}
-	return &Stats{PendingRuns: s.Pending, OldestPendingAge: s.OldestPendingAge, RunningRuns: s.Running,
-		WaitingRuns: s.Waiting, OpenDeadJobs: s.OpenDeadJobs, TableBytes: sizes}, nil
+	overdue := time.Time{} // with the alert off, nothing is overdue
+	if e.cfg.VersionWaitAlert > 0 {
+		overdue = e.now().Add(-e.cfg.VersionWaitAlert)
+	}
+	waits, err := store.VersionWaits(ctx, e.db, e.cfg.Queue, overdue)
+	if err != nil {
+		return nil, fmt.Errorf("pgdurable: %w", err)
+	}
+	out := &Stats{PendingRuns: s.Pending, OldestPendingAge: s.OldestPendingAge, RunningRuns: s.Running,
+		WaitingRuns: s.Waiting, OpenDeadJobs: s.OpenDeadJobs, TableBytes: sizes}
+	for _, w := range waits {
+		out.VersionWaits = append(out.VersionWaits, VersionWait{Workflow: w.Workflow, Version: w.Version,
+			Runs: w.Runs, OldestSince: w.Oldest, Waited: e.now().Sub(w.Oldest), Overdue: w.Overdue})
+	}
+	return out, nil
 }
 
 // Overview is the state of the whole database at a glance, as the web

@@ -404,9 +404,18 @@ type Run struct {
 	// not running, that many deliveries in a row died (see
 	// Config.MaxDeliveries), and a waiting run with no AwaitSignal is held
 	// in crash backoff until WakeAt.
-	StalledDeliveries int        `json:"stalled_deliveries"`
-	WakeAt            *time.Time `json:"wake_at,omitempty"`      // when a waiting run is next due
-	AwaitSignal       string     `json:"await_signal,omitempty"` // the signal a waiting run waits for (a SelectSignal's: its names, comma-separated)
+	StalledDeliveries int `json:"stalled_deliveries"`
+	// WaitingFor, on a pending run that processes handed back because they
+	// do not register its workflow version, says what it waits for ("a
+	// process that registers checkout v1"), and WaitingSince since when
+	// (the first hand-back). Both are cleared when a process that
+	// registers the version picks the run up. Such a run is never parked
+	// or retried for want of a process; Config.VersionWaitAlert says when
+	// it is overdue.
+	WaitingFor   string     `json:"waiting_for,omitempty"`
+	WaitingSince *time.Time `json:"waiting_since,omitempty"`
+	WakeAt       *time.Time `json:"wake_at,omitempty"`      // when a waiting run is next due
+	AwaitSignal  string     `json:"await_signal,omitempty"` // the signal a waiting run waits for (a SelectSignal's: its names, comma-separated)
 	// AwaitSignals lists the names a SelectSignal waits for (nil for one).
 	AwaitSignals []string   `json:"await_signals,omitempty"`
 	ScheduleName string     `json:"schedule_name,omitempty"` // the schedule whose fire started it
@@ -579,7 +588,13 @@ func runFromRow(r *store.RunRow) *Run {
 	if len(names) > 1 {
 		awaits = names
 	}
+	var waitingFor string
+	var waitingSince *time.Time
+	if r.VersionWaitSince != nil && (r.Status == string(StatusPending) || r.Status == string(StatusRunning)) {
+		waitingFor, waitingSince = versionWaitReason(r.WorkflowName, r.WorkflowVersion), r.VersionWaitSince
+	}
 	return &Run{
+		WaitingFor: waitingFor, WaitingSince: waitingSince,
 		AwaitSignals: awaits, AwaitChildren: children,
 		ParentRunID: r.ParentRunID, ParentSeq: r.ParentSeq, ContinuedRunID: r.ContinuedRunID, FirstRunID: r.FirstRunID, ParentClosePolicy: ParentClosePolicy(deref(r.ParentClosePolicy)),
 		RunID: r.RunID, WorkflowName: r.WorkflowName, WorkflowVersion: r.WorkflowVersion,
@@ -590,6 +605,11 @@ func runFromRow(r *store.RunRow) *Run {
 		RunTimeoutMS: derefInt(r.RunTimeoutMS), DeadlineAt: r.DeadlineAt,
 		LeaseToken: r.OwnerToken, LeaseExpiresAt: r.LeaseExpiresAt, Tags: decodeTags(r.Tags),
 	}
+}
+
+// versionWaitReason is Run.WaitingFor for a run of workflow name, version v.
+func versionWaitReason(name string, v int) string {
+	return fmt.Sprintf("a process that registers %s v%d", name, v)
 }
 
 // FindRun resolves runOrWorkflowID, a run ID or a workflow ID, to a run
@@ -712,8 +732,13 @@ type ListRunsParams struct {
 	// ErrInvalidArgument). The runs' steps are read per run: pair these
 	// with Workflow and Status.
 	Patched, Unpatched string
-	Limit              int    // 1..1000, default 50
-	Cursor             string // the nextCursor the previous page's ListRuns returned
+	// Version keeps the runs of this workflow version (Run.WorkflowVersion;
+	// 0: any): with Workflow and an open Status, the runs that keep a
+	// version's code in use, which must reach 0 before the version is
+	// unregistered. Negative is ErrInvalidArgument.
+	Version int
+	Limit   int    // 1..1000, default 50
+	Cursor  string // the nextCursor the previous page's ListRuns returned
 }
 
 // ListRuns returns runs newest first, and a cursor for the next page ("" on
@@ -736,6 +761,9 @@ func (e *Engine) ListRuns(ctx context.Context, p ListRunsParams) (runs []*Run, n
 	if err != nil {
 		return nil, "", err
 	}
+	if p.Version < 0 || p.Version > math.MaxInt32 {
+		return nil, "", fmt.Errorf("%w: workflow version %d is not a version (1 to %d, or 0 for any)", ErrInvalidArgument, p.Version, math.MaxInt32)
+	}
 	if p.Patched != "" && p.Patched == p.Unpatched {
 		return nil, "", fmt.Errorf("%w: patched and unpatched name the same change %q: no run matches both", ErrInvalidArgument, p.Patched)
 	}
@@ -748,7 +776,7 @@ func (e *Engine) ListRuns(ctx context.Context, p ListRunsParams) (runs []*Run, n
 		}
 	}
 	rows, err := store.ListRuns(ctx, e.db, store.RunFilter{Workflow: p.Workflow, Status: string(p.Status), Tags: tags,
-		Patched: p.Patched, Unpatched: p.Unpatched,
+		Patched: p.Patched, Unpatched: p.Unpatched, Version: p.Version,
 		WorkflowIDPrefix: p.WorkflowIDPrefix, TopLevel: p.TopLevel, Before: before, Limit: limit + 1,
 		CreatedAfter: timeOrNil(p.CreatedAfter), CreatedBefore: timeOrNil(p.CreatedBefore),
 		FinishedAfter: timeOrNil(p.FinishedAfter), FinishedBefore: timeOrNil(p.FinishedBefore)})

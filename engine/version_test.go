@@ -147,3 +147,41 @@ func TestARunWaitsForAProcessOfItsVersion(t *testing.T) {
 	require.NoError(t, onlyV1.Signal(ctx, r.RunID.String(), "go", "", nil))
 	require.JSONEq(t, `"v1 then v1"`, string(enginetest.RequireRunCompleted(ctx, t, onlyV1, r.RunID, 0).Output))
 }
+
+// The runs still on a version are listed by it, which is how a version is
+// drained: through ListRuns, GET /v1/runs?workflow_version= and the CLI
+// (their own tests), and cancelled by it in bulk.
+func TestListRunsByVersion(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := testCtx(t)
+	v1, v2 := versioned(1), versioned(2)
+	e := newEngine(t, db, nil, true, v1, v2)
+	old, err := v1.Start(ctx, e, "old", nil)
+	require.NoError(t, err)
+	cur, err := v2.Start(ctx, e, "new", nil)
+	require.NoError(t, err)
+	for _, id := range []uuid.UUID{old.RunID, cur.RunID} {
+		enginetest.RequireRunStatus(ctx, t, e, id, engine.StatusWaiting, 0)
+	}
+	ids := func(p engine.ListRunsParams) []uuid.UUID {
+		runs, _, err := e.ListRuns(ctx, p)
+		require.NoError(t, err)
+		var out []uuid.UUID
+		for _, r := range runs {
+			out = append(out, r.RunID)
+		}
+		return out
+	}
+	require.Equal(t, []uuid.UUID{old.RunID}, ids(engine.ListRunsParams{Workflow: "pinned", Status: engine.StatusWaiting, Version: 1}))
+	require.Equal(t, []uuid.UUID{cur.RunID}, ids(engine.ListRunsParams{Workflow: "pinned", Version: 2}))
+	require.Len(t, ids(engine.ListRunsParams{Workflow: "pinned"}), 2)
+	_, _, err = e.ListRuns(ctx, engine.ListRunsParams{Version: -1})
+	require.ErrorIs(t, err, engine.ErrInvalidArgument)
+
+	res, err := e.CancelRuns(ctx, engine.CancelRunsParams{Filter: engine.ListRunsParams{Workflow: "pinned", Version: 1}})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.Matched)
+	enginetest.RequireRunStatus(ctx, t, e, old.RunID, engine.StatusCancelled, 0)
+	enginetest.RequireRunStatus(ctx, t, e, cur.RunID, engine.StatusWaiting, 0)
+}

@@ -3,7 +3,7 @@
 //
 //	m := enginemetrics.New(prometheus.DefaultRegisterer)
 //	e, _ := engine.New(pool, &engine.Config{Observer: m})
-//	m.WatchQueue(e) // queue depth, oldest pending age, open dead jobs, read at scrape time
+//	m.WatchQueue(e) // queue depth, oldest pending age, open dead jobs, runs waiting for a version, read at scrape time
 //
 // Metric names carry the pgdurable_ prefix; labels are bounded, never run
 // or workflow IDs: statuses and outcomes are fixed sets, and each label
@@ -15,6 +15,7 @@ package enginemetrics
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -178,12 +179,18 @@ var (
 	descWaiting = prometheus.NewDesc("pgdurable_runs_waiting", "Runs waiting for a retry or a timer.", nil, nil)
 	descDead    = prometheus.NewDesc("pgdurable_dead_jobs_open", "Dead jobs neither replayed nor discarded.", nil, nil)
 	descTables  = prometheus.NewDesc("pgdurable_table_bytes", "Size of the engine's tables with their indexes (retention bounds them).", []string{"table"}, nil)
+
+	versionLabels      = []string{"workflow", "version"}
+	descVersionWaits   = prometheus.NewDesc("pgdurable_runs_waiting_for_version", "Runs waiting for a process that registers their workflow version.", versionLabels, nil)
+	descVersionWaitAge = prometheus.NewDesc("pgdurable_runs_waiting_for_version_oldest_seconds", "How long the longest-waiting run of a workflow version has waited for a process that registers it.", versionLabels, nil)
+	descVersionOverdue = prometheus.NewDesc("pgdurable_runs_waiting_for_version_overdue", "Runs that have waited Config.VersionWaitAlert or longer for a process that registers their workflow version: alert when above 0.", versionLabels, nil)
 )
 
 type queueCollector struct{ e *engine.Engine }
 
 func (q *queueCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPending, descOldest, descRunning, descWaiting, descDead, descTables} {
+	for _, d := range []*prometheus.Desc{descPending, descOldest, descRunning, descWaiting, descDead, descTables,
+		descVersionWaits, descVersionWaitAge, descVersionOverdue} {
 		ch <- d
 	}
 }
@@ -203,6 +210,14 @@ func (q *queueCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descDead, prometheus.GaugeValue, float64(s.OpenDeadJobs))
 	for table, n := range s.TableBytes {
 		ch <- prometheus.MustNewConstMetric(descTables, prometheus.GaugeValue, float64(n), table)
+	}
+	// Stats bounds the versions (50), and each name is a registered
+	// workflow's, so the labels stay few.
+	for _, w := range s.VersionWaits {
+		v := strconv.Itoa(w.Version)
+		ch <- prometheus.MustNewConstMetric(descVersionWaits, prometheus.GaugeValue, float64(w.Runs), w.Workflow, v)
+		ch <- prometheus.MustNewConstMetric(descVersionWaitAge, prometheus.GaugeValue, w.Waited.Seconds(), w.Workflow, v)
+		ch <- prometheus.MustNewConstMetric(descVersionOverdue, prometheus.GaugeValue, float64(w.Overdue), w.Workflow, v)
 	}
 }
 

@@ -20,7 +20,7 @@
 //	                                      ?steps_from=N&signals=false&payloads=false trims it for a follower
 //	                                      (engine.GetRunOpts)
 //	GET  /v1/runs?workflow=&status=&workflow_id_prefix=&created_after=&created_before=&finished_after=&finished_before=
-//	              &tag=key:value (repeatable: all must match)&limit=&cursor=
+//	              &tag=key:value (repeatable: all must match)&top_level=&patched=&unpatched=&workflow_version=&limit=&cursor=
 //	POST /v1/runs/{run_id}/signals/{name} body = payload (one JSON value) → 202 buffered, 404, 409 run finished, 400;
 //	                                      {run_id} may also be a workflow ID. Optional header Idempotency-Key (1 to 200
 //	                                      bytes, given once): the same key, name and payload again is accepted and not

@@ -1081,6 +1081,22 @@ func TestTopLevelRunsOverHTTP(t *testing.T) {
 	dry := b.do(t, "POST", "/v1/bulk/cancel-runs", `{"workflow": "approval", "top_level": true, "dry_run": true}`)
 	require.Equal(t, http.StatusOK, dry.status, dry.raw)
 	require.EqualValues(t, 1, dry.body["matched"])
+	// Every run here is version 1.
+	require.Len(t, ids("workflow=approval&workflow_version=1"), 2)
+	require.Empty(t, ids("workflow=approval&workflow_version=2"))
+	r = b.do(t, "GET", "/v1/runs?workflow_version=first", "")
+	require.Equal(t, 400, r.status, r.raw)
+	require.Contains(t, r.raw, `workflow_version \"first\" is not a version (1 or more)`)
+	for body, matched := range map[string]int{
+		`{"workflow": "approval", "workflow_version": 2, "dry_run": true}`:      0,
+		`{"workflow": "approval", "workflow_version": 1, "dry_run": true}`:      2,
+		`{"workflow": "approval", "unpatched": "fraud-check", "dry_run": true}`: 2,
+		`{"workflow": "approval", "patched": "fraud-check", "dry_run": true}`:   0,
+	} {
+		dry = b.do(t, "POST", "/v1/bulk/cancel-runs", body)
+		require.Equal(t, http.StatusOK, dry.status, dry.raw)
+		require.EqualValues(t, matched, dry.body["matched"], body)
+	}
 }
 
 // The package doc lists every route the handler serves, with its method,

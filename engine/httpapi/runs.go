@@ -165,7 +165,7 @@ func (a *api) getRun(w http.ResponseWriter, r *http.Request) {
 
 func (a *api) listRuns(w http.ResponseWriter, r *http.Request) {
 	q, ok := queryParams(w, r, "workflow", "status", "workflow_id_prefix", "limit", "cursor",
-		"created_after", "created_before", "finished_after", "finished_before", "tag", "top_level", "patched", "unpatched")
+		"created_after", "created_before", "finished_after", "finished_before", "tag", "top_level", "patched", "unpatched", "workflow_version")
 	if !ok {
 		return
 	}
@@ -186,7 +186,15 @@ func (a *api) listRuns(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	p := engine.ListRunsParams{
+	version := 0
+	if v := q.Get("workflow_version"); v != "" {
+		var err error
+		if version, err = strconv.Atoi(v); err != nil || version < 1 {
+			writeError(w, http.StatusBadRequest, "invalid_parameter", fmt.Sprintf("workflow_version %q is not a version (1 or more)", truncate(v, 64)))
+			return
+		}
+	}
+	p := engine.ListRunsParams{Version: version,
 		Workflow: q.Get("workflow"), Status: engine.RunStatus(q.Get("status")), WorkflowIDPrefix: q.Get("workflow_id_prefix"),
 		Limit: limit, Cursor: q.Get("cursor"), Tags: tags, TopLevel: topLevel,
 		Patched: q.Get("patched"), Unpatched: q.Get("unpatched"),
@@ -395,18 +403,25 @@ type BulkCancelRequest struct {
 	Tags             map[string]string `json:"tags,omitempty"`
 	// TopLevel leaves out child runs (see engine.ListRunsParams.TopLevel).
 	TopLevel bool `json:"top_level,omitempty"`
-	DryRun   bool `json:"dry_run,omitempty"`
+	// WorkflowVersion keeps the runs of this version (0: any); Patched
+	// and Unpatched those with and without a change's marker (see
+	// engine.ListRunsParams).
+	WorkflowVersion int    `json:"workflow_version,omitempty"`
+	Patched         string `json:"patched,omitempty"`
+	Unpatched       string `json:"unpatched,omitempty"`
+	DryRun          bool   `json:"dry_run,omitempty"`
 }
 
 // bulkCancel cancels the active runs a filter matches (Engine.CancelRuns):
 // 200 with the counts.
 func (a *api) bulkCancel(w http.ResponseWriter, r *http.Request) {
 	var req BulkCancelRequest
-	if !a.readJSON(w, r, &req, `{"workflow": "...", "status": "...", "workflow_id_prefix": "...", "created_after": "...", "created_before": "...", "tags": {"key": "value"}, "top_level": true, "dry_run": true}`) {
+	if !a.readJSON(w, r, &req, `{"workflow": "...", "status": "...", "workflow_id_prefix": "...", "created_after": "...", "created_before": "...", "tags": {"key": "value"}, "top_level": true, "workflow_version": 1, "patched": "...", "unpatched": "...", "dry_run": true}`) {
 		return
 	}
 	res, err := a.e.CancelRuns(r.Context(), engine.CancelRunsParams{Filter: engine.ListRunsParams{Workflow: req.Workflow, Status: req.Status,
-		WorkflowIDPrefix: req.WorkflowIDPrefix, CreatedAfter: req.CreatedAfter, CreatedBefore: req.CreatedBefore, Tags: req.Tags, TopLevel: req.TopLevel},
+		WorkflowIDPrefix: req.WorkflowIDPrefix, CreatedAfter: req.CreatedAfter, CreatedBefore: req.CreatedBefore, Tags: req.Tags, TopLevel: req.TopLevel,
+		Version: req.WorkflowVersion, Patched: req.Patched, Unpatched: req.Unpatched},
 		DryRun: req.DryRun})
 	if err != nil {
 		a.engineError(w, r, err)

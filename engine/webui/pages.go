@@ -236,13 +236,14 @@ func openCounts(m map[engine.RunStatus]int64) []statusCount {
 
 // runFilter is the runs page's filter, as its form and query string hold it.
 // TopLevel is "true" to leave out child runs (a checkbox), else "".
-// Patched and Unpatched are change IDs (engine.Patched's markers).
+// Patched and Unpatched are change IDs (engine.Patched's markers);
+// Version a workflow version, "" for any.
 type runFilter struct {
-	Workflow, Status, Prefix, CreatedAfter, CreatedBefore, Tags, TopLevel, Patched, Unpatched, Cursor string
+	Workflow, Version, Status, Prefix, CreatedAfter, CreatedBefore, Tags, TopLevel, Patched, Unpatched, Cursor string
 }
 
 func readRunFilter(v url.Values) runFilter {
-	f := runFilter{Workflow: v.Get("workflow"), Status: v.Get("status"), Prefix: v.Get("workflow_id_prefix"),
+	f := runFilter{Workflow: v.Get("workflow"), Version: strings.TrimSpace(v.Get("workflow_version")), Status: v.Get("status"), Prefix: v.Get("workflow_id_prefix"),
 		CreatedAfter: v.Get("created_after"), CreatedBefore: v.Get("created_before"), Tags: v.Get("tags"), Cursor: v.Get("cursor"),
 		Patched: strings.TrimSpace(v.Get("patched")), Unpatched: strings.TrimSpace(v.Get("unpatched"))}
 	if top, _ := strconv.ParseBool(v.Get("top_level")); top {
@@ -257,6 +258,11 @@ func (f runFilter) params() (engine.ListRunsParams, error) {
 	p := engine.ListRunsParams{Workflow: f.Workflow, Status: engine.RunStatus(f.Status), WorkflowIDPrefix: f.Prefix, Cursor: f.Cursor, Limit: 50,
 		TopLevel: f.TopLevel != "", Patched: f.Patched, Unpatched: f.Unpatched}
 	var err error
+	if f.Version != "" {
+		if p.Version, err = strconv.Atoi(f.Version); err != nil || p.Version < 1 {
+			return p, badForm("workflow version: %q is not a version (1 or more)", f.Version)
+		}
+	}
 	if p.CreatedAfter, err = parseWhen("created after", f.CreatedAfter); err != nil {
 		return p, err
 	}
@@ -270,7 +276,7 @@ func (f runFilter) params() (engine.ListRunsParams, error) {
 }
 
 func (f runFilter) query(cursor string) template.URL {
-	return query("workflow", f.Workflow, "status", f.Status, "workflow_id_prefix", f.Prefix, "created_after", f.CreatedAfter,
+	return query("workflow", f.Workflow, "workflow_version", f.Version, "status", f.Status, "workflow_id_prefix", f.Prefix, "created_after", f.CreatedAfter,
 		"created_before", f.CreatedBefore, "tags", f.Tags, "top_level", f.TopLevel, "patched", f.Patched, "unpatched", f.Unpatched, "cursor", cursor)
 }
 
@@ -351,7 +357,7 @@ func (u *ui) cancelMatching(w http.ResponseWriter, r *http.Request) {
 		u.engineError(w, r, err)
 		return
 	}
-	fields := [][2]string{{"workflow", f.Workflow}, {"status", f.Status}, {"workflow_id_prefix", f.Prefix},
+	fields := [][2]string{{"workflow", f.Workflow}, {"workflow_version", f.Version}, {"status", f.Status}, {"workflow_id_prefix", f.Prefix},
 		{"created_after", f.CreatedAfter}, {"created_before", f.CreatedBefore}, {"tags", f.Tags}, {"top_level", f.TopLevel},
 		{"patched", f.Patched}, {"unpatched", f.Unpatched}}
 	u.render(w, r, http.StatusOK, "confirm", &page{Title: "Cancel matching runs", Nav: "runs", Data: map[string]any{

@@ -917,3 +917,27 @@ func TestRunPageShowsStepsInFlightOfATerminatedRun(t *testing.T) {
 	require.Equal(t, 200, code)
 	require.NotContains(t, body, "in flight", "a run terminated while it waited")
 }
+
+// A run whose workflow version no process registers shows what it waits
+// for on its page, and the overview counts such runs by version.
+func TestPagesShowARunWaitingForItsVersion(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "")
+	c := newClient(t, f.srv.URL)
+	legacy := engine.Define("legacy", func(ctx *engine.Context, _ string) (string, error) { return "", nil }, &engine.WorkflowOpts{Version: 3})
+	starter := enginetest.NewEngine(t, f.db, nil, false, legacy)
+	r, err := legacy.Start(context.Background(), starter, "x", nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		run, err := f.e.GetRun(context.Background(), r.RunID)
+		require.NoError(t, err)
+		return run.WaitingFor != ""
+	}, 30*time.Second, 20*time.Millisecond, "the fixture's engine, which does not register legacy, hands the run back")
+
+	code, _, body := c.do("GET", "/ui/runs/"+r.RunID.String(), nil, nil)
+	require.Equal(t, 200, code)
+	require.Regexp(t, `<dt>Waits for</dt><dd class="warn" data-waiting-for>a process that registers legacy v3, since \d{4}-\d\d-\d\d [0-9:]+Z \(`, body)
+	code, _, body = c.do("GET", "/ui/", nil, nil)
+	require.Equal(t, 200, code)
+	require.Regexp(t, `(?s)Waiting for a process of their version.*<a href="/ui/runs\?workflow=legacy&status=pending">a process that registers legacy v3</a></td>\s*<td>1</td>`, body)
+}

@@ -279,6 +279,9 @@ func (c *apiClient) ListRuns(ctx context.Context, p engine.ListRunsParams) ([]*e
 	}
 	setStr(q, "patched", p.Patched)
 	setStr(q, "unpatched", p.Unpatched)
+	if p.Version != 0 {
+		q.Set("workflow_version", strconv.Itoa(p.Version))
+	}
 	var list struct {
 		Runs       []*engine.Run `json:"runs"`
 		NextCursor string        `json:"next_cursor"`
@@ -348,7 +351,7 @@ func (c *apiClient) CancelRuns(ctx context.Context, params engine.CancelRunsPara
 	var res engine.BulkResult
 	err := c.do(ctx, "POST", "/v1/bulk/cancel-runs", nil, httpapi.BulkCancelRequest{Workflow: p.Workflow, Status: p.Status,
 		WorkflowIDPrefix: p.WorkflowIDPrefix, CreatedAfter: p.CreatedAfter, CreatedBefore: p.CreatedBefore, Tags: p.Tags, TopLevel: p.TopLevel,
-		DryRun: dryRun}, nil, &res)
+		WorkflowVersion: p.Version, Patched: p.Patched, Unpatched: p.Unpatched, DryRun: dryRun}, nil, &res)
 	return res, err
 }
 

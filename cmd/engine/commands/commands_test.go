@@ -235,7 +235,7 @@ func TestServeNeedsMigratedSchema(t *testing.T) {
 	require.Contains(t, errOut, "engine migrate up")
 	code, out, _ := run(t, db, "migrate", "up")
 	require.Equal(t, 0, code)
-	require.Contains(t, out, "pgdurable versions [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26]")
+	require.Contains(t, out, "pgdurable versions [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27]")
 }
 
 // The demo runs the payment story end to end and must report 0 double
@@ -1475,4 +1475,27 @@ func TestCLISchema(t *testing.T) {
 	code, _, errOut = run(t, db, "--schema", "public", "runs", "list")
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "pgdurable's tables were moved from schema public to schema pgdurable: use --schema pgdurable")
+}
+
+// runs show says what a run whose workflow version no process registers
+// waits for.
+func TestRunsShowARunWaitingForItsVersion(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	legacy := engine.Define("double", func(ctx *engine.Context, _ in) (int, error) { return 0, nil }, &engine.WorkflowOpts{Version: 7})
+	starter := enginetest.NewEngine(t, db, nil, false, legacy)
+	r, err := legacy.Start(context.Background(), starter, in{N: 1}, &engine.StartOpts{WorkflowID: "old-1"})
+	require.NoError(t, err)
+	worker := enginetest.NewEngine(t, db, nil, true, workflows()...) // registers double v1 only
+	require.Eventually(t, func() bool {
+		run, err := worker.GetRun(context.Background(), r.RunID)
+		require.NoError(t, err)
+		return run.WaitingFor != ""
+	}, 30*time.Second, 20*time.Millisecond)
+	code, out, errOut := run(t, db, "runs", "show", "old-1")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `waiting for  a process that registers double v7, since \S+ \(\d+s\); processes that do not register it hand it back`, out)
+	code, out, _ = run(t, db, "runs", "show", "old-1", "--json")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `"waiting_for":"a process that registers double v7"`)
 }

@@ -45,8 +45,9 @@ type Options struct {
 	// with it, and their flags and environment variables override the
 	// fields an operator tunes: --retention (ENGINE_RETENTION),
 	// --lease-duration (ENGINE_LEASE_DURATION), --heartbeat-interval
-	// (ENGINE_HEARTBEAT_INTERVAL), --max-workers (ENGINE_MAX_WORKERS) and
-	// --max-deliveries (ENGINE_MAX_DELIVERIES). A flag wins over its
+	// (ENGINE_HEARTBEAT_INTERVAL), --max-workers (ENGINE_MAX_WORKERS),
+	// --max-deliveries (ENGINE_MAX_DELIVERIES) and --version-wait-alert
+	// (ENGINE_VERSION_WAIT_ALERT). A flag wins over its
 	// variable, the variable over this Config, this Config over the
 	// engine's default; serve --help shows this Config's values as the
 	// defaults. The operator commands on the database use it too (its

@@ -76,6 +76,7 @@ func (g *global) runsCmd() *cobra.Command {
 		},
 	}
 	list.Flags().StringVar(&p.Workflow, "workflow", "", "only this workflow")
+	list.Flags().IntVar(&p.Version, "workflow-version", 0, "only runs of this workflow version: with --workflow and an open --status, the runs still on it")
 	list.Flags().StringVar(&p.WorkflowIDPrefix, "workflow-id-prefix", "", "only runs whose workflow ID starts with this (case-sensitive)")
 	list.Flags().BoolVar(&p.TopLevel, "top-level", false, "only runs no other run started: child runs are left out")
 	list.Flags().StringVar(&p.Patched, "patched", "", "only runs that recorded the marker of this change (engine.Patched)")
@@ -256,6 +257,9 @@ there the server prunes in one request).`,
 		}),
 	}
 	cancelMatching.Flags().StringVar(&bulk.Workflow, "workflow", "", "only runs of this workflow")
+	cancelMatching.Flags().IntVar(&bulk.Version, "workflow-version", 0, "only runs of this workflow version")
+	cancelMatching.Flags().StringVar(&bulk.Patched, "patched", "", "only runs that recorded the marker of this change (engine.Patched)")
+	cancelMatching.Flags().StringVar(&bulk.Unpatched, "unpatched", "", "only runs that did not record the marker of this change")
 	cancelMatching.Flags().StringArrayVar(&bulkTags, "tag", nil, "only runs with this tag, key=value (repeatable)")
 	cancelMatching.Flags().StringVar((*string)(&bulk.Status), "status", "", "only runs in this status (pending, running, waiting)")
 	cancelMatching.Flags().StringVar(&bulk.WorkflowIDPrefix, "workflow-id-prefix", "", "only runs whose workflow ID starts with this")
@@ -321,6 +325,10 @@ func (g *global) printRun(run *engine.Run) {
 		case run.WakeAt != nil:
 			fmt.Fprintf(w, "  waiting until %s\n", cell(run.WakeAt))
 		}
+	}
+	if run.WaitingFor != "" && run.WaitingSince != nil {
+		fmt.Fprintf(w, "  waiting for  %s, since %s (%s); processes that do not register it hand it back\n",
+			text(run.WaitingFor), cell(run.WaitingSince), time.Since(*run.WaitingSince).Round(time.Second))
 	}
 	if run.ScheduleName != "" {
 		fmt.Fprintf(w, "  schedule     %s\n", cell(run.ScheduleName))

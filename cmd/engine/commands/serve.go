@@ -67,9 +67,10 @@ Without one it traces nothing. An endpoint must be an http(s)://host[:port][/pat
 is refused, shown with its password redacted); a user:password in it is sent as basic
 authentication and never logged.
 
-The engine settings --retention, --lease-duration, --heartbeat-interval, --max-workers and
---max-deliveries may also come from ENGINE_RETENTION, ENGINE_LEASE_DURATION,
-ENGINE_HEARTBEAT_INTERVAL, ENGINE_MAX_WORKERS and ENGINE_MAX_DELIVERIES: a flag wins over its
+The engine settings --retention, --lease-duration, --heartbeat-interval, --max-workers,
+--max-deliveries and --version-wait-alert may also come from ENGINE_RETENTION,
+ENGINE_LEASE_DURATION, ENGINE_HEARTBEAT_INTERVAL, ENGINE_MAX_WORKERS, ENGINE_MAX_DELIVERIES and
+ENGINE_VERSION_WAIT_ALERT: a flag wins over its
 variable, which wins over the defaults below (this binary's own, where its program sets them
 in commands.Options.Config, else the engine's). Durations are Go durations: 90s, 10m, 720h.`,
 		Args: cobra.NoArgs,
@@ -192,7 +193,8 @@ func (g *global) serve(ctx context.Context, name string, fs *pflag.FlagSet, f *s
 	log.Info("engine serving", "listen", ln.Addr().String(), "schema", e.Schema(), "workflows", len(workflows),
 		"max_workers", cmp0(cfg.MaxWorkers, engine.DefaultMaxWorkers), "lease_duration", lease.String(),
 		"heartbeat_interval", cmp0(cfg.HeartbeatInterval, lease/3).String(),
-		"max_deliveries", cmp0(cfg.MaxDeliveries, engine.DefaultMaxDeliveries), "retention", retention)
+		"max_deliveries", cmp0(cfg.MaxDeliveries, engine.DefaultMaxDeliveries), "retention", retention,
+		"version_wait_alert", cmp0(cfg.VersionWaitAlert, engine.DefaultVersionWaitAlert).String())
 	if ui != nil {
 		log.Info("web UI", "url", "http://"+ln.Addr().String()+"/ui/")
 	}

@@ -20,6 +20,7 @@ const (
 	envHeartbeat     = "ENGINE_HEARTBEAT_INTERVAL"
 	envMaxWorkers    = "ENGINE_MAX_WORKERS"
 	envMaxDeliveries = "ENGINE_MAX_DELIVERIES"
+	envVersionWait   = "ENGINE_VERSION_WAIT_ALERT"
 )
 
 // tuning holds the engine settings of serve's and dev's flags, their
@@ -30,6 +31,7 @@ type tuning struct {
 	heartbeat     time.Duration // 0: a third of the lease
 	maxWorkers    int
 	maxDeliveries int
+	versionWait   time.Duration // negative: never
 }
 
 // baseConfig is a copy of Options.Config (zero when nil) without the
@@ -56,6 +58,7 @@ func (g *global) addTuningFlags(cmd *cobra.Command, t *tuning) {
 	t.heartbeat = base.HeartbeatInterval
 	t.maxWorkers = cmp0(base.MaxWorkers, engine.DefaultMaxWorkers)
 	t.maxDeliveries = cmp0(base.MaxDeliveries, engine.DefaultMaxDeliveries)
+	t.versionWait = cmp0(base.VersionWaitAlert, engine.DefaultVersionWaitAlert)
 	fs := cmd.Flags()
 	fs.Var((*retentionValue)(&t.retention), "retention",
 		`keep finished runs this long, then the engines delete them: 720h, or "forever" (env `+envRetention+")")
@@ -69,6 +72,8 @@ func (g *global) addTuningFlags(cmd *cobra.Command, t *tuning) {
 	fs.IntVar(&t.maxWorkers, "max-workers", t.maxWorkers, "runs this process works at once (env "+envMaxWorkers+")")
 	fs.IntVar(&t.maxDeliveries, "max-deliveries", t.maxDeliveries,
 		"deliveries in a row that die within a lease (crashes) before a run is parked as crash_loop (env "+envMaxDeliveries+")")
+	fs.DurationVar(&t.versionWait, "version-wait-alert", t.versionWait,
+		"log an error, and count the run as overdue in the metrics, once a run has waited this long for a process that registers its workflow version; negative never (env "+envVersionWait+")")
 }
 
 func cmp0[T comparable](v, def T) T {
@@ -172,6 +177,19 @@ func (g *global) engineConfig(fs *pflag.FlagSet, t *tuning) (engine.Config, erro
 			return cfg, &usageError{fmt.Errorf("%s: the heartbeat interval must be above 0, not %s", where, d)}
 		}
 		cfg.HeartbeatInterval, from["heartbeat"] = d, where
+	}
+	if where, env, ok := source("version-wait-alert", envVersionWait); ok {
+		d := t.versionWait
+		if env != "" {
+			var err error
+			if d, err = time.ParseDuration(env); err != nil {
+				return cfg, bad(where, fmt.Errorf("%q is not a duration such as 10m", env))
+			}
+		}
+		if d == 0 {
+			return cfg, &usageError{fmt.Errorf("%s: the version wait alert must be a duration above 0 (10m), or negative for never", where)}
+		}
+		cfg.VersionWaitAlert = d
 	}
 	for _, n := range []struct {
 		flag, env, what string

@@ -131,12 +131,13 @@ func TestServeEngineSettingsFromFlagsAndEnv(t *testing.T) {
 	t.Parallel()
 	db := enginetest.NewDB(t)
 	_, errOut := serveInProcess(t, db, commands.Options{Workflows: workflows(), Config: &engine.Config{LeaseDuration: 30 * time.Second, MaxWorkers: 7}},
-		map[string]string{"ENGINE_LEASE_DURATION": "4s", "ENGINE_MAX_DELIVERIES": "3"}, "--heartbeat-interval", "1s", "--retention", "forever")
+		map[string]string{"ENGINE_LEASE_DURATION": "4s", "ENGINE_MAX_DELIVERIES": "3", "ENGINE_VERSION_WAIT_ALERT": "30m"}, "--heartbeat-interval", "1s", "--retention", "forever")
 	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(errOut.String(), `"engine serving"`); {
 		require.True(t, time.Now().Before(deadline), errOut.String())
 		time.Sleep(20 * time.Millisecond)
 	}
 	require.Contains(t, errOut.String(), `"max_workers":7,"lease_duration":"4s","heartbeat_interval":"1s","max_deliveries":3,"retention":"forever"`)
+	require.Contains(t, errOut.String(), `"version_wait_alert":"30m0s"`)
 }
 
 // Bad engine settings are usage errors that say which flag or variable
@@ -164,6 +165,8 @@ func TestServeRefusesBadEngineSettings(t *testing.T) {
 		{nil, nil, []string{"--max-deliveries", "0"}, "--max-deliveries: max deliveries must be at least 1, not 0"},
 		{nil, map[string]string{"ENGINE_MAX_WORKERS": "100000000"}, nil, "ENGINE_MAX_WORKERS: max workers must be at most 10000 (River's limit per queue), not 100000000"},
 		{nil, map[string]string{"ENGINE_HEARTBEAT_INTERVAL": "soon"}, nil, `ENGINE_HEARTBEAT_INTERVAL: "soon" is not a duration such as 3s`},
+		{nil, map[string]string{"ENGINE_VERSION_WAIT_ALERT": "later"}, nil, `ENGINE_VERSION_WAIT_ALERT: "later" is not a duration such as 10m`},
+		{nil, nil, []string{"--version-wait-alert", "0s"}, "--version-wait-alert: the version wait alert must be a duration above 0 (10m), or negative for never"},
 	} {
 		var errOut bytes.Buffer
 		code := commands.Execute(context.Background(), append([]string{"serve", "--listen", "127.0.0.1:0"}, c.args...), commands.Options{
@@ -190,6 +193,7 @@ func TestServeHelpShowsEngineSettings(t *testing.T) {
 		`--heartbeat-interval duration`, `(env ENGINE_HEARTBEAT_INTERVAL) (default a third of --lease-duration)`,
 		`--max-workers int`, `(env ENGINE_MAX_WORKERS) (default 100)`,
 		`--max-deliveries int`, `(env ENGINE_MAX_DELIVERIES) (default 10)`,
+		`--version-wait-alert duration`, `(env ENGINE_VERSION_WAIT_ALERT) (default 10m0s)`,
 	} {
 		require.Contains(t, out, want)
 	}

@@ -40,17 +40,18 @@ type RunRow struct {
 	ContinuedRunID    *uuid.UUID
 	FirstRunID        *uuid.UUID
 	Tags              []byte // a JSON object of strings, nil for none
+	VersionWaitSince  *time.Time
 }
 
 const runColumns = `run_id, workflow_name, workflow_version, workflow_id, status, input, output, error,
     deliveries, stalled_deliveries, owner_token, lease_expires_at, wake_at, await_signal, schedule_name, queue, created_at, started_at, completed_at,
-    cancel_requested_at, run_timeout_ms, deadline_at, parent_run_id, parent_seq, parent_close_policy, continued_run_id, first_run_id, tags`
+    cancel_requested_at, run_timeout_ms, deadline_at, parent_run_id, parent_seq, parent_close_policy, continued_run_id, first_run_id, tags, version_wait_since`
 
 func scanRun(row pgx.Row) (*RunRow, error) {
 	var r RunRow
 	err := row.Scan(&r.RunID, &r.WorkflowName, &r.WorkflowVersion, &r.WorkflowID, &r.Status, &r.Input, &r.Output,
 		&r.Error, &r.Deliveries, &r.Stalled, &r.OwnerToken, &r.LeaseExpiresAt, &r.WakeAt, &r.AwaitSignal, &r.ScheduleName, &r.Queue, &r.CreatedAt,
-		&r.StartedAt, &r.CompletedAt, &r.CancelRequestedAt, &r.RunTimeoutMS, &r.DeadlineAt, &r.ParentRunID, &r.ParentSeq, &r.ParentClosePolicy, &r.ContinuedRunID, &r.FirstRunID, &r.Tags)
+		&r.StartedAt, &r.CompletedAt, &r.CancelRequestedAt, &r.RunTimeoutMS, &r.DeadlineAt, &r.ParentRunID, &r.ParentSeq, &r.ParentClosePolicy, &r.ContinuedRunID, &r.FirstRunID, &r.Tags, &r.VersionWaitSince)
 	if err != nil {
 		return nil, translate(err)
 	}
@@ -172,11 +173,14 @@ type RunFilter struct {
 	// (a step of kind patch so named); Unpatched those that did not.
 	// "": no filter.
 	Patched, Unpatched string
+	// Version keeps the runs of this workflow version (0: any).
+	Version int
 }
 
 const listRuns = `SELECT ` + runColumns + ` FROM pgdurable.workflow_runs
 WHERE (@workflow::text = '' OR workflow_name = @workflow)
   AND (@status::text = '' OR status = @status)
+  AND (@version::int = 0 OR workflow_version = @version)
   AND (@before::uuid IS NULL OR run_id < @before)
   AND (@workflow_id_prefix::text = '' OR starts_with(workflow_id, @workflow_id_prefix))
   AND (@created_from::uuid IS NULL OR run_id >= @created_from) AND (@created_to::uuid IS NULL OR run_id < @created_to)
@@ -210,7 +214,7 @@ func ListRuns(ctx context.Context, db DBTX, f RunFilter) ([]*RunRow, error) {
 	stmt, args := listRunsStmt, pgx.StrictNamedArgs{"workflow": f.Workflow, "status": f.Status, "before": f.Before,
 		"limit": f.Limit, "workflow_id_prefix": f.WorkflowIDPrefix, "created_from": floorOrNull(f.CreatedAfter),
 		"created_to": floorOrNull(f.CreatedBefore), "finished_after": f.FinishedAfter, "finished_before": f.FinishedBefore,
-		"top_level": f.TopLevel, "patched": f.Patched, "unpatched": f.Unpatched}
+		"top_level": f.TopLevel, "patched": f.Patched, "unpatched": f.Unpatched, "version": f.Version}
 	if f.Tags != nil {
 		stmt, args["tags"] = listTaggedRuns, string(f.Tags)
 	}

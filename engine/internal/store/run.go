@@ -191,7 +191,11 @@ type ClaimedRun struct {
 	RunTimeout time.Duration
 	// TraceContext is the run's stored trace context (nil: none).
 	TraceContext []byte
-	Steps        []StepRecord
+	// VersionWaitSince is when processes that do not register the run's
+	// version began handing it back (see ReleaseUnclaimed); nil when none
+	// did since a process that registers it last ran it.
+	VersionWaitSince *time.Time
+	Steps            []StepRecord
 }
 
 // ClaimMiss says why a delivery did not get the lease.
@@ -539,8 +543,9 @@ func SuspendRun(ctx context.Context, db DBTX, f Fence, p SuspendParams) error {
 	return fenced(suspendRun.queryRow(ctx, db, stepArgs(args, p.Pending)), "suspending run %s", f.RunID)
 }
 
-// ReleaseUnclaimed gives back a lease this delivery took but cannot use (the
-// workflow is not registered in this process), without counting a delivery.
+// ReleaseUnclaimed gives back a lease this delivery took but cannot use (a
+// stopping process's, or one whose workflow version this process does not
+// register), without counting a delivery.
 const releaseUnclaimed = `
 UPDATE pgdurable.workflow_runs SET owner_token = NULL, lease_expires_at = NULL,
     status = CASE WHEN status = 'running' THEN 'pending' ELSE status END,
@@ -552,6 +557,72 @@ WHERE run_id = $1 AND owner_token = $2`
 func ReleaseUnclaimed(ctx context.Context, db DBTX, f Fence) error {
 	_, err := db.Exec(ctx, releaseUnclaimed, f.RunID, f.Token)
 	return translate(err)
+}
+
+// releaseUnregistered is releaseUnclaimed that also stamps when the run
+// began to wait for a process that registers its version: kept from the
+// first hand-back on, the time a parameter (Citus needs it so).
+var releaseUnregistered = strings.Replace(releaseUnclaimed, "greatest(stalled_deliveries - 1, 0)\n",
+	"greatest(stalled_deliveries - 1, 0),\n    version_wait_since = coalesce(version_wait_since, $3::timestamptz)\n", 1) + `
+RETURNING version_wait_since`
+
+// ReleaseUnregistered is ReleaseUnclaimed for a delivery by a process that
+// does not register the run's workflow version, as of now: it returns
+// since when the run has waited for a process that does (now, on its
+// first hand-back). A claim lost meanwhile (the run swept) returns the
+// zero time and no error.
+func ReleaseUnregistered(ctx context.Context, db DBTX, f Fence, now time.Time) (since time.Time, err error) {
+	err = translate(db.QueryRow(ctx, releaseUnregistered, f.RunID, f.Token, now).Scan(&since))
+	if err == ErrNotFound {
+		return time.Time{}, nil
+	}
+	return since, err
+}
+
+// ClearVersionWait ends the wait for a process that registers the run's
+// version (see ReleaseUnclaimed), for the delivery that holds f: one that
+// registers it.
+func ClearVersionWait(ctx context.Context, db DBTX, f Fence) error {
+	_, err := db.Exec(ctx, `UPDATE pgdurable.workflow_runs SET version_wait_since = NULL
+WHERE run_id = $1 AND owner_token = $2 AND version_wait_since IS NOT NULL`, f.RunID, f.Token)
+	return translate(err)
+}
+
+// VersionWait is the runs of one workflow version on a queue that wait
+// for a process that registers it (see ReleaseUnclaimed).
+type VersionWait struct {
+	Workflow string
+	Version  int
+	Runs     int64
+	Oldest   time.Time // the longest-waiting run's version_wait_since
+	Overdue  int64     // how many have waited since before the overdue time
+}
+
+// MaxVersionWaits bounds the workflow versions VersionWaits returns (the
+// longest-waiting first), so a scrape stays small whatever is stored.
+const MaxVersionWaits = 50
+
+// VersionWaits counts the open runs on queue waiting for a process that
+// registers their version, by workflow version, longest-waiting first;
+// Overdue counts those waiting since before overdue. It reads the partial
+// index of such runs only.
+func VersionWaits(ctx context.Context, db DBTX, queue string, overdue time.Time) ([]VersionWait, error) {
+	rows, err := db.Query(ctx, `
+SELECT workflow_name, workflow_version, count(*), min(version_wait_since),
+       count(*) FILTER (WHERE version_wait_since < $2::timestamptz)
+FROM pgdurable.workflow_runs
+WHERE queue = $1 AND version_wait_since IS NOT NULL AND status IN ('pending', 'running')
+GROUP BY workflow_name, workflow_version
+ORDER BY min(version_wait_since), workflow_name, workflow_version
+LIMIT $3`, queue, overdue, MaxVersionWaits)
+	if err != nil {
+		return nil, fmt.Errorf("counting runs waiting for a version: %w", translate(err))
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (VersionWait, error) {
+		var w VersionWait
+		err := r.Scan(&w.Workflow, &w.Version, &w.Runs, &w.Oldest, &w.Overdue)
+		return w, err
+	})
 }
 
 // Why the sweep handed a run back (SweptRun.Cause), as the sweep statement
