@@ -176,6 +176,7 @@ var e *engine.Engine
 type Receipt struct{}
 func checkoutCode(*engine.Context, string) (Receipt, error) { return Receipt{}, nil }
 func checkoutCodeV2(*engine.Context, string) (Receipt, error) { return Receipt{}, nil }
+func checkoutCodeV3(*engine.Context, string) (Receipt, error) { return Receipt{}, nil }
 func checkFraud(context.Context) (bool, error) { return true, nil }
 `,
 	"docs/steps-and-activities.md": `

@@ -135,6 +135,9 @@ func (e *Engine) DiscardDeadJobs(ctx context.Context, p ResolveDeadJobsParams, o
 }
 
 func (e *Engine) resolveDeadJobs(ctx context.Context, p ListDeadJobsParams, opts *ResolveOpts, dryRun bool, act func(uuid.UUID) error) (BulkResult, error) {
+	if opts != nil && opts.Version != 0 && p.Workflow == "" {
+		return BulkResult{}, fmt.Errorf("%w: a bulk replay onto workflow version %d needs a workflow filter: versions are per workflow", ErrInvalidArgument, opts.Version)
+	}
 	if p.Workflow == "" && p.Reason == "" && p.RunID == uuid.Nil && p.ParkedBefore.IsZero() {
 		return BulkResult{}, fmt.Errorf("%w: a bulk replay or discard needs a filter: a workflow, a reason, a run or a parking time "+
 			"(ParkedBefore: now names every open dead job on purpose)", ErrInvalidArgument)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 	"unicode"
@@ -154,10 +155,22 @@ func (e *Engine) GetDeadJob(ctx context.Context, id uuid.UUID) (*DeadJob, error)
 	return j, nil
 }
 
-// ResolveOpts records who resolved a dead job and why (both optional).
+// ResolveOpts records who resolved a dead job and why (both optional),
+// and, for a replay, onto which workflow version.
 type ResolveOpts struct {
 	By   string // an operator's name or a tool's
 	Note string
+	// Version, for a replay, moves the dead job's run to this version of
+	// its workflow before it runs again (0: it stays on its own): the
+	// repair of a run parked as nondeterminism by a deploy, once a
+	// version whose code replays its steps (the old code behind Patched)
+	// is registered. The run replays its recorded steps through that
+	// version's code; until a process registers the version it waits for
+	// one (Run.WaitingFor). Linked runs a replay reaches (a parent parked
+	// for this child, a dead child) keep their own versions. The
+	// resolution's note records the move ("replayed onto version 2 (was
+	// 1)"). Negative, or set for a discard, is ErrInvalidArgument.
+	Version int
 }
 
 // ReplayDeadJob re-enqueues a dead run: every recorded step stays recorded
@@ -188,7 +201,20 @@ func (e *Engine) ReplayDeadJob(ctx context.Context, id uuid.UUID, opts *ResolveO
 	if opts == nil {
 		opts = &ResolveOpts{}
 	}
+	if opts.Version < 0 || opts.Version > math.MaxInt32 {
+		return nil, fmt.Errorf("%w: replay onto workflow version %d: a version is 1 to %d (0 keeps the run's own)", ErrInvalidArgument, opts.Version, math.MaxInt32)
+	}
 	return e.resolveDeadJob(ctx, id, "replayed", opts, func(ctx context.Context, tx pgx.Tx, d *store.DeadJobRow) error {
+		if opts.Version != 0 {
+			from, err := store.MoveRunToVersion(ctx, e.on(tx), d.RunID, opts.Version)
+			if err != nil {
+				return fmt.Errorf("moving run %s to version %d: %w", d.RunID, opts.Version, err)
+			}
+			if from != opts.Version {
+				e.log.Info("dead job's run moved to another workflow version for its replay", "run_id", d.RunID,
+					"dead_job_id", d.ID, "workflow_version", opts.Version, "was_version", from)
+			}
+		}
 		return e.replayLinked(ctx, tx, d, opts)
 	})
 }
@@ -284,6 +310,9 @@ func derefID(id *uuid.UUID) uuid.UUID {
 // dead. Idempotent like ReplayDeadJob; ErrDeadJobResolved for a replayed
 // job; the errors of ReplayDeadJob for an id that is a run's.
 func (e *Engine) DiscardDeadJob(ctx context.Context, id uuid.UUID, opts *ResolveOpts) (*DeadJob, error) {
+	if opts != nil && opts.Version != 0 {
+		return nil, fmt.Errorf("%w: a discard does not run the job again: a version is for a replay", ErrInvalidArgument)
+	}
 	return e.resolveDeadJob(ctx, id, "discarded", opts, func(ctx context.Context, tx pgx.Tx, d *store.DeadJobRow) error {
 		return store.MarkRunDiscarded(ctx, e.on(tx), d.RunID)
 	})
@@ -325,7 +354,11 @@ func (e *Engine) resolveDeadJob(ctx context.Context, id uuid.UUID, resolution st
 			}
 			return nil
 		}
-		if _, err := store.ResolveDeadJob(ctx, e.on(tx), store.ResolveDeadJobParams{ID: id, Resolution: resolution, By: opts.By, Note: opts.Note}); err != nil {
+		note := opts.Note
+		if opts.Version != 0 && d.WorkflowVersion != opts.Version {
+			note = strings.TrimSpace(fmt.Sprintf("replayed onto version %d (was %d). %s", opts.Version, d.WorkflowVersion, note))
+		}
+		if _, err := store.ResolveDeadJob(ctx, e.on(tx), store.ResolveDeadJobParams{ID: id, Resolution: resolution, By: opts.By, Note: note}); err != nil {
 			return err
 		}
 		if err := apply(ctx, tx, d); err != nil {

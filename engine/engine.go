@@ -452,12 +452,17 @@ func (e *Engine) workflow(name string) (registered, bool) {
 	return r, ok
 }
 
-// workflowVersion is version of name, when registered here.
-func (e *Engine) workflowVersion(name string, version int) (registered, bool) {
+// deliveryVersion is the registered version a delivery of a run of name,
+// version runs: that version, or the latest registered one when that one
+// is newer and opts in to WorkflowOpts.AutoUpgrade (upgrade reports it).
+func (e *Engine) deliveryVersion(name string, version int) (wf registered, upgrade, ok bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	r, ok := e.versions[workflowKey{name, version}]
-	return r, ok
+	if latest, ok := e.workflows[name]; ok && latest.autoUpgrade && latest.version > version {
+		return latest, true, true
+	}
+	wf, ok = e.versions[workflowKey{name, version}]
+	return wf, false, ok
 }
 
 // minPoolConns is the pool size below which Start warns: River holds one

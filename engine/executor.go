@@ -75,7 +75,21 @@ func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
 		return e.missed(runID, miss)
 	}
 	log := e.log.With("run_id", runID, "workflow", claimed.WorkflowName, "workflow_id", claimed.WorkflowID)
-	wf, ok := e.workflowVersion(claimed.WorkflowName, claimed.WorkflowVersion)
+	wf, upgrade, ok := e.deliveryVersion(claimed.WorkflowName, claimed.WorkflowVersion)
+	if upgrade {
+		moved, err := store.UpgradeRunVersion(context.WithoutCancel(ctx), e.db, store.Fence{RunID: runID, Token: token}, wf.version)
+		if err != nil {
+			return err // the database failed: River retries the ticket
+		}
+		if !moved {
+			// The claim was lost (swept, or taken with a PostgreSQL crash):
+			// River's retry claims the run again or finds it leased.
+			return fmt.Errorf("pgdurable: run %s: claim lost before its move to version %d", runID, wf.version)
+		}
+		log.Info("run moved to the latest version of its workflow (WorkflowOpts.AutoUpgrade)",
+			"workflow_version", wf.version, "was_version", claimed.WorkflowVersion)
+		claimed.WorkflowVersion, claimed.VersionWaitSince = wf.version, nil
+	}
 	if !ok {
 		retry := unknownWorkflowRetry(queue.Snoozes(ctx))
 		since, err := e.releaseUnregistered(context.WithoutCancel(ctx), claimed, token)

@@ -231,3 +231,67 @@ func TestPatchedRefusesAnInvalidChangeID(t *testing.T) {
 		enginetest.RequireSteps(ctx, t, e, r.RunID, nil)
 	}
 }
+
+// The repair of a deploy that forgot its patch: a run parked as
+// nondeterminism by the unpatched change is replayed onto v2, whose code
+// has the change behind Patched, and completes on the old branch; its dead
+// job records the move. A process that registers only v2 runs it.
+func TestReplayANondeterminismDeadJobOntoAPatchedVersion(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := testCtx(t)
+	define := func(v int, body func(ctx *engine.Context) error) *engine.Workflow[string, string] {
+		return engine.Define("approval", func(ctx *engine.Context, in string) (string, error) {
+			if err := step(ctx, "validate"); err != nil {
+				return "", err
+			}
+			if err := body(ctx); err != nil {
+				return "", err
+			}
+			return engine.Step(ctx, "ship", func(context.Context) (string, error) { return fmt.Sprintf("shipped by v%d", v), nil }, nil)
+		}, &engine.WorkflowOpts{Version: v})
+	}
+	old := newEngine(t, db, nil, true, define(1, awaitApproval))
+	r, err := define(1, awaitApproval).Start(ctx, old, "order", nil)
+	require.NoError(t, err)
+	enginetest.RequireRunStatus(ctx, t, old, r.RunID, engine.StatusWaiting, 0)
+	require.NoError(t, old.Stop(ctx))
+
+	// v1 changed in place, without a patch: the run is parked.
+	broken := newEngine(t, db, nil, true, define(1, func(ctx *engine.Context) error {
+		if err := step(ctx, "fraud_check"); err != nil {
+			return err
+		}
+		return awaitApproval(ctx)
+	}))
+	require.NoError(t, broken.Signal(ctx, r.RunID.String(), "approve", "ann", nil))
+	enginetest.RequireRunStatus(ctx, t, broken, r.RunID, engine.StatusDead, 0)
+	job := enginetest.RequireDeadJob(ctx, t, broken, r.RunID, &enginetest.RequireDeadJobOpts{Reason: engine.ReasonNonDeterminism})
+	require.NoError(t, broken.Stop(ctx))
+
+	// The fix ships as v2, the change behind a patch; the parked run is
+	// replayed onto it.
+	fixed := newEngine(t, db, nil, true, define(2, func(ctx *engine.Context) error {
+		if engine.Patched(ctx, "fraud-check") {
+			if err := step(ctx, "fraud_check"); err != nil {
+				return err
+			}
+		}
+		return awaitApproval(ctx)
+	}))
+	_, err = fixed.ReplayDeadJob(ctx, job.ID, &engine.ResolveOpts{Version: -1})
+	require.ErrorIs(t, err, engine.ErrInvalidArgument)
+	_, err = fixed.DiscardDeadJob(ctx, job.ID, &engine.ResolveOpts{Version: 2})
+	require.ErrorIs(t, err, engine.ErrInvalidArgument, "a discard runs nothing: no version")
+	resolved, err := fixed.ReplayDeadJob(ctx, job.ID, &engine.ResolveOpts{By: "ops", Note: "fraud check patched", Version: 2})
+	require.NoError(t, err)
+	require.Equal(t, "replayed onto version 2 (was 1). fraud check patched", resolved.Note)
+	run := enginetest.RequireRunCompleted(ctx, t, fixed, r.RunID, 0)
+	require.Equal(t, 2, run.WorkflowVersion)
+	require.JSONEq(t, `"shipped by v2"`, string(run.Output))
+	enginetest.RequireSteps(ctx, t, fixed, r.RunID, []string{"validate", "approve", "ship"})
+
+	_, err = fixed.ReplayDeadJobs(ctx, engine.ResolveDeadJobsParams{Filter: engine.ListDeadJobsParams{Reason: engine.ReasonNonDeterminism}},
+		&engine.ResolveOpts{Version: 2})
+	require.ErrorIs(t, err, engine.ErrInvalidArgument, "a bulk replay onto a version needs its workflow")
+}

@@ -185,3 +185,91 @@ func TestListRunsByVersion(t *testing.T) {
 	enginetest.RequireRunStatus(ctx, t, e, old.RunID, engine.StatusCancelled, 0)
 	enginetest.RequireRunStatus(ctx, t, e, cur.RunID, engine.StatusWaiting, 0)
 }
+
+// With AutoUpgrade on the latest version, runs of older versions move to
+// it at their next delivery and replay their steps through its code (the
+// change behind Patched): waiting runs finish on the new code, which
+// took the old branch where they had passed the patch. The move is
+// recorded: a process that registers only the old version hands the
+// moved run back instead of running it. A run never moves down.
+func TestAutoUpgradeMovesRunsToTheLatestVersion(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := testCtx(t)
+	define := func(v int, auto bool) *engine.Workflow[string, string] {
+		return engine.Define("upgraded", func(ctx *engine.Context, in string) (string, error) {
+			if err := step(ctx, "validate"); err != nil {
+				return "", err
+			}
+			branch := "old"
+			if v >= 2 && engine.Patched(ctx, "fraud-check") {
+				if err := step(ctx, "fraud_check"); err != nil {
+					return "", err
+				}
+				branch = "new"
+			}
+			for _, name := range []string{"approve", "ship"} {
+				if _, err := engine.AwaitSignal[string](ctx, name, time.Hour); err != nil {
+					return "", err
+				}
+			}
+			return fmt.Sprintf("%s branch, finished by v%d", branch, v), nil
+		}, &engine.WorkflowOpts{Version: v, AutoUpgrade: auto})
+	}
+	signal := func(e *engine.Engine, id uuid.UUID, names ...string) {
+		for _, name := range names {
+			require.NoError(t, e.Signal(ctx, id.String(), name, "ok", nil))
+		}
+	}
+	v1 := define(1, false)
+	old := newEngine(t, db, nil, true, v1)
+	var waiting []uuid.UUID
+	for i := range 3 {
+		r, err := v1.Start(ctx, old, fmt.Sprint(i), nil)
+		require.NoError(t, err)
+		enginetest.RequireRunStatus(ctx, t, old, r.RunID, engine.StatusWaiting, 0)
+		waiting = append(waiting, r.RunID)
+	}
+	require.NoError(t, old.Stop(ctx))
+
+	v2 := define(2, true)
+	cur := newEngine(t, db, nil, true, v1, v2) // v1 registered too: AutoUpgrade on the latest still moves its runs
+	for _, id := range waiting[:2] {
+		signal(cur, id, "approve", "ship")
+		run := enginetest.RequireRunCompleted(ctx, t, cur, id, 0)
+		require.Equal(t, 2, run.WorkflowVersion)
+		require.JSONEq(t, `"old branch, finished by v2"`, string(run.Output))
+		enginetest.RequireSteps(ctx, t, cur, id, []string{"validate", "approve", "ship"})
+	}
+	fresh, err := cur.StartJSON(ctx, "upgraded", []byte(`"x"`), nil)
+	require.NoError(t, err)
+	enginetest.RequireRunStatus(ctx, t, cur, fresh.RunID, engine.StatusWaiting, 0)
+	enginetest.RequireSteps(ctx, t, cur, fresh.RunID, []string{"validate", "fraud-check", "fraud_check", "approve"})
+
+	// The third run moves at its next delivery and waits again; a
+	// v1-only process then hands it back, as it does a v2 run (a run
+	// never moves down).
+	signal(cur, waiting[2], "approve")
+	eventually(t, 30*time.Second, "the run's move to v2 and its next wait", func() bool {
+		run, err := cur.GetRun(ctx, waiting[2])
+		require.NoError(t, err)
+		return run.WorkflowVersion == 2 && run.Status == engine.StatusWaiting && run.AwaitSignal == "ship"
+	})
+	require.NoError(t, cur.Stop(ctx))
+	onlyV1 := newEngine(t, db, nil, true, v1)
+	signal(onlyV1, waiting[2], "ship")
+	r2, err := v2.Start(ctx, onlyV1, "newer", nil)
+	require.NoError(t, err)
+	for _, id := range []uuid.UUID{waiting[2], r2.RunID} {
+		eventually(t, 30*time.Second, "the v1-only process to hand the v2 run back", func() bool {
+			run, err := onlyV1.GetRun(ctx, id)
+			require.NoError(t, err)
+			return run.WaitingFor == "a process that registers upgraded v2"
+		})
+	}
+	require.NoError(t, onlyV1.Stop(ctx))
+	again := newEngine(t, db, nil, true, v2)
+	run := enginetest.RequireRunCompleted(ctx, t, again, waiting[2], 0)
+	require.JSONEq(t, `"old branch, finished by v2"`, string(run.Output))
+	requireNoDeadJobs(ctx, t, again)
+}

@@ -23,8 +23,20 @@ type WorkflowOpts struct {
 	// works only the runs of the versions it registers (Engine.Register
 	// takes several versions of one workflow side by side), so a change
 	// that does not replay the old steps ships as a new version, both
-	// registered until the old version's runs have ended. Default 1.
+	// registered until the old version's runs have ended (or see
+	// AutoUpgrade). Default 1.
 	Version int
+	// AutoUpgrade, set on the latest version a process registers, moves
+	// the runs of older versions of the workflow to it at their next
+	// delivery in that process (Run.WorkflowVersion changes, and the
+	// engine logs the move), instead of pinning each run to its version:
+	// for teams that ship every change behind Patched, so that the latest
+	// code replays every run's recorded steps and one version is enough.
+	// A run never moves to an older version; without AutoUpgrade on the
+	// latest version, runs stay pinned. A change not behind a patch parks
+	// the upgraded runs that replay past it as nondeterminism (repair them
+	// with ResolveOpts.Version).
+	AutoUpgrade bool
 	// RetryPolicy fills fields its steps leave zero, before the engine's.
 	RetryPolicy *RetryPolicy
 	// MaxParallelSteps bounds the steps of one run started with Go or GoTx
@@ -88,6 +100,7 @@ type Registration interface {
 type registered struct {
 	name        string
 	version     int
+	autoUpgrade bool // WorkflowOpts.AutoUpgrade
 	retry       *RetryPolicy
 	maxParallel int
 	err         error
@@ -118,6 +131,7 @@ func (w *Workflow[In, Out]) registration() registered {
 	return registered{
 		name:        w.name,
 		version:     w.opts.Version,
+		autoUpgrade: w.opts.AutoUpgrade,
 		retry:       w.opts.RetryPolicy,
 		maxParallel: cmp.Or(w.opts.MaxParallelSteps, defaultMaxParallelSteps),
 		err:         w.err,

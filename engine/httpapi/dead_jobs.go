@@ -66,6 +66,9 @@ func (a *api) getDeadJob(w http.ResponseWriter, r *http.Request) {
 type resolveRequest struct {
 	By   string `json:"by"`
 	Note string `json:"note"`
+	// WorkflowVersion, for a replay, moves the run to that version first
+	// (engine.ResolveOpts.Version).
+	WorkflowVersion int `json:"workflow_version"`
 }
 
 func (a *api) resolveDeadJob(resolve func(context.Context, uuid.UUID, *engine.ResolveOpts) (*engine.DeadJob, error)) http.HandlerFunc {
@@ -83,11 +86,11 @@ func (a *api) resolveDeadJob(resolve func(context.Context, uuid.UUID, *engine.Re
 			dec := json.NewDecoder(bytes.NewReader(body))
 			dec.DisallowUnknownFields()
 			if err := dec.Decode(&req); err != nil {
-				writeError(w, http.StatusBadRequest, "invalid_json", `body must be {"by": string, "note": string} or empty: `+err.Error())
+				writeError(w, http.StatusBadRequest, "invalid_json", `body must be {"by": string, "note": string, "workflow_version": integer (a replay's)} or empty: `+err.Error())
 				return
 			}
 		}
-		d, err := resolve(r.Context(), id, &engine.ResolveOpts{By: req.By, Note: req.Note})
+		d, err := resolve(r.Context(), id, &engine.ResolveOpts{By: req.By, Note: req.Note, Version: req.WorkflowVersion})
 		if err != nil {
 			a.engineError(w, r, err)
 			return

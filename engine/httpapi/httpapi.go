@@ -50,7 +50,8 @@
 //	                                      a new run at every call (workflow ID schedule:<name>:trigger:<UUID v7>)
 //	GET  /v1/dead-jobs?workflow=&reason=&open=&run_id=&limit=&cursor=
 //	GET  /v1/dead-jobs/{id}
-//	POST /v1/dead-jobs/{id}/replay        {"by": "...", "note": "..."} (optional) → 200 the job, 409 dead_job_resolved;
+//	POST /v1/dead-jobs/{id}/replay        {"by": "...", "note": "...", "workflow_version": 2} (optional; the version moves the
+//	                                      run to that version of its workflow first) → 200 the job, 409 dead_job_resolved;
 //	                                      a run's ID with no open dead job: 409 run_closed or run_not_finished; 404
 //	POST /v1/dead-jobs/{id}/discard       the same
 //	POST /v1/ui-sessions/revoke           sign out everywhere: end every web UI session (no body) → 200 {"revoked": N},

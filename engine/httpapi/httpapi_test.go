@@ -318,6 +318,12 @@ func TestCancelAndDeadJobRoutes(t *testing.T) {
 
 	bad := b.do(t, "POST", "/v1/dead-jobs/"+jobID+"/replay", `{"who": "x"}`)
 	require.Equal(t, http.StatusBadRequest, bad.status)
+	bad = b.do(t, "POST", "/v1/dead-jobs/"+jobID+"/replay", `{"workflow_version": -1}`)
+	require.Equal(t, http.StatusBadRequest, bad.status, bad.raw)
+	require.Contains(t, bad.raw, "replay onto workflow version -1")
+	bad = b.do(t, "POST", "/v1/dead-jobs/"+jobID+"/discard", `{"workflow_version": 2}`)
+	require.Equal(t, http.StatusBadRequest, bad.status, bad.raw)
+	require.Contains(t, bad.raw, "a version is for a replay")
 	disc := b.do(t, "POST", "/v1/dead-jobs/"+jobID+"/discard", `{"by": "ops", "note": "test order"}`)
 	require.Equal(t, http.StatusOK, disc.status, disc.raw)
 	require.Equal(t, "discarded", disc.body["resolution"])

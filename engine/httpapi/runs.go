@@ -438,7 +438,10 @@ type BulkDeadJobsRequest struct {
 	Reason   engine.DeadReason `json:"reason,omitempty"`
 	By       string            `json:"by,omitempty"`
 	Note     string            `json:"note,omitempty"`
-	DryRun   bool              `json:"dry_run,omitempty"`
+	// WorkflowVersion, for a replay (with workflow), moves each run to
+	// that version first (engine.ResolveOpts.Version).
+	WorkflowVersion int  `json:"workflow_version,omitempty"`
+	DryRun          bool `json:"dry_run,omitempty"`
 }
 
 // bulkDeadJobs replays (or discards) the open dead jobs a filter matches:
@@ -446,7 +449,7 @@ type BulkDeadJobsRequest struct {
 func (a *api) bulkDeadJobs(replay bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var req BulkDeadJobsRequest
-		if !a.readJSON(w, r, &req, `{"workflow": "...", "reason": "...", "by": "...", "note": "...", "dry_run": true}`) {
+		if !a.readJSON(w, r, &req, `{"workflow": "...", "reason": "...", "by": "...", "note": "...", "workflow_version": 2, "dry_run": true}`) {
 			return
 		}
 		act := a.e.DiscardDeadJobs
@@ -454,7 +457,7 @@ func (a *api) bulkDeadJobs(replay bool) http.HandlerFunc {
 			act = a.e.ReplayDeadJobs
 		}
 		res, err := act(r.Context(), engine.ResolveDeadJobsParams{Filter: engine.ListDeadJobsParams{Workflow: req.Workflow, Reason: req.Reason},
-			DryRun: req.DryRun}, &engine.ResolveOpts{By: req.By, Note: req.Note})
+			DryRun: req.DryRun}, &engine.ResolveOpts{By: req.By, Note: req.Note, Version: req.WorkflowVersion})
 		if err != nil {
 			a.engineError(w, r, err)
 			return

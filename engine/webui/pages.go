@@ -591,6 +591,12 @@ func (u *ui) deadJobAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	opts := &engine.ResolveOpts{By: by(r), Note: r.PostForm.Get("note")}
+	if v := strings.TrimSpace(r.PostForm.Get("workflow_version")); v != "" && r.PathValue("action") == "replay" {
+		if opts.Version, err = strconv.Atoi(v); err != nil || opts.Version < 1 {
+			u.engineError(w, r, badForm("onto version: %q is not a workflow version (1 or more)", v))
+			return
+		}
+	}
 	var j *engine.DeadJob
 	switch r.PathValue("action") {
 	case "replay":

@@ -941,3 +941,31 @@ func TestPagesShowARunWaitingForItsVersion(t *testing.T) {
 	require.Equal(t, 200, code)
 	require.Regexp(t, `(?s)Waiting for a process of their version.*<a href="/ui/runs\?workflow=legacy&status=pending">a process that registers legacy v3</a></td>\s*<td>1</td>`, body)
 }
+
+// A dead job's page replays it onto another workflow version when its
+// "Onto version" field is filled: the run moves to that version, and the
+// page refuses a version that is not one.
+func TestDeadJobPageReplaysOntoAVersion(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "")
+	c := newClient(t, f.srv.URL)
+	jobs, _, err := f.e.ListDeadJobs(context.Background(), engine.ListDeadJobsParams{RunID: f.runs["dead"], OpenOnly: true})
+	require.NoError(t, err)
+	require.Len(t, jobs, 1)
+	page := "/ui/dead-jobs/" + jobs[0].ID.String()
+	code, _, body := c.do("GET", page, nil, nil)
+	require.Equal(t, 200, code)
+	require.Contains(t, body, `<label for="r-version">Onto version</label><input id="r-version" name="workflow_version" inputmode="numeric" placeholder="v1 (its own)">`)
+	csrf := c.csrf(page)
+	code, _, body = c.do("POST", page+"/replay", url.Values{"csrf": {csrf}, "workflow_version": {"two"}}, nil)
+	require.Equal(t, 400, code, body)
+	require.Contains(t, body, `onto version: "two" is not a workflow version (1 or more)`)
+	code, _, body = c.do("POST", page+"/replay", url.Values{"csrf": {csrf}, "workflow_version": {"4"}, "note": {"moved"}}, nil)
+	require.Less(t, code, 400, body)
+	run, err := f.e.GetRun(context.Background(), f.runs["dead"])
+	require.NoError(t, err)
+	require.Equal(t, 4, run.WorkflowVersion)
+	job, err := f.e.GetDeadJob(context.Background(), jobs[0].ID)
+	require.NoError(t, err)
+	require.Equal(t, "replayed onto version 4 (was 1). moved", job.Note)
+}

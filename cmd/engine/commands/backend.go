@@ -427,9 +427,12 @@ func (c *apiClient) GetDeadJob(ctx context.Context, id uuid.UUID) (*engine.DeadJ
 }
 
 func (c *apiClient) resolve(ctx context.Context, id uuid.UUID, action string, opts *engine.ResolveOpts) (*engine.DeadJob, error) {
-	body := map[string]string{}
+	body := map[string]any{}
 	if opts != nil {
 		body["by"], body["note"] = opts.By, opts.Note
+		if opts.Version != 0 {
+			body["workflow_version"] = opts.Version
+		}
 	}
 	var j engine.DeadJob
 	if err := c.do(ctx, "POST", "/v1/dead-jobs/"+id.String()+"/"+action, nil, body, nil, &j); err != nil {
@@ -449,7 +452,7 @@ func (c *apiClient) DiscardDeadJob(ctx context.Context, id uuid.UUID, opts *engi
 func (c *apiClient) bulkDead(ctx context.Context, action string, p engine.ListDeadJobsParams, opts *engine.ResolveOpts, dryRun bool) (engine.BulkResult, error) {
 	req := httpapi.BulkDeadJobsRequest{Workflow: p.Workflow, Reason: p.Reason, DryRun: dryRun}
 	if opts != nil {
-		req.By, req.Note = opts.By, opts.Note
+		req.By, req.Note, req.WorkflowVersion = opts.By, opts.Note, opts.Version
 	}
 	var res engine.BulkResult
 	err := c.do(ctx, "POST", "/v1/bulk/"+action+"-dead-jobs", nil, req, nil, &res)

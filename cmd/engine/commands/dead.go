@@ -72,14 +72,25 @@ func (g *global) deadCmd() *cobra.Command {
 		},
 	}
 	var by, note string
+	var version int
 	replay := &cobra.Command{
 		Use: "replay ID", Short: "Run a dead job's run again: recorded steps stay, the failed step retries", Args: cobra.ExactArgs(1),
+		Long: `Run a dead job's run again: recorded steps stay, the failed step retries.
+
+--version N moves the run to version N of its workflow first: the repair of runs a deploy
+parked as nondeterminism, once a version whose code replays their steps (the old code behind
+engine.Patched) is registered. The run replays its recorded steps through that version's code,
+and waits for a process that registers it (engine runs show says so) until one runs.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.Flags().Changed("version") && version < 1 {
+				return &usageError{fmt.Errorf("--version: %d is not a workflow version (1 or more)", version)}
+			}
 			return g.withDeadJob(cmd.Context(), args[0], func(e backend, id uuid.UUID) (*engine.DeadJob, error) {
-				return e.ReplayDeadJob(cmd.Context(), id, &engine.ResolveOpts{By: by, Note: note})
+				return e.ReplayDeadJob(cmd.Context(), id, &engine.ResolveOpts{By: by, Note: note, Version: version})
 			})
 		},
 	}
+	replay.Flags().IntVar(&version, "version", 0, "move the run to this version of its workflow before it runs again (default: its own)")
 	discard := &cobra.Command{
 		Use: "discard ID", Short: "Close a dead job without running it again", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -194,6 +205,9 @@ func (g *global) deadMatchingCmd(replay bool) *cobra.Command {
 	cmd.Flags().StringVar(&opts.By, "by", "", "who resolves them (kept with each)")
 	cmd.Flags().StringVar(&opts.Note, "note", "", "a note kept with each")
 	cmd.Flags().BoolVar(&dry, "dry-run", false, "count what would be resolved; resolve nothing")
+	if replay {
+		cmd.Flags().IntVar(&opts.Version, "version", 0, "move each run to this version of the --workflow before it runs again (default: its own)")
+	}
 	return cmd
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -192,4 +193,64 @@ func TestRunsShowFailedAttempts(t *testing.T) {
 	require.Regexp(t, `FAILED ATTEMPT OF STEP +NAME +ATTEMPT +OUTCOME +RECORDED +ERROR`, out)
 	require.Regexp(t, `\n0 +double +1 +retrying +\d{4}-\d\d-\d\dT\S+ +transient: negative: upstream refused\n`, out)
 	require.Regexp(t, `\n0 +double +2 +parked +\S+ +transient: retries exhausted after 2 attempts: negative: upstream refused\n`, out)
+}
+
+// dead replay --version moves the dead job's run to another version of its
+// workflow before it runs again, on the database and over --address; the
+// run then waits for a process of that version, and says so.
+func TestDeadReplayOntoAVersion(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	wfs := workflows()
+	addr, _ := serveInProcess(t, db, commands.Options{Workflows: wfs}, nil)
+	onDB := func(args ...string) (int, string, string) {
+		return cli(commands.Options{Workflows: wfs}, nil, append([]string{"--database-url", db.URL}, args...)...)
+	}
+	overAPI := func(args ...string) (int, string, string) {
+		return cli(commands.Options{}, nil, append([]string{"--address", addr}, args...)...)
+	}
+	for name, cmd := range map[string]func(...string) (int, string, string){"database": onDB, "address": overAPI} {
+		id := "refused-" + name
+		code, _, errOut := onDB("start", "double", "--id", id, "--input", `{"n": -1}`)
+		require.Equal(t, 0, code, errOut)
+		var job struct {
+			ID string `json:"id"`
+		}
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			_, out, _ := onDB("dead", "list", "--workflow", "double", "--open", "--json")
+			var page struct {
+				DeadJobs []struct {
+					ID         string `json:"id"`
+					WorkflowID string `json:"workflow_id"`
+				} `json:"dead_jobs"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(out), &page), out)
+			for _, j := range page.DeadJobs {
+				if j.WorkflowID == id {
+					job.ID = j.ID
+				}
+			}
+			if job.ID != "" {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "the run never died: %s", out)
+			time.Sleep(50 * time.Millisecond)
+		}
+		code, _, errOut = cmd("dead", "replay", job.ID, "--version", "0")
+		require.Equal(t, 2, code, name)
+		require.Contains(t, errOut, "--version: 0 is not a workflow version (1 or more)", name)
+		code, out, errOut := cmd("dead", "replay", job.ID, "--version", "5", "--note", "onto the fix", "--json")
+		require.Equal(t, 0, code, errOut)
+		require.Contains(t, out, `"note":"replayed onto version 5 (was 1). onto the fix"`, name)
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			_, out, _ = cmd("runs", "show", id, "--json")
+			if strings.Contains(out, `"waiting_for":"a process that registers double v5"`) {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "%s: the run never waited for v5: %s", name, out)
+			time.Sleep(50 * time.Millisecond)
+		}
+		require.Contains(t, out, `"workflow_version":5`, name)
+		require.Contains(t, out, `"status":"pending"`, name)
+	}
 }

@@ -314,3 +314,16 @@ func DeadJobOpen(ctx context.Context, db DBTX, runID, id uuid.UUID) (bool, error
 	}
 	return open, err
 }
+
+// MoveRunToVersion sets dead run runID's workflow version to version (a
+// dead job's replay onto another version) and returns the version it had;
+// its wait for a process of its old version, if any, ends with it.
+// ErrNotFound when the run is not dead.
+func MoveRunToVersion(ctx context.Context, db DBTX, runID uuid.UUID, version int) (from int, err error) {
+	err = db.QueryRow(ctx, `
+WITH old AS (SELECT workflow_version FROM pgdurable.workflow_runs WHERE run_id = $1 AND status = 'dead' FOR UPDATE)
+UPDATE pgdurable.workflow_runs r SET workflow_version = $2, version_wait_since = NULL
+FROM old WHERE r.run_id = $1
+RETURNING old.workflow_version`, runID, version).Scan(&from)
+	return from, translate(err)
+}

@@ -588,6 +588,19 @@ WHERE run_id = $1 AND owner_token = $2 AND version_wait_since IS NOT NULL`, f.Ru
 	return translate(err)
 }
 
+// UpgradeRunVersion moves the run the delivery holding f holds to workflow
+// version (WorkflowOpts.AutoUpgrade), never down, and ends its wait for a
+// process of its old version; false when the claim was lost (or the run
+// is on version or a later one already).
+func UpgradeRunVersion(ctx context.Context, db DBTX, f Fence, version int) (bool, error) {
+	tag, err := db.Exec(ctx, `UPDATE pgdurable.workflow_runs SET workflow_version = $3, version_wait_since = NULL
+WHERE run_id = $1 AND owner_token = $2 AND workflow_version < $3`, f.RunID, f.Token, version)
+	if err != nil {
+		return false, fmt.Errorf("upgrading run %s to version %d: %w", f.RunID, version, translate(err))
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
 // VersionWait is the runs of one workflow version on a queue that wait
 // for a process that registers it (see ReleaseUnclaimed).
 type VersionWait struct {
