@@ -6,6 +6,7 @@ package enginebench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -124,7 +125,7 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 				return nil, err
 			}
 		}
-		res, err := throughput(ctx, pool, rt, url, steps, n, quiet)
+		res, err := throughput(ctx, pool, rt, url, steps, n, false, quiet)
 		if profile {
 			pprof.StopCPUProfile()
 		}
@@ -144,6 +145,16 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 		rep.add(opts, name+": WAL", res.walBytes, "bytes/workflow", "pg_current_wal_lsn delta")
 		if steps == 3 {
 			rt3 = res.roundTrips
+			// Safe deploys on the hot path: the same workflow as version 2
+			// beside version 1, behind a patch, against the plain row
+			// just measured.
+			v, err := throughput(ctx, pool, rt, url, steps, n, true, quiet)
+			if err != nil {
+				return nil, err
+			}
+			rep.add(opts, "3-step workflow as v2 beside v1, patched, start included", v.perSec, "workflows/s", "a Patched marker and version routing")
+			rep.add(opts, "patched v2 / plain 3-step workflow", v.perSec/res.perSec, "ratio", "target ~1.0: safe deploys cost the hot path nothing measurable")
+			rep.add(opts, "3-step workflow as v2 beside v1, patched: round trips", v.roundTrips, "round trips/workflow", "")
 		} else {
 			rep.add(opts, "round trips per new step, at load", (res.roundTrips-rt3)/7, "round trips/step",
 				"(10-step − 3-step) / 7: concurrent runs share their writes")
@@ -182,7 +193,16 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 type throughputResult struct{ perSec, commits, roundTrips, walBytes float64 }
 
 func noopWorkflow(name string, steps int, done *atomic.Int64, stepOne chan<- time.Time) *engine.Workflow[int, int] {
+	return versionedNoop(name, steps, done, stepOne, 1, false)
+}
+
+// versionedNoop is noopWorkflow as version v, with a Patched call before
+// its steps when patched.
+func versionedNoop(name string, steps int, done *atomic.Int64, stepOne chan<- time.Time, v int, patched bool) *engine.Workflow[int, int] {
 	return engine.Define(name, func(ctx *engine.Context, in int) (int, error) {
+		if patched && !engine.Patched(ctx, "bench-change") {
+			return 0, errors.New("a fresh run took the old branch")
+		}
 		for i := range steps {
 			if _, err := engine.Step(ctx, fmt.Sprint("s", i), func(context.Context) (int, error) {
 				if i == 0 && stepOne != nil {
@@ -195,17 +215,27 @@ func noopWorkflow(name string, steps int, done *atomic.Int64, stepOne chan<- tim
 		}
 		done.Add(1)
 		return in, nil
-	}, nil)
+	}, &engine.WorkflowOpts{Version: v})
 }
 
-func throughput(ctx context.Context, pool *pgxpool.Pool, rt *roundtrips.Counter, url string, steps, n int, log *slog.Logger) (*throughputResult, error) {
+// throughput runs n runs of a no-op workflow of steps steps; with
+// versioned, as version 2 of its workflow, registered beside version 1,
+// with a Patched call before its steps: what safe deploys add to a run.
+func throughput(ctx context.Context, pool *pgxpool.Pool, rt *roundtrips.Counter, url string, steps, n int, versioned bool, log *slog.Logger) (*throughputResult, error) {
 	var done atomic.Int64
-	wf := noopWorkflow(fmt.Sprintf("bench-%d-steps", steps), steps, &done, nil)
-	e, err := engine.New(pool, &engine.Config{Logger: log, Queue: fmt.Sprintf("bench_%d", steps)})
+	name, queue := fmt.Sprintf("bench-%d-steps", steps), fmt.Sprintf("bench_%d", steps)
+	wf := noopWorkflow(name, steps, &done, nil)
+	regs := []engine.Registration{wf}
+	if versioned {
+		name, queue = name+"-v2", queue+"_v2"
+		wf = versionedNoop(name, steps, &done, nil, 2, true)
+		regs = []engine.Registration{versionedNoop(name, steps, &done, nil, 1, false), wf}
+	}
+	e, err := engine.New(pool, &engine.Config{Logger: log, Queue: queue})
 	if err != nil {
 		return nil, err
 	}
-	if err := e.Register(wf); err != nil {
+	if err := e.Register(regs...); err != nil {
 		return nil, err
 	}
 	// Earlier rows' backends flush their statistics when they end: end them
