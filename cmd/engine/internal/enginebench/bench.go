@@ -125,7 +125,7 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 				return nil, err
 			}
 		}
-		res, err := throughput(ctx, pool, rt, url, steps, n, false, quiet)
+		res, err := throughput(ctx, pool, rt, url, steps, n, plain, quiet)
 		if profile {
 			pprof.StopCPUProfile()
 		}
@@ -146,15 +146,22 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 		if steps == 3 {
 			rt3 = res.roundTrips
 			// Safe deploys on the hot path: the same workflow as version 2
-			// beside version 1, behind a patch, against the plain row
-			// just measured.
-			v, err := throughput(ctx, pool, rt, url, steps, n, true, quiet)
+			// beside version 1, then also behind a patch, against the
+			// plain row just measured.
+			p, err := throughput(ctx, pool, rt, url, steps, n, pinned, quiet)
 			if err != nil {
 				return nil, err
 			}
-			rep.add(opts, "3-step workflow as v2 beside v1, patched, start included", v.perSec, "workflows/s", "a Patched marker and version routing")
-			rep.add(opts, "patched v2 / plain 3-step workflow", v.perSec/res.perSec, "ratio", "target ~1.0: safe deploys cost the hot path nothing measurable")
+			v, err := throughput(ctx, pool, rt, url, steps, n, patched, quiet)
+			if err != nil {
+				return nil, err
+			}
+			rep.add(opts, "3-step workflow as v2 beside v1, start included", p.perSec, "workflows/s", "runs pinned to their version")
+			rep.add(opts, "pinned v2 / plain 3-step workflow", p.perSec/res.perSec, "ratio", "target ~1.0")
+			rep.add(opts, "3-step workflow as v2 beside v1, patched, start included", v.perSec, "workflows/s", "and a Patched call: its marker is a record")
+			rep.add(opts, "patched v2 / plain 3-step workflow", v.perSec/res.perSec, "ratio", "")
 			rep.add(opts, "3-step workflow as v2 beside v1, patched: round trips", v.roundTrips, "round trips/workflow", "")
+			rep.add(opts, "3-step workflow as v2 beside v1, patched: WAL", v.walBytes, "bytes/workflow", "")
 		} else {
 			rep.add(opts, "round trips per new step, at load", (res.roundTrips-rt3)/7, "round trips/step",
 				"(10-step − 3-step) / 7: concurrent runs share their writes")
@@ -218,17 +225,25 @@ func versionedNoop(name string, steps int, done *atomic.Int64, stepOne chan<- ti
 	}, &engine.WorkflowOpts{Version: v})
 }
 
-// throughput runs n runs of a no-op workflow of steps steps; with
-// versioned, as version 2 of its workflow, registered beside version 1,
-// with a Patched call before its steps: what safe deploys add to a run.
-func throughput(ctx context.Context, pool *pgxpool.Pool, rt *roundtrips.Counter, url string, steps, n int, versioned bool, log *slog.Logger) (*throughputResult, error) {
+// The variants of the throughput rows: a plain workflow; the same as
+// version 2 registered beside version 1 (runs pinned to their version);
+// and that version 2 with a Patched call before its steps.
+const (
+	plain = iota
+	pinned
+	patched
+)
+
+// throughput runs n runs of a no-op workflow of steps steps, as variant
+// says: what safe deploys add to a run.
+func throughput(ctx context.Context, pool *pgxpool.Pool, rt *roundtrips.Counter, url string, steps, n, variant int, log *slog.Logger) (*throughputResult, error) {
 	var done atomic.Int64
 	name, queue := fmt.Sprintf("bench-%d-steps", steps), fmt.Sprintf("bench_%d", steps)
 	wf := noopWorkflow(name, steps, &done, nil)
 	regs := []engine.Registration{wf}
-	if versioned {
-		name, queue = name+"-v2", queue+"_v2"
-		wf = versionedNoop(name, steps, &done, nil, 2, true)
+	if variant != plain {
+		name, queue = fmt.Sprintf("%s-v2-%d", name, variant), fmt.Sprintf("%s_v2_%d", queue, variant)
+		wf = versionedNoop(name, steps, &done, nil, 2, variant == patched)
 		regs = []engine.Registration{versionedNoop(name, steps, &done, nil, 1, false), wf}
 	}
 	e, err := engine.New(pool, &engine.Config{Logger: log, Queue: queue})

@@ -34,6 +34,7 @@ func TestBenchReportsEveryRow(t *testing.T) {
 	// Background sweeps share the pool: allow a stray round trip or two.
 	require.Less(t, byName["round trips per replayed step"].Value, 0.01)
 	require.Positive(t, byName["RSS with 200 waiting runs"].Value)
+	require.Positive(t, byName["pinned v2 / plain 3-step workflow"].Value)
 	require.Positive(t, byName["patched v2 / plain 3-step workflow"].Value)
 	require.Positive(t, byName["3-step workflow as v2 beside v1, patched, start included"].Value)
 }
