@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -330,4 +332,49 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// A compensating run whose version no process registers shows what it
+// waits for, and Stats counts it, as a pending one.
+func TestACompensatingRunWaitsForItsVersion(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := testCtx(t)
+	var fails atomic.Int64
+	define := func(v int) *engine.Workflow[string, string] {
+		return engine.Define("undone", func(ctx *engine.Context, _ string) (string, error) {
+			if err := step(ctx, "reserve"); err != nil {
+				return "", err
+			}
+			if err := ctx.Compensate(engine.Undo{Name: "release", Fn: func(context.Context, *engine.ActivityAttempt) error {
+				if fails.Add(1) == 1 {
+					return errors.New("503") // retried after a second
+				}
+				return nil
+			}, RetryPolicy: &engine.RetryPolicy{InitialInterval: time.Second, BackoffCoefficient: 1, MaximumAttempts: 5}}); err != nil {
+				return "", err
+			}
+			return "", engine.Permanent(errors.New("declined"))
+		}, &engine.WorkflowOpts{Version: v})
+	}
+	v1 := define(1)
+	old := newEngine(t, db, nil, true, v1)
+	r, err := v1.Start(ctx, old, "x", nil)
+	require.NoError(t, err)
+	enginetest.RequireRunStatus(ctx, t, old, r.RunID, engine.StatusCompensating, 0)
+	require.NoError(t, old.Stop(ctx))
+	onlyV2 := newEngine(t, db, nil, true, define(2))
+	eventually(t, 30*time.Second, "the compensating run to be handed back", func() bool {
+		run, err := onlyV2.GetRun(ctx, r.RunID)
+		require.NoError(t, err)
+		return run.WaitingFor == "a process that registers undone v1" && run.Status == engine.StatusCompensating
+	})
+	s, err := onlyV2.Stats(ctx)
+	require.NoError(t, err)
+	require.Len(t, s.VersionWaits, 1)
+	require.EqualValues(t, 1, s.VersionWaits[0].Runs)
+	require.NoError(t, onlyV2.Stop(ctx))
+	again := newEngine(t, db, nil, true, v1)
+	run := enginetest.RequireRunStatus(ctx, t, again, r.RunID, engine.StatusCompensated, 0)
+	require.Empty(t, run.WaitingFor)
 }

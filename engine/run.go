@@ -405,10 +405,10 @@ type Run struct {
 	// Config.MaxDeliveries), and a waiting run with no AwaitSignal is held
 	// in crash backoff until WakeAt.
 	StalledDeliveries int `json:"stalled_deliveries"`
-	// WaitingFor, on a pending run that processes handed back because they
-	// do not register its workflow version, says what it waits for ("a
-	// process that registers checkout v1"), and WaitingSince since when
-	// (the first hand-back). Both are cleared when a process that
+	// WaitingFor, on a pending (or compensating) run that processes handed
+	// back because they do not register its workflow version, says what it
+	// waits for ("a process that registers checkout v1"), and WaitingSince
+	// since when (the first hand-back). Both are cleared when a process that
 	// registers the version picks the run up. Such a run is never parked
 	// or retried for want of a process; Config.VersionWaitAlert says when
 	// it is overdue.
@@ -590,7 +590,7 @@ func runFromRow(r *store.RunRow) *Run {
 	}
 	var waitingFor string
 	var waitingSince *time.Time
-	if r.VersionWaitSince != nil && (r.Status == string(StatusPending) || r.Status == string(StatusRunning)) {
+	if r.VersionWaitSince != nil && (r.Status == string(StatusPending) || r.Status == string(StatusRunning) || r.Status == string(StatusCompensating)) {
 		waitingFor, waitingSince = versionWaitReason(r.WorkflowName, r.WorkflowVersion), r.VersionWaitSince
 	}
 	return &Run{

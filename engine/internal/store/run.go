@@ -624,7 +624,7 @@ func VersionWaits(ctx context.Context, db DBTX, queue string, overdue time.Time)
 SELECT workflow_name, workflow_version, count(*), min(version_wait_since),
        count(*) FILTER (WHERE version_wait_since < $2::timestamptz)
 FROM pgdurable.workflow_runs
-WHERE queue = $1 AND version_wait_since IS NOT NULL AND status IN ('pending', 'running')
+WHERE queue = $1 AND version_wait_since IS NOT NULL AND status IN ('pending', 'running', 'compensating')
 GROUP BY workflow_name, workflow_version
 ORDER BY min(version_wait_since), workflow_name, workflow_version
 LIMIT $3`, queue, overdue, MaxVersionWaits)
