@@ -40,7 +40,8 @@ type CancelRunsParams struct {
 // CancelRuns cancels every run p.Filter matches that is still active
 // (pending, running, waiting; see Cancel), at most MaxBulk of them, one
 // Cancel each; with p.DryRun it only counts them. Filter.Status, when set,
-// must be pending, running or waiting (ErrInvalidArgument otherwise, for
+// must be pending, running, waiting or StatusOpenRuns (all three;
+// ErrInvalidArgument otherwise, for
 // compensating too: such a run is ending already, and Cancel changes
 // nothing for it); Filter.Limit and Filter.Cursor are ignored. It must filter: by
 // Workflow, WorkflowIDPrefix, Tags, CreatedAfter or CreatedBefore
@@ -52,6 +53,9 @@ type CancelRunsParams struct {
 // first failure (the result counts what was done before it).
 func (e *Engine) CancelRuns(ctx context.Context, params CancelRunsParams) (BulkResult, error) {
 	p, dryRun := params.Filter, params.DryRun
+	if p.Status == StatusOpenRuns {
+		p.Status = "" // every status a cancel acts on
+	}
 	statuses := []RunStatus{StatusPending, StatusRunning, StatusWaiting}
 	if p.Status != "" && !slices.Contains(statuses, p.Status) {
 		why := ""
@@ -126,18 +130,26 @@ type ResolveDeadJobsParams struct {
 // would act on every open dead job), and opts is checked before anything
 // is matched. Jobs resolved meanwhile are skipped.
 func (e *Engine) ReplayDeadJobs(ctx context.Context, p ResolveDeadJobsParams, opts *ResolveOpts) (BulkResult, error) {
+	if opts != nil && opts.Version != 0 {
+		if err := checkReplayVersion(opts.Version); err != nil {
+			return BulkResult{}, err
+		}
+		if p.Filter.Workflow == "" {
+			return BulkResult{}, fmt.Errorf("%w: a bulk replay onto workflow version %d needs a workflow filter: versions are per workflow", ErrInvalidArgument, opts.Version)
+		}
+	}
 	return e.resolveDeadJobs(ctx, p.Filter, opts, p.DryRun, func(id uuid.UUID) error { _, err := e.ReplayDeadJob(ctx, id, opts); return err })
 }
 
 // DiscardDeadJobs is ReplayDeadJobs that discards.
 func (e *Engine) DiscardDeadJobs(ctx context.Context, p ResolveDeadJobsParams, opts *ResolveOpts) (BulkResult, error) {
+	if opts != nil && opts.Version != 0 {
+		return BulkResult{}, errDiscardVersion
+	}
 	return e.resolveDeadJobs(ctx, p.Filter, opts, p.DryRun, func(id uuid.UUID) error { _, err := e.DiscardDeadJob(ctx, id, opts); return err })
 }
 
 func (e *Engine) resolveDeadJobs(ctx context.Context, p ListDeadJobsParams, opts *ResolveOpts, dryRun bool, act func(uuid.UUID) error) (BulkResult, error) {
-	if opts != nil && opts.Version != 0 && p.Workflow == "" {
-		return BulkResult{}, fmt.Errorf("%w: a bulk replay onto workflow version %d needs a workflow filter: versions are per workflow", ErrInvalidArgument, opts.Version)
-	}
 	if p.Workflow == "" && p.Reason == "" && p.RunID == uuid.Nil && p.ParkedBefore.IsZero() {
 		return BulkResult{}, fmt.Errorf("%w: a bulk replay or discard needs a filter: a workflow, a reason, a run or a parking time "+
 			"(ParkedBefore: now names every open dead job on purpose)", ErrInvalidArgument)
@@ -148,7 +160,11 @@ func (e *Engine) resolveDeadJobs(ctx context.Context, p ListDeadJobsParams, opts
 		if err := checkFreeText("by", opts.By, 200); err != nil {
 			return BulkResult{}, err
 		}
-		if err := checkFreeText("note", opts.Note, 4000); err != nil {
+		maxNote := 4000
+		if opts.Version != 0 {
+			maxNote -= versionNoteRoom
+		}
+		if err := checkFreeText("note", opts.Note, maxNote); err != nil {
 			return BulkResult{}, err
 		}
 	}

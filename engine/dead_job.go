@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -15,6 +16,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgdurable/pgdurable/engine/internal/maintenance"
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
@@ -165,8 +167,11 @@ type ResolveOpts struct {
 	// repair of a run parked as nondeterminism by a deploy, once a
 	// version whose code replays its steps (the old code behind Patched)
 	// is registered. The run replays its recorded steps through that
-	// version's code; until a process registers the version it waits for
-	// one (Run.WaitingFor). Linked runs a replay reaches (a parent parked
+	// version's code. A version that no live engine process on the run's
+	// queue registers is refused (ErrInvalidArgument, naming the versions
+	// that are), so a mistyped one cannot strand the run; and a replay
+	// again of a replayed job with another version than its run's is
+	// ErrDeadJobResolved. Linked runs a replay reaches (a parent parked
 	// for this child, a dead child) keep their own versions. The
 	// resolution's note records the move ("replayed onto version 2 (was
 	// 1)"). Negative, or set for a discard, is ErrInvalidArgument.
@@ -201,11 +206,14 @@ func (e *Engine) ReplayDeadJob(ctx context.Context, id uuid.UUID, opts *ResolveO
 	if opts == nil {
 		opts = &ResolveOpts{}
 	}
-	if opts.Version < 0 || opts.Version > math.MaxInt32 {
-		return nil, fmt.Errorf("%w: replay onto workflow version %d: a version is 1 to %d (0 keeps the run's own)", ErrInvalidArgument, opts.Version, math.MaxInt32)
+	if err := checkReplayVersion(opts.Version); err != nil {
+		return nil, err
 	}
 	return e.resolveDeadJob(ctx, id, "replayed", opts, func(ctx context.Context, tx pgx.Tx, d *store.DeadJobRow) error {
 		if opts.Version != 0 {
+			if err := e.checkVersionServed(ctx, tx, d.RunID, d.WorkflowName, opts.Version); err != nil {
+				return err
+			}
 			from, err := store.MoveRunToVersion(ctx, e.on(tx), d.RunID, opts.Version)
 			if err != nil {
 				return fmt.Errorf("moving run %s to version %d: %w", d.RunID, opts.Version, err)
@@ -217,6 +225,72 @@ func (e *Engine) ReplayDeadJob(ctx context.Context, id uuid.UUID, opts *ResolveO
 		}
 		return e.replayLinked(ctx, tx, d, opts)
 	})
+}
+
+// errDiscardVersion refuses ResolveOpts.Version on a discard.
+var errDiscardVersion = fmt.Errorf("%w: a discard does not run the job again: a version is for a replay", ErrInvalidArgument)
+
+// versionNoteRoom is what a replay onto a version adds to its note
+// ("replayed onto version N (was M). "), at most.
+const versionNoteRoom = 64
+
+// checkReplayVersion checks ResolveOpts.Version for a replay.
+func checkReplayVersion(v int) error {
+	if v < 0 || v > math.MaxInt32 {
+		return fmt.Errorf("%w: replay onto workflow version %d: a version is 1 to %d (0 keeps the run's own)", ErrInvalidArgument, v, math.MaxInt32)
+	}
+	return nil
+}
+
+// checkVersionServed refuses to move run runID, of workflow name, to
+// version when no live engine process on its queue registers that
+// version: a mistyped version would leave the run waiting for a process
+// that never comes, and its dead job resolved.
+func (e *Engine) checkVersionServed(ctx context.Context, tx pgx.Tx, runID uuid.UUID, name string, version int) error {
+	queue, current, err := store.RunVersionOf(ctx, e.on(tx), runID)
+	if err != nil {
+		return fmt.Errorf("reading run %s: %w", runID, err)
+	}
+	if current == version {
+		return nil
+	}
+	procs, err := store.LiveProcesses(ctx, e.on(tx), maintenance.ProcessLive)
+	if err != nil {
+		return err
+	}
+	var live []int
+	served, upTo := false, 0 // upTo: the highest version a live process moves runs up to
+	for _, p := range procs {
+		if p.Queue != queue {
+			continue
+		}
+		for _, w := range p.Workflows {
+			if w.Name != name {
+				continue
+			}
+			if w.AutoUpgrade {
+				upTo = max(upTo, w.Version)
+			}
+			served = served || w.Version == version
+			if !slices.Contains(live, w.Version) {
+				live = append(live, w.Version)
+			}
+		}
+	}
+	switch {
+	case upTo > version:
+		return fmt.Errorf("%w: a live engine process on queue %q moves the runs of workflow %q up to version %d (WorkflowOpts.AutoUpgrade): "+
+			"a replay onto version %d would not stay there; replay onto %d", ErrInvalidArgument, queue, name, upTo, version, upTo)
+	case served:
+		return nil
+	}
+	slices.Sort(live)
+	registered := "none does"
+	if len(live) > 0 {
+		registered = fmt.Sprintf("they register %v", live)
+	}
+	return fmt.Errorf("%w: no live engine process on queue %q registers workflow %q version %d (%s): "+
+		"start one that does, then replay onto it", ErrInvalidArgument, queue, name, version, registered)
 }
 
 // replayLinked replays the run of the dead job d (closed by the caller),
@@ -311,7 +385,7 @@ func derefID(id *uuid.UUID) uuid.UUID {
 // job; the errors of ReplayDeadJob for an id that is a run's.
 func (e *Engine) DiscardDeadJob(ctx context.Context, id uuid.UUID, opts *ResolveOpts) (*DeadJob, error) {
 	if opts != nil && opts.Version != 0 {
-		return nil, fmt.Errorf("%w: a discard does not run the job again: a version is for a replay", ErrInvalidArgument)
+		return nil, errDiscardVersion
 	}
 	return e.resolveDeadJob(ctx, id, "discarded", opts, func(ctx context.Context, tx pgx.Tx, d *store.DeadJobRow) error {
 		return store.MarkRunDiscarded(ctx, e.on(tx), d.RunID)
@@ -326,7 +400,11 @@ func (e *Engine) resolveDeadJob(ctx context.Context, id uuid.UUID, resolution st
 	if err := checkText("by", opts.By, 0, 200); err != nil {
 		return nil, err
 	}
-	if err := checkFreeText("note", opts.Note, 4000); err != nil {
+	maxNote := 4000
+	if opts.Version != 0 {
+		maxNote -= versionNoteRoom // the note records the move too
+	}
+	if err := checkFreeText("note", opts.Note, maxNote); err != nil {
 		return nil, err
 	}
 	verb := map[string]string{"replayed": "replay", "discarded": "discard"}[resolution]
@@ -351,6 +429,15 @@ func (e *Engine) resolveDeadJob(ctx context.Context, id uuid.UUID, resolution st
 			out = d
 			if *d.Resolution != resolution {
 				return fmt.Errorf("%w: dead job %s was %s", ErrDeadJobResolved, id, *d.Resolution)
+			}
+			if opts.Version != 0 {
+				// A replay again is a no-op, unless it asks for another
+				// version than the run has: say so rather than ignore it.
+				_, now, err := store.RunVersionOf(ctx, e.on(tx), d.RunID)
+				if err == nil && now != opts.Version {
+					return fmt.Errorf("%w: dead job %s was replayed already, and its run is on version %d: a replay does not move it again",
+						ErrDeadJobResolved, id, now)
+				}
 			}
 			return nil
 		}

@@ -378,3 +378,71 @@ func TestACompensatingRunWaitsForItsVersion(t *testing.T) {
 	run := enginetest.RequireRunStatus(ctx, t, again, r.RunID, engine.StatusCompensated, 0)
 	require.Empty(t, run.WaitingFor)
 }
+
+// A process that starts takes the runs waiting for a version it registers
+// at once, though their own tickets were snoozed far ahead by the
+// processes that handed them back.
+func TestAStartingProcessTakesTheRunsWaitingForItsVersion(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := testCtx(t)
+	onlyV2 := newEngine(t, db, nil, true, versioned(2))
+	r, err := versioned(1).Start(ctx, onlyV2, "orphan", nil)
+	require.NoError(t, err)
+	eventually(t, 30*time.Second, "the hand-back", func() bool {
+		run, err := onlyV2.GetRun(ctx, r.RunID)
+		require.NoError(t, err)
+		return run.WaitingFor != ""
+	})
+	require.NoError(t, onlyV2.Stop(ctx))
+	// As after many hand-backs: the run's ticket is due much later.
+	_, err = db.Pool.Exec(ctx, `UPDATE pgdurable.river_job SET scheduled_at = now() + interval '1 hour' WHERE state IN ('scheduled', 'available')`)
+	require.NoError(t, err)
+	onlyV1 := newEngine(t, db, nil, true, versioned(1))
+	run := waitStatus(t, onlyV1, r.RunID, engine.StatusWaiting, 10*time.Second)
+	require.Empty(t, run.WaitingFor)
+}
+
+// A hand-back does not start a run: its timeout's clock starts at the
+// pick-up that runs it, so a run that waits for a process of its version
+// longer than its timeout still runs when one comes. A cancelled run that
+// never ran ends cancelled at its next hand-back instead of waiting.
+func TestAHandBackNeitherStartsNorStrandsARun(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := testCtx(t)
+	onlyV2 := newEngine(t, db, nil, true, versioned(2))
+	timed, err := versioned(1).Start(ctx, onlyV2, "timed", &engine.StartOpts{RunTimeout: time.Second})
+	require.NoError(t, err)
+	doomed, err := versioned(1).Start(ctx, onlyV2, "doomed", nil)
+	require.NoError(t, err)
+	for _, id := range []uuid.UUID{timed.RunID, doomed.RunID} {
+		eventually(t, 30*time.Second, "the hand-back", func() bool {
+			run, err := onlyV2.GetRun(ctx, id)
+			require.NoError(t, err)
+			return run.WaitingFor != ""
+		})
+	}
+	require.NoError(t, onlyV2.Cancel(ctx, doomed.RunID))
+	run := waitStatus(t, onlyV2, doomed.RunID, engine.StatusCancelled, 30*time.Second)
+	require.Empty(t, run.WaitingFor)
+	require.Empty(t, run.Steps)
+
+	time.Sleep(1500 * time.Millisecond) // past the timeout, had a hand-back started its clock
+	run, err = onlyV2.GetRun(ctx, timed.RunID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusPending, run.Status)
+	require.Nil(t, run.StartedAt)
+	require.Nil(t, run.DeadlineAt)
+	require.Nil(t, run.CancelRequestedAt)
+	s, err := onlyV2.Stats(ctx)
+	require.NoError(t, err)
+	require.Len(t, s.VersionWaits, 1)
+	require.EqualValues(t, 1, s.VersionWaits[0].Runs, "the cancelled run is counted no more")
+
+	require.NoError(t, onlyV2.Stop(ctx))
+	onlyV1 := newEngine(t, db, nil, true, versioned(1))
+	run = waitStatus(t, onlyV1, timed.RunID, engine.StatusWaiting, 30*time.Second)
+	require.NotNil(t, run.DeadlineAt, "its clock runs from this pick-up")
+	require.NotNil(t, run.StartedAt)
+}

@@ -435,6 +435,12 @@ func (e *Engine) Register(workflows ...Registration) error {
 			e.workflows[r.name] = r
 		}
 	}
+	for key, r := range e.versions {
+		if latest := e.workflows[key.name]; r.autoUpgrade && latest.version != r.version {
+			e.log.Warn("WorkflowOpts.AutoUpgrade is set on a version that is not the latest registered: it has no effect; "+
+				"set it on the latest", "workflow", r.name, "workflow_version", r.version, "latest_version", latest.version)
+		}
+	}
 	return nil
 }
 
@@ -488,8 +494,51 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	e.maint, e.process = e.maintainer()
 	e.process.RunOnce(ctx)
+	e.wakeVersionWaits(ctx)
 	e.maint.Start(ctx)
 	return nil
+}
+
+// maxWokenVersionWaits bounds the runs a starting process wakes (see
+// wakeVersionWaits); the others come back with their own tickets, within
+// 30 s.
+const maxWokenVersionWaits = 10_000
+
+// wakeVersionWaits gives the runs waiting for a process of a version this
+// one registers (or moves up, WorkflowOpts.AutoUpgrade) a ticket due now:
+// their own tickets, handed back by processes of other versions, are
+// snoozed for up to 30 s. A failure is logged: those tickets still come.
+func (e *Engine) wakeVersionWaits(ctx context.Context) {
+	e.mu.Lock()
+	var vs []store.RunVersions
+	for _, w := range e.versions {
+		vs = append(vs, store.RunVersions{Name: w.name, Version: w.version})
+	}
+	for _, w := range e.workflows {
+		if w.autoUpgrade {
+			vs = append(vs, store.RunVersions{Name: w.name, Version: w.version, Below: w.version})
+		}
+	}
+	e.mu.Unlock()
+	if len(vs) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	var woken []uuid.UUID
+	err := e.inTx(ctx, nil, func(tx pgx.Tx) error {
+		var err error
+		if woken, err = store.WakeVersionWaits(ctx, e.on(tx), e.cfg.Queue, vs, e.now(), maxWokenVersionWaits); err != nil {
+			return err
+		}
+		return e.queue.EnqueueMany(ctx, tx, woken)
+	})
+	switch {
+	case err != nil:
+		e.log.Warn("waking the runs that wait for this process's versions failed; their own tickets bring them within 30 s", "error", err)
+	case len(woken) > 0:
+		e.log.Info("woke the runs that waited for a process of their workflow version", "runs", len(woken))
+	}
 }
 
 // maintainer builds the services of the engine's background jobs: at
@@ -508,7 +557,8 @@ func (e *Engine) maintainer() (*maintenance.Maintainer, *maintenance.ProcessRegi
 			defer e.mu.Unlock()
 			var wfs []store.ProcessWorkflow
 			for _, w := range e.versions {
-				wfs = append(wfs, store.ProcessWorkflow{Name: w.name, Version: w.version})
+				auto := w.autoUpgrade && e.workflows[w.name].version == w.version
+				wfs = append(wfs, store.ProcessWorkflow{Name: w.name, Version: w.version, AutoUpgrade: auto})
 			}
 			return wfs
 		}}

@@ -106,21 +106,24 @@ func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
 // that registers its version, waiting since since: an error once it waited
 // Config.VersionWaitAlert (no process of that version is running, or none
 // has taken it for that long), else, as is routine in a rolling deploy, an
-// info line. Each at most once every few minutes per workflow version.
+// info line. Each at most once every few minutes per workflow version, and
+// once every 10 s in all: many versions waiting at once make a few lines,
+// and the metrics count them all.
 func (e *Engine) logVersionWait(log *slog.Logger, claimed *store.ClaimedRun, since time.Time, retry time.Duration) {
 	key := fmt.Sprintf("%s v%d", claimed.WorkflowName, claimed.WorkflowVersion)
 	waited := e.now().Sub(since)
 	if alert := e.cfg.VersionWaitAlert; alert > 0 && !since.IsZero() && waited >= alert {
-		if e.warnOnce("overdue "+key, 10*time.Minute) {
-			log.Error("run has waited too long for a process that registers its workflow version; start one, or replay it onto another version",
-				"workflow_version", claimed.WorkflowVersion, "waiting_since", since, "waited", waited.Round(time.Second),
-				"alert_after", alert, "registered", e.registeredNames())
+		if e.warnOnce("overdue "+key, 10*time.Minute) && e.warnOnce("overdue version waits", 10*time.Second) {
+			log.Error("run has waited too long for a process that registers its workflow version; start one (its waiting runs go on at once), "+
+				"or one whose latest version of the workflow sets WorkflowOpts.AutoUpgrade",
+				"workflow_version", claimed.WorkflowVersion, "waiting_since", since, "waited", waited.Round(time.Second).String(),
+				"alert_after", alert.String(), "registered", e.registeredNames())
 		}
 		return
 	}
-	if e.warnOnce(key, time.Minute) {
+	if e.warnOnce(key, time.Minute) && e.warnOnce("version waits", 10*time.Second) {
 		log.Info("workflow version not registered in this process; handing its runs back for a process that registers it",
-			"workflow_version", claimed.WorkflowVersion, "retry_in", retry, "registered", e.registeredNames())
+			"workflow_version", claimed.WorkflowVersion, "retry_in", retry.String(), "registered", e.registeredNames())
 	}
 }
 
@@ -135,34 +138,36 @@ func (e *Engine) endVersionWait(log *slog.Logger, claimed *store.ClaimedRun, tok
 		return
 	}
 	log.Info("run picked up by a process that registers its workflow version",
-		"workflow_version", claimed.WorkflowVersion, "waited", e.now().Sub(*claimed.VersionWaitSince).Round(time.Millisecond))
+		"workflow_version", claimed.WorkflowVersion, "waited", e.now().Sub(*claimed.VersionWaitSince).Round(time.Millisecond).String())
 }
 
 // releaseUnregistered gives back the claim (under token) of a run whose
 // workflow version this process does not register, and returns since when
-// the run has waited for a process that does. For a child, in the same
-// transaction (the parent's row locked first, as every end of a child
-// does): if its parent's cancellation asked for its cancellation while
-// this claim was held, CancelChildren saw it claimed and left it to a
-// delivery that may never come; having never been delivered, it ends
-// cancelled now and wakes its parent, as a cancelled child that never
-// started does.
+// the run has waited for a process that does. In the same transaction, a
+// run whose cancellation was requested and that no delivery ever ran ends
+// cancelled: nothing of it ran, so nothing is to undo, and it would wait
+// for a process of its version only to end so. For a child (the parent's
+// row locked first, as every end of a child does): CancelChildren saw it
+// claimed and only asked for its cancellation; it ends now and wakes its
+// parent, as a cancelled child that never started does.
 func (e *Engine) releaseUnregistered(ctx context.Context, claimed *store.ClaimedRun, token uuid.UUID) (since time.Time, err error) {
 	fence := store.Fence{RunID: claimed.RunID, Token: token}
 	p := claimed.Parent
-	if p == nil {
+	if p == nil && !claimed.CancelRequested {
 		return store.ReleaseUnregistered(ctx, e.db, fence, e.now())
 	}
 	var ended bool
 	err = e.inTx(ctx, nil, func(tx pgx.Tx) error {
-		if err := store.LockRun(ctx, e.on(tx), p.RunID); err != nil {
-			return err
+		if p != nil {
+			if err := store.LockRun(ctx, e.on(tx), p.RunID); err != nil {
+				return err
+			}
 		}
 		var err error
 		if since, err = store.ReleaseUnregistered(ctx, e.on(tx), fence, e.now()); err != nil {
 			return err
 		}
-		if ended, err = store.EndCancelledUnstarted(ctx, e.on(tx), claimed.RunID, cancelledJSON(), e.now()); err != nil || !ended {
+		if ended, err = store.EndCancelledUnstarted(ctx, e.on(tx), claimed.RunID, cancelledJSON(), e.now()); err != nil || !ended || p == nil {
 			return err
 		}
 		woken, err := store.WakeParent(ctx, e.on(tx), p.RunID, p.Seq)
@@ -172,7 +177,11 @@ func (e *Engine) releaseUnregistered(ctx context.Context, claimed *store.Claimed
 		return e.queue.Enqueue(ctx, tx, p.RunID, time.Time{})
 	})
 	if err == nil && ended {
-		e.log.Info("child run cancelled before any delivery ran it", "run_id", claimed.RunID, "parent_run_id", p.RunID)
+		if p != nil {
+			e.log.Info("child run cancelled before any delivery ran it", "run_id", claimed.RunID, "parent_run_id", p.RunID)
+		} else {
+			e.log.Info("run cancelled before any delivery ran it, while it waited for a process of its workflow version", "run_id", claimed.RunID)
+		}
 		e.notifyEnded(claimed.RunID)
 	}
 	return since, err
@@ -720,7 +729,7 @@ type parkReason struct {
 func parkNonDeterminism(seq int, name string, kind StepKind, rec *store.StepRecord) *parkReason {
 	return &parkReason{reason: ReasonNonDeterminism, info: &ErrorInfo{
 		Class: ClassNonDeterminism, Step: name, Seq: &seq,
-		Message: fmt.Sprintf("step %d is recorded as %s %q but the workflow now calls %s %q; the code changed under a running workflow",
+		Message: fmt.Sprintf("step %d is recorded as %s %q but the workflow now calls %s %q; the code changed under a running workflow"+nondeterminismHint,
 			seq, rec.Kind, rec.Name, kind, name),
 	}}
 }
@@ -847,6 +856,11 @@ func (e *Engine) warnOnce(key string, every time.Duration) bool {
 	return true
 }
 
+// nondeterminismHint ends a nondeterminism dead job's message with what
+// to do about it.
+const nondeterminismHint = ": put the change behind engine.Patched, or ship it as a new workflow version " +
+	"and replay this dead job onto one whose code replays these steps (engine dead replay ID --version N)"
+
 // positions hands out a run's step positions in call order and holds the
 // records earlier deliveries wrote, by position: a step whose position
 // has a record replays it instead of running. Positions follow calls, not
@@ -942,7 +956,7 @@ func (d *delivery) sameInput(seq int, name string, hash *int64, rec *store.StepR
 	}
 	d.park(nil, &parkReason{reason: ReasonNonDeterminism, info: &ErrorInfo{Class: ClassNonDeterminism, Step: name, Seq: &seq,
 		Message: fmt.Sprintf("step %d %q is recorded with another input (hash %016x) than the workflow now gives it (hash %016x): "+
-			"steps of this name were reordered, or their input is computed otherwise; the code changed under a running workflow",
+			"steps of this name were reordered, or their input is computed otherwise; the code changed under a running workflow"+nondeterminismHint,
 			seq, name, uint64(*rec.InputHash), uint64(*hash))}})
 	return false
 }

@@ -698,10 +698,17 @@ func (e *Engine) GetRunWith(ctx context.Context, runID uuid.UUID, opts *GetRunOp
 	return run, nil
 }
 
+// StatusOpenRuns, as ListRunsParams.Status, keeps the runs in every open
+// status (RunStatus.Open: pending, running, waiting, compensating, dead):
+// with Workflow and Version, what keeps a version in use.
+const StatusOpenRuns RunStatus = "open"
+
 // ListRunsParams filters ListRuns. Zero fields match everything.
 type ListRunsParams struct {
 	Workflow string
-	Status   RunStatus
+	// Status keeps the runs in this status, or in any open one
+	// (StatusOpenRuns).
+	Status RunStatus
 	// WorkflowIDPrefix keeps the runs whose workflow ID starts with it,
 	// byte for byte (case-sensitive; "" keeps all): at most 400 bytes of
 	// valid UTF-8 without NUL, else ErrInvalidArgument. No index serves
@@ -748,8 +755,8 @@ func (e *Engine) ListRuns(ctx context.Context, p ListRunsParams) (runs []*Run, n
 	if err != nil {
 		return nil, "", err
 	}
-	if p.Status != "" && !p.Status.valid() {
-		return nil, "", fmt.Errorf("%w: unknown run status %q", ErrInvalidArgument, p.Status)
+	if p.Status != "" && p.Status != StatusOpenRuns && !p.Status.valid() {
+		return nil, "", fmt.Errorf("%w: unknown run status %q (a run status, or open)", ErrInvalidArgument, p.Status)
 	}
 	if err := checkFilter("workflow", p.Workflow); err != nil {
 		return nil, "", err

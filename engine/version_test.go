@@ -2,7 +2,9 @@ package engine_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -176,6 +178,7 @@ func TestListRunsByVersion(t *testing.T) {
 	require.Equal(t, []uuid.UUID{old.RunID}, ids(engine.ListRunsParams{Workflow: "pinned", Status: engine.StatusWaiting, Version: 1}))
 	require.Equal(t, []uuid.UUID{cur.RunID}, ids(engine.ListRunsParams{Workflow: "pinned", Version: 2}))
 	require.Len(t, ids(engine.ListRunsParams{Workflow: "pinned"}), 2)
+	require.Equal(t, []uuid.UUID{old.RunID}, ids(engine.ListRunsParams{Workflow: "pinned", Version: 1, Status: engine.StatusOpenRuns}))
 	_, _, err = e.ListRuns(ctx, engine.ListRunsParams{Version: -1})
 	require.ErrorIs(t, err, engine.ErrInvalidArgument)
 
@@ -184,6 +187,10 @@ func TestListRunsByVersion(t *testing.T) {
 	require.EqualValues(t, 1, res.Matched)
 	enginetest.RequireRunStatus(ctx, t, e, old.RunID, engine.StatusCancelled, 0)
 	enginetest.RequireRunStatus(ctx, t, e, cur.RunID, engine.StatusWaiting, 0)
+	require.Empty(t, ids(engine.ListRunsParams{Workflow: "pinned", Version: 1, Status: engine.StatusOpenRuns}), "a cancelled run is not open")
+	res, err = e.CancelRuns(ctx, engine.CancelRunsParams{Filter: engine.ListRunsParams{Workflow: "pinned", Status: engine.StatusOpenRuns}, DryRun: true})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.Matched, "open, for a bulk cancel: every status it acts on")
 }
 
 // With AutoUpgrade on the latest version, runs of older versions move to
@@ -272,4 +279,60 @@ func TestAutoUpgradeMovesRunsToTheLatestVersion(t *testing.T) {
 	run := enginetest.RequireRunCompleted(ctx, t, again, waiting[2], 0)
 	require.JSONEq(t, `"old branch, finished by v2"`, string(run.Output))
 	requireNoDeadJobs(ctx, t, again)
+}
+
+// A replay onto a version is checked before anything happens, in a dry
+// run too: a version no live process registers, one below a version that
+// moves runs up (AutoUpgrade), a discard with a version, a note with no
+// room for the move's record.
+func TestReplayOntoAVersionIsChecked(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := testCtx(t)
+	parked := engine.Define("parked", func(ctx *engine.Context, _ string) (string, error) {
+		return engine.Step(ctx, "fail", func(context.Context) (string, error) { return "", errors.New("503") },
+			&engine.StepOpts{RetryPolicy: &engine.RetryPolicy{MaximumAttempts: 1}})
+	}, nil)
+	e := newEngine(t, db, nil, true, parked)
+	r, err := parked.Start(ctx, e, "x", nil)
+	require.NoError(t, err)
+	enginetest.RequireRunStatus(ctx, t, e, r.RunID, engine.StatusDead, 0)
+	job := enginetest.RequireDeadJob(ctx, t, e, r.RunID, nil)
+
+	_, err = e.ReplayDeadJob(ctx, job.ID, &engine.ResolveOpts{Version: 3})
+	require.ErrorIs(t, err, engine.ErrInvalidArgument)
+	require.ErrorContains(t, err, `no live engine process on queue "pgdurable" registers workflow "parked" version 3 (they register [1])`)
+	_, err = e.ReplayDeadJob(ctx, job.ID, &engine.ResolveOpts{Version: 1, Note: strings.Repeat("n", 3990)})
+	require.ErrorIs(t, err, engine.ErrInvalidArgument, "no room left for the move's record")
+	for _, c := range []struct {
+		replay bool
+		opts   engine.ResolveOpts
+		want   string
+	}{
+		{true, engine.ResolveOpts{Version: -1}, "a version is 1 to"},
+		{true, engine.ResolveOpts{Version: 1 << 31}, "a version is 1 to"},
+		{false, engine.ResolveOpts{Version: 2}, "a discard does not run the job again"},
+	} {
+		act := e.DiscardDeadJobs
+		if c.replay {
+			act = e.ReplayDeadJobs
+		}
+		_, err := act(ctx, engine.ResolveDeadJobsParams{Filter: engine.ListDeadJobsParams{Workflow: "parked"}, DryRun: true}, &c.opts)
+		require.ErrorIs(t, err, engine.ErrInvalidArgument, "%+v", c)
+		require.ErrorContains(t, err, c.want)
+	}
+
+	// A process that registers v2 and moves runs up to v3: a replay onto
+	// v2 would not stay there.
+	later := func(v int) *engine.Workflow[string, string] {
+		return engine.Define("parked", func(ctx *engine.Context, _ string) (string, error) { return "later", nil },
+			&engine.WorkflowOpts{Version: v, AutoUpgrade: v == 3})
+	}
+	newEngine(t, db, nil, true, later(2), later(3))
+	_, err = e.ReplayDeadJob(ctx, job.ID, &engine.ResolveOpts{Version: 2})
+	require.ErrorIs(t, err, engine.ErrInvalidArgument)
+	require.ErrorContains(t, err, `moves the runs of workflow "parked" up to version 3 (WorkflowOpts.AutoUpgrade): a replay onto version 2 would not stay there`)
+	dead, err := e.GetDeadJob(ctx, job.ID)
+	require.NoError(t, err)
+	require.Nil(t, dead.ResolvedAt, "nothing was resolved")
 }

@@ -960,10 +960,16 @@ func TestDeadJobPageReplaysOntoAVersion(t *testing.T) {
 	code, _, body = c.do("POST", page+"/replay", url.Values{"csrf": {csrf}, "workflow_version": {"two"}}, nil)
 	require.Equal(t, 400, code, body)
 	require.Contains(t, body, `onto version: "two" is not a workflow version (1 or more)`)
+	code, _, body = c.do("POST", page+"/replay", url.Values{"csrf": {csrf}, "workflow_version": {"4"}}, nil)
+	require.Equal(t, 400, code, body)
+	require.Contains(t, body, `no live engine process on queue "pgdurable" registers workflow "ship" version 4 (they register [1])`)
+	// The fix, deployed as ship v4: the replay moves the run there.
+	enginetest.NewEngine(t, f.db, nil, true, engine.Define("ship", func(ctx *engine.Context, in order) (int, error) {
+		return engine.Step(ctx, "ship", func(context.Context) (int, error) { return 4, nil }, nil)
+	}, &engine.WorkflowOpts{Version: 4}))
 	code, _, body = c.do("POST", page+"/replay", url.Values{"csrf": {csrf}, "workflow_version": {"4"}, "note": {"moved"}}, nil)
 	require.Less(t, code, 400, body)
-	run, err := f.e.GetRun(context.Background(), f.runs["dead"])
-	require.NoError(t, err)
+	run := enginetest.RequireRunCompleted(context.Background(), t, f.e, f.runs["dead"], 0)
 	require.Equal(t, 4, run.WorkflowVersion)
 	job, err := f.e.GetDeadJob(context.Background(), jobs[0].ID)
 	require.NoError(t, err)

@@ -1077,7 +1077,7 @@ func TestWorkflowsList(t *testing.T) {
 	enginetest.NewEngine(t, db, nil, true, workflows()...)
 	code, out, errOut = run(t, db, "workflows", "list")
 	require.Equal(t, 0, code, errOut)
-	require.Regexp(t, `double +1 +[^ ]+:\d+ \(queue pgdurable\)`, out)
+	require.Regexp(t, `double +1 +[^ ]+:\d+ \(queue pgdurable, v1\)`, out)
 }
 
 // runs cancel-matching and dead discard-matching act on what their

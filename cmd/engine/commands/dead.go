@@ -79,8 +79,8 @@ func (g *global) deadCmd() *cobra.Command {
 
 --version N moves the run to version N of its workflow first: the repair of runs a deploy
 parked as nondeterminism, once a version whose code replays their steps (the old code behind
-engine.Patched) is registered. The run replays its recorded steps through that version's code,
-and waits for a process that registers it (engine runs show says so) until one runs.`,
+engine.Patched) is registered. The run replays its recorded steps through that version's code.
+A version that no live engine process on the run's queue registers is refused: deploy it first.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.Flags().Changed("version") && version < 1 {
 				return &usageError{fmt.Errorf("--version: %d is not a workflow version (1 or more)", version)}
@@ -177,6 +177,7 @@ func (g *global) deadMatchingCmd(replay bool) *cobra.Command {
 	var p engine.ListDeadJobsParams
 	var opts engine.ResolveOpts
 	var dry bool
+	var versionSet bool // --version given, checked before the client is made
 	verb, use := "Discard", "discard-matching"
 	if replay {
 		verb, use = "Replay", "replay-matching"
@@ -188,6 +189,9 @@ func (g *global) deadMatchingCmd(replay bool) *cobra.Command {
 		RunE: g.withClient(func(ctx context.Context, e backend, _ []string) error {
 			if p.Workflow == "" && p.Reason == "" {
 				return &usageError{fmt.Errorf("give --workflow or --reason (or both): %s acts on every open dead job they match", use)}
+			}
+			if versionSet && opts.Version < 1 {
+				return &usageError{fmt.Errorf("--version: %d is not a workflow version (1 or more)", opts.Version)}
 			}
 			act := e.DiscardDeadJobs
 			if replay {
@@ -207,6 +211,7 @@ func (g *global) deadMatchingCmd(replay bool) *cobra.Command {
 	cmd.Flags().BoolVar(&dry, "dry-run", false, "count what would be resolved; resolve nothing")
 	if replay {
 		cmd.Flags().IntVar(&opts.Version, "version", 0, "move each run to this version of the --workflow before it runs again (default: its own)")
+		cmd.PreRun = func(cmd *cobra.Command, _ []string) { versionSet = cmd.Flags().Changed("version") }
 	}
 	return cmd
 }

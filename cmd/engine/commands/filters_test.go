@@ -196,13 +196,18 @@ func TestRunsShowFailedAttempts(t *testing.T) {
 }
 
 // dead replay --version moves the dead job's run to another version of its
-// workflow before it runs again, on the database and over --address; the
-// run then waits for a process of that version, and says so.
+// workflow before it runs again, on the database and over --address, where
+// a live process registers that version; it refuses one none does, and a
+// second replay that asks for another version.
 func TestDeadReplayOntoAVersion(t *testing.T) {
 	t.Parallel()
 	db := enginetest.NewDB(t)
 	wfs := workflows()
 	addr, _ := serveInProcess(t, db, commands.Options{Workflows: wfs}, nil)
+	// The fix, deployed: a process that registers double v2.
+	enginetest.NewEngine(t, db, nil, true, engine.Define("double", func(ctx *engine.Context, n in) (int, error) {
+		return engine.Step(ctx, "double", func(context.Context) (int, error) { return 2 * -n.N, nil }, nil)
+	}, &engine.WorkflowOpts{Version: 2}))
 	onDB := func(args ...string) (int, string, string) {
 		return cli(commands.Options{Workflows: wfs}, nil, append([]string{"--database-url", db.URL}, args...)...)
 	}
@@ -213,10 +218,8 @@ func TestDeadReplayOntoAVersion(t *testing.T) {
 		id := "refused-" + name
 		code, _, errOut := onDB("start", "double", "--id", id, "--input", `{"n": -1}`)
 		require.Equal(t, 0, code, errOut)
-		var job struct {
-			ID string `json:"id"`
-		}
-		for deadline := time.Now().Add(30 * time.Second); ; {
+		var jobID string
+		for deadline := time.Now().Add(30 * time.Second); jobID == ""; {
 			_, out, _ := onDB("dead", "list", "--workflow", "double", "--open", "--json")
 			var page struct {
 				DeadJobs []struct {
@@ -227,30 +230,35 @@ func TestDeadReplayOntoAVersion(t *testing.T) {
 			require.NoError(t, json.Unmarshal([]byte(out), &page), out)
 			for _, j := range page.DeadJobs {
 				if j.WorkflowID == id {
-					job.ID = j.ID
+					jobID = j.ID
 				}
-			}
-			if job.ID != "" {
-				break
 			}
 			require.True(t, time.Now().Before(deadline), "the run never died: %s", out)
 			time.Sleep(50 * time.Millisecond)
 		}
-		code, _, errOut = cmd("dead", "replay", job.ID, "--version", "0")
+		code, _, errOut = cmd("dead", "replay", jobID, "--version", "0")
 		require.Equal(t, 2, code, name)
 		require.Contains(t, errOut, "--version: 0 is not a workflow version (1 or more)", name)
-		code, out, errOut := cmd("dead", "replay", job.ID, "--version", "5", "--note", "onto the fix", "--json")
+		code, _, errOut = cmd("dead", "replay", jobID, "--version", "9")
+		require.Equal(t, 1, code, name)
+		require.Contains(t, errOut, `no live engine process on queue "pgdurable" registers workflow "double" version 9 (they register [1 2])`, name)
+		code, out, errOut := cmd("dead", "replay", jobID, "--version", "2", "--note", "onto the fix", "--json")
 		require.Equal(t, 0, code, errOut)
-		require.Contains(t, out, `"note":"replayed onto version 5 (was 1). onto the fix"`, name)
+		require.Contains(t, out, `"note":"replayed onto version 2 (was 1). onto the fix"`, name)
 		for deadline := time.Now().Add(30 * time.Second); ; {
 			_, out, _ = cmd("runs", "show", id, "--json")
-			if strings.Contains(out, `"waiting_for":"a process that registers double v5"`) {
+			if strings.Contains(out, `"status":"completed"`) {
 				break
 			}
-			require.True(t, time.Now().Before(deadline), "%s: the run never waited for v5: %s", name, out)
+			require.True(t, time.Now().Before(deadline), "%s: the run never completed on v2: %s", name, out)
 			time.Sleep(50 * time.Millisecond)
 		}
-		require.Contains(t, out, `"workflow_version":5`, name)
-		require.Contains(t, out, `"status":"pending"`, name)
+		require.Contains(t, out, `"workflow_version":2`, name)
+		require.Contains(t, out, `"output":2`, name)
+		code, _, errOut = cmd("dead", "replay", jobID, "--version", "1")
+		require.Equal(t, 1, code, name)
+		require.Contains(t, errOut, "was replayed already, and its run is on version 2: a replay does not move it again", name)
+		code, _, errOut = cmd("dead", "replay", jobID, "--version", "2")
+		require.Equal(t, 0, code, "%s: the same replay again changes nothing: %s", name, errOut)
 	}
 }

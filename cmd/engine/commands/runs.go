@@ -82,7 +82,7 @@ func (g *global) runsCmd() *cobra.Command {
 	list.Flags().StringVar(&p.Patched, "patched", "", "only runs that recorded the marker of this change (engine.Patched)")
 	list.Flags().StringVar(&p.Unpatched, "unpatched", "", "only runs that did not record the marker of this change: with --workflow and --status, the runs that may still replay the code before it")
 	list.Flags().StringArrayVar(&listTags, "tag", nil, "only runs with this tag, key=value (repeatable: all must match)")
-	list.Flags().StringVar((*string)(&p.Status), "status", "", "only this status")
+	list.Flags().StringVar((*string)(&p.Status), "status", "", `only this status, or "open" for every status a run has not finished in (pending, running, waiting, compensating, dead)`)
 	list.Flags().IntVar(&p.Limit, "limit", 50, "page size (1..1000)")
 	list.Flags().StringVar(&p.Cursor, "cursor", "", "the next page's cursor")
 	list.Flags().StringVar(&createdAfter, "created-after", "", "only runs created at or after this RFC 3339 time, or this long ago (24h)")
@@ -588,7 +588,7 @@ where. A process records itself when its engine starts and every 10 s after.`,
 				}
 				procs := make([]string, len(w.Processes))
 				for i, p := range w.Processes {
-					procs[i] = fmt.Sprintf("%s:%d (queue %s)", p.Hostname, p.PID, p.Queue)
+					procs[i] = fmt.Sprintf("%s:%d (queue %s, v%d)", p.Hostname, p.PID, p.Queue, p.Version)
 				}
 				t.row(w.Name, strings.Join(versions, ", "), strings.Join(procs, "; "))
 			}

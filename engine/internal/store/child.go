@@ -208,17 +208,19 @@ WITH target AS (
 ), ` + notifyEnded + `
 SELECT run_id, woken FROM upd WHERE (SELECT count(*) FROM notified) >= 0`)
 
-// endCancelledUnstarted ends a child whose cancellation was requested
-// while a process that cannot run it held a claim it then gave back
-// (ReleaseUnclaimed): CancelChildren saw it claimed, so it only asked for
-// its cancellation, and no delivery may ever come to act on it. Having
-// never been delivered, it ends cancelled as CancelChildren ends a child
-// that never started.
+// endCancelledUnstarted ends a run whose cancellation was requested and
+// that a process that cannot run it gave back (ReleaseUnregistered),
+// never delivered: nothing of it ran, so there is nothing to undo. For a
+// child: CancelChildren saw it claimed, so it only asked for its
+// cancellation, and no delivery may ever come to act on it; it ends
+// cancelled as CancelChildren ends a child that never started. For a
+// top-level run: it would otherwise wait for a process of its version
+// only to end cancelled.
 var endCancelledUnstarted = named(`
 WITH upd AS (
     UPDATE pgdurable.workflow_runs SET status = 'cancelled', error = @error::jsonb, completed_at = @now,
         deadline_at = NULL, held_until = NULL, wake_at = NULL, await_signal = NULL
-    WHERE run_id = @run_id AND parent_run_id IS NOT NULL AND cancel_requested_at IS NOT NULL
+    WHERE run_id = @run_id AND cancel_requested_at IS NOT NULL
       AND deliveries = 0 AND owner_token IS NULL AND status = 'pending'
     RETURNING run_id, watched AS notify
 ), run AS (
@@ -226,10 +228,10 @@ WITH upd AS (
 ), ` + notifyEnded + `
 SELECT run_id FROM upd WHERE (SELECT count(*) FROM notified) >= 0`)
 
-// EndCancelledUnstarted ends child run runID cancelled at now, with
-// errJSON as its error, when its cancellation was requested and no
-// delivery ever ran it (see endCancelledUnstarted); ended reports whether
-// it did. The caller locked the parent's row first (LockRun) and wakes the
+// EndCancelledUnstarted ends run runID cancelled at now, with errJSON as
+// its error, when its cancellation was requested and no delivery ever ran
+// it (see endCancelledUnstarted); ended reports whether it did. For a
+// child, the caller locked the parent's row first (LockRun) and wakes the
 // parent. The time is a parameter, as Citus needs it (no now() in a
 // statement it routes to a shard).
 func EndCancelledUnstarted(ctx context.Context, tx DBTX, runID uuid.UUID, errJSON []byte, now time.Time) (ended bool, err error) {
@@ -239,7 +241,7 @@ func EndCancelledUnstarted(ctx context.Context, tx DBTX, runID uuid.UUID, errJSO
 	case err == ErrNotFound:
 		return false, nil
 	case err != nil:
-		return false, fmt.Errorf("ending cancelled child run %s: %w", runID, err)
+		return false, fmt.Errorf("ending cancelled run %s: %w", runID, err)
 	}
 	return true, nil
 }

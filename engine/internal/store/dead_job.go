@@ -327,3 +327,10 @@ FROM old WHERE r.run_id = $1
 RETURNING old.workflow_version`, runID, version).Scan(&from)
 	return from, translate(err)
 }
+
+// RunVersionOf returns run runID's queue and workflow version;
+// ErrNotFound when there is no such run.
+func RunVersionOf(ctx context.Context, db DBTX, runID uuid.UUID) (queue string, version int, err error) {
+	err = db.QueryRow(ctx, `SELECT queue, workflow_version FROM pgdurable.workflow_runs WHERE run_id = $1`, runID).Scan(&queue, &version)
+	return queue, version, translate(err)
+}

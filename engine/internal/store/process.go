@@ -25,6 +25,9 @@ type Process struct {
 type ProcessWorkflow struct {
 	Name    string `json:"name"`
 	Version int    `json:"version"`
+	// AutoUpgrade: the process moves the runs of older versions up to
+	// this one (set on its latest version only).
+	AutoUpgrade bool `json:"auto_upgrade,omitempty"`
 }
 
 const upsertProcess = `

@@ -179,7 +179,8 @@ type RunFilter struct {
 
 const listRuns = `SELECT ` + runColumns + ` FROM pgdurable.workflow_runs
 WHERE (@workflow::text = '' OR workflow_name = @workflow)
-  AND (@status::text = '' OR status = @status)
+  AND (@status::text = '' OR status = @status
+       OR (@status = 'open' AND status IN ('pending', 'running', 'waiting', 'compensating', 'dead')))
   AND (@version::int = 0 OR workflow_version = @version)
   AND (@before::uuid IS NULL OR run_id < @before)
   AND (@workflow_id_prefix::text = '' OR starts_with(workflow_id, @workflow_id_prefix))

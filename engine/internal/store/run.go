@@ -560,10 +560,18 @@ func ReleaseUnclaimed(ctx context.Context, db DBTX, f Fence) error {
 }
 
 // releaseUnregistered is releaseUnclaimed that also stamps when the run
-// began to wait for a process that registers its version: kept from the
-// first hand-back on, the time a parameter (Citus needs it so).
-var releaseUnregistered = strings.Replace(releaseUnclaimed, "greatest(stalled_deliveries - 1, 0)\n",
-	"greatest(stalled_deliveries - 1, 0),\n    version_wait_since = coalesce(version_wait_since, $3::timestamptz)\n", 1) + `
+// began to wait for a process that registers its version (kept from the
+// first hand-back on, the time a parameter, as Citus needs it), and that
+// leaves a run no code ran yet unstarted: its timeout's clock starts at
+// the pick-up that runs it.
+const releaseUnregistered = `
+UPDATE pgdurable.workflow_runs SET owner_token = NULL, lease_expires_at = NULL,
+    status = CASE WHEN status = 'running' THEN 'pending' ELSE status END,
+    deliveries = deliveries - 1, stalled_deliveries = greatest(stalled_deliveries - 1, 0),
+    started_at = CASE WHEN deliveries = 1 THEN NULL ELSE started_at END,
+    deadline_at = CASE WHEN deliveries = 1 THEN NULL ELSE deadline_at END,
+    version_wait_since = coalesce(version_wait_since, $3::timestamptz)
+WHERE run_id = $1 AND owner_token = $2
 RETURNING version_wait_since`
 
 // ReleaseUnregistered is ReleaseUnclaimed for a delivery by a process that
@@ -599,6 +607,44 @@ WHERE run_id = $1 AND owner_token = $2 AND workflow_version < $3`, f.RunID, f.To
 		return false, fmt.Errorf("upgrading run %s to version %d: %w", f.RunID, version, translate(err))
 	}
 	return tag.RowsAffected() == 1, nil
+}
+
+// RunVersions names the workflow versions a starting process runs: Name
+// at Version, and, where Below is set (WorkflowOpts.AutoUpgrade on the
+// latest version), Name below Below too.
+type RunVersions struct {
+	Name    string
+	Version int
+	Below   int
+}
+
+// WakeVersionWaits marks for a new ticket (as of now) up to limit runs on
+// queue that wait for a process of their version (see
+// ReleaseUnregistered) and that one of vs covers, and returns them; the
+// caller enqueues them in the same transaction. Their own tickets are
+// snoozed for up to 30 s: a process of their version that starts takes
+// them at once instead.
+func WakeVersionWaits(ctx context.Context, tx DBTX, queue string, vs []RunVersions, now time.Time, limit int) ([]uuid.UUID, error) {
+	names, versions, below := make([]string, len(vs)), make([]int32, len(vs)), make([]int32, len(vs))
+	for i, v := range vs {
+		names[i], versions[i], below[i] = v.Name, int32(v.Version), int32(v.Below)
+	}
+	rows, err := tx.Query(ctx, `
+WITH served AS (
+    SELECT w.run_id FROM pgdurable.workflow_runs w
+    JOIN unnest($2::text[], $3::int[], $4::int[]) AS v(name, version, below)
+      ON w.workflow_name = v.name AND (w.workflow_version = v.version OR w.workflow_version < v.below)
+    WHERE w.queue = $1 AND w.version_wait_since IS NOT NULL AND w.status IN ('pending', 'compensating')
+      AND w.owner_token IS NULL AND w.wake_at IS NULL
+    LIMIT $6
+)
+UPDATE pgdurable.workflow_runs r SET enqueued_at = $5::timestamptz
+FROM served WHERE r.run_id = served.run_id
+RETURNING r.run_id`, queue, names, versions, below, now, limit)
+	if err != nil {
+		return nil, fmt.Errorf("waking runs waiting for a version: %w", translate(err))
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 }
 
 // VersionWait is the runs of one workflow version on a queue that wait
