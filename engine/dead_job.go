@@ -247,13 +247,14 @@ func checkReplayVersion(v int) error {
 // version: a mistyped version would leave the run waiting for a process
 // that never comes, and its dead job resolved.
 func (e *Engine) checkVersionServed(ctx context.Context, tx pgx.Tx, runID uuid.UUID, name string, version int) error {
-	queue, current, err := store.RunVersionOf(ctx, e.on(tx), runID)
+	run, err := store.RunVersionOf(ctx, e.on(tx), runID)
 	if err != nil {
 		return fmt.Errorf("reading run %s: %w", runID, err)
 	}
-	if current == version {
+	if run.Version == version {
 		return nil
 	}
+	queue := run.Queue
 	procs, err := store.LiveProcesses(ctx, e.on(tx), maintenance.ProcessLive)
 	if err != nil {
 		return err
@@ -433,10 +434,10 @@ func (e *Engine) resolveDeadJob(ctx context.Context, id uuid.UUID, resolution st
 			if opts.Version != 0 {
 				// A replay again is a no-op, unless it asks for another
 				// version than the run has: say so rather than ignore it.
-				_, now, err := store.RunVersionOf(ctx, e.on(tx), d.RunID)
-				if err == nil && now != opts.Version {
+				now, err := store.RunVersionOf(ctx, e.on(tx), d.RunID)
+				if err == nil && now.Version != opts.Version {
 					return fmt.Errorf("%w: dead job %s was replayed already, and its run is on version %d: a replay does not move it again",
-						ErrDeadJobResolved, id, now)
+						ErrDeadJobResolved, id, now.Version)
 				}
 			}
 			return nil

@@ -528,7 +528,7 @@ func (e *Engine) wakeVersionWaits(ctx context.Context) {
 	var woken []uuid.UUID
 	err := e.inTx(ctx, nil, func(tx pgx.Tx) error {
 		var err error
-		if woken, err = store.WakeVersionWaits(ctx, e.on(tx), e.cfg.Queue, vs, e.now(), maxWokenVersionWaits); err != nil {
+		if woken, err = store.WakeVersionWaits(ctx, e.on(tx), store.WakeParams{Queue: e.cfg.Queue, Versions: vs, Now: e.now(), Limit: maxWokenVersionWaits}); err != nil {
 			return err
 		}
 		return e.queue.EnqueueMany(ctx, tx, woken)

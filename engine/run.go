@@ -698,10 +698,11 @@ func (e *Engine) GetRunWith(ctx context.Context, runID uuid.UUID, opts *GetRunOp
 	return run, nil
 }
 
-// StatusOpenRuns, as ListRunsParams.Status, keeps the runs in every open
-// status (RunStatus.Open: pending, running, waiting, compensating, dead):
-// with Workflow and Version, what keeps a version in use.
-const StatusOpenRuns RunStatus = "open"
+// StatusOpenRuns is not a run status but a filter: as
+// ListRunsParams.Status, it keeps the runs in every open status
+// (RunStatus.Open: pending, running, waiting, compensating, dead); with
+// Workflow and Version, what keeps a version in use.
+const StatusOpenRuns = "open"
 
 // ListRunsParams filters ListRuns. Zero fields match everything.
 type ListRunsParams struct {

@@ -939,7 +939,7 @@ func TestPagesShowARunWaitingForItsVersion(t *testing.T) {
 	require.Regexp(t, `<dt>Waits for</dt><dd class="warn" data-waiting-for>a process that registers legacy v3, since \d{4}-\d\d-\d\d [0-9:]+Z \(`, body)
 	code, _, body = c.do("GET", "/ui/", nil, nil)
 	require.Equal(t, 200, code)
-	require.Regexp(t, `(?s)Waiting for a process of their version.*<a href="/ui/runs\?workflow=legacy&status=pending">a process that registers legacy v3</a></td>\s*<td>1</td>`, body)
+	require.Regexp(t, `(?s)Waiting for a process of their version.*<a href="/ui/runs\?workflow=legacy&workflow_version=3&status=open">a process that registers legacy v3</a></td>\s*<td>1</td>`, body)
 }
 
 // A dead job's page replays it onto another workflow version when its

@@ -328,9 +328,16 @@ RETURNING old.workflow_version`, runID, version).Scan(&from)
 	return from, translate(err)
 }
 
+// RunVersion is a run's queue and workflow version.
+type RunVersion struct {
+	Queue   string
+	Version int
+}
+
 // RunVersionOf returns run runID's queue and workflow version;
 // ErrNotFound when there is no such run.
-func RunVersionOf(ctx context.Context, db DBTX, runID uuid.UUID) (queue string, version int, err error) {
-	err = db.QueryRow(ctx, `SELECT queue, workflow_version FROM pgdurable.workflow_runs WHERE run_id = $1`, runID).Scan(&queue, &version)
-	return queue, version, translate(err)
+func RunVersionOf(ctx context.Context, db DBTX, runID uuid.UUID) (RunVersion, error) {
+	var v RunVersion
+	err := db.QueryRow(ctx, `SELECT queue, workflow_version FROM pgdurable.workflow_runs WHERE run_id = $1`, runID).Scan(&v.Queue, &v.Version)
+	return v, translate(err)
 }

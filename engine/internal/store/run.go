@@ -618,15 +618,23 @@ type RunVersions struct {
 	Below   int
 }
 
-// WakeVersionWaits marks for a new ticket (as of now) up to limit runs on
-// queue that wait for a process of their version (see
-// ReleaseUnregistered) and that one of vs covers, and returns them; the
-// caller enqueues them in the same transaction. Their own tickets are
+// WakeParams says which runs WakeVersionWaits wakes: up to Limit on Queue
+// that Versions cover, as of Now.
+type WakeParams struct {
+	Queue    string
+	Versions []RunVersions
+	Now      time.Time
+	Limit    int
+}
+
+// WakeVersionWaits marks for a new ticket the runs p names that wait for a
+// process of their version (see ReleaseUnregistered), and returns them;
+// the caller enqueues them in the same transaction. Their own tickets are
 // snoozed for up to 30 s: a process of their version that starts takes
 // them at once instead.
-func WakeVersionWaits(ctx context.Context, tx DBTX, queue string, vs []RunVersions, now time.Time, limit int) ([]uuid.UUID, error) {
-	names, versions, below := make([]string, len(vs)), make([]int32, len(vs)), make([]int32, len(vs))
-	for i, v := range vs {
+func WakeVersionWaits(ctx context.Context, tx DBTX, p WakeParams) ([]uuid.UUID, error) {
+	names, versions, below := make([]string, len(p.Versions)), make([]int32, len(p.Versions)), make([]int32, len(p.Versions))
+	for i, v := range p.Versions {
 		names[i], versions[i], below[i] = v.Name, int32(v.Version), int32(v.Below)
 	}
 	rows, err := tx.Query(ctx, `
@@ -640,7 +648,7 @@ WITH served AS (
 )
 UPDATE pgdurable.workflow_runs r SET enqueued_at = $5::timestamptz
 FROM served WHERE r.run_id = served.run_id
-RETURNING r.run_id`, queue, names, versions, below, now, limit)
+RETURNING r.run_id`, p.Queue, names, versions, below, p.Now, p.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("waking runs waiting for a version: %w", translate(err))
 	}
