@@ -60,13 +60,13 @@ func (g *global) runsCmd() *cobra.Command {
 			if g.jsonOut {
 				return writeJSON(g.opts.Stdout, httpapi.NewRunList(runs, next))
 			}
-			t := newTable(g.opts.Stdout, "RUN ID", "WORKFLOW", "WORKFLOW ID", "STATUS", "TAGS", "DELIVERIES", "CREATED", "ERROR")
+			t := newTable(g.opts.Stdout, "RUN ID", "WORKFLOW", "VERSION", "WORKFLOW ID", "STATUS", "TAGS", "DELIVERIES", "CREATED", "ERROR")
 			for _, r := range runs {
 				msg := ""
 				if r.Error != nil {
 					msg = string(r.Error.Class) + ": " + r.Error.Message
 				}
-				t.row(r.RunID, r.WorkflowName, r.WorkflowID, r.Status, tagText(r.Tags), r.Deliveries, r.CreatedAt, msg)
+				t.row(r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID, r.Status, tagText(r.Tags), r.Deliveries, r.CreatedAt, msg)
 			}
 			t.flush()
 			if next != "" {
