@@ -137,6 +137,11 @@ func (e *Engine) ReplayDeadJobs(ctx context.Context, p ResolveDeadJobsParams, op
 		if p.Filter.Workflow == "" {
 			return BulkResult{}, fmt.Errorf("%w: a bulk replay onto workflow version %d needs a workflow filter: versions are per workflow", ErrInvalidArgument, opts.Version)
 		}
+		// As each replay will check it, against this engine's queue, so a
+		// dry run refuses what the real one would.
+		if err := e.checkServedOn(ctx, e.db, e.cfg.Queue, p.Filter.Workflow, opts.Version); err != nil {
+			return BulkResult{}, err
+		}
 	}
 	return e.resolveDeadJobs(ctx, p.Filter, opts, p.DryRun, func(id uuid.UUID) error { _, err := e.ReplayDeadJob(ctx, id, opts); return err })
 }

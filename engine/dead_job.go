@@ -254,8 +254,14 @@ func (e *Engine) checkVersionServed(ctx context.Context, tx pgx.Tx, runID uuid.U
 	if run.Version == version {
 		return nil
 	}
-	queue := run.Queue
-	procs, err := store.LiveProcesses(ctx, e.on(tx), maintenance.ProcessLive)
+	return e.checkServedOn(ctx, e.on(tx), run.Queue, name, version)
+}
+
+// checkServedOn is checkVersionServed's check of the live processes on
+// queue: one registers version of workflow name, and none moves its runs
+// above it (AutoUpgrade). ErrInvalidArgument otherwise.
+func (e *Engine) checkServedOn(ctx context.Context, db store.DBTX, queue, name string, version int) error {
+	procs, err := store.LiveProcesses(ctx, db, maintenance.ProcessLive)
 	if err != nil {
 		return err
 	}

@@ -476,7 +476,8 @@ func (e *Engine) deliveryVersion(name string, version int) (wf registered, upgra
 const minPoolConns = 8
 
 // Start begins working runs: River fetches deliveries and the sweeper runs
-// every Config.SweepInterval. ctx bounds startup only; stop with Stop or
+// every Config.SweepInterval. Runs that wait for a process of a version it
+// registers (Run.WaitingFor) get a new delivery ticket at once. ctx bounds startup only; stop with Stop or
 // StopAndCancel.
 func (e *Engine) Start(ctx context.Context) error {
 	if n := e.pool.Config().MaxConns; n < minPoolConns {

@@ -151,11 +151,11 @@ func (e *Engine) endVersionWait(log *slog.Logger, claimed *store.ClaimedRun, tok
 // claimed and only asked for its cancellation; it ends now and wakes its
 // parent, as a cancelled child that never started does.
 func (e *Engine) releaseUnregistered(ctx context.Context, claimed *store.ClaimedRun, token uuid.UUID) (since time.Time, err error) {
+	// Always in a transaction with the end of a cancelled unstarted run:
+	// a cancel requested while this claim was held (after the claim read
+	// the run) is acted on now, not at the next hand-back.
 	fence := store.Fence{RunID: claimed.RunID, Token: token}
 	p := claimed.Parent
-	if p == nil && !claimed.CancelRequested {
-		return store.ReleaseUnregistered(ctx, e.db, fence, e.now())
-	}
 	var ended bool
 	err = e.inTx(ctx, nil, func(tx pgx.Tx) error {
 		if p != nil {

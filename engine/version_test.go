@@ -312,6 +312,7 @@ func TestReplayOntoAVersionIsChecked(t *testing.T) {
 		{true, engine.ResolveOpts{Version: -1}, "a version is 1 to"},
 		{true, engine.ResolveOpts{Version: 1 << 31}, "a version is 1 to"},
 		{false, engine.ResolveOpts{Version: 2}, "a discard does not run the job again"},
+		{true, engine.ResolveOpts{Version: 3}, `no live engine process on queue "pgdurable" registers workflow "parked" version 3`},
 	} {
 		act := e.DiscardDeadJobs
 		if c.replay {
@@ -332,6 +333,9 @@ func TestReplayOntoAVersionIsChecked(t *testing.T) {
 	_, err = e.ReplayDeadJob(ctx, job.ID, &engine.ResolveOpts{Version: 2})
 	require.ErrorIs(t, err, engine.ErrInvalidArgument)
 	require.ErrorContains(t, err, `moves the runs of workflow "parked" up to version 3 (WorkflowOpts.AutoUpgrade): a replay onto version 2 would not stay there`)
+	_, err = e.ReplayDeadJobs(ctx, engine.ResolveDeadJobsParams{Filter: engine.ListDeadJobsParams{Workflow: "parked"}, DryRun: true},
+		&engine.ResolveOpts{Version: 2})
+	require.ErrorIs(t, err, engine.ErrInvalidArgument, "a dry run refuses it too")
 	dead, err := e.GetDeadJob(ctx, job.ID)
 	require.NoError(t, err)
 	require.Nil(t, dead.ResolvedAt, "nothing was resolved")
