@@ -446,3 +446,26 @@ func TestAHandBackNeitherStartsNorStrandsARun(t *testing.T) {
 	require.NotNil(t, run.DeadlineAt, "its clock runs from this pick-up")
 	require.NotNil(t, run.StartedAt)
 }
+
+// Before any process hands it back, a pending run whose version no live
+// process registers (none is running) says so too, without a since.
+func TestAPendingRunSaysNoLiveProcessRegistersItsVersion(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := testCtx(t)
+	client := newEngine(t, db, nil, false, versioned(1))
+	r, err := versioned(1).Start(ctx, client, "early", nil)
+	require.NoError(t, err)
+	run, err := client.GetRun(ctx, r.RunID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusPending, run.Status)
+	require.Equal(t, "a process that registers pinned v1", run.WaitingFor)
+	require.Nil(t, run.WaitingSince)
+	s, err := client.Stats(ctx)
+	require.NoError(t, err)
+	require.Empty(t, s.VersionWaits, "counted once a process hands it back")
+
+	worker := newEngine(t, db, nil, true, versioned(1))
+	run = waitStatus(t, worker, r.RunID, engine.StatusWaiting, 30*time.Second)
+	require.Empty(t, run.WaitingFor)
+}

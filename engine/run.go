@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/pgdurable/pgdurable/engine/internal/groupcommit"
+	"github.com/pgdurable/pgdurable/engine/internal/maintenance"
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
@@ -409,7 +410,10 @@ type Run struct {
 	// back because they do not register its workflow version, says what it
 	// waits for ("a process that registers checkout v1"), and WaitingSince
 	// since when (the first hand-back). Both are cleared when a process that
-	// registers the version picks the run up. Such a run is never parked
+	// registers the version picks the run up. GetRun also sets WaitingFor,
+	// without WaitingSince, on such a run that no process has handed back
+	// yet when no live engine process on its queue registers its version
+	// (none is running, say). Such a run is never parked
 	// or retried for want of a process; Config.VersionWaitAlert says when
 	// it is overdue.
 	WaitingFor   string     `json:"waiting_for,omitempty"`
@@ -607,6 +611,34 @@ func runFromRow(r *store.RunRow) *Run {
 	}
 }
 
+// noteUnserved sets run.WaitingFor (without WaitingSince) on a pending
+// or compensating run that no process has handed back yet when no live
+// engine process on its queue registers its version: before the first
+// hand-back (no process at all is running, say), the reason would
+// otherwise show nowhere. One read of the process registry, for such
+// runs only.
+func (e *Engine) noteUnserved(ctx context.Context, run *Run, queue string) error {
+	if run.WaitingFor != "" || (run.Status != StatusPending && run.Status != StatusCompensating) || run.WakeAt != nil {
+		return nil
+	}
+	procs, err := store.LiveProcesses(ctx, e.db, maintenance.ProcessLive)
+	if err != nil {
+		return err
+	}
+	for _, p := range procs {
+		if p.Queue != queue {
+			continue
+		}
+		for _, w := range p.Workflows {
+			if w.Name == run.WorkflowName && (w.Version == run.WorkflowVersion || w.AutoUpgrade && w.Version > run.WorkflowVersion) {
+				return nil
+			}
+		}
+	}
+	run.WaitingFor = versionWaitReason(run.WorkflowName, run.WorkflowVersion)
+	return nil
+}
+
 // versionWaitReason is Run.WaitingFor for a run of workflow name, version v.
 func versionWaitReason(name string, v int) string {
 	return fmt.Sprintf("a process that registers %s v%d", name, v)
@@ -673,6 +705,9 @@ func (e *Engine) GetRunWith(ctx context.Context, runID uuid.UUID, opts *GetRunOp
 		return nil, fmt.Errorf("pgdurable: reading run %s: %w", runID, err)
 	}
 	run := runFromRow(detail.Run)
+	if err := e.noteUnserved(ctx, run, detail.Run.Queue); err != nil {
+		return nil, fmt.Errorf("pgdurable: reading run %s: %w", runID, err)
+	}
 	for _, s := range detail.Steps {
 		run.Steps = append(run.Steps, StepInfo{
 			Seq: s.Seq, Name: s.Name, Kind: StepKind(s.Kind), Status: StepStatus(s.Status), Attempts: s.Attempts,

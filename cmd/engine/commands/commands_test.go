@@ -1486,13 +1486,16 @@ func TestRunsShowARunWaitingForItsVersion(t *testing.T) {
 	starter := enginetest.NewEngine(t, db, nil, false, legacy)
 	r, err := legacy.Start(context.Background(), starter, in{N: 1}, &engine.StartOpts{WorkflowID: "old-1"})
 	require.NoError(t, err)
+	code, out, errOut := run(t, db, "runs", "show", "old-1")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "waiting for  a process that registers double v7: no live engine process on its queue registers it", "no process at all yet")
 	worker := enginetest.NewEngine(t, db, nil, true, workflows()...) // registers double v1 only
 	require.Eventually(t, func() bool {
 		run, err := worker.GetRun(context.Background(), r.RunID)
 		require.NoError(t, err)
 		return run.WaitingFor != ""
 	}, 30*time.Second, 20*time.Millisecond)
-	code, out, errOut := run(t, db, "runs", "show", "old-1")
+	code, out, errOut = run(t, db, "runs", "show", "old-1")
 	require.Equal(t, 0, code, errOut)
 	require.Regexp(t, `waiting for  a process that registers double v7, since \S+ \(\d+s\); processes that do not register it hand it back`, out)
 	code, out, _ = run(t, db, "runs", "show", "old-1", "--json")

@@ -326,9 +326,12 @@ func (g *global) printRun(run *engine.Run) {
 			fmt.Fprintf(w, "  waiting until %s\n", cell(run.WakeAt))
 		}
 	}
-	if run.WaitingFor != "" && run.WaitingSince != nil {
+	switch {
+	case run.WaitingFor != "" && run.WaitingSince != nil:
 		fmt.Fprintf(w, "  waiting for  %s, since %s (%s); processes that do not register it hand it back\n",
 			text(run.WaitingFor), cell(run.WaitingSince), time.Since(*run.WaitingSince).Round(time.Second))
+	case run.WaitingFor != "":
+		fmt.Fprintf(w, "  waiting for  %s: no live engine process on its queue registers it\n", text(run.WaitingFor))
 	}
 	if run.ScheduleName != "" {
 		fmt.Fprintf(w, "  schedule     %s\n", cell(run.ScheduleName))
