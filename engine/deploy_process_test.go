@@ -193,7 +193,7 @@ func TestVersionsAcrossProcesses(t *testing.T) {
 		eventually(t, 30*time.Second, "the v2 process to hand the v1 run back", func() bool {
 			run, err := client.GetRun(ctx, id)
 			require.NoError(t, err)
-			return run.WaitingFor != ""
+			return run.WaitingSince != nil // handed back
 		})
 		run, err := client.GetRun(ctx, id)
 		require.NoError(t, err)
@@ -367,7 +367,7 @@ func TestACompensatingRunWaitsForItsVersion(t *testing.T) {
 	eventually(t, 30*time.Second, "the compensating run to be handed back", func() bool {
 		run, err := onlyV2.GetRun(ctx, r.RunID)
 		require.NoError(t, err)
-		return run.WaitingFor == "a process that registers undone v1" && run.Status == engine.StatusCompensating
+		return run.WaitingSince != nil && run.WaitingFor == "a process that registers undone v1" && run.Status == engine.StatusCompensating
 	})
 	s, err := onlyV2.Stats(ctx)
 	require.NoError(t, err)
@@ -392,7 +392,7 @@ func TestAStartingProcessTakesTheRunsWaitingForItsVersion(t *testing.T) {
 	eventually(t, 30*time.Second, "the hand-back", func() bool {
 		run, err := onlyV2.GetRun(ctx, r.RunID)
 		require.NoError(t, err)
-		return run.WaitingFor != ""
+		return run.WaitingSince != nil // handed back
 	})
 	require.NoError(t, onlyV2.Stop(ctx))
 	// As after many hand-backs: the run's ticket is due much later.
@@ -420,7 +420,7 @@ func TestAHandBackNeitherStartsNorStrandsARun(t *testing.T) {
 		eventually(t, 30*time.Second, "the hand-back", func() bool {
 			run, err := onlyV2.GetRun(ctx, id)
 			require.NoError(t, err)
-			return run.WaitingFor != ""
+			return run.WaitingSince != nil // handed back
 		})
 	}
 	require.NoError(t, onlyV2.Cancel(ctx, doomed.RunID))

@@ -271,7 +271,7 @@ func TestAutoUpgradeMovesRunsToTheLatestVersion(t *testing.T) {
 		eventually(t, 30*time.Second, "the v1-only process to hand the v2 run back", func() bool {
 			run, err := onlyV1.GetRun(ctx, id)
 			require.NoError(t, err)
-			return run.WaitingFor == "a process that registers upgraded v2"
+			return run.WaitingSince != nil && run.WaitingFor == "a process that registers upgraded v2"
 		})
 	}
 	require.NoError(t, onlyV1.Stop(ctx))

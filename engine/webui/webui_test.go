@@ -931,7 +931,7 @@ func TestPagesShowARunWaitingForItsVersion(t *testing.T) {
 	require.Eventually(t, func() bool {
 		run, err := f.e.GetRun(context.Background(), r.RunID)
 		require.NoError(t, err)
-		return run.WaitingFor != ""
+		return run.WaitingSince != nil // handed back
 	}, 30*time.Second, 20*time.Millisecond, "the fixture's engine, which does not register legacy, hands the run back")
 
 	code, _, body := c.do("GET", "/ui/runs/"+r.RunID.String(), nil, nil)

@@ -1493,7 +1493,7 @@ func TestRunsShowARunWaitingForItsVersion(t *testing.T) {
 	require.Eventually(t, func() bool {
 		run, err := worker.GetRun(context.Background(), r.RunID)
 		require.NoError(t, err)
-		return run.WaitingFor != ""
+		return run.WaitingSince != nil // handed back
 	}, 30*time.Second, 20*time.Millisecond)
 	code, out, errOut = run(t, db, "runs", "show", "old-1")
 	require.Equal(t, 0, code, errOut)
