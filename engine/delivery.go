@@ -95,6 +95,16 @@ type delivery struct {
 	// resetting its stalled-delivery counts (see keepsLease).
 	// Atomic: parallel steps (Go) write from their own goroutines.
 	progressed atomic.Bool
+	// patches holds the changes (Patched) this delivery took fresh: the
+	// IDs pending for the next position (patchNext, -1 for none) until a
+	// step takes it, then the IDs of each position, which every record of
+	// that position carries (store.Fence.Patches). Parallel steps' writes
+	// read it, hence the mutex.
+	patchMu    sync.Mutex
+	patchAt    map[int]*string
+	hasPatches atomic.Bool // patchAt is not empty
+	patchNext  int
+	patchIDs   []string
 	// writeMu keeps one record write or heartbeat of this delivery in
 	// flight: a batch of the record writer holds at most one write per
 	// fence, and a run is never in a write batch and a heartbeat batch at

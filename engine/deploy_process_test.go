@@ -164,7 +164,8 @@ func TestVersionsAcrossProcesses(t *testing.T) {
 	for _, out := range approveAll(ctx, t, client, fresh) {
 		require.Equal(t, "v2 on b, charged by v2 on b", out)
 	}
-	enginetest.RequireSteps(ctx, t, client, fresh[0], []string{"reserve", "fraud-check", "fraud_check", "approve", "charge"})
+	steps := enginetest.RequireSteps(ctx, t, client, fresh[0], []string{"reserve", "fraud_check", "approve", "charge"})
+	require.Equal(t, []string{"fraud-check"}, steps[1].Patches)
 	requireNoDeadJobs(ctx, t, client)
 	crashtest.Kill(t, b)
 

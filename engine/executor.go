@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -530,9 +532,51 @@ func (d *delivery) commit(w *store.RecordWrite) (store.WriteResult, error) {
 	return res, err
 }
 
-// fence is this delivery's right to write the run's records.
+// fence is this delivery's right to write the run's records, with the
+// changes its records carry (see delivery.patchAt).
 func (d *delivery) fence() store.Fence {
-	return store.Fence{RunID: d.runID, Token: d.token, Lease: d.e.cfg.LeaseDuration}
+	f := store.Fence{RunID: d.runID, Token: d.token, Lease: d.e.cfg.LeaseDuration}
+	if d.hasPatches.Load() {
+		f.Patches = d.patchesAt
+	}
+	return f
+}
+
+// patchesAt is the changes the records of position seq carry (nil: none).
+func (d *delivery) patchesAt(seq int) *string {
+	d.patchMu.Lock()
+	defer d.patchMu.Unlock()
+	return d.patchAt[seq]
+}
+
+// pendPatch notes that the run took change id at position seq, which no
+// step has taken yet: the step that takes it records the change.
+func (d *delivery) pendPatch(seq int, id string) {
+	if len(d.patchIDs) == 0 || d.patchNext != seq {
+		d.patchNext, d.patchIDs = seq, nil
+	}
+	if !slices.Contains(d.patchIDs, id) {
+		d.patchIDs = append(d.patchIDs, id)
+	}
+}
+
+// attachPatches gives position seq, just taken by a step, the changes
+// pending for it (see pendPatch).
+func (d *delivery) attachPatches(seq int) {
+	if len(d.patchIDs) == 0 {
+		return
+	}
+	if d.patchNext == seq {
+		ids := strings.Join(d.patchIDs, "\n")
+		d.patchMu.Lock()
+		if d.patchAt == nil {
+			d.patchAt = map[int]*string{}
+		}
+		d.patchAt[seq] = &ids
+		d.patchMu.Unlock()
+		d.hasPatches.Store(true)
+	}
+	d.patchIDs = nil
 }
 
 // mayStartStep is the check before a step's function runs: the delivery

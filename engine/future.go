@@ -249,6 +249,9 @@ func startBranch[T any](ctx *Context, name string, kind StepKind, opts *StepOpts
 	if err != nil {
 		return resolve(nil, fmt.Errorf("%w: step %q: %v", ErrInvalidArgument, name, err))
 	}
+	if !d.markPendingPatches() {
+		return resolve(nil, d.endErr)
+	}
 	seq, err := d.enterStep("step", name)
 	if err != nil {
 		return resolve(nil, err)

@@ -61,17 +61,18 @@ func patchCrashWorkflows(pool *pgxpool.Pool) []engine.Registration {
 }
 
 // A worker killed between Patched and the first step of the new code, with
-// the marker written or not: the next delivery takes the same branch, and
-// the marker is recorded once, where Patched was called.
+// that step's record (which records the change) written or not: the next
+// delivery takes the same branch, and the change is recorded once, on the
+// step after Patched.
 func TestPatchedTakesTheSameBranchAfterACrash(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name, env, reached string
 		fraudChecks        int // the new code's activity: run again when killed in it
-		markers            int // marker rows when the worker is killed
+		recorded           int // records naming the change when the worker is killed
 	}{
-		{"marker not yet written", envHangAfterPatched, "after_patched", 1, 0},
-		{"marker written", envHangInNewCode, "fraud_check", 2, 1},
+		{"change not yet recorded", envHangAfterPatched, "after_patched", 1, 0},
+		{"change recorded", envHangInNewCode, "fraud_check", 2, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -87,19 +88,20 @@ func TestPatchedTakesTheSameBranchAfterACrash(t *testing.T) {
 			eventually(t, 30*time.Second, tc.reached+" to be reached", func() bool {
 				return calls(t, db.Pool, res.RunID, tc.reached) == 1
 			})
-			var markers int
-			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_steps WHERE run_id = $1 AND kind = 'patch'`,
-				res.RunID).Scan(&markers))
-			require.Equal(t, tc.markers, markers)
+			var recorded, markers int
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE patches = 'fraud-check'), count(*) FILTER (WHERE kind = 'patch')
+				FROM pgdurable.workflow_steps WHERE run_id = $1`, res.RunID).Scan(&recorded, &markers))
+			require.Equal(t, tc.recorded, recorded)
+			require.Zero(t, markers, "no marker row of its own")
 			crashtest.Kill(t, child)
 
 			worker := newEngine(t, db, &engine.Config{LeaseDuration: 2 * time.Second}, true, wfs...)
 			run := waitStatus(t, worker, res.RunID, engine.StatusCompleted, 30*time.Second)
 			require.JSONEq(t, `"new"`, string(run.Output))
-			steps := enginetest.RequireSteps(ctx, t, worker, res.RunID, []string{"before", "fraud-check", "fraud_check", "after"})
-			require.Equal(t, engine.KindPatch, steps[1].Kind)
+			steps := enginetest.RequireSteps(ctx, t, worker, res.RunID, []string{"before", "fraud_check", "after"})
+			require.Equal(t, []string{"fraud-check"}, steps[1].Patches)
 			require.Equal(t, tc.fraudChecks, calls(t, db.Pool, res.RunID, "fraud_check"))
-			require.Equal(t, tc.fraudChecks, steps[2].Attempts, "one request ID, one attempt per call")
+			require.Equal(t, tc.fraudChecks, steps[1].Attempts, "one request ID, one attempt per call")
 		})
 	}
 }

@@ -92,14 +92,25 @@ func TestPatchedKeepsInFlightRunsOnTheirCode(t *testing.T) {
 	for _, runID := range waiting[1:] {
 		require.NoError(t, deployed.Signal(ctx, runID.String(), "approve", "ann", nil))
 		enginetest.RequireRunCompleted(ctx, t, deployed, runID, 0)
-		enginetest.RequireSteps(ctx, t, deployed, runID, []string{"validate", "approve", "gift-wrap", "gift_wrap", "ship"})
+		steps := enginetest.RequireSteps(ctx, t, deployed, runID, []string{"validate", "approve", "gift_wrap", "ship"})
+		require.Equal(t, []string{"gift-wrap"}, steps[2].Patches, "the change is recorded on the step after Patched")
+		require.Nil(t, steps[1].Patches)
 	}
 	fresh, err := v2.Start(ctx, deployed, "order-new", &engine.StartOpts{WorkflowID: "order-new"})
 	require.NoError(t, err)
 	enginetest.RequireRunStatus(ctx, t, deployed, fresh.RunID, engine.StatusWaiting, 0)
-	steps := enginetest.RequireSteps(ctx, t, deployed, fresh.RunID, []string{"validate", "fraud-check", "fraud_check", "approve"})
-	require.Equal(t, engine.KindPatch, steps[1].Kind)
-	require.Equal(t, engine.StepCompleted, steps[1].Status)
+	steps := enginetest.RequireSteps(ctx, t, deployed, fresh.RunID, []string{"validate", "fraud_check", "approve"})
+	require.Equal(t, []string{"fraud-check"}, steps[1].Patches, "no marker row: the change rides on the next step's record")
+	// Its history replays through the patched code, the change read back
+	// from the record; a waiting run's history through the same code
+	// takes the old branch.
+	for _, id := range []uuid.UUID{fresh.RunID, waiting[1]} {
+		run, err := deployed.GetRun(ctx, id)
+		require.NoError(t, err)
+		h, err := engine.NewHistory(run)
+		require.NoError(t, err)
+		enginetest.Replay(t, v2, h)
+	}
 	dead, _, err := deployed.ListDeadJobs(ctx, engine.ListDeadJobsParams{})
 	require.NoError(t, err)
 	require.Len(t, dead, 1, "only the unpatched deploy's run")
@@ -126,7 +137,7 @@ func TestPatchedKeepsInFlightRunsOnTheirCode(t *testing.T) {
 	for _, r := range []*engine.StartResult{fresh, other} {
 		require.NoError(t, cleaned.Signal(ctx, r.RunID.String(), "approve", "bo", nil))
 		enginetest.RequireRunCompleted(ctx, t, cleaned, r.RunID, 0)
-		enginetest.RequireSteps(ctx, t, cleaned, r.RunID, []string{"validate", "fraud-check", "fraud_check", "approve", "gift_wrap", "ship"})
+		enginetest.RequireSteps(ctx, t, cleaned, r.RunID, []string{"validate", "fraud_check", "approve", "gift_wrap", "ship"})
 	}
 	newest, err := v3.Start(ctx, cleaned, "order-newest", nil)
 	require.NoError(t, err)
@@ -163,6 +174,13 @@ func TestPatchedMarkerIsWrittenBeforeAParallelStep(t *testing.T) {
 	require.NoError(t, err)
 	run := enginetest.RequireRunCompleted(ctx, t, e, r.RunID, 0)
 	require.JSONEq(t, `1`, string(run.Output))
+	// The marker row replays: Patched takes its position, and the
+	// parallel step is found at the next one.
+	full, err := e.GetRun(ctx, r.RunID)
+	require.NoError(t, err)
+	h, err := engine.NewHistory(full)
+	require.NoError(t, err)
+	enginetest.Replay(t, wf, h)
 }
 
 // Runs list by whether they recorded a change's marker, so an operator

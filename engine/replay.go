@@ -147,7 +147,8 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, w Registration, h *History)
 		}
 		recs[i] = &store.StepRecord{Seq: s.Seq, Name: s.Name, Kind: string(s.Kind), Status: string(s.Status), Attempts: s.Attempts,
 			RequestID: s.RequestID, Output: s.Output, Error: errJSON, NextAttemptAt: s.NextAttemptAt, StartedAt: s.StartedAt,
-			CompletedAt: s.CompletedAt, Compensation: s.Compensation, CompensationOf: s.CompensationOf, InputHash: s.InputHash}
+			CompletedAt: s.CompletedAt, Compensation: s.Compensation, CompensationOf: s.CompensationOf, InputHash: s.InputHash,
+			Patches: joinPatches(s.Patches)}
 	}
 	e, err := New(pool, &Config{Logger: slog.New(slog.DiscardHandler), Queue: "pgdurable_replay"})
 	if err != nil {
@@ -210,6 +211,11 @@ func (h *History) check() error {
 		}
 		if err := checkName("step name", s.Name, 200); err != nil {
 			return bad("step %d: %v", i, err)
+		}
+		for _, id := range s.Patches {
+			if err := checkName("change ID", id, 200); err != nil {
+				return bad("step %d: %v", i, err)
+			}
 		}
 		prev = s.Seq
 	}

@@ -514,6 +514,9 @@ type StepInfo struct {
 	// InputHash is the hash of the input the step was given
 	// (StepOpts.Input), which a replay compares; nil when none was.
 	InputHash *int64 `json:"input_hash,omitempty"`
+	// Patches are the changes (Patched) the run took right before this
+	// step, which a replay reads; nil for none.
+	Patches []string `json:"patches,omitempty"`
 	// FailedAttempts are the step's failed attempts as they were
 	// recorded, oldest first: the latest 20 (older ones are dropped), with
 	// a Replayed entry where a dead job's replay started its count again.
@@ -546,6 +549,23 @@ type AttemptFailure struct {
 	// Replayed marks a dead job's replay, not an attempt: the attempts
 	// after it count from 1 again.
 	Replayed bool `json:"replayed,omitempty"`
+}
+
+// splitPatches reads a step's patches column (nil: none).
+func splitPatches(p *string) []string {
+	if p == nil || *p == "" {
+		return nil
+	}
+	return strings.Split(*p, "\n")
+}
+
+// joinPatches is splitPatches' inverse.
+func joinPatches(ids []string) *string {
+	if len(ids) == 0 {
+		return nil
+	}
+	s := strings.Join(ids, "\n")
+	return &s
 }
 
 // decodeFailures reads a step's failed_attempts column (nil: none; a value
@@ -713,7 +733,7 @@ func (e *Engine) GetRunWith(ctx context.Context, runID uuid.UUID, opts *GetRunOp
 			Seq: s.Seq, Name: s.Name, Kind: StepKind(s.Kind), Status: StepStatus(s.Status), Attempts: s.Attempts,
 			RequestID: s.RequestID, Output: s.Output, Error: decodeErrorInfo(s.Error),
 			NextAttemptAt: s.NextAttemptAt, StartedAt: s.StartedAt, CompletedAt: s.CompletedAt,
-			Compensation: s.Compensation, CompensationOf: s.CompensationOf, InputHash: s.InputHash, FailedAttempts: decodeFailures(s.FailedAttempts),
+			Compensation: s.Compensation, CompensationOf: s.CompensationOf, InputHash: s.InputHash, Patches: splitPatches(s.Patches), FailedAttempts: decodeFailures(s.FailedAttempts),
 			TimedOut: s.Kind == string(KindSignal) && s.Status == store.StepCompleted && signalTimedOut(s.Output),
 		})
 	}
@@ -768,8 +788,9 @@ type ListRunsParams struct {
 	// run's children stay reachable from its Run.Children. No index
 	// serves it; it filters the runs the other fields select.
 	TopLevel bool
-	// Patched keeps the runs that recorded the marker of the change of
-	// this name (see Patched); Unpatched keeps those that did not, which
+	// Patched keeps the runs that took the change of this name (see
+	// Patched: a step record names it); Unpatched keeps those that did
+	// not, which
 	// with a Workflow and an open Status are the runs that may still
 	// replay the code before the change. A step name's rules apply (else
 	// ErrInvalidArgument). The runs' steps are read per run: pair these

@@ -76,7 +76,7 @@ const (
 	KindChild        StepKind = "child"        // StartChild, ChildWorkflow
 	KindSelect       StepKind = "select"       // Select, First
 	KindCompensation StepKind = "compensation" // an undo registered with Context.Compensate
-	KindPatch        StepKind = "patch"        // Patched: the marker of a change the run took
+	KindPatch        StepKind = "patch"        // Patched: a change the run took, as its own marker (before a parallel step; see Patched)
 )
 
 // StepStatus is a step record's status, as stored in workflow_steps.status.

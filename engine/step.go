@@ -210,7 +210,9 @@ func (d *delivery) enterStep(what, name string) (int, error) {
 	if !d.inStep.CompareAndSwap(false, true) {
 		return 0, fmt.Errorf("pgdurable: %s %q called while another step runs; steps cannot nest or run concurrently", what, name)
 	}
-	return d.pos.take(), nil
+	seq := d.pos.take()
+	d.attachPatches(seq)
+	return seq, nil
 }
 
 // runStep is the replay logic shared by every kind of step.

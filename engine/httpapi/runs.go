@@ -404,7 +404,7 @@ type BulkCancelRequest struct {
 	// TopLevel leaves out child runs (see engine.ListRunsParams.TopLevel).
 	TopLevel bool `json:"top_level,omitempty"`
 	// WorkflowVersion keeps the runs of this version (0: any); Patched
-	// and Unpatched those with and without a change's marker (see
+	// and Unpatched those that did and did not take a change (see
 	// engine.ListRunsParams).
 	WorkflowVersion int    `json:"workflow_version,omitempty"`
 	Patched         string `json:"patched,omitempty"`

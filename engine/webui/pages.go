@@ -236,7 +236,7 @@ func openCounts(m map[engine.RunStatus]int64) []statusCount {
 
 // runFilter is the runs page's filter, as its form and query string hold it.
 // TopLevel is "true" to leave out child runs (a checkbox), else "".
-// Patched and Unpatched are change IDs (engine.Patched's markers);
+// Patched and Unpatched are change IDs (engine.Patched);
 // Version a workflow version, "" for any.
 type runFilter struct {
 	Workflow, Version, Status, Prefix, CreatedAfter, CreatedBefore, Tags, TopLevel, Patched, Unpatched, Cursor string

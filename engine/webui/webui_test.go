@@ -975,3 +975,24 @@ func TestDeadJobPageReplaysOntoAVersion(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "replayed onto version 4 (was 1). moved", job.Note)
 }
+
+// A run's page names the change (engine.Patched) the run took, on the step
+// after it.
+func TestRunPageShowsTheChangesARunTook(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "")
+	c := newClient(t, f.srv.URL)
+	patched := engine.Define("patched", func(ctx *engine.Context, _ string) (int, error) {
+		if engine.Patched(ctx, "fraud-check") {
+			return engine.Step(ctx, "fraud_check", func(context.Context) (int, error) { return 1, nil }, nil)
+		}
+		return 0, nil
+	}, nil)
+	e := enginetest.NewEngine(t, f.db, &engine.Config{Queue: "patched"}, true, patched)
+	r, err := patched.Start(context.Background(), e, "x", nil)
+	require.NoError(t, err)
+	enginetest.RequireRunCompleted(context.Background(), t, e, r.RunID, 0)
+	code, _, body := c.do("GET", "/ui/runs/"+r.RunID.String(), nil, nil)
+	require.Equal(t, 200, code)
+	require.Contains(t, body, `fraud_check<br><span class="tag" title="engine.Patched: the run took this change before this step">took change fraud-check</span>`)
+}

@@ -350,7 +350,7 @@ func TestCancelAfterPaymentRefundsAndUnrecords(t *testing.T) {
 }
 
 // The fraud check stops a blocked customer before anything is claimed,
-// reserved or charged; its marker shows the run took the check.
+// reserved or charged; the check's step shows the run took the change.
 func TestFraudCheckStopsABlockedCustomer(t *testing.T) {
 	t.Parallel()
 	f := setup(t, fakegateway.Faults{})
@@ -361,6 +361,7 @@ func TestFraudCheckStopsABlockedCustomer(t *testing.T) {
 	_, err = f.wf.Wait(f.ctx, f.e, res.RunID, 10*time.Millisecond)
 	require.ErrorIs(t, err, payment.ErrFraudSuspected)
 	enginetest.RequireRunStatus(f.ctx, t, f.e, res.RunID, engine.StatusFailed, 0)
-	enginetest.RequireSteps(f.ctx, t, f.e, res.RunID, []string{"validate", "fraud-check", "fraud_check"})
+	steps := enginetest.RequireSteps(f.ctx, t, f.e, res.RunID, []string{"validate", "fraud_check"})
+	require.Equal(t, []string{"fraud-check"}, steps[1].Patches)
 	require.Empty(t, f.gw.Ledger().Charges)
 }

@@ -133,7 +133,7 @@ func TestPaymentTraceSurvivesAKilledWorker(t *testing.T) {
 		return out
 	}
 	// The killed worker's spans that ended before the kill: its claim and
-	// the attempts before the charge it died in (the fraud check's marker
+	// the attempts before the charge it died in (the fraud check's patch
 	// is no attempt and has no span).
 	require.Equal(t, []string{"pgdurable.claim", "pgdurable.step claim_order #1", "pgdurable.step fraud_check #1",
 		"pgdurable.step reserve_item #1", "pgdurable.step validate #1"}, names(killed))

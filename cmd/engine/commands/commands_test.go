@@ -235,7 +235,7 @@ func TestServeNeedsMigratedSchema(t *testing.T) {
 	require.Contains(t, errOut, "engine migrate up")
 	code, out, _ := run(t, db, "migrate", "up")
 	require.Equal(t, 0, code)
-	require.Contains(t, out, "pgdurable versions [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27]")
+	require.Contains(t, out, "pgdurable versions [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28]")
 }
 
 // The demo runs the payment story end to end and must report 0 double
@@ -1501,4 +1501,27 @@ func TestRunsShowARunWaitingForItsVersion(t *testing.T) {
 	code, out, _ = run(t, db, "runs", "show", "old-1", "--json")
 	require.Equal(t, 0, code)
 	require.Contains(t, out, `"waiting_for":"a process that registers double v7"`)
+}
+
+// runs show names the change (engine.Patched) a run took on the step
+// after it, and --json lists it.
+func TestRunsShowTheChangesARunTook(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	patched := engine.Define("patched", func(ctx *engine.Context, _ in) (int, error) {
+		if engine.Patched(ctx, "fraud-check") {
+			return engine.Step(ctx, "fraud_check", func(context.Context) (int, error) { return 1, nil }, nil)
+		}
+		return 0, nil
+	}, nil)
+	e := enginetest.NewEngine(t, db, nil, true, patched)
+	r, err := patched.Start(context.Background(), e, in{N: 1}, &engine.StartOpts{WorkflowID: "patched-1"})
+	require.NoError(t, err)
+	enginetest.RequireRunCompleted(context.Background(), t, e, r.RunID, 0)
+	code, out, errOut := run(t, db, "runs", "show", "patched-1")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `0 +fraud_check \(took change fraud-check\) +step +completed`, out)
+	code, out, _ = run(t, db, "runs", "show", "patched-1", "--json")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `"patches":["fraud-check"]`)
 }

@@ -79,8 +79,8 @@ func (g *global) runsCmd() *cobra.Command {
 	list.Flags().IntVar(&p.Version, "workflow-version", 0, "only runs of this workflow version: with --workflow and an open --status, the runs still on it")
 	list.Flags().StringVar(&p.WorkflowIDPrefix, "workflow-id-prefix", "", "only runs whose workflow ID starts with this (case-sensitive)")
 	list.Flags().BoolVar(&p.TopLevel, "top-level", false, "only runs no other run started: child runs are left out")
-	list.Flags().StringVar(&p.Patched, "patched", "", "only runs that recorded the marker of this change (engine.Patched)")
-	list.Flags().StringVar(&p.Unpatched, "unpatched", "", "only runs that did not record the marker of this change: with --workflow and --status, the runs that may still replay the code before it")
+	list.Flags().StringVar(&p.Patched, "patched", "", "only runs that took this change (engine.Patched)")
+	list.Flags().StringVar(&p.Unpatched, "unpatched", "", "only runs that did not take this change: with --workflow and --status open, the runs that may still replay the code before it")
 	list.Flags().StringArrayVar(&listTags, "tag", nil, "only runs with this tag, key=value (repeatable: all must match)")
 	list.Flags().StringVar((*string)(&p.Status), "status", "", `only this status, or "open" for every status a run has not finished in (pending, running, waiting, compensating, dead)`)
 	list.Flags().IntVar(&p.Limit, "limit", 50, "page size (1..1000)")
@@ -258,8 +258,8 @@ there the server prunes in one request).`,
 	}
 	cancelMatching.Flags().StringVar(&bulk.Workflow, "workflow", "", "only runs of this workflow")
 	cancelMatching.Flags().IntVar(&bulk.Version, "workflow-version", 0, "only runs of this workflow version")
-	cancelMatching.Flags().StringVar(&bulk.Patched, "patched", "", "only runs that recorded the marker of this change (engine.Patched)")
-	cancelMatching.Flags().StringVar(&bulk.Unpatched, "unpatched", "", "only runs that did not record the marker of this change")
+	cancelMatching.Flags().StringVar(&bulk.Patched, "patched", "", "only runs that took this change (engine.Patched)")
+	cancelMatching.Flags().StringVar(&bulk.Unpatched, "unpatched", "", "only runs that did not take this change")
 	cancelMatching.Flags().StringArrayVar(&bulkTags, "tag", nil, "only runs with this tag, key=value (repeatable)")
 	cancelMatching.Flags().StringVar((*string)(&bulk.Status), "status", "", "only runs in this status (pending, running, waiting)")
 	cancelMatching.Flags().StringVar(&bulk.WorkflowIDPrefix, "workflow-id-prefix", "", "only runs whose workflow ID starts with this")
@@ -367,6 +367,9 @@ func (g *global) printRun(run *engine.Run) {
 		name := s.Name
 		if s.CompensationOf != nil {
 			name = fmt.Sprintf("%s (undoes %d)", s.Name, *s.CompensationOf)
+		}
+		if len(s.Patches) > 0 {
+			name = fmt.Sprintf("%s (took change %s)", name, strings.Join(s.Patches, ", "))
 		}
 		t.row(s.Seq, name, s.Kind, s.Status, s.Attempts, req, dur, msg)
 	}

@@ -21,6 +21,20 @@ type Fence struct {
 	RunID uuid.UUID
 	Token uuid.UUID
 	Lease time.Duration
+	// Patches, when set, gives the change IDs (engine.Patched) to record
+	// with the step record at a position, newline-separated (nil: none),
+	// for records that carry none themselves (StepRecord.Patches): every
+	// write of the delivery's records consults it, so no kind of record
+	// can be written without them.
+	Patches func(seq int) *string
+}
+
+// patchesOf is what r records as its patches under f.
+func (f Fence) patchesOf(r *StepRecord) *string {
+	if r.Patches != nil || f.Patches == nil {
+		return r.Patches
+	}
+	return f.Patches(r.Seq)
 }
 
 // RecordWrite is one delivery's fenced write in a group commit: step
@@ -98,9 +112,9 @@ WITH f AS (
                            @step_output::text[], @step_error::text[], @step_next_attempt_at::timestamptz[],
                            @step_first_failed_at::timestamptz[], @step_started_at::timestamptz[],
                            @step_completed_at::timestamptz[], @step_compensation::text[], @step_compensation_of::int[],
-                           @step_input_hash::bigint[], @step_fresh::bool[])
+                           @step_input_hash::bigint[], @step_patches::text[], @step_fresh::bool[])
         AS u(run_id, token, seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
-             first_failed_at, started_at, completed_at, compensation, compensation_of, input_hash, fresh)
+             first_failed_at, started_at, completed_at, compensation, compensation_of, input_hash, patches, fresh)
     JOIN run ON run.run_id = u.run_id AND run.token = u.token
 ), fresh AS (
     INSERT INTO pgdurable.workflow_steps (` + stepColumnList + `)
@@ -169,7 +183,7 @@ func writeOne(ctx context.Context, db DBTX, w *RecordWrite) (WriteResult, error)
 		"lease_ms": ms(w.Fence.Lease), "run_status": status, "finish": w.Finish, "output": w.Output, "error": w.Error,
 		"fresh": rec != nil && rec.Fresh, "keep": w.keeps()}
 	var res WriteResult
-	err := writeRecord.queryRow(ctx, db, stepArgs(args, rec)).Scan(&res.CancelRequested)
+	err := writeRecord.queryRow(ctx, db, stepArgs(args, w.Fence, rec)).Scan(&res.CancelRequested)
 	switch err = translate(err); {
 	case err == ErrNotFound:
 		return WriteResult{}, nil // fenced out
@@ -222,7 +236,7 @@ func WriteRecords(ctx context.Context, db DBTX, writes []*RecordWrite) ([]WriteR
 		"step_status": s.status, "step_attempts": s.attempts, "step_request_id": s.requestID, "step_output": s.output,
 		"step_error": s.errs, "step_next_attempt_at": s.next, "step_first_failed_at": s.firstFailed,
 		"step_started_at": s.started, "step_completed_at": s.completed, "step_compensation": s.comp,
-		"step_compensation_of": s.compOf, "step_input_hash": s.inputHash, "step_fresh": s.fresh})
+		"step_compensation_of": s.compOf, "step_input_hash": s.inputHash, "step_patches": s.patches, "step_fresh": s.fresh})
 	if err != nil {
 		return nil, fmt.Errorf("recording steps of %d runs: %w", n, translate(err))
 	}
@@ -273,6 +287,7 @@ type stepColumns struct {
 	output, errs, comp           pgtype.FlatArray[pgtype.Text]
 	compOf                       pgtype.FlatArray[pgtype.Int4]
 	inputHash                    pgtype.FlatArray[pgtype.Int8]
+	patches                      pgtype.FlatArray[pgtype.Text]
 	next, firstFailed, completed pgtype.FlatArray[pgtype.Timestamptz]
 	started                      []time.Time
 	fresh                        []bool
@@ -286,6 +301,7 @@ func (s *stepColumns) add(f Fence, r *StepRecord) {
 	s.output, s.errs, s.comp = append(s.output, jsonParam(r.Output)), append(s.errs, jsonParam(r.Error)), append(s.comp, textOrNull(r.Compensation))
 	s.compOf = append(s.compOf, int4OrNull(r.CompensationOf))
 	s.inputHash = append(s.inputHash, int8OrNull(r.InputHash))
+	s.patches = append(s.patches, textOrNull(f.patchesOf(r)))
 	s.next, s.firstFailed = append(s.next, timeOrNull(r.NextAttemptAt)), append(s.firstFailed, timeOrNull(r.FirstFailedAt))
 	s.completed = append(s.completed, timeOrNull(r.CompletedAt))
 	s.started = append(s.started, r.StartedAt)
@@ -296,10 +312,10 @@ func (s *stepColumns) add(f Fence, r *StepRecord) {
 // values in a CTE u of unnested records.
 var (
 	stepColumnList = `run_id, seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
-                      first_failed_at, started_at, completed_at, compensation, compensation_of, input_hash, failed_attempts`
+                      first_failed_at, started_at, completed_at, compensation, compensation_of, input_hash, patches, failed_attempts`
 	stepValues = `u.run_id, u.seq, u.name, u.kind, u.status, u.attempts, u.request_id, u.output::jsonb, u.error::jsonb,
            u.next_attempt_at, u.first_failed_at, u.started_at, u.completed_at, u.compensation, u.compensation_of, u.input_hash,
-           ` + failedAttempt(`u.status`, `u.attempts`, `u.error::jsonb`)
+           u.patches, ` + failedAttempt(`u.status`, `u.attempts`, `u.error::jsonb`)
 )
 
 // insertRuns inserts any number of runs in one statement (one array element
@@ -477,7 +493,7 @@ const claimSettings = `SELECT set_config('synchronous_commit', 'off', true), set
 
 const loadStepsOfRuns = `
 SELECT run_id, seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
-       first_failed_at, started_at, completed_at, compensation, compensation_of, input_hash
+       first_failed_at, started_at, completed_at, compensation, compensation_of, input_hash, patches
 FROM pgdurable.workflow_steps WHERE run_id = ANY($1) ORDER BY run_id, seq`
 
 const claimMisses = `
@@ -554,7 +570,7 @@ func ClaimRuns(ctx context.Context, db DBTX, fences []Fence, now time.Time) ([]C
 		var runID uuid.UUID
 		var s StepRecord
 		if err := rows.Scan(&runID, &s.Seq, &s.Name, &s.Kind, &s.Status, &s.Attempts, &s.RequestID, &s.Output, &s.Error,
-			&s.NextAttemptAt, &s.FirstFailedAt, &s.StartedAt, &s.CompletedAt, &s.Compensation, &s.CompensationOf, &s.InputHash); err != nil {
+			&s.NextAttemptAt, &s.FirstFailedAt, &s.StartedAt, &s.CompletedAt, &s.Compensation, &s.CompensationOf, &s.InputHash, &s.Patches); err != nil {
 			rows.Close()
 			return fail(err)
 		}

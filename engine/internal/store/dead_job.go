@@ -58,7 +58,7 @@ func ParkRun(ctx context.Context, db DBTX, f Fence, pending *StepRecord, p *Park
 		"last_failed_at": p.LastFailedAt, "error_class": p.ErrorClass, "error_message": p.ErrorMessage, "stack": p.Stack,
 		"deliveries": p.Deliveries, "forward_error": jsonText(p.ForwardError), "child_run_id": p.ChildRunID,
 		"child_dead_job_id": p.ChildDeadJobID}
-	return fenced(parkRun.queryRow(ctx, db, stepArgs(args, pending)), "parking run %s", runID)
+	return fenced(parkRun.queryRow(ctx, db, stepArgs(args, f, pending)), "parking run %s", runID)
 }
 
 // DeadJobRow is one row of dead_jobs.

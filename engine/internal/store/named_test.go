@@ -101,7 +101,7 @@ func BenchmarkNamedArguments(b *testing.B) {
 	args := func() pgx.StrictNamedArgs {
 		a := pgx.StrictNamedArgs{"run_id": 1, "token": 2, "lease_ms": 3, "run_status": nil, "finish": false,
 			"output": nil, "error": nil, "fresh": true, "keep": false}
-		return stepArgs(a, &StepRecord{Seq: 1, Name: "s", Kind: "step", Status: StepCompleted})
+		return stepArgs(a, Fence{}, &StepRecord{Seq: 1, Name: "s", Kind: "step", Status: StepCompleted})
 	}
 	source := writeRecord.source
 	b.Run("pgx.StrictNamedArgs", func(b *testing.B) {

@@ -107,7 +107,7 @@ func GetRunParts(ctx context.Context, db DBTX, runID uuid.UUID, p RunParts) (*Ru
 	}
 	b.Queue(`SELECT `+runCols+` FROM pgdurable.workflow_runs WHERE run_id = $1`, runID)
 	b.Queue(`SELECT seq, name, kind, status, attempts, request_id, `+stepOutput+`, error, next_attempt_at,
-       first_failed_at, started_at, completed_at, compensation, compensation_of, input_hash, failed_attempts
+       first_failed_at, started_at, completed_at, compensation, compensation_of, input_hash, failed_attempts, patches
 FROM pgdurable.workflow_steps WHERE run_id = $1 AND seq >= $2 ORDER BY seq`, runID, p.StepsFrom)
 	if p.NoSignals {
 		b.Queue(`SELECT id, name, payload, created_at, consumed_seq, consumed_at, idempotency_key FROM pgdurable.workflow_signals WHERE false`)
@@ -169,8 +169,9 @@ type RunFilter struct {
 	Tags []byte
 	// TopLevel keeps the runs without a parent (parent_run_id IS NULL).
 	TopLevel bool
-	// Patched keeps the runs that recorded the marker of this change
-	// (a step of kind patch so named); Unpatched those that did not.
+	// Patched keeps the runs that took this change (a step record whose
+	// patches name it, or a marker row of kind patch so named, as written
+	// before); Unpatched those that did not.
 	// "": no filter.
 	Patched, Unpatched string
 	// Version keeps the runs of this workflow version (0: any).
@@ -189,9 +190,11 @@ WHERE (@workflow::text = '' OR workflow_name = @workflow)
   AND (@finished_before::timestamptz IS NULL OR completed_at < @finished_before)
   AND (NOT @top_level::bool OR parent_run_id IS NULL)
   AND (@patched::text = '' OR EXISTS (SELECT 1 FROM pgdurable.workflow_steps s
-       WHERE s.run_id = workflow_runs.run_id AND s.kind = 'patch' AND s.name = @patched))
+       WHERE s.run_id = workflow_runs.run_id AND ((s.kind = 'patch' AND s.name = @patched)
+         OR @patched = ANY (string_to_array(s.patches, E'\n')))))
   AND (@unpatched::text = '' OR NOT EXISTS (SELECT 1 FROM pgdurable.workflow_steps s
-       WHERE s.run_id = workflow_runs.run_id AND s.kind = 'patch' AND s.name = @unpatched))
+       WHERE s.run_id = workflow_runs.run_id AND ((s.kind = 'patch' AND s.name = @unpatched)
+         OR @unpatched = ANY (string_to_array(s.patches, E'\n')))))
 ORDER BY run_id DESC
 LIMIT @limit`
 

@@ -212,7 +212,7 @@ func scanSteps(rows pgx.Rows) ([]StepRecord, error) {
 	for rows.Next() {
 		var s StepRecord
 		if err := rows.Scan(&s.Seq, &s.Name, &s.Kind, &s.Status, &s.Attempts, &s.RequestID, &s.Output, &s.Error,
-			&s.NextAttemptAt, &s.FirstFailedAt, &s.StartedAt, &s.CompletedAt, &s.Compensation, &s.CompensationOf, &s.InputHash, &s.FailedAttempts); err != nil {
+			&s.NextAttemptAt, &s.FirstFailedAt, &s.StartedAt, &s.CompletedAt, &s.Compensation, &s.CompensationOf, &s.InputHash, &s.FailedAttempts, &s.Patches); err != nil {
 			return nil, err
 		}
 		out = append(out, s)
@@ -237,6 +237,7 @@ var stepConflict = `    ON CONFLICT (run_id, seq) DO UPDATE SET
         compensation = coalesce(excluded.compensation, s.compensation),
         compensation_of = coalesce(excluded.compensation_of, s.compensation_of),
         input_hash = coalesce(s.input_hash, excluded.input_hash),
+        patches = coalesce(s.patches, excluded.patches),
         failed_attempts = CASE
             WHEN excluded.failed_attempts IS NULL
               OR (s.status = excluded.status AND s.attempts = excluded.attempts AND s.error IS NOT DISTINCT FROM excluded.error)
@@ -303,7 +304,7 @@ func WatchRun(ctx context.Context, db DBTX, runID uuid.UUID) (status string, err
 var stepRecordValues = `run.run_id, @step_seq::int, @step_name::text, @step_kind::text, @step_status::text, @step_attempts::int,
            @step_request_id::uuid, @step_output::jsonb, @step_error::jsonb, @step_next_attempt_at::timestamptz,
            @step_first_failed_at::timestamptz, @step_started_at::timestamptz, @step_completed_at::timestamptz,
-           @step_compensation::text, @step_compensation_of::int, @step_input_hash::bigint,
+           @step_compensation::text, @step_compensation_of::int, @step_input_hash::bigint, @step_patches::text,
            ` + failedAttempt(`@step_status::text`, `@step_attempts::int`, `@step_error::jsonb`)
 
 // stepUpsert is a CTE that writes the step record in the @step_
@@ -332,17 +333,17 @@ WITH run AS (
 ), step AS (
     INSERT INTO pgdurable.workflow_steps AS s (run_id, seq, name, kind, status, attempts, request_id, output, error,
                                      next_attempt_at, first_failed_at, started_at, completed_at,
-                                     compensation, compensation_of, input_hash, failed_attempts)
+                                     compensation, compensation_of, input_hash, patches, failed_attempts)
     SELECT run.run_id, u.seq, u.name, u.kind, u.status, u.attempts, u.request_id, u.output::jsonb, u.error::jsonb,
            u.next_attempt_at, u.first_failed_at, u.started_at, u.completed_at, u.compensation, u.compensation_of, u.input_hash,
-           ` + failedAttempt(`u.status`, `u.attempts`, `u.error::jsonb`) + `
+           u.patches, ` + failedAttempt(`u.status`, `u.attempts`, `u.error::jsonb`) + `
     FROM run, unnest(@step_seq::int[], @step_name::text[], @step_kind::text[], @step_status::text[], @step_attempts::int[],
                      @step_request_id::uuid[], @step_output::text[], @step_error::text[],
                      @step_next_attempt_at::timestamptz[], @step_first_failed_at::timestamptz[],
                      @step_started_at::timestamptz[], @step_completed_at::timestamptz[],
-                     @step_compensation::text[], @step_compensation_of::int[], @step_input_hash::bigint[])
+                     @step_compensation::text[], @step_compensation_of::int[], @step_input_hash::bigint[], @step_patches::text[])
         AS u(seq, name, kind, status, attempts, request_id, output, error, next_attempt_at, first_failed_at,
-             started_at, completed_at, compensation, compensation_of, input_hash)
+             started_at, completed_at, compensation, compensation_of, input_hash, patches)
 ` + stepConflict + `
     RETURNING 1
 )
@@ -377,7 +378,7 @@ func WriteSteps(ctx context.Context, db DBTX, f Fence, status string, recs ...*S
 		"step_attempts": c.attempts, "step_request_id": c.requestID, "step_output": c.output, "step_error": c.errs,
 		"step_next_attempt_at": c.next, "step_first_failed_at": c.firstFailed, "step_started_at": c.started,
 		"step_completed_at": c.completed, "step_compensation": c.comp, "step_compensation_of": c.compOf,
-		"step_input_hash": c.inputHash}).Scan(&found, &out.CancelRequested, &out.Written)
+		"step_input_hash": c.inputHash, "step_patches": c.patches}).Scan(&found, &out.CancelRequested, &out.Written)
 	if err != nil {
 		return StepsWritten{}, fmt.Errorf("recording steps of run %s: %w", runID, translate(err))
 	}
@@ -390,7 +391,7 @@ func WriteSteps(ctx context.Context, db DBTX, f Fence, status string, recs ...*S
 // GetStep reads one step record; ErrNotFound when there is none.
 func GetStep(ctx context.Context, db DBTX, runID uuid.UUID, seq int) (*StepRecord, error) {
 	rows, err := db.Query(ctx, `SELECT seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
-       first_failed_at, started_at, completed_at, compensation, compensation_of, input_hash, failed_attempts
+       first_failed_at, started_at, completed_at, compensation, compensation_of, input_hash, failed_attempts, patches
 FROM pgdurable.workflow_steps WHERE run_id = $1 AND seq = $2`, runID, seq)
 	if err != nil {
 		return nil, fmt.Errorf("reading step %d of run %s: %w", seq, runID, err)
@@ -540,7 +541,7 @@ func SuspendRun(ctx context.Context, db DBTX, f Fence, p SuspendParams) error {
 	}
 	args := pgx.StrictNamedArgs{"run_id": f.RunID, "token": f.Token, "run_status": p.Status, "wake_at": p.WakeAt,
 		"progress": p.Progress, "long": long}
-	return fenced(suspendRun.queryRow(ctx, db, stepArgs(args, p.Pending)), "suspending run %s", f.RunID)
+	return fenced(suspendRun.queryRow(ctx, db, stepArgs(args, f, p.Pending)), "suspending run %s", f.RunID)
 }
 
 // ReleaseUnclaimed gives back a lease this delivery took but cannot use (a
@@ -1036,14 +1037,14 @@ func TerminateRun(ctx context.Context, tx DBTX, p TerminateParams) (Terminated, 
 // (engine.Replay), unfenced: the run is one no delivery has claimed yet.
 var insertSteps = named(`INSERT INTO pgdurable.workflow_steps
     (run_id, seq, name, kind, status, attempts, request_id, output, error, next_attempt_at, started_at, completed_at,
-     compensation, compensation_of, input_hash)
+     compensation, compensation_of, input_hash, patches)
 SELECT @run_id, s.seq, s.name, s.kind, s.status, s.attempts, s.request_id, s.output::jsonb, s.error::jsonb, s.next_attempt_at,
-       s.started_at, s.completed_at, s.compensation, s.compensation_of, s.input_hash
+       s.started_at, s.completed_at, s.compensation, s.compensation_of, s.input_hash, s.patches
 FROM unnest(@seq::int[], @name::text[], @kind::text[], @status::text[], @attempts::int[], @request_id::uuid[],
             @output::text[], @error::text[], @next_attempt_at::timestamptz[], @started_at::timestamptz[], @completed_at::timestamptz[],
-            @compensation::text[], @compensation_of::int[], @input_hash::bigint[])
+            @compensation::text[], @compensation_of::int[], @input_hash::bigint[], @patches::text[])
     AS s(seq, name, kind, status, attempts, request_id, output, error, next_attempt_at, started_at, completed_at,
-         compensation, compensation_of, input_hash)`)
+         compensation, compensation_of, input_hash, patches)`)
 
 // InsertSteps writes recs, the steps of run runID as a history recorded
 // them, to a run no delivery has claimed (engine.Replay's scratch run).
@@ -1055,7 +1056,7 @@ func InsertSteps(ctx context.Context, db DBTX, runID uuid.UUID, recs []*StepReco
 	_, err := insertSteps.exec(ctx, db, pgx.StrictNamedArgs{"run_id": runID, "seq": c.seq, "name": c.name, "kind": c.kind,
 		"status": c.status, "attempts": c.attempts, "request_id": c.requestID, "output": c.output, "error": c.errs,
 		"next_attempt_at": c.next, "started_at": c.started, "completed_at": c.completed, "compensation": c.comp,
-		"compensation_of": c.compOf, "input_hash": c.inputHash})
+		"compensation_of": c.compOf, "input_hash": c.inputHash, "patches": c.patches})
 	if err != nil {
 		return fmt.Errorf("inserting the steps of run %s: %w", runID, err)
 	}

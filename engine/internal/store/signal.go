@@ -266,5 +266,5 @@ func SuspendAwaiting(ctx context.Context, tx DBTX, f Fence, w AwaitParams) error
 		await = &joined
 	}
 	args := pgx.StrictNamedArgs{"run_id": f.RunID, "token": f.Token, "run_status": w.Status, "wake_at": w.WakeAt, "await_signal": await}
-	return fenced(suspendAwaitingRun.queryRow(ctx, tx, stepArgs(args, w.Pending)), "suspending run %s", f.RunID)
+	return fenced(suspendAwaitingRun.queryRow(ctx, tx, stepArgs(args, f, w.Pending)), "suspending run %s", f.RunID)
 }

@@ -120,6 +120,10 @@ type StepRecord struct {
 	// StepOpts.Input), nil when none was: kept from the record's first
 	// write on.
 	InputHash *int64
+	// Patches are the changes (engine.Patched) the run took right before
+	// this step, newline-separated; nil for none. Kept from the record's
+	// first write on.
+	Patches *string
 	// FailedAttempts is the record's failed_attempts (a JSON array, nil
 	// when none), as GetRun and GetStep read it; the record writes ignore
 	// this field and derive the column from Status, Attempts and Error
@@ -172,12 +176,12 @@ const terminalStatuses = `('completed', 'failed', 'compensated', 'cancelled', 'd
 // record parameters.
 var stepParams = []string{"step_seq", "step_name", "step_kind", "step_status", "step_attempts", "step_request_id",
 	"step_output", "step_error", "step_next_attempt_at", "step_first_failed_at", "step_started_at", "step_completed_at",
-	"step_compensation", "step_compensation_of", "step_input_hash"}
+	"step_compensation", "step_compensation_of", "step_input_hash", "step_patches"}
 
 // stepArgs binds the step record parameters (stepParams) in args to rec,
-// or to NULLs when rec is nil so that no record is written, and returns
-// args.
-func stepArgs(args pgx.StrictNamedArgs, rec *StepRecord) pgx.StrictNamedArgs {
+// written under f, or to NULLs when rec is nil so that no record is
+// written, and returns args.
+func stepArgs(args pgx.StrictNamedArgs, f Fence, rec *StepRecord) pgx.StrictNamedArgs {
 	if rec == nil {
 		for _, name := range stepParams {
 			args[name] = nil
@@ -186,7 +190,7 @@ func stepArgs(args pgx.StrictNamedArgs, rec *StepRecord) pgx.StrictNamedArgs {
 	}
 	values := []any{rec.Seq, rec.Name, rec.Kind, rec.Status, rec.Attempts, uuidOrNull(rec.RequestID),
 		rec.Output, rec.Error, rec.NextAttemptAt, rec.FirstFailedAt, rec.StartedAt, rec.CompletedAt,
-		rec.Compensation, rec.CompensationOf, rec.InputHash}
+		rec.Compensation, rec.CompensationOf, rec.InputHash, f.patchesOf(rec)}
 	for i, name := range stepParams {
 		args[name] = values[i]
 	}
