@@ -73,8 +73,14 @@ func (u *Undo) check() error {
 }
 
 // registerUndo registers u with the latest step, which must have succeeded.
+// A change's marker (Patched, before a parallel step) is no step: it is
+// written only when the parallel step starts, so a replay skips it, as the
+// delivery that wrote it did not see it yet.
 func (d *delivery) registerUndo(u Undo) error {
 	seq := d.pos.next - 1
+	for seq >= 0 && d.pos.at(seq) != nil && d.pos.at(seq).Kind == string(KindPatch) {
+		seq--
+	}
 	d.compMu.Lock()
 	defer d.compMu.Unlock()
 	for _, c := range d.compensations {

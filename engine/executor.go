@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
-	"slices"
 	"strings"
 	"time"
 
@@ -550,14 +549,14 @@ func (d *delivery) patchesAt(seq int) *string {
 }
 
 // pendPatch notes that the run took change id at position seq, which no
-// step has taken yet: the step that takes it records the change.
+// step has taken yet: the step that takes it records the change. Every
+// call counts, the same ID again too: written as markers of their own
+// (see markPendingPatches), each call replays its own.
 func (d *delivery) pendPatch(seq int, id string) {
 	if len(d.patchIDs) == 0 || d.patchNext != seq {
 		d.patchNext, d.patchIDs = seq, nil
 	}
-	if !slices.Contains(d.patchIDs, id) {
-		d.patchIDs = append(d.patchIDs, id)
-	}
+	d.patchIDs = append(d.patchIDs, id)
 }
 
 // attachPatches gives position seq, just taken by a step, the changes
@@ -688,9 +687,13 @@ func (d *delivery) flushStarted() bool {
 	if d.ended {
 		return false
 	}
-	if p := d.buf.pending; p == nil || p.Fresh {
+	if p := d.buf.pending; p == nil || p.Fresh && (!d.hasPatches.Load() || d.patchesAt(p.Seq) == nil) {
 		return true
 	}
+	// Started, or carrying the changes the run took (Patched): a parallel
+	// step's record, written apart, must never land at a later position
+	// while this one is lost, where a replay would read the run as one
+	// that took the old code.
 	return d.flush()
 }
 

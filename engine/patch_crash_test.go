@@ -57,7 +57,62 @@ func patchCrashWorkflows(pool *pgxpool.Pool) []engine.Registration {
 		}
 		return branch, nil
 	}, nil)
-	return []engine.Registration{patched}
+	// hole takes a change, then runs a plain step of the new code (whose
+	// record, carrying the change, is written lazily), then a parallel
+	// step, whose record is written apart; with envHangInNewCode its
+	// worker hangs once the parallel step's record is written.
+	hole := engine.Define("crash-patch-hole", func(ctx *engine.Context, _ crashIn) (string, error) {
+		if _, err := engine.Step(ctx, "before", func(context.Context) (int, error) { return 1, nil }, nil); err != nil {
+			return "", err
+		}
+		branch := "old"
+		if engine.Patched(ctx, "x") {
+			if _, err := engine.Step(ctx, "new_b", func(sctx context.Context) (int, error) {
+				return 1, bumpCalls(context.WithoutCancel(sctx), pool, ctx.RunID(), "new_b")
+			}, nil); err != nil {
+				return "", err
+			}
+			branch = "new"
+		} else if _, err := engine.Step(ctx, "old_b", func(sctx context.Context) (int, error) {
+			return 1, bumpCalls(context.WithoutCancel(sctx), pool, ctx.RunID(), "old_b")
+		}, nil); err != nil {
+			return "", err
+		}
+		if _, err := engine.Go(ctx, "par", func(context.Context) (int, error) { return 1, nil }, nil).Get(ctx); err != nil {
+			return "", err
+		}
+		if os.Getenv(envHangInNewCode) == "1" {
+			if err := bumpCalls(context.Background(), pool, ctx.RunID(), "hang"); err != nil {
+				return "", err
+			}
+			select {}
+		}
+		return branch, nil
+	}, nil)
+	return []engine.Registration{patched, hole}
+}
+
+// A plain step after Patched, then a parallel step: the plain step's
+// record (which carries the change) is written before the parallel step
+// starts, so a worker killed once the parallel step's record is written
+// never leaves a hole where a replay would read the old code.
+func TestAChangeIsWrittenBeforeAParallelStepAfterIt(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	createCallsTable(t, db.Pool)
+	wfs := crashWorkflows(db.Pool)
+	client := newEngine(t, db, nil, false, wfs...)
+	ctx := testCtx(t)
+	res, err := client.StartJSON(ctx, "crash-patch-hole", []byte(`{}`), nil)
+	require.NoError(t, err)
+	child := crashtest.StartWorker(t, db, 2*time.Second, envHangInNewCode+"=1")
+	eventually(t, 30*time.Second, "the parallel step's end", func() bool { return calls(t, db.Pool, res.RunID, "hang") == 1 })
+	crashtest.Kill(t, child)
+	worker := newEngine(t, db, &engine.Config{LeaseDuration: 2 * time.Second}, true, wfs...)
+	run := waitStatus(t, worker, res.RunID, engine.StatusCompleted, 30*time.Second)
+	require.JSONEq(t, `"new"`, string(run.Output))
+	require.Zero(t, calls(t, db.Pool, res.RunID, "old_b"), "the old code never ran")
+	require.Equal(t, 1, calls(t, db.Pool, res.RunID, "new_b"))
 }
 
 // A worker killed between Patched and the first step of the new code, with

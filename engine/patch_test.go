@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -312,4 +313,63 @@ func TestReplayANondeterminismDeadJobOntoAPatchedVersion(t *testing.T) {
 	_, err = fixed.ReplayDeadJobs(ctx, engine.ResolveDeadJobsParams{Filter: engine.ListDeadJobsParams{Reason: engine.ReasonNonDeterminism}},
 		&engine.ResolveOpts{Version: 2})
 	require.ErrorIs(t, err, engine.ErrInvalidArgument, "a bulk replay onto a version needs its workflow")
+}
+
+// Every Patched call before a parallel step gives the same answer on the
+// next delivery, the same ID twice included; an undo registered right
+// after Patched binds to the same step on every delivery.
+func TestPatchedBeforeAParallelStepReplaysAlike(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := testCtx(t)
+	var mu sync.Mutex
+	answers := map[string][]string{}
+	note := func(wf, ans string) {
+		mu.Lock()
+		defer mu.Unlock()
+		answers[wf] = append(answers[wf], ans)
+	}
+	untilSignal := func(ctx *engine.Context) error {
+		if _, err := engine.Go(ctx, "par", func(context.Context) (int, error) { return 1, nil }, nil).Get(ctx); err != nil {
+			return err
+		}
+		_, err := engine.AwaitSignal[string](ctx, "go", time.Hour) // the signal's delivery replays all of it
+		return err
+	}
+	twice := engine.Define("patched-twice", func(ctx *engine.Context, _ string) (string, error) {
+		ans := fmt.Sprintf("%v/%v/%v", engine.Patched(ctx, "x"), engine.Patched(ctx, "y"), engine.Patched(ctx, "x"))
+		note("twice", ans)
+		return ans, untilSignal(ctx)
+	}, nil)
+	undo := func(name string) engine.Undo {
+		return engine.Undo{Name: name, Fn: func(context.Context, *engine.ActivityAttempt) error { return nil }}
+	}
+	undone := engine.Define("patched-undo", func(ctx *engine.Context, _ string) (string, error) {
+		if err := step(ctx, "a"); err != nil {
+			return "", err
+		}
+		if err := ctx.Compensate(undo("undo_a")); err != nil {
+			return "", err
+		}
+		ans := "no change"
+		if engine.Patched(ctx, "x") {
+			ans = fmt.Sprintf("compensate: %v", ctx.Compensate(undo("undo_x")))
+		}
+		note("undo", ans)
+		return ans, untilSignal(ctx)
+	}, nil)
+	e := newEngine(t, db, nil, true, twice, undone)
+	for _, w := range []*engine.Workflow[string, string]{twice, undone} {
+		r, err := w.Start(ctx, e, "", nil)
+		require.NoError(t, err)
+		enginetest.RequireRunStatus(ctx, t, e, r.RunID, engine.StatusWaiting, 0)
+		require.NoError(t, e.Signal(ctx, r.RunID.String(), "go", "", nil))
+		enginetest.RequireRunCompleted(ctx, t, e, r.RunID, 0)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{"true/true/true", "true/true/true"}, answers["twice"])
+	require.Len(t, answers["undo"], 2)
+	require.Equal(t, answers["undo"][0], answers["undo"][1])
+	require.Contains(t, answers["undo"][0], "step 0 already has an undo")
 }
