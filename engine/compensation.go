@@ -72,13 +72,24 @@ func (u *Undo) check() error {
 	return nil
 }
 
+// markerAt reports whether position seq holds a change's marker, recorded
+// (a replay) or pending in this delivery's buffer (a parallel step after
+// it gave its position back, on cancellation).
+func (d *delivery) markerAt(seq int) bool {
+	if rec := d.pos.at(seq); rec != nil {
+		return rec.Kind == string(KindPatch)
+	}
+	p := d.buf.pending
+	return p != nil && p.Seq == seq && p.Kind == string(KindPatch)
+}
+
 // registerUndo registers u with the latest step, which must have succeeded.
 // A change's marker (Patched, before a parallel step) is no step: it is
 // written only when the parallel step starts, so a replay skips it, as the
 // delivery that wrote it did not see it yet.
 func (d *delivery) registerUndo(u Undo) error {
 	seq := d.pos.next - 1
-	for seq >= 0 && d.pos.at(seq) != nil && d.pos.at(seq).Kind == string(KindPatch) {
+	for seq >= 0 && d.markerAt(seq) {
 		seq--
 	}
 	d.compMu.Lock()
