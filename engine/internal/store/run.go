@@ -638,18 +638,28 @@ func WakeVersionWaits(ctx context.Context, tx DBTX, p WakeParams) ([]uuid.UUID, 
 	for i, v := range p.Versions {
 		names[i], versions[i], below[i] = v.Name, int32(v.Version), int32(v.Below)
 	}
+	// A read, then an update by run ID: Citus runs neither a modification
+	// whose subquery has a LIMIT across shards nor FOR UPDATE there, so
+	// the update repeats the read's conditions instead of locking.
 	rows, err := tx.Query(ctx, `
-WITH served AS (
-    SELECT w.run_id FROM pgdurable.workflow_runs w
-    JOIN unnest($2::text[], $3::int[], $4::int[]) AS v(name, version, below)
-      ON w.workflow_name = v.name AND (w.workflow_version = v.version OR w.workflow_version < v.below)
-    WHERE w.queue = $1 AND w.version_wait_since IS NOT NULL AND w.status IN ('pending', 'compensating')
-      AND w.owner_token IS NULL AND w.wake_at IS NULL
-    LIMIT $6
-)
-UPDATE pgdurable.workflow_runs r SET enqueued_at = $5::timestamptz
-FROM served WHERE r.run_id = served.run_id
-RETURNING r.run_id`, p.Queue, names, versions, below, p.Now, p.Limit)
+SELECT w.run_id FROM pgdurable.workflow_runs w
+JOIN unnest($2::text[], $3::int[], $4::int[]) AS v(name, version, below)
+  ON w.workflow_name = v.name AND (w.workflow_version = v.version OR w.workflow_version < v.below)
+WHERE w.queue = $1 AND w.version_wait_since IS NOT NULL AND w.status IN ('pending', 'compensating')
+  AND w.owner_token IS NULL AND w.wake_at IS NULL
+LIMIT $5`, p.Queue, names, versions, below, p.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("finding runs waiting for a version: %w", translate(err))
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil || len(ids) == 0 {
+		return nil, err
+	}
+	rows, err = tx.Query(ctx, `
+UPDATE pgdurable.workflow_runs SET enqueued_at = $2::timestamptz
+WHERE run_id = ANY($1) AND version_wait_since IS NOT NULL AND status IN ('pending', 'compensating')
+  AND owner_token IS NULL AND wake_at IS NULL
+RETURNING run_id`, uuids(ids), p.Now)
 	if err != nil {
 		return nil, fmt.Errorf("waking runs waiting for a version: %w", translate(err))
 	}
@@ -657,7 +667,7 @@ RETURNING r.run_id`, p.Queue, names, versions, below, p.Now, p.Limit)
 }
 
 // VersionWait is the runs of one workflow version on a queue that wait
-// for a process that registers it (see ReleaseUnclaimed).
+// for a process that registers it (see ReleaseUnregistered).
 type VersionWait struct {
 	Workflow string
 	Version  int
