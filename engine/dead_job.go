@@ -261,12 +261,46 @@ func (e *Engine) checkVersionServed(ctx context.Context, tx pgx.Tx, runID uuid.U
 // queue: one registers version of workflow name, and none moves its runs
 // above it (AutoUpgrade). ErrInvalidArgument otherwise.
 func (e *Engine) checkServedOn(ctx context.Context, db store.DBTX, queue, name string, version int) error {
-	procs, err := store.LiveProcesses(ctx, db, maintenance.ProcessLive)
+	live, err := liveVersionsOf(ctx, db, queue, name)
 	if err != nil {
 		return err
 	}
-	var live []int
-	served, upTo := false, 0 // upTo: the highest version a live process moves runs up to
+	switch {
+	case live.upTo > version:
+		return fmt.Errorf("%w: a live engine process on queue %q moves the runs of workflow %q up to version %d (WorkflowOpts.AutoUpgrade): "+
+			"a replay onto version %d would not stay there; replay onto %d", ErrInvalidArgument, queue, name, live.upTo, version, live.upTo)
+	case slices.Contains(live.versions, version):
+		return nil
+	}
+	registered := "none does"
+	if len(live.versions) > 0 {
+		registered = fmt.Sprintf("they register %v", live.versions)
+	}
+	return fmt.Errorf("%w: no live engine process on queue %q registers workflow %q version %d (%s): "+
+		"start one that does, then replay onto it", ErrInvalidArgument, queue, name, version, registered)
+}
+
+// liveVersions is what the live engine processes on a queue do with the
+// runs of one workflow: the versions they register (ascending), and the
+// highest version any of them moves runs up to (WorkflowOpts.AutoUpgrade;
+// 0 for none).
+type liveVersions struct {
+	versions []int
+	upTo     int
+}
+
+// serves reports whether a run of version v gets a delivery from one of
+// the processes: one registers v, or moves v up.
+func (l liveVersions) serves(v int) bool { return slices.Contains(l.versions, v) || l.upTo > v }
+
+// liveVersionsOf reads the process registry for what the live processes
+// on queue do with workflow name's runs.
+func liveVersionsOf(ctx context.Context, db store.DBTX, queue, name string) (liveVersions, error) {
+	procs, err := store.LiveProcesses(ctx, db, maintenance.ProcessLive)
+	if err != nil {
+		return liveVersions{}, err
+	}
+	var l liveVersions
 	for _, p := range procs {
 		if p.Queue != queue {
 			continue
@@ -276,28 +310,15 @@ func (e *Engine) checkServedOn(ctx context.Context, db store.DBTX, queue, name s
 				continue
 			}
 			if w.AutoUpgrade {
-				upTo = max(upTo, w.Version)
+				l.upTo = max(l.upTo, w.Version)
 			}
-			served = served || w.Version == version
-			if !slices.Contains(live, w.Version) {
-				live = append(live, w.Version)
+			if !slices.Contains(l.versions, w.Version) {
+				l.versions = append(l.versions, w.Version)
 			}
 		}
 	}
-	switch {
-	case upTo > version:
-		return fmt.Errorf("%w: a live engine process on queue %q moves the runs of workflow %q up to version %d (WorkflowOpts.AutoUpgrade): "+
-			"a replay onto version %d would not stay there; replay onto %d", ErrInvalidArgument, queue, name, upTo, version, upTo)
-	case served:
-		return nil
-	}
-	slices.Sort(live)
-	registered := "none does"
-	if len(live) > 0 {
-		registered = fmt.Sprintf("they register %v", live)
-	}
-	return fmt.Errorf("%w: no live engine process on queue %q registers workflow %q version %d (%s): "+
-		"start one that does, then replay onto it", ErrInvalidArgument, queue, name, version, registered)
+	slices.Sort(l.versions)
+	return l, nil
 }
 
 // replayLinked replays the run of the dead job d (closed by the caller),

@@ -16,7 +16,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/pgdurable/pgdurable/engine/internal/groupcommit"
-	"github.com/pgdurable/pgdurable/engine/internal/maintenance"
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
@@ -641,19 +640,9 @@ func (e *Engine) noteUnserved(ctx context.Context, run *Run, queue string) error
 	if run.WaitingFor != "" || (run.Status != StatusPending && run.Status != StatusCompensating) || run.WakeAt != nil {
 		return nil
 	}
-	procs, err := store.LiveProcesses(ctx, e.db, maintenance.ProcessLive)
-	if err != nil {
+	live, err := liveVersionsOf(ctx, e.db, queue, run.WorkflowName)
+	if err != nil || live.serves(run.WorkflowVersion) {
 		return err
-	}
-	for _, p := range procs {
-		if p.Queue != queue {
-			continue
-		}
-		for _, w := range p.Workflows {
-			if w.Name == run.WorkflowName && (w.Version == run.WorkflowVersion || w.AutoUpgrade && w.Version > run.WorkflowVersion) {
-				return nil
-			}
-		}
 	}
 	run.WaitingFor = versionWaitReason(run.WorkflowName, run.WorkflowVersion)
 	return nil

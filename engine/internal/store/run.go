@@ -548,10 +548,14 @@ func SuspendRun(ctx context.Context, db DBTX, f Fence, p SuspendParams) error {
 // stopping process's, or one whose workflow version this process does not
 // register), without counting a delivery.
 const releaseUnclaimed = `
-UPDATE pgdurable.workflow_runs SET owner_token = NULL, lease_expires_at = NULL,
-    status = CASE WHEN status = 'running' THEN 'pending' ELSE status END,
-    deliveries = deliveries - 1, stalled_deliveries = greatest(stalled_deliveries - 1, 0)
+UPDATE pgdurable.workflow_runs SET ` + releaseClaim + `
 WHERE run_id = $1 AND owner_token = $2`
+
+// releaseClaim undoes a claim: no lease, and the delivery it counted
+// uncounted.
+const releaseClaim = `owner_token = NULL, lease_expires_at = NULL,
+    status = CASE WHEN status = 'running' THEN 'pending' ELSE status END,
+    deliveries = deliveries - 1, stalled_deliveries = greatest(stalled_deliveries - 1, 0)`
 
 // ReleaseUnclaimed undoes the claim f holds for a delivery that cannot run
 // the workflow.
@@ -566,9 +570,7 @@ func ReleaseUnclaimed(ctx context.Context, db DBTX, f Fence) error {
 // leaves a run no code ran yet unstarted: its timeout's clock starts at
 // the pick-up that runs it.
 const releaseUnregistered = `
-UPDATE pgdurable.workflow_runs SET owner_token = NULL, lease_expires_at = NULL,
-    status = CASE WHEN status = 'running' THEN 'pending' ELSE status END,
-    deliveries = deliveries - 1, stalled_deliveries = greatest(stalled_deliveries - 1, 0),
+UPDATE pgdurable.workflow_runs SET ` + releaseClaim + `,
     started_at = CASE WHEN deliveries = 1 THEN NULL ELSE started_at END,
     deadline_at = CASE WHEN deliveries = 1 THEN NULL ELSE deadline_at END,
     version_wait_since = coalesce(version_wait_since, $3::timestamptz)
