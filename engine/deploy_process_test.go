@@ -191,13 +191,7 @@ func TestVersionsAcrossProcesses(t *testing.T) {
 	}
 	const reason = "a process that registers crash-checkout v1"
 	for _, id := range orphans {
-		eventually(t, 30*time.Second, "the v2 process to hand the v1 run back", func() bool {
-			run, err := client.GetRun(ctx, id)
-			require.NoError(t, err)
-			return run.WaitingSince != nil // handed back
-		})
-		run, err := client.GetRun(ctx, id)
-		require.NoError(t, err)
+		run := waitHandedBack(ctx, t, client, id)
 		require.Equal(t, reason, run.WaitingFor)
 		require.NotNil(t, run.WaitingSince)
 		require.Equal(t, engine.StatusPending, run.Status)
@@ -390,11 +384,7 @@ func TestAStartingProcessTakesTheRunsWaitingForItsVersion(t *testing.T) {
 	onlyV2 := newEngine(t, db, nil, true, versioned(2))
 	r, err := versioned(1).Start(ctx, onlyV2, "orphan", nil)
 	require.NoError(t, err)
-	eventually(t, 30*time.Second, "the hand-back", func() bool {
-		run, err := onlyV2.GetRun(ctx, r.RunID)
-		require.NoError(t, err)
-		return run.WaitingSince != nil // handed back
-	})
+	waitHandedBack(ctx, t, onlyV2, r.RunID)
 	require.NoError(t, onlyV2.Stop(ctx))
 	// As after many hand-backs: the run's ticket is due much later.
 	_, err = db.Pool.Exec(ctx, `UPDATE pgdurable.river_job SET scheduled_at = now() + interval '1 hour' WHERE state IN ('scheduled', 'available')`)
@@ -418,11 +408,7 @@ func TestAHandBackNeitherStartsNorStrandsARun(t *testing.T) {
 	doomed, err := versioned(1).Start(ctx, onlyV2, "doomed", nil)
 	require.NoError(t, err)
 	for _, id := range []uuid.UUID{timed.RunID, doomed.RunID} {
-		eventually(t, 30*time.Second, "the hand-back", func() bool {
-			run, err := onlyV2.GetRun(ctx, id)
-			require.NoError(t, err)
-			return run.WaitingSince != nil // handed back
-		})
+		waitHandedBack(ctx, t, onlyV2, id)
 	}
 	require.NoError(t, onlyV2.Cancel(ctx, doomed.RunID))
 	run := waitStatus(t, onlyV2, doomed.RunID, engine.StatusCancelled, 30*time.Second)
@@ -469,4 +455,18 @@ func TestAPendingRunSaysNoLiveProcessRegistersItsVersion(t *testing.T) {
 	worker := newEngine(t, db, nil, true, versioned(1))
 	run = waitStatus(t, worker, r.RunID, engine.StatusWaiting, 30*time.Second)
 	require.Empty(t, run.WaitingFor)
+}
+
+// waitHandedBack waits until a process has handed run id back for want of
+// a process of its version (its wait's since is set), and returns it.
+func waitHandedBack(ctx context.Context, t *testing.T, e *engine.Engine, id uuid.UUID) *engine.Run {
+	t.Helper()
+	var run *engine.Run
+	eventually(t, 30*time.Second, "the hand-back of run "+id.String(), func() bool {
+		var err error
+		run, err = e.GetRun(ctx, id)
+		require.NoError(t, err)
+		return run.WaitingSince != nil
+	})
+	return run
 }

@@ -209,15 +209,7 @@ func TestListRunsByPatch(t *testing.T) {
 	require.NoError(t, err)
 	enginetest.RequireRunStatus(ctx, t, e, after.RunID, engine.StatusWaiting, 0)
 
-	ids := func(p engine.ListRunsParams) []uuid.UUID {
-		runs, _, err := e.ListRuns(ctx, p)
-		require.NoError(t, err)
-		var out []uuid.UUID
-		for _, r := range runs {
-			out = append(out, r.RunID)
-		}
-		return out
-	}
+	ids := func(p engine.ListRunsParams) []uuid.UUID { return listedRunIDs(ctx, t, e, p) }
 	require.Equal(t, []uuid.UUID{after.RunID}, ids(engine.ListRunsParams{Workflow: "approval", Patched: "fraud-check"}))
 	require.Equal(t, []uuid.UUID{before.RunID}, ids(engine.ListRunsParams{Workflow: "approval", Status: engine.StatusWaiting, Unpatched: "fraud-check"}))
 	_, _, err = e.ListRuns(ctx, engine.ListRunsParams{Patched: "fraud-check", Unpatched: "fraud-check"})
@@ -372,4 +364,16 @@ func TestPatchedBeforeAParallelStepReplaysAlike(t *testing.T) {
 	require.Len(t, answers["undo"], 2)
 	require.Equal(t, answers["undo"][0], answers["undo"][1])
 	require.Contains(t, answers["undo"][0], "step 0 already has an undo")
+}
+
+// listedRunIDs is the IDs of the runs e.ListRuns(p) lists, in its order.
+func listedRunIDs(ctx context.Context, t *testing.T, e *engine.Engine, p engine.ListRunsParams) []uuid.UUID {
+	t.Helper()
+	runs, _, err := e.ListRuns(ctx, p)
+	require.NoError(t, err)
+	var out []uuid.UUID
+	for _, r := range runs {
+		out = append(out, r.RunID)
+	}
+	return out
 }

@@ -166,15 +166,7 @@ func TestListRunsByVersion(t *testing.T) {
 	for _, id := range []uuid.UUID{old.RunID, cur.RunID} {
 		enginetest.RequireRunStatus(ctx, t, e, id, engine.StatusWaiting, 0)
 	}
-	ids := func(p engine.ListRunsParams) []uuid.UUID {
-		runs, _, err := e.ListRuns(ctx, p)
-		require.NoError(t, err)
-		var out []uuid.UUID
-		for _, r := range runs {
-			out = append(out, r.RunID)
-		}
-		return out
-	}
+	ids := func(p engine.ListRunsParams) []uuid.UUID { return listedRunIDs(ctx, t, e, p) }
 	require.Equal(t, []uuid.UUID{old.RunID}, ids(engine.ListRunsParams{Workflow: "pinned", Status: engine.StatusWaiting, Version: 1}))
 	require.Equal(t, []uuid.UUID{cur.RunID}, ids(engine.ListRunsParams{Workflow: "pinned", Version: 2}))
 	require.Len(t, ids(engine.ListRunsParams{Workflow: "pinned"}), 2)
