@@ -45,7 +45,7 @@ func (g *global) runsCmd() *cobra.Command {
 			if p.Tags, err = tagFlags(listTags); err != nil {
 				return err
 			}
-			if err := checkOneOf("--status", p.Status, engine.RunStatuses()...); err != nil {
+			if err := checkOneOf("--status", p.Status, append(engine.RunStatuses(), engine.StatusOpenRuns)...); err != nil {
 				return err
 			}
 			e, done, err := g.client(cmd.Context())
