@@ -752,7 +752,7 @@ func (d *delivery) continueAsNew(input []byte) {
 	r.Parent = d.parent
 	r.TraceContext = d.traceContext // the chain stays in one trace, its first delivery here too
 	r.ContinuedFrom = &d.runID
-	wf, path := e.planStart(nil, next.name, next.version, false)
+	wf, path := e.planStart(nil, next.name, next.version, false, r.FlowQueue != "")
 	e.route(&r, path)
 	sent := time.Now()
 	d.writeMu.Lock()

@@ -241,7 +241,7 @@ func crashWorkflows(pool *pgxpool.Pool) []engine.Registration {
 		}, &engine.StepOpts{ScheduleToCloseTimeout: 4 * time.Second, RetryPolicy: &engine.RetryPolicy{MaximumAttempts: 1}}).Get(ctx)
 	}, nil)
 	return append(append([]engine.Registration{three, flaky, lost, tx, batch, fanout, kid, parent, lostPar, lostS2C}, deadlineCrashWorkflows(pool)...),
-		append(patchCrashWorkflows(pool), checkoutVersions()...)...)
+		append(append(patchCrashWorkflows(pool), checkoutVersions()...), queuedCrashWorkflows(pool)...)...)
 }
 
 func createCallsTable(t *testing.T, pool *pgxpool.Pool) {

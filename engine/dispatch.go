@@ -118,11 +118,12 @@ func (m *movingAverage) get() time.Duration {
 // process (dispatchNow or holdLocal) when the engine is started and not
 // stopping and registers the workflow; never when started in the caller's
 // transaction, which exists only once the caller commits, nor when delayed
-// (StartOpts.StartAt: the sweep wakes it when due). For dispatchNow
+// (StartOpts.StartAt: the sweep wakes it when due), nor when it is
+// queued (a flow-controlled queue's admission claims it). For dispatchNow
 // the caller holds a worker slot: dispatch releases it, and a start that
 // does not dispatch after all must release it itself.
-func (e *Engine) planStart(tx pgx.Tx, name string, version int, delayed bool) (registered, startPath) {
-	if tx != nil || delayed || e.stopping.Load() {
+func (e *Engine) planStart(tx pgx.Tx, name string, version int, delayed, queued bool) (registered, startPath) {
+	if tx != nil || delayed || queued || e.stopping.Load() {
 		return registered{}, viaRiver
 	}
 	e.mu.Lock()
@@ -178,8 +179,17 @@ func (e *Engine) newRun(name string, version int, input []byte, opts *StartOpts)
 			return store.NewRun{}, err
 		}
 	}
-	return store.NewRun{RunID: runID, WorkflowName: name, WorkflowVersion: version, WorkflowID: workflowID,
-		Input: input, Queue: e.cfg.Queue, ScheduleName: scheduleOf(opts), StartAt: startAt, RunTimeout: runTimeoutOf(opts), Tags: tags}, nil
+	e.mu.Lock()
+	wf := e.versions[workflowKey{name, version}] // a version not registered here has no WorkflowOpts.Queue to read
+	e.mu.Unlock()
+	wf.name = name
+	r, err := queueOf(wf, input, opts)
+	if err != nil {
+		return store.NewRun{}, err
+	}
+	r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID = runID, name, version, workflowID
+	r.Input, r.Queue, r.ScheduleName, r.StartAt, r.RunTimeout, r.Tags = input, e.cfg.Queue, scheduleOf(opts), startAt, runTimeoutOf(opts), tags
+	return r, nil
 }
 
 // route readies r for path: a run to dispatch is inserted claimed by this
@@ -210,6 +220,8 @@ func (e *Engine) afterStart(wf registered, path startPath, r store.NewRun, fresh
 		e.releaseSlot()
 	case path == holdLocal && fresh:
 		e.hold(wf, r.RunID)
+	case r.FlowQueue != "" && fresh && r.StartAt == nil:
+		e.pokeQueue(r.FlowQueue)
 	}
 }
 

@@ -307,6 +307,10 @@ type Engine struct {
 	versions  map[workflowKey]registered
 	warned    map[string]time.Time // warning key → when last logged (warnOnce)
 	started   bool
+	// flowQueues are the queues this process serves (RegisterQueue);
+	// stopAdmitting ends their admitters.
+	flowQueues    map[string]*flowQueue
+	stopAdmitting context.CancelFunc
 	// maint runs the sweep and the other background jobs while the
 	// engine is started; process is the one of them that Start and stop
 	// also call.
@@ -497,6 +501,13 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.process.RunOnce(ctx)
 	e.wakeVersionWaits(ctx)
 	e.maint.Start(ctx)
+	admitting, stop := context.WithCancel(context.Background())
+	e.mu.Lock()
+	e.stopAdmitting = stop
+	e.mu.Unlock()
+	if err := e.startQueues(ctx, admitting); err != nil {
+		return fmt.Errorf("pgdurable: starting queues: %w", err)
+	}
 	return nil
 }
 
@@ -638,6 +649,11 @@ func (e *Engine) stop(ctx context.Context, stopQueue func(context.Context) error
 	if !started {
 		return nil
 	}
+	e.mu.Lock()
+	if e.stopAdmitting != nil {
+		e.stopAdmitting()
+	}
+	e.mu.Unlock()
 	err := stopQueue(ctx)
 	// After River stopped fetching: released here, a held run would be
 	// fetched by this very process and handed back again.

@@ -73,8 +73,16 @@ func (e *Engine) deliver(ctx context.Context, runID uuid.UUID) error {
 		return err // the database failed: River retries the ticket
 	}
 	if miss != nil {
-		return e.missed(runID, miss)
+		return e.missed(ctx, runID, miss)
 	}
+	return e.runClaimed(ctx, claimed, token, sent)
+}
+
+// runClaimed runs a delivery that claimed a run under token at sent: it
+// moves the run to the latest version (AutoUpgrade), hands it back when
+// this process does not register its version, else executes it.
+func (e *Engine) runClaimed(ctx context.Context, claimed *store.ClaimedRun, token uuid.UUID, sent time.Time) error {
+	runID := claimed.RunID
 	log := e.log.With("run_id", runID, "workflow", claimed.WorkflowName, "workflow_id", claimed.WorkflowID)
 	wf, upgrade, ok := e.deliveryVersion(claimed.WorkflowName, claimed.WorkflowVersion)
 	if upgrade {
@@ -262,15 +270,28 @@ func crashLoop(stalled, long, maxDeliveries int) bool {
 }
 
 // missed handles a ticket that found the run not claimable.
-func (e *Engine) missed(runID uuid.UUID, m *store.ClaimMiss) error {
+func (e *Engine) missed(ctx context.Context, runID uuid.UUID, m *store.ClaimMiss) error {
 	switch {
 	case m.NotExists, m.Leased:
 		// Finished tickets and duplicates end here; a live lease holder that
 		// dies is covered by the sweeper, which enqueues a new ticket.
 		return nil
-	case m.WakeAt != nil && RunStatus(m.Status).active():
+	case m.WakeAt != nil && m.WakeAt.After(e.now()) && RunStatus(m.Status).active():
 		// An early ticket (clock skew, a duplicate): wait until due rather
 		// than drop it, so no waiting run is ever left without a ticket.
+		return queue.Snooze(max(m.WakeAt.Sub(e.now()), 10*time.Millisecond))
+	case m.FlowQueue != "" && RunStatus(m.Status).active():
+		// Its queue's admission claims it: the ticket's work is to make it
+		// ready (a failure fails the ticket, which River retries).
+		q, err := store.MarkReady(context.WithoutCancel(ctx), e.db, runID, e.now())
+		if err != nil {
+			return err
+		}
+		if q != "" {
+			e.pokeQueue(q)
+		}
+		return nil
+	case m.WakeAt != nil && RunStatus(m.Status).active():
 		return queue.Snooze(max(m.WakeAt.Sub(e.now()), 10*time.Millisecond))
 	}
 	return nil

@@ -64,6 +64,34 @@ type StartOpts struct {
 	// (the same input) keeps that run's tags; a run ContinueAsNew starts
 	// takes the tags of the run it continues; child runs start untagged.
 	Tags map[string]string
+	// Queue puts the run in this flow-controlled queue instead of its
+	// workflow's (WorkflowOpts.Queue); see Engine.RegisterQueue.
+	Queue string
+	// QueueKey is the run's key in its queue (at most MaxQueueKeyBytes),
+	// instead of the one WorkflowOpts.QueueKey computes.
+	QueueKey string
+	// Priority orders the queue's ready runs: higher first (MinPriority
+	// to MaxPriority, default 0); equal priorities go by fair share
+	// between keys, and in start order within a key. See
+	// QueueOpts.PriorityAging for how long a low priority can wait.
+	Priority int
+	// KeyWeight is the share of the queue the run's key gets against
+	// other keys when both have runs waiting (0 < weight <= MaxKeyWeight;
+	// default 1): a key of weight 2 starts two runs for each one of a key
+	// of weight 1. Keys are served by start-time fair queuing: a key that
+	// queued 10,000 runs does not delay a key that queues one by more than
+	// about one run of each other key waiting.
+	KeyWeight float64
+	// DeduplicationID refuses the start (ErrDuplicate) while a run of the
+	// queue that holds the same ID is open (pending, running, waiting or
+	// compensating); once it ends the ID is free again. Unlike WorkflowID,
+	// which names one run forever, it guards only against running twice
+	// at once. At most MaxDeduplicationIDBytes. Needs a queue.
+	DeduplicationID string
+	// ReturnDuplicate makes a start refused for its DeduplicationID
+	// return the open run that holds it (StartResult.Existing and
+	// Deduplicated) instead of ErrDuplicate.
+	ReturnDuplicate bool
 
 	schedule string // set by the scheduler: the schedule whose fire starts the run
 	// engineMade: the engine made WorkflowID, no caller chose it (a child's
@@ -102,6 +130,9 @@ type StartResult struct {
 	// Existing is true when a run with this workflow ID and input already
 	// existed; no new run was created.
 	Existing bool `json:"existing"`
+	// Deduplicated is true when the run is the open run that holds the
+	// start's StartOpts.DeduplicationID (ReturnDuplicate).
+	Deduplicated bool `json:"deduplicated,omitempty"`
 	// Status is the run's status when the start returned.
 	Status RunStatus `json:"status"`
 }
@@ -178,7 +209,7 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	span, traceCtx := e.tr.start(ctx, name, workflowID)
 	defer func() { started(span, res, err) }()
 	r.TraceContext = traceCtx
-	wf, path := e.planStart(tx, name, version, r.StartAt != nil)
+	wf, path := e.planStart(tx, name, version, r.StartAt != nil, r.FlowQueue != "")
 	e.route(&r, path)
 	sent := time.Now()
 	var ins *store.InsertedRun
@@ -196,8 +227,11 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		return nil, fmt.Errorf("%w: %v", ErrInvalidInput, err)
 	case err != nil:
 		return nil, fmt.Errorf("pgdurable: starting workflow %q: %w", name, err)
+	case ins.Deduplicated && !opts.ReturnDuplicate:
+		return nil, fmt.Errorf("%w: queue %q, deduplication ID %q: run %s is %s", ErrDuplicate, r.FlowQueue, r.DedupID, ins.RunID, ins.Status)
 	}
-	res = &StartResult{RunID: ins.RunID, WorkflowID: workflowID, Existing: ins.Existing, Status: RunStatus(ins.Status)}
+	res = &StartResult{RunID: ins.RunID, WorkflowID: workflowID, Existing: ins.Existing, Deduplicated: ins.Deduplicated,
+		Status: RunStatus(ins.Status)}
 	e.obs.RunStarted(RunStartedEvent{Workflow: name, Existing: res.Existing})
 	if !res.Existing {
 		e.log.DebugContext(ctx, "run started", "run_id", res.RunID, "workflow", name, "workflow_id", workflowID)
@@ -343,8 +377,11 @@ func (e *Engine) insertRuns(runs []store.NewRun) []groupcommit.Outcome[*store.In
 }
 
 // needsTicket: r is new work for River now (not claimed or held by this
-// process, not delayed: the sweep enqueues a delayed run when it is due).
-func needsTicket(r store.NewRun) bool { return r.Claim == nil && r.Hold == 0 && r.StartAt == nil }
+// process, not delayed: the sweep enqueues a delayed run when it is due;
+// not queued: its queue's admission claims it).
+func needsTicket(r store.NewRun) bool {
+	return r.Claim == nil && r.Hold == 0 && r.StartAt == nil && r.FlowQueue == ""
+}
 
 // insertRunBatch inserts runs in one statement, and, for the new ones that
 // no process executes at once, their River tickets in the same transaction.

@@ -44,6 +44,17 @@ type WorkflowOpts struct {
 	// starts another, so a fan-out over 10,000 items holds 32 goroutines
 	// (and, for GoTx, at most 32 pool connections). Negative is an error.
 	MaxParallelSteps int
+	// Queue puts the workflow's runs in a flow-controlled queue
+	// (Engine.RegisterQueue), unless a start names another
+	// (StartOpts.Queue): a process serving the queue admits them within
+	// its limits. Empty: no queue, runs start as soon as a worker is free.
+	Queue string
+	// QueueKey computes a run's key in its queue from the run's JSON
+	// input (KeyOf builds one from a function of the decoded input), for
+	// QueueOpts.KeyConcurrency, KeyRateLimit and fair shares: a customer
+	// ID, say. StartOpts.QueueKey overrides it. An error fails the start
+	// with ErrInvalidInput.
+	QueueKey func(input json.RawMessage) (string, error)
 }
 
 // Workflow is a registered-by-name Go function, defined with Define. In and
@@ -103,6 +114,8 @@ type registered struct {
 	autoUpgrade bool // WorkflowOpts.AutoUpgrade
 	retry       *RetryPolicy
 	maxParallel int
+	queue       string                                      // WorkflowOpts.Queue
+	queueKey    func(input json.RawMessage) (string, error) // WorkflowOpts.QueueKey
 	err         error
 	// decode checks that input decodes as In.
 	decode func(input []byte) error
@@ -134,6 +147,8 @@ func (w *Workflow[In, Out]) registration() registered {
 		autoUpgrade: w.opts.AutoUpgrade,
 		retry:       w.opts.RetryPolicy,
 		maxParallel: cmp.Or(w.opts.MaxParallelSteps, defaultMaxParallelSteps),
+		queue:       w.opts.Queue,
+		queueKey:    w.opts.QueueKey,
 		err:         w.err,
 		decode: func(input []byte) error {
 			_, err := decodeStrict[In](input)
@@ -485,7 +500,7 @@ func (w *Workflow[In, Out]) startMany(ctx context.Context, e *Engine, tx pgx.Tx,
 	e.heldMu.Unlock()
 	for i := range runs {
 		var p registered
-		p, paths[i] = e.planStart(tx, w.name, w.opts.Version, runs[i].StartAt != nil)
+		p, paths[i] = e.planStart(tx, w.name, w.opts.Version, runs[i].StartAt != nil, runs[i].FlowQueue != "")
 		if paths[i] != viaRiver {
 			wf = p
 		}
@@ -510,6 +525,9 @@ func (w *Workflow[In, Out]) startMany(ctx context.Context, e *Engine, tx pgx.Tx,
 				return fmt.Errorf("start %d: %w: workflow %q, ID %q (run %s)", i, ErrWorkflowIDConflict, w.name, runs[i].WorkflowID, r.Run.RunID)
 			case r.Err != nil:
 				return fmt.Errorf("start %d: %w", i, r.Err)
+			case r.Run.Deduplicated && (starts[i].Opts == nil || !starts[i].Opts.ReturnDuplicate):
+				return fmt.Errorf("start %d: %w: queue %q, deduplication ID %q: run %s is %s", i, ErrDuplicate,
+					runs[i].FlowQueue, runs[i].DedupID, r.Run.RunID, r.Run.Status)
 			case !r.Run.Existing && needsTicket(runs[i]):
 				tickets = append(tickets, r.Run.RunID)
 			}
@@ -521,11 +539,12 @@ func (w *Workflow[In, Out]) startMany(ctx context.Context, e *Engine, tx pgx.Tx,
 		e.afterStart(wf, paths[i], r, err == nil && !inserted[i].Run.Existing, sent)
 		if err == nil {
 			ins := inserted[i].Run
-			out[i] = &StartResult{RunID: ins.RunID, WorkflowID: r.WorkflowID, Existing: ins.Existing, Status: RunStatus(ins.Status)}
+			out[i] = &StartResult{RunID: ins.RunID, WorkflowID: r.WorkflowID, Existing: ins.Existing, Deduplicated: ins.Deduplicated,
+				Status: RunStatus(ins.Status)}
 		}
 	}
 	switch {
-	case errors.Is(err, ErrWorkflowIDConflict):
+	case errors.Is(err, ErrWorkflowIDConflict), errors.Is(err, ErrDuplicate):
 		return nil, err
 	case errors.Is(err, store.ErrBadPayload):
 		return nil, fmt.Errorf("%w: %v", ErrInvalidInput, err)

@@ -9,6 +9,7 @@ package crashtest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -41,6 +42,16 @@ const (
 // (direct dispatch), with no River ticket, for tests that kill it mid-run.
 const EnvWorkerStarts = "PGDURABLE_ENGINETEST_WORKER_STARTS"
 
+// EnvWorkerConns, given to StartWorker as EnvWorkerConns+"=n", sizes the
+// worker's pool (default 20): tests that start several workers keep within
+// PostgreSQL's connection limit, which the parallel tests share.
+const EnvWorkerConns = "PGDURABLE_ENGINETEST_WORKER_CONNS"
+
+// EnvWorkerQueues, given to StartWorker as EnvWorkerQueues+"="+JSON, has
+// the worker serve the queues the JSON object names, each with the
+// engine.QueueOpts its value holds (durations in nanoseconds).
+const EnvWorkerQueues = "PGDURABLE_ENGINETEST_WORKER_QUEUES"
+
 // RunWorkerIfChild turns this process into a worker when StartWorker
 // started it: it builds a pool on the test's database (20 connections), an
 // engine with the lease StartWorker asked for, registers what register
@@ -64,6 +75,9 @@ func runWorker(register func(pool *pgxpool.Pool) []engine.Registration) error {
 		return err
 	}
 	cfg.MaxConns = 20
+	if n, _ := strconv.Atoi(os.Getenv(EnvWorkerConns)); n > 0 {
+		cfg.MaxConns = int32(n)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return err
@@ -85,6 +99,17 @@ func runWorker(register func(pool *pgxpool.Pool) []engine.Registration) error {
 	}
 	if err := e.Register(register(pool)...); err != nil {
 		return err
+	}
+	if spec := os.Getenv(EnvWorkerQueues); spec != "" {
+		var queues map[string]engine.QueueOpts
+		if err := json.Unmarshal([]byte(spec), &queues); err != nil {
+			return fmt.Errorf("%s: %w", EnvWorkerQueues, err)
+		}
+		for name, opts := range queues {
+			if err := e.RegisterQueue(name, opts); err != nil {
+				return err
+			}
+		}
 	}
 	if err := e.Start(ctx); err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -375,13 +376,56 @@ func InsertRuns(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunResul
 	for i, j := range order {
 		sorted[i] = runs[j]
 	}
-	res, err := insertSorted(ctx, db, sorted)
+	res, err := insertSplit(ctx, db, sorted)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]InsertedRunResult, len(runs))
 	for i, j := range order {
 		out[j] = res[i]
+	}
+	return out, nil
+}
+
+// insertSplit inserts the runs of flow-controlled queues with their own
+// statement (insertFlowRuns) and the others with insertSorted; the result
+// at i belongs to runs[i].
+func insertSplit(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunResult, error) {
+	flow := 0
+	for _, r := range runs {
+		if r.FlowQueue != "" {
+			flow++
+		}
+	}
+	switch flow {
+	case 0:
+		return insertSorted(ctx, db, runs)
+	case len(runs):
+		return insertFlowRuns(ctx, db, runs)
+	}
+	var plain, queued []NewRun
+	for _, r := range runs {
+		if r.FlowQueue != "" {
+			queued = append(queued, r)
+		} else {
+			plain = append(plain, r)
+		}
+	}
+	a, err := insertSorted(ctx, db, plain)
+	if err != nil {
+		return nil, err
+	}
+	b, err := insertFlowRuns(ctx, db, queued)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]InsertedRunResult, 0, len(runs))
+	for _, r := range runs {
+		if r.FlowQueue != "" {
+			out, b = append(out, b[0]), b[1:]
+		} else {
+			out, a = append(out, a[0]), a[1:]
+		}
 	}
 	return out, nil
 }
@@ -457,7 +501,13 @@ func insertSorted(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunRes
 //
 // Any number of runs are claimed in one statement, each with its own token
 // (@run_id, @token, @lease_ms: one element per run), as of @now.
-var claimRuns = named(`
+//
+// A run of a flow-controlled queue is claimed only by its queue's
+// admission (admitClaim): a ticket's claim skips it.
+var claimRuns = named(strings.Replace(claimRunsSQL, "WHERE r.run_id = u.run_id\n", "WHERE r.run_id = u.run_id AND r.flow_queue IS NULL\n", 1))
+
+// claimRunsSQL is the claim both claimRuns and admitClaim make.
+const claimRunsSQL = `
 UPDATE pgdurable.workflow_runs r SET
     owner_token = u.token,
     lease_expires_at = now() + u.lease_ms * interval '1 millisecond',
@@ -476,7 +526,7 @@ WHERE r.run_id = u.run_id
   AND (r.wake_at IS NULL OR r.wake_at <= @now)
 RETURNING r.run_id, u.token, r.workflow_name, r.workflow_version, r.workflow_id, r.input, r.deliveries,
           r.stalled_deliveries, r.long_stalled_deliveries, r.status, r.cancel_requested_at IS NOT NULL, r.deadline_at,
-          r.parent_run_id, r.parent_seq, r.parent_close_policy, r.run_timeout_ms, r.trace_context, r.version_wait_since`)
+          r.parent_run_id, r.parent_seq, r.parent_close_policy, r.run_timeout_ms, r.trace_context, r.version_wait_since`
 
 // claimSettings applies to the rest of the claim batch's implicit
 // transaction: its commit is asynchronous (a claim that a PostgreSQL crash
@@ -497,7 +547,7 @@ SELECT run_id, seq, name, kind, status, attempts, request_id, output, error, nex
 FROM pgdurable.workflow_steps WHERE run_id = ANY($1) ORDER BY run_id, seq`
 
 const claimMisses = `
-SELECT run_id, status, owner_token IS NOT NULL AND lease_expires_at >= now(), wake_at
+SELECT run_id, status, owner_token IS NOT NULL AND lease_expires_at >= now(), wake_at, coalesce(flow_queue, '')
 FROM pgdurable.workflow_runs WHERE run_id = ANY($1)`
 
 // ClaimResult is one run's outcome in ClaimRuns: Run when claimed, else
@@ -513,22 +563,34 @@ type ClaimResult struct {
 // belongs to fences[i]. Two fences for one run in a batch (duplicate
 // deliveries) claim it at most once: the other finds it leased.
 func ClaimRuns(ctx context.Context, db DBTX, fences []Fence, now time.Time) ([]ClaimResult, error) {
+	return claimWith(ctx, db, claimRuns, pgx.StrictNamedArgs{}, fences, now, true)
+}
+
+// claimWith is ClaimRuns with stmt, a claimRunsSQL whose further
+// parameters are in args, in db's transaction (settings true: set the
+// claim's transaction settings, claimSettings, first).
+func claimWith(ctx context.Context, db DBTX, stmt *namedStmt, args pgx.StrictNamedArgs, fences []Fence, now time.Time, settings bool) ([]ClaimResult, error) {
 	n := len(fences)
 	ids, tokens, lease := make(uuidArray, n), make(uuidArray, n), make([]int64, n)
 	for i, f := range inRunOrder(fences, func(f Fence) uuid.UUID { return f.RunID }) {
 		ids[i], tokens[i], lease[i] = uuidParam(f.RunID), uuidParam(f.Token), ms(f.Lease)
 	}
 	b := &pgx.Batch{}
-	b.Queue(claimSettings)
-	claimRuns.queue(b, pgx.StrictNamedArgs{"run_id": ids, "token": tokens, "lease_ms": lease, "now": now})
+	if settings {
+		b.Queue(claimSettings)
+	}
+	args["run_id"], args["token"], args["lease_ms"], args["now"] = ids, tokens, lease, now
+	stmt.queue(b, args)
 	b.Queue(loadStepsOfRuns, ids)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
 	fail := func(err error) ([]ClaimResult, error) {
 		return nil, fmt.Errorf("claiming %d runs: %w", n, translate(err))
 	}
-	if _, err := br.Exec(); err != nil {
-		return fail(err)
+	if settings {
+		if _, err := br.Exec(); err != nil {
+			return fail(err)
+		}
 	}
 	rows, err := br.Query()
 	if err != nil {
@@ -605,7 +667,7 @@ func ClaimRuns(ctx context.Context, db DBTX, fences []Fence, now time.Time) ([]C
 	for rows.Next() {
 		var runID uuid.UUID
 		m := &ClaimMiss{}
-		if err := rows.Scan(&runID, &m.Status, &m.Leased, &m.WakeAt); err != nil {
+		if err := rows.Scan(&runID, &m.Status, &m.Leased, &m.WakeAt, &m.FlowQueue); err != nil {
 			rows.Close()
 			return fail(err)
 		}

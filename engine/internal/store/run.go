@@ -51,13 +51,31 @@ type NewRun struct {
 	// TraceContext is the starting span's W3C trace context as a JSON
 	// object (nil: not traced; a continued run takes its predecessor's).
 	TraceContext []byte
+	// FlowQueue, when set, puts the run in a flow-controlled queue: it is
+	// inserted ready (or waiting, with StartAt), with no River job, and
+	// only the queue's admission claims it (see Admit). Not with Claim or
+	// Hold.
+	FlowQueue string
+	// FlowKey is the run's key in its queue ("" for none: the runs without
+	// one share it), Priority its priority (higher first) and TagStep its
+	// share of the key's fair-queuing time (1/weight).
+	FlowKey  string
+	Priority int
+	TagStep  float64
+	// DedupID, when set, is the run's deduplication ID: the insert finds
+	// the open run of the queue that holds it instead (see
+	// InsertedRun.Deduplicated).
+	DedupID string
 }
 
 // InsertedRun reports the outcome of InsertRun.
 type InsertedRun struct {
 	RunID    uuid.UUID
 	Existing bool // a run with this workflow ID already existed
-	Status   string
+	// Deduplicated: the run is the open run that holds the start's
+	// deduplication ID (Existing is set too).
+	Deduplicated bool
+	Status       string
 }
 
 // insertRun inserts a run (see NewRun), claimed when @token is set. Its
@@ -109,6 +127,13 @@ WHERE r.workflow_name = $1 AND r.workflow_id = $2 AND r.status <> 'continued'`
 // input returns ErrConflict. Concurrent inserts of one workflow ID serialise
 // on the unique index, so exactly one wins.
 func InsertRun(ctx context.Context, db DBTX, r NewRun) (*InsertedRun, error) {
+	if r.FlowQueue != "" {
+		res, err := insertFlowRuns(ctx, db, []NewRun{r})
+		if err != nil {
+			return nil, err
+		}
+		return res[0].Run, res[0].Err
+	}
 	var id uuid.UUID
 	stmt := insertRunStmt
 	if r.ContinuedFrom != nil {
@@ -204,6 +229,9 @@ type ClaimMiss struct {
 	Leased    bool       // another delivery holds a live lease
 	WakeAt    *time.Time // the run waits until then
 	NotExists bool
+	// FlowQueue is the run's flow-controlled queue: its admission, not a
+	// ticket, claims it (see MarkReady).
+	FlowQueue string
 }
 
 func scanSteps(rows pgx.Rows) ([]StepRecord, error) {

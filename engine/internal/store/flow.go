@@ -1,0 +1,497 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// Flow control. A run of a flow-controlled queue is never claimed by a
+// River ticket: a ticket for it makes it ready (MarkReady), and the
+// queue's admission (LockQueue, Candidates, Admit, in one transaction that
+// holds the queue's row lock) claims the ready runs that fit the queue's
+// limits. Every limit is counted from the rows that hold a live lease
+// when the lock is held, so nothing is released: a lease that expires
+// frees its slot by itself.
+
+// insertFlowRuns inserts runs of flow-controlled queues: ready now (pending,
+// ready_at @now) unless delayed (waiting, like any delayed start, and
+// made ready when a ticket wakes it). A run's fair-queuing tag follows its
+// key's latest ready run, or the queue's virtual time when that is later
+// (start-time fair queuing): a key with 10,000 runs waiting has tags far
+// ahead, so a key that starts one run now is admitted within about one
+// round of the keys. Runs of one key in one statement take successive
+// tags, in the statement's order. ON CONFLICT has no target: a taken
+// workflow ID and a taken deduplication ID both skip the row.
+var insertFlowRunsStmt = named(`
+INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
+                           status, wake_at, run_timeout_ms, parent_run_id, parent_seq, parent_close_policy, first_run_id,
+                           tags, trace_context, flow_queue, flow_key, priority, fair_tag, ready_at, dedup_id)
+SELECT u.run_id, u.name, u.version, u.workflow_id, u.input::jsonb, u.queue, u.schedule,
+       CASE WHEN u.start_at IS NOT NULL THEN 'waiting' ELSE 'pending' END,
+       u.start_at, nullif(u.timeout_ms, 0), u.parent, u.parent_seq, u.policy,
+       (SELECT coalesce(p.first_run_id, p.run_id) FROM pgdurable.workflow_runs p WHERE p.run_id = u.continued_from),
+       coalesce(u.tags::jsonb, (SELECT p.tags FROM pgdurable.workflow_runs p WHERE p.run_id = u.continued_from)),
+       coalesce(u.trace::jsonb, (SELECT p.trace_context FROM pgdurable.workflow_runs p WHERE p.run_id = u.continued_from)),
+       u.flow_queue, u.flow_key, u.priority,
+       CASE WHEN u.start_at IS NULL THEN greatest(coalesce(q.vtime, 0), coalesce(k.tag, 0)) + u.acc END,
+       CASE WHEN u.start_at IS NULL THEN @now::timestamptz END,
+       u.dedup_id
+FROM (SELECT v.*, sum(CASE WHEN v.start_at IS NULL THEN v.step ELSE 0 END)
+                      OVER (PARTITION BY v.flow_queue, v.flow_key ORDER BY v.ord) AS acc
+      FROM unnest(@run_id::uuid[], @workflow_name::text[], @workflow_version::int[], @workflow_id::text[], @input::text[],
+                  @queue::text[], @schedule_name::text[], @start_at::timestamptz[], @run_timeout_ms::bigint[],
+                  @parent_run_id::uuid[], @parent_seq::int[], @parent_close_policy::text[], @continued_from::uuid[],
+                  @tags::text[], @trace_context::text[], @flow_queue::text[], @flow_key::text[], @priority::int[],
+                  @tag_step::float8[], @dedup_id::text[])
+           WITH ORDINALITY AS v(run_id, name, version, workflow_id, input, queue, schedule, start_at, timeout_ms, parent,
+                                parent_seq, policy, continued_from, tags, trace, flow_queue, flow_key, priority, step,
+                                dedup_id, ord)) u
+LEFT JOIN pgdurable.queues q ON q.name = u.flow_queue
+LEFT JOIN LATERAL (SELECT max(r.fair_tag) AS tag FROM pgdurable.workflow_runs r
+                   WHERE r.flow_queue = u.flow_queue AND r.flow_key = u.flow_key AND r.ready_at IS NOT NULL) k ON true
+ON CONFLICT DO NOTHING
+RETURNING run_id`)
+
+// dedupHolder finds the open run of a queue that holds a deduplication ID.
+const dedupHolder = `
+SELECT run_id, status FROM pgdurable.workflow_runs
+WHERE flow_queue = $1 AND dedup_id = $2 AND status IN ('pending', 'running', 'waiting', 'compensating')`
+
+// insertFlowRuns is InsertRuns for runs whose FlowQueue is set. A run not
+// inserted is found as InsertRun finds it: by its workflow ID, else (its
+// deduplication ID was taken) as the open run that holds its
+// deduplication ID, Deduplicated. A holder that ended between the insert
+// and the read frees the ID: the run is inserted again, up to 3 times.
+func insertFlowRuns(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunResult, error) {
+	out := make([]InsertedRunResult, len(runs))
+	todo := make([]int, len(runs))
+	for i := range todo {
+		todo[i] = i
+	}
+	for try := 0; len(todo) > 0; try++ {
+		batch := make([]NewRun, len(todo))
+		for j, i := range todo {
+			batch[j] = runs[i]
+		}
+		inserted, err := insertFlowBatch(ctx, db, batch)
+		if err != nil {
+			return nil, err
+		}
+		var again []int
+		for _, i := range todo {
+			r := runs[i]
+			if inserted[r.RunID] {
+				out[i].Run = &InsertedRun{RunID: r.RunID, Status: r.insertedStatus()}
+				continue
+			}
+			ins, err := existing(ctx, db, r)
+			if !errors.Is(err, ErrNotFound) || r.DedupID == "" {
+				out[i].Run, out[i].Err = ins, err
+				continue
+			}
+			holder := &InsertedRun{Existing: true, Deduplicated: true}
+			err = db.QueryRow(ctx, dedupHolder, r.FlowQueue, r.DedupID).Scan(&holder.RunID, &holder.Status)
+			switch {
+			case err == nil:
+				out[i].Run = holder
+			case errors.Is(err, pgx.ErrNoRows) && try < 3:
+				again = append(again, i)
+			default:
+				out[i].Err = fmt.Errorf("reading the run that holds deduplication ID %q: %w", r.DedupID, translate(err))
+			}
+		}
+		todo = again
+	}
+	return out, nil
+}
+
+// insertFlowBatch runs insertFlowRunsStmt and returns the IDs it inserted.
+func insertFlowBatch(ctx context.Context, db DBTX, runs []NewRun) (map[uuid.UUID]bool, error) {
+	n := len(runs)
+	var (
+		runID, parent, continued = make(uuidArray, n), make(uuidArray, n), make(uuidArray, n)
+		name, workflowID, input  = make([]string, n), make([]string, n), make([]string, n)
+		queue, flowQueue, key    = make([]string, n), make([]string, n), make([]string, n)
+		schedule, policy         = make(pgtype.FlatArray[pgtype.Text], n), make(pgtype.FlatArray[pgtype.Text], n)
+		tags, trace, dedup       = make(pgtype.FlatArray[pgtype.Text], n), make(pgtype.FlatArray[pgtype.Text], n), make(pgtype.FlatArray[pgtype.Text], n)
+		version, priority        = make([]int32, n), make([]int32, n)
+		parentSeq                = make(pgtype.FlatArray[pgtype.Int4], n)
+		startAt                  = make(pgtype.FlatArray[pgtype.Timestamptz], n)
+		timeout                  = make([]int64, n)
+		step                     = make([]float64, n)
+	)
+	for i, r := range runs {
+		runID[i], name[i], version[i], workflowID[i] = uuidParam(r.RunID), r.WorkflowName, int32(r.WorkflowVersion), r.WorkflowID
+		input[i], queue[i], schedule[i], startAt[i], timeout[i] = string(r.Input), r.Queue, textOrNull(r.ScheduleName), timeOrNull(r.StartAt), ms(r.RunTimeout)
+		if p := r.Parent; p != nil {
+			parent[i], parentSeq[i], policy[i] = uuidParam(p.RunID), int4OrNull(&p.Seq), textOrNull(&p.ClosePolicy)
+		}
+		continued[i], tags[i], trace[i] = uuidOrNull(r.ContinuedFrom), jsonParam(r.Tags), jsonParam(r.TraceContext)
+		flowQueue[i], key[i], priority[i], step[i] = r.FlowQueue, r.FlowKey, int32(r.Priority), r.TagStep
+		if step[i] <= 0 {
+			step[i] = 1
+		}
+		if r.DedupID != "" {
+			dedup[i] = pgtype.Text{String: r.DedupID, Valid: true}
+		}
+	}
+	rows, err := insertFlowRunsStmt.query(ctx, db, pgx.StrictNamedArgs{"run_id": runID, "workflow_name": name,
+		"workflow_version": version, "workflow_id": workflowID, "input": input, "queue": queue, "schedule_name": schedule,
+		"start_at": startAt, "run_timeout_ms": timeout, "parent_run_id": parent, "parent_seq": parentSeq,
+		"parent_close_policy": policy, "continued_from": continued, "tags": tags, "trace_context": trace,
+		"flow_queue": flowQueue, "flow_key": key, "priority": priority, "tag_step": step, "dedup_id": dedup, "now": time.Now()})
+	if err != nil {
+		return nil, fmt.Errorf("inserting %d runs: %w", n, translate(err))
+	}
+	inserted := make(map[uuid.UUID]bool, n)
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("inserting %d runs: %w", n, err)
+		}
+		inserted[id] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("inserting %d runs: %w", n, translate(err))
+	}
+	return inserted, nil
+}
+
+// markReady makes a run of a flow-controlled queue ready, as a ticket for
+// it would have claimed it: open, no live lease, not waiting for a later
+// time. A run that has a fair-queuing tag (it ran before) keeps it, so a
+// run that wakes goes ahead of the runs started after it; a delayed start,
+// ready for the first time, takes one as insertFlowRunsStmt gives it.
+var markReady = named(`
+UPDATE pgdurable.workflow_runs r SET ready_at = @now,
+    fair_tag = coalesce(r.fair_tag,
+        greatest(coalesce((SELECT q.vtime FROM pgdurable.queues q WHERE q.name = r.flow_queue), 0),
+                 coalesce((SELECT max(o.fair_tag) FROM pgdurable.workflow_runs o
+                           WHERE o.flow_queue = r.flow_queue AND o.flow_key = r.flow_key AND o.ready_at IS NOT NULL), 0)) + 1)
+WHERE r.run_id = @run_id AND r.flow_queue IS NOT NULL AND r.ready_at IS NULL
+  AND r.status IN ('pending', 'running', 'waiting', 'compensating')
+  AND (r.owner_token IS NULL OR r.lease_expires_at < @now)
+  AND (r.wake_at IS NULL OR r.wake_at <= @now)
+RETURNING r.flow_queue`)
+
+// MarkReady makes runID ready for its queue's admission (see markReady)
+// and returns the queue; "" when the run is not one to make ready (not of
+// a flow-controlled queue, ready already, leased, closed or not due).
+func MarkReady(ctx context.Context, db DBTX, runID uuid.UUID, now time.Time) (string, error) {
+	var queue string
+	err := markReady.queryRow(ctx, db, pgx.StrictNamedArgs{"run_id": runID, "now": now}).Scan(&queue)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("making run %s ready: %w", runID, translate(err))
+	}
+	return queue, nil
+}
+
+// Rate is a rate limit: Limit per Period, Burst at once (0: 1).
+type Rate struct {
+	Limit  int
+	Period time.Duration
+	Burst  int
+}
+
+// QueueDef is a flow-controlled queue's definition (0: no limit).
+type QueueDef struct {
+	Name           string
+	Concurrency    int
+	KeyConcurrency int
+	Rate, KeyRate  Rate
+	PriorityAging  time.Duration
+}
+
+// DefineQueue writes q's definition, keeping the queue's pause and its
+// admission state.
+func DefineQueue(ctx context.Context, db DBTX, q QueueDef) error {
+	_, err := db.Exec(ctx, `
+INSERT INTO pgdurable.queues (name, concurrency, key_concurrency, rate_limit, rate_period_ms, rate_burst,
+                              key_rate_limit, key_rate_period_ms, key_rate_burst, priority_aging_ms)
+VALUES (@name, @concurrency, @key_concurrency, @rate_limit, @rate_period_ms, @rate_burst,
+        @key_rate_limit, @key_rate_period_ms, @key_rate_burst, @priority_aging_ms)
+ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, key_concurrency = excluded.key_concurrency,
+    rate_limit = excluded.rate_limit, rate_period_ms = excluded.rate_period_ms, rate_burst = excluded.rate_burst,
+    key_rate_limit = excluded.key_rate_limit, key_rate_period_ms = excluded.key_rate_period_ms,
+    key_rate_burst = excluded.key_rate_burst, priority_aging_ms = excluded.priority_aging_ms, defined_at = now()`,
+		pgx.StrictNamedArgs{"name": q.Name, "concurrency": q.Concurrency, "key_concurrency": q.KeyConcurrency,
+			"rate_limit": q.Rate.Limit, "rate_period_ms": ms(q.Rate.Period), "rate_burst": q.Rate.Burst,
+			"key_rate_limit": q.KeyRate.Limit, "key_rate_period_ms": ms(q.KeyRate.Period), "key_rate_burst": q.KeyRate.Burst,
+			"priority_aging_ms": ms(q.PriorityAging)})
+	if err != nil {
+		return fmt.Errorf("defining queue %q: %w", q.Name, translate(err))
+	}
+	return nil
+}
+
+// QueueState is a queue as its admission finds it with the queue's row
+// locked: the definition, the pause, the admission state and the runs
+// holding a live lease, in all and by key.
+type QueueState struct {
+	Def          QueueDef
+	Paused       bool
+	VTime        float64
+	RateTAT      *time.Time
+	Running      int
+	RunningByKey map[string]int
+}
+
+const lockQueue = `
+SELECT concurrency, key_concurrency, rate_limit, rate_period_ms, rate_burst, key_rate_limit, key_rate_period_ms,
+       key_rate_burst, priority_aging_ms, paused_at IS NOT NULL, vtime, rate_tat
+FROM pgdurable.queues WHERE name = $1 FOR UPDATE`
+
+// runningByKey counts the runs of a queue that hold a live lease, by key.
+const runningByKey = `
+SELECT flow_key, count(*) FROM pgdurable.workflow_runs
+WHERE flow_queue = $1 AND owner_token IS NOT NULL AND lease_expires_at >= $2
+GROUP BY flow_key`
+
+// LockQueue locks queue's row in tx (admissions of one queue take turns,
+// so each counts what the one before it claimed) and reads its state as of
+// now. ErrNotFound: no process defined the queue.
+func LockQueue(ctx context.Context, tx DBTX, queue string, now time.Time) (*QueueState, error) {
+	b := &pgx.Batch{}
+	b.Queue(lockQueue, queue)
+	b.Queue(runningByKey, queue, now)
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	s := &QueueState{Def: QueueDef{Name: queue}, RunningByKey: map[string]int{}}
+	var ratePeriod, keyRatePeriod, aging int64
+	err := br.QueryRow().Scan(&s.Def.Concurrency, &s.Def.KeyConcurrency, &s.Def.Rate.Limit, &ratePeriod, &s.Def.Rate.Burst,
+		&s.Def.KeyRate.Limit, &keyRatePeriod, &s.Def.KeyRate.Burst, &aging, &s.Paused, &s.VTime, &s.RateTAT)
+	if err != nil {
+		return nil, fmt.Errorf("locking queue %q: %w", queue, translate(err))
+	}
+	s.Def.Rate.Period, s.Def.KeyRate.Period = time.Duration(ratePeriod)*time.Millisecond, time.Duration(keyRatePeriod)*time.Millisecond
+	s.Def.PriorityAging = time.Duration(aging) * time.Millisecond
+	rows, err := br.Query()
+	if err != nil {
+		return nil, fmt.Errorf("counting the running runs of queue %q: %w", queue, err)
+	}
+	for rows.Next() {
+		var key string
+		var n int
+		if err := rows.Scan(&key, &n); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("counting the running runs of queue %q: %w", queue, err)
+		}
+		s.RunningByKey[key] = n
+		s.Running += n
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("counting the running runs of queue %q: %w", queue, err)
+	}
+	return s, br.Close()
+}
+
+// VersionRange is a workflow's versions a process takes: Lo to Hi.
+type VersionRange struct {
+	Name   string
+	Lo, Hi int
+}
+
+// Candidate is a ready run an admission may claim.
+type Candidate struct {
+	RunID    uuid.UUID
+	Key      string
+	Priority int
+	Tag      float64
+	ReadyAt  time.Time
+	// Aged: it has waited the queue's priority aging while runs of a
+	// higher priority went first.
+	Aged bool
+}
+
+// CandidateParams select the ready runs of Queue as of Now that an
+// admission may claim: of the workflow versions in Versions, not of the
+// keys in Full (at their limit), at most Limit, and, when AgedBefore is
+// set, first those ready since before it whose priority is below the
+// highest ready.
+type CandidateParams struct {
+	Queue      string
+	Now        time.Time
+	Versions   []VersionRange
+	Full       []string
+	Limit      int
+	AgedBefore *time.Time
+}
+
+// candidateFilter is what makes a ready run a candidate (see
+// CandidateParams).
+const candidateFilter = `r.flow_queue = @queue AND r.ready_at IS NOT NULL AND r.ready_at <= @now
+  AND r.flow_key <> ALL(@full::text[])
+  AND EXISTS (SELECT 1 FROM unnest(@names::text[], @lo::int[], @hi::int[]) AS v(name, lo, hi)
+              WHERE v.name = r.workflow_name AND r.workflow_version BETWEEN v.lo AND v.hi)`
+
+var freshCandidates = named(`
+SELECT r.run_id, r.flow_key, r.priority, r.fair_tag, r.ready_at, false FROM pgdurable.workflow_runs r
+WHERE ` + candidateFilter + `
+ORDER BY r.priority DESC, r.fair_tag, r.run_id
+LIMIT @limit`)
+
+var agedCandidates = named(`
+SELECT r.run_id, r.flow_key, r.priority, r.fair_tag, r.ready_at, true FROM pgdurable.workflow_runs r
+WHERE ` + candidateFilter + ` AND r.ready_at < @aged_before
+  AND r.priority < (SELECT t.priority FROM pgdurable.workflow_runs t WHERE t.flow_queue = @queue AND t.ready_at IS NOT NULL
+                    ORDER BY t.priority DESC LIMIT 1)
+ORDER BY r.ready_at, r.run_id
+LIMIT @limit`)
+
+// Candidates reads the candidates of p: the aged ones first (oldest
+// first), then the rest in admission order (priority, then fair-queuing
+// tag). A run can be in both lists.
+func Candidates(ctx context.Context, tx DBTX, p CandidateParams) ([]Candidate, error) {
+	n := len(p.Versions)
+	names, lo, hi := make([]string, n), make([]int32, n), make([]int32, n)
+	for i, v := range p.Versions {
+		names[i], lo[i], hi[i] = v.Name, int32(v.Lo), int32(v.Hi)
+	}
+	full := p.Full
+	if full == nil {
+		full = []string{}
+	}
+	args := pgx.StrictNamedArgs{"queue": p.Queue, "now": p.Now, "full": full, "names": names, "lo": lo, "hi": hi, "limit": p.Limit}
+	b := &pgx.Batch{}
+	if p.AgedBefore != nil {
+		aged := pgx.StrictNamedArgs{"aged_before": *p.AgedBefore}
+		for k, v := range args {
+			aged[k] = v
+		}
+		agedCandidates.queue(b, aged)
+	}
+	freshCandidates.queue(b, args)
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	var out []Candidate
+	for range b.Len() {
+		rows, err := br.Query()
+		if err != nil {
+			return nil, fmt.Errorf("reading the ready runs of queue %q: %w", p.Queue, err)
+		}
+		for rows.Next() {
+			var c Candidate
+			if err := rows.Scan(&c.RunID, &c.Key, &c.Priority, &c.Tag, &c.ReadyAt, &c.Aged); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("reading the ready runs of queue %q: %w", p.Queue, err)
+			}
+			out = append(out, c)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("reading the ready runs of queue %q: %w", p.Queue, err)
+		}
+	}
+	return out, br.Close()
+}
+
+// KeyRates reads the rate-limit state (GCRA theoretical arrival times) of
+// keys of queue; a key without a row has none.
+func KeyRates(ctx context.Context, tx DBTX, queue string, keys []string) (map[string]time.Time, error) {
+	rows, err := tx.Query(ctx, `SELECT key, rate_tat FROM pgdurable.queue_keys WHERE queue = $1 AND key = ANY($2)`, queue, keys)
+	if err != nil {
+		return nil, fmt.Errorf("reading the key rates of queue %q: %w", queue, err)
+	}
+	out := make(map[string]time.Time, len(keys))
+	for rows.Next() {
+		var k string
+		var t time.Time
+		if err := rows.Scan(&k, &t); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("reading the key rates of queue %q: %w", queue, err)
+		}
+		out[k] = t
+	}
+	rows.Close()
+	return out, rows.Err()
+}
+
+// Admission is what an admission writes: the runs it claims (each under
+// its own token), the queue's new virtual time and rate state, and the
+// new rate state of the keys it admitted (with a key rate limit).
+type Admission struct {
+	Queue   string
+	Now     time.Time
+	Claims  []Fence
+	VTime   float64
+	RateTAT *time.Time
+	KeyTATs map[string]time.Time
+}
+
+// admitClaim is claimRuns for an admission: only ready runs of the queue,
+// which stop being ready.
+var admitClaim = named(strings.Replace(strings.Replace(claimRunsSQL,
+	"    held_until = NULL,\n", "    held_until = NULL,\n    ready_at = NULL,\n", 1),
+	"WHERE r.run_id = u.run_id\n", "WHERE r.run_id = u.run_id AND r.flow_queue = @flow_queue AND r.ready_at IS NOT NULL\n", 1))
+
+// Admit writes a: the claims with their step loads, and the queue's (and
+// keys') admission state, in tx, which it commits asynchronously (as a
+// claim is: a claim that a PostgreSQL crash loses leaves the run ready,
+// and its delivery's fenced writes fail). It returns the runs claimed;
+// a run that stopped being claimable since Candidates read it (ended,
+// say) is left out.
+func Admit(ctx context.Context, tx DBTX, a Admission) ([]*ClaimedRun, error) {
+	b := &pgx.Batch{}
+	b.Queue(`SELECT set_config('synchronous_commit', 'off', true)`)
+	b.Queue(`UPDATE pgdurable.queues SET vtime = greatest(vtime, $2), rate_tat = $3 WHERE name = $1`, a.Queue, a.VTime, a.RateTAT)
+	if len(a.KeyTATs) > 0 {
+		keys, tats := make([]string, 0, len(a.KeyTATs)), make([]time.Time, 0, len(a.KeyTATs))
+		for k, t := range a.KeyTATs {
+			keys, tats = append(keys, k), append(tats, t)
+		}
+		b.Queue(`INSERT INTO pgdurable.queue_keys (queue, key, rate_tat) SELECT $1, k, t FROM unnest($2::text[], $3::timestamptz[]) AS u(k, t)
+ON CONFLICT (queue, key) DO UPDATE SET rate_tat = excluded.rate_tat`, a.Queue, keys, tats)
+		// Rows whose time has passed say nothing: keep the table to the
+		// keys limited now.
+		b.Queue(`DELETE FROM pgdurable.queue_keys WHERE queue = $1 AND rate_tat < $2`, a.Queue, a.Now)
+	}
+	br := tx.SendBatch(ctx, b)
+	for range b.Len() {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return nil, fmt.Errorf("admitting runs of queue %q: %w", a.Queue, err)
+		}
+	}
+	if err := br.Close(); err != nil {
+		return nil, fmt.Errorf("admitting runs of queue %q: %w", a.Queue, err)
+	}
+	if len(a.Claims) == 0 {
+		return nil, nil
+	}
+	res, err := claimWith(ctx, tx, admitClaim, pgx.StrictNamedArgs{"flow_queue": a.Queue}, a.Claims, a.Now, false)
+	if err != nil {
+		return nil, err
+	}
+	var out []*ClaimedRun
+	for _, r := range res {
+		if r.Run != nil {
+			out = append(out, r.Run)
+		}
+	}
+	return out, nil
+}
+
+// AnyReady reports whether queue has a run ready by now: an idle
+// admitter's check, which takes no lock.
+func AnyReady(ctx context.Context, db DBTX, queue string, now time.Time) (bool, error) {
+	var ok bool
+	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pgdurable.workflow_runs
+WHERE flow_queue = $1 AND ready_at IS NOT NULL AND ready_at <= $2)`, queue, now).Scan(&ok)
+	if err != nil {
+		return false, fmt.Errorf("reading whether queue %q has ready runs: %w", queue, err)
+	}
+	return ok, nil
+}

@@ -1,0 +1,303 @@
+package engine
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdurable/pgdurable/engine/internal/flow"
+	"github.com/pgdurable/pgdurable/engine/internal/store"
+)
+
+// Rate is a rate limit: at most Limit starts per Period, with Burst of
+// them at once (0: 1). It is enforced with GCRA (the generic cell rate
+// algorithm, as in network traffic shaping): one start every
+// Period/Limit, up to Burst of them back to back after a quiet spell.
+// GCRA keeps one time per queue or key in the database rather than a row
+// per start, and says exactly when the next start may go, so a saturated
+// queue is paced evenly instead of letting a whole period's worth through
+// at each period's start, as a fixed window does. The zero Rate is no
+// limit.
+type Rate struct {
+	Limit  int
+	Period time.Duration
+	Burst  int
+}
+
+func (r Rate) check(what string) error {
+	switch {
+	case r == Rate{}:
+		return nil
+	case r.Limit <= 0 || r.Period <= 0:
+		return fmt.Errorf("%w: %s needs a Limit and a Period above 0 (got %d per %s)", ErrInvalidArgument, what, r.Limit, r.Period)
+	case r.Period < time.Millisecond:
+		return fmt.Errorf("%w: %s Period %s is under a millisecond", ErrInvalidArgument, what, r.Period)
+	case r.Burst < 0 || r.Burst > r.Limit:
+		return fmt.Errorf("%w: %s Burst %d is not between 0 and its Limit %d", ErrInvalidArgument, what, r.Burst, r.Limit)
+	}
+	return nil
+}
+
+func (r Rate) def() store.Rate { return store.Rate{Limit: r.Limit, Period: r.Period, Burst: r.Burst} }
+
+// QueueOpts define a flow-controlled queue (Engine.RegisterQueue). The
+// limits hold across every process on the database; a process that
+// registers the queue writes them to the database when it starts, so the
+// definition of the process that started last is in force (keep them
+// equal across a deployment). Zero is no limit.
+type QueueOpts struct {
+	// Workers is how many of the queue's runs this process executes at
+	// once (default Config.MaxWorkers). They are the queue's own: runs of
+	// other queues, and of none, use other workers.
+	Workers int
+	// Concurrency is the most runs of the queue that execute at once,
+	// across every process. A run holds its slot while a delivery holds
+	// its lease: a sleeping run, or one waiting for a signal, holds none,
+	// and the slot of a process that died comes back when its lease
+	// expires (Config.LeaseDuration).
+	Concurrency int
+	// KeyConcurrency is the most runs of one key (StartOpts.QueueKey,
+	// WorkflowOpts.QueueKey) that execute at once; 1 runs each key's runs
+	// one at a time, in the order they were started. Runs started without
+	// a key share the empty key.
+	KeyConcurrency int
+	// RateLimit bounds the queue's starts (first deliveries and
+	// deliveries after a sleep or a wait alike); KeyRateLimit each key's.
+	RateLimit, KeyRateLimit Rate
+	// PriorityAging bounds how long a low-priority run waits behind
+	// higher ones (default 1 minute; negative: never, strict priority):
+	// a ready run that has waited this long while runs of a higher
+	// priority went first is admitted ahead of them, oldest first. So no
+	// run waits longer than PriorityAging plus the time the queue takes to
+	// start the runs that became ready before it.
+	PriorityAging time.Duration
+}
+
+// defaultPriorityAging is QueueOpts.PriorityAging's default.
+const defaultPriorityAging = time.Minute
+
+// Limits on what a start may ask of a queue.
+const (
+	// MaxPriority and MinPriority bound StartOpts.Priority.
+	MaxPriority = 1000
+	MinPriority = -1000
+	// MaxQueueKeyBytes bounds a queue key.
+	MaxQueueKeyBytes = 200
+	// MaxDeduplicationIDBytes bounds StartOpts.DeduplicationID.
+	MaxDeduplicationIDBytes = 400
+	// MaxKeyWeight bounds StartOpts.KeyWeight.
+	MaxKeyWeight = 1000
+)
+
+// flowQueue is a queue this process registered.
+type flowQueue struct {
+	opts     QueueOpts
+	admitter *flow.Admitter
+}
+
+// RegisterQueue defines the flow-controlled queue name (1 to 200 bytes)
+// and makes this process serve it with opts.Workers workers: it admits the
+// queue's ready runs that fit the queue's limits. Runs enter the queue by
+// WorkflowOpts.Queue or StartOpts.Queue; a run of a queue that no
+// started process registers waits, pending. Call before Start.
+//
+// Errors: ErrInvalidArgument (a bad name or option, or the engine was
+// started), and an error when name was registered before.
+func (e *Engine) RegisterQueue(name string, opts QueueOpts) error {
+	if err := checkName("queue name", name, 200); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	switch {
+	case opts.Workers < 0 || opts.Concurrency < 0 || opts.KeyConcurrency < 0:
+		return fmt.Errorf("%w: queue %q: Workers, Concurrency and KeyConcurrency must not be negative", ErrInvalidArgument, name)
+	}
+	if err := opts.RateLimit.check("queue " + name + " RateLimit"); err != nil {
+		return err
+	}
+	if err := opts.KeyRateLimit.check("queue " + name + " KeyRateLimit"); err != nil {
+		return err
+	}
+	opts.Workers = cmp.Or(opts.Workers, e.cfg.MaxWorkers)
+	if opts.PriorityAging == 0 {
+		opts.PriorityAging = defaultPriorityAging
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.started {
+		return fmt.Errorf("%w: RegisterQueue(%q) after Start", ErrInvalidArgument, name)
+	}
+	if _, dup := e.flowQueues[name]; dup {
+		return fmt.Errorf("pgdurable: queue %q registered twice", name)
+	}
+	if e.flowQueues == nil {
+		e.flowQueues = map[string]*flowQueue{}
+	}
+	q := &flowQueue{opts: opts}
+	q.admitter = &flow.Admitter{Queue: name, Workers: opts.Workers, Lease: e.cfg.LeaseDuration, Poll: admitPoll,
+		Now: e.now, Log: e.log, DB: e.db, Versions: e.takenVersions,
+		Tx: func(ctx context.Context, fn func(store.DBTX) error) error {
+			return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return fn(e.on(tx)) })
+		},
+		Run: e.runAdmitted}
+	e.flowQueues[name] = q
+	return nil
+}
+
+// admitPoll is how often an admitter looks for runs made ready, and slots
+// freed, by other processes.
+const admitPoll = 100 * time.Millisecond
+
+// def is q's definition as the database keeps it.
+func (q *flowQueue) def(name string) store.QueueDef {
+	aging := max(q.opts.PriorityAging, 0)
+	return store.QueueDef{Name: name, Concurrency: q.opts.Concurrency, KeyConcurrency: q.opts.KeyConcurrency,
+		Rate: q.opts.RateLimit.def(), KeyRate: q.opts.KeyRateLimit.def(), PriorityAging: aging}
+}
+
+// startQueues writes the definitions of the queues this process registers
+// and starts their admitters, which run until ctx ends.
+func (e *Engine) startQueues(ctx, run context.Context) error {
+	e.mu.Lock()
+	queues := maps.Clone(e.flowQueues)
+	e.mu.Unlock()
+	for _, name := range slices.Sorted(maps.Keys(queues)) {
+		if err := store.DefineQueue(ctx, e.db, queues[name].def(name)); err != nil {
+			return err
+		}
+	}
+	for _, q := range queues {
+		go q.admitter.Serve(run)
+	}
+	return nil
+}
+
+// takenVersions are the workflow versions this process executes: each
+// registered version, and, for a workflow whose latest version sets
+// AutoUpgrade, every version up to it.
+func (e *Engine) takenVersions() []store.VersionRange {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]store.VersionRange, 0, len(e.versions))
+	for k := range e.versions {
+		out = append(out, store.VersionRange{Name: k.name, Lo: k.version, Hi: k.version})
+	}
+	for _, w := range e.workflows {
+		if w.autoUpgrade {
+			out = append(out, store.VersionRange{Name: w.name, Lo: 0, Hi: w.version})
+		}
+	}
+	return out
+}
+
+// pokeQueue asks this process's admitter of queue, if it serves it, for
+// an admission.
+func (e *Engine) pokeQueue(queue string) {
+	e.mu.Lock()
+	q := e.flowQueues[queue]
+	e.mu.Unlock()
+	if q != nil {
+		q.admitter.Poke()
+	}
+}
+
+// runAdmitted executes a run its queue's admission claimed here, on a
+// goroutine of its own; done frees the queue's worker when it ends. False
+// when the engine is stopping: the claim then lapses with its lease, and
+// the sweep makes the run ready again.
+func (e *Engine) runAdmitted(c *store.ClaimedRun, token uuid.UUID, sent time.Time, done func()) bool {
+	if !e.track() {
+		return false
+	}
+	go func() {
+		defer e.dispatched.Done()
+		defer done()
+		if err := e.runClaimed(e.dispatchCtx, c, token, sent); err != nil {
+			e.log.Warn("delivery of an admitted run failed; the run is redelivered when its lease expires",
+				"run_id", c.RunID, "error", err)
+		}
+	}()
+	return true
+}
+
+// queueOf is the queue, key, priority and tag step of a start of wf with
+// input and opts; an empty queue for none.
+func queueOf(wf registered, input []byte, opts *StartOpts) (store.NewRun, error) {
+	var r store.NewRun
+	r.FlowQueue = wf.queue
+	if opts != nil && opts.Queue != "" {
+		r.FlowQueue = opts.Queue
+	}
+	if r.FlowQueue == "" {
+		if opts != nil && (opts.QueueKey != "" || opts.Priority != 0 || opts.KeyWeight != 0 || opts.DeduplicationID != "") {
+			return r, fmt.Errorf("%w: StartOpts.QueueKey, Priority, KeyWeight and DeduplicationID need a queue (StartOpts.Queue or WorkflowOpts.Queue)", ErrInvalidArgument)
+		}
+		return r, nil
+	}
+	if err := checkName("queue name", r.FlowQueue, 200); err != nil {
+		return r, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	if opts != nil && opts.QueueKey != "" {
+		r.FlowKey = opts.QueueKey
+	} else if wf.queueKey != nil {
+		key, err := wf.queueKey(input)
+		if err != nil {
+			return r, fmt.Errorf("%w: WorkflowOpts.QueueKey of workflow %q: %v", ErrInvalidInput, wf.name, err)
+		}
+		r.FlowKey = key
+	}
+	if err := checkQueueKey(r.FlowKey); err != nil {
+		return r, err
+	}
+	r.TagStep = 1
+	if opts != nil {
+		switch {
+		case opts.Priority < MinPriority || opts.Priority > MaxPriority:
+			return r, fmt.Errorf("%w: StartOpts.Priority %d is not between %d and %d", ErrInvalidArgument, opts.Priority, MinPriority, MaxPriority)
+		case opts.KeyWeight < 0 || opts.KeyWeight > MaxKeyWeight:
+			return r, fmt.Errorf("%w: StartOpts.KeyWeight %g is not between 0 and %d", ErrInvalidArgument, opts.KeyWeight, MaxKeyWeight)
+		case len(opts.DeduplicationID) > MaxDeduplicationIDBytes || !utf8.ValidString(opts.DeduplicationID):
+			return r, fmt.Errorf("%w: StartOpts.DeduplicationID is over %d bytes or not UTF-8", ErrInvalidArgument, MaxDeduplicationIDBytes)
+		}
+		r.Priority, r.DedupID = opts.Priority, opts.DeduplicationID
+		if opts.KeyWeight > 0 {
+			r.TagStep = 1 / opts.KeyWeight
+		}
+	}
+	return r, nil
+}
+
+func checkQueueKey(key string) error {
+	if len(key) > MaxQueueKeyBytes || !utf8.ValidString(key) {
+		return fmt.Errorf("%w: queue key %q is over %d bytes or not UTF-8", ErrInvalidArgument, truncateText(key, 64), MaxQueueKeyBytes)
+	}
+	return nil
+}
+
+// KeyOf builds a WorkflowOpts.QueueKey from a function of the workflow's
+// input: the input is decoded as In (an input that does not decode fails
+// the start with ErrInvalidInput).
+//
+//	QueueKey: engine.KeyOf(func(o Order) string { return o.CustomerID })
+func KeyOf[In any](key func(In) string) func(input json.RawMessage) (string, error) {
+	return func(input json.RawMessage) (string, error) {
+		var in In
+		if err := json.Unmarshal(input, &in); err != nil {
+			return "", err
+		}
+		return key(in), nil
+	}
+}
+
+// ErrDuplicate is returned by a start whose StartOpts.DeduplicationID is
+// held by an open run of its queue (unless StartOpts.ReturnDuplicate is
+// set: then the start returns that run, StartResult.Deduplicated).
+var ErrDuplicate = errors.New("pgdurable: deduplication ID held by an open run")

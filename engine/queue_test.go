@@ -1,0 +1,260 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
+)
+
+// queueEngine is an engine on db serving queues, with wfs registered,
+// started, and stopped when the test ends.
+func queueEngine(t *testing.T, db *enginetest.DB, cfg *engine.Config, queues map[string]engine.QueueOpts, wfs ...engine.Registration) *engine.Engine {
+	t.Helper()
+	e := newEngine(t, db, cfg, false, wfs...)
+	for name, opts := range queues {
+		require.NoError(t, e.RegisterQueue(name, opts))
+	}
+	require.NoError(t, e.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := e.StopAndCancel(ctx); err != nil {
+			t.Errorf("stopping engine: %v", err)
+		}
+	})
+	return e
+}
+
+// runningOf counts the runs of queue that hold a live lease, as the
+// database has them.
+func runningOf(t *testing.T, db *enginetest.DB, queue string) int {
+	var n int
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pgdurable.workflow_runs
+WHERE flow_queue = $1 AND owner_token IS NOT NULL AND lease_expires_at >= now()`, queue).Scan(&n))
+	return n
+}
+
+// sampleMax samples f every 10 ms until stop is closed and returns the
+// largest value seen.
+func sampleMax(stop <-chan struct{}, f func() int) <-chan int {
+	out := make(chan int, 1)
+	go func() {
+		most := 0
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			most = max(most, f())
+			select {
+			case <-stop:
+				out <- most
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return out
+}
+
+type keyed struct {
+	Key string `json:"key"`
+	N   int    `json:"n"`
+}
+
+func TestQueueConcurrencyLimitHolds(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := enginetest.NewDB(t)
+	var live, most atomic.Int64
+	wf := engine.Define("limited", func(ctx *engine.Context, in keyed) (int, error) {
+		return engine.Step(ctx, "work", func(context.Context) (int, error) {
+			n := live.Add(1)
+			defer live.Add(-1)
+			for {
+				m := most.Load()
+				if n <= m || most.CompareAndSwap(m, n) {
+					break
+				}
+			}
+			time.Sleep(30 * time.Millisecond)
+			return in.N, nil
+		}, nil)
+	}, &engine.WorkflowOpts{Queue: "limited"})
+	e := queueEngine(t, db, nil, map[string]engine.QueueOpts{"limited": {Concurrency: 3, Workers: 10}}, wf)
+	stop := make(chan struct{})
+	sampled := sampleMax(stop, func() int { return runningOf(t, db, "limited") })
+	var ids []uuid.UUID
+	for i := range 30 {
+		res, err := wf.Start(ctx, e, keyed{N: i}, nil)
+		require.NoError(t, err)
+		ids = append(ids, res.RunID)
+	}
+	for _, id := range ids {
+		waitStatus(t, e, id, engine.StatusCompleted, 30*time.Second)
+	}
+	close(stop)
+	require.LessOrEqual(t, <-sampled, 3, "runs holding a lease at once")
+	require.Equal(t, int64(3), most.Load(), "steps running at once")
+}
+
+func TestQueueKeyConcurrencyIsOneAtATimeInStartOrder(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := enginetest.NewDB(t)
+	var mu sync.Mutex
+	running := map[string]bool{}
+	var order []keyed
+	var overlap atomic.Bool
+	wf := engine.Define("per-key", func(ctx *engine.Context, in keyed) (int, error) {
+		return engine.Step(ctx, "work", func(context.Context) (int, error) {
+			mu.Lock()
+			if running[in.Key] {
+				overlap.Store(true)
+			}
+			running[in.Key] = true
+			order = append(order, in)
+			mu.Unlock()
+			time.Sleep(5 * time.Millisecond)
+			mu.Lock()
+			running[in.Key] = false
+			mu.Unlock()
+			return in.N, nil
+		}, nil)
+	}, &engine.WorkflowOpts{Queue: "per-key", QueueKey: engine.KeyOf(func(in keyed) string { return in.Key })})
+	e := queueEngine(t, db, nil, map[string]engine.QueueOpts{"per-key": {KeyConcurrency: 1, Workers: 8}}, wf)
+	var ids []uuid.UUID
+	for k := range 5 {
+		for n := range 10 {
+			res, err := wf.Start(ctx, e, keyed{Key: fmt.Sprint("k", k), N: n}, nil)
+			require.NoError(t, err)
+			ids = append(ids, res.RunID)
+		}
+	}
+	for _, id := range ids {
+		waitStatus(t, e, id, engine.StatusCompleted, 30*time.Second)
+	}
+	require.False(t, overlap.Load(), "two runs of one key ran at once")
+	last := map[string]int{}
+	for _, o := range order {
+		prev, ok := last[o.Key]
+		require.True(t, !ok || o.N == prev+1, "key %s ran %d after %d", o.Key, o.N, prev)
+		last[o.Key] = o.N
+	}
+}
+
+func TestQueueDeduplicationGivesOneRunUntilItEnds(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := enginetest.NewDB(t)
+	release := make(chan struct{})
+	wf := engine.Define("dedup", func(ctx *engine.Context, in keyed) (int, error) {
+		return engine.Step(ctx, "wait", func(context.Context) (int, error) { <-release; return in.N, nil }, nil)
+	}, &engine.WorkflowOpts{Queue: "dedup"})
+	e := queueEngine(t, db, nil, map[string]engine.QueueOpts{"dedup": {}}, wf)
+	results := make(chan *engine.StartResult, 20)
+	errs := make(chan error, 20)
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := wf.Start(ctx, e, keyed{N: i}, &engine.StartOpts{DeduplicationID: "order-1"})
+			if err != nil {
+				errs <- err
+				return
+			}
+			results <- res
+		}()
+	}
+	wg.Wait()
+	close(results)
+	close(errs)
+	require.Len(t, results, 1, "one start makes the run")
+	for err := range errs {
+		require.ErrorIs(t, err, engine.ErrDuplicate)
+	}
+	first := <-results
+	again, err := wf.Start(ctx, e, keyed{N: 99}, &engine.StartOpts{DeduplicationID: "order-1", ReturnDuplicate: true})
+	require.NoError(t, err)
+	require.Equal(t, first.RunID, again.RunID)
+	require.True(t, again.Deduplicated)
+	close(release)
+	waitStatus(t, e, first.RunID, engine.StatusCompleted, 10*time.Second)
+	next, err := wf.Start(ctx, e, keyed{N: 100}, &engine.StartOpts{DeduplicationID: "order-1"})
+	require.NoError(t, err, "the ID is free once its run ended")
+	require.NotEqual(t, first.RunID, next.RunID)
+	waitStatus(t, e, next.RunID, engine.StatusCompleted, 10*time.Second)
+}
+
+func TestQueuePrioritiesGoFirstAndLowOnesAge(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := enginetest.NewDB(t)
+	var mu sync.Mutex
+	var order []int
+	gate := make(chan struct{})
+	wf := engine.Define("prio", func(ctx *engine.Context, in keyed) (int, error) {
+		return engine.Step(ctx, "work", func(context.Context) (int, error) {
+			if in.N == 0 {
+				<-gate
+			}
+			mu.Lock()
+			order = append(order, in.N)
+			mu.Unlock()
+			return in.N, nil
+		}, nil)
+	}, &engine.WorkflowOpts{Queue: "prio"})
+	e := queueEngine(t, db, nil, map[string]engine.QueueOpts{"prio": {Concurrency: 1, PriorityAging: -1}}, wf)
+	blocker, err := wf.Start(ctx, e, keyed{N: 0}, nil)
+	require.NoError(t, err)
+	eventually(t, 5*time.Second, "the blocker runs", func() bool { return runningOf(t, db, "prio") == 1 })
+	var ids []uuid.UUID
+	for i := 1; i <= 3; i++ { // low priority, started first
+		res, err := wf.Start(ctx, e, keyed{N: i}, &engine.StartOpts{Priority: -1})
+		require.NoError(t, err)
+		ids = append(ids, res.RunID)
+	}
+	for i := 4; i <= 6; i++ {
+		res, err := wf.Start(ctx, e, keyed{N: i}, &engine.StartOpts{Priority: 5})
+		require.NoError(t, err)
+		ids = append(ids, res.RunID)
+	}
+	close(gate)
+	waitStatus(t, e, blocker.RunID, engine.StatusCompleted, 10*time.Second)
+	for _, id := range ids {
+		waitStatus(t, e, id, engine.StatusCompleted, 10*time.Second)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []int{0, 4, 5, 6, 1, 2, 3}, order)
+}
+
+func TestQueueStartOptionsAreChecked(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := enginetest.NewDB(t)
+	plain := engine.Define("plain", func(ctx *engine.Context, in keyed) (int, error) { return in.N, nil }, nil)
+	e := newEngine(t, db, nil, false, plain)
+	for _, opts := range []*engine.StartOpts{
+		{DeduplicationID: "x"},
+		{Priority: 3},
+		{Queue: "q", Priority: engine.MaxPriority + 1},
+		{Queue: "q", KeyWeight: -1},
+		{Queue: "q", QueueKey: string(make([]byte, engine.MaxQueueKeyBytes+1))},
+		{Queue: " q"},
+	} {
+		_, err := plain.Start(ctx, e, keyed{}, opts)
+		require.True(t, errors.Is(err, engine.ErrInvalidArgument), "%+v: %v", opts, err)
+	}
+	require.ErrorIs(t, e.RegisterQueue("q", engine.QueueOpts{RateLimit: engine.Rate{Limit: 5}}), engine.ErrInvalidArgument)
+	require.ErrorIs(t, e.RegisterQueue("", engine.QueueOpts{}), engine.ErrInvalidArgument)
+}
