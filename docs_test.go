@@ -166,6 +166,9 @@ var docsPrelude = map[string]string{
 	"README.md": `
 func chargeCard(context.Context, Order) (string, error) { return "", nil }
 `,
+	"docs/queues.md": `
+func chargeCode(*engine.Context, Payment) (string, error) { return "", nil }
+`,
 	"docs/concepts.md": `
 var ctx context.Context
 `,

@@ -397,10 +397,11 @@ func (l *attemptLoop) run() ([]byte, error) {
 	if l.nextAttempt != nil && l.lost == nil && !d.waitUntil(*l.nextAttempt, l.stoppable) {
 		return nil, d.endErr
 	}
-	if d.e.draining.Load() {
-		// Stop: hand the run back at this step boundary, once the parallel
-		// steps still running have ended: they are running steps, which a
-		// graceful stop lets finish (StopAndCancel cuts them short).
+	if d.e.draining.Load() || d.queuePaused() {
+		// Stop, or a pause of the run's queue: hand the run back at this
+		// step boundary, once the parallel steps still running have ended:
+		// they are running steps, which a graceful stop and a pause let
+		// finish (StopAndCancel cuts them short).
 		for d.branchesRunning() && d.ctx.Err() == nil {
 			d.pauseForBranches(nil, false)
 		}

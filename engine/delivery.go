@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/pgdurable/pgdurable/engine/internal/flow"
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
@@ -66,6 +67,7 @@ type delivery struct {
 
 	e          *Engine
 	wf         registered
+	queue      *flow.Admitter // the admitter of the run's queue, nil for none
 	runID      uuid.UUID
 	workflowID string
 	token      uuid.UUID // the lease's fencing token

@@ -573,6 +573,15 @@ func (e *Engine) maintainer() (*maintenance.Maintainer, *maintenance.ProcessRegi
 				wfs = append(wfs, store.ProcessWorkflow{Name: w.name, Version: w.version, AutoUpgrade: auto})
 			}
 			return wfs
+		},
+		Queues: func() []store.ProcessQueue {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			var qs []store.ProcessQueue
+			for name, q := range e.flowQueues {
+				qs = append(qs, store.ProcessQueue{Name: name, Workers: q.opts.Workers})
+			}
+			return qs
 		}}
 	services := []maintenance.Service{
 		&maintenance.LeaseSweeper{DB: e.db, Queue: e.queue, Log: e.log, QueueName: e.cfg.Queue,

@@ -221,6 +221,13 @@ func (e *Engine) execute(ctx context.Context, wf registered, claimed *store.Clai
 			break
 		}
 	}
+	if claimed.FlowQueue != "" {
+		e.mu.Lock()
+		if q := e.flowQueues[claimed.FlowQueue]; q != nil {
+			d.queue = q.admitter
+		}
+		e.mu.Unlock()
+	}
 	d.handle = &Context{Context: dctx, d: d}
 	d.extendedAt(sent)
 	e.live.Store(runID, d)
@@ -754,6 +761,9 @@ func (d *delivery) interrupted() {
 	if cause == nil && d.e.draining.Load() {
 		cause = errDraining
 	}
+	if cause == nil && d.queuePaused() {
+		cause = errQueuePaused
+	}
 	d.log.Info("delivery interrupted; run handed back", "cause", cause)
 	status := StatusPending
 	if d.compensating {
@@ -875,6 +885,16 @@ func (d *delivery) park(rec *store.StepRecord, why *parkReason) bool {
 	}
 	d.close(StatusDead, err)
 	return true
+}
+
+// errQueuePaused is why a delivery handed its run back at a step boundary
+// when its queue was paused.
+var errQueuePaused = errors.New("pgdurable: the run's queue is paused: the run is handed back at a step boundary, and waits in its queue until it is resumed")
+
+// queuePaused reports whether d's run is in a queue this process saw
+// paused (see Admitter.Paused).
+func (d *delivery) queuePaused() bool {
+	return d.queue != nil && d.queue.Paused()
 }
 
 // errDraining is why a delivery that Stop ended at a step boundary handed

@@ -12,9 +12,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pgdurable/pgdurable/engine/internal/flow"
+	"github.com/pgdurable/pgdurable/engine/internal/maintenance"
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
@@ -144,8 +144,12 @@ func (e *Engine) RegisterQueue(name string, opts QueueOpts) error {
 	q := &flowQueue{opts: opts}
 	q.admitter = &flow.Admitter{Queue: name, Workers: opts.Workers, Lease: e.cfg.LeaseDuration, Poll: admitPoll,
 		Now: e.now, Log: e.log, DB: e.db, Versions: e.takenVersions,
-		Tx: func(ctx context.Context, fn func(store.DBTX) error) error {
-			return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return fn(e.on(tx)) })
+		Conn: func(ctx context.Context) (store.DBTX, func(), error) {
+			c, err := e.pool.Acquire(ctx)
+			if err != nil {
+				return nil, nil, err
+			}
+			return e.on(c), c.Release, nil
 		},
 		Run: e.runAdmitted}
 	e.flowQueues[name] = q
@@ -206,6 +210,17 @@ func (e *Engine) pokeQueue(queue string) {
 	e.mu.Unlock()
 	if q != nil {
 		q.admitter.Poke()
+	}
+}
+
+// setPaused tells this process's admitter of queue, if it serves it, of a
+// pause or resume made here.
+func (e *Engine) setPaused(queue string, paused bool) {
+	e.mu.Lock()
+	q := e.flowQueues[queue]
+	e.mu.Unlock()
+	if q != nil {
+		q.admitter.SetPaused(paused)
 	}
 }
 
@@ -301,3 +316,191 @@ func KeyOf[In any](key func(In) string) func(input json.RawMessage) (string, err
 // held by an open run of its queue (unless StartOpts.ReturnDuplicate is
 // set: then the start returns that run, StartResult.Deduplicated).
 var ErrDuplicate = errors.New("pgdurable: deduplication ID held by an open run")
+
+// noteQueued sets run.WaitingFor and WaitingSince on a ready run of a
+// flow-controlled queue: what holds it there (see Run.WaitingFor), read
+// from the queue's row, its live processes and its key's runs.
+func (e *Engine) noteQueued(ctx context.Context, run *Run) error {
+	if run.readyAt == nil || run.Queue == "" || run.WaitingFor != "" {
+		return nil
+	}
+	run.WaitingSince = run.readyAt
+	queues, err := e.ListQueues(ctx)
+	if err != nil {
+		return err
+	}
+	i := slices.IndexFunc(queues, func(q QueueInfo) bool { return q.Name == run.Queue })
+	if i < 0 {
+		run.WaitingFor = fmt.Sprintf("a process that serves queue %s", run.Queue)
+		return nil
+	}
+	q := queues[i]
+	now := e.now()
+	switch {
+	case q.Paused:
+		run.WaitingFor = fmt.Sprintf("queue %s is paused", run.Queue)
+		return nil
+	case len(q.Processes) == 0:
+		run.WaitingFor = fmt.Sprintf("a process that serves queue %s", run.Queue)
+		return nil
+	case q.Concurrency > 0 && q.Running >= q.Concurrency:
+		run.WaitingFor = fmt.Sprintf("a slot of queue %s (%d of %d running)", run.Queue, q.Running, q.Concurrency)
+		return nil
+	case q.RateLimitedUntil != nil && q.RateLimitedUntil.After(now):
+		run.WaitingFor = fmt.Sprintf("queue %s's rate limit (next start at %s)", run.Queue, q.RateLimitedUntil.UTC().Format(time.RFC3339Nano))
+		return nil
+	}
+	w, err := store.KeyWaitOf(ctx, e.db, store.ReadyRun{Queue: run.Queue, Key: run.QueueKey, RunID: run.RunID, Now: now})
+	if err != nil {
+		return err
+	}
+	switch {
+	case q.KeyConcurrency > 0 && w.Running >= q.KeyConcurrency:
+		run.WaitingFor = fmt.Sprintf("a slot of key %q in queue %s (%d of %d running)", run.QueueKey, run.Queue, w.Running, q.KeyConcurrency)
+	case q.KeyRateLimit != (Rate{}) && w.RateTAT != nil && rateNext(q.KeyRateLimit, *w.RateTAT).After(now):
+		run.WaitingFor = fmt.Sprintf("key %q's rate limit in queue %s (next start at %s)", run.QueueKey, run.Queue,
+			rateNext(q.KeyRateLimit, *w.RateTAT).UTC().Format(time.RFC3339Nano))
+	case w.Ahead >= store.MaxCountedAhead:
+		run.WaitingFor = fmt.Sprintf("its turn in queue %s (%d or more runs ahead)", run.Queue, w.Ahead)
+	default:
+		run.WaitingFor = fmt.Sprintf("its turn in queue %s (%d runs ahead)", run.Queue, w.Ahead)
+	}
+	return nil
+}
+
+// rateNext is when a rate with state tat lets the next start go.
+func rateNext(r Rate, tat time.Time) time.Time {
+	interval := r.Period / time.Duration(r.Limit)
+	return tat.Add(-time.Duration(max(r.Burst, 1)-1) * interval)
+}
+
+// QueueInfo is a flow-controlled queue as Engine.ListQueues reads it.
+type QueueInfo struct {
+	Name string `json:"name"`
+	// Defined is false for a queue that runs name but that no process
+	// has registered (RegisterQueue): its runs wait for one.
+	Defined        bool          `json:"defined"`
+	Concurrency    int           `json:"concurrency"`
+	KeyConcurrency int           `json:"key_concurrency"`
+	RateLimit      Rate          `json:"rate_limit"`
+	KeyRateLimit   Rate          `json:"key_rate_limit"`
+	PriorityAging  time.Duration `json:"priority_aging_ns"`
+	// Paused, with when, by whom and why (PauseQueue).
+	Paused      bool       `json:"paused"`
+	PausedAt    *time.Time `json:"paused_at,omitempty"`
+	PausedBy    string     `json:"paused_by,omitempty"`
+	PauseReason string     `json:"pause_reason,omitempty"`
+	// Ready is how many runs wait in the queue for a slot, and
+	// OldestReadyAt since when the oldest has; Running how many hold a
+	// live lease (a slot).
+	Ready         int        `json:"ready"`
+	Running       int        `json:"running"`
+	OldestReadyAt *time.Time `json:"oldest_ready_at,omitempty"`
+	// RateLimitedUntil is when the queue's rate limit lets the next run
+	// start, when that is later than now.
+	RateLimitedUntil *time.Time `json:"rate_limited_until,omitempty"`
+	// Processes are the live engine processes that serve the queue.
+	Processes []QueueProcess `json:"processes"`
+}
+
+// QueueProcess is a live engine process that serves a queue, with its
+// workers for it.
+type QueueProcess struct {
+	ID       uuid.UUID `json:"id"`
+	Hostname string    `json:"hostname"`
+	PID      int       `json:"pid"`
+	Workers  int       `json:"workers"`
+}
+
+// ListQueues lists the flow-controlled queues, by name: those a process
+// defined (RegisterQueue) and those that runs name, with what holds their
+// runs. Counting a queue's ready runs reads its backlog's index, so it
+// is meant for people and metrics, not for every request.
+func (e *Engine) ListQueues(ctx context.Context) ([]QueueInfo, error) {
+	now := e.now()
+	rows, err := store.ListQueues(ctx, e.db, now)
+	if err != nil {
+		return nil, fmt.Errorf("pgdurable: %w", err)
+	}
+	procs, err := store.LiveProcesses(ctx, e.db, maintenance.ProcessLive)
+	if err != nil {
+		return nil, fmt.Errorf("pgdurable: %w", err)
+	}
+	out := make([]QueueInfo, 0, len(rows))
+	for _, r := range rows {
+		q := QueueInfo{Name: r.Def.Name, Defined: r.Defined, Concurrency: r.Def.Concurrency, KeyConcurrency: r.Def.KeyConcurrency,
+			RateLimit: rateOf(r.Def.Rate), KeyRateLimit: rateOf(r.Def.KeyRate), PriorityAging: r.Def.PriorityAging,
+			Paused: r.PausedAt != nil, PausedAt: r.PausedAt, PausedBy: deref(r.PausedBy), PauseReason: deref(r.Reason),
+			Ready: r.Ready, Running: r.Running, OldestReadyAt: r.OldestReady, Processes: []QueueProcess{}}
+		if q.RateLimit != (Rate{}) && r.RateTAT != nil {
+			if next := rateNext(q.RateLimit, *r.RateTAT); next.After(now) {
+				q.RateLimitedUntil = &next
+			}
+		}
+		for _, p := range procs {
+			for _, pq := range p.Queues {
+				if pq.Name == q.Name {
+					q.Processes = append(q.Processes, QueueProcess{ID: p.ID, Hostname: p.Hostname, PID: p.PID, Workers: pq.Workers})
+				}
+			}
+		}
+		out = append(out, q)
+	}
+	return out, nil
+}
+
+func rateOf(r store.Rate) Rate { return Rate{Limit: r.Limit, Period: r.Period, Burst: r.Burst} }
+
+// PauseOpts record who paused a queue and why (each at most 400 bytes),
+// for the operators who read it in the queue's listing and in the logs.
+type PauseOpts struct {
+	By     string
+	Reason string
+}
+
+// PauseQueue pauses queue for every process: no run of it is admitted,
+// runs that are executing finish the step they are in and then wait in
+// the queue (ready) until ResumeQueue, and timers and signals keep
+// arriving (the runs they wake wait in the queue too). It takes effect in
+// each process at its next look at the queue (within about 100 ms). A
+// paused queue stays paused under its first pause's record. Errors:
+// ErrNotFound (no process defined the queue), ErrInvalidArgument.
+func (e *Engine) PauseQueue(ctx context.Context, queue string, opts *PauseOpts) error {
+	var o PauseOpts
+	if opts != nil {
+		o = *opts
+	}
+	if len(o.By) > 400 || len(o.Reason) > 400 || !utf8.ValidString(o.By) || !utf8.ValidString(o.Reason) {
+		return fmt.Errorf("%w: PauseOpts.By and Reason must be UTF-8 of at most 400 bytes", ErrInvalidArgument)
+	}
+	was, err := store.PauseQueue(ctx, e.db, store.Pause{Queue: queue, By: o.By, Reason: o.Reason, Now: e.now()})
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%w: queue %q is not defined (no process has registered it)", ErrNotFound, queue)
+	}
+	if err != nil {
+		return fmt.Errorf("pgdurable: %w", err)
+	}
+	if was {
+		e.log.Warn("queue paused: no run of it starts until it is resumed", "queue", queue, "by", o.By, "reason", o.Reason)
+	}
+	e.setPaused(queue, true)
+	return nil
+}
+
+// ResumeQueue resumes a paused queue: its backlog is admitted again at the
+// queue's limits (a queue not paused is left as it is). by says who, for
+// the log. Errors: ErrNotFound (no process defined the queue).
+func (e *Engine) ResumeQueue(ctx context.Context, queue, by string) error {
+	was, err := store.ResumeQueue(ctx, e.db, queue)
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%w: queue %q is not defined (no process has registered it)", ErrNotFound, queue)
+	}
+	if err != nil {
+		return fmt.Errorf("pgdurable: %w", err)
+	}
+	if was {
+		e.log.Warn("queue resumed", "queue", queue, "by", truncateText(by, 400))
+	}
+	e.setPaused(queue, false)
+	return nil
+}

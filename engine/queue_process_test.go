@@ -101,34 +101,64 @@ func TestQueueLimitAcrossProcessesAndCrash(t *testing.T) {
 		ins = append(ins, queuedIn{Key: fmt.Sprint("k", i), N: i, SleepMS: 300})
 	}
 	startQueued(ctx, t, client, ins)
-	stop := make(chan struct{})
-	sampled := sampleMax(stop, func() int { return runningOf(t, db, "crash-q") })
-	workers := []*exec.Cmd{queueWorker(t, db, lease, opts), queueWorker(t, db, lease, opts), queueWorker(t, db, lease, opts)}
-	victim := workers[0]
-	// Kill a process while it executes some of the queue's runs.
+	sampled := sampleMax(t, db, runningQuery, "crash-q")
+	// Kill a process while it executes some of the queue's runs, and the
+	// others take part.
+	victim := queueWorker(t, db, lease, opts)
 	var held int
 	eventually(t, 30*time.Second, "the first worker runs the queue's runs", func() bool {
 		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM queue_calls WHERE pid = $1 AND ended_at IS NULL`,
 			victim.Process.Pid).Scan(&held))
 		return held > 0
 	})
+	queueWorker(t, db, lease, opts)
+	queueWorker(t, db, lease, opts)
+	eventually(t, 10*time.Second, "the first worker holds every slot", func() bool {
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM queue_calls WHERE pid = $1 AND ended_at IS NULL`,
+			victim.Process.Pid).Scan(&held))
+		return held == 5
+	})
+	var killed time.Time
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&killed))
 	crashtest.Kill(t, victim)
-	killed := time.Now()
-	// Its slots stay taken until its leases expire, then come back: the
-	// queue runs 5 again, its killed runs among them, within one lease
-	// duration (and a poll).
-	eventually(t, lease+time.Second+500*time.Millisecond, "the dead process's runs running again elsewhere", func() bool {
+	// It held all 5 slots: they stay taken until its leases expire (never
+	// earlier, never later: the count of live leases drops then), then the
+	// others start runs in them, and its killed runs run again.
+	var freed, reused time.Time
+	eventually(t, lease+time.Second, "the dead process's slots free", func() bool {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs
+WHERE flow_queue = 'crash-q' AND owner_token IS NOT NULL AND lease_expires_at >= clock_timestamp()`).Scan(&n))
+		freed = time.Now()
+		return n < 5
+	})
+	eventually(t, lease+3*time.Second, "a run started after the kill", func() bool {
+		var at *time.Time
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT min(started_at) FROM queue_calls WHERE started_at > $1`, killed).Scan(&at))
+		if at != nil {
+			reused = *at
+		}
+		return at != nil
+	})
+	t.Logf("%d slots of the killed process free after %s, in use again after %s (lease %s)", held,
+		freed.Sub(killed).Round(time.Millisecond), reused.Sub(killed).Round(time.Millisecond), lease)
+	require.Equal(t, 5, held, "the killed process held every slot")
+	require.Greater(t, freed.Sub(killed), lease/2, "slots came back before the dead process's leases could have expired")
+	require.Less(t, freed.Sub(killed), lease+100*time.Millisecond, "slots came back later than one lease duration")
+	require.Greater(t, reused.Sub(killed), lease/2, "a slot was used before the dead process's leases could have expired")
+	eventually(t, 10*time.Second, "the dead process's runs running again elsewhere", func() bool {
 		var redelivered int
 		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM queue_calls c WHERE c.pid <> $1 AND c.run_id IN
 (SELECT run_id FROM queue_calls WHERE pid = $1 AND ended_at IS NULL)`, victim.Process.Pid).Scan(&redelivered))
 		return redelivered == held
 	})
-	t.Logf("%d slots of the killed process back after %s (lease %s)", held, time.Since(killed).Round(time.Millisecond), lease)
 	eventually(t, 60*time.Second, "every run completed", func() bool {
 		return countRuns(t, db, engine.StatusCompleted) == len(ins)
 	})
-	close(stop)
-	require.LessOrEqual(t, <-sampled, 5, "runs of the queue holding a live lease at once")
+	require.LessOrEqual(t, sampled(), 5, "runs of the queue holding a live lease at once")
+	var procs int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(DISTINCT pid) FROM queue_calls`).Scan(&procs))
+	require.GreaterOrEqual(t, procs, 2, "processes that ran the queue's runs")
 	var most int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT max(n) FROM (SELECT (SELECT count(*) FROM queue_calls o
 WHERE o.started_at <= c.started_at AND coalesce(o.ended_at, 'infinity') > c.started_at AND o.pid <> $1) AS n FROM queue_calls c) x`,
@@ -167,4 +197,87 @@ ON a.key = b.key AND a.id <> b.id AND b.started_at >= a.started_at AND b.started
 	var calls int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM queue_calls`).Scan(&calls))
 	require.Equal(t, len(ins), calls, "each run's step ran once")
+}
+
+// A rate limit of 50 a second over 10 s, across 2 processes, starts 500
+// runs, give or take 5%.
+func TestQueueRateLimitAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db, client := queueWorld(t)
+	var ins []queuedIn
+	for i := range 1500 {
+		ins = append(ins, queuedIn{Key: fmt.Sprint("k", i%7), N: i})
+	}
+	startQueued(ctx, t, client, ins)
+	opts := engine.QueueOpts{RateLimit: engine.Rate{Limit: 50, Period: time.Second}, Workers: 10}
+	queueWorker(t, db, 0, opts)
+	queueWorker(t, db, 0, opts)
+	eventually(t, 30*time.Second, "the first start", func() bool {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM queue_calls`).Scan(&n))
+		return n > 0
+	})
+	time.Sleep(12 * time.Second)
+	var first time.Time
+	var inWindow, pids int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT min(started_at) FROM queue_calls`).Scan(&first))
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT pid) FROM queue_calls
+WHERE started_at >= $1::timestamptz + interval '1 second' AND started_at < $1::timestamptz + interval '11 seconds'`, first).Scan(&inWindow, &pids))
+	t.Logf("%d starts in the 10 s window, by %d processes", inWindow, pids)
+	require.InDelta(t, 500, inWindow, 25, "starts in 10 s at 50/s")
+	require.Equal(t, 2, pids, "both processes started runs")
+}
+
+// A hot key with 10,000 runs waiting does not hold back 100 cold keys: a
+// cold run starts after at most about one run of each other key that has
+// runs waiting (the documented bound of start-time fair queuing), not
+// after the hot key's backlog.
+func TestQueueHotKeyDoesNotStarveColdKeys(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db, client := queueWorld(t)
+	hot := make([]queuedIn, 10_000)
+	for i := range hot {
+		hot[i] = queuedIn{Key: "hot", N: i, SleepMS: 5}
+	}
+	startQueued(ctx, t, client, hot)
+	queueWorker(t, db, 0, engine.QueueOpts{Concurrency: 10, Workers: 10})
+	eventually(t, 30*time.Second, "the hot key's runs start", func() bool {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM queue_calls`).Scan(&n))
+		return n > 100
+	})
+	const coldKeys, perKey = 100, 2
+	for n := range perKey {
+		for k := range coldKeys {
+			startQueued(ctx, t, client, []queuedIn{{Key: fmt.Sprint("cold-", k), N: n, SleepMS: 5}})
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	eventually(t, 60*time.Second, "every cold run completed", func() bool {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM queue_calls WHERE key LIKE 'cold-%' AND ended_at IS NOT NULL`).Scan(&n))
+		return n == coldKeys*perKey
+	})
+	// For each cold run: how long it waited, and how many of the queue's
+	// runs started between its start call and its own start.
+	var p99Wait float64
+	var p99Ahead, hotDone int
+	require.NoError(t, db.Pool.QueryRow(ctx, `
+WITH cold AS (
+  SELECT c.started_at, r.created_at FROM queue_calls c JOIN pgdurable.workflow_runs r ON r.run_id = c.run_id WHERE c.key LIKE 'cold-%'
+), ahead AS (
+  SELECT extract(epoch FROM cold.started_at - cold.created_at) AS wait,
+         (SELECT count(*) FROM queue_calls o WHERE o.started_at > cold.created_at AND o.started_at < cold.started_at) AS ahead
+  FROM cold
+)
+SELECT percentile_disc(0.99) WITHIN GROUP (ORDER BY wait), percentile_disc(0.99) WITHIN GROUP (ORDER BY ahead),
+       (SELECT count(*) FROM queue_calls WHERE key = 'hot')
+FROM ahead`).Scan(&p99Wait, &p99Ahead, &hotDone))
+	t.Logf("cold runs: p99 wait %.3f s, p99 runs started ahead %d; hot runs started by then: %d of %d", p99Wait, p99Ahead, hotDone, len(hot))
+	// At most one run of each key waiting (101 keys, two at a tie of
+	// tags), plus the 10 in flight when it became ready.
+	require.LessOrEqual(t, p99Ahead, 2*(coldKeys+1)+10, "runs started ahead of a cold run")
+	require.Less(t, hotDone, len(hot), "the hot backlog was still there")
 }

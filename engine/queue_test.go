@@ -39,21 +39,24 @@ func queueEngine(t *testing.T, db *enginetest.DB, cfg *engine.Config, queues map
 // database has them.
 func runningOf(t *testing.T, db *enginetest.DB, queue string) int {
 	var n int
-	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pgdurable.workflow_runs
-WHERE flow_queue = $1 AND owner_token IS NOT NULL AND lease_expires_at >= now()`, queue).Scan(&n))
+	require.NoError(t, db.Pool.QueryRow(context.Background(), runningQuery, queue).Scan(&n))
 	return n
 }
 
-// sampleMax samples f every 10 ms until stop is closed and returns the
-// largest value seen.
-func sampleMax(stop <-chan struct{}, f func() int) <-chan int {
-	out := make(chan int, 1)
+// sampleMax samples the count query every 10 ms on db until the
+// returned func is called, which returns the largest count seen. The test's
+// end stops it too.
+func sampleMax(t *testing.T, db *enginetest.DB, query string, args ...any) func() int {
+	stop, out := make(chan struct{}), make(chan int, 1)
 	go func() {
 		most := 0
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
 		for {
-			most = max(most, f())
+			var n int
+			if err := db.Pool.QueryRow(context.Background(), query, args...).Scan(&n); err == nil {
+				most = max(most, n)
+			}
 			select {
 			case <-stop:
 				out <- most
@@ -62,8 +65,18 @@ func sampleMax(stop <-chan struct{}, f func() int) <-chan int {
 			}
 		}
 	}()
-	return out
+	var once sync.Once
+	result := func() int {
+		once.Do(func() { close(stop) })
+		return <-out
+	}
+	t.Cleanup(func() { once.Do(func() { close(stop) }) })
+	return result
 }
+
+// runningQuery counts the runs of a queue ($1) that hold a live lease.
+const runningQuery = `SELECT count(*) FROM pgdurable.workflow_runs
+WHERE flow_queue = $1 AND owner_token IS NOT NULL AND lease_expires_at >= now()`
 
 type keyed struct {
 	Key string `json:"key"`
@@ -90,8 +103,7 @@ func TestQueueConcurrencyLimitHolds(t *testing.T) {
 		}, nil)
 	}, &engine.WorkflowOpts{Queue: "limited"})
 	e := queueEngine(t, db, nil, map[string]engine.QueueOpts{"limited": {Concurrency: 3, Workers: 10}}, wf)
-	stop := make(chan struct{})
-	sampled := sampleMax(stop, func() int { return runningOf(t, db, "limited") })
+	sampled := sampleMax(t, db, runningQuery, "limited")
 	var ids []uuid.UUID
 	for i := range 30 {
 		res, err := wf.Start(ctx, e, keyed{N: i}, nil)
@@ -101,8 +113,7 @@ func TestQueueConcurrencyLimitHolds(t *testing.T) {
 	for _, id := range ids {
 		waitStatus(t, e, id, engine.StatusCompleted, 30*time.Second)
 	}
-	close(stop)
-	require.LessOrEqual(t, <-sampled, 3, "runs holding a lease at once")
+	require.LessOrEqual(t, sampled(), 3, "runs holding a lease at once")
 	require.Equal(t, int64(3), most.Load(), "steps running at once")
 }
 
@@ -257,4 +268,85 @@ func TestQueueStartOptionsAreChecked(t *testing.T) {
 	}
 	require.ErrorIs(t, e.RegisterQueue("q", engine.QueueOpts{RateLimit: engine.Rate{Limit: 5}}), engine.ErrInvalidArgument)
 	require.ErrorIs(t, e.RegisterQueue("", engine.QueueOpts{}), engine.ErrInvalidArgument)
+}
+
+func TestQueuePauseLetsRunningStepsFinishAndResumeDrains(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := enginetest.NewDB(t)
+	var first, second atomic.Int64
+	gate := make(chan struct{})
+	wf := engine.Define("pausable", func(ctx *engine.Context, in keyed) (int, error) {
+		if _, err := engine.Step(ctx, "first", func(context.Context) (int, error) {
+			first.Add(1)
+			<-gate
+			return 0, nil
+		}, nil); err != nil {
+			return 0, err
+		}
+		return engine.Step(ctx, "second", func(context.Context) (int, error) { second.Add(1); return in.N, nil }, nil)
+	}, &engine.WorkflowOpts{Queue: "pausable"})
+	e := queueEngine(t, db, nil, map[string]engine.QueueOpts{"pausable": {Concurrency: 2}}, wf)
+	var ids []uuid.UUID
+	for i := range 4 {
+		res, err := wf.Start(ctx, e, keyed{N: i}, nil)
+		require.NoError(t, err)
+		ids = append(ids, res.RunID)
+	}
+	eventually(t, 5*time.Second, "two runs in their first step", func() bool { return first.Load() == 2 })
+	run, err := e.GetRun(ctx, ids[3])
+	require.NoError(t, err)
+	require.Equal(t, "a slot of queue pausable (2 of 2 running)", run.WaitingFor)
+	require.Equal(t, "pausable", run.Queue)
+	require.NotNil(t, run.WaitingSince)
+
+	require.NoError(t, e.PauseQueue(ctx, "pausable", &engine.PauseOpts{By: "alice", Reason: "card processor down"}))
+	close(gate) // the running steps finish; the runs then wait in the queue
+	eventually(t, 5*time.Second, "the running runs handed back", func() bool { return runningOf(t, db, "pausable") == 0 })
+	time.Sleep(300 * time.Millisecond)
+	require.Zero(t, second.Load(), "no step started while the queue was paused")
+	require.Equal(t, int64(2), first.Load())
+	queues, err := e.ListQueues(ctx)
+	require.NoError(t, err)
+	require.Len(t, queues, 1)
+	q := queues[0]
+	require.True(t, q.Paused)
+	require.Equal(t, "alice", q.PausedBy)
+	require.Equal(t, "card processor down", q.PauseReason)
+	require.Equal(t, 4, q.Ready)
+	require.Len(t, q.Processes, 1)
+	run, err = e.GetRun(ctx, ids[0])
+	require.NoError(t, err)
+	require.Equal(t, "queue pausable is paused", run.WaitingFor)
+	require.Equal(t, engine.StatusPending, run.Status)
+
+	require.NoError(t, e.ResumeQueue(ctx, "pausable", "alice"))
+	for _, id := range ids {
+		waitStatus(t, e, id, engine.StatusCompleted, 10*time.Second)
+	}
+	require.Equal(t, int64(4), first.Load(), "a finished step is not run again")
+	require.Equal(t, int64(4), second.Load())
+	require.ErrorIs(t, e.PauseQueue(ctx, "no-such-queue", nil), engine.ErrNotFound)
+}
+
+func TestQueueRunOfAnUnservedQueueSaysSo(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := enginetest.NewDB(t)
+	wf := engine.Define("unserved", func(ctx *engine.Context, in keyed) (int, error) { return in.N, nil }, nil)
+	e := queueEngine(t, db, nil, nil, wf)
+	res, err := wf.Start(ctx, e, keyed{}, &engine.StartOpts{Queue: "nobody-serves", QueueKey: "cus_1", Priority: 3})
+	require.NoError(t, err)
+	run, err := e.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusPending, run.Status)
+	require.Equal(t, "a process that serves queue nobody-serves", run.WaitingFor)
+	require.Equal(t, "cus_1", run.QueueKey)
+	require.Equal(t, 3, run.Priority)
+	queues, err := e.ListQueues(ctx)
+	require.NoError(t, err)
+	require.Len(t, queues, 1)
+	require.False(t, queues[0].Defined)
+	require.Equal(t, 1, queues[0].Ready)
+	require.Empty(t, queues[0].Processes)
 }

@@ -420,6 +420,7 @@ func (e *Engine) insertRunBatch(ctx context.Context, runs []store.NewRun) ([]gro
 // shape, in the HTTP API and the CLI's --json alike; each step adds its
 // duration in milliseconds once it completed ("duration_ms").
 type Run struct {
+	readyAt         *time.Time      // ready for its queue's admission since (see noteQueued)
 	RunID           uuid.UUID       `json:"run_id"`
 	WorkflowName    string          `json:"workflow"`
 	WorkflowVersion int             `json:"workflow_version"`
@@ -452,10 +453,22 @@ type Run struct {
 	// (none is running, say). Such a run is never parked
 	// or retried for want of a process; Config.VersionWaitAlert says when
 	// it is overdue.
+	//
+	// A ready run of a flow-controlled queue says what holds it there:
+	// "queue payments is paused", "a process that serves queue payments",
+	// "a slot of queue payments (5 of 5 running)", "a slot of key cus_1 in
+	// queue payments (1 of 1 running)", "queue payments's rate limit (next
+	// start at ...)", or "its turn in queue payments (12 runs ahead)", and
+	// WaitingSince since when it has been ready.
 	WaitingFor   string     `json:"waiting_for,omitempty"`
 	WaitingSince *time.Time `json:"waiting_since,omitempty"`
-	WakeAt       *time.Time `json:"wake_at,omitempty"`      // when a waiting run is next due
-	AwaitSignal  string     `json:"await_signal,omitempty"` // the signal a waiting run waits for (a SelectSignal's: its names, comma-separated)
+	// Queue is the run's flow-controlled queue ("" for none), QueueKey its
+	// key there and Priority its priority (StartOpts).
+	Queue       string     `json:"queue,omitempty"`
+	QueueKey    string     `json:"queue_key,omitempty"`
+	Priority    int        `json:"priority,omitempty"`
+	WakeAt      *time.Time `json:"wake_at,omitempty"`      // when a waiting run is next due
+	AwaitSignal string     `json:"await_signal,omitempty"` // the signal a waiting run waits for (a SelectSignal's: its names, comma-separated)
 	// AwaitSignals lists the names a SelectSignal waits for (nil for one).
 	AwaitSignals []string   `json:"await_signals,omitempty"`
 	ScheduleName string     `json:"schedule_name,omitempty"` // the schedule whose fire started it
@@ -664,6 +677,8 @@ func runFromRow(r *store.RunRow) *Run {
 		AwaitSignal: strings.Join(names, ", "), ScheduleName: deref(r.ScheduleName), CancelRequestedAt: r.CancelRequestedAt,
 		RunTimeoutMS: derefInt(r.RunTimeoutMS), DeadlineAt: r.DeadlineAt,
 		LeaseToken: r.OwnerToken, LeaseExpiresAt: r.LeaseExpiresAt, Tags: decodeTags(r.Tags),
+		Queue: deref(r.FlowQueue), QueueKey: deref(r.FlowKey), Priority: r.Priority,
+		readyAt: r.ReadyAt,
 	}
 }
 
@@ -752,6 +767,9 @@ func (e *Engine) GetRunWith(ctx context.Context, runID uuid.UUID, opts *GetRunOp
 	}
 	run := runFromRow(detail.Run)
 	if err := e.noteUnserved(ctx, run, detail.Run.Queue); err != nil {
+		return nil, fmt.Errorf("pgdurable: reading run %s: %w", runID, err)
+	}
+	if err := e.noteQueued(ctx, run); err != nil {
 		return nil, fmt.Errorf("pgdurable: reading run %s: %w", runID, err)
 	}
 	for _, s := range detail.Steps {

@@ -56,6 +56,11 @@
 //	POST /v1/dead-jobs/{id}/discard       the same
 //	POST /v1/ui-sessions/revoke           sign out everywhere: end every web UI session (no body) → 200 {"revoked": N},
 //	                                      the live sessions ended; browsers must sign in again with the token
+//	GET  /v1/queues                       the flow-controlled queues → 200 {"queues": [...]}: limits, pause, ready and
+//	                                      running runs, the oldest ready run's time, rate-limit wait, serving processes
+//	POST /v1/queues/{name}/pause          {"reason", "by"} → 200 the queue: no run of it starts; running steps finish,
+//	                                      then their runs wait in the queue; 404 for a queue no process defined
+//	POST /v1/queues/{name}/resume         {"by"} → 200 the queue: its backlog starts at its limits; 404 likewise
 //	GET  /v1/openapi.json                 this API's OpenAPI 3.1 document (routes, statuses, JSON shapes), under the same
 //	                                      authentication as the other /v1 routes: a client in another language can be
 //	                                      generated from it
@@ -198,6 +203,9 @@ func newHandler(e *engine.Engine, opts *Options) (http.Handler, []string) {
 	v1.HandleFunc("POST /v1/dead-jobs/{id}/replay", a.resolveDeadJob(e.ReplayDeadJob))
 	v1.HandleFunc("POST /v1/dead-jobs/{id}/discard", a.resolveDeadJob(e.DiscardDeadJob))
 	v1.HandleFunc("POST /v1/ui-sessions/revoke", a.revokeUISessions)
+	v1.HandleFunc("GET /v1/queues", a.listQueues)
+	v1.HandleFunc("POST /v1/queues/{name}/pause", a.pauseQueue)
+	v1.HandleFunc("POST /v1/queues/{name}/resume", a.resumeQueue)
 	v1.HandleFunc("GET /v1/openapi.json", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(openAPI)
@@ -542,6 +550,8 @@ func ErrorCode(err error) (status int, code string) {
 		return http.StatusConflict, "limit_exceeded"
 	case errors.Is(err, engine.ErrDeadJobResolved):
 		return http.StatusConflict, "dead_job_resolved"
+	case errors.Is(err, engine.ErrDuplicate):
+		return http.StatusConflict, "duplicate"
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return http.StatusServiceUnavailable, "unavailable"
 	case errors.Is(err, engine.ErrInvalidArgument):

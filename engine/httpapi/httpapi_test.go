@@ -39,6 +39,7 @@ type order struct {
 type bundle struct {
 	srv *httptest.Server
 	e   *engine.Engine
+	db  *enginetest.DB
 }
 
 func setup(t *testing.T, opts *httpapi.Options) *bundle {
@@ -76,7 +77,7 @@ func setup(t *testing.T, opts *httpapi.Options) *bundle {
 	opts.Pool = db.Pool
 	srv := httptest.NewServer(checkedByOpenAPI(t, httpapi.New(e, opts)))
 	t.Cleanup(srv.Close)
-	return &bundle{srv: srv, e: e}
+	return &bundle{srv: srv, e: e, db: db}
 }
 
 type reply struct {

@@ -31,13 +31,25 @@ type startRequest struct {
 	RunTimeout string          `json:"run_timeout"`
 	// Tags label the run (StartOpts.Tags): {"customer": "c_42"}.
 	Tags map[string]string `json:"tags"`
+	// Flow control (StartOpts): the queue (instead of the workflow's),
+	// the run's key in it, its priority, its key's weight, and a
+	// deduplication ID, refused (409 duplicate) or, with
+	// return_duplicate, answered with the run that holds it.
+	Queue           string  `json:"queue"`
+	QueueKey        string  `json:"queue_key"`
+	Priority        int     `json:"priority"`
+	KeyWeight       float64 `json:"key_weight"`
+	DeduplicationID string  `json:"deduplication_id"`
+	ReturnDuplicate bool    `json:"return_duplicate"`
 }
 
-const startShape = `{"id": string, "input": any JSON, "start_at": RFC 3339 time, "delay": duration such as "90s", "run_timeout": duration, "tags": {"key": "value"}}`
+const startShape = `{"id": string, "input": any JSON, "start_at": RFC 3339 time, "delay": duration such as "90s", "run_timeout": duration, "tags": {"key": "value"}, ` +
+	`"queue": string, "queue_key": string, "priority": integer, "key_weight": number, "deduplication_id": string, "return_duplicate": boolean}`
 
 // opts is the request's StartOpts.
 func (req *startRequest) opts() (*engine.StartOpts, error) {
-	opts := &engine.StartOpts{WorkflowID: req.ID, StartAt: req.StartAt, Tags: req.Tags}
+	opts := &engine.StartOpts{WorkflowID: req.ID, StartAt: req.StartAt, Tags: req.Tags, Queue: req.Queue, QueueKey: req.QueueKey,
+		Priority: req.Priority, KeyWeight: req.KeyWeight, DeduplicationID: req.DeduplicationID, ReturnDuplicate: req.ReturnDuplicate}
 	for _, f := range []struct {
 		name, value string
 		to          *time.Duration

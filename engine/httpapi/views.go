@@ -49,11 +49,15 @@ type StartResponse struct {
 	WorkflowID string           `json:"workflow_id"`
 	Status     engine.RunStatus `json:"status"`
 	Existing   bool             `json:"existing"`
+	// Deduplicated: the run holds the start's deduplication ID
+	// (return_duplicate).
+	Deduplicated bool `json:"deduplicated,omitempty"`
 }
 
 // NewStartResponse is the answer to a start of workflow.
 func NewStartResponse(workflow string, res *engine.StartResult) StartResponse {
-	return StartResponse{RunID: res.RunID, Workflow: workflow, WorkflowID: res.WorkflowID, Status: res.Status, Existing: res.Existing}
+	return StartResponse{RunID: res.RunID, Workflow: workflow, WorkflowID: res.WorkflowID, Status: res.Status, Existing: res.Existing,
+		Deduplicated: res.Deduplicated}
 }
 
 // SignalResponse answers a signal: Status is "accepted" (buffered).

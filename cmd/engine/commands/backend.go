@@ -51,6 +51,9 @@ type backend interface {
 	ResumeSchedule(ctx context.Context, name string) error
 	DeleteSchedule(ctx context.Context, name string) error
 	TriggerSchedule(ctx context.Context, name string) (*engine.StartResult, error)
+	ListQueues(ctx context.Context) ([]engine.QueueInfo, error)
+	PauseQueue(ctx context.Context, name string, opts *engine.PauseOpts) error
+	ResumeQueue(ctx context.Context, name, by string) error
 }
 
 var _ backend = (*engine.Engine)(nil)
@@ -468,6 +471,24 @@ func (c *apiClient) DiscardDeadJobs(ctx context.Context, p engine.ResolveDeadJob
 }
 
 func schedulePath(name string) string { return "/v1/schedules/" + url.PathEscape(name) }
+
+func (c *apiClient) ListQueues(ctx context.Context) ([]engine.QueueInfo, error) {
+	var list httpapi.QueueList
+	err := c.do(ctx, "GET", "/v1/queues", nil, nil, nil, &list)
+	return list.Queues, err
+}
+
+func (c *apiClient) PauseQueue(ctx context.Context, name string, opts *engine.PauseOpts) error {
+	var o engine.PauseOpts
+	if opts != nil {
+		o = *opts
+	}
+	return c.do(ctx, "POST", "/v1/queues/"+url.PathEscape(name)+"/pause", nil, httpapi.PauseQueueRequest{Reason: o.Reason, By: o.By}, nil, nil)
+}
+
+func (c *apiClient) ResumeQueue(ctx context.Context, name, by string) error {
+	return c.do(ctx, "POST", "/v1/queues/"+url.PathEscape(name)+"/resume", nil, httpapi.ResumeQueueRequest{By: by}, nil, nil)
+}
 
 // decodeSchedule reads a schedule as the API writes it (catchup_window
 // as a duration string), with its fires when it has them.

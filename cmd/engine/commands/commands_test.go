@@ -1525,3 +1525,36 @@ func TestRunsShowTheChangesARunTook(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.Contains(t, out, `"patches":["fraud-check"]`)
 }
+
+// queues list, pause and resume, and runs show's queue lines.
+func TestQueuesCommands(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	code, out, errOut := run(t, db, "queues", "list")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "no queue")
+	e := enginetest.NewEngine(t, db, nil, false, workflows()...)
+	require.NoError(t, e.RegisterQueue("payments", engine.QueueOpts{Concurrency: 5, KeyConcurrency: 1, Workers: 3}))
+	require.NoError(t, e.Start(context.Background()))
+	t.Cleanup(func() { _ = e.StopAndCancel(context.Background()) })
+	code, _, errOut = run(t, db, "queues", "pause", "payments", "--reason", "processor down", "--by", "alice")
+	require.Equal(t, 0, code, errOut)
+	res, err := e.StartJSON(context.Background(), "approval", []byte(`{}`), &engine.StartOpts{Queue: "payments", QueueKey: "cus_1"})
+	require.NoError(t, err)
+	code, out, errOut = run(t, db, "queues", "list")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `payments +paused \(processor down\) +1 +\S+ +0 +5 at once, 1 per key +\S+:\d+ \(3 workers\)`, out)
+	code, out, errOut = run(t, db, "runs", "show", res.RunID.String())
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "queue        payments, key cus_1")
+	require.Contains(t, out, "waiting for  queue payments is paused, ready since")
+	code, _, errOut = run(t, db, "queues", "resume", "payments")
+	require.Equal(t, 0, code, errOut)
+	require.Eventually(t, func() bool {
+		r, err := e.GetRun(context.Background(), res.RunID)
+		return err == nil && r.Status == engine.StatusWaiting // admitted: it waits for its approval signal
+	}, 10*time.Second, 20*time.Millisecond)
+	code, _, errOut = run(t, db, "queues", "pause", "nope")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "not defined")
+}

@@ -268,7 +268,7 @@ func newRoot(opts Options) (*cobra.Command, *global) {
 	root.PersistentFlags().StringVar(&g.clientToken, "api-token", "", "the bearer token --address sends (default $ENGINE_API_TOKEN); serve: the token it requires")
 	root.PersistentFlags().StringVar(&g.schemaFlag, "schema", "", "PostgreSQL schema of pgdurable's tables and River's, for every command that uses the database except bench and chaos, whose databases are their own; refused with --address, where the server's own schema is used (default $"+envSchema+", else the binary's engine.Config.Schema, else "+engine.DefaultSchema+")")
 	root.PersistentFlags().BoolVar(&g.jsonOut, "json", false, "print JSON instead of tables (the HTTP API's shapes; errors as {\"error\": {\"code\", \"message\"}} on stdout)")
-	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.startNowCmd(), g.cancelCmd(), g.terminateCmd(), g.workflowsCmd(), g.signalCmd(), g.schedulesCmd(), g.uiSessionsCmd(), g.devCmd(), g.benchCmd())
+	root.AddCommand(g.serveCmd(), g.migrateCmd(), g.runsCmd(), g.deadCmd(), g.startCmd(), g.startNowCmd(), g.cancelCmd(), g.terminateCmd(), g.workflowsCmd(), g.queuesCmd(), g.signalCmd(), g.schedulesCmd(), g.uiSessionsCmd(), g.devCmd(), g.benchCmd())
 	env := &Env{g: g}
 	for _, newCmd := range opts.Commands {
 		if c := newCmd(env); c != nil {

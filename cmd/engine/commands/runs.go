@@ -326,10 +326,25 @@ func (g *global) printRun(run *engine.Run) {
 			fmt.Fprintf(w, "  waiting until %s\n", cell(run.WakeAt))
 		}
 	}
+	if run.Queue != "" {
+		q := text(run.Queue)
+		if run.QueueKey != "" {
+			q += ", key " + text(run.QueueKey)
+		}
+		if run.Priority != 0 {
+			q += fmt.Sprintf(", priority %d", run.Priority)
+		}
+		fmt.Fprintf(w, "  queue        %s\n", q)
+	}
 	switch {
+	case run.WaitingFor != "" && run.WaitingSince != nil && run.Queue != "":
+		fmt.Fprintf(w, "  waiting for  %s, ready since %s (%s)\n",
+			text(run.WaitingFor), cell(run.WaitingSince), time.Since(*run.WaitingSince).Round(time.Second))
 	case run.WaitingFor != "" && run.WaitingSince != nil:
 		fmt.Fprintf(w, "  waiting for  %s, since %s (%s); processes that do not register it hand it back\n",
 			text(run.WaitingFor), cell(run.WaitingSince), time.Since(*run.WaitingSince).Round(time.Second))
+	case run.WaitingFor != "" && run.Queue != "":
+		fmt.Fprintf(w, "  waiting for  %s\n", text(run.WaitingFor))
 	case run.WaitingFor != "":
 		fmt.Fprintf(w, "  waiting for  %s: no live engine process on its queue registers it\n", text(run.WaitingFor))
 	}

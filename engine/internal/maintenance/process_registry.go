@@ -39,6 +39,8 @@ type ProcessRegistry struct {
 	// Workflows returns the workflows this process registers now, in any
 	// order.
 	Workflows func() []store.ProcessWorkflow
+	// Queues returns the flow-controlled queues this process serves.
+	Queues func() []store.ProcessQueue
 	// WriteTimeout bounds each write, which runs even once the pass's
 	// context is cancelled: a stopping engine still records itself until
 	// Forget.
@@ -59,6 +61,10 @@ func (r *ProcessRegistry) Next(began, ended time.Time) time.Time {
 func (r *ProcessRegistry) RunOnce(ctx context.Context) {
 	host, _ := os.Hostname()
 	p := store.Process{ID: r.ID, Hostname: host, PID: os.Getpid(), Queue: r.QueueName, Workflows: r.Workflows()}
+	if r.Queues != nil {
+		p.Queues = r.Queues()
+		slices.SortFunc(p.Queues, func(a, b store.ProcessQueue) int { return cmp.Compare(a.Name, b.Name) })
+	}
 	slices.SortFunc(p.Workflows, func(a, b store.ProcessWorkflow) int { return cmp.Compare(a.Name, b.Name) })
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.WriteTimeout)
 	defer cancel()

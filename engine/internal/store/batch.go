@@ -526,7 +526,8 @@ WHERE r.run_id = u.run_id
   AND (r.wake_at IS NULL OR r.wake_at <= @now)
 RETURNING r.run_id, u.token, r.workflow_name, r.workflow_version, r.workflow_id, r.input, r.deliveries,
           r.stalled_deliveries, r.long_stalled_deliveries, r.status, r.cancel_requested_at IS NOT NULL, r.deadline_at,
-          r.parent_run_id, r.parent_seq, r.parent_close_policy, r.run_timeout_ms, r.trace_context, r.version_wait_since`
+          r.parent_run_id, r.parent_seq, r.parent_close_policy, r.run_timeout_ms, r.trace_context, r.version_wait_since,
+          coalesce(r.flow_queue, '')`
 
 // claimSettings applies to the rest of the claim batch's implicit
 // transaction: its commit is asynchronous (a claim that a PostgreSQL crash
@@ -563,31 +564,48 @@ type ClaimResult struct {
 // belongs to fences[i]. Two fences for one run in a batch (duplicate
 // deliveries) claim it at most once: the other finds it leased.
 func ClaimRuns(ctx context.Context, db DBTX, fences []Fence, now time.Time) ([]ClaimResult, error) {
-	return claimWith(ctx, db, claimRuns, pgx.StrictNamedArgs{}, fences, now, true)
+	return claimWith(ctx, db, claimRuns, pgx.StrictNamedArgs{}, fences, now, claimBatch{settings: true, misses: true})
+}
+
+// claimBatch says what else a claim's round trip holds: before, statements
+// sent first (skip of them, whose results are read and dropped); the
+// claim's transaction settings (claimSettings); a COMMIT after the step
+// load; and whether the runs not claimed are read (ClaimResult.Miss).
+type claimBatch struct {
+	before           *pgx.Batch
+	skip             int
+	settings, commit bool
+	misses           bool
 }
 
 // claimWith is ClaimRuns with stmt, a claimRunsSQL whose further
-// parameters are in args, in db's transaction (settings true: set the
-// claim's transaction settings, claimSettings, first).
-func claimWith(ctx context.Context, db DBTX, stmt *namedStmt, args pgx.StrictNamedArgs, fences []Fence, now time.Time, settings bool) ([]ClaimResult, error) {
+// parameters are in args, sent as cb says.
+func claimWith(ctx context.Context, db DBTX, stmt *namedStmt, args pgx.StrictNamedArgs, fences []Fence, now time.Time, cb claimBatch) ([]ClaimResult, error) {
 	n := len(fences)
 	ids, tokens, lease := make(uuidArray, n), make(uuidArray, n), make([]int64, n)
 	for i, f := range inRunOrder(fences, func(f Fence) uuid.UUID { return f.RunID }) {
 		ids[i], tokens[i], lease[i] = uuidParam(f.RunID), uuidParam(f.Token), ms(f.Lease)
 	}
-	b := &pgx.Batch{}
-	if settings {
+	b := cb.before
+	if b == nil {
+		b = &pgx.Batch{}
+	}
+	if cb.settings {
 		b.Queue(claimSettings)
+		cb.skip++
 	}
 	args["run_id"], args["token"], args["lease_ms"], args["now"] = ids, tokens, lease, now
 	stmt.queue(b, args)
 	b.Queue(loadStepsOfRuns, ids)
+	if cb.commit {
+		b.Queue(`COMMIT`)
+	}
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
 	fail := func(err error) ([]ClaimResult, error) {
 		return nil, fmt.Errorf("claiming %d runs: %w", n, translate(err))
 	}
-	if settings {
+	for range cb.skip {
 		if _, err := br.Exec(); err != nil {
 			return fail(err)
 		}
@@ -608,7 +626,7 @@ func claimWith(ctx context.Context, db DBTX, stmt *namedStmt, args pgx.StrictNam
 		var timeout *int64
 		if err := rows.Scan(&c.RunID, &token, &c.WorkflowName, &c.WorkflowVersion, &c.WorkflowID, &c.Input, &c.Deliveries,
 			&c.StalledDeliveries, &c.LongStalled, &c.Status, &c.CancelRequested, &c.Deadline, &parent, &parentSeq,
-			&policy, &timeout, &c.TraceContext, &c.VersionWaitSince); err != nil {
+			&policy, &timeout, &c.TraceContext, &c.VersionWaitSince, &c.FlowQueue); err != nil {
 			rows.Close()
 			return fail(err)
 		}
@@ -644,6 +662,11 @@ func claimWith(ctx context.Context, db DBTX, stmt *namedStmt, args pgx.StrictNam
 	if err := rows.Err(); err != nil {
 		return fail(err)
 	}
+	if cb.commit {
+		if _, err := br.Exec(); err != nil {
+			return fail(err)
+		}
+	}
 	if err := br.Close(); err != nil {
 		return fail(err)
 	}
@@ -656,7 +679,7 @@ func claimWith(ctx context.Context, db DBTX, stmt *namedStmt, args pgx.StrictNam
 			missed = append(missed, f.RunID)
 		}
 	}
-	if len(missed) == 0 {
+	if len(missed) == 0 || !cb.misses {
 		return out, nil
 	}
 	rows, err = db.Query(ctx, claimMisses, uuids(missed))

@@ -248,6 +248,16 @@ type QueueState struct {
 	RunningByKey map[string]int
 }
 
+// admissionSettings apply to the rest of an admission's transaction: its
+// commit is asynchronous (see AdmitWrite), and its reads take the indexes
+// whose order they ask for. Without statistics (a young database, or a
+// backlog that grew since autovacuum last analyzed the table) PostgreSQL
+// took the 10,000 ready runs of a queue for 5 and read them all through
+// the index by age, then sorted them, for every admission: 9 ms each,
+// where the index in admission order reads the first few rows.
+const admissionSettings = `SELECT set_config('synchronous_commit', 'off', true), set_config('enable_sort', 'off', true),
+       set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)`
+
 const lockQueue = `
 SELECT concurrency, key_concurrency, rate_limit, rate_period_ms, rate_burst, key_rate_limit, key_rate_period_ms,
        key_rate_burst, priority_aging_ms, paused_at IS NOT NULL, vtime, rate_tat
@@ -258,45 +268,6 @@ const runningByKey = `
 SELECT flow_key, count(*) FROM pgdurable.workflow_runs
 WHERE flow_queue = $1 AND owner_token IS NOT NULL AND lease_expires_at >= $2
 GROUP BY flow_key`
-
-// LockQueue locks queue's row in tx (admissions of one queue take turns,
-// so each counts what the one before it claimed) and reads its state as of
-// now. ErrNotFound: no process defined the queue.
-func LockQueue(ctx context.Context, tx DBTX, queue string, now time.Time) (*QueueState, error) {
-	b := &pgx.Batch{}
-	b.Queue(lockQueue, queue)
-	b.Queue(runningByKey, queue, now)
-	br := tx.SendBatch(ctx, b)
-	defer br.Close()
-	s := &QueueState{Def: QueueDef{Name: queue}, RunningByKey: map[string]int{}}
-	var ratePeriod, keyRatePeriod, aging int64
-	err := br.QueryRow().Scan(&s.Def.Concurrency, &s.Def.KeyConcurrency, &s.Def.Rate.Limit, &ratePeriod, &s.Def.Rate.Burst,
-		&s.Def.KeyRate.Limit, &keyRatePeriod, &s.Def.KeyRate.Burst, &aging, &s.Paused, &s.VTime, &s.RateTAT)
-	if err != nil {
-		return nil, fmt.Errorf("locking queue %q: %w", queue, translate(err))
-	}
-	s.Def.Rate.Period, s.Def.KeyRate.Period = time.Duration(ratePeriod)*time.Millisecond, time.Duration(keyRatePeriod)*time.Millisecond
-	s.Def.PriorityAging = time.Duration(aging) * time.Millisecond
-	rows, err := br.Query()
-	if err != nil {
-		return nil, fmt.Errorf("counting the running runs of queue %q: %w", queue, err)
-	}
-	for rows.Next() {
-		var key string
-		var n int
-		if err := rows.Scan(&key, &n); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("counting the running runs of queue %q: %w", queue, err)
-		}
-		s.RunningByKey[key] = n
-		s.Running += n
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("counting the running runs of queue %q: %w", queue, err)
-	}
-	return s, br.Close()
-}
 
 // VersionRange is a workflow's versions a process takes: Lo to Hi.
 type VersionRange struct {
@@ -316,24 +287,24 @@ type Candidate struct {
 	Aged bool
 }
 
-// CandidateParams select the ready runs of Queue as of Now that an
-// admission may claim: of the workflow versions in Versions, not of the
-// keys in Full (at their limit), at most Limit, and, when AgedBefore is
-// set, first those ready since before it whose priority is below the
-// highest ready.
-type CandidateParams struct {
-	Queue      string
-	Now        time.Time
-	Versions   []VersionRange
-	Full       []string
-	Limit      int
-	AgedBefore *time.Time
+// ReadParams say what an admission of Queue reads as of Now: the ready
+// runs of the workflow versions in Versions, at most Limit of each kind
+// (aged, and in admission order).
+type ReadParams struct {
+	Queue    string
+	Now      time.Time
+	Versions []VersionRange
+	Limit    int
 }
 
-// candidateFilter is what makes a ready run a candidate (see
-// CandidateParams).
-const candidateFilter = `r.flow_queue = @queue AND r.ready_at IS NOT NULL AND r.ready_at <= @now
-  AND r.flow_key <> ALL(@full::text[])
+// candidateFilter is what makes a ready run a candidate: of the versions
+// given, and not of a key at its concurrency limit (counted, as in
+// runningByKey, once the queue's row is locked).
+const candidateFilter = `r.flow_queue = @queue AND r.ready_at IS NOT NULL
+  AND r.flow_key NOT IN (SELECT s.flow_key FROM pgdurable.workflow_runs s
+                         WHERE s.flow_queue = @queue AND s.owner_token IS NOT NULL AND s.lease_expires_at >= @now
+                         GROUP BY s.flow_key
+                         HAVING count(*) >= (SELECT nullif(q.key_concurrency, 0) FROM pgdurable.queues q WHERE q.name = @queue))
   AND EXISTS (SELECT 1 FROM unnest(@names::text[], @lo::int[], @hi::int[]) AS v(name, lo, hi)
               WHERE v.name = r.workflow_name AND r.workflow_version BETWEEN v.lo AND v.hi)`
 
@@ -343,63 +314,116 @@ WHERE ` + candidateFilter + `
 ORDER BY r.priority DESC, r.fair_tag, r.run_id
 LIMIT @limit`)
 
+// agedCandidates are the ready runs that waited the queue's priority
+// aging with a priority below the highest ready, oldest first. When the
+// ready runs share one priority (the usual case) the first condition,
+// which PostgreSQL evaluates once, skips the scan: otherwise a backlog
+// older than the aging would be read whole at every admission to find no
+// run of a lower priority.
 var agedCandidates = named(`
 SELECT r.run_id, r.flow_key, r.priority, r.fair_tag, r.ready_at, true FROM pgdurable.workflow_runs r
-WHERE ` + candidateFilter + ` AND r.ready_at < @aged_before
-  AND r.priority < (SELECT t.priority FROM pgdurable.workflow_runs t WHERE t.flow_queue = @queue AND t.ready_at IS NOT NULL
-                    ORDER BY t.priority DESC LIMIT 1)
+WHERE (SELECT min(t.priority) FROM pgdurable.workflow_runs t WHERE t.flow_queue = @queue AND t.ready_at IS NOT NULL)
+      < (SELECT max(t.priority) FROM pgdurable.workflow_runs t WHERE t.flow_queue = @queue AND t.ready_at IS NOT NULL)
+  AND ` + candidateFilter + `
+  AND r.ready_at < @now::timestamptz - (SELECT q.priority_aging_ms FROM pgdurable.queues q WHERE q.name = @queue) * interval '1 millisecond'
+  AND (SELECT q.priority_aging_ms FROM pgdurable.queues q WHERE q.name = @queue) > 0
+  AND r.priority < (SELECT max(t.priority) FROM pgdurable.workflow_runs t WHERE t.flow_queue = @queue AND t.ready_at IS NOT NULL)
 ORDER BY r.ready_at, r.run_id
 LIMIT @limit`)
 
-// Candidates reads the candidates of p: the aged ones first (oldest
-// first), then the rest in admission order (priority, then fair-queuing
-// tag). A run can be in both lists.
-func Candidates(ctx context.Context, tx DBTX, p CandidateParams) ([]Candidate, error) {
+// AdmitRead begins an admission of p.Queue on db, a connection out of a
+// transaction, in one round trip: it begins the transaction, locks the
+// queue's row (admissions of one queue take turns, so each counts what the
+// one before it claimed), and reads the queue's state and its candidates:
+// the aged ones first (oldest first), then the rest in admission order
+// (priority, then fair-queuing tag); a run can be in both. The caller
+// ends the transaction with AdmitWrite, or with a rollback. ErrNotFound:
+// no process defined the queue.
+func AdmitRead(ctx context.Context, db DBTX, p ReadParams) (*AdmitView, error) {
 	n := len(p.Versions)
 	names, lo, hi := make([]string, n), make([]int32, n), make([]int32, n)
 	for i, v := range p.Versions {
 		names[i], lo[i], hi[i] = v.Name, int32(v.Lo), int32(v.Hi)
 	}
-	full := p.Full
-	if full == nil {
-		full = []string{}
-	}
-	args := pgx.StrictNamedArgs{"queue": p.Queue, "now": p.Now, "full": full, "names": names, "lo": lo, "hi": hi, "limit": p.Limit}
+	args := pgx.StrictNamedArgs{"queue": p.Queue, "now": p.Now, "names": names, "lo": lo, "hi": hi, "limit": p.Limit}
 	b := &pgx.Batch{}
-	if p.AgedBefore != nil {
-		aged := pgx.StrictNamedArgs{"aged_before": *p.AgedBefore}
-		for k, v := range args {
-			aged[k] = v
-		}
-		agedCandidates.queue(b, aged)
-	}
+	b.Queue(`BEGIN`)
+	b.Queue(admissionSettings)
+	b.Queue(lockQueue, p.Queue)
+	b.Queue(runningByKey, p.Queue, p.Now)
+	agedCandidates.queue(b, args)
 	freshCandidates.queue(b, args)
-	br := tx.SendBatch(ctx, b)
+	br := db.SendBatch(ctx, b)
 	defer br.Close()
-	var out []Candidate
-	for range b.Len() {
+	fail := func(what string, err error) (*AdmitView, error) {
+		return nil, fmt.Errorf("%s of queue %q: %w", what, p.Queue, translate(err))
+	}
+	for range 2 {
+		if _, err := br.Exec(); err != nil {
+			return fail("beginning the admission", err)
+		}
+	}
+	s := &QueueState{Def: QueueDef{Name: p.Queue}, RunningByKey: map[string]int{}}
+	var ratePeriod, keyRatePeriod, aging int64
+	err := br.QueryRow().Scan(&s.Def.Concurrency, &s.Def.KeyConcurrency, &s.Def.Rate.Limit, &ratePeriod, &s.Def.Rate.Burst,
+		&s.Def.KeyRate.Limit, &keyRatePeriod, &s.Def.KeyRate.Burst, &aging, &s.Paused, &s.VTime, &s.RateTAT)
+	if err != nil {
+		return fail("locking the row", err)
+	}
+	s.Def.Rate.Period, s.Def.KeyRate.Period = time.Duration(ratePeriod)*time.Millisecond, time.Duration(keyRatePeriod)*time.Millisecond
+	s.Def.PriorityAging = time.Duration(aging) * time.Millisecond
+	rows, err := br.Query()
+	if err != nil {
+		return fail("counting the running runs", err)
+	}
+	for rows.Next() {
+		var key string
+		var n int
+		if err := rows.Scan(&key, &n); err != nil {
+			rows.Close()
+			return fail("counting the running runs", err)
+		}
+		s.RunningByKey[key] = n
+		s.Running += n
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fail("counting the running runs", err)
+	}
+	var cands []Candidate
+	for range 2 {
 		rows, err := br.Query()
 		if err != nil {
-			return nil, fmt.Errorf("reading the ready runs of queue %q: %w", p.Queue, err)
+			return fail("reading the ready runs", err)
 		}
 		for rows.Next() {
 			var c Candidate
 			if err := rows.Scan(&c.RunID, &c.Key, &c.Priority, &c.Tag, &c.ReadyAt, &c.Aged); err != nil {
 				rows.Close()
-				return nil, fmt.Errorf("reading the ready runs of queue %q: %w", p.Queue, err)
+				return fail("reading the ready runs", err)
 			}
-			out = append(out, c)
+			cands = append(cands, c)
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("reading the ready runs of queue %q: %w", p.Queue, err)
+			return fail("reading the ready runs", err)
 		}
 	}
-	return out, br.Close()
+	if err := br.Close(); err != nil {
+		return fail("reading", err)
+	}
+	return &AdmitView{State: s, Candidates: cands}, nil
+}
+
+// AdmitView is what AdmitRead read: the queue's state and its candidates.
+type AdmitView struct {
+	State      *QueueState
+	Candidates []Candidate
 }
 
 // KeyRates reads the rate-limit state (GCRA theoretical arrival times) of
-// keys of queue; a key without a row has none.
+// keys of queue, in an admission's transaction; a key without a row has
+// none.
 func KeyRates(ctx context.Context, tx DBTX, queue string, keys []string) (map[string]time.Time, error) {
 	rows, err := tx.Query(ctx, `SELECT key, rate_tat FROM pgdurable.queue_keys WHERE queue = $1 AND key = ANY($2)`, queue, keys)
 	if err != nil {
@@ -437,15 +461,15 @@ var admitClaim = named(strings.Replace(strings.Replace(claimRunsSQL,
 	"    held_until = NULL,\n", "    held_until = NULL,\n    ready_at = NULL,\n", 1),
 	"WHERE r.run_id = u.run_id\n", "WHERE r.run_id = u.run_id AND r.flow_queue = @flow_queue AND r.ready_at IS NOT NULL\n", 1))
 
-// Admit writes a: the claims with their step loads, and the queue's (and
-// keys') admission state, in tx, which it commits asynchronously (as a
-// claim is: a claim that a PostgreSQL crash loses leaves the run ready,
-// and its delivery's fenced writes fail). It returns the runs claimed;
-// a run that stopped being claimable since Candidates read it (ended,
-// say) is left out.
-func Admit(ctx context.Context, tx DBTX, a Admission) ([]*ClaimedRun, error) {
+// AdmitWrite ends the admission AdmitRead began on db, in one round trip:
+// it claims a's runs and loads their steps, writes the queue's (and
+// keys') admission state, and commits, asynchronously as a claim does (a
+// claim that a PostgreSQL crash loses leaves the run ready, and its
+// delivery's fenced writes fail). It returns the runs claimed; a run that
+// stopped being claimable since AdmitRead read it (ended, say) is left
+// out.
+func AdmitWrite(ctx context.Context, db DBTX, a Admission) ([]*ClaimedRun, error) {
 	b := &pgx.Batch{}
-	b.Queue(`SELECT set_config('synchronous_commit', 'off', true)`)
 	b.Queue(`UPDATE pgdurable.queues SET vtime = greatest(vtime, $2), rate_tat = $3 WHERE name = $1`, a.Queue, a.VTime, a.RateTAT)
 	if len(a.KeyTATs) > 0 {
 		keys, tats := make([]string, 0, len(a.KeyTATs)), make([]time.Time, 0, len(a.KeyTATs))
@@ -458,40 +482,188 @@ ON CONFLICT (queue, key) DO UPDATE SET rate_tat = excluded.rate_tat`, a.Queue, k
 		// keys limited now.
 		b.Queue(`DELETE FROM pgdurable.queue_keys WHERE queue = $1 AND rate_tat < $2`, a.Queue, a.Now)
 	}
-	br := tx.SendBatch(ctx, b)
-	for range b.Len() {
-		if _, err := br.Exec(); err != nil {
-			br.Close()
-			return nil, fmt.Errorf("admitting runs of queue %q: %w", a.Queue, err)
-		}
-	}
-	if err := br.Close(); err != nil {
-		return nil, fmt.Errorf("admitting runs of queue %q: %w", a.Queue, err)
-	}
+	writes := b.Len()
 	if len(a.Claims) == 0 {
-		return nil, nil
+		b.Queue(`COMMIT`)
+		return nil, execBatch(ctx, db, b, fmt.Sprintf("admitting runs of queue %q", a.Queue))
 	}
-	res, err := claimWith(ctx, tx, admitClaim, pgx.StrictNamedArgs{"flow_queue": a.Queue}, a.Claims, a.Now, false)
+	var claimed []*ClaimedRun
+	res, err := claimWith(ctx, db, admitClaim, pgx.StrictNamedArgs{"flow_queue": a.Queue}, a.Claims, a.Now, claimBatch{before: b, skip: writes, commit: true})
 	if err != nil {
 		return nil, err
 	}
-	var out []*ClaimedRun
 	for _, r := range res {
 		if r.Run != nil {
-			out = append(out, r.Run)
+			claimed = append(claimed, r.Run)
 		}
 	}
-	return out, nil
+	return claimed, nil
 }
 
-// AnyReady reports whether queue has a run ready by now: an idle
-// admitter's check, which takes no lock.
-func AnyReady(ctx context.Context, db DBTX, queue string, now time.Time) (bool, error) {
-	var ok bool
-	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pgdurable.workflow_runs
-WHERE flow_queue = $1 AND ready_at IS NOT NULL AND ready_at <= $2)`, queue, now).Scan(&ok)
-	if err != nil {
-		return false, fmt.Errorf("reading whether queue %q has ready runs: %w", queue, err)
+// execBatch sends b and reads each statement's result.
+func execBatch(ctx context.Context, db DBTX, b *pgx.Batch, what string) error {
+	br := db.SendBatch(ctx, b)
+	for range b.Len() {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return fmt.Errorf("%s: %w", what, translate(err))
+		}
 	}
-	return ok, nil
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("%s: %w", what, translate(err))
+	}
+	return nil
+}
+
+// QueuePeek is what an idle admitter reads of its queue: whether it has a
+// ready run, and whether it is paused.
+type QueuePeek struct {
+	Ready, Paused bool
+}
+
+// PeekQueue reads queue's QueuePeek, taking no lock.
+func PeekQueue(ctx context.Context, db DBTX, queue string) (QueuePeek, error) {
+	var p QueuePeek
+	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pgdurable.workflow_runs WHERE flow_queue = $1 AND ready_at IS NOT NULL),
+       coalesce((SELECT paused_at IS NOT NULL FROM pgdurable.queues WHERE name = $1), false)`, queue).Scan(&p.Ready, &p.Paused)
+	if err != nil {
+		return p, fmt.Errorf("reading whether queue %q has ready runs: %w", queue, err)
+	}
+	return p, nil
+}
+
+// Pause is a queue's pause: who and why, for the record, as of Now.
+type Pause struct {
+	Queue, By, Reason string
+	Now               time.Time
+}
+
+// PauseQueue pauses p.Queue and reports whether it was running; a paused
+// queue keeps its first pause's record. ErrNotFound: no process defined
+// the queue.
+func PauseQueue(ctx context.Context, db DBTX, p Pause) (bool, error) {
+	queue := p.Queue
+	var was bool
+	err := db.QueryRow(ctx, `UPDATE pgdurable.queues q SET paused_at = coalesce(q.paused_at, $2), paused_by = coalesce(q.paused_by, $3),
+    pause_reason = coalesce(q.pause_reason, $4)
+FROM (SELECT paused_at FROM pgdurable.queues WHERE name = $1 FOR UPDATE) old
+WHERE q.name = $1 RETURNING old.paused_at IS NULL`, queue, p.Now, textOrEmpty(p.By), textOrEmpty(p.Reason)).Scan(&was)
+	if err != nil {
+		return false, fmt.Errorf("pausing queue %q: %w", queue, translate(err))
+	}
+	return was, nil
+}
+
+// ResumeQueue resumes queue and reports whether it was paused.
+// ErrNotFound: no process defined the queue.
+func ResumeQueue(ctx context.Context, db DBTX, queue string) (bool, error) {
+	var was bool
+	err := db.QueryRow(ctx, `UPDATE pgdurable.queues q SET paused_at = NULL, paused_by = NULL, pause_reason = NULL
+FROM (SELECT paused_at FROM pgdurable.queues WHERE name = $1 FOR UPDATE) old
+WHERE q.name = $1 RETURNING old.paused_at IS NOT NULL`, queue).Scan(&was)
+	if err != nil {
+		return false, fmt.Errorf("resuming queue %q: %w", queue, translate(err))
+	}
+	return was, nil
+}
+
+func textOrEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// QueueRow is a queue as ListQueues reads it: its definition and pause
+// (Defined false for a queue that runs name but no process defined), its
+// ready runs (how many, since when the oldest), the runs holding a live
+// lease, and its rate state.
+type QueueRow struct {
+	Def              QueueDef
+	Defined          bool
+	PausedAt         *time.Time
+	PausedBy, Reason *string
+	Ready, Running   int
+	OldestReady      *time.Time
+	RateTAT          *time.Time
+	DefinedAt        *time.Time
+}
+
+// ListQueues reads every queue that is defined or has open runs, by name.
+// Counting a backlog reads its index: an operator's view, not a hot path.
+func ListQueues(ctx context.Context, db DBTX, now time.Time) ([]QueueRow, error) {
+	rows, err := db.Query(ctx, `
+WITH ready AS (
+  SELECT flow_queue, count(*) AS n, min(ready_at) AS oldest FROM pgdurable.workflow_runs
+  WHERE ready_at IS NOT NULL GROUP BY flow_queue
+), running AS (
+  SELECT flow_queue, count(*) AS n FROM pgdurable.workflow_runs
+  WHERE flow_queue IS NOT NULL AND owner_token IS NOT NULL AND lease_expires_at >= $1 GROUP BY flow_queue
+), names AS (
+  SELECT name FROM pgdurable.queues UNION SELECT flow_queue FROM ready UNION SELECT flow_queue FROM running
+)
+SELECT n.name, q.name IS NOT NULL, coalesce(q.concurrency, 0), coalesce(q.key_concurrency, 0), coalesce(q.rate_limit, 0),
+       coalesce(q.rate_period_ms, 0), coalesce(q.rate_burst, 0), coalesce(q.key_rate_limit, 0), coalesce(q.key_rate_period_ms, 0),
+       coalesce(q.key_rate_burst, 0), coalesce(q.priority_aging_ms, 0), q.paused_at, q.paused_by, q.pause_reason,
+       coalesce(r.n, 0), coalesce(u.n, 0), r.oldest, q.rate_tat, q.defined_at
+FROM names n LEFT JOIN pgdurable.queues q ON q.name = n.name LEFT JOIN ready r ON r.flow_queue = n.name
+LEFT JOIN running u ON u.flow_queue = n.name
+ORDER BY n.name`, now)
+	if err != nil {
+		return nil, fmt.Errorf("listing queues: %w", err)
+	}
+	defer rows.Close()
+	var out []QueueRow
+	for rows.Next() {
+		var q QueueRow
+		var ratePeriod, keyRatePeriod, aging int64
+		if err := rows.Scan(&q.Def.Name, &q.Defined, &q.Def.Concurrency, &q.Def.KeyConcurrency, &q.Def.Rate.Limit, &ratePeriod,
+			&q.Def.Rate.Burst, &q.Def.KeyRate.Limit, &keyRatePeriod, &q.Def.KeyRate.Burst, &aging, &q.PausedAt, &q.PausedBy,
+			&q.Reason, &q.Ready, &q.Running, &q.OldestReady, &q.RateTAT, &q.DefinedAt); err != nil {
+			return nil, fmt.Errorf("listing queues: %w", err)
+		}
+		q.Def.Rate.Period, q.Def.KeyRate.Period = time.Duration(ratePeriod)*time.Millisecond, time.Duration(keyRatePeriod)*time.Millisecond
+		q.Def.PriorityAging = time.Duration(aging) * time.Millisecond
+		out = append(out, q)
+	}
+	return out, rows.Err()
+}
+
+// KeyWait is what holds a ready run's key: its runs holding a live lease,
+// and its rate state (nil for none).
+type KeyWait struct {
+	Running int
+	RateTAT *time.Time
+	// Ahead counts the queue's ready runs an admission takes before the
+	// run (higher priority, or equal with an earlier tag).
+	Ahead int
+}
+
+// MaxCountedAhead bounds KeyWait.Ahead: counting a backlog's runs reads
+// them.
+const MaxCountedAhead = 10_000
+
+// ReadyRun names a ready run of a queue, with its key, as of Now.
+type ReadyRun struct {
+	Queue, Key string
+	RunID      uuid.UUID
+	Now        time.Time
+}
+
+// KeyWaitOf reads what holds the ready run r.
+func KeyWaitOf(ctx context.Context, db DBTX, r ReadyRun) (KeyWait, error) {
+	queue, key, runID, now := r.Queue, r.Key, r.RunID, r.Now
+	var w KeyWait
+	err := db.QueryRow(ctx, `
+SELECT (SELECT count(*) FROM pgdurable.workflow_runs WHERE flow_queue = $1 AND flow_key = $2 AND owner_token IS NOT NULL AND lease_expires_at >= $4),
+       (SELECT rate_tat FROM pgdurable.queue_keys WHERE queue = $1 AND key = $2),
+       (SELECT count(*) FROM (SELECT 1 FROM pgdurable.workflow_runs o, pgdurable.workflow_runs r
+        WHERE r.run_id = $3 AND o.flow_queue = $1 AND o.ready_at IS NOT NULL
+          AND (o.priority > r.priority OR o.priority = r.priority AND (o.fair_tag, o.run_id) < (r.fair_tag, r.run_id))
+        LIMIT `+fmt.Sprint(MaxCountedAhead)+`) a)`,
+		queue, key, runID, now).Scan(&w.Running, &w.RateTAT, &w.Ahead)
+	if err != nil {
+		return w, fmt.Errorf("reading what holds run %s in queue %q: %w", runID, queue, translate(err))
+	}
+	return w, nil
 }

@@ -41,17 +41,23 @@ type RunRow struct {
 	FirstRunID        *uuid.UUID
 	Tags              []byte // a JSON object of strings, nil for none
 	VersionWaitSince  *time.Time
+	FlowQueue         *string // the flow-controlled queue, nil for none
+	FlowKey           *string
+	Priority          int
+	ReadyAt           *time.Time // ready for its queue's admission since
 }
 
 const runColumns = `run_id, workflow_name, workflow_version, workflow_id, status, input, output, error,
     deliveries, stalled_deliveries, owner_token, lease_expires_at, wake_at, await_signal, schedule_name, queue, created_at, started_at, completed_at,
-    cancel_requested_at, run_timeout_ms, deadline_at, parent_run_id, parent_seq, parent_close_policy, continued_run_id, first_run_id, tags, version_wait_since`
+    cancel_requested_at, run_timeout_ms, deadline_at, parent_run_id, parent_seq, parent_close_policy, continued_run_id, first_run_id, tags, version_wait_since,
+    flow_queue, flow_key, priority, ready_at`
 
 func scanRun(row pgx.Row) (*RunRow, error) {
 	var r RunRow
 	err := row.Scan(&r.RunID, &r.WorkflowName, &r.WorkflowVersion, &r.WorkflowID, &r.Status, &r.Input, &r.Output,
 		&r.Error, &r.Deliveries, &r.Stalled, &r.OwnerToken, &r.LeaseExpiresAt, &r.WakeAt, &r.AwaitSignal, &r.ScheduleName, &r.Queue, &r.CreatedAt,
-		&r.StartedAt, &r.CompletedAt, &r.CancelRequestedAt, &r.RunTimeoutMS, &r.DeadlineAt, &r.ParentRunID, &r.ParentSeq, &r.ParentClosePolicy, &r.ContinuedRunID, &r.FirstRunID, &r.Tags, &r.VersionWaitSince)
+		&r.StartedAt, &r.CompletedAt, &r.CancelRequestedAt, &r.RunTimeoutMS, &r.DeadlineAt, &r.ParentRunID, &r.ParentSeq, &r.ParentClosePolicy, &r.ContinuedRunID, &r.FirstRunID, &r.Tags, &r.VersionWaitSince,
+		&r.FlowQueue, &r.FlowKey, &r.Priority, &r.ReadyAt)
 	if err != nil {
 		return nil, translate(err)
 	}

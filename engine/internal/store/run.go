@@ -220,7 +220,9 @@ type ClaimedRun struct {
 	// version began handing it back (see ReleaseUnclaimed); nil when none
 	// did since a process that registers it last ran it.
 	VersionWaitSince *time.Time
-	Steps            []StepRecord
+	// FlowQueue is the run's flow-controlled queue, "" for none.
+	FlowQueue string
+	Steps     []StepRecord
 }
 
 // ClaimMiss says why a delivery did not get the lease.

@@ -162,6 +162,23 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 			rep.add(opts, "patched v2 / plain 3-step workflow", v.perSec/res.perSec, "ratio", "")
 			rep.add(opts, "3-step workflow as v2 beside v1, patched: round trips", v.roundTrips, "round trips/workflow", "")
 			rep.add(opts, "3-step workflow as v2 beside v1, patched: WAL", v.walBytes, "bytes/workflow", "")
+			// Flow control on the hot path: the same workflow through a
+			// queue limited to 100 at once, then limited to 1 per key over
+			// 1,000 keys, against the unlimited row.
+			l, err := throughput(ctx, pool, rt, url, steps, n, limited, quiet)
+			if err != nil {
+				return nil, err
+			}
+			k, err := throughput(ctx, pool, rt, url, steps, n, keyed, quiet)
+			if err != nil {
+				return nil, err
+			}
+			rep.add(opts, "3-step workflow in a queue of 100 at once, start included", l.perSec, "workflows/s", "every run admitted by the queue")
+			rep.add(opts, "queue of 100 at once / unlimited 3-step workflow", l.perSec/res.perSec, "ratio", "target >= 0.8")
+			rep.add(opts, "3-step workflow in a queue of 100 at once: round trips", l.roundTrips, "round trips/workflow", "")
+			rep.add(opts, "3-step workflow in a queue of 100 at once: commits", l.commits, "commits/workflow", "")
+			rep.add(opts, "3-step workflow in a queue, 1 at once per key over 1,000 keys", k.perSec, "workflows/s", "and 100 at once in all")
+			rep.add(opts, "queue of 1 per key (1,000 keys) / unlimited 3-step workflow", k.perSec/res.perSec, "ratio", "target >= 0.8")
 		} else {
 			rep.add(opts, "round trips per new step, at load", (res.roundTrips-rt3)/7, "round trips/step",
 				"(10-step − 3-step) / 7: concurrent runs share their writes")
@@ -206,6 +223,11 @@ func noopWorkflow(name string, steps int, done *atomic.Int64, stepOne chan<- tim
 // versionedNoop is noopWorkflow as version v, with a Patched call before
 // its steps when patched.
 func versionedNoop(name string, steps int, done *atomic.Int64, stepOne chan<- time.Time, v int, patched bool) *engine.Workflow[int, int] {
+	return queuedNoop(name, steps, done, stepOne, &engine.WorkflowOpts{Version: v}, patched)
+}
+
+// queuedNoop is noopWorkflow with opts.
+func queuedNoop(name string, steps int, done *atomic.Int64, stepOne chan<- time.Time, opts *engine.WorkflowOpts, patched bool) *engine.Workflow[int, int] {
 	return engine.Define(name, func(ctx *engine.Context, in int) (int, error) {
 		if patched && !engine.Patched(ctx, "bench-change") {
 			return 0, errors.New("a fresh run took the old branch")
@@ -222,16 +244,21 @@ func versionedNoop(name string, steps int, done *atomic.Int64, stepOne chan<- ti
 		}
 		done.Add(1)
 		return in, nil
-	}, &engine.WorkflowOpts{Version: v})
+	}, opts)
 }
 
 // The variants of the throughput rows: a plain workflow; the same as
 // version 2 registered beside version 1 (runs pinned to their version);
 // and that version 2 with a Patched call before its steps.
+// limited runs the plain workflow through a queue of 100 at once, and
+// keyed through one of 1 at once per key (the run's number modulo 1,000)
+// and 100 in all.
 const (
 	plain = iota
 	pinned
 	patched
+	limited
+	keyed
 )
 
 // throughput runs n runs of a no-op workflow of steps steps, as variant
@@ -241,16 +268,34 @@ func throughput(ctx context.Context, pool *pgxpool.Pool, rt *roundtrips.Counter,
 	name, queue := fmt.Sprintf("bench-%d-steps", steps), fmt.Sprintf("bench_%d", steps)
 	wf := noopWorkflow(name, steps, &done, nil)
 	regs := []engine.Registration{wf}
-	if variant != plain {
+	var startOpts func(i int) *engine.StartOpts
+	switch variant {
+	case pinned, patched:
 		name, queue = fmt.Sprintf("%s-v2-%d", name, variant), fmt.Sprintf("%s_v2_%d", queue, variant)
 		wf = versionedNoop(name, steps, &done, nil, 2, variant == patched)
 		regs = []engine.Registration{versionedNoop(name, steps, &done, nil, 1, false), wf}
+	case limited, keyed:
+		name, queue = fmt.Sprintf("%s-queued-%d", name, variant), fmt.Sprintf("%s_queued_%d", queue, variant)
+		wf = queuedNoop(name, steps, &done, nil, &engine.WorkflowOpts{Queue: queue}, false)
+		regs = []engine.Registration{wf}
+		if variant == keyed {
+			startOpts = func(i int) *engine.StartOpts { return &engine.StartOpts{QueueKey: strconv.Itoa(i % 1000)} }
+		}
 	}
 	e, err := engine.New(pool, &engine.Config{Logger: log, Queue: queue})
 	if err != nil {
 		return nil, err
 	}
 	if err := e.Register(regs...); err != nil {
+		return nil, err
+	}
+	switch variant {
+	case limited:
+		err = e.RegisterQueue(queue, engine.QueueOpts{Concurrency: 100, Workers: 100})
+	case keyed:
+		err = e.RegisterQueue(queue, engine.QueueOpts{Concurrency: 100, KeyConcurrency: 1, Workers: 100})
+	}
+	if err != nil {
 		return nil, err
 	}
 	// Earlier rows' backends flush their statistics when they end: end them
@@ -270,7 +315,7 @@ func throughput(ctx context.Context, pool *pgxpool.Pool, rt *roundtrips.Counter,
 	}
 	rt0 := rt.Count()
 	start := time.Now()
-	if err := startMany(ctx, e, wf, n, 1); err != nil {
+	if err := startManyWith(ctx, e, wf, n, 1, startOpts); err != nil {
 		return nil, err
 	}
 	for done.Load() < int64(n) {
@@ -399,13 +444,27 @@ func thousands(n int) string {
 // Start call at a time each, as requests arrive in a busy service, and
 // returns the first start error.
 func startMany[In, Out any](ctx context.Context, e *engine.Engine, wf *engine.Workflow[In, Out], n int, in In) error {
+	return startManyWith(ctx, e, wf, n, in, nil)
+}
+
+// startManyWith is startMany with each start's options from opts (the
+// start's number), nil for none.
+func startManyWith[In, Out any](ctx context.Context, e *engine.Engine, wf *engine.Workflow[In, Out], n int, in In, opts func(int) *engine.StartOpts) error {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	var startErr atomic.Pointer[error]
 	for range 100 {
 		wg.Go(func() {
-			for next.Add(1) <= int64(n) {
-				if _, err := wf.Start(ctx, e, in, nil); err != nil {
+			for {
+				i := next.Add(1)
+				if i > int64(n) {
+					return
+				}
+				var o *engine.StartOpts
+				if opts != nil {
+					o = opts(int(i))
+				}
+				if _, err := wf.Start(ctx, e, in, o); err != nil {
 					startErr.Store(&err)
 					return
 				}

@@ -1,0 +1,59 @@
+package httpapi_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestQueueRoutes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	r := b.do(t, "GET", "/v1/queues", "")
+	require.Equal(t, 200, r.status, r.raw)
+	require.Empty(t, r.body["queues"])
+
+	// A start names a queue no process serves: it waits there, and says so.
+	start := `{"input": {"order_id": "o", "amount": 1}, "queue": "payments", "queue_key": "cus_1", "priority": 5, "deduplication_id": "o-1"}`
+	r = b.do(t, "POST", "/v1/workflows/payment/runs", start)
+	require.Equal(t, 201, r.status, r.raw)
+	runID := r.body["run_id"].(string)
+	r = b.do(t, "POST", "/v1/workflows/payment/runs", start)
+	require.Equal(t, 409, r.status, r.raw)
+	require.Equal(t, "duplicate", errCode(r))
+	r = b.do(t, "POST", "/v1/workflows/payment/runs", `{"input": {"order_id": "o", "amount": 1}, "queue": "payments", "deduplication_id": "o-1", "return_duplicate": true}`)
+	require.Equal(t, 200, r.status, r.raw)
+	require.Equal(t, runID, r.body["run_id"])
+	require.Equal(t, true, r.body["deduplicated"])
+	r = b.do(t, "GET", "/v1/runs/"+runID, "")
+	require.Equal(t, 200, r.status, r.raw)
+	require.Equal(t, "payments", r.body["queue"])
+	require.Equal(t, "cus_1", r.body["queue_key"])
+	require.Equal(t, float64(5), r.body["priority"])
+	require.Equal(t, "a process that serves queue payments", r.body["waiting_for"])
+
+	r = b.do(t, "GET", "/v1/queues", "")
+	require.Equal(t, 200, r.status, r.raw)
+	queues := r.body["queues"].([]any)
+	require.Len(t, queues, 1)
+	q := queues[0].(map[string]any)
+	require.Equal(t, false, q["defined"])
+	require.Equal(t, float64(1), q["ready"])
+
+	require.Equal(t, 404, b.do(t, "POST", "/v1/queues/payments/pause", `{}`).status, "no process defined it")
+	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO pgdurable.queues (name, concurrency) VALUES ('payments', 5)`)
+	require.NoError(t, err)
+	r = b.do(t, "POST", "/v1/queues/payments/pause", `{"reason": "card processor down", "by": "alice"}`)
+	require.Equal(t, 200, r.status, r.raw)
+	require.Equal(t, true, r.body["paused"])
+	require.Equal(t, "alice", r.body["paused_by"])
+	require.Equal(t, float64(5), r.body["concurrency"])
+	r = b.do(t, "GET", "/v1/runs/"+runID, "")
+	require.Equal(t, "queue payments is paused", r.body["waiting_for"])
+	require.Equal(t, 400, b.do(t, "POST", "/v1/queues/payments/pause", `{"colour": "red"}`).status)
+	r = b.do(t, "POST", "/v1/queues/payments/resume", `{"by": "alice"}`)
+	require.Equal(t, 200, r.status, r.raw)
+	require.Equal(t, false, r.body["paused"])
+	require.Equal(t, 400, b.do(t, "POST", "/v1/workflows/payment/runs", `{"input": {}, "priority": 3}`).status, "a priority needs a queue")
+}
