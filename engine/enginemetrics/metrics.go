@@ -166,8 +166,10 @@ func (m *Metrics) LeaseLost(ev engine.LeaseLostEvent) {
 
 // WatchQueue registers gauges read from e.Stats at scrape time: pending
 // runs (queue depth), the oldest pending run's age, running and waiting
-// runs, and open dead jobs. A scrape that cannot reach the database
-// reports no values for them.
+// runs, and open dead jobs; and, per flow-controlled queue a process
+// defined (e.ListQueues, at most 50), its ready and running runs, slots,
+// oldest ready run's age, pause, rate-limit wait and serving processes.
+// A scrape that cannot reach the database reports no values for them.
 func (m *Metrics) WatchQueue(e *engine.Engine) {
 	m.reg.MustRegister(&queueCollector{e: e})
 }
@@ -184,13 +186,29 @@ var (
 	descVersionWaits   = prometheus.NewDesc("pgdurable_runs_waiting_for_version", "Runs waiting for a process that registers their workflow version.", versionLabels, nil)
 	descVersionWaitAge = prometheus.NewDesc("pgdurable_runs_waiting_for_version_oldest_seconds", "How long the longest-waiting run of a workflow version has waited for a process that registers it.", versionLabels, nil)
 	descVersionOverdue = prometheus.NewDesc("pgdurable_runs_waiting_for_version_overdue", "Runs that have waited Config.VersionWaitAlert or longer for a process that registers their workflow version: alert when above 0.", versionLabels, nil)
+
+	queueLabels          = []string{"queue"}
+	descQueueReady       = prometheus.NewDesc("pgdurable_queue_ready_runs", "Runs waiting in a flow-controlled queue for a slot (its depth).", queueLabels, nil)
+	descQueueRunning     = prometheus.NewDesc("pgdurable_queue_running_runs", "Runs of a flow-controlled queue holding a slot (a live lease).", queueLabels, nil)
+	descQueueSlots       = prometheus.NewDesc("pgdurable_queue_slots", "A flow-controlled queue's concurrency limit (0: none).", queueLabels, nil)
+	descQueueOldest      = prometheus.NewDesc("pgdurable_queue_oldest_ready_seconds", "How long the oldest ready run of a flow-controlled queue has waited for a slot.", queueLabels, nil)
+	descQueuePaused      = prometheus.NewDesc("pgdurable_queue_paused", "1 while a flow-controlled queue is paused.", queueLabels, nil)
+	descQueueRateLimited = prometheus.NewDesc("pgdurable_queue_rate_limited", "1 while a flow-controlled queue's rate limit holds its next start back.", queueLabels, nil)
+	descQueueProcesses   = prometheus.NewDesc("pgdurable_queue_processes", "Live engine processes that serve a flow-controlled queue: alert on 0 with ready runs.", queueLabels, nil)
+	descUndefinedQueues  = prometheus.NewDesc("pgdurable_runs_in_undefined_queues", "Ready runs of queues that no process has registered (they wait for one).", nil, nil)
 )
+
+// maxQueueSeries bounds the queues the metrics label: queue names come
+// from code (RegisterQueue), but a start may name any queue, so only
+// defined queues are labelled, and at most this many of them.
+const maxQueueSeries = 50
 
 type queueCollector struct{ e *engine.Engine }
 
 func (q *queueCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descPending, descOldest, descRunning, descWaiting, descDead, descTables,
-		descVersionWaits, descVersionWaitAge, descVersionOverdue} {
+		descVersionWaits, descVersionWaitAge, descVersionOverdue, descQueueReady, descQueueRunning, descQueueSlots,
+		descQueueOldest, descQueuePaused, descQueueRateLimited, descQueueProcesses, descUndefinedQueues} {
 		ch <- d
 	}
 }
@@ -219,6 +237,45 @@ func (q *queueCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descVersionWaitAge, prometheus.GaugeValue, w.Waited.Seconds(), w.Workflow, v)
 		ch <- prometheus.MustNewConstMetric(descVersionOverdue, prometheus.GaugeValue, float64(w.Overdue), w.Workflow, v)
 	}
+	q.collectQueues(ctx, ch)
+}
+
+// collectQueues reports the flow-controlled queues (Engine.ListQueues).
+func (q *queueCollector) collectQueues(ctx context.Context, ch chan<- prometheus.Metric) {
+	queues, err := q.e.ListQueues(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(descQueueReady, err)
+		return
+	}
+	undefined, labelled := 0, 0
+	for _, qi := range queues {
+		if !qi.Defined {
+			undefined += qi.Ready
+			continue
+		}
+		if labelled++; labelled > maxQueueSeries {
+			continue
+		}
+		var oldest float64
+		if qi.OldestReadyAt != nil {
+			oldest = time.Since(*qi.OldestReadyAt).Seconds()
+		}
+		ch <- prometheus.MustNewConstMetric(descQueueReady, prometheus.GaugeValue, float64(qi.Ready), qi.Name)
+		ch <- prometheus.MustNewConstMetric(descQueueRunning, prometheus.GaugeValue, float64(qi.Running), qi.Name)
+		ch <- prometheus.MustNewConstMetric(descQueueSlots, prometheus.GaugeValue, float64(qi.Concurrency), qi.Name)
+		ch <- prometheus.MustNewConstMetric(descQueueOldest, prometheus.GaugeValue, oldest, qi.Name)
+		ch <- prometheus.MustNewConstMetric(descQueuePaused, prometheus.GaugeValue, boolGauge(qi.Paused), qi.Name)
+		ch <- prometheus.MustNewConstMetric(descQueueRateLimited, prometheus.GaugeValue, boolGauge(qi.RateLimitedUntil != nil), qi.Name)
+		ch <- prometheus.MustNewConstMetric(descQueueProcesses, prometheus.GaugeValue, float64(len(qi.Processes)), qi.Name)
+	}
+	ch <- prometheus.MustNewConstMetric(descUndefinedQueues, prometheus.GaugeValue, float64(undefined))
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // RowsPruned implements engine.Observer.

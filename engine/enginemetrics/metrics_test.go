@@ -174,3 +174,49 @@ func collectorFor(t *testing.T, reg *prometheus.Registry, name, v string) promet
 	t.Fatalf("no series of %s with a label %q", name, v)
 	return nil
 }
+
+func TestMetricsReportQueues(t *testing.T) {
+	t.Parallel()
+	wf := engine.Define("queued", func(ctx *engine.Context, n int) (int, error) { return n, nil }, &engine.WorkflowOpts{Queue: "payments"})
+	db := enginetest.NewDB(t)
+	reg := prometheus.NewRegistry()
+	m := enginemetrics.New(reg)
+	e := enginetest.NewEngine(t, db, &engine.Config{Observer: m}, false, wf)
+	require.NoError(t, e.RegisterQueue("payments", engine.QueueOpts{Concurrency: 5}))
+	require.NoError(t, e.Start(context.Background()))
+	t.Cleanup(func() { _ = e.StopAndCancel(context.Background()) })
+	m.WatchQueue(e)
+	ctx := context.Background()
+	require.NoError(t, e.PauseQueue(ctx, "payments", nil))
+	for range 3 {
+		_, err := wf.Start(ctx, e, 1, nil)
+		require.NoError(t, err)
+	}
+	_, err := wf.Start(ctx, e, 1, &engine.StartOpts{Queue: "nobody"}) // any name a start gives: no series of its own
+	require.NoError(t, err)
+	expected := `
+# HELP pgdurable_queue_paused 1 while a flow-controlled queue is paused.
+# TYPE pgdurable_queue_paused gauge
+pgdurable_queue_paused{queue="payments"} 1
+# HELP pgdurable_queue_processes Live engine processes that serve a flow-controlled queue: alert on 0 with ready runs.
+# TYPE pgdurable_queue_processes gauge
+pgdurable_queue_processes{queue="payments"} 1
+# HELP pgdurable_queue_ready_runs Runs waiting in a flow-controlled queue for a slot (its depth).
+# TYPE pgdurable_queue_ready_runs gauge
+pgdurable_queue_ready_runs{queue="payments"} 3
+# HELP pgdurable_queue_running_runs Runs of a flow-controlled queue holding a slot (a live lease).
+# TYPE pgdurable_queue_running_runs gauge
+pgdurable_queue_running_runs{queue="payments"} 0
+# HELP pgdurable_queue_slots A flow-controlled queue's concurrency limit (0: none).
+# TYPE pgdurable_queue_slots gauge
+pgdurable_queue_slots{queue="payments"} 5
+# HELP pgdurable_runs_in_undefined_queues Ready runs of queues that no process has registered (they wait for one).
+# TYPE pgdurable_runs_in_undefined_queues gauge
+pgdurable_runs_in_undefined_queues 1
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(expected), "pgdurable_queue_paused", "pgdurable_queue_processes",
+		"pgdurable_queue_ready_runs", "pgdurable_queue_running_runs", "pgdurable_queue_slots", "pgdurable_runs_in_undefined_queues"))
+	n, err := testutil.GatherAndCount(reg, "pgdurable_queue_oldest_ready_seconds")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+}
