@@ -52,6 +52,10 @@ type ActivityOpts struct {
 	// Input is the activity's input (the request it sends), checked on
 	// replay as StepOpts.Input is.
 	Input any
+	// RateLimit names a rate limit each attempt takes a turn of before it
+	// calls out (StepOpts.RateLimit): the card processor's 100 requests a
+	// second, shared by every process.
+	RateLimit string
 }
 
 // ActivityAttempt is one attempt of an activity, as its function sees it.
@@ -116,7 +120,8 @@ func RunActivity[T any](ctx *Context, name string, fn func(ctx context.Context, 
 	if opts == nil {
 		opts = &ActivityOpts{}
 	}
-	sopts := &StepOpts{RetryPolicy: opts.RetryPolicy, ScheduleToCloseTimeout: opts.ScheduleToCloseTimeout, Input: opts.Input}
+	sopts := &StepOpts{RetryPolicy: opts.RetryPolicy, ScheduleToCloseTimeout: opts.ScheduleToCloseTimeout, Input: opts.Input,
+		RateLimit: opts.RateLimit}
 	raw, err := ctx.d.runStep(&stepCall{name: name, kind: KindActivity, opts: sopts, requestID: true,
 		settle: opts.HeartbeatTimeout <= 0, returnExhausted: opts.ReturnExhausted,
 		body: activityBody(name, opts, fn)})

@@ -166,6 +166,12 @@ func (s *stepState) execute(parent context.Context, a *attemptState) attemptResu
 		r.err = errReplayStopped
 		return r
 	}
+	if call.opts != nil && call.opts.RateLimit != "" {
+		if r.err = d.e.takeTurn(parent, call.opts.RateLimit); r.err != nil {
+			return r
+		}
+		r.started = time.Now()
+	}
 	timeout, cause := attemptBound(call.opts, s.startedAt, d.e.now())
 	sctx, span := d.e.tr.attempt(parent, call.name, call.kind, call.compensationOf, s.seq, a.attempt, a.requestID)
 	r.out, r.p, r.timedOut, r.err = bounded(sctx, timeout, cause, call.tx, func(ctx context.Context) ([]byte, *panicInfo, error) {

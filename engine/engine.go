@@ -311,6 +311,9 @@ type Engine struct {
 	// stopAdmitting ends their admitters.
 	flowQueues    map[string]*flowQueue
 	stopAdmitting context.CancelFunc
+	// rateLimits are the rate limits this process registers
+	// (RegisterRateLimit).
+	rateLimits map[string]Rate
 	// maint runs the sweep and the other background jobs while the
 	// engine is started; process is the one of them that Start and stop
 	// also call.
@@ -494,6 +497,14 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	e.started = true
 	e.mu.Unlock()
+	// The definitions first: a process that cannot write them works
+	// nothing rather than admit by another process's limits.
+	if err := e.defineFlow(ctx); err != nil {
+		e.mu.Lock()
+		e.started = false
+		e.mu.Unlock()
+		return fmt.Errorf("pgdurable: defining queues and rate limits: %w", err)
+	}
 	if err := e.queue.Start(context.WithoutCancel(ctx)); err != nil {
 		return fmt.Errorf("pgdurable: starting workers: %w", err)
 	}
@@ -505,9 +516,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.mu.Lock()
 	e.stopAdmitting = stop
 	e.mu.Unlock()
-	if err := e.startQueues(ctx, admitting); err != nil {
-		return fmt.Errorf("pgdurable: starting queues: %w", err)
-	}
+	e.startQueues(admitting)
 	return nil
 }
 

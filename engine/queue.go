@@ -167,21 +167,33 @@ func (q *flowQueue) def(name string) store.QueueDef {
 		Rate: q.opts.RateLimit.def(), KeyRate: q.opts.KeyRateLimit.def(), PriorityAging: aging}
 }
 
-// startQueues writes the definitions of the queues this process registers
-// and starts their admitters, which run until ctx ends.
-func (e *Engine) startQueues(ctx, run context.Context) error {
+// defineFlow writes the definitions of the queues and rate limits this
+// process registers.
+func (e *Engine) defineFlow(ctx context.Context) error {
 	e.mu.Lock()
-	queues := maps.Clone(e.flowQueues)
+	queues, limits := maps.Clone(e.flowQueues), maps.Clone(e.rateLimits)
 	e.mu.Unlock()
 	for _, name := range slices.Sorted(maps.Keys(queues)) {
 		if err := store.DefineQueue(ctx, e.db, queues[name].def(name)); err != nil {
 			return err
 		}
 	}
-	for _, q := range queues {
-		go q.admitter.Serve(run)
+	for _, name := range slices.Sorted(maps.Keys(limits)) {
+		if err := store.DefineRateLimit(ctx, e.db, name, limits[name].def()); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// startQueues starts the admitters of the queues this process serves,
+// which run until ctx ends.
+func (e *Engine) startQueues(ctx context.Context) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, q := range e.flowQueues {
+		go q.admitter.Serve(ctx)
+	}
 }
 
 // takenVersions are the workflow versions this process executes: each
@@ -503,4 +515,72 @@ func (e *Engine) ResumeQueue(ctx context.Context, queue, by string) error {
 	}
 	e.setPaused(queue, false)
 	return nil
+}
+
+// RegisterRateLimit defines the rate limit name (1 to 200 bytes) that
+// steps and activities name in StepOpts.RateLimit and
+// ActivityOpts.RateLimit: each attempt takes a turn, across every process
+// on the database, at rate r (GCRA, as a queue's RateLimit). Like a
+// queue's limits, the definition is written to the database when the
+// engine starts, and the process that started last decides. Call before
+// Start. Errors: ErrInvalidArgument (a bad name or rate, or after Start).
+func (e *Engine) RegisterRateLimit(name string, r Rate) error {
+	if err := checkName("rate limit name", name, 200); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	if r == (Rate{}) {
+		return fmt.Errorf("%w: rate limit %q needs a Limit and a Period", ErrInvalidArgument, name)
+	}
+	if err := r.check("rate limit " + name); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.started {
+		return fmt.Errorf("%w: RegisterRateLimit(%q) after Start", ErrInvalidArgument, name)
+	}
+	if e.rateLimits == nil {
+		e.rateLimits = map[string]Rate{}
+	}
+	e.rateLimits[name] = r
+	return nil
+}
+
+// takeTurn waits for a turn of the rate limit name, within ctx: it asks
+// the database for one, and sleeps until the time it names when it gets
+// none. A database that fails is asked again after a short wait; a limit
+// this process does not register fails permanently.
+func (e *Engine) takeTurn(ctx context.Context, name string) error {
+	e.mu.Lock()
+	_, ok := e.rateLimits[name]
+	e.mu.Unlock()
+	if !ok {
+		return Permanent(fmt.Errorf("%w: rate limit %q is not registered in this process (Engine.RegisterRateLimit)", ErrInvalidArgument, name))
+	}
+	for failures := 0; ; {
+		turn, err := store.TakeRate(ctx, e.db, name, e.now())
+		wait := time.Duration(0)
+		switch {
+		case err == nil && turn.Taken:
+			return nil
+		case err == nil:
+			wait = max(turn.NextAt.Sub(e.now()), time.Millisecond)
+			failures = 0
+		case ctx.Err() != nil:
+			return ctx.Err()
+		default:
+			failures++
+			if failures == 1 || failures%100 == 0 {
+				e.log.Warn("taking a turn of a rate limit failed; trying again", "rate_limit", name, "error", err)
+			}
+			wait = min(10*time.Millisecond<<min(failures, 8), 2*time.Second)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -349,4 +350,64 @@ func TestQueueRunOfAnUnservedQueueSaysSo(t *testing.T) {
 	require.False(t, queues[0].Defined)
 	require.Equal(t, 1, queues[0].Ready)
 	require.Empty(t, queues[0].Processes)
+}
+
+// A rate limit that activities of two engines share paces their attempts
+// together: 60 attempts at 20 a second take about 3 s, and no second
+// holds more than 21.
+func TestRateLimitIsSharedByProcesses(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := enginetest.NewDB(t)
+	var mu sync.Mutex
+	var calls []time.Time
+	wf := engine.Define("rated", func(ctx *engine.Context, in keyed) (int, error) {
+		return engine.RunActivity(ctx, "charge", func(context.Context, *engine.ActivityAttempt) (int, error) {
+			mu.Lock()
+			calls = append(calls, time.Now())
+			mu.Unlock()
+			return in.N, nil
+		}, &engine.ActivityOpts{RateLimit: "card-processor"})
+	}, nil)
+	var engines []*engine.Engine
+	for range 2 {
+		e := newEngine(t, db, nil, false, wf)
+		require.NoError(t, e.RegisterRateLimit("card-processor", engine.Rate{Limit: 20, Period: time.Second}))
+		require.NoError(t, e.Start(ctx))
+		t.Cleanup(func() { _ = e.StopAndCancel(context.Background()) })
+		engines = append(engines, e)
+	}
+	var ids []uuid.UUID
+	for i := range 60 {
+		res, err := wf.Start(ctx, engines[i%2], keyed{N: i}, nil)
+		require.NoError(t, err)
+		ids = append(ids, res.RunID)
+	}
+	for _, id := range ids {
+		waitStatus(t, engines[0], id, engine.StatusCompleted, 20*time.Second)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	slices.SortFunc(calls, func(a, b time.Time) int { return a.Compare(b) })
+	span := calls[len(calls)-1].Sub(calls[0])
+	t.Logf("60 attempts in %s", span.Round(time.Millisecond))
+	require.Greater(t, span, 2800*time.Millisecond, "60 attempts at 20 a second")
+	for i := range calls {
+		j := i
+		for j < len(calls) && calls[j].Sub(calls[i]) < time.Second {
+			j++
+		}
+		require.LessOrEqual(t, j-i, 21, "attempts within one second from %s", calls[i])
+	}
+
+	// A step naming a limit its process does not register fails, plainly.
+	bad := engine.Define("unrated", func(ctx *engine.Context, in keyed) (int, error) {
+		return engine.Step(ctx, "s", func(context.Context) (int, error) { return 1, nil }, &engine.StepOpts{RateLimit: "nope"})
+	}, nil)
+	e := newEngine(t, db, nil, true, bad)
+	res, err := bad.Start(ctx, e, keyed{}, nil)
+	require.NoError(t, err)
+	run := waitStatus(t, e, res.RunID, engine.StatusFailed, 10*time.Second)
+	require.Contains(t, run.Error.Message, `rate limit "nope" is not registered`)
+	require.ErrorIs(t, e.RegisterRateLimit("x", engine.Rate{Limit: 1}), engine.ErrInvalidArgument)
 }

@@ -20,6 +20,13 @@ type StepOpts struct {
 	// RetryPolicy fills the fields it sets; the workflow's, the engine's
 	// and DefaultRetryPolicy fill the rest.
 	RetryPolicy *RetryPolicy
+	// RateLimit names a rate limit (Engine.RegisterRateLimit) that each
+	// attempt of the step takes a turn of before it runs: the attempts of
+	// every step and activity naming it, in every process, go at its
+	// rate. An attempt waiting for its turn holds its worker, and the wait
+	// does not count toward StartToCloseTimeout. A name this process does
+	// not register fails the attempt with ErrInvalidArgument, permanently.
+	RateLimit string
 	// ReturnExhausted returns a step that ran out of retries to the
 	// workflow as a *StepError, which errors.Is finds ErrRetriesExhausted
 	// in (and the last attempt's error: ErrTimeout for a timed-out

@@ -50,7 +50,7 @@ const DefaultSchema = "pgdurable"
 // (besides River's and the migration version table, VersionTable).
 var Tables = []string{
 	"workflow_runs", "workflow_steps", "dead_jobs", "workflow_signals",
-	"schedules", "schedule_fires", "engine_processes", "ui_sessions", "queues", "queue_keys",
+	"schedules", "schedule_fires", "engine_processes", "ui_sessions", "queues", "queue_keys", "rate_limits",
 }
 
 // VersionTable is goose's table of applied pgdurable migrations, in the

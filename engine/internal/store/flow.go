@@ -667,3 +667,62 @@ SELECT (SELECT count(*) FROM pgdurable.workflow_runs WHERE flow_queue = $1 AND f
 	}
 	return w, nil
 }
+
+// DefineRateLimit writes the definition of the rate limit name, keeping
+// its state.
+func DefineRateLimit(ctx context.Context, db DBTX, name string, r Rate) error {
+	_, err := db.Exec(ctx, `INSERT INTO pgdurable.rate_limits (name, rate_limit, period_ms, burst) VALUES ($1, $2, $3, $4)
+ON CONFLICT (name) DO UPDATE SET rate_limit = excluded.rate_limit, period_ms = excluded.period_ms, burst = excluded.burst, defined_at = now()`,
+		name, r.Limit, ms(r.Period), max(r.Burst, 1))
+	if err != nil {
+		return fmt.Errorf("defining rate limit %q: %w", name, translate(err))
+	}
+	return nil
+}
+
+// takeRate takes one attempt's turn of a rate limit as of @now, in one
+// statement under the row's lock: GCRA as the queues' admissions apply it
+// (a schedule less than one interval behind goes on from where it
+// stands). It returns whether the turn was taken, and when the next turn
+// may go.
+var takeRate = named(`
+WITH cur AS (
+  SELECT name, period_ms::float8 / rate_limit AS interval_ms, (burst - 1) * period_ms::float8 / rate_limit AS tolerance_ms, tat
+  FROM pgdurable.rate_limits WHERE name = @name FOR UPDATE
+), base AS (
+  SELECT name, interval_ms, tolerance_ms,
+         CASE WHEN tat > @now::timestamptz - interval_ms * interval '1 millisecond' THEN tat ELSE @now::timestamptz END AS at
+  FROM cur
+), upd AS (
+  UPDATE pgdurable.rate_limits r SET tat = base.at + base.interval_ms * interval '1 millisecond'
+  FROM base WHERE r.name = base.name AND base.at - base.tolerance_ms * interval '1 millisecond' <= @now::timestamptz
+  RETURNING r.tat
+)
+SELECT EXISTS (SELECT 1 FROM upd), base.at - base.tolerance_ms * interval '1 millisecond' FROM base`)
+
+// RateTurn is what TakeRate got: the turn, or when the next may go.
+type RateTurn struct {
+	Taken  bool
+	NextAt time.Time
+}
+
+// TakeRate takes a turn of the rate limit name as of now (see takeRate),
+// in a transaction of its own committed asynchronously: a turn that a
+// PostgreSQL crash forgets lets one attempt more go, which the limit's
+// users tolerate better than a wait on every attempt. ErrNotFound: no
+// process defined the limit.
+func TakeRate(ctx context.Context, db DBTX, name string, now time.Time) (RateTurn, error) {
+	var t RateTurn
+	b := &pgx.Batch{}
+	b.Queue(`SELECT set_config('synchronous_commit', 'off', true)`)
+	takeRate.queue(b, pgx.StrictNamedArgs{"name": name, "now": now})
+	br := db.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return t, fmt.Errorf("taking a turn of rate limit %q: %w", name, translate(err))
+	}
+	if err := br.QueryRow().Scan(&t.Taken, &t.NextAt); err != nil {
+		return t, fmt.Errorf("taking a turn of rate limit %q: %w", name, translate(err))
+	}
+	return t, br.Close()
+}
