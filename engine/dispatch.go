@@ -189,6 +189,11 @@ func (e *Engine) newRun(name string, version int, input []byte, opts *StartOpts)
 	}
 	r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID = runID, name, version, workflowID
 	r.Input, r.Queue, r.ScheduleName, r.StartAt, r.RunTimeout, r.Tags = input, e.cfg.Queue, scheduleOf(opts), startAt, runTimeoutOf(opts), tags
+	if opts != nil && opts.Debounce != nil {
+		if err := opts.Debounce.apply(&r, opts, e.now()); err != nil {
+			return store.NewRun{}, err
+		}
+	}
 	return r, nil
 }
 

@@ -584,3 +584,43 @@ func (e *Engine) takeTurn(ctx context.Context, name string) error {
 		}
 	}
 }
+
+// Debounce collapses starts of one workflow that share Key (1 to 400
+// bytes) into one run: the first start makes a run that waits Window
+// before it starts (a delayed start: no worker, no River job), and each
+// start with the key while that run still waits replaces its input with
+// its own and moves its start to Window after itself, but never later
+// than MaxWait after the first start (0: no bound). So 50 starts within a
+// second, with a Window of a second, give one run, with the last input,
+// a second after the last start. Once the run has started, the next start
+// with the key makes a new run. Each start returns the run it made or
+// joined (StartResult.Debounced).
+type Debounce struct {
+	Key     string
+	Window  time.Duration
+	MaxWait time.Duration
+}
+
+// MaxDebounceKeyBytes bounds Debounce.Key.
+const MaxDebounceKeyBytes = 400
+
+// apply checks d for a start with opts at now and sets r's debounce.
+func (d *Debounce) apply(r *store.NewRun, opts *StartOpts, now time.Time) error {
+	switch {
+	case d.Key == "" || len(d.Key) > MaxDebounceKeyBytes || !utf8.ValidString(d.Key):
+		return fmt.Errorf("%w: Debounce.Key must be 1 to %d bytes of UTF-8", ErrInvalidArgument, MaxDebounceKeyBytes)
+	case d.Window <= 0:
+		return fmt.Errorf("%w: Debounce.Window %s must be above 0", ErrInvalidArgument, d.Window)
+	case d.MaxWait < 0:
+		return fmt.Errorf("%w: Debounce.MaxWait %s is negative", ErrInvalidArgument, d.MaxWait)
+	case opts.WorkflowID != "" || !opts.StartAt.IsZero() || opts.Delay != 0 || opts.DeduplicationID != "":
+		return fmt.Errorf("%w: StartOpts.Debounce is not for a start with a WorkflowID, StartAt, Delay or DeduplicationID", ErrInvalidArgument)
+	}
+	at := now.Add(d.Window)
+	r.StartAt, r.DebounceKey = &at, d.Key
+	if d.MaxWait > 0 {
+		until := now.Add(d.MaxWait)
+		r.DebounceUntil = &until
+	}
+	return nil
+}

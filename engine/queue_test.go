@@ -411,3 +411,75 @@ func TestRateLimitIsSharedByProcesses(t *testing.T) {
 	require.Contains(t, run.Error.Message, `rate limit "nope" is not registered`)
 	require.ErrorIs(t, e.RegisterRateLimit("x", engine.Rate{Limit: 1}), engine.ErrInvalidArgument)
 }
+
+// Fifty starts within a second, debounced by a one-second window, give one
+// run, with the last start's input; MaxWait bounds how long starts can
+// keep moving it.
+func TestDebounceCollapsesStartsIntoOneRunWithTheLastInput(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := enginetest.NewDB(t)
+	var mu sync.Mutex
+	ran := map[string][]int{}
+	wf := engine.Define("debounced", func(ctx *engine.Context, in keyed) (int, error) {
+		return engine.Step(ctx, "sync", func(context.Context) (int, error) {
+			mu.Lock()
+			ran[in.Key] = append(ran[in.Key], in.N)
+			mu.Unlock()
+			return in.N, nil
+		}, nil)
+	}, nil)
+	e := newEngine(t, db, &engine.Config{SweepInterval: 50 * time.Millisecond}, true, wf)
+	var first *engine.StartResult
+	for i := range 50 {
+		res, err := wf.Start(ctx, e, keyed{Key: "a", N: i}, &engine.StartOpts{Debounce: &engine.Debounce{Key: "cus_1", Window: time.Second}})
+		require.NoError(t, err)
+		if i == 0 {
+			first = res
+			require.False(t, res.Debounced)
+		} else {
+			require.True(t, res.Debounced, "start %d", i)
+			require.Equal(t, first.RunID, res.RunID)
+			require.Equal(t, first.WorkflowID, res.WorkflowID)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	run := waitStatus(t, e, first.RunID, engine.StatusCompleted, 10*time.Second)
+	require.JSONEq(t, "49", string(run.Output))
+	mu.Lock()
+	require.Equal(t, []int{49}, ran["a"], "one run, with the last input")
+	mu.Unlock()
+	next, err := wf.Start(ctx, e, keyed{Key: "a", N: 50}, &engine.StartOpts{Debounce: &engine.Debounce{Key: "cus_1", Window: time.Millisecond}})
+	require.NoError(t, err)
+	require.NotEqual(t, first.RunID, next.RunID, "after the run started, a start makes a new one")
+	waitStatus(t, e, next.RunID, engine.StatusCompleted, 10*time.Second)
+
+	// Starts every 100 ms with a 500 ms window would put the run off for
+	// ever; a MaxWait of 800 ms starts it anyway.
+	began := time.Now()
+	var firstB uuid.UUID
+	for i := range 20 {
+		res, err := wf.Start(ctx, e, keyed{Key: "b", N: i}, &engine.StartOpts{Debounce: &engine.Debounce{Key: "cus_2", Window: 500 * time.Millisecond, MaxWait: 800 * time.Millisecond}})
+		require.NoError(t, err)
+		if i == 0 {
+			firstB = res.RunID
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	run = waitStatus(t, e, firstB, engine.StatusCompleted, 10*time.Second)
+	require.NotNil(t, run.StartedAt)
+	require.Less(t, run.StartedAt.Sub(began), 1500*time.Millisecond, "started within MaxWait (and a sweep)")
+	mu.Lock()
+	require.Greater(t, len(ran["b"]), 1, "the later starts made later runs")
+	mu.Unlock()
+
+	for _, bad := range []*engine.StartOpts{
+		{Debounce: &engine.Debounce{Window: time.Second}},
+		{Debounce: &engine.Debounce{Key: "k"}},
+		{Debounce: &engine.Debounce{Key: "k", Window: time.Second}, WorkflowID: "order-1"},
+		{Debounce: &engine.Debounce{Key: "k", Window: time.Second}, Delay: time.Second},
+	} {
+		_, err := wf.Start(ctx, e, keyed{}, bad)
+		require.ErrorIs(t, err, engine.ErrInvalidArgument)
+	}
+}

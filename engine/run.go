@@ -88,6 +88,11 @@ type StartOpts struct {
 	// which names one run forever, it guards only against running twice
 	// at once. At most MaxDeduplicationIDBytes. Needs a queue.
 	DeduplicationID string
+	// Debounce collapses the starts of the workflow with one key that come
+	// within a window into one run, which starts with the latest start's
+	// input (see Debounce). Not with WorkflowID, StartAt, Delay or
+	// DeduplicationID.
+	Debounce *Debounce
 	// ReturnDuplicate makes a start refused for its DeduplicationID
 	// return the open run that holds it (StartResult.Existing and
 	// Deduplicated) instead of ErrDuplicate.
@@ -133,6 +138,10 @@ type StartResult struct {
 	// Deduplicated is true when the run is the open run that holds the
 	// start's StartOpts.DeduplicationID (ReturnDuplicate).
 	Deduplicated bool `json:"deduplicated,omitempty"`
+	// Debounced is true when the start joined a run waiting out its
+	// debounce window (StartOpts.Debounce): that run now has this start's
+	// input.
+	Debounced bool `json:"debounced,omitempty"`
 	// Status is the run's status when the start returned.
 	Status RunStatus `json:"status"`
 }
@@ -230,8 +239,11 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 	case ins.Deduplicated && !opts.ReturnDuplicate:
 		return nil, fmt.Errorf("%w: queue %q, deduplication ID %q: run %s is %s", ErrDuplicate, r.FlowQueue, r.DedupID, ins.RunID, ins.Status)
 	}
+	if ins.WorkflowID != "" {
+		workflowID = ins.WorkflowID // a debounced start joined this run
+	}
 	res = &StartResult{RunID: ins.RunID, WorkflowID: workflowID, Existing: ins.Existing, Deduplicated: ins.Deduplicated,
-		Status: RunStatus(ins.Status)}
+		Debounced: ins.Debounced, Status: RunStatus(ins.Status)}
 	e.obs.RunStarted(RunStartedEvent{Workflow: name, Existing: res.Existing})
 	if !res.Existing {
 		e.log.DebugContext(ctx, "run started", "run_id", res.RunID, "workflow", name, "workflow_id", workflowID)

@@ -57,3 +57,20 @@ func TestQueueRoutes(t *testing.T) {
 	require.Equal(t, false, r.body["paused"])
 	require.Equal(t, 400, b.do(t, "POST", "/v1/workflows/payment/runs", `{"input": {}, "priority": 3}`).status, "a priority needs a queue")
 }
+
+func TestDebouncedStartsOverHTTP(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	body := `{"input": {"order_id": "o", "amount": 1}, "debounce": {"key": "cus_1", "window": "1h"}}`
+	r := b.do(t, "POST", "/v1/workflows/payment/runs", body)
+	require.Equal(t, 201, r.status, r.raw)
+	runID := r.body["run_id"].(string)
+	r = b.do(t, "POST", "/v1/workflows/payment/runs", `{"input": {"order_id": "o", "amount": 2}, "debounce": {"key": "cus_1", "window": "1h"}}`)
+	require.Equal(t, 200, r.status, r.raw)
+	require.Equal(t, runID, r.body["run_id"])
+	require.Equal(t, true, r.body["debounced"])
+	r = b.do(t, "GET", "/v1/runs/"+runID, "")
+	require.Equal(t, float64(2), r.body["input"].(map[string]any)["amount"], "the latest input")
+	require.Equal(t, 400, b.do(t, "POST", "/v1/workflows/payment/runs", `{"input": {}, "debounce": {"key": "k", "window": "soon"}}`).status)
+	require.Equal(t, 400, b.do(t, "POST", "/v1/workflows/payment/runs", `{"input": {}, "id": "order-9", "debounce": {"key": "k", "window": "1s"}}`).status)
+}

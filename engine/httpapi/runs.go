@@ -41,10 +41,21 @@ type startRequest struct {
 	KeyWeight       float64 `json:"key_weight"`
 	DeduplicationID string  `json:"deduplication_id"`
 	ReturnDuplicate bool    `json:"return_duplicate"`
+	// Debounce collapses starts with one key within a window into one
+	// run with the latest input (StartOpts.Debounce): durations such as
+	// "1s".
+	Debounce *debounceRequest `json:"debounce"`
+}
+
+// debounceRequest is a start's "debounce" object.
+type debounceRequest struct {
+	Key     string `json:"key"`
+	Window  string `json:"window"`
+	MaxWait string `json:"max_wait"`
 }
 
 const startShape = `{"id": string, "input": any JSON, "start_at": RFC 3339 time, "delay": duration such as "90s", "run_timeout": duration, "tags": {"key": "value"}, ` +
-	`"queue": string, "queue_key": string, "priority": integer, "key_weight": number, "deduplication_id": string, "return_duplicate": boolean}`
+	`"queue": string, "queue_key": string, "priority": integer, "key_weight": number, "deduplication_id": string, "return_duplicate": boolean, "debounce": {"key": string, "window": duration, "max_wait": duration}}`
 
 // opts is the request's StartOpts.
 func (req *startRequest) opts() (*engine.StartOpts, error) {
@@ -62,6 +73,22 @@ func (req *startRequest) opts() (*engine.StartOpts, error) {
 			return nil, fmt.Errorf("%w: %s %.40q is not a duration such as \"90s\" or \"1h30m\"", engine.ErrInvalidArgument, f.name, f.value)
 		}
 		*f.to = d
+	}
+	if db := req.Debounce; db != nil {
+		opts.Debounce = &engine.Debounce{Key: db.Key}
+		for _, f := range []struct {
+			name, value string
+			to          *time.Duration
+		}{{"debounce.window", db.Window, &opts.Debounce.Window}, {"debounce.max_wait", db.MaxWait, &opts.Debounce.MaxWait}} {
+			if f.value == "" {
+				continue
+			}
+			d, err := time.ParseDuration(f.value)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %s %.40q is not a duration such as \"90s\" or \"1h30m\"", engine.ErrInvalidArgument, f.name, f.value)
+			}
+			*f.to = d
+		}
 	}
 	return opts, nil
 }

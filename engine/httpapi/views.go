@@ -52,12 +52,14 @@ type StartResponse struct {
 	// Deduplicated: the run holds the start's deduplication ID
 	// (return_duplicate).
 	Deduplicated bool `json:"deduplicated,omitempty"`
+	// Debounced: the start joined a run waiting out its debounce window.
+	Debounced bool `json:"debounced,omitempty"`
 }
 
 // NewStartResponse is the answer to a start of workflow.
 func NewStartResponse(workflow string, res *engine.StartResult) StartResponse {
 	return StartResponse{RunID: res.RunID, Workflow: workflow, WorkflowID: res.WorkflowID, Status: res.Status, Existing: res.Existing,
-		Deduplicated: res.Deduplicated}
+		Deduplicated: res.Deduplicated, Debounced: res.Debounced}
 }
 
 // SignalResponse answers a signal: Status is "accepted" (buffered).

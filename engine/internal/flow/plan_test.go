@@ -27,6 +27,10 @@ func TestRatePacesAndKeepsItsScheduleWhenLate(t *testing.T) {
 	n, _ = conforming(r, &tat, late)
 	require.Equal(t, 1, n)
 	require.Equal(t, t0.Add(40*time.Millisecond), advance(r, &tat, late, 1))
+	// Up to CatchUp late, it catches up: the runs whose time has come go
+	// at once.
+	n, _ = conforming(r, &tat, tat.Add(65*time.Millisecond))
+	require.Equal(t, 4, n)
 	// After an idle spell the schedule starts again at now.
 	idle := tat.Add(time.Second)
 	require.Equal(t, idle.Add(20*time.Millisecond), advance(r, &tat, idle, 1))

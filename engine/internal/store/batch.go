@@ -391,6 +391,19 @@ func InsertRuns(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunResul
 // statement (insertFlowRuns) and the others with insertSorted; the result
 // at i belongs to runs[i].
 func insertSplit(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunResult, error) {
+	if slices.ContainsFunc(runs, func(r NewRun) bool { return r.DebounceKey != "" }) {
+		// One by one: a debounced start may join a run another of them
+		// inserts.
+		out := make([]InsertedRunResult, len(runs))
+		for i, r := range runs {
+			ins, err := InsertRun(ctx, db, r)
+			if err != nil && !errors.Is(err, ErrConflict) {
+				return nil, err
+			}
+			out[i] = InsertedRunResult{Run: ins, Err: err}
+		}
+		return out, nil
+	}
 	flow := 0
 	for _, r := range runs {
 		if r.FlowQueue != "" {

@@ -682,8 +682,8 @@ ON CONFLICT (name) DO UPDATE SET rate_limit = excluded.rate_limit, period_ms = e
 
 // takeRate takes one attempt's turn of a rate limit as of @now, in one
 // statement under the row's lock: GCRA as the queues' admissions apply it
-// (a schedule less than one interval behind goes on from where it
-// stands). It returns whether the turn was taken, and when the next turn
+// (a schedule less than one interval, or 100 ms, behind goes on from where
+// it stands). It returns whether the turn was taken, and when the next turn
 // may go.
 var takeRate = named(`
 WITH cur AS (
@@ -691,7 +691,7 @@ WITH cur AS (
   FROM pgdurable.rate_limits WHERE name = @name FOR UPDATE
 ), base AS (
   SELECT name, interval_ms, tolerance_ms,
-         CASE WHEN tat > @now::timestamptz - interval_ms * interval '1 millisecond' THEN tat ELSE @now::timestamptz END AS at
+         CASE WHEN tat > @now::timestamptz - greatest(interval_ms, 100) * interval '1 millisecond' THEN tat ELSE @now::timestamptz END AS at
   FROM cur
 ), upd AS (
   UPDATE pgdurable.rate_limits r SET tat = base.at + base.interval_ms * interval '1 millisecond'
@@ -725,4 +725,41 @@ func TakeRate(ctx context.Context, db DBTX, name string, now time.Time) (RateTur
 		return t, fmt.Errorf("taking a turn of rate limit %q: %w", name, translate(err))
 	}
 	return t, br.Close()
+}
+
+// insertDebouncedStmt inserts a debounced start, or joins the run of its
+// workflow and key that waits out its window (see NewRun.DebounceKey):
+// the input is the latest start's, and the start time its window's end,
+// bounded by the first start's maximum wait. A run made ready for its
+// queue stops being ready: it is ready again when its new time comes.
+var insertDebouncedStmt = named(`
+INSERT INTO pgdurable.workflow_runs AS w (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
+                           status, wake_at, run_timeout_ms, tags, trace_context, flow_queue, flow_key, priority,
+                           debounce_key, debounce_until)
+VALUES (@run_id, @workflow_name, @workflow_version, @workflow_id, @input::jsonb, @queue, @schedule_name,
+        'waiting', @start_at::timestamptz, nullif(@run_timeout_ms::bigint, 0), @tags::jsonb, @trace_context::jsonb,
+        @flow_queue, @flow_key, @priority, @debounce_key, @debounce_until::timestamptz)
+ON CONFLICT (workflow_name, debounce_key) WHERE debounce_key IS NOT NULL AND status = 'waiting' AND started_at IS NULL
+DO UPDATE SET input = excluded.input, wake_at = least(excluded.wake_at, coalesce(w.debounce_until, excluded.wake_at)),
+    ready_at = NULL, flow_key = excluded.flow_key, priority = excluded.priority
+RETURNING run_id, workflow_id`)
+
+// insertDebounced inserts r, a debounced start (see insertDebouncedStmt).
+func insertDebounced(ctx context.Context, db DBTX, r NewRun) (*InsertedRun, error) {
+	var flowQueue, flowKey *string
+	if r.FlowQueue != "" {
+		flowQueue, flowKey = &r.FlowQueue, &r.FlowKey
+	}
+	out := &InsertedRun{Status: RunWaiting}
+	err := insertDebouncedStmt.queryRow(ctx, db, pgx.StrictNamedArgs{"run_id": r.RunID, "workflow_name": r.WorkflowName,
+		"workflow_version": r.WorkflowVersion, "workflow_id": r.WorkflowID, "input": r.Input, "queue": r.Queue,
+		"schedule_name": r.ScheduleName, "start_at": r.StartAt, "run_timeout_ms": ms(r.RunTimeout), "tags": jsonParam(r.Tags),
+		"trace_context": jsonParam(r.TraceContext), "flow_queue": flowQueue, "flow_key": flowKey, "priority": r.Priority,
+		"debounce_key": r.DebounceKey, "debounce_until": r.DebounceUntil}).Scan(&out.RunID, &out.WorkflowID)
+	if err != nil {
+		return nil, fmt.Errorf("inserting a debounced run: %w", translate(err))
+	}
+	out.Debounced = out.RunID != r.RunID
+	out.Existing = out.Debounced
+	return out, nil
 }

@@ -66,6 +66,13 @@ type NewRun struct {
 	// the open run of the queue that holds it instead (see
 	// InsertedRun.Deduplicated).
 	DedupID string
+	// DebounceKey, when set (with StartAt, the debounce window's end),
+	// joins the run of the workflow with that key that waits out its
+	// window, if any: its input becomes Input and its start moves to
+	// StartAt, never past DebounceUntil (nil: no bound) as the first start
+	// set it. InsertedRun.Debounced says it joined.
+	DebounceKey   string
+	DebounceUntil *time.Time
 }
 
 // InsertedRun reports the outcome of InsertRun.
@@ -75,7 +82,11 @@ type InsertedRun struct {
 	// Deduplicated: the run is the open run that holds the start's
 	// deduplication ID (Existing is set too).
 	Deduplicated bool
-	Status       string
+	// Debounced: the start joined a run waiting out its debounce window
+	// (Existing is set too), whose workflow ID is WorkflowID.
+	Debounced  bool
+	WorkflowID string
+	Status     string
 }
 
 // insertRun inserts a run (see NewRun), claimed when @token is set. Its
@@ -127,6 +138,9 @@ WHERE r.workflow_name = $1 AND r.workflow_id = $2 AND r.status <> 'continued'`
 // input returns ErrConflict. Concurrent inserts of one workflow ID serialise
 // on the unique index, so exactly one wins.
 func InsertRun(ctx context.Context, db DBTX, r NewRun) (*InsertedRun, error) {
+	if r.DebounceKey != "" {
+		return insertDebounced(ctx, db, r)
+	}
 	if r.FlowQueue != "" {
 		res, err := insertFlowRuns(ctx, db, []NewRun{r})
 		if err != nil {
