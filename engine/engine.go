@@ -40,8 +40,20 @@ type Config struct {
 	// see each other's runs. Lower-case letters, digits and underscores
 	// (New refuses other names). Default DefaultSchema.
 	Schema string
-	// Queue is the River queue the engine's deliveries use. Default "pgdurable".
+	// Queue is the River queue the engine's deliveries use. Default
+	// "pgdurable". Engines with different Queues on one database work
+	// apart. (The flow-controlled queues that bound concurrency and rate
+	// are Queues below, RegisterQueue and WorkflowOpts.Queue.)
 	Queue string
+	// Queues are the flow-controlled queues this process serves, as
+	// RegisterQueue registers them, by name. A queue that a registered
+	// workflow names (WorkflowOpts.Queue) and that is not here is served
+	// too, with MaxWorkers workers and the limits some other process
+	// defined (none until one does).
+	Queues map[string]QueueOpts
+	// RateLimits are the rate limits this process registers
+	// (RegisterRateLimit), by name.
+	RateLimits map[string]Rate
 	// MaxWorkers is how many deliveries this process runs at once, River's
 	// and those of runs it started itself (see Workflow.Start). Default
 	// 100, at most MaxMaxWorkers. Size the pgx pool to match (pool_max_conns in the URL; pgxpool's
@@ -353,6 +365,16 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		versions:  map[workflowKey]registered{},
 		processID: uuid.New(),
 	}
+	for name, opts := range c.Queues {
+		if err := e.RegisterQueue(name, opts); err != nil {
+			return nil, err
+		}
+	}
+	for name, r := range c.RateLimits {
+		if err := e.RegisterRateLimit(name, r); err != nil {
+			return nil, err
+		}
+	}
 	e.retry = (RetryPolicy{}).merge(c.RetryPolicy, &DefaultRetryPolicy)
 	e.records = newRecordWriter(e)
 	e.starts = newStartBatcher(e)
@@ -499,6 +521,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.mu.Unlock()
 	// The definitions first: a process that cannot write them works
 	// nothing rather than admit by another process's limits.
+	e.serveWorkflowQueues()
 	if err := e.defineFlow(ctx); err != nil {
 		e.mu.Lock()
 		e.started = false

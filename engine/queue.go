@@ -98,9 +98,12 @@ const (
 	MaxKeyWeight = 1000
 )
 
-// flowQueue is a queue this process registered.
+// flowQueue is a queue this process serves.
 type flowQueue struct {
-	opts     QueueOpts
+	opts QueueOpts
+	// implicit: a registered workflow names it, RegisterQueue did not:
+	// this process does not define its limits.
+	implicit bool
 	admitter *flow.Admitter
 }
 
@@ -138,10 +141,18 @@ func (e *Engine) RegisterQueue(name string, opts QueueOpts) error {
 	if _, dup := e.flowQueues[name]; dup {
 		return fmt.Errorf("pgdurable: queue %q registered twice", name)
 	}
+	e.serveQueue(name, opts, false)
+	return nil
+}
+
+// serveQueue makes this process serve queue name with opts (implicit: a
+// registered workflow names it; its limits are left as they are). The
+// caller holds e.mu.
+func (e *Engine) serveQueue(name string, opts QueueOpts, implicit bool) {
 	if e.flowQueues == nil {
 		e.flowQueues = map[string]*flowQueue{}
 	}
-	q := &flowQueue{opts: opts}
+	q := &flowQueue{opts: opts, implicit: implicit}
 	q.admitter = &flow.Admitter{Queue: name, Workers: opts.Workers, Lease: e.cfg.LeaseDuration, Poll: admitPoll,
 		Now: e.now, Log: e.log, DB: e.db, Versions: e.takenVersions,
 		Conn: func(ctx context.Context) (store.DBTX, func(), error) {
@@ -153,7 +164,20 @@ func (e *Engine) RegisterQueue(name string, opts QueueOpts) error {
 		},
 		Run: e.runAdmitted}
 	e.flowQueues[name] = q
-	return nil
+}
+
+// serveWorkflowQueues makes this process serve the queues its registered
+// workflows name that it does not register itself (see Config.Queues).
+func (e *Engine) serveWorkflowQueues() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, w := range e.versions {
+		if _, ok := e.flowQueues[w.queue]; w.queue != "" && !ok {
+			e.serveQueue(w.queue, QueueOpts{Workers: e.cfg.MaxWorkers}, true)
+			e.log.Info("serving the queue a registered workflow names, with the limits other processes define",
+				"queue", w.queue, "workflow", w.name, "workers", e.cfg.MaxWorkers)
+		}
+	}
 }
 
 // admitPoll is how often an admitter looks for runs made ready, and slots
@@ -174,7 +198,11 @@ func (e *Engine) defineFlow(ctx context.Context) error {
 	queues, limits := maps.Clone(e.flowQueues), maps.Clone(e.rateLimits)
 	e.mu.Unlock()
 	for _, name := range slices.Sorted(maps.Keys(queues)) {
-		if err := store.DefineQueue(ctx, e.db, queues[name].def(name)); err != nil {
+		define := store.DefineQueue
+		if queues[name].implicit {
+			define = store.EnsureQueue
+		}
+		if err := define(ctx, e.db, queues[name].def(name)); err != nil {
 			return err
 		}
 	}
@@ -549,18 +577,15 @@ func (e *Engine) RegisterRateLimit(name string, r Rate) error {
 // takeTurn waits for a turn of the rate limit name, within ctx: it asks
 // the database for one, and sleeps until the time it names when it gets
 // none. A database that fails is asked again after a short wait; a limit
-// this process does not register fails permanently.
+// that no process has defined fails permanently.
 func (e *Engine) takeTurn(ctx context.Context, name string) error {
-	e.mu.Lock()
-	_, ok := e.rateLimits[name]
-	e.mu.Unlock()
-	if !ok {
-		return Permanent(fmt.Errorf("%w: rate limit %q is not registered in this process (Engine.RegisterRateLimit)", ErrInvalidArgument, name))
-	}
 	for failures := 0; ; {
 		turn, err := store.TakeRate(ctx, e.db, name, e.now())
 		wait := time.Duration(0)
 		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return Permanent(fmt.Errorf("%w: rate limit %q is not defined: no process registers it (Engine.RegisterRateLimit, Config.RateLimits)",
+				ErrInvalidArgument, name))
 		case err == nil && turn.Taken:
 			return nil
 		case err == nil:

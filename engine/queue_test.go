@@ -408,7 +408,7 @@ func TestRateLimitIsSharedByProcesses(t *testing.T) {
 	res, err := bad.Start(ctx, e, keyed{}, nil)
 	require.NoError(t, err)
 	run := waitStatus(t, e, res.RunID, engine.StatusFailed, 10*time.Second)
-	require.Contains(t, run.Error.Message, `rate limit "nope" is not registered`)
+	require.Contains(t, run.Error.Message, `rate limit "nope" is not defined`)
 	require.ErrorIs(t, e.RegisterRateLimit("x", engine.Rate{Limit: 1}), engine.ErrInvalidArgument)
 }
 
@@ -482,4 +482,33 @@ func TestDebounceCollapsesStartsIntoOneRunWithTheLastInput(t *testing.T) {
 		_, err := wf.Start(ctx, e, keyed{}, bad)
 		require.ErrorIs(t, err, engine.ErrInvalidArgument)
 	}
+}
+
+// A queue defined in Config.Queues by one process is served, with its
+// limits, by another that only registers a workflow naming it.
+func TestQueueFromConfigIsServedByProcessesOfItsWorkflows(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := enginetest.NewDB(t)
+	wf := engine.Define("configured", func(ctx *engine.Context, in keyed) (int, error) {
+		return engine.Step(ctx, "work", func(context.Context) (int, error) { time.Sleep(20 * time.Millisecond); return in.N, nil }, nil)
+	}, &engine.WorkflowOpts{Queue: "cfgq"})
+	a := newEngine(t, db, &engine.Config{Queues: map[string]engine.QueueOpts{"cfgq": {Concurrency: 1}}}, true, wf)
+	b := newEngine(t, db, nil, true, wf)
+	sampled := sampleMax(t, db, runningQuery, "cfgq")
+	var ids []uuid.UUID
+	for i := range 10 {
+		res, err := wf.Start(ctx, []*engine.Engine{a, b}[i%2], keyed{N: i}, nil)
+		require.NoError(t, err)
+		ids = append(ids, res.RunID)
+	}
+	for _, id := range ids {
+		waitStatus(t, a, id, engine.StatusCompleted, 20*time.Second)
+	}
+	require.Equal(t, 1, sampled(), "the limit Config.Queues set holds in both processes")
+	queues, err := b.ListQueues(ctx)
+	require.NoError(t, err)
+	require.Len(t, queues, 1)
+	require.Equal(t, 1, queues[0].Concurrency, "the process that only serves it left the definition as it was")
+	require.Len(t, queues[0].Processes, 2)
 }

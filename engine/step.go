@@ -24,8 +24,9 @@ type StepOpts struct {
 	// attempt of the step takes a turn of before it runs: the attempts of
 	// every step and activity naming it, in every process, go at its
 	// rate. An attempt waiting for its turn holds its worker, and the wait
-	// does not count toward StartToCloseTimeout. A name this process does
-	// not register fails the attempt with ErrInvalidArgument, permanently.
+	// does not count toward StartToCloseTimeout. A limit that some
+	// process registered serves every process; a name that none did fails
+	// the attempt with ErrInvalidArgument, permanently.
 	RateLimit string
 	// ReturnExhausted returns a step that ran out of retries to the
 	// workflow as a *StepError, which errors.Is finds ErrRetriesExhausted

@@ -996,3 +996,19 @@ func TestRunPageShowsTheChangesARunTook(t *testing.T) {
 	require.Equal(t, 200, code)
 	require.Contains(t, body, `fraud_check<br><span class="tag" title="engine.Patched: the run took this change before this step">took change fraud-check</span>`)
 }
+
+// A run waiting in a flow-controlled queue says on its page which queue,
+// and what holds it there.
+func TestRunPageShowsWhatHoldsAQueuedRun(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "")
+	c := newClient(t, f.srv.URL)
+	queued := engine.Define("queued-page", func(ctx *engine.Context, _ string) (string, error) { return "", nil }, nil)
+	starter := enginetest.NewEngine(t, f.db, nil, true, queued) // a live process registers it: the queue is what holds it
+	r, err := queued.Start(context.Background(), starter, "x", &engine.StartOpts{Queue: "unserved", QueueKey: "cus_1", Priority: 2})
+	require.NoError(t, err)
+	code, _, body := c.do("GET", "/ui/runs/"+r.RunID.String(), nil, nil)
+	require.Equal(t, 200, code)
+	require.Contains(t, body, `<dt>Queue</dt><dd data-queue>unserved, key <code>cus_1</code>, priority 2</dd>`)
+	require.Regexp(t, `<dt>Waits for</dt><dd class="warn" data-waiting-for>a process that serves queue unserved, ready since \d{4}-\d\d-\d\d [0-9:]+Z \(`, body)
+}

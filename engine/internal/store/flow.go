@@ -236,6 +236,16 @@ ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, key_concurr
 	return nil
 }
 
+// EnsureQueue makes sure queue q.Name has a row, leaving the definition
+// of one that has as it is (a process that serves the queue without
+// defining it).
+func EnsureQueue(ctx context.Context, db DBTX, q QueueDef) error {
+	if _, err := db.Exec(ctx, `INSERT INTO pgdurable.queues (name) VALUES ($1) ON CONFLICT (name) DO NOTHING`, q.Name); err != nil {
+		return fmt.Errorf("defining queue %q: %w", q.Name, translate(err))
+	}
+	return nil
+}
+
 // QueueState is a queue as its admission finds it with the queue's row
 // locked: the definition, the pause, the admission state and the runs
 // holding a live lease, in all and by key.
