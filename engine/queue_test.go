@@ -512,3 +512,55 @@ func TestQueueFromConfigIsServedByProcessesOfItsWorkflows(t *testing.T) {
 	require.Equal(t, 1, queues[0].Concurrency, "the process that only serves it left the definition as it was")
 	require.Len(t, queues[0].Processes, 2)
 }
+
+// A saturated queue starts its high-priority runs first, but a low one
+// still starts within PriorityAging (plus a run's duration): it is never
+// starved.
+func TestQueueLowPriorityStartsWithinTheAgingBound(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := enginetest.NewDB(t)
+	var mu sync.Mutex
+	var order []int
+	wf := engine.Define("aging", func(ctx *engine.Context, in keyed) (int, error) {
+		return engine.Step(ctx, "work", func(context.Context) (int, error) {
+			mu.Lock()
+			order = append(order, in.N)
+			mu.Unlock()
+			time.Sleep(40 * time.Millisecond)
+			return in.N, nil
+		}, nil)
+	}, &engine.WorkflowOpts{Queue: "aging"})
+	const aging = time.Second
+	e := queueEngine(t, db, nil, map[string]engine.QueueOpts{"aging": {Concurrency: 1, PriorityAging: aging}}, wf)
+	stop := make(chan struct{})
+	fed := make(chan struct{})
+	go func() { // a stream of high-priority runs that keeps the queue full
+		defer close(fed)
+		for i := 1; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := wf.Start(ctx, e, keyed{N: i}, &engine.StartOpts{Priority: 10}); err != nil {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	time.Sleep(300 * time.Millisecond)
+	low, err := wf.Start(ctx, e, keyed{N: -1}, &engine.StartOpts{Priority: -10})
+	require.NoError(t, err)
+	run := waitStatus(t, e, low.RunID, engine.StatusCompleted, 10*time.Second)
+	close(stop)
+	<-fed
+	waited := run.StartedAt.Sub(run.CreatedAt)
+	t.Logf("the low-priority run waited %s (aging %s)", waited.Round(time.Millisecond), aging)
+	require.GreaterOrEqual(t, waited, aging-100*time.Millisecond, "high priorities went first while the queue was full")
+	require.Less(t, waited, aging+500*time.Millisecond, "the low priority started within its bound")
+	mu.Lock()
+	defer mu.Unlock()
+	i := slices.Index(order, -1)
+	require.Greater(t, i, 10, "high-priority runs started ahead of it")
+}
