@@ -387,6 +387,28 @@ func InsertRuns(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunResul
 	return out, nil
 }
 
+// insertedIDs reads the run IDs an insert of n runs returned (rows and
+// err are its query's).
+func insertedIDs(rows pgx.Rows, err error, n int) (map[uuid.UUID]bool, error) {
+	if err != nil {
+		return nil, fmt.Errorf("inserting %d runs: %w", n, translate(err))
+	}
+	inserted := make(map[uuid.UUID]bool, n)
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("inserting %d runs: %w", n, err)
+		}
+		inserted[id] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("inserting %d runs: %w", n, translate(err))
+	}
+	return inserted, nil
+}
+
 // insertSplit inserts the runs of flow-controlled queues with their own
 // statement (insertFlowRuns) and the others with insertSorted; the result
 // at i belongs to runs[i].
@@ -471,21 +493,9 @@ func insertSorted(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunRes
 		"workflow_id": workflowID, "input": input, "queue": queue, "schedule_name": schedule, "token": token, "lease_ms": lease,
 		"hold_ms": hold, "start_at": startAt, "run_timeout_ms": timeout, "deadline_at": deadline, "tags": tags,
 		"trace_context": trace})
+	inserted, err := insertedIDs(rows, err, n)
 	if err != nil {
-		return nil, fmt.Errorf("inserting %d runs: %w", n, translate(err))
-	}
-	inserted := make(map[uuid.UUID]bool, n)
-	for rows.Next() {
-		var id uuid.UUID
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("inserting %d runs: %w", n, err)
-		}
-		inserted[id] = true
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("inserting %d runs: %w", n, translate(err))
+		return nil, err
 	}
 	out := make([]InsertedRunResult, n)
 	for i, r := range runs {

@@ -147,23 +147,7 @@ func insertFlowBatch(ctx context.Context, db DBTX, runs []NewRun) (map[uuid.UUID
 		"start_at": startAt, "run_timeout_ms": timeout, "parent_run_id": parent, "parent_seq": parentSeq,
 		"parent_close_policy": policy, "continued_from": continued, "tags": tags, "trace_context": trace,
 		"flow_queue": flowQueue, "flow_key": key, "priority": priority, "tag_step": step, "dedup_id": dedup, "now": time.Now()})
-	if err != nil {
-		return nil, fmt.Errorf("inserting %d runs: %w", n, translate(err))
-	}
-	inserted := make(map[uuid.UUID]bool, n)
-	for rows.Next() {
-		var id uuid.UUID
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("inserting %d runs: %w", n, err)
-		}
-		inserted[id] = true
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("inserting %d runs: %w", n, translate(err))
-	}
-	return inserted, nil
+	return insertedIDs(rows, err, n)
 }
 
 // markReady makes a run of a flow-controlled queue ready, as a ticket for
