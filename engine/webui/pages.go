@@ -23,7 +23,7 @@ import (
 )
 
 // pageNames are the templates under assets/, each rendered inside layout.
-var pageNames = []string{"overview", "runs", "run", "dead_jobs", "dead_job", "schedules", "schedule", "workflows", "login", "error", "confirm"}
+var pageNames = []string{"overview", "runs", "run", "dead_jobs", "dead_job", "schedules", "schedule", "workflows", "queues", "login", "error", "confirm"}
 
 func parsePages() map[string]*template.Template {
 	funcs := template.FuncMap{
@@ -773,6 +773,37 @@ func (u *ui) scheduleAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	http.Redirect(w, r, "/ui/schedules/"+url.PathEscape(name)+"?done="+done, http.StatusSeeOther)
+}
+
+func (u *ui) queues(w http.ResponseWriter, r *http.Request) {
+	list, err := u.e.ListQueues(r.Context())
+	if err != nil {
+		u.engineError(w, r, err)
+		return
+	}
+	u.render(w, r, http.StatusOK, "queues", &page{Title: "Queues", Nav: "queues", Data: list})
+}
+
+// queueAction pauses or resumes a queue, recording who ("by", default
+// "web UI") and, for a pause, why.
+func (u *ui) queueAction(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	var err error
+	done := ""
+	switch r.PathValue("action") {
+	case "pause":
+		err, done = u.e.PauseQueue(r.Context(), name, &engine.PauseOpts{By: by(r), Reason: strings.TrimSpace(r.PostForm.Get("reason"))}), "queue-paused"
+	case "resume":
+		err, done = u.e.ResumeQueue(r.Context(), name, by(r)), "queue-resumed"
+	default:
+		u.fail(w, r, http.StatusNotFound, "There is no action "+strconv.Quote(r.PathValue("action"))+" on queues.")
+		return
+	}
+	if err != nil {
+		u.engineError(w, r, err)
+		return
+	}
+	http.Redirect(w, r, "/ui/queues?done="+done, http.StatusSeeOther)
 }
 
 func (u *ui) workflows(w http.ResponseWriter, r *http.Request) {

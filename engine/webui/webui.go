@@ -125,6 +125,8 @@ func New(e *engine.Engine, opts *Options) http.Handler {
 	pages.HandleFunc("GET /ui/schedules/{name}", u.schedule)
 	pages.HandleFunc("POST /ui/schedules/{name}/{action}", u.scheduleAction)
 	pages.HandleFunc("GET /ui/workflows", u.workflows)
+	pages.HandleFunc("GET /ui/queues", u.queues)
+	pages.HandleFunc("POST /ui/queues/{name}/{action}", u.queueAction)
 	pages.HandleFunc("/ui/", func(w http.ResponseWriter, r *http.Request) {
 		u.fail(w, r, http.StatusNotFound, "There is no page "+r.URL.Path+".")
 	})
@@ -489,6 +491,9 @@ var notices = map[string]string{
 	"paused":     "Schedule paused.",
 	"resumed":    "Schedule resumed.",
 	"triggered":  "Schedule triggered: its run is below.",
+
+	"queue-paused":  "Queue paused: no run of it starts; running steps finish, then their runs wait in it.",
+	"queue-resumed": "Queue resumed: its backlog starts at its limits.",
 
 	"signed-out-everywhere": "Every browser is signed out of the web UI, this one included: each must sign in again with the API token.",
 }
