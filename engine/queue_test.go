@@ -354,9 +354,9 @@ func TestQueueRunOfAnUnservedQueueSaysSo(t *testing.T) {
 
 // A rate limit that activities of two engines share paces their attempts
 // together: 60 attempts at 20 a second take about 3 s, and no second
-// holds more than 21.
+// holds more than 21. Not parallel: it measures time (see
+// TestQueueRateLimitAcrossProcesses).
 func TestRateLimitIsSharedByProcesses(t *testing.T) {
-	t.Parallel()
 	ctx := testCtx(t)
 	db := enginetest.NewDB(t)
 	var mu sync.Mutex

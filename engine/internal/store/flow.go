@@ -675,9 +675,11 @@ ON CONFLICT (name) DO UPDATE SET rate_limit = excluded.rate_limit, period_ms = e
 }
 
 // takeRate takes one attempt's turn of a rate limit as of @now, in one
-// statement under the row's lock: GCRA as the queues' admissions apply it
-// (a schedule less than one interval, or 100 ms, behind goes on from where
-// it stands). It returns whether the turn was taken, and when the next turn
+// statement under the row's lock: GCRA, where a schedule less than one
+// interval behind goes on from where it stands. Unlike a queue's rate
+// (see flow.CatchUp) it does not catch up further: a downstream API's
+// limit is a ceiling, and an attempt that waited longer loses the time
+// rather than bunch with the next. It returns whether the turn was taken, and when the next turn
 // may go.
 var takeRate = named(`
 WITH cur AS (
@@ -685,7 +687,7 @@ WITH cur AS (
   FROM pgdurable.rate_limits WHERE name = @name FOR UPDATE
 ), base AS (
   SELECT name, interval_ms, tolerance_ms,
-         CASE WHEN tat > @now::timestamptz - greatest(interval_ms, 100) * interval '1 millisecond' THEN tat ELSE @now::timestamptz END AS at
+         CASE WHEN tat > @now::timestamptz - interval_ms * interval '1 millisecond' THEN tat ELSE @now::timestamptz END AS at
   FROM cur
 ), upd AS (
   UPDATE pgdurable.rate_limits r SET tat = base.at + base.interval_ms * interval '1 millisecond'
