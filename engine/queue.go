@@ -28,9 +28,9 @@ import (
 // at each period's start, as a fixed window does. The zero Rate is no
 // limit.
 type Rate struct {
-	Limit  int
-	Period time.Duration
-	Burst  int
+	Limit  int           `json:"limit"`
+	Period time.Duration `json:"period_ns"`
+	Burst  int           `json:"burst"`
 }
 
 func (r Rate) check(what string) error {

@@ -198,6 +198,7 @@ func TestQueueDeduplicationGivesOneRunUntilItEnds(t *testing.T) {
 	again, err := wf.Start(ctx, e, keyed{N: 99}, &engine.StartOpts{DeduplicationID: "order-1", ReturnDuplicate: true})
 	require.NoError(t, err)
 	require.Equal(t, first.RunID, again.RunID)
+	require.Equal(t, first.WorkflowID, again.WorkflowID, "the found run's workflow ID")
 	require.True(t, again.Deduplicated)
 	close(release)
 	waitStatus(t, e, first.RunID, engine.StatusCompleted, 10*time.Second)

@@ -240,7 +240,7 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 		return nil, fmt.Errorf("%w: queue %q, deduplication ID %q: run %s is %s", ErrDuplicate, r.FlowQueue, r.DedupID, ins.RunID, ins.Status)
 	}
 	if ins.WorkflowID != "" {
-		workflowID = ins.WorkflowID // a debounced start joined this run
+		workflowID = ins.WorkflowID // a debounced or deduplicated start found this run
 	}
 	res = &StartResult{RunID: ins.RunID, WorkflowID: workflowID, Existing: ins.Existing, Deduplicated: ins.Deduplicated,
 		Debounced: ins.Debounced, Status: RunStatus(ins.Status)}

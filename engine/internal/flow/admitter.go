@@ -114,6 +114,9 @@ func (a *Admitter) Serve(ctx context.Context) {
 				break // a delivery that ends pokes
 			}
 			plan, room, err := a.admit(ctx, free)
+			if err != nil && ctx.Err() != nil {
+				return // stopping: the admission was cut short, nothing failed
+			}
 			if err != nil {
 				failures++
 				if failures == 1 || failures%100 == 0 {

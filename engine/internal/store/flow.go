@@ -61,7 +61,7 @@ RETURNING run_id`)
 
 // dedupHolder finds the open run of a queue that holds a deduplication ID.
 const dedupHolder = `
-SELECT run_id, status FROM pgdurable.workflow_runs
+SELECT run_id, status, workflow_id FROM pgdurable.workflow_runs
 WHERE flow_queue = $1 AND dedup_id = $2 AND status IN ('pending', 'running', 'waiting', 'compensating')`
 
 // insertFlowRuns is InsertRuns for runs whose FlowQueue is set. A run not
@@ -97,7 +97,7 @@ func insertFlowRuns(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunR
 				continue
 			}
 			holder := &InsertedRun{Existing: true, Deduplicated: true}
-			err = db.QueryRow(ctx, dedupHolder, r.FlowQueue, r.DedupID).Scan(&holder.RunID, &holder.Status)
+			err = db.QueryRow(ctx, dedupHolder, r.FlowQueue, r.DedupID).Scan(&holder.RunID, &holder.Status, &holder.WorkflowID)
 			switch {
 			case err == nil:
 				out[i].Run = holder

@@ -83,8 +83,10 @@ type InsertedRun struct {
 	// deduplication ID (Existing is set too).
 	Deduplicated bool
 	// Debounced: the start joined a run waiting out its debounce window
-	// (Existing is set too), whose workflow ID is WorkflowID.
-	Debounced  bool
+	// (Existing is set too).
+	Debounced bool
+	// WorkflowID is the found run's workflow ID, for a start that
+	// Debounced or Deduplicated ("" otherwise: the start's own).
 	WorkflowID string
 	Status     string
 }
