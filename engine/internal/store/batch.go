@@ -526,8 +526,18 @@ func insertSorted(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunRes
 // (@run_id, @token, @lease_ms: one element per run), as of @now.
 //
 // A run of a flow-controlled queue is claimed only by its queue's
-// admission (admitClaim): a ticket's claim skips it.
-var claimRuns = named(strings.Replace(claimRunsSQL, "WHERE r.run_id = u.run_id\n", "WHERE r.run_id = u.run_id AND r.flow_queue IS NULL\n", 1))
+// admission (admitClaim): a ticket's claim skips it. The test is written
+// as a join clause (onlyWhen), never as a filter on r alone: as
+// "AND r.flow_queue IS NULL" it made each claim a third slower (0.85
+// against 0.59 ms for 9 runs, pg_stat_statements over engine bench) and
+// the 3-step row 0.83x, with the same plan shape; as a join clause it
+// costs nothing measurable.
+var claimRuns = named(strings.Replace(claimRunsSQL, "WHERE r.run_id = u.run_id\n", "WHERE r.run_id = u.run_id AND "+onlyWhen("r.flow_queue IS NULL")+"\n", 1))
+
+// onlyWhen is cond on the claimed row r made a join clause with u (no
+// lease is negative: the disjunct is never true), so that PostgreSQL
+// does not take it as a restriction of r (see claimRuns).
+func onlyWhen(cond string) string { return "(" + cond + " OR u.lease_ms < 0)" }
 
 // claimRunsSQL is the claim both claimRuns and admitClaim make.
 const claimRunsSQL = `

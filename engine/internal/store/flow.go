@@ -450,10 +450,10 @@ type Admission struct {
 }
 
 // admitClaim is claimRuns for an admission: only ready runs of the queue,
-// which stop being ready.
+// which stop being ready (tested as a join clause, as claimRuns does).
 var admitClaim = named(strings.Replace(strings.Replace(claimRunsSQL,
 	"    held_until = NULL,\n", "    held_until = NULL,\n    ready_at = NULL,\n", 1),
-	"WHERE r.run_id = u.run_id\n", "WHERE r.run_id = u.run_id AND r.flow_queue = @flow_queue AND r.ready_at IS NOT NULL\n", 1))
+	"WHERE r.run_id = u.run_id\n", "WHERE r.run_id = u.run_id AND "+onlyWhen("r.flow_queue = @flow_queue AND r.ready_at IS NOT NULL")+"\n", 1))
 
 // AdmitWrite ends the admission AdmitRead began on db, in one round trip:
 // it claims a's runs and loads their steps, writes the queue's (and
