@@ -32,6 +32,10 @@ type Activity[Req, Resp any] struct {
 	// this long is abandoned and retried with the same request ID; 0 means
 	// no heartbeats are expected.
 	HeartbeatTimeout time.Duration
+	// RateLimit names a rate limit (engine.Engine.RegisterRateLimit,
+	// engine.DefineRateLimit) that each attempt takes a turn of before Fn
+	// is called, shared by every process: see engine.StepOpts.RateLimit.
+	RateLimit string
 }
 
 // Call is what one attempt knows about itself.
@@ -86,6 +90,7 @@ func (a *Activity[Req, Resp]) opts() *engine.ActivityOpts {
 		StartToCloseTimeout:    a.StartToCloseTimeout,
 		ScheduleToCloseTimeout: a.ScheduleToCloseTimeout,
 		HeartbeatTimeout:       a.HeartbeatTimeout,
+		RateLimit:              a.RateLimit,
 	}
 }
 

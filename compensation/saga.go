@@ -50,9 +50,10 @@ type Undo[T any] struct {
 	// Fn undoes the effect. call.RequestID is the undo's own request ID,
 	// stored before its first attempt: send it as the idempotency key.
 	Fn func(ctx context.Context, call activities.Call, result T) error
-	// RetryPolicy and StartToCloseTimeout as for activities.
+	// RetryPolicy, StartToCloseTimeout and RateLimit as for activities.
 	RetryPolicy         *engine.RetryPolicy
 	StartToCloseTimeout time.Duration
+	RateLimit           string
 }
 
 // TxUndo undoes a forward step whose result was T inside the engine's
@@ -77,6 +78,7 @@ func (u Undo[T]) undo(result T) engine.Undo {
 		},
 		RetryPolicy:         u.RetryPolicy,
 		StartToCloseTimeout: u.StartToCloseTimeout,
+		RateLimit:           u.RateLimit,
 	}
 }
 

@@ -34,6 +34,10 @@ type Undo struct {
 	// undos only.
 	RetryPolicy         *RetryPolicy
 	StartToCloseTimeout time.Duration
+	// RateLimit names a rate limit each attempt of the undo takes a turn
+	// of first, as StepOpts.RateLimit: a refund goes to the card processor
+	// whose limit the charge shares.
+	RateLimit string
 }
 
 // compensation is an undo registered for the forward step at seq, which
@@ -185,7 +189,7 @@ func undoCall(comp *compensation) *stepCall {
 	u := comp.undo
 	seq := comp.seq
 	call := &stepCall{name: u.Name, kind: KindCompensation, compensationOf: &seq,
-		opts: &StepOpts{RetryPolicy: u.RetryPolicy}, parkAs: ReasonCompensationFailed}
+		opts: &StepOpts{RetryPolicy: u.RetryPolicy, RateLimit: u.RateLimit}, parkAs: ReasonCompensationFailed}
 	if u.Tx != nil {
 		call.body = txBody(func(ctx context.Context, tx pgx.Tx) (struct{}, error) { return struct{}{}, u.Tx(ctx, tx) })
 		call.tx = true

@@ -438,37 +438,50 @@ func (f levelFilter) WithGroup(name string) slog.Handler {
 	return levelFilter{f.Handler.WithGroup(name), f.min}
 }
 
-// Register adds workflows built with Define, before Start. A workflow may
-// be registered under several versions (WorkflowOpts.Version), side by
-// side: a run stays on the version it started with, and this process
-// works only the runs of the versions it registers, handing the others
-// back for a process that does (as it does the runs of a workflow it does
-// not register at all). Starts by name (StartJSON, the HTTP API, the CLI,
-// schedules, signal-with-start) take the latest version registered here;
-// Workflow.Start takes its own. A name and version registered twice is an
-// error.
-func (e *Engine) Register(workflows ...Registration) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for _, w := range workflows {
-		r := w.registration()
-		if r.err != nil {
-			return r.err
-		}
-		key := workflowKey{r.name, r.version}
-		if _, dup := e.versions[key]; dup {
-			return fmt.Errorf("pgdurable: workflow %q version %d registered twice", r.name, r.version)
-		}
-		e.versions[key] = r
-		if latest, ok := e.workflows[r.name]; !ok || r.version > latest.version {
-			e.workflows[r.name] = r
+// Register adds workflows built with Define, and the queues and rate
+// limits they use (DefineQueue, DefineRateLimit, registered as
+// RegisterQueue and RegisterRateLimit do: before Start), before Start. A
+// workflow may be registered under several versions
+// (WorkflowOpts.Version), side by side: a run stays on the version it
+// started with, and this process works only the runs of the versions it
+// registers, handing the others back for a process that does (as it does
+// the runs of a workflow it does not register at all). Starts by name
+// (StartJSON, the HTTP API, the CLI, schedules, signal-with-start) take
+// the latest version registered here; Workflow.Start takes its own. A
+// name and version registered twice is an error, as is a queue
+// registered twice (a rate limit registered again is redefined); the
+// registrations before the one that failed stay registered.
+func (e *Engine) Register(regs ...Registration) error {
+	for _, r := range regs {
+		if err := r.register(e); err != nil {
+			return err
 		}
 	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	for key, r := range e.versions {
 		if latest := e.workflows[key.name]; r.autoUpgrade && latest.version != r.version {
 			e.log.Warn("WorkflowOpts.AutoUpgrade is set on a version that is not the latest registered: it has no effect; "+
 				"set it on the latest", "workflow", r.name, "workflow_version", r.version, "latest_version", latest.version)
 		}
+	}
+	return nil
+}
+
+// addWorkflow registers one version of a workflow (see Register).
+func (e *Engine) addWorkflow(r registered) error {
+	if r.err != nil {
+		return r.err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	key := workflowKey{r.name, r.version}
+	if _, dup := e.versions[key]; dup {
+		return fmt.Errorf("pgdurable: workflow %q version %d registered twice", r.name, r.version)
+	}
+	e.versions[key] = r
+	if latest, ok := e.workflows[r.name]; !ok || r.version > latest.version {
+		e.workflows[r.name] = r
 	}
 	return nil
 }

@@ -107,6 +107,35 @@ type flowQueue struct {
 	admitter *flow.Admitter
 }
 
+// DefineQueue is RegisterQueue as a Registration: Engine.Register(
+// DefineQueue(name, opts)) registers the queue as RegisterQueue(name,
+// opts) does, with its errors. A package that defines workflows running
+// in the queue hands it out with them:
+//
+//	func Registrations() []engine.Registration {
+//		return []engine.Registration{checkout, engine.DefineQueue("payments", engine.QueueOpts{KeyConcurrency: 1})}
+//	}
+func DefineQueue(name string, opts QueueOpts) Registration { return queueDef{name, opts} }
+
+type queueDef struct {
+	name string
+	opts QueueOpts
+}
+
+func (q queueDef) register(e *Engine) error { return e.RegisterQueue(q.name, q.opts) }
+
+// DefineRateLimit is RegisterRateLimit as a Registration (see
+// DefineQueue): Engine.Register(DefineRateLimit(name, r)) registers the
+// rate limit as RegisterRateLimit(name, r) does, with its errors.
+func DefineRateLimit(name string, r Rate) Registration { return rateDef{name, r} }
+
+type rateDef struct {
+	name string
+	rate Rate
+}
+
+func (d rateDef) register(e *Engine) error { return e.RegisterRateLimit(d.name, d.rate) }
+
 // RegisterQueue defines the flow-controlled queue name (1 to 200 bytes)
 // and makes this process serve it with opts.Workers workers: it admits the
 // queue's ready runs that fit the queue's limits. Runs enter the queue by

@@ -565,3 +565,37 @@ func TestQueueLowPriorityStartsWithinTheAgingBound(t *testing.T) {
 	i := slices.Index(order, -1)
 	require.Greater(t, i, 10, "high-priority runs started ahead of it")
 }
+
+// Queue and rate limit definitions register with their workflows
+// (DefineQueue, DefineRateLimit), with RegisterQueue's and
+// RegisterRateLimit's checks, and are in force in the database once the
+// process starts.
+func TestDefinitionsRegisterWithTheirWorkflows(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := enginetest.NewDB(t)
+	wf := engine.Define("defined", func(ctx *engine.Context, in int) (int, error) {
+		return engine.Step(ctx, "call", func(context.Context) (int, error) { return in, nil }, &engine.StepOpts{RateLimit: "api"})
+	}, &engine.WorkflowOpts{Queue: "definedq"})
+	regs := []engine.Registration{wf, engine.DefineQueue("definedq", engine.QueueOpts{KeyConcurrency: 1}),
+		engine.DefineRateLimit("api", engine.Rate{Limit: 50, Period: time.Second})}
+
+	bad := newEngine(t, db, nil, false)
+	require.ErrorIs(t, bad.Register(engine.DefineQueue("", engine.QueueOpts{})), engine.ErrInvalidArgument)
+	require.ErrorIs(t, bad.Register(engine.DefineRateLimit("api", engine.Rate{Limit: 5})), engine.ErrInvalidArgument)
+	require.ErrorContains(t, bad.Register(regs[1], regs[1]), `queue "definedq" registered twice`)
+	require.ErrorIs(t, engine.Replay(ctx, db.Pool, regs[1], &engine.History{}), engine.ErrInvalidArgument)
+
+	e := newEngine(t, db, nil, true, regs...)
+	require.ErrorIs(t, e.Register(engine.DefineQueue("late", engine.QueueOpts{})), engine.ErrInvalidArgument, "after Start")
+	res, err := wf.Start(ctx, e, 7, nil)
+	require.NoError(t, err)
+	out, err := wf.Wait(ctx, e, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 7, out, "the step took a turn of the rate limit the registration defined")
+	queues, err := e.ListQueues(ctx)
+	require.NoError(t, err)
+	require.Len(t, queues, 1)
+	require.Equal(t, "definedq", queues[0].Name)
+	require.Equal(t, 1, queues[0].KeyConcurrency)
+}

@@ -117,10 +117,15 @@ const replayWait = 30 * time.Second
 // the run is parked as nondeterminism); the code returns before calling
 // every recorded step; it calls a step past the end of a run that ended;
 // or it ends otherwise than the run did (status, output). Errors other
-// than a *ReplayError: h not of w, of another format, or of a cancelled
-// run (not replayed yet), as ErrInvalidArgument, and database errors.
+// than a *ReplayError: w not a workflow (a *Workflow), h not of w, of
+// another format, or of a cancelled run (not replayed yet), as
+// ErrInvalidArgument, and database errors.
 func Replay(ctx context.Context, pool *pgxpool.Pool, w Registration, h *History) error {
-	reg := w.registration()
+	wf, ok := w.(interface{ registration() registered })
+	if !ok {
+		return fmt.Errorf("%w: Replay replays a workflow (a *Workflow), not a %T", ErrInvalidArgument, w)
+	}
+	reg := wf.registration()
 	switch {
 	case h.Format != HistoryFormat:
 		return fmt.Errorf("%w: history format %d, this engine reads %d", ErrInvalidArgument, h.Format, HistoryFormat)

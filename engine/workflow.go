@@ -102,10 +102,16 @@ const defaultMaxParallelSteps = 32
 // Name returns the workflow's stored name.
 func (w *Workflow[In, Out]) Name() string { return w.name }
 
-// Registration is a workflow that Engine.Register accepts (a *Workflow).
+// Registration is what Engine.Register accepts: a workflow (a *Workflow,
+// from Define), or the definition of a flow-controlled queue (DefineQueue)
+// or of a rate limit (DefineRateLimit). A package that defines workflows
+// can so hand out the queues and rate limits they name with them, and
+// every process that registers the workflows defines those alike.
 type Registration interface {
-	registration() registered
+	register(e *Engine) error
 }
+
+func (w *Workflow[In, Out]) register(e *Engine) error { return e.addWorkflow(w.registration()) }
 
 // registered is a workflow with its types erased, as the executor runs it.
 type registered struct {

@@ -15,7 +15,6 @@ import (
 
 	"github.com/pgdurable/pgdurable/cmd/engine/commands"
 	"github.com/pgdurable/pgdurable/cmd/engine/internal/paymentcmd"
-	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/examples/payment"
 )
 
@@ -28,7 +27,7 @@ func main() {
 			fmt.Fprintln(os.Stderr, "error:", err)
 			os.Exit(1)
 		}
-		opts.Workflows = []engine.Registration{payment.New(gw, nil)}
+		opts.Workflows = payment.Registrations(gw, nil)
 	}
 	os.Exit(commands.Execute(context.Background(), os.Args[1:], opts))
 }

@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -32,7 +35,7 @@ func TestMain(m *testing.M) {
 		if err != nil {
 			panic(err)
 		}
-		return []engine.Registration{payment.New(client, nil)}
+		return payment.Registrations(client, nil)
 	})
 	goleak.VerifyTestMain(m)
 }
@@ -61,7 +64,8 @@ func setupWith(t *testing.T, faults fakegateway.Faults, cfg *payment.Config) *fi
 	client, err := payment.NewGateway(payment.GatewayConfig{BaseURL: srv.URL, APIKey: "sk_test_fake", Timeout: 5 * time.Second}, func(string) string { return "" })
 	require.NoError(t, err)
 	wf := payment.New(client, cfg)
-	e := enginetest.NewEngine(t, db, &engine.Config{RetryPolicy: &engine.RetryPolicy{InitialInterval: 20 * time.Millisecond, MaximumInterval: 200 * time.Millisecond}}, true, wf)
+	e := enginetest.NewEngine(t, db, &engine.Config{RetryPolicy: &engine.RetryPolicy{InitialInterval: 20 * time.Millisecond, MaximumInterval: 200 * time.Millisecond}}, true,
+		append([]engine.Registration{wf}, payment.Definitions(cfg)...)...)
 	return &fixture{e: e, gw: gw, db: db, wf: wf, ctx: ctx}
 }
 
@@ -364,4 +368,92 @@ func TestFraudCheckStopsABlockedCustomer(t *testing.T) {
 	steps := enginetest.RequireSteps(f.ctx, t, f.e, res.RunID, []string{"validate", "fraud_check"})
 	require.Equal(t, []string{"fraud-check"}, steps[1].Patches)
 	require.Empty(t, f.gw.Ledger().Charges)
+}
+
+// One customer's payments run one at a time, in the order they were
+// started, while other customers' run beside them; and every charge, of
+// every customer, takes a turn of the shared charge rate limit.
+func TestOneCustomerPaysOneAtATimeWithinTheChargeRate(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := context.Background()
+	require.NoError(t, payment.Migrate(ctx, db.Pool))
+	require.NoError(t, payment.Seed(ctx, db.Pool))
+	gw := fakegateway.New(fakegateway.Faults{})
+	var mu sync.Mutex
+	var charges []time.Time
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/payment_intents") {
+			mu.Lock()
+			charges = append(charges, time.Now())
+			mu.Unlock()
+		}
+		gw.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	client, err := payment.NewGateway(payment.GatewayConfig{BaseURL: srv.URL, APIKey: "sk_test_fake", Timeout: 5 * time.Second}, func(string) string { return "" })
+	require.NoError(t, err)
+	const rate = 20 // charges a second, one at a time
+	cfg := &payment.Config{ChargeRate: engine.Rate{Limit: rate, Period: time.Second, Burst: 1}}
+	wf := payment.New(client, cfg)
+	e := enginetest.NewEngine(t, db, nil, true, append([]engine.Registration{wf}, payment.Definitions(cfg)...)...)
+
+	var runs []uuid.UUID
+	var mine []uuid.UUID // cus_a's, in start order
+	for i := range 8 {
+		for _, cus := range []string{"cus_a", fmt.Sprintf("cus_%c", 'b'+i)} {
+			o := order(fmt.Sprintf("ord_%s_%d", cus, i), 1000, "pm_card_visa")
+			o.CustomerID = cus
+			res, err := wf.Start(ctx, e, o, &engine.StartOpts{WorkflowID: o.OrderID})
+			require.NoError(t, err)
+			runs = append(runs, res.RunID)
+			if cus == "cus_a" {
+				mine = append(mine, res.RunID)
+			}
+		}
+	}
+	for _, id := range runs {
+		_, err := wf.Wait(ctx, e, id, 10*time.Millisecond)
+		require.NoError(t, err)
+	}
+
+	// Each run's steps, first start to last end: cus_a's never overlap.
+	type span struct{ from, to time.Time }
+	spans := map[uuid.UUID]span{}
+	rows, err := db.Pool.Query(ctx, `SELECT run_id, min(started_at), max(completed_at) FROM pgdurable.workflow_steps
+		WHERE run_id = ANY($1) GROUP BY run_id`, runs)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id uuid.UUID
+		var s span
+		require.NoError(t, rows.Scan(&id, &s.from, &s.to))
+		spans[id] = s
+	}
+	require.NoError(t, rows.Err())
+	for i := 1; i < len(mine); i++ {
+		prev, next := spans[mine[i-1]], spans[mine[i]]
+		require.False(t, next.from.Before(prev.to), "cus_a's payment %d started at %s, before its payment %d ended at %s",
+			i, next.from.Format(time.StampMicro), i-1, prev.to.Format(time.StampMicro))
+	}
+	overlapping := false
+	for _, id := range runs {
+		for _, m := range mine {
+			if s := spans[id]; !slices.Contains(mine, id) && s.from.Before(spans[m].to) && spans[m].from.Before(s.to) {
+				overlapping = true
+			}
+		}
+	}
+	require.True(t, overlapping, "another customer's payment ran while cus_a's waited their turns")
+
+	// 16 charges at 20 a second, one at a time: the first and the last
+	// are 15 turns apart where the rate limit hands them out, and at
+	// least 14 as the gateway sees them (a request's way there varies).
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, charges, len(runs))
+	slices.SortFunc(charges, time.Time.Compare)
+	spread := charges[len(charges)-1].Sub(charges[0])
+	require.GreaterOrEqual(t, spread, time.Duration(len(charges)-2)*time.Second/rate,
+		"16 charges at %d a second took %s", rate, spread)
+	t.Logf("16 charges in %s", spread)
 }

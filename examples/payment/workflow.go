@@ -17,6 +17,45 @@ import (
 // WorkflowName is the payment workflow's stored name.
 const WorkflowName = "payment"
 
+// QueueName is the flow-controlled queue the workflow's runs go through:
+// its key is the order's customer, and one customer's payments run one
+// at a time (QueueOpts.KeyConcurrency 1), in the order they were started,
+// so two payments of one customer never race.
+const QueueName = "payments"
+
+// ChargeRateLimit is the rate limit the gateway's charges and refunds
+// share, across every process: the card processor's own limit, kept
+// below so that its 429s stay rare.
+const ChargeRateLimit = "card_processor"
+
+// DefaultChargeRate is Config.ChargeRate's default: 100 calls a second,
+// Stripe's default limit for a live account, in bursts of up to 10.
+var DefaultChargeRate = engine.Rate{Limit: 100, Period: time.Second, Burst: 10}
+
+// Registrations are what a process that works payments registers
+// (engine.Engine.Register): the workflow (New), its queue (QueueName,
+// one run per customer at a time) and the charge rate limit
+// (ChargeRateLimit, cfg.ChargeRate). Register them all, in every process:
+// the workflow alone would run without the per-customer order, and its
+// charges would fail for want of the rate limit.
+func Registrations(g *Gateway, cfg *Config) []engine.Registration {
+	return append([]engine.Registration{New(g, cfg)}, Definitions(cfg)...)
+}
+
+// Definitions are Registrations without the workflow, for a program that
+// keeps the *engine.Workflow that New returns (to call its Start): the
+// queue and the charge rate limit, as Registrations defines them.
+func Definitions(cfg *Config) []engine.Registration {
+	rate := DefaultChargeRate
+	if cfg != nil && cfg.ChargeRate != (engine.Rate{}) {
+		rate = cfg.ChargeRate
+	}
+	return []engine.Registration{
+		engine.DefineQueue(QueueName, engine.QueueOpts{KeyConcurrency: 1}),
+		engine.DefineRateLimit(ChargeRateLimit, rate),
+	}
+}
+
 // New defines the payment workflow over gateway g:
 //
 //	validate → fraud check (behind engine.Patched: added under runs in flight)
@@ -37,12 +76,17 @@ const WorkflowName = "payment"
 // steps are undone: the run ends compensated with the decline in its error.
 // A receipt that cannot be sent does not undo a paid order: the receipt is
 // reported as not sent.
+//
+// Runs go through QueueName keyed by the customer, and charges and
+// refunds take turns of ChargeRateLimit: register the workflow with
+// Registrations, which defines both.
 func New(g *Gateway, cfg *Config) *engine.Workflow[Order, Receipt] {
 	retry := &engine.RetryPolicy{InitialInterval: 200 * time.Millisecond, BackoffCoefficient: 2, MaximumInterval: 10 * time.Second, MaximumAttempts: 8}
 	if cfg != nil && cfg.Retry != nil {
 		retry = cfg.Retry
 	}
-	charge := &activities.Activity[Order, Charge]{Name: "charge", Fn: g.Charge, RetryPolicy: retry, StartToCloseTimeout: 30 * time.Second}
+	charge := &activities.Activity[Order, Charge]{Name: "charge", Fn: g.Charge, RetryPolicy: retry, StartToCloseTimeout: 30 * time.Second,
+		RateLimit: ChargeRateLimit}
 	receipt := &activities.Activity[receiptReq, bool]{
 		Name: "send_receipt",
 		Fn: func(ctx context.Context, call activities.Call, r receiptReq) (bool, error) {
@@ -89,7 +133,7 @@ func New(g *Gateway, cfg *Config) *engine.Workflow[Order, Receipt] {
 			return Receipt{}, err // out of stock: the claim's undo releases what was reserved
 		}
 		ch, err := compensation.Activity(saga, charge, o, compensation.Undo[Charge]{
-			Name: "refund", Fn: g.Refund, RetryPolicy: retry, StartToCloseTimeout: 30 * time.Second,
+			Name: "refund", Fn: g.Refund, RetryPolicy: retry, StartToCloseTimeout: 30 * time.Second, RateLimit: ChargeRateLimit,
 		})
 		if err != nil {
 			return Receipt{}, err
@@ -117,7 +161,7 @@ func New(g *Gateway, cfg *Config) *engine.Workflow[Order, Receipt] {
 			err = nil
 		}
 		return Receipt{OrderID: o.OrderID, PaymentIntent: ch.PaymentIntent, Amount: ch.Amount, Currency: ch.Currency, ReceiptSent: sent}, err
-	}, &engine.WorkflowOpts{Version: 2})
+	}, &engine.WorkflowOpts{Version: 2, Queue: QueueName, QueueKey: engine.KeyOf(func(o Order) string { return o.CustomerID })})
 }
 
 // Config tunes the workflow. A nil *Config takes the defaults.
@@ -125,6 +169,9 @@ type Config struct {
 	// Retry is the gateway calls' retry policy. Default: 200ms doubling to
 	// 10s, 8 attempts.
 	Retry *engine.RetryPolicy
+	// ChargeRate is ChargeRateLimit's rate, which Registrations defines.
+	// Default DefaultChargeRate.
+	ChargeRate engine.Rate
 }
 
 type receiptReq struct {

@@ -37,7 +37,9 @@ import (
 
 // Options configures the commands.
 type Options struct {
-	// Workflows are registered by every command that runs or starts runs.
+	// Workflows are registered by every command that runs or starts runs:
+	// workflows, and the queues and rate limits they use
+	// (engine.DefineQueue, engine.DefineRateLimit).
 	Workflows []engine.Registration
 	// Config is the engine configuration of this binary, as engine.New
 	// takes it: every command that makes an engine starts from a copy of

@@ -18,7 +18,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdurable/pgdurable/cmd/engine/commands"
-	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
 	"github.com/pgdurable/pgdurable/examples/payment"
 	"github.com/pgdurable/pgdurable/examples/payment/fakegateway"
@@ -44,7 +43,7 @@ func serveChild() int {
 	if err != nil {
 		return 2
 	}
-	return commands.Execute(context.Background(), args, commands.Options{Workflows: []engine.Registration{payment.New(gw, nil)}, Migrate: payment.Migrate})
+	return commands.Execute(context.Background(), args, commands.Options{Workflows: payment.Registrations(gw, nil), Migrate: payment.Migrate})
 }
 
 func startServe(t *testing.T, db *enginetest.DB, gateway, listen string) *exec.Cmd {

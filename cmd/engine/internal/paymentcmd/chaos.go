@@ -260,7 +260,7 @@ func chaosOrders(tag string, n int) []payment.Order {
 		if i%8 == 5 {
 			method = fakegateway.DeclineMethod
 		}
-		out[i] = payment.Order{OrderID: fmt.Sprintf("%s_%05d", tag, i), CustomerID: "cus_chaos", Amount: int64(500 + i%1000),
+		out[i] = payment.Order{OrderID: fmt.Sprintf("%s_%05d", tag, i), CustomerID: fmt.Sprintf("cus_chaos_%d", i%50), Amount: int64(500 + i%1000),
 			Currency: "usd", PaymentMethod: method, Items: []payment.Item{{SKU: "sku_tee", Qty: 1 + i%3}}}
 	}
 	return out

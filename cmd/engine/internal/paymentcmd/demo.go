@@ -112,7 +112,7 @@ func demo(ctx context.Context, env *commands.Env, f *demoFlags) error {
 	if err != nil {
 		return err
 	}
-	if err := e.Register(payment.New(client, nil)); err != nil {
+	if err := e.Register(payment.Registrations(client, nil)...); err != nil {
 		return err
 	}
 	if err := e.Start(ctx); err != nil {

@@ -82,7 +82,7 @@ func Dev(ctx context.Context, env *commands.Env) (*commands.DevKit, error) {
 			return nil, err
 		}
 		fmt.Fprintf(env.Stderr(), "engine dev: payment example on the fake gateway at %s (set STRIPE_API_KEY for another)\n", gwURL)
-		kit.Workflows = append(kit.Workflows, payment.New(client, nil))
+		kit.Workflows = append(kit.Workflows, payment.Registrations(client, nil)...)
 		kit.Stop = stop
 	}
 	export, watch := newExport()
