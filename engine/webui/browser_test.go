@@ -55,6 +55,45 @@ func shoot(t *testing.T, ctx context.Context, dir, name string) {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644))
 }
 
+// tab drives one headless Chromium tab over the UI at base, failing t on
+// any error.
+type tab struct {
+	t    *testing.T
+	ctx  context.Context
+	base string
+}
+
+// text is the text of the first element sel selects.
+func (b *tab) text(sel string) string {
+	b.t.Helper()
+	s, err := chromedp.Run(b.ctx, chromedp.Text(chromedp.CSS(sel)))
+	require.NoError(b.t, err)
+	return s
+}
+
+// submit clicks a form's button and waits for the page it leads to.
+func (b *tab) submit(sel string) {
+	b.t.Helper()
+	_, err := chromedp.Run(b.ctx, chromedp.Evaluate[bool](`window.__before = true`))
+	require.NoError(b.t, err)
+	require.NoError(b.t, chromedp.Do(b.ctx, chromedp.Click(chromedp.CSS(sel))))
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		fresh, err := chromedp.Run(b.ctx, chromedp.Evaluate[bool](`window.__before === undefined && document.readyState === "complete"`))
+		if err == nil && fresh {
+			break
+		}
+		require.True(b.t, time.Now().Before(deadline), "no new page after clicking %s", sel)
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// open navigates to path and waits for its heading.
+func (b *tab) open(path string) {
+	b.t.Helper()
+	require.NoError(b.t, chromedp.Do(b.ctx, chromedp.Navigate(b.base+path), chromedp.WaitVisible(chromedp.CSS("main h1"))))
+}
+
 // TestBrowserOperatorDesk opens every page against a real engine with runs
 // in every state, in headless Chromium, saves a screenshot of each, and
 // does what an operator does: replays a dead job and watches its run
@@ -67,32 +106,8 @@ func TestBrowserOperatorDesk(t *testing.T) {
 	dir := screenshotDir(t)
 	t.Logf("screenshots in %s", dir)
 	base := f.srv.URL
-	text := func(sel string) string {
-		t.Helper()
-		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
-		require.NoError(t, err)
-		return s
-	}
-	// submit clicks a form's button and waits for the page it leads to.
-	submit := func(sel string) {
-		t.Helper()
-		_, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`window.__before = true`))
-		require.NoError(t, err)
-		require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(sel))))
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			fresh, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`window.__before === undefined && document.readyState === "complete"`))
-			if err == nil && fresh {
-				break
-			}
-			require.True(t, time.Now().Before(deadline), "no new page after clicking %s", sel)
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	open := func(path string) {
-		t.Helper()
-		require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(base+path), chromedp.WaitVisible(chromedp.CSS("main h1"))))
-	}
+	b := &tab{t: t, ctx: ctx, base: base}
+	text, submit, open := b.text, b.submit, b.open
 
 	for _, p := range []struct{ path, shot, want string }{
 		{"/ui/", "overview", "open dead jobs"},
