@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -408,6 +409,16 @@ func (e *Engine) noteQueued(ctx context.Context, run *Run) error {
 	switch {
 	case q.Paused:
 		run.WaitingFor = fmt.Sprintf("queue %s is paused", run.Queue)
+		var why []string
+		if q.PauseReason != "" {
+			why = append(why, q.PauseReason)
+		}
+		if q.PausedBy != "" {
+			why = append(why, "by "+q.PausedBy)
+		}
+		if len(why) > 0 {
+			run.WaitingFor += " (" + strings.Join(why, ", ") + ")"
+		}
 		return nil
 	case len(q.Processes) == 0:
 		run.WaitingFor = fmt.Sprintf("a process that serves queue %s", run.Queue)

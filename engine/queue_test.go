@@ -319,7 +319,7 @@ func TestQueuePauseLetsRunningStepsFinishAndResumeDrains(t *testing.T) {
 	require.Len(t, q.Processes, 1)
 	run, err = e.GetRun(ctx, ids[0])
 	require.NoError(t, err)
-	require.Equal(t, "queue pausable is paused", run.WaitingFor)
+	require.Equal(t, "queue pausable is paused (card processor down, by alice)", run.WaitingFor)
 	require.Equal(t, engine.StatusPending, run.Status)
 
 	require.NoError(t, e.ResumeQueue(ctx, "pausable", "alice"))

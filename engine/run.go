@@ -467,7 +467,7 @@ type Run struct {
 	// it is overdue.
 	//
 	// A ready run of a flow-controlled queue says what holds it there:
-	// "queue payments is paused", "a process that serves queue payments",
+	// "queue payments is paused (card processor down, by alice)", "a process that serves queue payments",
 	// "a slot of queue payments (5 of 5 running)", "a slot of key cus_1 in
 	// queue payments (1 of 1 running)", "queue payments's rate limit (next
 	// start at ...)", or "its turn in queue payments (12 runs ahead)", and

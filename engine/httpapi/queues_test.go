@@ -50,7 +50,7 @@ func TestQueueRoutes(t *testing.T) {
 	require.Equal(t, "alice", r.body["paused_by"])
 	require.Equal(t, float64(5), r.body["concurrency"])
 	r = b.do(t, "GET", "/v1/runs/"+runID, "")
-	require.Equal(t, "queue payments is paused", r.body["waiting_for"])
+	require.Equal(t, "queue payments is paused (card processor down, by alice)", r.body["waiting_for"])
 	require.Equal(t, 400, b.do(t, "POST", "/v1/queues/payments/pause", `{"colour": "red"}`).status)
 	r = b.do(t, "POST", "/v1/queues/payments/resume", `{"by": "alice"}`)
 	require.Equal(t, 200, r.status, r.raw)

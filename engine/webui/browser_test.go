@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
 )
 
 // browser starts headless Chromium (Debian's package: /usr/bin/chromium,
@@ -260,4 +261,47 @@ func TestBrowserSignOutEverywhere(t *testing.T) {
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.srv.URL+"/ui/runs"), chromedp.WaitVisible(chromedp.CSS("#token"))))
 	code, _, _ := other.do("GET", "/ui/runs", nil, nil)
 	require.Equal(t, 303, code, "the other browser is signed out too")
+}
+
+// TestBrowserQueues pauses a queue from the Queues page with a reason, in
+// headless Chromium: the page, the overview and a run waiting in the
+// queue say it is paused, why and by whom; resuming starts the run.
+func TestBrowserQueues(t *testing.T) {
+	t.Parallel()
+	ctx := browser(t)
+	f := newFixture(t, "")
+	dir := screenshotDir(t)
+	b := &tab{t: t, ctx: ctx, base: f.srv.URL}
+	wf := engine.Define("queued-browser", func(ctx *engine.Context, in string) (string, error) {
+		return engine.Step(ctx, "work", func(context.Context) (string, error) { return in, nil }, nil)
+	}, &engine.WorkflowOpts{Queue: "payments"})
+	served := enginetest.NewEngine(t, f.db, nil, true, wf, engine.DefineQueue("payments", engine.QueueOpts{Concurrency: 3, KeyConcurrency: 1}))
+
+	b.open("/ui/queues")
+	require.Contains(t, b.text(`tr[data-queue="payments"]`), "serving")
+	require.Contains(t, b.text(`tr[data-queue="payments"]`), "1 per key")
+	require.NoError(t, chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS(`tr[data-queue="payments"] input[name="reason"]`), "card processor down")))
+	b.submit(`tr[data-queue="payments"] form[action$="/pause"] button`)
+	require.Contains(t, b.text(".notice"), "Queue paused")
+	row := b.text(`tr[data-queue="payments"]`)
+	require.Contains(t, row, "paused card processor down")
+	require.Contains(t, row, "by web UI")
+	shoot(t, ctx, dir, "queues")
+
+	res, err := wf.Start(context.Background(), served, "x", &engine.StartOpts{QueueKey: "cus_1"})
+	require.NoError(t, err)
+	b.open("/ui/runs/" + res.RunID.String())
+	require.Contains(t, b.text("[data-queue]"), "payments, key cus_1")
+	require.Contains(t, b.text("[data-waiting-for]"), "queue payments is paused (card processor down, by web UI), ready since")
+	b.open("/ui/")
+	overview := b.text(`table[data-queues] tr[data-queue="payments"]`)
+	require.Contains(t, overview, "paused")
+	require.Regexp(t, `paused card processor down by web UI, [^\t]+\t1\t`, overview, "one run ready")
+	shoot(t, ctx, dir, "overview-queues")
+
+	b.open("/ui/queues")
+	b.submit(`tr[data-queue="payments"] form[action$="/resume"] button`)
+	require.Contains(t, b.text(".notice"), "Queue resumed")
+	require.Contains(t, b.text(`tr[data-queue="payments"]`), "serving")
+	waitStatus(t, f.e, res.RunID, engine.StatusCompleted)
 }

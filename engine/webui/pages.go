@@ -214,8 +214,13 @@ func (u *ui) overview(w http.ResponseWriter, r *http.Request) {
 		u.engineError(w, r, err)
 		return
 	}
+	queues, err := u.e.ListQueues(r.Context())
+	if err != nil {
+		u.engineError(w, r, err)
+		return
+	}
 	u.render(w, r, http.StatusOK, "overview", &page{Title: "Overview", Nav: "overview", Data: map[string]any{
-		"O": o, "Workflows": len(wfs), "Open": openCounts(o.OpenRuns),
+		"O": o, "Workflows": len(wfs), "Open": openCounts(o.OpenRuns), "Queues": queues,
 	}})
 }
 

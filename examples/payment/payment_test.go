@@ -53,13 +53,23 @@ func setup(t *testing.T, faults fakegateway.Faults) *fixture {
 }
 
 func setupWith(t *testing.T, faults fakegateway.Faults, cfg *payment.Config) *fixture {
+	return setupBehind(t, faults, cfg, nil)
+}
+
+// setupBehind is setupWith with the gateway's handler wrapped by wrap
+// (nil: not wrapped).
+func setupBehind(t *testing.T, faults fakegateway.Faults, cfg *payment.Config, wrap func(http.Handler) http.Handler) *fixture {
 	t.Helper()
 	db := enginetest.NewDB(t)
 	ctx := context.Background()
 	require.NoError(t, payment.Migrate(ctx, db.Pool))
 	require.NoError(t, payment.Seed(ctx, db.Pool))
 	gw := fakegateway.New(faults)
-	srv := httptest.NewServer(gw)
+	var h http.Handler = gw
+	if wrap != nil {
+		h = wrap(gw)
+	}
+	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	client, err := payment.NewGateway(payment.GatewayConfig{BaseURL: srv.URL, APIKey: "sk_test_fake", Timeout: 5 * time.Second}, func(string) string { return "" })
 	require.NoError(t, err)
@@ -375,28 +385,21 @@ func TestFraudCheckStopsABlockedCustomer(t *testing.T) {
 // every customer, takes a turn of the shared charge rate limit.
 func TestOneCustomerPaysOneAtATimeWithinTheChargeRate(t *testing.T) {
 	t.Parallel()
-	db := enginetest.NewDB(t)
-	ctx := context.Background()
-	require.NoError(t, payment.Migrate(ctx, db.Pool))
-	require.NoError(t, payment.Seed(ctx, db.Pool))
-	gw := fakegateway.New(fakegateway.Faults{})
 	var mu sync.Mutex
 	var charges []time.Time
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/payment_intents") {
-			mu.Lock()
-			charges = append(charges, time.Now())
-			mu.Unlock()
-		}
-		gw.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	client, err := payment.NewGateway(payment.GatewayConfig{BaseURL: srv.URL, APIKey: "sk_test_fake", Timeout: 5 * time.Second}, func(string) string { return "" })
-	require.NoError(t, err)
 	const rate = 20 // charges a second, one at a time
-	cfg := &payment.Config{ChargeRate: engine.Rate{Limit: rate, Period: time.Second, Burst: 1}}
-	wf := payment.New(client, cfg)
-	e := enginetest.NewEngine(t, db, nil, true, append([]engine.Registration{wf}, payment.Definitions(cfg)...)...)
+	f := setupBehind(t, fakegateway.Faults{}, &payment.Config{ChargeRate: engine.Rate{Limit: rate, Period: time.Second, Burst: 1}},
+		func(gw http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/payment_intents") {
+					mu.Lock()
+					charges = append(charges, time.Now())
+					mu.Unlock()
+				}
+				gw.ServeHTTP(w, r)
+			})
+		})
+	ctx, e, wf, db := f.ctx, f.e, f.wf, f.db
 
 	var runs []uuid.UUID
 	var mine []uuid.UUID // cus_a's, in start order

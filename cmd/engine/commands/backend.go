@@ -110,7 +110,7 @@ var sentinels = map[string]error{
 	"run_closed": engine.ErrRunClosed, "run_not_finished": engine.ErrRunNotFinished, "signal_key_conflict": engine.ErrSignalKeyConflict,
 	"limit_exceeded": engine.ErrLimitExceeded, "dead_job_resolved": engine.ErrDeadJobResolved,
 	"invalid_parameter": engine.ErrInvalidArgument, "invalid_json": engine.ErrInvalidArgument,
-	"payload_too_large": engine.ErrInvalidInput,
+	"payload_too_large": engine.ErrInvalidInput, "duplicate": engine.ErrDuplicate,
 }
 
 // do sends a request (body: nil, raw JSON bytes, or a value to encode) and
@@ -317,6 +317,20 @@ func startBody(input json.RawMessage, opts *engine.StartOpts) map[string]any {
 	}
 	if len(opts.Tags) > 0 {
 		b["tags"] = opts.Tags
+	}
+	for k, v := range map[string]string{"queue": opts.Queue, "queue_key": opts.QueueKey, "deduplication_id": opts.DeduplicationID} {
+		if v != "" {
+			b[k] = v
+		}
+	}
+	if opts.Priority != 0 {
+		b["priority"] = opts.Priority
+	}
+	if opts.KeyWeight != 0 {
+		b["key_weight"] = opts.KeyWeight
+	}
+	if opts.ReturnDuplicate {
+		b["return_duplicate"] = true
 	}
 	return b
 }

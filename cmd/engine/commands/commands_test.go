@@ -1543,11 +1543,11 @@ func TestQueuesCommands(t *testing.T) {
 	require.NoError(t, err)
 	code, out, errOut = run(t, db, "queues", "list")
 	require.Equal(t, 0, code, errOut)
-	require.Regexp(t, `payments +paused \(processor down\) +1 +\S+ +0 +5 at once, 1 per key +\S+:\d+ \(3 workers\)`, out)
+	require.Regexp(t, `payments +paused \(processor down\) by alice +1 +\S+ +0 +5 at once, 1 per key +\S+:\d+ \(3 workers\)`, out)
 	code, out, errOut = run(t, db, "runs", "show", res.RunID.String())
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "queue        payments, key cus_1")
-	require.Contains(t, out, "waiting for  queue payments is paused, ready since")
+	require.Contains(t, out, "waiting for  queue payments is paused (processor down, by alice), ready since")
 	code, _, errOut = run(t, db, "queues", "resume", "payments")
 	require.Equal(t, 0, code, errOut)
 	require.Eventually(t, func() bool {
@@ -1557,4 +1557,41 @@ func TestQueuesCommands(t *testing.T) {
 	code, _, errOut = run(t, db, "queues", "pause", "nope")
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "not defined")
+}
+
+// engine start puts a run in a queue with its key, priority and
+// deduplication ID, on the database and over the API alike: a second
+// start with the ID is refused as a duplicate, or answered with the open
+// run that holds it.
+func TestStartIntoAQueue(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	const token = "start-into-a-queue-token-0123456"
+	addr := serveForCLI(t, db, token)
+	for name, cli := range map[string]func(args ...string) (int, string, string){
+		"database": func(args ...string) (int, string, string) { t.Helper(); return run(t, db, args...) },
+		"api":      func(args ...string) (int, string, string) { t.Helper(); return overHTTP(t, addr, token, args...) },
+	} {
+		dedup := "dedup-" + name
+		args := []string{"start", "double", "--input", `{"n": 1}`, "--queue", "unserved_cli", "--queue-key", "cus_" + name,
+			"--priority", "5", "--key-weight", "2", "--deduplication-id", dedup}
+		code, out, errOut := cli(args...)
+		require.Equal(t, 0, code, name+": "+errOut)
+		require.Contains(t, out, "started", name)
+		runID := strings.Fields(out)[1]
+		code, _, errOut = cli(args...)
+		require.Equal(t, 1, code, name)
+		require.Contains(t, errOut, "deduplication ID held by an open run", name)
+		require.Contains(t, errOut, dedup, name)
+		code, out, errOut = cli(append(args, "--return-duplicate")...)
+		require.Equal(t, 0, code, name+": "+errOut)
+		require.Contains(t, out, "run "+runID+" already exists: it holds the deduplication ID", name)
+		code, out, errOut = cli("runs", "show", runID)
+		require.Equal(t, 0, code, name+": "+errOut)
+		require.Contains(t, out, "unserved_cli, key cus_"+name+", priority 5", name)
+		require.Contains(t, out, "a process that serves queue unserved_cli", name)
+		code, _, errOut = cli("start", "double", "--input", `{"n": 1}`, "--queue", "unserved_cli", "--priority", "5000")
+		require.Equal(t, 1, code, name)
+		require.Contains(t, errOut, "Priority 5000", name)
+	}
 }

@@ -42,6 +42,9 @@ A queue that no process serves says so: its runs wait until one starts.`,
 					if q.PauseReason != "" {
 						state += " (" + q.PauseReason + ")"
 					}
+					if q.PausedBy != "" {
+						state += " by " + q.PausedBy
+					}
 				case len(q.Processes) == 0:
 					state = "no process serves it"
 				}

@@ -473,18 +473,26 @@ func (g *global) startCmd() *cobra.Command {
 	var tags []string
 	var delay, runTimeout time.Duration
 	var wait bool
+	var flow engine.StartOpts
 	cmd := &cobra.Command{
 		Use:   "start WORKFLOW",
 		Short: "Start a run of a workflow this binary registers",
 		Long: `Starts a run of WORKFLOW with --input. With --delay or --start-at the run waits (status
 waiting, no worker held) until then; "engine start-now RUN" starts it earlier, "engine cancel RUN"
-cancels it.`,
+cancels it.
+
+A run of a flow-controlled queue (the workflow's, or --queue) waits ready until a process that
+serves the queue admits it within the queue's limits: --queue-key, --priority and --key-weight
+place it there, and --deduplication-id refuses a second start (exit 1, "duplicate") while a run
+of the queue holding the ID is open, or with --return-duplicate answers with that run
+("already exists").`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkJSON("--input", []byte(input)); err != nil {
 				return err
 			}
-			opts := &engine.StartOpts{WorkflowID: id, Delay: delay, RunTimeout: runTimeout}
+			opts := &engine.StartOpts{WorkflowID: id, Delay: delay, RunTimeout: runTimeout, Queue: flow.Queue, QueueKey: flow.QueueKey,
+				Priority: flow.Priority, KeyWeight: flow.KeyWeight, DeduplicationID: flow.DeduplicationID, ReturnDuplicate: flow.ReturnDuplicate}
 			var err error
 			if opts.Tags, err = tagFlags(tags); err != nil {
 				return err
@@ -522,7 +530,10 @@ cancels it.`,
 				return writeJSON(g.opts.Stdout, httpapi.NewStartResponse(args[0], res))
 			}
 			verb := "started"
-			if res.Existing {
+			switch {
+			case res.Deduplicated:
+				verb = "already exists: it holds the deduplication ID"
+			case res.Existing:
 				verb = "already exists"
 			}
 			if !g.jsonOut {
@@ -543,6 +554,12 @@ cancels it.`,
 	cmd.Flags().StringVar(&input, "input", "null", "the run's input, as JSON")
 	cmd.Flags().DurationVar(&delay, "delay", 0, "start the run this long from now (90s, 1h30m)")
 	cmd.Flags().StringVar(&startAt, "start-at", "", "start the run at this RFC 3339 time")
+	cmd.Flags().StringVar(&flow.Queue, "queue", "", "put the run in this flow-controlled queue instead of its workflow's")
+	cmd.Flags().StringVar(&flow.QueueKey, "queue-key", "", "the run's key in its queue (a customer ID), instead of the one the workflow computes")
+	cmd.Flags().IntVar(&flow.Priority, "priority", 0, fmt.Sprintf("the run's priority in its queue, higher first (%d to %d)", engine.MinPriority, engine.MaxPriority))
+	cmd.Flags().Float64Var(&flow.KeyWeight, "key-weight", 0, "the share of the queue the run's key gets against other keys (default 1)")
+	cmd.Flags().StringVar(&flow.DeduplicationID, "deduplication-id", "", "refuse the start while a run of the queue holding this ID is open")
+	cmd.Flags().BoolVar(&flow.ReturnDuplicate, "return-duplicate", false, "with --deduplication-id: answer with the open run that holds the ID instead of refusing")
 	cmd.Flags().DurationVar(&runTimeout, "run-timeout", 0, "cancel the run this long after a worker first picks it up (compensations run)")
 	cmd.Flags().BoolVar(&wait, "wait", false, "follow the run: print its steps as they are recorded, and exit 0 once it completes, 1 if it ends otherwise (--json: the run as it ended);\n"+
 		"over --address, a server that does not answer is asked again for a minute (the start itself only if it never reached the server, or with --id)")
