@@ -95,8 +95,11 @@ const (
 	MaxQueueKeyBytes = 200
 	// MaxDeduplicationIDBytes bounds StartOpts.DeduplicationID.
 	MaxDeduplicationIDBytes = 400
-	// MaxKeyWeight bounds StartOpts.KeyWeight.
+	// MaxKeyWeight and MinKeyWeight bound StartOpts.KeyWeight: a run's
+	// share of its key's fair-queuing time is 1/weight, so a weight near 0
+	// would push the queue's fair-queuing clock toward infinity.
 	MaxKeyWeight = 1000
+	MinKeyWeight = 0.001
 )
 
 // flowQueue is a queue this process serves.
@@ -347,10 +350,10 @@ func queueOf(wf registered, input []byte, opts *StartOpts) (store.NewRun, error)
 		switch {
 		case opts.Priority < MinPriority || opts.Priority > MaxPriority:
 			return r, fmt.Errorf("%w: StartOpts.Priority %d is not between %d and %d", ErrInvalidArgument, opts.Priority, MinPriority, MaxPriority)
-		case opts.KeyWeight < 0 || opts.KeyWeight > MaxKeyWeight:
-			return r, fmt.Errorf("%w: StartOpts.KeyWeight %g is not between 0 and %d", ErrInvalidArgument, opts.KeyWeight, MaxKeyWeight)
-		case len(opts.DeduplicationID) > MaxDeduplicationIDBytes || !utf8.ValidString(opts.DeduplicationID):
-			return r, fmt.Errorf("%w: StartOpts.DeduplicationID is over %d bytes or not UTF-8", ErrInvalidArgument, MaxDeduplicationIDBytes)
+		case opts.KeyWeight != 0 && !(opts.KeyWeight >= MinKeyWeight && opts.KeyWeight <= MaxKeyWeight):
+			return r, fmt.Errorf("%w: StartOpts.KeyWeight (key_weight) %g is not between %g and %d", ErrInvalidArgument, opts.KeyWeight, MinKeyWeight, MaxKeyWeight)
+		case len(opts.DeduplicationID) > MaxDeduplicationIDBytes || !utf8.ValidString(opts.DeduplicationID) || strings.ContainsRune(opts.DeduplicationID, 0):
+			return r, fmt.Errorf("%w: StartOpts.DeduplicationID (deduplication_id) is over %d bytes, not UTF-8 or holds a NUL", ErrInvalidArgument, MaxDeduplicationIDBytes)
 		}
 		r.Priority, r.DedupID = opts.Priority, opts.DeduplicationID
 		if opts.KeyWeight > 0 {
@@ -361,8 +364,8 @@ func queueOf(wf registered, input []byte, opts *StartOpts) (store.NewRun, error)
 }
 
 func checkQueueKey(key string) error {
-	if len(key) > MaxQueueKeyBytes || !utf8.ValidString(key) {
-		return fmt.Errorf("%w: queue key %q is over %d bytes or not UTF-8", ErrInvalidArgument, truncateText(key, 64), MaxQueueKeyBytes)
+	if len(key) > MaxQueueKeyBytes || !utf8.ValidString(key) || strings.ContainsRune(key, 0) {
+		return fmt.Errorf("%w: queue key %q is over %d bytes, not UTF-8 or holds a NUL", ErrInvalidArgument, truncateText(key, 64), MaxQueueKeyBytes)
 	}
 	return nil
 }
@@ -550,8 +553,12 @@ func (e *Engine) PauseQueue(ctx context.Context, queue string, opts *PauseOpts) 
 	if opts != nil {
 		o = *opts
 	}
-	if len(o.By) > 400 || len(o.Reason) > 400 || !utf8.ValidString(o.By) || !utf8.ValidString(o.Reason) {
-		return fmt.Errorf("%w: PauseOpts.By and Reason must be UTF-8 of at most 400 bytes", ErrInvalidArgument)
+	if len(o.By) > 400 || len(o.Reason) > 400 || !utf8.ValidString(o.By) || !utf8.ValidString(o.Reason) ||
+		strings.ContainsRune(o.By, 0) || strings.ContainsRune(o.Reason, 0) {
+		return fmt.Errorf("%w: PauseOpts.By and Reason must be UTF-8 of at most 400 bytes without NUL", ErrInvalidArgument)
+	}
+	if err := checkName("queue name", queue, 200); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
 	was, err := store.PauseQueue(ctx, e.db, store.Pause{Queue: queue, By: o.By, Reason: o.Reason, Now: e.now()})
 	if errors.Is(err, store.ErrNotFound) {
@@ -571,6 +578,9 @@ func (e *Engine) PauseQueue(ctx context.Context, queue string, opts *PauseOpts) 
 // queue's limits (a queue not paused is left as it is). by says who, for
 // the log. Errors: ErrNotFound (no process defined the queue).
 func (e *Engine) ResumeQueue(ctx context.Context, queue, by string) error {
+	if err := checkName("queue name", queue, 200); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
 	was, err := store.ResumeQueue(ctx, e.db, queue)
 	if errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("%w: queue %q is not defined (no process has registered it)", ErrNotFound, queue)
@@ -619,6 +629,9 @@ func (e *Engine) RegisterRateLimit(name string, r Rate) error {
 // none. A database that fails is asked again after a short wait; a limit
 // that no process has defined fails permanently.
 func (e *Engine) takeTurn(ctx context.Context, name string) error {
+	if err := checkName("rate limit name", name, 200); err != nil {
+		return Permanent(fmt.Errorf("%w: %v", ErrInvalidArgument, err))
+	}
 	for failures := 0; ; {
 		turn, err := store.TakeRate(ctx, e.db, name, e.now())
 		wait := time.Duration(0)
@@ -672,12 +685,14 @@ const MaxDebounceKeyBytes = 400
 // apply checks d for a start with opts at now and sets r's debounce.
 func (d *Debounce) apply(r *store.NewRun, opts *StartOpts, now time.Time) error {
 	switch {
-	case d.Key == "" || len(d.Key) > MaxDebounceKeyBytes || !utf8.ValidString(d.Key):
-		return fmt.Errorf("%w: Debounce.Key must be 1 to %d bytes of UTF-8", ErrInvalidArgument, MaxDebounceKeyBytes)
+	case d.Key == "" || len(d.Key) > MaxDebounceKeyBytes || !utf8.ValidString(d.Key) || strings.ContainsRune(d.Key, 0):
+		return fmt.Errorf("%w: Debounce.Key must be 1 to %d bytes of UTF-8 without NUL", ErrInvalidArgument, MaxDebounceKeyBytes)
 	case d.Window <= 0:
 		return fmt.Errorf("%w: Debounce.Window %s must be above 0", ErrInvalidArgument, d.Window)
 	case d.MaxWait < 0:
 		return fmt.Errorf("%w: Debounce.MaxWait %s is negative", ErrInvalidArgument, d.MaxWait)
+	case d.MaxWait > 0 && d.MaxWait < d.Window:
+		return fmt.Errorf("%w: Debounce.MaxWait %s is shorter than its Window %s", ErrInvalidArgument, d.MaxWait, d.Window)
 	case opts.WorkflowID != "" || !opts.StartAt.IsZero() || opts.Delay != 0 || opts.DeduplicationID != "":
 		return fmt.Errorf("%w: StartOpts.Debounce is not for a start with a WorkflowID, StartAt, Delay or DeduplicationID", ErrInvalidArgument)
 	}

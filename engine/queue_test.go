@@ -264,10 +264,19 @@ func TestQueueStartOptionsAreChecked(t *testing.T) {
 		{Queue: "q", KeyWeight: -1},
 		{Queue: "q", QueueKey: string(make([]byte, engine.MaxQueueKeyBytes+1))},
 		{Queue: " q"},
+		{Queue: "q", KeyWeight: 5e-324}, // its fair-queuing step, 1/weight, is infinite
+		{Queue: "q", KeyWeight: engine.MinKeyWeight / 2},
+		{Queue: "q", QueueKey: "a\x00b"},
+		{Queue: "q", DeduplicationID: "a\x00b"},
+		{Debounce: &engine.Debounce{Key: "a\x00b", Window: time.Second}},
+		{Debounce: &engine.Debounce{Key: "k", Window: 10 * time.Second, MaxWait: time.Nanosecond}},
 	} {
 		_, err := plain.Start(ctx, e, keyed{}, opts)
 		require.True(t, errors.Is(err, engine.ErrInvalidArgument), "%+v: %v", opts, err)
 	}
+	require.ErrorIs(t, e.PauseQueue(ctx, "a\x00b", nil), engine.ErrInvalidArgument)
+	require.ErrorIs(t, e.PauseQueue(ctx, "q", &engine.PauseOpts{Reason: "x\x00y"}), engine.ErrInvalidArgument)
+	require.ErrorIs(t, e.ResumeQueue(ctx, "bad\xff", ""), engine.ErrInvalidArgument)
 	require.ErrorIs(t, e.RegisterQueue("q", engine.QueueOpts{RateLimit: engine.Rate{Limit: 5}}), engine.ErrInvalidArgument)
 	require.ErrorIs(t, e.RegisterQueue("", engine.QueueOpts{}), engine.ErrInvalidArgument)
 }
@@ -598,4 +607,46 @@ func TestDefinitionsRegisterWithTheirWorkflows(t *testing.T) {
 	require.Len(t, queues, 1)
 	require.Equal(t, "definedq", queues[0].Name)
 	require.Equal(t, 1, queues[0].KeyConcurrency)
+}
+
+// KeyConcurrency 1 keeps a key's start order across a terminated run
+// waiting in the queue (it leaves the queue, and the key's next run goes)
+// and across a lost lease (the run whose process died goes again before
+// the key's later runs, as soon as its lease expires).
+func TestQueueKeyOrderSurvivesTerminateAndALostLease(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := enginetest.NewDB(t)
+	wf := engine.Define("ordered", func(ctx *engine.Context, in keyed) (int, error) {
+		return engine.Step(ctx, "work", func(context.Context) (int, error) { return in.N, nil }, nil)
+	}, &engine.WorkflowOpts{Queue: "orderq"})
+	e := queueEngine(t, db, nil, map[string]engine.QueueOpts{"orderq": {KeyConcurrency: 1}}, wf)
+	require.NoError(t, e.PauseQueue(ctx, "orderq", nil))
+	var ids []uuid.UUID
+	for i := range 3 {
+		res, err := wf.Start(ctx, e, keyed{N: i}, &engine.StartOpts{QueueKey: "k"})
+		require.NoError(t, err)
+		ids = append(ids, res.RunID)
+	}
+	a, b, c := ids[0], ids[1], ids[2]
+	require.NoError(t, e.Terminate(ctx, b, &engine.TerminateOpts{Reason: "not needed"}))
+	// a as a process that died while running it leaves it: leased, the
+	// lease expired, not ready.
+	_, err := db.Pool.Exec(ctx, `UPDATE pgdurable.workflow_runs SET owner_token = gen_random_uuid(),
+		lease_expires_at = now() - interval '1 second', ready_at = NULL, status = 'running', deliveries = 1 WHERE run_id = $1`, a)
+	require.NoError(t, err)
+	require.NoError(t, e.ResumeQueue(ctx, "orderq", "test"))
+	waitStatus(t, e, a, engine.StatusCompleted, 10*time.Second)
+	waitStatus(t, e, c, engine.StatusCompleted, 10*time.Second)
+	run, err := e.GetRun(ctx, b)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusTerminated, run.Status)
+	require.Empty(t, run.WaitingFor, "a terminated run waits for nothing")
+	var aDone, cStarted time.Time
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT (SELECT completed_at FROM pgdurable.workflow_steps WHERE run_id = $1),
+		(SELECT started_at FROM pgdurable.workflow_steps WHERE run_id = $2)`, a, c).Scan(&aDone, &cStarted))
+	require.False(t, cStarted.Before(aDone), "c started at %s, before a, started first, completed at %s", cStarted, aDone)
+	queues, err := e.ListQueues(ctx)
+	require.NoError(t, err)
+	require.Zero(t, queues[0].Ready, "nothing is left ready")
 }

@@ -76,7 +76,7 @@ type StartOpts struct {
 	// QueueOpts.PriorityAging for how long a low priority can wait.
 	Priority int
 	// KeyWeight is the share of the queue the run's key gets against
-	// other keys when both have runs waiting (0 < weight <= MaxKeyWeight;
+	// other keys when both have runs waiting (MinKeyWeight to MaxKeyWeight;
 	// default 1): a key of weight 2 starts two runs for each one of a key
 	// of weight 1. Keys are served by start-time fair queuing: a key that
 	// queued 10,000 runs does not delay a key that queues one by more than

@@ -219,7 +219,7 @@ SELECT run_id, woken FROM upd WHERE (SELECT count(*) FROM notified) >= 0`)
 var endCancelledUnstarted = named(`
 WITH upd AS (
     UPDATE pgdurable.workflow_runs SET status = 'cancelled', error = @error::jsonb, completed_at = @now,
-        deadline_at = NULL, held_until = NULL, wake_at = NULL, await_signal = NULL
+        deadline_at = NULL, held_until = NULL, wake_at = NULL, await_signal = NULL, ready_at = NULL
     WHERE run_id = @run_id AND cancel_requested_at IS NOT NULL
       AND deliveries = 0 AND owner_token IS NULL AND status = 'pending'
     RETURNING run_id, watched AS notify

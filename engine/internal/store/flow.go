@@ -156,7 +156,7 @@ func insertFlowBatch(ctx context.Context, db DBTX, runs []NewRun) (map[uuid.UUID
 // run that wakes goes ahead of the runs started after it; a delayed start,
 // ready for the first time, takes one as insertFlowRunsStmt gives it.
 var markReady = named(`
-UPDATE pgdurable.workflow_runs r SET ready_at = @now,
+UPDATE pgdurable.workflow_runs r SET ready_at = @now, owner_token = NULL, lease_expires_at = NULL,
     fair_tag = coalesce(r.fair_tag,
         greatest(coalesce((SELECT q.vtime FROM pgdurable.queues q WHERE q.name = r.flow_queue), 0),
                  coalesce((SELECT max(o.fair_tag) FROM pgdurable.workflow_runs o
@@ -258,6 +258,19 @@ SELECT concurrency, key_concurrency, rate_limit, rate_period_ms, rate_burst, key
 FROM pgdurable.queues WHERE name = $1 FOR UPDATE`
 
 // runningByKey counts the runs of a queue that hold a live lease, by key.
+// readyExpired makes the queue's runs whose lease expired (their process
+// died, or stalled past its lease) ready again, under the queue's lock,
+// before the admission reads its candidates. The lease is ended too: the
+// process that held it, if it still lives, finds it lost at its next
+// write, so a ready run is never also a leased one. Each keeps its fair-queuing
+// tag, so it goes ahead of the runs of its key started after it. Without
+// this the slot its expiry frees went to the next run of its key, since
+// the run itself became ready only when the lease sweep found it.
+const readyExpired = `
+UPDATE pgdurable.workflow_runs SET ready_at = $2, owner_token = NULL, lease_expires_at = NULL
+WHERE flow_queue = $1 AND owner_token IS NOT NULL AND lease_expires_at < $2 AND ready_at IS NULL
+  AND status IN ('pending', 'running', 'waiting', 'compensating')`
+
 const runningByKey = `
 SELECT flow_key, count(*) FROM pgdurable.workflow_runs
 WHERE flow_queue = $1 AND owner_token IS NOT NULL AND lease_expires_at >= $2
@@ -295,6 +308,7 @@ type ReadParams struct {
 // given, and not of a key at its concurrency limit (counted, as in
 // runningByKey, once the queue's row is locked).
 const candidateFilter = `r.flow_queue = @queue AND r.ready_at IS NOT NULL
+  AND r.status IN ('pending', 'running', 'waiting', 'compensating')
   AND r.flow_key NOT IN (SELECT s.flow_key FROM pgdurable.workflow_runs s
                          WHERE s.flow_queue = @queue AND s.owner_token IS NOT NULL AND s.lease_expires_at >= @now
                          GROUP BY s.flow_key
@@ -344,6 +358,7 @@ func AdmitRead(ctx context.Context, db DBTX, p ReadParams) (*AdmitView, error) {
 	b.Queue(`BEGIN`)
 	b.Queue(admissionSettings)
 	b.Queue(lockQueue, p.Queue)
+	b.Queue(readyExpired, p.Queue, p.Now)
 	b.Queue(runningByKey, p.Queue, p.Now)
 	agedCandidates.queue(b, args)
 	freshCandidates.queue(b, args)
@@ -366,6 +381,9 @@ func AdmitRead(ctx context.Context, db DBTX, p ReadParams) (*AdmitView, error) {
 	}
 	s.Def.Rate.Period, s.Def.KeyRate.Period = time.Duration(ratePeriod)*time.Millisecond, time.Duration(keyRatePeriod)*time.Millisecond
 	s.Def.PriorityAging = time.Duration(aging) * time.Millisecond
+	if _, err := br.Exec(); err != nil {
+		return fail("making the runs whose lease expired ready", err)
+	}
 	rows, err := br.Query()
 	if err != nil {
 		return fail("counting the running runs", err)

@@ -1032,7 +1032,7 @@ const runParent = `SELECT parent_run_id, parent_seq, status, workflow_name FROM 
 var terminateRun = named(`
 WITH run AS (
     UPDATE pgdurable.workflow_runs SET status = 'terminated', error = @error::jsonb, owner_token = NULL, lease_expires_at = NULL,
-        completed_at = now(), wake_at = NULL, deadline_at = NULL, await_signal = NULL, held_until = NULL
+        completed_at = now(), wake_at = NULL, deadline_at = NULL, await_signal = NULL, held_until = NULL, ready_at = NULL
     WHERE run_id = @run_id AND status IN ('pending', 'running', 'waiting', 'compensating', 'dead')
     RETURNING run_id, watched AS notify
 ), job AS (
