@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -352,7 +351,7 @@ func queueOf(wf registered, input []byte, opts *StartOpts) (store.NewRun, error)
 			return r, fmt.Errorf("%w: StartOpts.Priority %d is not between %d and %d", ErrInvalidArgument, opts.Priority, MinPriority, MaxPriority)
 		case opts.KeyWeight != 0 && !(opts.KeyWeight >= MinKeyWeight && opts.KeyWeight <= MaxKeyWeight):
 			return r, fmt.Errorf("%w: StartOpts.KeyWeight (key_weight) %g is not between %g and %d", ErrInvalidArgument, opts.KeyWeight, MinKeyWeight, MaxKeyWeight)
-		case len(opts.DeduplicationID) > MaxDeduplicationIDBytes || !utf8.ValidString(opts.DeduplicationID) || strings.ContainsRune(opts.DeduplicationID, 0):
+		case !storable(opts.DeduplicationID, MaxDeduplicationIDBytes):
 			return r, fmt.Errorf("%w: StartOpts.DeduplicationID (deduplication_id) is over %d bytes, not UTF-8 or holds a NUL", ErrInvalidArgument, MaxDeduplicationIDBytes)
 		}
 		r.Priority, r.DedupID = opts.Priority, opts.DeduplicationID
@@ -364,7 +363,7 @@ func queueOf(wf registered, input []byte, opts *StartOpts) (store.NewRun, error)
 }
 
 func checkQueueKey(key string) error {
-	if len(key) > MaxQueueKeyBytes || !utf8.ValidString(key) || strings.ContainsRune(key, 0) {
+	if !storable(key, MaxQueueKeyBytes) {
 		return fmt.Errorf("%w: queue key %q is over %d bytes, not UTF-8 or holds a NUL", ErrInvalidArgument, truncateText(key, 64), MaxQueueKeyBytes)
 	}
 	return nil
@@ -553,8 +552,7 @@ func (e *Engine) PauseQueue(ctx context.Context, queue string, opts *PauseOpts) 
 	if opts != nil {
 		o = *opts
 	}
-	if len(o.By) > 400 || len(o.Reason) > 400 || !utf8.ValidString(o.By) || !utf8.ValidString(o.Reason) ||
-		strings.ContainsRune(o.By, 0) || strings.ContainsRune(o.Reason, 0) {
+	if !storable(o.By, 400) || !storable(o.Reason, 400) {
 		return fmt.Errorf("%w: PauseOpts.By and Reason must be UTF-8 of at most 400 bytes without NUL", ErrInvalidArgument)
 	}
 	if err := checkName("queue name", queue, 200); err != nil {
@@ -685,7 +683,7 @@ const MaxDebounceKeyBytes = 400
 // apply checks d for a start with opts at now and sets r's debounce.
 func (d *Debounce) apply(r *store.NewRun, opts *StartOpts, now time.Time) error {
 	switch {
-	case d.Key == "" || len(d.Key) > MaxDebounceKeyBytes || !utf8.ValidString(d.Key) || strings.ContainsRune(d.Key, 0):
+	case d.Key == "" || !storable(d.Key, MaxDebounceKeyBytes):
 		return fmt.Errorf("%w: Debounce.Key must be 1 to %d bytes of UTF-8 without NUL", ErrInvalidArgument, MaxDebounceKeyBytes)
 	case d.Window <= 0:
 		return fmt.Errorf("%w: Debounce.Window %s must be above 0", ErrInvalidArgument, d.Window)

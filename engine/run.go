@@ -925,6 +925,12 @@ func checkFilter(what, v string) error {
 	return nil
 }
 
+// storable reports whether PostgreSQL can store s as text of at most max
+// bytes: valid UTF-8 without NUL (text refuses both).
+func storable(s string, max int) bool {
+	return len(s) <= max && utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+}
+
 // checkPrefix validates a prefix filter: a prefix of a stored name may
 // end in white space or stop short of a name's end, so only what no
 // stored name can hold is refused (over max bytes, invalid UTF-8, NUL).

@@ -151,8 +151,8 @@ func insertFlowBatch(ctx context.Context, db DBTX, runs []NewRun) (map[uuid.UUID
 }
 
 // markReady makes a run of a flow-controlled queue ready, as a ticket for
-// it would have claimed it: open, no live lease, not waiting for a later
-// time. A run that has a fair-queuing tag (it ran before) keeps it, so a
+// it would have claimed it: open, no live lease (an expired one is ended,
+// as readyExpired does), not waiting for a later time. A run that has a fair-queuing tag (it ran before) keeps it, so a
 // run that wakes goes ahead of the runs started after it; a delayed start,
 // ready for the first time, takes one as insertFlowRunsStmt gives it.
 var markReady = named(`
@@ -257,7 +257,6 @@ SELECT concurrency, key_concurrency, rate_limit, rate_period_ms, rate_burst, key
        key_rate_burst, priority_aging_ms, paused_at IS NOT NULL, vtime, rate_tat
 FROM pgdurable.queues WHERE name = $1 FOR UPDATE`
 
-// runningByKey counts the runs of a queue that hold a live lease, by key.
 // readyExpired makes the queue's runs whose lease expired (their process
 // died, or stalled past its lease) ready again, under the queue's lock,
 // before the admission reads its candidates. The lease is ended too: the
@@ -271,6 +270,7 @@ UPDATE pgdurable.workflow_runs SET ready_at = $2, owner_token = NULL, lease_expi
 WHERE flow_queue = $1 AND owner_token IS NOT NULL AND lease_expires_at < $2 AND ready_at IS NULL
   AND status IN ('pending', 'running', 'waiting', 'compensating')`
 
+// runningByKey counts the runs of a queue that hold a live lease, by key.
 const runningByKey = `
 SELECT flow_key, count(*) FROM pgdurable.workflow_runs
 WHERE flow_queue = $1 AND owner_token IS NOT NULL AND lease_expires_at >= $2
