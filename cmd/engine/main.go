@@ -19,7 +19,7 @@ import (
 )
 
 func main() {
-	opts := commands.Options{Migrate: payment.Migrate, Commands: paymentcmd.Commands(), BenchRows: []commands.BenchRow{paymentcmd.BenchRow},
+	opts := commands.Options{Migrate: payment.Migrate, Commands: paymentcmd.Commands(), BenchRows: []commands.BenchRow{paymentcmd.BenchRow, paymentcmd.BenchRowManySKUs},
 		Dev: paymentcmd.Dev, DevHelp: paymentcmd.DevHelp}
 	if os.Getenv("STRIPE_API_KEY") != "" {
 		gw, err := payment.NewGateway(payment.GatewayConfig{}, os.Getenv)

@@ -106,7 +106,7 @@ one-at-a-time latency, the cost of replaying 1,000 recorded steps, ` + g.benchRo
 			return nil
 		},
 	}
-	cmd.Flags().IntVar(&opts.Workflows, "workflows", 2000, "workflows (and reference jobs) per throughput row")
+	cmd.Flags().IntVar(&opts.Workflows, "workflows", 10000, "workflows (and reference jobs) per throughput row; each row's rate is its steady state's")
 	cmd.Flags().IntVar(&opts.LatencySamples, "latency-samples", 200, "one-at-a-time starts for the latency rows")
 	cmd.Flags().IntVar(&opts.WaitingRuns, "waiting-runs", 10000, "runs asleep at once for the memory row")
 	cmd.Flags().BoolVar(&scale, "scale", false, "also measure 1, 2 and 4 engine processes on the database, each starting and working its share of --workflows runs")

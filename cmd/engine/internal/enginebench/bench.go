@@ -21,13 +21,16 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdurable/pgdurable/cmd/engine/internal/enginebench/internal/riverref"
+	"github.com/pgdurable/pgdurable/cmd/engine/internal/steady"
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/internal/roundtrips"
 )
 
 // Options sizes the benchmark.
 type Options struct {
-	// Workflows per throughput row; default 2000.
+	// Workflows per throughput row; default 10,000. Each row's rate is
+	// its steady state's (the completions between the first and the last
+	// tenth), so rows over a second or more move by a few percent.
 	Workflows int
 	// LatencySamples for the one-at-a-time latency rows; default 200.
 	LatencySamples int
@@ -65,7 +68,7 @@ func (r *Report) add(opts Options, name string, value float64, unit, note string
 // Run measures against the database behind url, which must be migrated.
 func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 	if opts.Workflows <= 0 {
-		opts.Workflows = 2000
+		opts.Workflows = 10000
 	}
 	if opts.LatencySamples <= 0 {
 		opts.LatencySamples = 200
@@ -91,30 +94,30 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 
 	// The references: River alone, with the engine's queue settings.
 	qcfg := riverref.Config{Schema: engine.DefaultSchema, MaxWorkers: 100, FetchCooldown: 2 * time.Millisecond, FetchPollInterval: 50 * time.Millisecond, Logger: quiet}
+	settle(ctx, pool)
 	noop, err := riverref.RunReference(ctx, pool, qcfg, "noop", n)
 	if err != nil {
 		return nil, err
 	}
-	rep.add(opts, "river no-op jobs", float64(n)/noop.Elapsed.Seconds(), "jobs/s", "reference")
-	wal0, err := walBytes(ctx, pool)
+	rep.add(opts, "river no-op jobs", noop.Rate(), "jobs/s", "reference")
+	var three *riverref.ReferenceResult
+	threeCost, err := measured(ctx, pool, rt, url, n, func() (err error) {
+		three, err = riverref.RunReference(ctx, pool, qcfg, "three_tx", n)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
-	three, err := riverref.RunReference(ctx, pool, qcfg, "three_tx", n)
-	if err != nil {
-		return nil, err
-	}
-	wal1, err := walBytes(ctx, pool)
-	if err != nil {
-		return nil, err
-	}
+	settle(ctx, pool)
 	ten, err := riverref.RunReference(ctx, pool, qcfg, "ten_tx", n)
 	if err != nil {
 		return nil, err
 	}
-	threeRate, tenRate := float64(n)/three.Elapsed.Seconds(), float64(n)/ten.Elapsed.Seconds()
+	threeRate, tenRate := three.Rate(), ten.Rate()
 	rep.add(opts, "river 3 rows in 3 transactions per job", threeRate, "jobs/s", "reference: a 3-step workflow by hand")
-	rep.add(opts, "river 3 rows in 3 transactions: WAL", float64(wal1-wal0)/float64(n), "bytes/job", "pg_current_wal_lsn delta")
+	rep.add(opts, "river 3 rows in 3 transactions: commits", threeCost.commits, "commits/job", "pg_stat_database xact_commit delta")
+	rep.add(opts, "river 3 rows in 3 transactions: round trips", threeCost.roundTrips, "round trips/job", "")
+	rep.add(opts, "river 3 rows in 3 transactions: WAL", threeCost.walBytes, "bytes/job", "pg_current_wal_lsn delta")
 	rep.add(opts, "river 10 rows in 10 transactions per job", tenRate, "jobs/s", "reference: a 10-step workflow by hand")
 
 	var rt3 float64
@@ -145,6 +148,17 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 		rep.add(opts, name+": WAL", res.walBytes, "bytes/workflow", "pg_current_wal_lsn delta")
 		if steps == 3 {
 			rt3 = res.roundTrips
+			// Exactly-once writes: 3 tx steps, each inserting one row, the
+			// River reference's very work.
+			tx, err := throughput(ctx, pool, rt, url, steps, n, txSteps, quiet)
+			if err != nil {
+				return nil, err
+			}
+			rep.add(opts, "3 tx steps inserting a row each, start included", tx.perSec, "workflows/s", "each row committed with its step's record")
+			rep.add(opts, "3 tx steps / hand-written River", tx.perSec/threeRate, "ratio", "target >= 1.0")
+			rep.add(opts, "3 tx steps: commits", tx.commits, "commits/workflow", "pg_stat_database xact_commit delta")
+			rep.add(opts, "3 tx steps: round trips", tx.roundTrips, "round trips/workflow", "")
+			rep.add(opts, "3 tx steps: WAL", tx.walBytes, "bytes/workflow", "pg_current_wal_lsn delta")
 			// Safe deploys on the hot path: the same workflow as version 2
 			// beside version 1, then also behind a patch, against the
 			// plain row just measured.
@@ -196,6 +210,9 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 	rep.add(opts, "start to first step, p99", pct(lat.first, 0.99), "ms", "")
 	rep.add(opts, "start to completion (3 steps), p50", pct(lat.done, 0.5), "ms", "target < 1.5")
 	rep.add(opts, "start to completion (3 steps), p99", pct(lat.done, 0.99), "ms", "target < 10")
+	rep.add(opts, "start to completion (3 tx steps), p50", pct(lat.txDone, 0.5), "ms", "one at a time; each tx step's commit is a durable write")
+	rep.add(opts, "start to completion (3 tx steps), p99", pct(lat.txDone, 0.99), "ms", "")
+	rep.add(opts, "3 tx steps one at a time: round trips", lat.txRoundTrips, "round trips/workflow", "start included")
 
 	claim, replay, perStep, err := replayCost(ctx, pool, rt, quiet)
 	if err != nil {
@@ -247,6 +264,59 @@ func queuedNoop(name string, steps int, done *atomic.Int64, stepOne chan<- time.
 	}, opts)
 }
 
+// txWorkflow is a workflow of steps tx steps, each inserting one row in
+// its transaction: the same work as the River reference's jobs, with each
+// row written exactly once.
+func txWorkflow(name string, steps int, done *atomic.Int64, stepOne chan<- time.Time, opts *engine.WorkflowOpts) *engine.Workflow[int, int] {
+	return engine.Define(name, func(ctx *engine.Context, in int) (int, error) {
+		for i := range steps {
+			if _, err := engine.TxStep(ctx, fmt.Sprint("s", i), func(sctx context.Context, tx pgx.Tx) (int, error) {
+				if i == 0 && stepOne != nil {
+					stepOne <- time.Now()
+				}
+				_, err := tx.Exec(sctx, `INSERT INTO pgdurable_bench_rows (job_id, step) VALUES ($1, $2)`, in, i)
+				return i, err
+			}, nil); err != nil {
+				return 0, err
+			}
+		}
+		done.Add(1)
+		return in, nil
+	}, opts)
+}
+
+// measured runs fn, a workload of n units, and returns what it cost per
+// unit: commits, round trips on pool and WAL (perSec is left to fn's own
+// clock).
+func measured(ctx context.Context, pool *pgxpool.Pool, rt *roundtrips.Counter, url string, n int, fn func() error) (*throughputResult, error) {
+	settle(ctx, pool)
+	commits0, err := xactCommits(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	wal0, err := walBytes(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	rt0 := rt.Count()
+	if err := fn(); err != nil {
+		return nil, err
+	}
+	used := rt.Count() - rt0
+	wal1, err := walBytes(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	pool.Reset()
+	time.Sleep(300 * time.Millisecond)
+	commits1, err := xactCommits(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	return &throughputResult{commits: float64(commits1-commits0) / float64(n), roundTrips: float64(used) / float64(n),
+		walBytes: float64(wal1-wal0) / float64(n)}, nil
+}
+
 // The variants of the throughput rows: a plain workflow; the same as
 // version 2 registered beside version 1 (runs pinned to their version);
 // and that version 2 with a Patched call before its steps.
@@ -259,6 +329,8 @@ const (
 	patched
 	limited
 	keyed
+	// txSteps runs tx steps that each insert a row instead of no-op steps.
+	txSteps
 )
 
 // throughput runs n runs of a no-op workflow of steps steps, as variant
@@ -281,6 +353,10 @@ func throughput(ctx context.Context, pool *pgxpool.Pool, rt *roundtrips.Counter,
 		if variant == keyed {
 			startOpts = func(i int) *engine.StartOpts { return &engine.StartOpts{QueueKey: strconv.Itoa(i % 1000)} }
 		}
+	case txSteps:
+		name, queue = fmt.Sprintf("bench-%d-tx-steps", steps), fmt.Sprintf("bench_%d_tx", steps)
+		wf = txWorkflow(name, steps, &done, nil, nil)
+		regs = []engine.Registration{wf}
 	}
 	e, err := engine.New(pool, &engine.Config{Logger: log, Queue: queue})
 	if err != nil {
@@ -298,10 +374,7 @@ func throughput(ctx context.Context, pool *pgxpool.Pool, rt *roundtrips.Counter,
 	if err != nil {
 		return nil, err
 	}
-	// Earlier rows' backends flush their statistics when they end: end them
-	// now, so their commits are not counted here.
-	pool.Reset()
-	time.Sleep(300 * time.Millisecond)
+	settle(ctx, pool)
 	commits0, err := xactCommits(ctx, url)
 	if err != nil {
 		return nil, err
@@ -314,14 +387,10 @@ func throughput(ctx context.Context, pool *pgxpool.Pool, rt *roundtrips.Counter,
 		return nil, err
 	}
 	rt0 := rt.Count()
-	start := time.Now()
-	if err := startManyWith(ctx, e, wf, n, 1, startOpts); err != nil {
+	timed, err := steady.While(ctx, &done, n, func() error { return startManyWith(ctx, e, wf, n, 1, startOpts) })
+	if err != nil {
 		return nil, err
 	}
-	for done.Load() < int64(n) {
-		time.Sleep(time.Millisecond)
-	}
-	elapsed := time.Since(start)
 	used := rt.Count() - rt0
 	wal1, err := walBytes(ctx, pool)
 	if err != nil {
@@ -340,8 +409,20 @@ func throughput(ctx context.Context, pool *pgxpool.Pool, rt *roundtrips.Counter,
 	if err != nil {
 		return nil, err
 	}
-	return &throughputResult{perSec: float64(n) / elapsed.Seconds(), commits: float64(commits1-commits0) / float64(n),
+	return &throughputResult{perSec: timed.Rate(), commits: float64(commits1-commits0) / float64(n),
 		roundTrips: float64(used) / float64(n), walBytes: float64(wal1-wal0) / float64(n)}, nil
+}
+
+// settle readies the database for the next row: a checkpoint, so that
+// no row pays for writing out another's pages or for the first
+// full-page images after a timed checkpoint (best effort: it needs a
+// superuser or pg_checkpoint), and a fresh pool, since earlier rows'
+// backends flush their statistics only when they end and their commits
+// must not be counted in this row.
+func settle(ctx context.Context, pool *pgxpool.Pool) {
+	_, _ = pool.Exec(ctx, "CHECKPOINT")
+	pool.Reset()
+	time.Sleep(300 * time.Millisecond)
 }
 
 // walBytes reads the WAL insert position: the delta over a workload is the
@@ -369,6 +450,10 @@ func xactCommits(ctx context.Context, url string) (int64, error) {
 // step's body, and start to the committed completion.
 type latencies struct {
 	commit, start, first, done []time.Duration
+	// txDone is start to committed completion of the 3-tx-step workflow,
+	// and txRoundTrips its round trips.
+	txDone       []time.Duration
+	txRoundTrips float64
 	// perStep is the round trips a new step adds to a run alone.
 	perStep float64
 }
@@ -388,7 +473,8 @@ func latency(ctx context.Context, pool *pgxpool.Pool, rt *roundtrips.Counter, sa
 	ended := make(chan time.Time, 1)
 	wf := noopWorkflow("bench-latency", 3, &finished, stepOne)
 	wf10 := noopWorkflow("bench-latency-10", 10, &finished, nil)
-	e, stop, err := startEngine(ctx, pool, &engine.Config{Logger: log, Queue: "bench_latency", Observer: endObserver{ended: ended}}, wf, wf10)
+	wfTx := txWorkflow("bench-latency-tx", 3, &finished, nil, nil)
+	e, stop, err := startEngine(ctx, pool, &engine.Config{Logger: log, Queue: "bench_latency", Observer: endObserver{ended: ended}}, wf, wf10, wfTx)
 	if err != nil {
 		return nil, err
 	}
@@ -422,6 +508,15 @@ func latency(ctx context.Context, pool *pgxpool.Pool, rt *roundtrips.Counter, sa
 		<-ended
 	}
 	l.perStep = (float64(rt.Count()-rt0)/float64(samples) - per3) / 7
+	rt0 = rt.Count()
+	for i := range samples {
+		start := time.Now()
+		if _, err := wfTx.Start(ctx, e, i, nil); err != nil {
+			return nil, err
+		}
+		l.txDone = append(l.txDone, (<-ended).Sub(start))
+	}
+	l.txRoundTrips = float64(rt.Count()-rt0) / float64(samples)
 	return l, nil
 }
 

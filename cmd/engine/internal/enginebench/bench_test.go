@@ -26,7 +26,9 @@ func TestBenchReportsEveryRow(t *testing.T) {
 	}
 	for _, name := range []string{"river no-op jobs", "river 3 rows in 3 transactions per job", "3-step no-op workflow, start included",
 		"3-step workflow / hand-written River", "round trips per new step", "start to completion (3 steps), p50",
-		"replay 1,000 recorded steps: claim + load", "round trips per replayed step"} {
+		"replay 1,000 recorded steps: claim + load", "round trips per replayed step",
+		"3 tx steps inserting a row each, start included", "3 tx steps / hand-written River", "3 tx steps: commits",
+		"start to completion (3 tx steps), p50", "river 3 rows in 3 transactions: round trips"} {
 		require.Contains(t, byName, name)
 	}
 	require.Positive(t, byName["3-step no-op workflow, start included"].Value)
@@ -34,6 +36,12 @@ func TestBenchReportsEveryRow(t *testing.T) {
 	// Background sweeps share the pool: allow a stray round trip or two.
 	require.Less(t, byName["round trips per replayed step"].Value, 0.01)
 	require.Positive(t, byName["RSS with 200 waiting runs"].Value)
+	require.Positive(t, byName["3 tx steps inserting a row each, start included"].Value)
+	// Each tx step commits (with its record); the start and end share
+	// group commits, and a small row carries the engine's own start and
+	// stop.
+	require.GreaterOrEqual(t, byName["3 tx steps: commits"].Value, 3.0)
+	require.Less(t, byName["3 tx steps: commits"].Value, 6.0)
 	require.Positive(t, byName["pinned v2 / plain 3-step workflow"].Value)
 	require.Positive(t, byName["patched v2 / plain 3-step workflow"].Value)
 	require.Positive(t, byName["3-step workflow as v2 beside v1, patched, start included"].Value)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdurable/pgdurable/cmd/engine/commands"
+	"github.com/pgdurable/pgdurable/cmd/engine/internal/steady"
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/examples/payment"
 	"github.com/pgdurable/pgdurable/examples/payment/fakegateway"
@@ -23,11 +24,31 @@ import (
 // bench's database (it adds the example's tables and seeds its
 // inventory), with max(workflows/4, 10) runs started from 8 goroutines on
 // queue bench_payment, in workflows/s from the first start to the commit
-// of the last run's end. It lives here, not in the bench, because the
-// engine must not import the example.
+// of the last run's end. Every order reserves the same SKU, so the row
+// measures that row's lock as much as the engine; BenchRowManySKUs
+// spreads them. It lives here, not in the bench, because the engine must
+// not import the example.
 func BenchRow(ctx context.Context, url string, workflows int) (commands.BenchResult, error) {
+	return benchPayment(ctx, url, workflows, 1)
+}
+
+// BenchSKUs is how many SKUs BenchRowManySKUs spreads its orders over.
+const BenchSKUs = 1000
+
+// BenchRowManySKUs is BenchRow with order i reserving SKU i mod BenchSKUs
+// (seeded as sku_bench_0 and on): orders seldom wait for one another's
+// inventory row, as in a shop with a catalog.
+func BenchRowManySKUs(ctx context.Context, url string, workflows int) (commands.BenchResult, error) {
+	return benchPayment(ctx, url, workflows, BenchSKUs)
+}
+
+// benchPayment measures the payment row with orders over skus SKUs.
+func benchPayment(ctx context.Context, url string, workflows, skus int) (commands.BenchResult, error) {
 	n := max(workflows/4, 10)
 	row := commands.BenchResult{Name: "payment workflow, fake gateway without faults", Unit: "workflows/s"}
+	if skus > 1 {
+		row.Name = fmt.Sprintf("payment workflow over %s SKUs, fake gateway without faults", thousands(skus))
+	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return row, err
@@ -43,6 +64,13 @@ func BenchRow(ctx context.Context, url string, workflows int) (commands.BenchRes
 	}
 	if err := payment.Seed(ctx, pool); err != nil {
 		return row, err
+	}
+	if skus > 1 {
+		if _, err := pool.Exec(ctx, `INSERT INTO payment_inventory (sku, stock)
+			SELECT 'sku_bench_' || g, 1000000 FROM generate_series(0, $1::int - 1) g
+			ON CONFLICT (sku) DO UPDATE SET stock = excluded.stock, reserved = 0`, skus); err != nil {
+			return row, fmt.Errorf("seeding the bench's SKUs: %w", err)
+		}
 	}
 	gwURL, stop, err := serveLoopback(fakegateway.New(fakegateway.Faults{}))
 	if err != nil {
@@ -75,35 +103,55 @@ func BenchRow(ctx context.Context, url string, workflows int) (commands.BenchRes
 		_ = e.Stop(sctx)
 	}()
 	tag := "bench" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	start := time.Now()
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	var firstErr atomic.Pointer[error]
+	var runIDs []uuid.UUID
+	timed, err := steady.While(ctx, &ends.count, n, func() (err error) {
+		runIDs, err = startAll(n, func(i int) (uuid.UUID, error) {
+			sku := "sku_mug"
+			if skus > 1 {
+				sku = fmt.Sprintf("sku_bench_%d", i%skus)
+			}
+			o := payment.Order{OrderID: fmt.Sprintf("%s_%d", tag, i), CustomerID: fmt.Sprintf("cus_bench_%d", i%100), Amount: 1000, Currency: "usd",
+				PaymentMethod: "pm_card_visa", Items: []payment.Item{{SKU: sku, Qty: 1}}}
+			res, err := wf.Start(ctx, e, o, &engine.StartOpts{WorkflowID: o.OrderID})
+			return res.RunID, err
+		})
+		return err
+	})
+	if err != nil {
+		return row, err
+	}
+	if err := ends.wait(ctx, runIDs); err != nil {
+		return row, err
+	}
+	row.Value = timed.Rate()
+	row.Note = fmt.Sprintf("%d runs: validate, fraud check, 3 tx steps, 2 HTTP activities", n)
+	return row, nil
+}
+
+// startAll calls start(i) for i in 1..n from 8 goroutines and returns
+// the run IDs in order, or the first error.
+func startAll(n int, start func(i int) (uuid.UUID, error)) ([]uuid.UUID, error) {
 	runIDs := make([]uuid.UUID, n)
+	var next atomic.Int64
+	var firstErr atomic.Pointer[error]
+	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
-			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
-				o := payment.Order{OrderID: fmt.Sprintf("%s_%d", tag, i), CustomerID: fmt.Sprintf("cus_bench_%d", i%100), Amount: 1000, Currency: "usd",
-					PaymentMethod: "pm_card_visa", Items: []payment.Item{{SKU: "sku_mug", Qty: 1}}}
-				res, err := wf.Start(ctx, e, o, &engine.StartOpts{WorkflowID: o.OrderID})
+			for i := next.Add(1); i <= int64(n) && firstErr.Load() == nil; i = next.Add(1) {
+				id, err := start(int(i))
 				if err != nil {
 					firstErr.Store(&err)
 					return
 				}
-				runIDs[i-1] = res.RunID
+				runIDs[i-1] = id
 			}
 		})
 	}
 	wg.Wait()
 	if p := firstErr.Load(); p != nil {
-		return row, *p
+		return nil, *p
 	}
-	if err := ends.wait(ctx, runIDs); err != nil {
-		return row, err
-	}
-	row.Value = float64(n) / time.Since(start).Seconds()
-	row.Note = fmt.Sprintf("%d runs: validate, fraud check, 2 tx steps, 2 HTTP activities", n)
-	return row, nil
+	return runIDs, nil
 }
 
 // runEnds is an engine.Observer that remembers the runs whose end this
@@ -112,6 +160,7 @@ func BenchRow(ctx context.Context, url string, workflows int) (commands.BenchRes
 // bench runs alone on its database), so every run of the row ends here.
 type runEnds struct {
 	engine.NopObserver
+	count  atomic.Int64 // runs ended
 	mu     sync.Mutex
 	ended  map[uuid.UUID]bool
 	notify chan struct{} // one token: some run ended since the last wait
@@ -121,6 +170,7 @@ func (o *runEnds) RunEnded(ev engine.RunEndedEvent) {
 	o.mu.Lock()
 	o.ended[ev.RunID] = true
 	o.mu.Unlock()
+	o.count.Add(1)
 	select {
 	case o.notify <- struct{}{}:
 	default:
@@ -146,4 +196,13 @@ func (o *runEnds) wait(ctx context.Context, runIDs []uuid.UUID) error {
 		case <-o.notify:
 		}
 	}
+}
+
+// thousands renders n with comma separators: 1000 -> "1,000".
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/pgdurable/pgdurable/cmd/engine/internal/steady"
 )
 
 type noopArgs struct{}
@@ -64,10 +66,11 @@ type Config struct {
 	Logger            *slog.Logger
 }
 
-// ReferenceResult is one reference workload's outcome.
+// ReferenceResult is one reference workload's outcome: its timing from
+// the insert on (steady.Result: Rate is the steady state's jobs/s).
 type ReferenceResult struct {
-	Jobs    int
-	Elapsed time.Duration
+	steady.Result
+	Jobs int
 }
 
 // RunReference inserts n jobs of kind "noop", "three_tx" or "ten_tx" (a
@@ -105,7 +108,6 @@ func RunReference(ctx context.Context, pool *pgxpool.Pool, cfg Config, kind stri
 		}
 		params[i] = river.InsertManyParams{Args: args, InsertOpts: &river.InsertOpts{Queue: queueName}}
 	}
-	start := time.Now()
 	if err := client.Start(ctx); err != nil {
 		return nil, err
 	}
@@ -115,15 +117,14 @@ func RunReference(ctx context.Context, pool *pgxpool.Pool, cfg Config, kind stri
 		_ = client.Stop(sctx)
 	}()
 	// River's best case: every job inserted with one InsertMany.
-	if _, err := client.InsertMany(ctx, params); err != nil {
-		return nil, fmt.Errorf("inserting reference jobs: %w", err)
-	}
-	for done.Load() < int64(n) {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(time.Millisecond):
+	r, err := steady.While(ctx, &done, n, func() error {
+		if _, err := client.InsertMany(ctx, params); err != nil {
+			return fmt.Errorf("inserting reference jobs: %w", err)
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	return &ReferenceResult{Jobs: n, Elapsed: time.Since(start)}, nil
+	return &ReferenceResult{Result: r, Jobs: n}, nil
 }
