@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pgdurable/pgdurable/engine/internal/steptx"
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
@@ -490,7 +491,9 @@ func (p RetryPolicy) backoff(attempt int) time.Duration {
 // The record's write is fenced by the run's lease: if another delivery took
 // the run over while fn ran, the transaction rolls back and this delivery
 // stops (ErrLeaseLost). fn must use tx for every write that belongs to the
-// step and must not commit or roll it back. Errors follow Step's rules:
+// step. The transaction commits with the record, or rolls back when fn
+// returns an error: tx.Commit and tx.Rollback return an error instead
+// (tx.Begin makes a savepoint, as pgx's does). Errors follow Step's rules:
 // fn's error rolls back and is retried unless Permanent; serialization
 // failures and deadlocks are transient.
 //
@@ -500,7 +503,10 @@ func (p RetryPolicy) backoff(attempt int) time.Duration {
 // activity's outcome among them, is written before fn starts, so a slow
 // transaction never holds it back.
 //
-// Cost: one transaction (BEGIN, fn's statements, the fenced record, COMMIT).
+// Cost: one transaction, in one round trip more than fn's statements take:
+// BEGIN travels with fn's first statement, and the fenced record with
+// COMMIT. The fence is a share lock on the run's row, so the record
+// leaves the row as it is (the heartbeat extends the lease).
 func TxStep[T any](ctx *Context, name string, fn func(ctx context.Context, tx pgx.Tx) (T, error), opts *StepOpts) (T, error) {
 	raw, err := ctx.d.runStep(&stepCall{name: name, kind: KindTx, opts: opts, tx: true, body: txBody(fn),
 		returnExhausted: opts != nil && opts.ReturnExhausted})
@@ -511,8 +517,13 @@ func TxStep[T any](ctx *Context, name string, fn func(ctx context.Context, tx pg
 // the lease: exactly once. It is the body of TxStep and GoTx alike; a
 // TxStep's transaction also commits the previous step's buffered record
 // (a.prev). fn runs in ctx (the attempt's context, which a cancellation
-// cancels); BEGIN and COMMIT run in the delivery's, so a cancellation
+// cancels); the record and COMMIT run in the delivery's, so a cancellation
 // never cuts a commit short.
+//
+// The transaction costs the round trips fn's statements take and one
+// more: BEGIN goes with fn's first statement, and the record with COMMIT
+// (steptx, store.CommitSteps). A record the fence refuses fails its
+// statement, so the COMMIT behind it never commits fn's writes alone.
 //
 // When the commit's outcome is unknown (its reply was lost with the
 // connection), the record decides: a completed record is never
@@ -523,11 +534,19 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 	return func(sctx context.Context, a *attemptState) ([]byte, error) {
 		d := a.d
 		var out []byte
-		var fnDone, already bool
+		var committing, already bool
 		prev := a.prev
-		sent := time.Now()
-		err := pgx.BeginFunc(d.ctx, d.e.pool, func(tx pgx.Tx) error {
+		conn, err := d.e.pool.Acquire(d.ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer conn.Release()
+		err = func() error {
+			tx := steptx.New(sctx, conn.Conn())
 			v, err := fn(sctx, tx)
+			if err == nil {
+				err = tx.Err() // a statement failed, and fn swallowed the error
+			}
 			if err != nil {
 				return err
 			}
@@ -548,31 +567,43 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			if prev != nil {
 				recs = []*store.StepRecord{prev, rec}
 			}
-			w, err := store.WriteSteps(d.ctx, d.e.on(tx), d.fence(), "", recs...)
-			written := w.Written
-			d.noteCancel(w.CancelRequested)
-			if err != nil {
-				return err
-			}
-			if written < len(recs) { // the previous record always writes: this one is recorded already
+			committing = true
+			w, err := store.CommitSteps(d.ctx, d.e.on(conn.Conn()), d.fence(), tx.Begun(), recs...)
+			if errors.Is(err, store.ErrStepsNotCommitted) {
+				rollback(d.ctx, conn.Conn())
+				owns, oerr := store.OwnsRun(d.ctx, d.e.db, d.fence())
+				switch {
+				case oerr != nil:
+					return &outcomeUnknownError{err: fmt.Errorf("tx step's record refused; reading the lease: %w", oerr)}
+				case !owns:
+					return store.ErrLeaseLost
+				}
+				// The previous record always writes: this one is recorded
+				// already, and what fn wrote rolled back.
 				already = true
-				return errAlreadyRecorded // roll this attempt's writes back
+				return errAlreadyRecorded
 			}
-			fnDone = true
-			return nil
-		})
+			if err == nil {
+				d.noteCancel(w.CancelRequested)
+			}
+			return err
+		}()
+		rollback(d.ctx, conn.Conn())
 		if err != nil && prev != nil {
 			prev.Fresh = false // its insert may have committed: upsert it from now on
 		}
 		switch {
 		case err == nil:
 			a.recorded = true
-			d.extendedAt(sent)
 			d.progressed.Store(true)
 			return out, nil
 		case errors.Is(err, store.ErrLeaseLost):
 			return nil, err
-		case already || fnDone:
+		case already || committing:
+			var unknown *outcomeUnknownError
+			if errors.As(err, &unknown) {
+				return nil, err
+			}
 			rec, gerr := store.GetStep(d.ctx, d.e.db, d.runID, a.seq)
 			switch {
 			case gerr == nil && rec.Status == store.StepCompleted:
@@ -587,6 +618,15 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			}
 		}
 		return nil, err
+	}
+}
+
+// rollback ends the transaction left open on conn, if any: one whose
+// function failed or whose record was refused. A connection it cannot
+// bring back outside a transaction is closed by the pool on release.
+func rollback(ctx context.Context, conn *pgx.Conn) {
+	if conn.PgConn().TxStatus() != 'I' && !conn.PgConn().IsBusy() {
+		_, _ = conn.Exec(ctx, "rollback")
 	}
 }
 

@@ -186,3 +186,82 @@ func TestTxStepCommitsThePreviousRecordWithItsOwn(t *testing.T) {
 	}
 	require.EqualValues(t, 2, before.Load())
 }
+
+// A tx step whose connection is killed between its statement and its
+// commit rolls back, and its retry writes the row once.
+func TestTxStepSurvivesItsConnectionKilledMidTransaction(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	inTx := make(chan struct{})
+	release := make(chan struct{})
+	wf := engine.Define("tx-killed-conn", func(ctx *engine.Context, in int) (int64, error) {
+		return engine.TxStep(ctx, "reserve", func(sctx context.Context, tx pgx.Tx) (int64, error) {
+			n := calls.Add(1)
+			if _, err := tx.Exec(sctx, `INSERT INTO reservations VALUES ($1, 'killed-conn')`, ctx.RunID()); err != nil {
+				return 0, err
+			}
+			if n == 1 {
+				close(inTx)
+				<-release // its backend is terminated meanwhile
+			}
+			return n, nil
+		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: 10 * time.Millisecond}})
+	}, nil)
+	b := setup(t, nil, wf)
+	createReservations(t, b)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 1, nil)
+	require.NoError(t, err)
+	<-inTx
+	var killed int
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND state LIKE 'idle in transaction%' AND query LIKE '%killed-conn%'`).Scan(&killed))
+	require.Equal(t, 1, killed)
+	close(release)
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, out, "the second attempt committed")
+	require.Len(t, reservations(t, b, res.RunID), 1)
+}
+
+// A tx step's function cannot commit or roll back the step's transaction
+// (a commit without the record would take effect again on the retry):
+// Commit fails, and the transaction commits once, with the record.
+func TestTxStepFunctionCannotCommit(t *testing.T) {
+	t.Parallel()
+	var commitErr, rollbackErr atomic.Pointer[error]
+	wf := engine.Define("tx-own-commit", func(ctx *engine.Context, in int) (int, error) {
+		return engine.TxStep(ctx, "reserve", func(sctx context.Context, tx pgx.Tx) (int, error) {
+			var n int
+			// A first statement that returns rows, read to the end without Close.
+			rows, err := tx.Query(sctx, `INSERT INTO reservations VALUES ($1, 'own-commit') RETURNING 1`, ctx.RunID())
+			if err != nil {
+				return 0, err
+			}
+			for rows.Next() {
+				if err := rows.Scan(&n); err != nil {
+					return 0, err
+				}
+			}
+			if err := rows.Err(); err != nil {
+				return 0, err
+			}
+			err = tx.Commit(sctx)
+			commitErr.Store(&err)
+			err = tx.Rollback(sctx)
+			rollbackErr.Store(&err)
+			return n, nil
+		}, nil)
+	}, nil)
+	b := setup(t, nil, wf)
+	createReservations(t, b)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 1, nil)
+	require.NoError(t, err)
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 1, out)
+	require.ErrorContains(t, *commitErr.Load(), "commits with the step's record")
+	require.ErrorContains(t, *rollbackErr.Load(), "commits with the step's record")
+	require.Equal(t, []string{"own-commit"}, reservations(t, b, res.RunID))
+}

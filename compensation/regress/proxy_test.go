@@ -67,7 +67,7 @@ func (p *pgProxy) accept() {
 		p.mu.Lock()
 		p.conns = append(p.conns, c, s)
 		p.mu.Unlock()
-		pc := &proxConn{c: c, s: s}
+		pc := &proxConn{c: c, s: s, stmts: map[string]string{}}
 		p.wg.Add(2)
 		go func() { defer p.wg.Done(); p.clientToServer(pc) }()
 		go func() { defer p.wg.Done(); p.serverToClient(pc) }()
@@ -79,6 +79,31 @@ type proxConn struct {
 	blackhole  atomic.Bool
 	delayUntil atomic.Int64
 	marked     bool
+	// The extended protocol: each prepared statement's SQL by name (""
+	// the unnamed one), and a COMMIT bound since the last Sync, which
+	// the proxy acts on once the Sync that ends its pipeline is sent.
+	stmts       map[string]string
+	commitBound bool
+}
+
+// statement is the SQL a simple query or a Bind's statement runs,
+// lowercased, or "".
+func (pc *proxConn) statement(typ byte, body []byte) string {
+	switch typ {
+	case 'Q':
+		return strings.ToLower(strings.TrimSpace(string(bytes.TrimRight(body, "\x00"))))
+	case 'P': // Parse: statement name, query
+		parts := bytes.SplitN(body, []byte{0}, 3)
+		if len(parts) == 3 {
+			pc.stmts[string(parts[0])] = strings.ToLower(strings.TrimSpace(string(parts[1])))
+		}
+	case 'B': // Bind: portal name, statement name
+		parts := bytes.SplitN(body, []byte{0}, 3)
+		if len(parts) == 3 {
+			return pc.stmts[string(parts[1])]
+		}
+	}
+	return ""
 }
 
 func (p *pgProxy) serverToClient(pc *proxConn) {
@@ -134,33 +159,40 @@ func (p *pgProxy) clientToServer(pc *proxConn) {
 			return
 		}
 		msg := append(hdr[:], body...)
-		if hdr[0] == 'Q' {
-			q := strings.ToLower(strings.TrimSpace(string(bytes.TrimRight(body, "\x00"))))
-			if strings.Contains(q, "attack_marker") {
-				pc.marked = true
-				select {
-				case p.markSeen <- struct{}{}:
-				default:
-				}
+		q := pc.statement(hdr[0], body)
+		if strings.Contains(q, "attack_marker") {
+			pc.marked = true
+			select {
+			case p.markSeen <- struct{}{}:
+			default:
 			}
-			if q == "commit" || q == "rollback" {
-				act := q == "commit" && pc.marked && p.fired.CompareAndSwap(false, true)
-				pc.marked = false
-				if act {
-					switch p.mode {
-					case "dropack":
-						pc.blackhole.Store(true)
-						if _, err := pc.s.Write(msg); err != nil {
-							return
-						}
-						time.Sleep(300 * time.Millisecond) // the server commits
-						pc.c.Close()
-						pc.s.Close()
-						return
-					case "delay":
-						pc.delayUntil.Store(time.Now().Add(p.delay).UnixNano())
-					}
+		}
+		// A simple COMMIT acts at once; a bound one (pipelined behind a tx
+		// step's record) at the Sync that ends its pipeline.
+		act := false
+		switch {
+		case hdr[0] == 'Q' && (q == "commit" || q == "rollback"):
+			act = q == "commit" && pc.marked && p.fired.CompareAndSwap(false, true)
+			pc.marked = false
+		case hdr[0] == 'B' && q == "commit":
+			pc.commitBound = true
+		case hdr[0] == 'S' && pc.commitBound:
+			act = pc.marked && p.fired.CompareAndSwap(false, true)
+			pc.marked, pc.commitBound = false, false
+		}
+		if act {
+			switch p.mode {
+			case "dropack":
+				pc.blackhole.Store(true)
+				if _, err := pc.s.Write(msg); err != nil {
+					return
 				}
+				time.Sleep(300 * time.Millisecond) // the server commits
+				pc.c.Close()
+				pc.s.Close()
+				return
+			case "delay":
+				pc.delayUntil.Store(time.Now().Add(p.delay).UnixNano())
 			}
 		}
 		if _, err := pc.s.Write(msg); err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // NewRun is what Start inserts.
@@ -370,13 +371,48 @@ step AS (
 // and optionally moving its status (@run_status, NULL to leave it): one
 // statement. It reports whether the run's cancellation was requested, so
 // a delivery learns of it at every write.
-var writeSteps = named(`
+var writeSteps = named(writeStepsCTE + `
+SELECT (SELECT count(*) FROM run), coalesce((SELECT bool_or(cancel) FROM run), false), (SELECT count(*) FROM step)`)
+
+// commitSteps is writeSteps as the last statement of a transaction whose
+// COMMIT is queued behind it in the same round trip: a fence that failed,
+// or a record that was completed already, must not let that COMMIT commit
+// the transaction's other writes, so the statement fails (division by
+// zero, SQLSTATE 22012, caught as ErrStepsNotCommitted) and the COMMIT,
+// skipped with the rest of the pipeline, leaves the transaction aborted.
+//
+// Its fence is a share lock on the run's row, not writeSteps's update:
+// a takeover's claim (an update) waits for this transaction and then loads
+// its records, and a terminate or a claim committed before it fails the
+// fence; the lease is left to the heartbeat. The row is updated only to
+// reset a delivery's stall counts (once per delivery: the claim counts
+// each one). The record's primary key is what makes the step's writes
+// exactly-once against another delivery of the run: a second record of a
+// completed step writes nothing, and the guard fails the transaction.
+var commitSteps = named(`
+WITH run AS (
+    SELECT run_id, cancel_requested_at IS NOT NULL AS cancel FROM pgdurable.workflow_runs
+    WHERE run_id = @run_id AND owner_token = @token
+    FOR SHARE
+), progress AS (
+    UPDATE pgdurable.workflow_runs SET stalled_deliveries = 0, long_stalled_deliveries = 0
+    WHERE run_id = @run_id AND owner_token = @token AND (stalled_deliveries > 0 OR long_stalled_deliveries > 0)
+), ` + stepInsert + `
+SELECT found, cancel, written, 1 / (found * (written = cardinality(@step_seq::int[]))::int)
+FROM (SELECT (SELECT count(*) FROM run) AS found, coalesce((SELECT bool_or(cancel) FROM run), false) AS cancel,
+             (SELECT count(*) FROM step) AS written) w`)
+
+var writeStepsCTE = `
 WITH run AS (
     UPDATE pgdurable.workflow_runs SET lease_expires_at = now() + @lease_ms::bigint * interval '1 millisecond',
         stalled_deliveries = 0, long_stalled_deliveries = 0, status = coalesce(@run_status::text, status)
     WHERE run_id = @run_id AND owner_token = @token
     RETURNING run_id, cancel_requested_at IS NOT NULL AS cancel
-), step AS (
+), ` + stepInsert
+
+// stepInsert is the CTE step: the records of the @step_ parameters,
+// upserted for the run in CTE run.
+var stepInsert = `step AS (
     INSERT INTO pgdurable.workflow_steps AS s (run_id, seq, name, kind, status, attempts, request_id, output, error,
                                      next_attempt_at, first_failed_at, started_at, completed_at,
                                      compensation, compensation_of, input_hash, patches, failed_attempts)
@@ -392,8 +428,7 @@ WITH run AS (
              started_at, completed_at, compensation, compensation_of, input_hash, patches)
 ` + stepConflict + `
     RETURNING 1
-)
-SELECT (SELECT count(*) FROM run), coalesce((SELECT bool_or(cancel) FROM run), false), (SELECT count(*) FROM step)`)
+)`
 
 // StepsWritten is what WriteSteps did: whether the run's cancellation
 // was requested, and how many records it wrote (a completed record is
@@ -432,6 +467,67 @@ func WriteSteps(ctx context.Context, db DBTX, f Fence, status string, recs ...*S
 		return StepsWritten{}, ErrLeaseLost
 	}
 	return out, nil
+}
+
+// ErrStepsNotCommitted is CommitSteps's refusal: the fence failed (the
+// lease is lost) or a record was completed already. The transaction is
+// left aborted; roll it back.
+var ErrStepsNotCommitted = errors.New("store: step records not committed: lease lost or step recorded already")
+
+// CommitSteps records recs, fenced by f's token, as the last statement of
+// the transaction open on db (begun: a transaction is open, else the
+// records are written on their own), and COMMITs, in one round trip.
+// Unlike WriteSteps it leaves the lease as it is: the heartbeat extends
+// it. It returns
+// ErrStepsNotCommitted, with the transaction aborted and nothing
+// committed, when the fence failed or any of recs was completed already;
+// any other error of the COMMIT's (a deferred constraint, a
+// serialization failure) as it comes. When the round trip's reply is
+// lost the outcome is unknown: read the records.
+func CommitSteps(ctx context.Context, db DBTX, f Fence, begun bool, recs ...*StepRecord) (StepsWritten, error) {
+	runID := f.RunID
+	var c stepColumns
+	for _, r := range recs {
+		c.add(f, r)
+	}
+	b := &pgx.Batch{}
+	commitSteps.queue(b, pgx.StrictNamedArgs{"run_id": runID, "token": f.Token, "step_seq": c.seq, "step_name": c.name, "step_kind": c.kind, "step_status": c.status,
+		"step_attempts": c.attempts, "step_request_id": c.requestID, "step_output": c.output, "step_error": c.errs,
+		"step_next_attempt_at": c.next, "step_first_failed_at": c.firstFailed, "step_started_at": c.started,
+		"step_completed_at": c.completed, "step_compensation": c.comp, "step_compensation_of": c.compOf,
+		"step_input_hash": c.inputHash, "step_patches": c.patches})
+	if begun {
+		b.Queue("commit")
+	}
+	br := db.SendBatch(ctx, b)
+	var found, guard int
+	var out StepsWritten
+	err := br.QueryRow().Scan(&found, &out.CancelRequested, &out.Written, &guard)
+	if err == nil && begun {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "22012" { // division_by_zero: the guard
+		return StepsWritten{}, ErrStepsNotCommitted
+	}
+	if err != nil {
+		return StepsWritten{}, fmt.Errorf("committing steps of run %s: %w", runID, translate(err))
+	}
+	return out, nil
+}
+
+// OwnsRun reports whether f's token still holds the run's lease.
+func OwnsRun(ctx context.Context, db DBTX, f Fence) (bool, error) {
+	var owns bool
+	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pgdurable.workflow_runs WHERE run_id = $1 AND owner_token = $2)`,
+		f.RunID, f.Token).Scan(&owns)
+	if err != nil {
+		return false, fmt.Errorf("reading the lease of run %s: %w", f.RunID, err)
+	}
+	return owns, nil
 }
 
 // GetStep reads one step record; ErrNotFound when there is none.

@@ -39,9 +39,10 @@ func TestBenchReportsEveryRow(t *testing.T) {
 	require.Positive(t, byName["3 tx steps inserting a row each, start included"].Value)
 	// Each tx step commits (with its record); the start and end share
 	// group commits, and a small row carries the engine's own start and
-	// stop.
+	// stop. Round trips: the statement with BEGIN, the record with COMMIT.
 	require.GreaterOrEqual(t, byName["3 tx steps: commits"].Value, 3.0)
 	require.Less(t, byName["3 tx steps: commits"].Value, 6.0)
+	require.InDelta(t, 8, byName["3 tx steps one at a time: round trips"].Value, 1.5)
 	require.Positive(t, byName["pinned v2 / plain 3-step workflow"].Value)
 	require.Positive(t, byName["patched v2 / plain 3-step workflow"].Value)
 	require.Positive(t, byName["3-step workflow as v2 beside v1, patched, start included"].Value)

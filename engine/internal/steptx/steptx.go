@@ -1,0 +1,299 @@
+// Package steptx is the transaction a tx step's function runs in: a
+// pgx.Tx whose BEGIN travels with the function's first statement, and
+// which only its owner commits, together with the step's record.
+//
+// A tx step's transaction as pgx.BeginFunc runs it costs a round trip
+// for BEGIN, one per statement, one for the record and one for COMMIT:
+// four for a one-statement step, while a hand-written autocommit INSERT
+// costs one. Tx sends BEGIN in one batch with the first statement
+// (pgx.Batch.BeginTx), and its owner queues the record and COMMIT in one
+// batch after the last: two round trips for the same step. Every other
+// method begins the transaction on its own first, then behaves as
+// pgx.Tx does.
+package steptx
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// ErrNotYours is what Commit and Rollback return to the step's function:
+// the transaction commits with the step's record, or rolls back when the
+// function returns an error, and never at the function's word (a commit
+// without the record would take effect again on the next attempt).
+var ErrNotYours = errors.New("pgdurable: a tx step's transaction commits with the step's record; " +
+	"return an error to roll it back, and use tx.Begin for a savepoint")
+
+// Tx is a transaction on conn that has not begun until its first
+// statement. It is not safe for concurrent use, as pgx.Tx is not.
+type Tx struct {
+	conn *pgx.Conn
+	// ctx begins the transaction for the methods that take no context
+	// (Conn, LargeObjects).
+	ctx context.Context
+	tx  pgx.Tx // the transaction once begun (closed if BEGIN failed)
+	// err is why the transaction never began: BEGIN, or the statement
+	// sent with it, failed before the server ran BEGIN (a statement that
+	// does not prepare is refused before its batch is sent).
+	err error
+}
+
+// Err is why the transaction never began, if it did not: the owner must
+// not commit the step then, even if the function swallowed the error
+// (pgx.BeginFunc refuses to commit a transaction whose statement failed,
+// too).
+func (t *Tx) Err() error { return t.err }
+
+// New returns a transaction on conn that begins with its first statement.
+// ctx is for the methods that take none.
+func New(ctx context.Context, conn *pgx.Conn) *Tx { return &Tx{conn: conn, ctx: ctx} }
+
+// Begun reports whether a statement has run (or was sent) in the
+// transaction: if not, there is nothing to commit but the record.
+func (t *Tx) Begun() bool { return t.tx != nil }
+
+// Conn is the connection, in the transaction (begun now if it was not).
+func (t *Tx) Conn() *pgx.Conn {
+	_ = t.begin(t.ctx)
+	return t.conn
+}
+
+// begin begins the transaction on its own round trip, for the methods
+// that do not pipeline BEGIN.
+func (t *Tx) begin(ctx context.Context) error {
+	if t.tx != nil {
+		return nil
+	}
+	tx, err := t.conn.Begin(ctx)
+	if err != nil {
+		t.tx, t.err = closedTx{err}, err
+		return err
+	}
+	t.tx = tx
+	return nil
+}
+
+// pipelined reports whether a statement with args can go in a batch
+// behind BEGIN: pgx batches take no per-query execution mode or result
+// formats, so a statement that names one begins the transaction first.
+func pipelined(args []any) bool {
+	if len(args) == 0 {
+		return true
+	}
+	switch args[0].(type) {
+	case pgx.QueryExecMode, pgx.QueryResultFormats, pgx.QueryResultFormatsByOID:
+		return false
+	}
+	return true
+}
+
+// beginWith sends BEGIN and sql in one batch and returns the batch, its
+// BEGIN's result read.
+func (t *Tx) beginWith(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(sql, args...)
+	br := t.conn.SendBatch(ctx, b)
+	t.tx = br.Tx()
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		if t.conn.PgConn().TxStatus() == 'I' {
+			t.err = err
+		}
+		return nil, err
+	}
+	return br, nil
+}
+
+// Exec implements pgx.Tx.
+func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if t.tx != nil || !pipelined(args) {
+		if err := t.begin(ctx); err != nil {
+			return pgconn.CommandTag{}, err
+		}
+		return t.tx.Exec(ctx, sql, args...)
+	}
+	br, err := t.beginWith(ctx, sql, args)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag, err
+}
+
+// Query implements pgx.Tx. The rows hold the connection until they are
+// closed or read to the end, as pgx's do.
+func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if t.tx != nil || !pipelined(args) {
+		if err := t.begin(ctx); err != nil {
+			return nil, err
+		}
+		return t.tx.Query(ctx, sql, args...)
+	}
+	br, err := t.beginWith(ctx, sql, args)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		_ = br.Close()
+		return nil, err
+	}
+	return &batchRows{Rows: rows, br: br}, nil
+}
+
+// QueryRow implements pgx.Tx.
+func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if t.tx != nil || !pipelined(args) {
+		if err := t.begin(ctx); err != nil {
+			return errRow{err}
+		}
+		return t.tx.QueryRow(ctx, sql, args...)
+	}
+	rows, err := t.Query(ctx, sql, args...)
+	if err != nil {
+		return errRow{err}
+	}
+	return row{rows}
+}
+
+// Begin implements pgx.Tx: a savepoint, as pgx's is.
+func (t *Tx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := t.begin(ctx); err != nil {
+		return nil, err
+	}
+	return t.tx.Begin(ctx)
+}
+
+// Commit implements pgx.Tx: ErrNotYours.
+func (t *Tx) Commit(context.Context) error { return ErrNotYours }
+
+// Rollback implements pgx.Tx: ErrNotYours.
+func (t *Tx) Rollback(context.Context) error { return ErrNotYours }
+
+// CopyFrom implements pgx.Tx.
+func (t *Tx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if err := t.begin(ctx); err != nil {
+		return 0, err
+	}
+	return t.tx.CopyFrom(ctx, table, columns, src)
+}
+
+// SendBatch implements pgx.Tx.
+func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if err := t.begin(ctx); err != nil {
+		return pgx.FailedBatchResults(b, err)
+	}
+	return t.tx.SendBatch(ctx, b)
+}
+
+// LargeObjects implements pgx.Tx.
+func (t *Tx) LargeObjects() pgx.LargeObjects {
+	_ = t.begin(t.ctx) // a failed BEGIN fails the large object calls
+	return t.tx.LargeObjects()
+}
+
+// Prepare implements pgx.Tx.
+func (t *Tx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := t.begin(ctx); err != nil {
+		return nil, err
+	}
+	return t.tx.Prepare(ctx, name, sql)
+}
+
+// batchRows are a batch's rows that close the batch when they close, or
+// when Next reads past the last row (pgx closes rows then too), so the
+// connection is free for the next statement.
+type batchRows struct {
+	pgx.Rows
+	br     pgx.BatchResults
+	closed bool
+	err    error
+}
+
+func (r *batchRows) finish() {
+	if r.closed {
+		return
+	}
+	r.closed = true
+	r.Rows.Close()
+	r.err = r.br.Close()
+}
+
+func (r *batchRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.finish()
+	return false
+}
+
+func (r *batchRows) Close() { r.finish() }
+
+func (r *batchRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return err
+	}
+	return r.err
+}
+
+// row is QueryRow's result over batch rows, as pgx's own.
+type row struct{ rows pgx.Rows }
+
+func (r row) Scan(dest ...any) error {
+	defer r.rows.Close()
+	if err := r.rows.Err(); err != nil {
+		return err
+	}
+	for _, d := range dest {
+		if _, ok := d.(*pgtype.DriverBytes); ok {
+			return errors.New("cannot scan into *pgtype.DriverBytes from QueryRow")
+		}
+	}
+	if !r.rows.Next() {
+		if err := r.rows.Err(); err != nil {
+			return err
+		}
+		return pgx.ErrNoRows
+	}
+	if err := r.rows.Scan(dest...); err != nil {
+		return err
+	}
+	r.rows.Close()
+	return r.rows.Err()
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// closedTx is the transaction whose BEGIN failed: every call returns
+// that error.
+type closedTx struct{ err error }
+
+func (c closedTx) Begin(context.Context) (pgx.Tx, error) { return nil, c.err }
+func (c closedTx) Commit(context.Context) error          { return c.err }
+func (c closedTx) Rollback(context.Context) error        { return c.err }
+func (c closedTx) CopyFrom(context.Context, pgx.Identifier, []string, pgx.CopyFromSource) (int64, error) {
+	return 0, c.err
+}
+func (c closedTx) SendBatch(_ context.Context, b *pgx.Batch) pgx.BatchResults {
+	return pgx.FailedBatchResults(b, c.err)
+}
+func (c closedTx) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }
+func (c closedTx) Prepare(context.Context, string, string) (*pgconn.StatementDescription, error) {
+	return nil, c.err
+}
+func (c closedTx) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
+	return pgconn.CommandTag{}, c.err
+}
+func (c closedTx) Query(context.Context, string, ...any) (pgx.Rows, error) { return nil, c.err }
+func (c closedTx) QueryRow(context.Context, string, ...any) pgx.Row        { return errRow(c) }
+func (c closedTx) Conn() *pgx.Conn                                         { return nil }
