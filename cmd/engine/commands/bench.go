@@ -20,11 +20,14 @@ func (g *global) benchCmd() *cobra.Command {
 		Use:   "bench",
 		Short: "Measure the engine next to hand-written River on this database",
 		Long: `Runs, in one process against one database: River no-op jobs and jobs writing 3 (and 10) rows in
-3 (and 10) transactions (the references), 3- and 10-step no-op workflows with their starts
-(workflows/s, steps/s, the ratio to River, commits, round trips and WAL per workflow),
-one-at-a-time latency, the cost of replaying 1,000 recorded steps, ` + g.benchRowsHelp() + `and the process's memory with
---waiting-runs runs asleep. It prints each row as it is measured, then the table (or, with
---json, only the JSON). Use a database of its own: it migrates it and adds tables and jobs.`,
+3 (and 10) transactions (the references), 3- and 10-step no-op workflows and 3 tx steps that each
+insert a row, with their starts (workflows/s, steps/s, the ratio to River, commits, round trips
+and WAL per workflow), one-at-a-time latency, the cost of replaying 1,000 recorded steps, ` + g.benchRowsHelp() + `and the process's memory with
+--waiting-runs runs asleep. Each throughput row's rate is its steady state's (the completions
+between the first and the last tenth); the rows with targets are measured --rounds times in turn
+and their medians reported, with their range. It prints each row as it is measured, then the
+table (or, with --json, only the JSON). Use a database of its own: it migrates it and adds
+tables and jobs.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := g.localOnly("bench"); err != nil {
@@ -36,7 +39,7 @@ one-at-a-time latency, the cost of replaying 1,000 recorded steps, ` + g.benchRo
 			if err := g.ownDatabase("bench"); err != nil {
 				return err
 			}
-			for flag, v := range map[string]int{"--workflows": opts.Workflows, "--latency-samples": opts.LatencySamples, "--waiting-runs": opts.WaitingRuns} {
+			for flag, v := range map[string]int{"--workflows": opts.Workflows, "--rounds": opts.Rounds, "--latency-samples": opts.LatencySamples, "--waiting-runs": opts.WaitingRuns} {
 				if v < 1 {
 					return &usageError{fmt.Errorf("%s must be at least 1, got %d", flag, v)}
 				}
@@ -107,6 +110,7 @@ one-at-a-time latency, the cost of replaying 1,000 recorded steps, ` + g.benchRo
 		},
 	}
 	cmd.Flags().IntVar(&opts.Workflows, "workflows", 10000, "workflows (and reference jobs) per throughput row; each row's rate is its steady state's")
+	cmd.Flags().IntVar(&opts.Rounds, "rounds", 3, "rounds of the rows with targets (the 3-transaction River reference, the 3-step workflow, 3 tx steps), measured in turn; their medians are reported")
 	cmd.Flags().IntVar(&opts.LatencySamples, "latency-samples", 200, "one-at-a-time starts for the latency rows")
 	cmd.Flags().IntVar(&opts.WaitingRuns, "waiting-runs", 10000, "runs asleep at once for the memory row")
 	cmd.Flags().BoolVar(&scale, "scale", false, "also measure 1, 2 and 4 engine processes on the database, each starting and working its share of --workflows runs")

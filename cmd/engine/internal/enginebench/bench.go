@@ -38,8 +38,13 @@ type Options struct {
 	WaitingRuns int
 	// Progress receives a line per finished row; nil: none.
 	Progress io.Writer
+	// Rounds of the rows the targets name (the 3-transaction River
+	// reference, the 3-step no-op workflow, 3 tx steps), measured in turn;
+	// their medians are reported. Default 3.
+	Rounds int
 	// CPUProfile, when set, receives a pprof CPU profile of this process
-	// during the 3-step throughput row (go tool pprof reads it).
+	// during the first round's 3-step throughput row (go tool pprof reads
+	// it).
 	CPUProfile io.Writer
 }
 
@@ -69,6 +74,9 @@ func (r *Report) add(opts Options, name string, value float64, unit, note string
 func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 	if opts.Workflows <= 0 {
 		opts.Workflows = 10000
+	}
+	if opts.Rounds <= 0 {
+		opts.Rounds = 3
 	}
 	if opts.LatencySamples <= 0 {
 		opts.LatencySamples = 200
@@ -100,46 +108,85 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 		return nil, err
 	}
 	rep.add(opts, "river no-op jobs", noop.Rate(), "jobs/s", "reference")
-	var three *riverref.ReferenceResult
-	threeCost, err := measured(ctx, pool, rt, url, n, func() (err error) {
-		three, err = riverref.RunReference(ctx, pool, qcfg, "three_tx", n)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	settle(ctx, pool)
-	ten, err := riverref.RunReference(ctx, pool, qcfg, "ten_tx", n)
-	if err != nil {
-		return nil, err
-	}
-	threeRate, tenRate := three.Rate(), ten.Rate()
-	rep.add(opts, "river 3 rows in 3 transactions per job", threeRate, "jobs/s", "reference: a 3-step workflow by hand")
-	rep.add(opts, "river 3 rows in 3 transactions: commits", threeCost.commits, "commits/job", "pg_stat_database xact_commit delta")
-	rep.add(opts, "river 3 rows in 3 transactions: round trips", threeCost.roundTrips, "round trips/job", "")
-	rep.add(opts, "river 3 rows in 3 transactions: WAL", threeCost.walBytes, "bytes/job", "pg_current_wal_lsn delta")
-	rep.add(opts, "river 10 rows in 10 transactions per job", tenRate, "jobs/s", "reference: a 10-step workflow by hand")
-
-	var rt3 float64
-	for _, steps := range []int{3, 10} {
-		profile := steps == 3 && opts.CPUProfile != nil
+	// The rows the targets name, in rounds: each round measures the
+	// 3-transaction River reference, the 3-step no-op workflow and 3 tx
+	// steps one after another, and its ratios compare rows measured a few
+	// seconds apart; the medians of the rounds are reported, with their
+	// range. The first round's costs (commits, round trips, WAL) are
+	// reported; they barely move.
+	var refRates, noopRates, txRates, noopRatios, txRatios []float64
+	var threeCost, res3, tx3 *throughputResult
+	for r := range opts.Rounds {
+		var three *riverref.ReferenceResult
+		cost, err := measured(ctx, pool, rt, url, n, func() (err error) {
+			three, err = riverref.RunReference(ctx, pool, qcfg, "three_tx", n)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		profile := r == 0 && opts.CPUProfile != nil
 		if profile {
 			if err := pprof.StartCPUProfile(opts.CPUProfile); err != nil {
 				return nil, err
 			}
 		}
-		res, err := throughput(ctx, pool, rt, url, steps, n, plain, quiet)
+		res, err := throughput(ctx, pool, rt, url, 3, n, plain, quiet)
 		if profile {
 			pprof.StopCPUProfile()
 		}
 		if err != nil {
 			return nil, err
 		}
+		tx, err := throughput(ctx, pool, rt, url, 3, n, txSteps, quiet)
+		if err != nil {
+			return nil, err
+		}
+		if r == 0 {
+			threeCost, res3, tx3 = cost, res, tx
+		}
+		refRates, noopRates, txRates = append(refRates, three.Rate()), append(noopRates, res.perSec), append(txRates, tx.perSec)
+		noopRatios, txRatios = append(noopRatios, res.perSec/three.Rate()), append(txRatios, tx.perSec/three.Rate())
+	}
+	settle(ctx, pool)
+	ten, err := riverref.RunReference(ctx, pool, qcfg, "ten_tx", n)
+	if err != nil {
+		return nil, err
+	}
+	threeRate, tenRate := median(refRates), ten.Rate()
+	rounds := func(v []float64, format string) string {
+		return fmt.Sprintf("median of %d rounds, range "+format+"–"+format, len(v), slices.Min(v), slices.Max(v))
+	}
+	rep.add(opts, "river 3 rows in 3 transactions per job", threeRate, "jobs/s", "reference: a 3-step workflow by hand; "+rounds(refRates, "%.0f"))
+	rep.add(opts, "river 3 rows in 3 transactions: commits", threeCost.commits, "commits/job", "pg_stat_database xact_commit delta")
+	rep.add(opts, "river 3 rows in 3 transactions: round trips", threeCost.roundTrips, "round trips/job", "")
+	rep.add(opts, "river 3 rows in 3 transactions: WAL", threeCost.walBytes, "bytes/job", "pg_current_wal_lsn delta")
+	rep.add(opts, "river 10 rows in 10 transactions per job", tenRate, "jobs/s", "reference: a 10-step workflow by hand")
+
+	// Exactly-once writes: 3 tx steps, each inserting one row, the River
+	// reference's very work.
+	rep.add(opts, "3 tx steps inserting a row each, start included", median(txRates), "workflows/s",
+		"each row committed with its step's record; "+rounds(txRates, "%.0f"))
+	rep.add(opts, "3 tx steps / hand-written River", median(txRatios), "ratio", "target >= 1.0; each round's ratio, "+rounds(txRatios, "%.2f"))
+	rep.add(opts, "3 tx steps: commits", tx3.commits, "commits/workflow", "pg_stat_database xact_commit delta")
+	rep.add(opts, "3 tx steps: round trips", tx3.roundTrips, "round trips/workflow", "")
+	rep.add(opts, "3 tx steps: WAL", tx3.walBytes, "bytes/workflow", "pg_current_wal_lsn delta")
+
+	var rt3 float64
+	for _, steps := range []int{3, 10} {
+		res := res3
+		note := ""
+		if steps == 3 {
+			res = &throughputResult{perSec: median(noopRates), commits: res3.commits, roundTrips: res3.roundTrips, walBytes: res3.walBytes}
+			note = rounds(noopRates, "%.0f")
+		} else if res, err = throughput(ctx, pool, rt, url, steps, n, plain, quiet); err != nil {
+			return nil, err
+		}
 		name := fmt.Sprintf("%d-step no-op workflow, start included", steps)
-		rep.add(opts, name, res.perSec, "workflows/s", "")
+		rep.add(opts, name, res.perSec, "workflows/s", note)
 		rep.add(opts, name+": steps", res.perSec*float64(steps), "steps/s", "")
 		if steps == 3 {
-			rep.add(opts, "3-step workflow / hand-written River", res.perSec/threeRate, "ratio", "target >= 1.0")
+			rep.add(opts, "3-step workflow / hand-written River", median(noopRatios), "ratio", "target >= 1.5; each round's ratio, "+rounds(noopRatios, "%.2f"))
 		} else {
 			rep.add(opts, "10-step workflow / hand-written River", res.perSec/tenRate, "ratio", "target >= 1.0")
 		}
@@ -148,17 +195,6 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 		rep.add(opts, name+": WAL", res.walBytes, "bytes/workflow", "pg_current_wal_lsn delta")
 		if steps == 3 {
 			rt3 = res.roundTrips
-			// Exactly-once writes: 3 tx steps, each inserting one row, the
-			// River reference's very work.
-			tx, err := throughput(ctx, pool, rt, url, steps, n, txSteps, quiet)
-			if err != nil {
-				return nil, err
-			}
-			rep.add(opts, "3 tx steps inserting a row each, start included", tx.perSec, "workflows/s", "each row committed with its step's record")
-			rep.add(opts, "3 tx steps / hand-written River", tx.perSec/threeRate, "ratio", "target >= 1.0")
-			rep.add(opts, "3 tx steps: commits", tx.commits, "commits/workflow", "pg_stat_database xact_commit delta")
-			rep.add(opts, "3 tx steps: round trips", tx.roundTrips, "round trips/workflow", "")
-			rep.add(opts, "3 tx steps: WAL", tx.walBytes, "bytes/workflow", "pg_current_wal_lsn delta")
 			// Safe deploys on the hot path: the same workflow as version 2
 			// beside version 1, then also behind a patch, against the
 			// plain row just measured.
@@ -413,13 +449,28 @@ func throughput(ctx context.Context, pool *pgxpool.Pool, rt *roundtrips.Counter,
 		roundTrips: float64(used) / float64(n), walBytes: float64(wal1-wal0) / float64(n)}, nil
 }
 
-// settle readies the database for the next row: a checkpoint, so that
-// no row pays for writing out another's pages or for the first
-// full-page images after a timed checkpoint (best effort: it needs a
-// superuser or pg_checkpoint), and a fresh pool, since earlier rows'
+// median is the middle of v (the mean of the middle two for an even
+// count).
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// settle readies the database for the next row: a vacuum of the tables
+// the rows fill, so that autovacuum does not start on them in the middle
+// of the next row; a checkpoint, so that no row pays for writing out
+// another's pages or for the first full-page images after a timed
+// checkpoint (both best effort: they need the tables' owner, and a
+// superuser or pg_checkpoint); and a fresh pool, since earlier rows'
 // backends flush their statistics only when they end and their commits
 // must not be counted in this row.
 func settle(ctx context.Context, pool *pgxpool.Pool) {
+	_, _ = pool.Exec(ctx, "VACUUM (ANALYZE) "+engine.DefaultSchema+".workflow_runs, "+engine.DefaultSchema+".workflow_steps, "+
+		engine.DefaultSchema+".river_job")
 	_, _ = pool.Exec(ctx, "CHECKPOINT")
 	pool.Reset()
 	time.Sleep(300 * time.Millisecond)
