@@ -540,6 +540,17 @@ var claimRuns = named(strings.Replace(claimRunsSQL, "WHERE r.run_id = u.run_id\n
 func onlyWhen(cond string) string { return "(" + cond + " OR u.lease_ms < 0)" }
 
 // claimRunsSQL is the claim both claimRuns and admitClaim make.
+//
+// Its status test is written on an expression of the status (the status
+// with an empty string appended), which no index matches: written on the
+// column, it lets
+// PostgreSQL read the runs through the open-status index and join the
+// claimed IDs to each of them, a plan its statistics favour whenever open
+// runs were few when the table was last analyzed. With a backlog (10,000
+// runs waiting in a queue) that plan read every open run for every claim
+// batch: 62 ms for a batch of 40 where the primary key takes 0.16 ms, and
+// the queue rows of engine bench fell to 0.53-0.82 of the unlimited row
+// once the bench analyzed its tables.
 const claimRunsSQL = `
 UPDATE pgdurable.workflow_runs r SET
     owner_token = u.token,
@@ -554,7 +565,7 @@ UPDATE pgdurable.workflow_runs r SET
     deadline_at = coalesce(r.deadline_at, @now::timestamptz + r.run_timeout_ms * interval '1 millisecond')
 FROM unnest(@run_id::uuid[], @token::uuid[], @lease_ms::bigint[]) AS u(run_id, token, lease_ms)
 WHERE r.run_id = u.run_id
-  AND r.status IN ('pending', 'running', 'waiting', 'compensating')
+  AND (r.status || '') IN ('pending', 'running', 'waiting', 'compensating')
   AND (r.owner_token IS NULL OR r.lease_expires_at < now())
   AND (r.wake_at IS NULL OR r.wake_at <= @now)
 RETURNING r.run_id, u.token, r.workflow_name, r.workflow_version, r.workflow_id, r.input, r.deliveries,
