@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -375,4 +376,34 @@ func TestKeepLeaseWritesLockTheRunRowInsteadOfUpdatingIt(t *testing.T) {
 	c := <-claimedC
 	require.NotNil(t, c[0].Run)
 	require.Len(t, c[0].Run.Steps, 4, "the claim loads the record the write committed")
+}
+
+// A batch of flow-controlled starts runs with a generic plan, and the
+// setting stays with its statement: the caller's transaction goes on with
+// its own plan cache mode.
+func TestInsertFlowRunsLeaveThePlanCacheModeAsItWas(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := context.Background()
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }() // a no-op after the commit
+	runs := make([]store.NewRun, 3)
+	for i := range runs {
+		runs[i] = store.NewRun{RunID: uuid.Must(uuid.NewV7()), WorkflowName: "wf", WorkflowVersion: 1, WorkflowID: fmt.Sprint("flow-", i),
+			Input: []byte(`{}`), Queue: "q", FlowQueue: "fq", FlowKey: "k"}
+	}
+	res, err := store.InsertRuns(ctx, store.Default.On(tx), runs)
+	require.NoError(t, err)
+	for _, r := range res {
+		require.NoError(t, r.Err)
+		require.False(t, r.Run.Existing)
+	}
+	var mode string
+	require.NoError(t, tx.QueryRow(ctx, `SHOW plan_cache_mode`).Scan(&mode))
+	require.Equal(t, "auto", mode)
+	require.NoError(t, tx.Commit(ctx))
+	var ready int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE flow_queue = 'fq' AND ready_at IS NOT NULL`).Scan(&ready))
+	require.Equal(t, 3, ready)
 }
