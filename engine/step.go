@@ -505,8 +505,9 @@ func (p RetryPolicy) backoff(attempt int) time.Duration {
 //
 // Cost: one transaction, in one round trip more than fn's statements take:
 // BEGIN travels with fn's first statement, and the fenced record with
-// COMMIT. The fence is a share lock on the run's row, so the record
-// leaves the row as it is (the heartbeat extends the lease).
+// COMMIT. The record's fence is a share lock on the run's row, which it
+// leaves as it is, except for a delivery's first write or when the lease
+// is a heartbeat interval old: then it extends the lease.
 func TxStep[T any](ctx *Context, name string, fn func(ctx context.Context, tx pgx.Tx) (T, error), opts *StepOpts) (T, error) {
 	raw, err := ctx.d.runStep(&stepCall{name: name, kind: KindTx, opts: opts, tx: true, body: txBody(fn),
 		returnExhausted: opts != nil && opts.ReturnExhausted})
@@ -522,7 +523,8 @@ func TxStep[T any](ctx *Context, name string, fn func(ctx context.Context, tx pg
 //
 // The transaction costs the round trips fn's statements take and one
 // more: BEGIN goes with fn's first statement, and the record with COMMIT
-// (steptx, store.CommitSteps). A record the fence refuses fails its
+// (steptx; store.CommitStep for a fresh record alone, the common case,
+// store.CommitSteps otherwise). A record the fence refuses fails its
 // statement, so the COMMIT behind it never commits fn's writes alone.
 //
 // When the commit's outcome is unknown (its reply was lost with the
@@ -535,7 +537,9 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 		d := a.d
 		var out []byte
 		var committing, already bool
+		keep := true // the record left the lease as it was
 		prev := a.prev
+		sent := time.Now()
 		conn, err := d.e.pool.Acquire(d.ctx)
 		if err != nil {
 			return nil, err
@@ -563,12 +567,18 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			if err != nil {
 				return Permanent(err)
 			}
-			recs := []*store.StepRecord{rec}
-			if prev != nil {
-				recs = []*store.StepRecord{prev, rec}
-			}
 			committing = true
-			w, err := store.CommitSteps(d.ctx, d.e.on(conn.Conn()), d.fence(), tx.Begun(), recs...)
+			var w store.StepsWritten
+			if prev == nil && rec.Fresh {
+				keep = d.keepsLease()
+				w, err = store.CommitStep(d.ctx, d.e.on(conn.Conn()), d.fence(), tx.Begun(), keep, rec)
+			} else {
+				recs := []*store.StepRecord{rec}
+				if prev != nil {
+					recs = []*store.StepRecord{prev, rec}
+				}
+				w, err = store.CommitSteps(d.ctx, d.e.on(conn.Conn()), d.fence(), tx.Begun(), recs...)
+			}
 			if errors.Is(err, store.ErrStepsNotCommitted) {
 				rollback(d.ctx, conn.Conn())
 				owns, oerr := store.OwnsRun(d.ctx, d.e.db, d.fence())
@@ -595,6 +605,9 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 		switch {
 		case err == nil:
 			a.recorded = true
+			if !keep {
+				d.extendedAt(sent)
+			}
 			d.progressed.Store(true)
 			return out, nil
 		case errors.Is(err, store.ErrLeaseLost):

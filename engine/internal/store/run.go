@@ -469,6 +469,81 @@ func WriteSteps(ctx context.Context, db DBTX, f Fence, status string, recs ...*S
 	return out, nil
 }
 
+// commitStep is commitSteps for the common case, one record that cannot
+// exist yet (StepRecord.Fresh), with scalar parameters: PostgreSQL plans
+// it once, inserts the record without ON CONFLICT's speculative insertion,
+// and fences it as the group commit's single writes do (writeRecord): a
+// delivery's first write, or one whose lease is a heartbeat interval old
+// (@keep false), resets the stall counts and extends the lease; the others
+// take a share lock on the run's row. A record that exists after all (a
+// second delivery's) fails the insert, and a failed fence inserts nothing,
+// which fails the guard: either way the COMMIT behind it does not commit.
+var commitStep = named(`
+-- pgdurable: a tx step's record and fence, committed with its transaction
+WITH extended AS (
+    UPDATE pgdurable.workflow_runs r SET lease_expires_at = now() + @lease_ms::bigint * interval '1 millisecond',
+        stalled_deliveries = 0, long_stalled_deliveries = 0
+    WHERE r.run_id = @run_id AND r.owner_token = @token AND NOT @keep::bool
+    RETURNING r.run_id, r.cancel_requested_at IS NOT NULL AS cancel
+), kept AS (
+    SELECT r.run_id, r.cancel_requested_at IS NOT NULL AS cancel
+    FROM pgdurable.workflow_runs r WHERE r.run_id = @run_id AND r.owner_token = @token AND @keep::bool
+    FOR SHARE
+), run AS (
+    SELECT * FROM extended UNION ALL SELECT * FROM kept
+), step AS (
+    INSERT INTO pgdurable.workflow_steps (` + stepColumnList + `)
+    SELECT ` + stepRecordValues + `
+    FROM run
+    RETURNING 1
+)
+SELECT coalesce((SELECT bool_or(cancel) FROM run), false), 1 / (SELECT count(*) FROM step)::int`)
+
+// CommitStep is CommitSteps for one fresh record (see commitStep), which
+// also extends the lease unless keep (see RecordWrite.KeepLease).
+func CommitStep(ctx context.Context, db DBTX, f Fence, begun, keep bool, rec *StepRecord) (StepsWritten, error) {
+	b := &pgx.Batch{}
+	commitStep.queue(b, stepArgs(pgx.StrictNamedArgs{"run_id": uuidParam(f.RunID), "token": uuidParam(f.Token),
+		"lease_ms": ms(f.Lease), "keep": keep}, f, rec))
+	var out StepsWritten
+	var guard int
+	err := sendCommit(ctx, db, b, begun, func(r pgx.Row) error { return r.Scan(&out.CancelRequested, &guard) })
+	if errors.Is(err, ErrStepsNotCommitted) {
+		return StepsWritten{}, err
+	}
+	if err != nil {
+		return StepsWritten{}, fmt.Errorf("committing step %d of run %s: %w", rec.Seq, f.RunID, err)
+	}
+	out.Written = 1
+	return out, nil
+}
+
+// sendCommit sends b, a record statement whose row scan reads, and
+// COMMIT when begun, in one round trip. The record statement's refusals
+// come back as ErrStepsNotCommitted: the guard's division by zero, and a
+// fresh record's insert that found one (unique_violation). Other errors,
+// the COMMIT's among them (a deferred constraint of the step's own
+// writes), come back translated.
+func sendCommit(ctx context.Context, db DBTX, b *pgx.Batch, begun bool, scan func(pgx.Row) error) error {
+	if begun {
+		b.Queue("commit")
+	}
+	br := db.SendBatch(ctx, b)
+	err := scan(br.QueryRow())
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "22012" || pgErr.Code == "23505") {
+		_ = br.Close()
+		return ErrStepsNotCommitted
+	}
+	if err == nil && begun {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return translate(err)
+}
+
 // ErrStepsNotCommitted is CommitSteps's refusal: the fence failed (the
 // lease is lost) or a record was completed already. The transaction is
 // left aborted; roll it back.
@@ -477,8 +552,8 @@ var ErrStepsNotCommitted = errors.New("store: step records not committed: lease 
 // CommitSteps records recs, fenced by f's token, as the last statement of
 // the transaction open on db (begun: a transaction is open, else the
 // records are written on their own), and COMMITs, in one round trip.
-// Unlike WriteSteps it leaves the lease as it is: the heartbeat extends
-// it. It returns
+// Unlike WriteSteps it leaves the lease as it is (the heartbeat extends
+// it) and resets the stall counts only if they are set. It returns
 // ErrStepsNotCommitted, with the transaction aborted and nothing
 // committed, when the fence failed or any of recs was completed already;
 // any other error of the COMMIT's (a deferred constraint, a
@@ -496,22 +571,11 @@ func CommitSteps(ctx context.Context, db DBTX, f Fence, begun bool, recs ...*Ste
 		"step_next_attempt_at": c.next, "step_first_failed_at": c.firstFailed, "step_started_at": c.started,
 		"step_completed_at": c.completed, "step_compensation": c.comp, "step_compensation_of": c.compOf,
 		"step_input_hash": c.inputHash, "step_patches": c.patches})
-	if begun {
-		b.Queue("commit")
-	}
-	br := db.SendBatch(ctx, b)
 	var found, guard int
 	var out StepsWritten
-	err := br.QueryRow().Scan(&found, &out.CancelRequested, &out.Written, &guard)
-	if err == nil && begun {
-		_, err = br.Exec()
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "22012" { // division_by_zero: the guard
-		return StepsWritten{}, ErrStepsNotCommitted
+	err := sendCommit(ctx, db, b, begun, func(r pgx.Row) error { return r.Scan(&found, &out.CancelRequested, &out.Written, &guard) })
+	if errors.Is(err, ErrStepsNotCommitted) {
+		return StepsWritten{}, err
 	}
 	if err != nil {
 		return StepsWritten{}, fmt.Errorf("committing steps of run %s: %w", runID, translate(err))
