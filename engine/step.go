@@ -571,7 +571,7 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			var w store.StepsWritten
 			if prev == nil && rec.Fresh {
 				keep = d.keepsLease()
-				w, err = store.CommitStep(d.ctx, d.e.on(conn.Conn()), d.fence(), tx.Begun(), keep, rec)
+				w, err = store.CommitStep(d.ctx, d.e.on(conn.Conn()), store.StepCommit{Fence: d.fence(), Begun: tx.Begun(), Keep: keep, Record: rec})
 			} else {
 				recs := []*store.StepRecord{rec}
 				if prev != nil {

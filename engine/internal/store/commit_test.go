@@ -48,7 +48,7 @@ func TestCommitStepNeverCommitsWritesWithoutTheirRecord(t *testing.T) {
 		if multi {
 			_, err = store.CommitSteps(ctx, on, fence, true, rec)
 		} else {
-			_, err = store.CommitStep(ctx, on, fence, true, false, rec)
+			_, err = store.CommitStep(ctx, on, store.StepCommit{Fence: fence, Begun: true, Record: rec})
 		}
 		if conn.Conn().PgConn().TxStatus() != 'I' {
 			_, rerr := conn.Exec(ctx, "rollback")
@@ -91,7 +91,7 @@ func TestCommitStepNeverCommitsWritesWithoutTheirRecord(t *testing.T) {
 	// record commits on its own.
 	conn, err := db.Pool.Acquire(ctx)
 	require.NoError(t, err)
-	_, err = store.CommitStep(ctx, store.Default.On(conn.Conn()), f, false, true, next)
+	_, err = store.CommitStep(ctx, store.Default.On(conn.Conn()), store.StepCommit{Fence: f, Keep: true, Record: next})
 	conn.Release()
 	require.NoError(t, err)
 	rec, err := store.GetStep(ctx, pool, f.RunID, 1)

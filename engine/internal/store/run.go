@@ -499,9 +499,20 @@ WITH extended AS (
 )
 SELECT coalesce((SELECT bool_or(cancel) FROM run), false), 1 / (SELECT count(*) FROM step)::int`)
 
-// CommitStep is CommitSteps for one fresh record (see commitStep), which
-// also extends the lease unless keep (see RecordWrite.KeepLease).
-func CommitStep(ctx context.Context, db DBTX, f Fence, begun, keep bool, rec *StepRecord) (StepsWritten, error) {
+// StepCommit is what CommitStep commits: Record, fresh, fenced by Fence;
+// Begun says a transaction is open on the connection (else the record is
+// written on its own); Keep leaves the lease as it is (see
+// RecordWrite.KeepLease), else the write extends it.
+type StepCommit struct {
+	Fence  Fence
+	Begun  bool
+	Keep   bool
+	Record *StepRecord
+}
+
+// CommitStep is CommitSteps for one fresh record (see commitStep).
+func CommitStep(ctx context.Context, db DBTX, c StepCommit) (StepsWritten, error) {
+	f, begun, keep, rec := c.Fence, c.Begun, c.Keep, c.Record
 	b := &pgx.Batch{}
 	commitStep.queue(b, stepArgs(pgx.StrictNamedArgs{"run_id": uuidParam(f.RunID), "token": uuidParam(f.Token),
 		"lease_ms": ms(f.Lease), "keep": keep}, f, rec))
