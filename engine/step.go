@@ -544,12 +544,25 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 		if err != nil {
 			return nil, err
 		}
+		// Released before the reads below, which take a connection of
+		// their own: parallel tx steps holding every connection of the
+		// pool while they waited for one stalled the whole pool.
 		defer conn.Release()
+		refused := false
 		err = func() error {
 			tx := steptx.New(sctx, conn.Conn())
 			v, err := fn(sctx, tx)
+			if pc := conn.Conn().PgConn(); tx.Begun() && tx.Err() == nil && !pc.IsClosed() && !pc.IsBusy() && pc.TxStatus() == 'I' {
+				// fn committed or rolled back on its own (COMMIT through
+				// Exec, or a transaction on tx.Conn()): its writes are not
+				// the step's, and trying again could write them twice.
+				return Permanent(errEndedTransaction)
+			}
 			if err == nil {
 				err = tx.Err() // a statement failed, and fn swallowed the error
+			}
+			if err == nil && conn.Conn().PgConn().TxStatus() == 'E' {
+				err = errAbortedTransaction // fn swallowed a failed statement's error
 			}
 			if err != nil {
 				return err
@@ -579,26 +592,27 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 				}
 				w, err = store.CommitSteps(d.ctx, d.e.on(conn.Conn()), d.fence(), tx.Begun(), recs...)
 			}
-			if errors.Is(err, store.ErrStepsNotCommitted) {
-				rollback(d.ctx, conn.Conn())
-				owns, oerr := store.OwnsRun(d.ctx, d.e.db, d.fence())
-				switch {
-				case oerr != nil:
-					return &outcomeUnknownError{err: fmt.Errorf("tx step's record refused; reading the lease: %w", oerr)}
-				case !owns:
-					return store.ErrLeaseLost
-				}
-				// The previous record always writes: this one is recorded
-				// already, and what fn wrote rolled back.
-				already = true
-				return errAlreadyRecorded
-			}
+			refused = errors.Is(err, store.ErrStepsNotCommitted)
 			if err == nil {
 				d.noteCancel(w.CancelRequested)
 			}
 			return err
 		}()
 		rollback(d.ctx, conn.Conn())
+		conn.Release()
+		if refused {
+			owns, oerr := store.OwnsRun(d.ctx, d.e.db, d.fence())
+			switch {
+			case oerr != nil:
+				err = &outcomeUnknownError{err: fmt.Errorf("tx step's record refused; reading the lease: %w", oerr)}
+			case !owns:
+				err = store.ErrLeaseLost
+			default:
+				// The previous record always writes: this one is recorded
+				// already, and what fn wrote rolled back.
+				already, err = true, errAlreadyRecorded
+			}
+		}
 		if err != nil && prev != nil {
 			prev.Fresh = false // its insert may have committed: upsert it from now on
 		}
@@ -644,6 +658,16 @@ func rollback(ctx context.Context, conn *pgx.Conn) {
 }
 
 var errAlreadyRecorded = errors.New("step already recorded")
+
+// errEndedTransaction fails a tx step whose function ended the step's
+// transaction itself.
+var errEndedTransaction = errors.New("pgdurable: the tx step's function ended its transaction itself (a COMMIT or ROLLBACK " +
+	"through tx.Exec, or a transaction on tx.Conn()): its writes are not the step's; return an error to roll back, use tx.Begin for a savepoint")
+
+// errAbortedTransaction fails a tx step whose function returned nil from
+// a transaction a failed statement aborted.
+var errAbortedTransaction = errors.New("pgdurable: a statement of the tx step failed and aborted its transaction, " +
+	"but the step's function returned no error")
 
 // outcomeUnknownError ends a delivery that cannot learn whether its last
 // write committed.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -264,4 +265,98 @@ func TestTxStepFunctionCannotCommit(t *testing.T) {
 	require.ErrorContains(t, *commitErr.Load(), "commits with the step's record")
 	require.ErrorContains(t, *rollbackErr.Load(), "commits with the step's record")
 	require.Equal(t, []string{"own-commit"}, reservations(t, b, res.RunID))
+}
+
+// A tx step's function that ends the step's transaction itself (a COMMIT
+// through Exec, or pgx.BeginFunc on tx.Conn()) fails the step for good:
+// its writes are not the step's, and a retry could write them again.
+func TestTxStepFunctionThatEndsItsTransactionFails(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	wf := engine.Define("tx-ends-itself", func(ctx *engine.Context, how int) (int, error) {
+		return engine.TxStep(ctx, "reserve", func(sctx context.Context, tx pgx.Tx) (int, error) {
+			calls.Add(1)
+			if how == 0 {
+				if _, err := tx.Exec(sctx, `INSERT INTO reservations VALUES ($1, 'exec-commit')`, ctx.RunID()); err != nil {
+					return 0, err
+				}
+				_, err := tx.Exec(sctx, `COMMIT`)
+				return 1, err
+			}
+			err := pgx.BeginFunc(sctx, tx.Conn(), func(inner pgx.Tx) error {
+				_, err := inner.Exec(sctx, `INSERT INTO reservations VALUES ($1, 'conn-beginfunc')`, ctx.RunID())
+				return err
+			})
+			if err == nil {
+				err = errors.New("transient") // would be retried, and write again
+			}
+			return 0, err
+		}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: 10 * time.Millisecond}})
+	}, nil)
+	b := setup(t, nil, wf)
+	createReservations(t, b)
+	ctx := testCtx(t)
+	for how := range 2 {
+		calls.Store(0)
+		res, err := wf.Start(ctx, b.engine, how, nil)
+		require.NoError(t, err)
+		_, err = wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+		require.ErrorContains(t, err, "ended its transaction itself")
+		require.EqualValues(t, 1, calls.Load(), "not retried")
+		require.Len(t, reservations(t, b, res.RunID), 1, "written once, by the function's own commit")
+	}
+}
+
+// Parallel tx steps whose commits are all refused, holding every
+// connection of the pool at once, do not stall it: each releases its
+// connection before it reads how its commit ended.
+func TestParallelTxStepsRefusedTogetherDoNotStallThePool(t *testing.T) {
+	t.Parallel()
+	const n = 30 // more than the test pool's 20 connections
+	var entered atomic.Int64
+	var first [n]atomic.Bool
+	allIn := make(chan struct{})
+	var once sync.Once
+	wf := engine.Define("tx-pool-wave", func(ctx *engine.Context, _ int) (int, error) {
+		fs := make([]*engine.Future[int], n)
+		for i := range n {
+			fs[i] = engine.GoTx(ctx, fmt.Sprint("b", i), func(sctx context.Context, tx pgx.Tx) (int, error) {
+				if _, err := tx.Exec(sctx, `INSERT INTO reservations VALUES ($1, $2)`, ctx.RunID(), fmt.Sprint(i)); err != nil {
+					return 0, err
+				}
+				if first[i].CompareAndSwap(false, true) {
+					if entered.Add(1) >= 15 {
+						once.Do(func() { close(allIn) })
+					}
+					select {
+					case <-allIn:
+					case <-time.After(time.Second):
+					}
+					_, _ = tx.Exec(sctx, `SELECT 1/0`) // swallowed: the transaction is aborted
+				}
+				return 1, nil
+			}, &engine.StepOpts{RetryPolicy: &engine.RetryPolicy{InitialInterval: 10 * time.Millisecond, MaximumAttempts: 5}})
+		}
+		sum := 0
+		for _, f := range fs {
+			v, err := f.Get(ctx)
+			if err != nil {
+				return 0, err
+			}
+			sum += v
+		}
+		return sum, nil
+	}, &engine.WorkflowOpts{MaxParallelSteps: n})
+	b := setup(t, &engine.Config{LeaseDuration: 4 * time.Second}, wf)
+	createReservations(t, b)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 1, nil)
+	require.NoError(t, err)
+	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, n, out)
+	require.Len(t, reservations(t, b, res.RunID), n)
+	run, err := b.engine.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, 1, run.Deliveries, "finished in its first delivery: no stall past the lease")
 }

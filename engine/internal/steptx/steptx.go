@@ -36,16 +36,17 @@ type Tx struct {
 	// (Conn, LargeObjects).
 	ctx context.Context
 	tx  pgx.Tx // the transaction once begun (closed if BEGIN failed)
-	// err is why the transaction never began: BEGIN, or the statement
-	// sent with it, failed before the server ran BEGIN (a statement that
-	// does not prepare is refused before its batch is sent).
+	// err is a statement the server refused before the transaction's
+	// BEGIN ran (one that does not prepare is refused before its batch
+	// is sent), or a BEGIN that failed: in a transaction begun first it
+	// would have aborted the transaction.
 	err error
 }
 
-// Err is why the transaction never began, if it did not: the owner must
-// not commit the step then, even if the function swallowed the error
-// (pgx.BeginFunc refuses to commit a transaction whose statement failed,
-// too).
+// Err is the error that must keep the owner from committing the step even
+// if the function swallowed it: a BEGIN that failed, or a first statement
+// the server refused before BEGIN ran (pgx.BeginFunc does not commit a
+// transaction a statement aborted, either).
 func (t *Tx) Err() error { return t.err }
 
 // New returns a transaction on conn that begins with its first statement.
@@ -93,6 +94,13 @@ func pipelined(args []any) bool {
 
 // beginWith sends BEGIN and sql in one batch and returns the batch, its
 // BEGIN's result read.
+//
+// A batch that fails before the server runs its BEGIN (sql does not
+// prepare, or an argument does not encode) leaves no transaction: the
+// transaction then begins on its own, as it would have before sql, so
+// that what the function does next (on Conn too) is inside it, as with
+// pgx. A statement the server refused would have aborted that
+// transaction: Err reports it, and the owner does not commit.
 func (t *Tx) beginWith(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
@@ -102,16 +110,25 @@ func (t *Tx) beginWith(ctx context.Context, sql string, args []any) (pgx.BatchRe
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
 		if t.conn.PgConn().TxStatus() == 'I' {
-			t.err = err
+			t.tx = nil
+			if berr := t.begin(ctx); berr != nil {
+				return nil, berr
+			}
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) {
+				t.err = err
+			}
 		}
 		return nil, err
 	}
 	return br, nil
 }
 
-// Exec implements pgx.Tx.
+// Exec implements pgx.Tx. pgx runs an Exec without arguments with the
+// simple protocol, where one string may hold several statements, which a
+// batch cannot: such an Exec begins the transaction first.
 func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if t.tx != nil || !pipelined(args) {
+	if t.tx != nil || len(args) == 0 || !pipelined(args) {
 		if err := t.begin(ctx); err != nil {
 			return pgconn.CommandTag{}, err
 		}

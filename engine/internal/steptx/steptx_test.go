@@ -128,20 +128,48 @@ func TestFailedFirstStatementAbortsTheTransaction(t *testing.T) {
 }
 
 // A first statement that does not prepare is refused before its batch,
-// BEGIN included, is sent: the transaction never begins, says so, and
-// refuses every later statement.
-func TestUnpreparableFirstStatementNeverBegins(t *testing.T) {
+// BEGIN included, is sent: the transaction then begins on its own, so
+// what follows (on Conn too) is inside it, and Err keeps the owner from
+// committing, as the aborted transaction of pgx would.
+func TestUnpreparableFirstStatementBeginsAndIsReported(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	tx := steptx.New(f.ctx, f.conn)
-	_, err := tx.Exec(f.ctx, `INSERT INTO missing VALUES (1)`)
+	_, err := tx.Exec(f.ctx, `INSERT INTO missing VALUES ($1)`, 1)
 	require.ErrorContains(t, err, "missing")
-	require.Equal(t, byte('I'), f.conn.PgConn().TxStatus())
+	require.Equal(t, byte('T'), f.conn.PgConn().TxStatus())
 	require.ErrorContains(t, tx.Err(), "missing")
-	_, err = tx.Exec(f.ctx, `INSERT INTO t VALUES (1)`)
-	require.ErrorIs(t, err, pgx.ErrTxClosed)
-	var n int
-	require.NoError(t, f.conn.QueryRow(f.ctx, `SELECT 1`).Scan(&n), "the connection is free")
+	_, err = tx.Conn().Exec(f.ctx, `INSERT INTO t VALUES (1)`)
+	require.NoError(t, err)
+	require.Zero(t, f.outside(t), "inside the transaction, which the owner will not commit")
+}
+
+// An argument that does not encode fails the batch with BEGIN in it, and
+// pgx closes the connection over a batch it could not build: unlike a
+// pgx.Tx, the transaction is over, Err says so (the owner does not
+// commit), and nothing is written.
+func TestUnencodableFirstArgumentEndsTheTransaction(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	tx := steptx.New(f.ctx, f.conn)
+	_, err := tx.Exec(f.ctx, `INSERT INTO t VALUES ($1)`, make(chan int))
+	require.Error(t, err)
+	require.Error(t, tx.Err())
+	_, err = tx.Exec(f.ctx, `INSERT INTO t VALUES ($1)`, 1)
+	require.Error(t, err)
+	require.Zero(t, f.outside(t))
+}
+
+// An Exec without arguments may hold several statements (pgx runs it
+// with the simple protocol): it begins the transaction first.
+func TestMultiStatementExecFirst(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	tx := steptx.New(f.ctx, f.conn)
+	_, err := tx.Exec(f.ctx, `SET LOCAL lock_timeout = '5s'; INSERT INTO t VALUES (1)`)
+	require.NoError(t, err)
+	require.Equal(t, byte('T'), f.conn.PgConn().TxStatus())
+	require.Zero(t, f.outside(t))
 }
 
 func TestExecModeArgumentsBeginFirst(t *testing.T) {
