@@ -76,7 +76,8 @@ type ReferenceResult struct {
 // RunReference inserts n jobs of kind "noop", "three_tx" or "ten_tx" (a
 // row per step in its own transaction, 3 or 10 steps) on a fresh
 // queue with cfg's fetch settings, works them with one River client, and
-// returns how long that took from the insert to the last completion.
+// returns the timing from the insert to the last completion, with its
+// steady state's rate (steady.Result).
 func RunReference(ctx context.Context, pool *pgxpool.Pool, cfg Config, kind string, n int) (*ReferenceResult, error) {
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS pgdurable_bench_rows (job_id bigint, step int)`); err != nil {
 		return nil, err
