@@ -552,6 +552,7 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 		err = func() error {
 			tx := steptx.New(sctx, conn.Conn())
 			v, err := fn(sctx, tx)
+			tx.Close()
 			if pc := conn.Conn().PgConn(); tx.Begun() && tx.Err() == nil && !pc.IsClosed() && !pc.IsBusy() && pc.TxStatus() == 'I' {
 				// fn committed or rolled back on its own (COMMIT through
 				// Exec, or a transaction on tx.Conn()): its writes are not

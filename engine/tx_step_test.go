@@ -360,3 +360,32 @@ func TestParallelTxStepsRefusedTogetherDoNotStallThePool(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, run.Deliveries, "finished in its first delivery: no stall past the lease")
 }
+
+// The tx a step's function got refuses calls once the function returned:
+// a goroutine it left behind cannot write outside the step.
+func TestTxStepTransactionClosesWhenItsFunctionReturns(t *testing.T) {
+	t.Parallel()
+	returned := make(chan struct{})
+	late := make(chan error, 1)
+	wf := engine.Define("tx-leaked", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.TxStep(ctx, "reserve", func(sctx context.Context, tx pgx.Tx) (int, error) {
+			go func() {
+				<-returned
+				_, err := tx.Exec(context.Background(), `INSERT INTO reservations VALUES ($1, 'leaked')`, ctx.RunID())
+				late <- err
+			}()
+			_, err := tx.Exec(sctx, `INSERT INTO reservations VALUES ($1, 'step')`, ctx.RunID())
+			return 1, err
+		}, nil)
+	}, nil)
+	b := setup(t, nil, wf)
+	createReservations(t, b)
+	ctx := testCtx(t)
+	res, err := wf.Start(ctx, b.engine, 1, nil)
+	require.NoError(t, err)
+	_, err = wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	close(returned)
+	require.ErrorIs(t, <-late, pgx.ErrTxClosed)
+	require.Equal(t, []string{"step"}, reservations(t, b, res.RunID))
+}

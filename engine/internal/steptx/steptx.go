@@ -15,6 +15,7 @@ package steptx
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -41,7 +42,16 @@ type Tx struct {
 	// is sent), or a BEGIN that failed: in a transaction begun first it
 	// would have aborted the transaction.
 	err error
+	// closed: the step's function returned; the transaction is the
+	// owner's now (see Close).
+	closed atomic.Bool
 }
+
+// Close ends the function's use of the transaction: from then on its
+// calls return pgx.ErrTxClosed, as pgx's do after a commit, so that a
+// goroutine the function left behind cannot write outside the step (the
+// owner commits, and the connection goes back to the pool).
+func (t *Tx) Close() { t.closed.Store(true) }
 
 // Err is the error that must keep the owner from committing the step even
 // if the function swallowed it: a BEGIN that failed, or a first statement
@@ -128,6 +138,9 @@ func (t *Tx) beginWith(ctx context.Context, sql string, args []any) (pgx.BatchRe
 // simple protocol, where one string may hold several statements, which a
 // batch cannot: such an Exec begins the transaction first.
 func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if t.closed.Load() {
+		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	}
 	if t.tx != nil || len(args) == 0 || !pipelined(args) {
 		if err := t.begin(ctx); err != nil {
 			return pgconn.CommandTag{}, err
@@ -148,6 +161,9 @@ func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandT
 // Query implements pgx.Tx. The rows hold the connection until they are
 // closed or read to the end, as pgx's do.
 func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if t.closed.Load() {
+		return nil, pgx.ErrTxClosed
+	}
 	if t.tx != nil || !pipelined(args) {
 		if err := t.begin(ctx); err != nil {
 			return nil, err
@@ -168,6 +184,9 @@ func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, erro
 
 // QueryRow implements pgx.Tx.
 func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if t.closed.Load() {
+		return errRow{pgx.ErrTxClosed}
+	}
 	if t.tx != nil || !pipelined(args) {
 		if err := t.begin(ctx); err != nil {
 			return errRow{err}
@@ -183,6 +202,9 @@ func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 
 // Begin implements pgx.Tx: a savepoint, as pgx's is.
 func (t *Tx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if t.closed.Load() {
+		return nil, pgx.ErrTxClosed
+	}
 	if err := t.begin(ctx); err != nil {
 		return nil, err
 	}
@@ -197,6 +219,9 @@ func (t *Tx) Rollback(context.Context) error { return ErrNotYours }
 
 // CopyFrom implements pgx.Tx.
 func (t *Tx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if t.closed.Load() {
+		return 0, pgx.ErrTxClosed
+	}
 	if err := t.begin(ctx); err != nil {
 		return 0, err
 	}
@@ -205,6 +230,9 @@ func (t *Tx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []strin
 
 // SendBatch implements pgx.Tx.
 func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if t.closed.Load() {
+		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
+	}
 	if err := t.begin(ctx); err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
@@ -219,6 +247,9 @@ func (t *Tx) LargeObjects() pgx.LargeObjects {
 
 // Prepare implements pgx.Tx.
 func (t *Tx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if t.closed.Load() {
+		return nil, pgx.ErrTxClosed
+	}
 	if err := t.begin(ctx); err != nil {
 		return nil, err
 	}

@@ -243,3 +243,23 @@ func TestOtherMethodsBeginFirst(t *testing.T) {
 	require.True(t, tx.Begun(), "Conn begins: statements on it are in the transaction")
 	require.Equal(t, byte('T'), f.conn.PgConn().TxStatus())
 }
+
+// Once its owner closes it, the transaction refuses the function's
+// calls, as pgx's does after a commit.
+func TestClosedRefusesTheFunction(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	tx := steptx.New(f.ctx, f.conn)
+	_, err := tx.Exec(f.ctx, `INSERT INTO t VALUES ($1)`, 1)
+	require.NoError(t, err)
+	tx.Close()
+	_, err = tx.Exec(f.ctx, `INSERT INTO t VALUES ($1)`, 2)
+	require.ErrorIs(t, err, pgx.ErrTxClosed)
+	_, err = tx.Query(f.ctx, `SELECT 1`)
+	require.ErrorIs(t, err, pgx.ErrTxClosed)
+	var n int
+	require.ErrorIs(t, tx.QueryRow(f.ctx, `SELECT 1`).Scan(&n), pgx.ErrTxClosed)
+	_, err = tx.Begin(f.ctx)
+	require.ErrorIs(t, err, pgx.ErrTxClosed)
+	require.ErrorIs(t, tx.SendBatch(f.ctx, &pgx.Batch{}).Close(), pgx.ErrTxClosed)
+}

@@ -155,6 +155,9 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 	}
 	threeRate, tenRate := median(refRates), ten.Rate()
 	rounds := func(v []float64, format string) string {
+		if len(v) == 1 {
+			return "1 round"
+		}
 		return fmt.Sprintf("median of %d rounds, range "+format+"–"+format, len(v), slices.Min(v), slices.Max(v))
 	}
 	rep.add(opts, "river 3 rows in 3 transactions per job", threeRate, "jobs/s", "reference: a 3-step workflow by hand; "+rounds(refRates, "%.0f"))
@@ -208,7 +211,7 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 			}
 			rep.add(opts, "3-step workflow as v2 beside v1, start included", p.perSec, "workflows/s", "runs pinned to their version")
 			rep.add(opts, "pinned v2 / plain 3-step workflow", p.perSec/res.perSec, "ratio", "target ~1.0")
-			rep.add(opts, "3-step workflow as v2 beside v1, patched, start included", v.perSec, "workflows/s", "and a Patched call: its marker is a record")
+			rep.add(opts, "3-step workflow as v2 beside v1, patched, start included", v.perSec, "workflows/s", "and a Patched call: the change rides on the next step's record")
 			rep.add(opts, "patched v2 / plain 3-step workflow", v.perSec/res.perSec, "ratio", "")
 			rep.add(opts, "3-step workflow as v2 beside v1, patched: round trips", v.roundTrips, "round trips/workflow", "")
 			rep.add(opts, "3-step workflow as v2 beside v1, patched: WAL", v.walBytes, "bytes/workflow", "")
