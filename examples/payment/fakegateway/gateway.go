@@ -15,6 +15,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -31,6 +32,13 @@ const DeclineMethod = "pm_card_chargeDeclined"
 
 // Faults are injected per request, before processing (5xx, 429), or after
 // it (drop: the charge is made, then the connection is cut mid-response).
+//
+// A request with an Idempotency-Key draws its fault from its key and how
+// many times the key was tried, not from a stream shared by all requests:
+// the tries of one key are independent whatever else is in flight. With one
+// shared stream, the run left last took every remaining draw in a row, so a
+// cluster of low draws near the stream's end failed all its retries in some
+// interleavings and not in others.
 type Faults struct {
 	Latency      time.Duration // added to every request
 	ServerError  float64       // share of requests answered 503 before processing
@@ -44,6 +52,8 @@ type Gateway struct {
 	mu      sync.Mutex
 	faults  Faults
 	rnd     *rand.Rand
+	seed    uint64            // mixed into per-key draws; taken from rnd
+	tries   map[string]uint64 // requests by Idempotency-Key
 	keys    map[string]*stored
 	intents map[string]*intent
 	refunds []Refund
@@ -90,7 +100,7 @@ func New(f Faults) *Gateway {
 	if rnd == nil {
 		rnd = rand.New(rand.NewPCG(1, 2))
 	}
-	return &Gateway{faults: f, rnd: rnd, keys: map[string]*stored{}, intents: map[string]*intent{}, counts: map[string]int{}}
+	return &Gateway{faults: f, rnd: rnd, seed: rnd.Uint64(), tries: map[string]uint64{}, keys: map[string]*stored{}, intents: map[string]*intent{}, counts: map[string]int{}}
 }
 
 // SetFaults changes the faults for later requests.
@@ -100,7 +110,7 @@ func (g *Gateway) SetFaults(f Faults) {
 	if f.RandomSource == nil {
 		f.RandomSource = g.rnd
 	}
-	g.faults, g.rnd = f, f.RandomSource
+	g.faults, g.rnd, g.seed = f, f.RandomSource, f.RandomSource.Uint64()
 }
 
 // ServeHTTP implements http.Handler.
@@ -126,10 +136,19 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeStripeError(w, http.StatusBadRequest, "invalid_request_error", "", "Malformed form body: "+err.Error())
 		return
 	}
+	key := r.Header.Get("Idempotency-Key")
 	g.mu.Lock()
 	g.counts[route]++
 	f := g.faults
-	roll := g.rnd.Float64()
+	var roll float64
+	if key != "" {
+		g.tries[key]++
+		h := fnv.New64a()
+		h.Write([]byte(key))
+		roll = rand.New(rand.NewPCG(g.seed^h.Sum64(), g.tries[key])).Float64()
+	} else {
+		roll = g.rnd.Float64()
+	}
 	g.mu.Unlock()
 	if f.Latency > 0 {
 		time.Sleep(f.Latency)
@@ -145,7 +164,6 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	drop := roll >= f.ServerError+f.RateLimit && roll < f.ServerError+f.RateLimit+f.DropAfter
 
-	key := r.Header.Get("Idempotency-Key")
 	params := paramsHash(route, r.PostForm)
 	if key != "" {
 		g.mu.Lock()
