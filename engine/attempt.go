@@ -133,6 +133,9 @@ type attemptState struct {
 	// which commits in the tx step's transaction (nil for a parallel step:
 	// the workflow's buffered record is not its to write).
 	prev *store.StepRecord
+	// parallel: a parallel step's (Go), on its own goroutine: it neither
+	// joins the workflow's chain of tx steps nor leaves one (see txChain).
+	parallel bool
 	// completed builds the record of a successful attempt; a body that
 	// writes it in its own transaction (a tx step) sets recorded.
 	completed   func(out []byte) (*store.StepRecord, error)

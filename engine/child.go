@@ -218,7 +218,7 @@ func ChildWorkflow[In, Out any](ctx *Context, wf *Workflow[In, Out], in In, opts
 // startChild takes the child's position and starts it, or replays its
 // record.
 func (d *delivery) startChild(name string, version int, input []byte, opts *ChildOpts) (int, uuid.UUID, string, error) {
-	seq, err := d.enterStep("child workflow", name)
+	seq, err := d.enterStep("child workflow", name, false)
 	if err != nil {
 		return 0, uuid.Nil, "", err
 	}

@@ -78,8 +78,11 @@ type delivery struct {
 	// lastRecorded is the seq of the latest step that wrote its own record
 	// (a tx step), -1 for none.
 	lastRecorded   int
-	lastRecordedAt time.Time   // its record's completion time
-	inStep         atomic.Bool // a step is running: guards nested and concurrent Step calls
+	lastRecordedAt time.Time // its record's completion time
+	// chain is the transaction of the latest tx steps, open until the
+	// run's next durable point (see txChain); nil for none.
+	chain  *txChain
+	inStep atomic.Bool // a step is running: guards nested and concurrent Step calls
 
 	// claimedAt is when this delivery took the lease (monotonic); once it
 	// has lived a whole lease without progress, its next heartbeat counts

@@ -258,6 +258,9 @@ type Engine struct {
 	// replay, set only on the scratch engine of Replay, stops a delivery
 	// where it would run a step's function.
 	replay *replayProbe
+	// unchained: runs whose tx steps' chain was lost under a step (see
+	// unchainedRuns).
+	unchained unchainedRuns
 	// schema is where the engine's tables are (Config.Schema), and db the
 	// pool bound to it: every statement runs on db or on a transaction
 	// bound with on.

@@ -253,8 +253,12 @@ func (e *Engine) execute(ctx context.Context, wf registered, claimed *store.Clai
 		d.park(nil, why)
 		return nil
 	}
+	defer d.dropChain()
 	out, p, err := d.runWorkflow(claimed.Input)
 	d.stopBranches()
+	if !d.ended && !d.settleChain() {
+		return d.ticketErr
+	}
 	d.finish(out, err, p)
 	return d.ticketErr
 }
@@ -438,6 +442,10 @@ func (d *delivery) end(err error) {
 		d.e.obs.LeaseLost(LeaseLostEvent{Workflow: d.wf.name})
 		d.log.Warn("lease lost; this delivery stops", "error_class", "lease_lost")
 		d.rescueUnowned()
+	case errors.Is(err, errChainLost) && d.handBack(nil, StatusPending, time.Time{}, false) == nil:
+		// Nothing of the chained steps committed: the run goes back to its
+		// queue at once, for a delivery that runs them again.
+		d.log.Warn("chained tx steps rolled back; run handed back", "error", err)
 	case err != nil:
 		// The record is not written. If the claim survived, the lease
 		// expires and the sweep hands the run to another delivery, which

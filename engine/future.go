@@ -252,7 +252,7 @@ func startBranch[T any](ctx *Context, name string, kind StepKind, opts *StepOpts
 	if !d.markPendingPatches() {
 		return resolve(nil, d.endErr)
 	}
-	seq, err := d.enterStep("step", name)
+	seq, err := d.enterStep("step", name, false)
 	if err != nil {
 		return resolve(nil, err)
 	}
@@ -341,7 +341,7 @@ func (b *branch) run() (_ []byte, _ *parkReason, _ error) {
 			return nil, b.unsettled(), nil
 		}
 		var r attemptResult
-		a := &attemptState{d: d, seq: b.seq, attempt: attempt, completed: b.completed(attempt)}
+		a := &attemptState{d: d, seq: b.seq, attempt: attempt, completed: b.completed(attempt), parallel: true}
 		if b.lost != nil {
 			r = attemptResult{err: b.lost, started: time.Now()}
 			b.lost = nil

@@ -58,7 +58,7 @@ func Patched(ctx *Context, changeID string) bool {
 	}
 	if isMarker(rec, changeID) {
 		// A marker of its own: the position is the marker's.
-		if _, err := d.enterStep("patch", changeID); err != nil {
+		if _, err := d.enterStep("patch", changeID, false); err != nil {
 			return true
 		}
 		d.inStep.Store(false)
@@ -98,7 +98,7 @@ func (d *delivery) markPendingPatches() bool {
 	ids := d.patchIDs
 	d.patchIDs = nil
 	for _, id := range ids {
-		seq, err := d.enterStep("patch", id)
+		seq, err := d.enterStep("patch", id, false)
 		if err != nil {
 			return false
 		}
@@ -126,7 +126,7 @@ func DeprecatePatch(ctx *Context, changeID string) {
 	if !d.pos.replaying() || !isMarker(d.pos.at(d.pos.next), changeID) {
 		return
 	}
-	if _, err := d.enterStep("patch", changeID); err != nil {
+	if _, err := d.enterStep("patch", changeID, false); err != nil {
 		return
 	}
 	d.inStep.Store(false)

@@ -157,7 +157,7 @@ func First[T any](ctx *Context, name string, fs []*Future[T]) (int, T, error) {
 
 // selectCases is Select once its cases are checked.
 func (d *delivery) selectCases(name string, cases []SelectCase) (Selected, error) {
-	seq, err := d.enterStep("select", name)
+	seq, err := d.enterStep("select", name, false)
 	if err != nil {
 		return Selected{}, err
 	}

@@ -263,7 +263,7 @@ func SelectSignal(ctx *Context, name string, signals []string, timeout time.Dura
 // childPoll) rather than suspending, so they run once, to their end; the
 // wait's start is written first, so a redelivery keeps its deadline.
 func (d *delivery) awaitSignal(name string, names []string, timeout time.Duration) (string, []byte, error) {
-	seq, err := d.enterStep("signal", name)
+	seq, err := d.enterStep("signal", name, false)
 	if err != nil {
 		return "", nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgdurable/pgdurable/engine/internal/steptx"
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
@@ -208,7 +209,10 @@ type stepCall struct {
 // enterStep takes the next step position for a step of any kind (what
 // names it in errors: "step", "signal"), or says why none may start. On
 // success the caller must clear d.inStep when the step is done.
-func (d *delivery) enterStep(what, name string) (int, error) {
+func (d *delivery) enterStep(what, name string, join bool) (int, error) {
+	if !join && !d.ended && !d.settleChain() {
+		return 0, d.endErr
+	}
 	if d.ended {
 		return 0, d.endErr
 	}
@@ -236,7 +240,8 @@ func (d *delivery) runStep(call *stepCall) ([]byte, error) {
 		return nil, fmt.Errorf("%w: step %q: %v", ErrInvalidArgument, name, err)
 	}
 	call.inputHash = hash
-	seq, err := d.enterStep("step", name)
+	// A tx step may join the open chain: runStep settles it otherwise.
+	seq, err := d.enterStep("step", name, true)
 	if err != nil {
 		return nil, err
 	}
@@ -253,6 +258,9 @@ func (d *delivery) runStep(call *stepCall) ([]byte, error) {
 	if !ok || !d.sameInput(seq, name, call.inputHash, rec) {
 		return nil, d.endErr
 	}
+	if rec != nil && !d.settleChain() {
+		return nil, d.endErr
+	}
 	if rec != nil {
 		switch rec.Status {
 		case store.StepCompleted:
@@ -264,7 +272,11 @@ func (d *delivery) runStep(call *stepCall) ([]byte, error) {
 			return nil, ErrCancelled // stopped by the cancellation, which stands
 		}
 	}
-	return d.newAttemptLoop(call, seq, rec).run()
+	l := d.newAttemptLoop(call, seq, rec)
+	if d.chain != nil && !d.mayJoin(l) && !d.settleChain() {
+		return nil, d.endErr
+	}
+	return l.run()
 }
 
 // waitUntil waits for a retry or a sleep that is due at t: in place when
@@ -503,11 +515,28 @@ func (p RetryPolicy) backoff(attempt int) time.Duration {
 // activity's outcome among them, is written before fn starts, so a slow
 // transaction never holds it back.
 //
-// Cost: one transaction, in one round trip more than fn's statements take:
-// BEGIN travels with fn's first statement, and the fenced record with
-// COMMIT. The record's fence is a share lock on the run's row, which it
-// leaves as it is, except for a delivery's first write or when the lease
-// is a heartbeat interval old: then it extends the lease.
+// Consecutive tx steps of a run share one transaction: when fn succeeds
+// and the workflow's next step is a tx step too, the transaction stays
+// open and that step runs in it under a savepoint (its failure rolls back
+// to the savepoint alone, and the steps before it commit with their
+// records). The transaction commits, with every record in it, at the run's
+// next durable point: a step of any other kind, a wait, a failed step,
+// the workflow's return, or 16 steps. So the writes of a tx step are
+// visible to other transactions from then on, not from its return; its
+// row locks are held until then; and a crash before then runs every step
+// in the transaction again (each still commits once, with its record).
+// Steps running in parallel (Go), compensations, a step with a rate
+// limit or a ScheduleToCloseTimeout, and a run whose cancellation is
+// requested do not share. A step whose first statement its connection has
+// not run before commits the steps before it first (a statement that
+// fails to parse would abort the shared transaction).
+//
+// Cost: fn's statements, the first with BEGIN (or, in a shared
+// transaction, with the savepoint), and the fenced records with COMMIT in
+// one more round trip, once per shared transaction. The record's fence is
+// a share lock on the run's row, which it leaves as it is, except for a
+// delivery's first write or when the lease is a heartbeat interval old:
+// then it extends the lease.
 func TxStep[T any](ctx *Context, name string, fn func(ctx context.Context, tx pgx.Tx) (T, error), opts *StepOpts) (T, error) {
 	raw, err := ctx.d.runStep(&stepCall{name: name, kind: KindTx, opts: opts, tx: true, body: txBody(fn),
 		returnExhausted: opts != nil && opts.ReturnExhausted})
@@ -536,24 +565,71 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 	return func(sctx context.Context, a *attemptState) ([]byte, error) {
 		d := a.d
 		var out []byte
-		var committing, already bool
+		var committing, already, chained bool
 		keep := true // the record left the lease as it was
 		prev := a.prev
 		sent := time.Now()
-		conn, err := d.e.pool.Acquire(d.ctx)
-		if err != nil {
-			return nil, err
+		// The chain the step joins (runStep settled any it may not), the
+		// step's own now: it goes back to the delivery if the step leaves
+		// the transaction open in turn.
+		var ch *txChain
+		if !a.parallel {
+			ch, d.chain = d.chain, nil
+		}
+		var conn *pgxpool.Conn
+		var tx *steptx.Tx
+		var settleErr error // the chain's commit before the step's first statement, when it failed
+		if ch != nil {
+			conn = ch.conn
+			tx = steptx.Join(sctx, conn.Conn(), ch.tx, func(ctx context.Context) error {
+				if settleErr = d.commitChain(d.ctx, ch); settleErr == nil {
+					ch = nil
+				}
+				return settleErr
+			})
+		} else {
+			var err error
+			if conn, err = d.e.pool.Acquire(d.ctx); err != nil {
+				return nil, err
+			}
+			tx = steptx.New(sctx, conn.Conn())
 		}
 		// Released before the reads below, which take a connection of
 		// their own: parallel tx steps holding every connection of the
 		// pool while they waited for one stalled the whole pool.
-		defer conn.Release()
+		released := false
+		release := func() {
+			if !released && !chained {
+				released = true
+				rollback(d.ctx, conn.Conn())
+				conn.Release()
+			}
+		}
+		defer release()
 		refused := false
-		err = func() error {
-			tx := steptx.New(sctx, conn.Conn())
+		var joined []*store.StepRecord // the chain's records, when the step ran in its transaction
+		if ch != nil {
+			joined = ch.recs
+		}
+		err := func() error {
 			v, err := fn(sctx, tx)
 			tx.Close()
-			if pc := conn.Conn().PgConn(); tx.Begun() && tx.Err() == nil && !pc.IsClosed() && !pc.IsBusy() && pc.TxStatus() == 'I' {
+			if tx.Settled() {
+				joined = nil
+				if settleErr != nil {
+					return settleErr
+				}
+			}
+			pc := conn.Conn().PgConn()
+			if joined != nil && (tx.Lost() || pc.IsClosed() || pc.IsBusy()) {
+				return errChainLost
+			}
+			if tx.Begun() && tx.Err() == nil && !pc.IsClosed() && !pc.IsBusy() && pc.TxStatus() == 'I' {
+				if joined != nil {
+					// The steps before it were in that transaction too:
+					// whether they committed is not known.
+					return errChainLost
+				}
 				// fn committed or rolled back on its own (COMMIT through
 				// Exec, or a transaction on tx.Conn()): its writes are not
 				// the step's, and trying again could write them twice.
@@ -562,8 +638,11 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			if err == nil {
 				err = tx.Err() // a statement failed, and fn swallowed the error
 			}
-			if err == nil && conn.Conn().PgConn().TxStatus() == 'E' {
+			if err == nil && pc.TxStatus() == 'E' && joined == nil {
 				err = errAbortedTransaction // fn swallowed a failed statement's error
+			}
+			if err == nil && pc.TxStatus() == 'E' && joined != nil && tx.Begun() {
+				err = errAbortedTransaction
 			}
 			if err != nil {
 				return err
@@ -581,17 +660,29 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			if err != nil {
 				return Permanent(err)
 			}
+			recs := joined
+			if prev != nil {
+				recs = append(recs, prev)
+			}
+			recs = append(recs, rec)
+			open := tx.Underlying()
+			if open == nil && joined != nil {
+				open = ch.tx // the step wrote nothing: the chain's transaction goes on
+			}
+			if open != nil && !a.parallel && d.mayChain(a.seq, len(recs)) {
+				// Committed at the run's next durable point, with the
+				// steps after it that join the transaction.
+				d.chain, chained = &txChain{conn: conn, tx: open, recs: recs}, true
+				return nil
+			}
 			committing = true
 			var w store.StepsWritten
-			if prev == nil && rec.Fresh {
+			begun := tx.Begun() || joined != nil
+			if len(recs) == 1 && rec.Fresh {
 				keep = d.keepsLease()
-				w, err = store.CommitStep(d.ctx, d.e.on(conn.Conn()), store.StepCommit{Fence: d.fence(), Begun: tx.Begun(), Keep: keep, Record: rec})
+				w, err = store.CommitStep(d.ctx, d.e.on(conn.Conn()), store.StepCommit{Fence: d.fence(), Begun: begun, Keep: keep, Record: rec})
 			} else {
-				recs := []*store.StepRecord{rec}
-				if prev != nil {
-					recs = []*store.StepRecord{prev, rec}
-				}
-				w, err = store.CommitSteps(d.ctx, d.e.on(conn.Conn()), d.fence(), tx.Begun(), recs...)
+				w, err = store.CommitSteps(d.ctx, d.e.on(conn.Conn()), d.fence(), begun, recs...)
 			}
 			refused = errors.Is(err, store.ErrStepsNotCommitted)
 			if err == nil {
@@ -599,8 +690,25 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			}
 			return err
 		}()
-		rollback(d.ctx, conn.Conn())
-		conn.Release()
+		if err != nil && joined != nil && !errors.Is(err, errChainLost) && !committing {
+			// The step failed in the chain's transaction: undo its writes
+			// alone, then commit the steps before it.
+			err = d.unjoin(conn, tx, joined, err)
+		}
+		release()
+		if errors.Is(err, errChainLost) || settleErr != nil && errors.Is(err, settleErr) {
+			cause := err
+			if ch != nil {
+				// Not committed, or not known to be: the steps before it
+				// run again on the next delivery, if they did not commit.
+				if oerr := d.chainOutcome(ch, cause); oerr != nil {
+					return nil, oerr
+				}
+			}
+			if errors.Is(err, errChainLost) {
+				return nil, &outcomeUnknownError{err: err}
+			}
+		}
 		if refused {
 			owns, oerr := store.OwnsRun(d.ctx, d.e.db, d.fence())
 			switch {
@@ -620,6 +728,9 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 		switch {
 		case err == nil:
 			a.recorded = true
+			if chained {
+				return out, nil
+			}
 			if !keep {
 				d.extendedAt(sent)
 			}
@@ -644,9 +755,31 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 				// like a crash; the next one reads the records.
 				return nil, &outcomeUnknownError{err: fmt.Errorf("commit of tx step: %w; reading its record: %v", err, gerr)}
 			}
+			if joined != nil {
+				// The steps it joined were in that commit: not there either.
+				d.e.unchained.add(d.runID, a.seq)
+				return nil, &outcomeUnknownError{err: fmt.Errorf("%w: %w", errChainLost, err)}
+			}
 		}
 		return nil, err
 	}
+}
+
+// unjoin ends a tx step that failed with cause in the transaction of the
+// chained steps before it (recs): it rolls back to the step's savepoint
+// and commits the rest. cause when that worked (the step failed alone),
+// errChainLost when it did not (none of them committed, or it is not
+// known).
+func (d *delivery) unjoin(conn *pgxpool.Conn, tx *steptx.Tx, recs []*store.StepRecord, cause error) error {
+	if tx.Begun() {
+		if _, err := conn.Conn().Exec(d.ctx, steptx.RollbackToSavepoint); err != nil {
+			return fmt.Errorf("%w: rolling back the failed step: %v", errChainLost, err)
+		}
+	}
+	if err := d.commitChain(d.ctx, &txChain{conn: conn, recs: recs}); err != nil {
+		return fmt.Errorf("%w: committing the steps before the failed one: %v", errChainLost, err)
+	}
+	return cause
 }
 
 // rollback ends the transaction left open on conn, if any: one whose

@@ -10,6 +10,14 @@
 // batch after the last: two round trips for the same step. Every other
 // method begins the transaction on its own first, then behaves as
 // pgx.Tx does.
+//
+// A step may also join a transaction that steps before it left open (see
+// Join): it then runs under a savepoint of that transaction, sent in the
+// same batch as its first statement, and the transaction commits once,
+// with every joined step's record. A first statement the connection has
+// not run before (its Parse could fail and would abort the open
+// transaction before the savepoint exists) first commits the steps before
+// it, and the step begins a transaction of its own.
 package steptx
 
 import (
@@ -45,6 +53,96 @@ type Tx struct {
 	// closed: the step's function returned; the transaction is the
 	// owner's now (see Close).
 	closed atomic.Bool
+
+	// outer is the open transaction the step joins (nil: none); settle
+	// commits it, with the records of the steps in it, when the step
+	// cannot join it safely.
+	outer   pgx.Tx
+	settle  func(context.Context) error
+	settled bool // settle ran: the step is in a transaction of its own
+	// lost: the joined transaction failed before the step's savepoint
+	// held (or its state is unknown): the steps before it rolled back.
+	lost bool
+}
+
+// savepointSQL opens the savepoint a joined step runs under: a failed
+// step rolls back to it alone.
+const savepointSQL = "savepoint pgdurable_step"
+
+// RollbackToSavepoint is the statement that undoes a joined step's writes
+// and leaves the steps before it in the transaction.
+const RollbackToSavepoint = "rollback to savepoint pgdurable_step"
+
+// Join returns a transaction on conn for a step that joins outer, the
+// transaction the steps before it left open on conn, under a savepoint.
+// settle commits outer with those steps' records; Tx calls it (and the
+// step begins a transaction of its own) when its first statement cannot
+// join safely (see the package comment). ctx is for the methods that take
+// none.
+func Join(ctx context.Context, conn *pgx.Conn, outer pgx.Tx, settle func(context.Context) error) *Tx {
+	return &Tx{conn: conn, ctx: ctx, outer: outer, settle: settle}
+}
+
+// Joined reports whether the step runs in the transaction it joined (Join,
+// and that transaction was not settled first).
+func (t *Tx) Joined() bool { return t.outer != nil && !t.settled }
+
+// Settled reports whether the transaction the step joined was committed
+// before the step's first statement (settle ran, with or without error).
+func (t *Tx) Settled() bool { return t.settled }
+
+// Lost reports whether the joined transaction failed before the step's
+// savepoint held, or may have: the steps before it did not commit.
+func (t *Tx) Lost() bool { return t.lost }
+
+// Underlying is the transaction open on the connection (nil before the
+// first statement): the one a later step may join.
+func (t *Tx) Underlying() pgx.Tx {
+	if _, ok := t.tx.(closedTx); ok {
+		return nil
+	}
+	return t.tx
+}
+
+// settleFirst commits the transaction the step joined, once.
+func (t *Tx) settleFirst(ctx context.Context) error {
+	t.settled = true
+	if err := t.settle(ctx); err != nil {
+		t.tx, t.err = closedTx{err}, err
+		return err
+	}
+	return nil
+}
+
+// knownKey names the set, in the connection's custom data, of statements
+// that prepared on it: a joined step's first statement must be one.
+const knownKey = "pgdurable.steptx.known"
+
+// maxKnown bounds that set (pgx's statement cache holds 512).
+const maxKnown = 512
+
+func known(conn *pgx.Conn, sql string) bool {
+	set, _ := conn.PgConn().CustomData()[knownKey].(map[string]struct{})
+	_, ok := set[sql]
+	return ok
+}
+
+func markKnown(conn *pgx.Conn, sql string) {
+	data := conn.PgConn().CustomData()
+	set, _ := data[knownKey].(map[string]struct{})
+	if set == nil {
+		set = map[string]struct{}{}
+		data[knownKey] = set
+	}
+	if len(set) < maxKnown {
+		set[sql] = struct{}{}
+	}
+}
+
+func forget(conn *pgx.Conn, sql string) {
+	if set, _ := conn.PgConn().CustomData()[knownKey].(map[string]struct{}); set != nil {
+		delete(set, sql)
+	}
 }
 
 // Close ends the function's use of the transaction: from then on its
@@ -77,6 +175,14 @@ func (t *Tx) Conn() *pgx.Conn {
 // that do not pipeline BEGIN.
 func (t *Tx) begin(ctx context.Context) error {
 	if t.tx != nil {
+		return nil
+	}
+	if t.Joined() {
+		if _, err := t.outer.Exec(ctx, savepointSQL); err != nil {
+			t.tx, t.err, t.lost = closedTx{err}, err, true
+			return err
+		}
+		t.tx = t.outer
 		return nil
 	}
 	tx, err := t.conn.Begin(ctx)
@@ -112,6 +218,14 @@ func pipelined(args []any) bool {
 // pgx. A statement the server refused would have aborted that
 // transaction: Err reports it, and the owner does not commit.
 func (t *Tx) beginWith(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
+	if t.Joined() {
+		if known(t.conn, sql) {
+			return t.joinWith(ctx, sql, args)
+		}
+		if err := t.settleFirst(ctx); err != nil {
+			return nil, err
+		}
+	}
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(sql, args...)
@@ -131,6 +245,26 @@ func (t *Tx) beginWith(ctx context.Context, sql string, args []any) (pgx.BatchRe
 		}
 		return nil, err
 	}
+	markKnown(t.conn, sql)
+	return br, nil
+}
+
+// joinWith sends the savepoint and sql in one batch and returns the
+// batch, the savepoint's result read. A savepoint that did not take (the
+// batch failed before the server ran it, or the transaction was aborted)
+// leaves the joined transaction lost.
+func (t *Tx) joinWith(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
+	b := &pgx.Batch{}
+	b.Queue(savepointSQL)
+	b.Queue(sql, args...)
+	br := t.conn.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		forget(t.conn, sql)
+		t.tx, t.err, t.lost = closedTx{err}, err, true
+		return nil, err
+	}
+	t.tx = t.outer
 	return br, nil
 }
 

@@ -37,12 +37,17 @@ func TestBenchReportsEveryRow(t *testing.T) {
 	require.Less(t, byName["round trips per replayed step"].Value, 0.01)
 	require.Positive(t, byName["RSS with 200 waiting runs"].Value)
 	require.Positive(t, byName["3 tx steps inserting a row each, start included"].Value)
-	// Each tx step commits (with its record); the start and end share
-	// group commits, and a small row carries the engine's own start and
-	// stop. Round trips: the statement with BEGIN, the record with COMMIT.
-	require.GreaterOrEqual(t, byName["3 tx steps: commits"].Value, 3.0)
-	require.Less(t, byName["3 tx steps: commits"].Value, 6.0)
-	require.InDelta(t, 8, byName["3 tx steps one at a time: round trips"].Value, 1.5)
+	// The 3 tx steps share one transaction, which commits with their
+	// records (a step whose first statement is new on its connection
+	// commits the ones before it first: a small row starts cold); the
+	// start and end share group commits, and a small row carries the
+	// engine's own start and stop. Round trips: the first statement with
+	// BEGIN, each next one with its savepoint, the records with COMMIT.
+	t.Logf("3 tx steps: %.2f commits/workflow, %.1f round trips one at a time",
+		byName["3 tx steps: commits"].Value, byName["3 tx steps one at a time: round trips"].Value)
+	require.GreaterOrEqual(t, byName["3 tx steps: commits"].Value, 1.0)
+	require.Less(t, byName["3 tx steps: commits"].Value, 3.0)
+	require.InDelta(t, 6, byName["3 tx steps one at a time: round trips"].Value, 1.5)
 	require.Positive(t, byName["pinned v2 / plain 3-step workflow"].Value)
 	require.Positive(t, byName["patched v2 / plain 3-step workflow"].Value)
 	require.Positive(t, byName["3-step workflow as v2 beside v1, patched, start included"].Value)

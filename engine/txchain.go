@@ -1,0 +1,164 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgdurable/pgdurable/engine/internal/store"
+)
+
+// txChain is the transaction that consecutive tx steps of a run share.
+//
+// A tx step commits its writes with its record. Committing each one is a
+// commit per step, and a commit (its WAL flush) is what a tx step costs
+// most; so when a tx step succeeds and the run goes on, its transaction
+// stays open, and the run's next tx step joins it under a savepoint (a
+// failed step rolls back to its savepoint alone). The transaction commits,
+// with the records of every step in it, fenced by the lease, at the run's
+// next durable point: the next step of another kind, a wait, a failed
+// step, the run's end, maxChainSteps steps. Until then nothing of it is
+// visible to other transactions, and a crash rolls all of it back: the
+// next delivery runs those steps again, each in a transaction of its own
+// making, so every step's writes still commit once, with its record.
+//
+// Only the workflow's own goroutine uses it: a tx step run in parallel
+// (Go) neither joins nor leaves one.
+type txChain struct {
+	conn *pgxpool.Conn
+	tx   pgx.Tx // open on conn
+	recs []*store.StepRecord
+}
+
+// maxChainSteps bounds a chain: its savepoints (PostgreSQL caches 64
+// subtransactions per transaction) and how long it holds its row locks.
+const maxChainSteps = 16
+
+// errChainLost ends a delivery whose chained tx steps' transaction failed
+// before it could commit: those steps did not commit, and the next
+// delivery runs them again.
+var errChainLost = errors.New("the transaction of the tx steps chained in it failed before it committed; " +
+	"the next delivery runs those steps again")
+
+// mayChain reports whether a tx step that succeeded may leave its
+// transaction open for the run's next tx step, with recs (the records the
+// transaction would commit) so far.
+func (d *delivery) mayChain(seq, recs int) bool {
+	return recs < maxChainSteps && !d.branchesRunning() && !d.compensating && !d.cancelRequested.Load() &&
+		d.e.replay == nil && !d.e.unchained.has(d.runID, seq)
+}
+
+// mayJoin reports whether the next step, l, may join the open chain.
+func (d *delivery) mayJoin(l *attemptLoop) bool {
+	return l.call.tx && l.forward && !l.announces(1) && !l.settling() &&
+		(l.call.opts == nil || l.call.opts.RateLimit == "") && d.mayChain(l.seq, len(d.chain.recs))
+}
+
+// settleChain commits the open chain, if any, and gives its connection
+// back; an error ends the delivery (its steps may not have committed).
+func (d *delivery) settleChain() bool {
+	ch := d.chain
+	if ch == nil {
+		return true
+	}
+	d.chain = nil
+	err := d.commitChain(d.ctx, ch)
+	rollback(d.ctx, ch.conn.Conn())
+	ch.conn.Release()
+	if err = d.chainOutcome(ch, err); err != nil {
+		d.end(err)
+		return false
+	}
+	return true
+}
+
+// commitChain commits ch's transaction with its records, fenced by the
+// lease, in one round trip, leaving the connection to the caller.
+func (d *delivery) commitChain(ctx context.Context, ch *txChain) error {
+	w, err := store.CommitSteps(ctx, d.e.on(ch.conn.Conn()), d.fence(), true, ch.recs...)
+	if err == nil {
+		d.progressed.Store(true)
+		d.noteCancel(w.CancelRequested)
+	}
+	return err
+}
+
+// chainOutcome is what a commit of ch that returned err comes to, read
+// from the database once ch's connection is back in the pool: nil when it
+// committed after all, ErrLeaseLost, or an error that ends the delivery
+// (the records are not there, or cannot be read).
+func (d *delivery) chainOutcome(ch *txChain, err error) error {
+	if err == nil {
+		return nil
+	}
+	last := ch.recs[len(ch.recs)-1]
+	if errors.Is(err, store.ErrStepsNotCommitted) {
+		owns, oerr := store.OwnsRun(d.ctx, d.e.db, d.fence())
+		switch {
+		case oerr != nil:
+			return &outcomeUnknownError{err: fmt.Errorf("chained tx steps' commit refused; reading the lease: %w", oerr)}
+		case !owns:
+			return store.ErrLeaseLost
+		}
+	}
+	rec, gerr := store.GetStep(d.ctx, d.e.db, d.runID, last.Seq)
+	switch {
+	case gerr == nil && rec.Status == store.StepCompleted:
+		return nil // one commit holds them all: the last is there, so are the others
+	case gerr != nil && !errors.Is(gerr, store.ErrNotFound):
+		return &outcomeUnknownError{err: fmt.Errorf("commit of chained tx steps: %w; reading their records: %v", err, gerr)}
+	}
+	d.e.unchained.add(d.runID, last.Seq+1)
+	return &outcomeUnknownError{err: fmt.Errorf("%w: %w", errChainLost, err)}
+}
+
+// dropChain rolls back a chain the delivery ended with (its end wrote
+// nothing after it, or failed): nothing of it committed.
+func (d *delivery) dropChain() {
+	if ch := d.chain; ch != nil {
+		d.chain = nil
+		rollback(context.WithoutCancel(d.ctx), ch.conn.Conn())
+		ch.conn.Release()
+	}
+}
+
+// unchainedRuns remembers, per run, the position of a step whose chained
+// transaction was lost under it: the run's next deliveries in this process
+// run that step in a transaction of its own, so a step that fails the
+// same way every time (its connection cut by its timeout, a statement
+// that does not prepare) fails alone and is retried, recorded or parked
+// instead of taking the steps before it down with it on every delivery.
+type unchainedRuns struct {
+	mu sync.Mutex
+	m  map[uuid.UUID]int
+}
+
+// maxUnchained bounds the map; past it, it starts over.
+const maxUnchained = 10000
+
+func (u *unchainedRuns) add(runID uuid.UUID, seq int) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.m == nil || len(u.m) >= maxUnchained {
+		u.m = map[uuid.UUID]int{}
+	}
+	u.m[runID] = seq
+}
+
+// has reports whether the step at seq of runID must not join a chain
+// nor leave one open: it is the step under which one was lost.
+func (u *unchainedRuns) has(runID uuid.UUID, seq int) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	at, ok := u.m[runID]
+	if ok && seq > at {
+		delete(u.m, runID) // past the step: chains form again
+		return false
+	}
+	return ok && seq == at
+}
