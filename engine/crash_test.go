@@ -25,12 +25,14 @@ import (
 // re-executes this test binary) and SIGKILL them: a real crash, not a
 // cancelled context. These variables steer the children's workflows.
 const (
-	envBlockStep3 = "PGDURABLE_TEST_BLOCK_STEP3"
-	envPauseFirst = "PGDURABLE_TEST_PAUSE_BEFORE_S1" // workflow code idles 2 s before s1
-	envBlockInTx  = "PGDURABLE_TEST_BLOCK_IN_TX"     // crash-tx: hang inside the tx step, before commit
-	envBlockAfter = "PGDURABLE_TEST_BLOCK_AFTER_TX"  // crash-tx: hang in the step after the tx step
-	envSlowS1     = "PGDURABLE_TEST_SLOW_S1"         // crash-three: s1 takes 300 ms after counting its call
-	envBlockKids  = "PGDURABLE_TEST_BLOCK_KIDS"      // crash-kid: hang inside the tx step, before commit
+	envBlockStep3      = "PGDURABLE_TEST_BLOCK_STEP3"
+	envPauseFirst      = "PGDURABLE_TEST_PAUSE_BEFORE_S1"   // workflow code idles 2 s before s1
+	envBlockInTx       = "PGDURABLE_TEST_BLOCK_IN_TX"       // crash-tx: hang inside the tx step, before commit
+	envBlockAfter      = "PGDURABLE_TEST_BLOCK_AFTER_TX"    // crash-tx: hang in the step after the tx step
+	envSlowS1          = "PGDURABLE_TEST_SLOW_S1"           // crash-three: s1 takes 300 ms after counting its call
+	envBlockKids       = "PGDURABLE_TEST_BLOCK_KIDS"        // crash-kid: hang inside the tx step, before commit
+	envBlockChain      = "PGDURABLE_TEST_BLOCK_IN_CHAIN"    // crash-tx-chain: hang in the second of three chained tx steps
+	envBlockChainAfter = "PGDURABLE_TEST_BLOCK_AFTER_CHAIN" // crash-tx-chain: hang in the step after the chain
 )
 
 func TestMain(m *testing.M) {
@@ -240,7 +242,33 @@ func crashWorkflows(pool *pgxpool.Pool) []engine.Registration {
 			return 1, nil
 		}, &engine.StepOpts{ScheduleToCloseTimeout: 4 * time.Second, RetryPolicy: &engine.RetryPolicy{MaximumAttempts: 1}}).Get(ctx)
 	}, nil)
-	return append(append([]engine.Registration{three, flaky, lost, tx, batch, fanout, kid, parent, lostPar, lostS2C}, deadlineCrashWorkflows(pool)...),
+	// chain runs three tx steps that share one transaction, then a plain
+	// step.
+	chain := engine.Define("crash-tx-chain", func(ctx *engine.Context, in crashIn) (int, error) {
+		for _, name := range []string{"r1", "r2", "r3"} {
+			if _, err := engine.TxStep(ctx, name, func(sctx context.Context, tx pgx.Tx) (int, error) {
+				if _, err := tx.Exec(sctx, `INSERT INTO reservations (run_id, note) VALUES ($1, $2)`, ctx.RunID(), name); err != nil {
+					return 0, err
+				}
+				if err := bumpCalls(context.WithoutCancel(sctx), pool, ctx.RunID(), name); err != nil {
+					return 0, err
+				}
+				if name == "r2" && os.Getenv(envBlockChain) == "1" {
+					select {} // killed with r1 and r2 uncommitted
+				}
+				return 1, nil
+			}, nil); err != nil {
+				return 0, err
+			}
+		}
+		return engine.Step(ctx, "after", func(sctx context.Context) (int, error) {
+			if os.Getenv(envBlockChainAfter) == "1" {
+				select {} // killed after the chain committed
+			}
+			return 3, bumpCalls(context.WithoutCancel(sctx), pool, ctx.RunID(), "after")
+		}, nil)
+	}, nil)
+	return append(append([]engine.Registration{three, flaky, lost, tx, batch, fanout, kid, parent, lostPar, lostS2C, chain}, deadlineCrashWorkflows(pool)...),
 		append(append(patchCrashWorkflows(pool), checkoutVersions()...), queuedCrashWorkflows(pool)...)...)
 }
 
@@ -697,6 +725,57 @@ func TestParallelAttemptKilledWithItsWorkerCounts(t *testing.T) {
 // A process killed around a tx step's transaction — before its commit, or
 // after it and before the next step — leaves the step's business row
 // exactly once after another worker finishes the run.
+// Tx steps that share a transaction are exactly once across a SIGKILL:
+// killed in the second, the first (uncommitted with it) runs again; killed
+// after the shared commit, none does. Every row is written once.
+func TestChainedTxStepsAreExactlyOnceAcrossKills(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, env, killWhen string
+		wantCalls           map[string]int
+	}{
+		{"mid-chain", envBlockChain, `SELECT count(*) FROM step_calls WHERE run_id = $1 AND step = 'r2'`,
+			map[string]int{"r1": 2, "r2": 2, "r3": 1, "after": 1}},
+		{"after-chain", envBlockChainAfter, `SELECT count(*) FROM pgdurable.workflow_steps WHERE run_id = $1 AND seq = 2 AND status = 'completed'`,
+			map[string]int{"r1": 1, "r2": 1, "r3": 1, "after": 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db := enginetest.NewDB(t)
+			createCallsTable(t, db.Pool)
+			wfs := crashWorkflows(db.Pool)
+			client := newEngine(t, db, nil, false, wfs...)
+			ctx := testCtx(t)
+			res, err := client.StartJSON(ctx, "crash-tx-chain", []byte(`{}`), nil)
+			require.NoError(t, err)
+			child := crashtest.StartWorker(t, db, time.Second, tc.env+"=1")
+			eventually(t, 30*time.Second, "the kill point", func() bool {
+				var n int
+				require.NoError(t, db.Pool.QueryRow(ctx, tc.killWhen, res.RunID).Scan(&n))
+				return n == 1
+			})
+			var committed int
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM reservations WHERE run_id = $1`, res.RunID).Scan(&committed))
+			crashtest.Kill(t, child)
+
+			worker := newEngine(t, db, &engine.Config{LeaseDuration: time.Second}, true, wfs...)
+			run := waitStatus(t, worker, res.RunID, engine.StatusCompleted, 30*time.Second)
+			rows, err := db.Pool.Query(ctx, `SELECT note FROM reservations WHERE run_id = $1 ORDER BY note`, res.RunID)
+			require.NoError(t, err)
+			notes, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			require.NoError(t, err)
+			require.Equal(t, []string{"r1", "r2", "r3"}, notes, "each business row exists exactly once")
+			if tc.env == envBlockChain {
+				require.Zero(t, committed, "nothing of the shared transaction was visible before the kill")
+			}
+			for step, want := range tc.wantCalls {
+				require.Equal(t, want, calls(t, db.Pool, res.RunID, step), step)
+			}
+			require.JSONEq(t, `3`, string(run.Output))
+		})
+	}
+}
+
 func TestTxStepIsExactlyOnceAcrossKills(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {

@@ -757,7 +757,7 @@ func (d *delivery) suspend(rec *store.StepRecord, wakeAt time.Time) {
 // lease nothing more is written; after a shutdown the run is released at
 // once for another worker instead of waiting for its lease to expire.
 func (d *delivery) interrupted() {
-	if d.ended {
+	if d.ended || !d.settleChain() {
 		return
 	}
 	if errors.Is(context.Cause(d.ctx), ErrLeaseLost) {

@@ -771,12 +771,15 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 // errChainLost when it did not (none of them committed, or it is not
 // known).
 func (d *delivery) unjoin(conn *pgxpool.Conn, tx *steptx.Tx, recs []*store.StepRecord, cause error) error {
+	// Detached: a shutdown that stopped the step keeps the steps before it.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), writeTimeout)
+	defer cancel()
 	if tx.Begun() {
-		if _, err := conn.Conn().Exec(d.ctx, steptx.RollbackToSavepoint); err != nil {
+		if _, err := conn.Conn().Exec(ctx, steptx.RollbackToSavepoint); err != nil {
 			return fmt.Errorf("%w: rolling back the failed step: %v", errChainLost, err)
 		}
 	}
-	if err := d.commitChain(d.ctx, &txChain{conn: conn, recs: recs}); err != nil {
+	if err := d.commitChain(ctx, &txChain{conn: conn, recs: recs}); err != nil {
 		return fmt.Errorf("%w: committing the steps before the failed one: %v", errChainLost, err)
 	}
 	return cause

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -48,9 +49,13 @@ var errChainLost = errors.New("the transaction of the tx steps chained in it fai
 // mayChain reports whether a tx step that succeeded may leave its
 // transaction open for the run's next tx step, with recs (the records the
 // transaction would commit) so far.
+//
+// Not with half the lease or less left either: the next step's start
+// would renew it (see mayStartStep), and a renewal takes a connection of
+// the pool while the chain holds one.
 func (d *delivery) mayChain(seq, recs int) bool {
 	return recs < maxChainSteps && !d.branchesRunning() && !d.compensating && !d.cancelRequested.Load() &&
-		d.e.replay == nil && !d.e.unchained.has(d.runID, seq)
+		d.e.replay == nil && d.leaseLeft() > d.e.cfg.LeaseDuration/2 && !d.e.unchained.has(d.runID, seq)
 }
 
 // mayJoin reports whether the next step, l, may join the open chain.
@@ -67,8 +72,12 @@ func (d *delivery) settleChain() bool {
 		return true
 	}
 	d.chain = nil
-	err := d.commitChain(d.ctx, ch)
-	rollback(d.ctx, ch.conn.Conn())
+	// Detached from the delivery's context, as the record writes are: a
+	// shutdown at a step boundary commits the steps done.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), writeTimeout)
+	defer cancel()
+	err := d.commitChain(ctx, ch)
+	rollback(ctx, ch.conn.Conn())
 	ch.conn.Release()
 	if err = d.chainOutcome(ch, err); err != nil {
 		d.end(err)
@@ -80,8 +89,22 @@ func (d *delivery) settleChain() bool {
 // commitChain commits ch's transaction with its records, fenced by the
 // lease, in one round trip, leaving the connection to the caller.
 func (d *delivery) commitChain(ctx context.Context, ch *txChain) error {
-	w, err := store.CommitSteps(ctx, d.e.on(ch.conn.Conn()), d.fence(), true, ch.recs...)
+	sent := time.Now()
+	keep := true
+	var w store.StepsWritten
+	var err error
+	if len(ch.recs) == 1 && ch.recs[0].Fresh {
+		// A tx step no other joined: the lean statement its own commit
+		// would have used.
+		keep = d.keepsLease()
+		w, err = store.CommitStep(ctx, d.e.on(ch.conn.Conn()), store.StepCommit{Fence: d.fence(), Begun: true, Keep: keep, Record: ch.recs[0]})
+	} else {
+		w, err = store.CommitSteps(ctx, d.e.on(ch.conn.Conn()), d.fence(), true, ch.recs...)
+	}
 	if err == nil {
+		if !keep {
+			d.extendedAt(sent)
+		}
 		d.progressed.Store(true)
 		d.noteCancel(w.CancelRequested)
 	}
