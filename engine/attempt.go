@@ -180,7 +180,10 @@ func (s *stepState) execute(parent context.Context, a *attemptState) attemptResu
 	r.out, r.p, r.timedOut, r.err = bounded(sctx, timeout, cause, call.tx, func(ctx context.Context) ([]byte, *panicInfo, error) {
 		return runBody(ctx, call.body, a)
 	})
-	if r.timedOut {
+	if r.timedOut && !outcomeLost(r.err) {
+		// A lost outcome stays one (a tx step whose timeout cut the
+		// connection of the transaction it shared: the steps before it
+		// did not commit), so the delivery ends instead of retrying.
 		r.out, r.p, r.err = nil, nil, stepTimeout(call.name, a.attempt, cause, r.err)
 	}
 	attempted(span, r.p, r.err)

@@ -486,6 +486,9 @@ func (d *delivery) waitBranches(max time.Duration) {
 // seqs ends: false when it did (the delivery ended), true when one of them
 // had ended already (nothing written; the caller reads it).
 func (d *delivery) suspendForChildren(seqs []int) bool {
+	if !d.settleChain() {
+		return false
+	}
 	status := StatusWaiting
 	if d.compensating || d.cancelRequested.Load() {
 		status = StatusCompensating // the cancel sweep wakes a waiting run at once

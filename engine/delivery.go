@@ -81,7 +81,9 @@ type delivery struct {
 	lastRecordedAt time.Time // its record's completion time
 	// chain is the transaction of the latest tx steps, open until the
 	// run's next durable point (see txChain); nil for none.
-	chain  *txChain
+	// Atomic: a record write that settles it may run on a parallel step's
+	// goroutine, though a chain is never open while one runs.
+	chain  atomic.Pointer[txChain]
 	inStep atomic.Bool // a step is running: guards nested and concurrent Step calls
 
 	// claimedAt is when this delivery took the lease (monotonic); once it

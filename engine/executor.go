@@ -501,6 +501,9 @@ func (d *delivery) write(recs ...*store.StepRecord) bool { return d.writeStatus(
 
 // writeStatus is write that also moves the run to status ("" unchanged).
 func (d *delivery) writeStatus(status RunStatus, recs ...*store.StepRecord) bool {
+	if !d.settleChain() { // the tx steps before come first
+		return false
+	}
 	sent := time.Now()
 	w := &store.RecordWrite{Fence: d.fence(), Records: recs, Status: string(status), KeepLease: d.keepsLease()}
 	res, err := d.commit(w)
@@ -736,6 +739,9 @@ func (d *delivery) flushStarted() bool {
 // suspend hands the run back until wakeAt, writing rec (may be nil) and the
 // next delivery's ticket in one transaction.
 func (d *delivery) suspend(rec *store.StepRecord, wakeAt time.Time) {
+	if !d.settleChain() {
+		return
+	}
 	if rec != nil && d.buf.pending != nil && !d.flush() {
 		return
 	}
@@ -785,6 +791,9 @@ func (d *delivery) interrupted() {
 // so a waiting run holds no River job. A pending run (a shutdown handed it
 // back) gets its ticket in the same transaction.
 func (d *delivery) handBack(rec *store.StepRecord, status RunStatus, wakeAt time.Time, progress bool) error {
+	if !d.settleChain() {
+		return d.endErr
+	}
 	d.longMu.Lock() // a heartbeat in flight has marked the delivery, or will find the lease gone
 	defer d.longMu.Unlock()
 	return d.do(func(ctx context.Context) error {
@@ -825,6 +834,9 @@ func parkNonDeterminism(seq int, name string, kind StepKind, rec *store.StepReco
 // only for a child_dead park whose child's dead job was replayed meanwhile:
 // nothing is written, and the delivery goes on (it waits for the child).
 func (d *delivery) park(rec *store.StepRecord, why *parkReason) bool {
+	if !d.settleChain() {
+		return true
+	}
 	if rec != nil && d.buf.pending != nil && !d.flush() {
 		return true
 	}

@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
+	"runtime/debug"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -273,7 +274,7 @@ func (d *delivery) runStep(call *stepCall) ([]byte, error) {
 		}
 	}
 	l := d.newAttemptLoop(call, seq, rec)
-	if d.chain != nil && !d.mayJoin(l) && !d.settleChain() {
+	if d.chain.Load() != nil && !d.mayJoin(l) && !d.settleChain() {
 		return nil, d.endErr
 	}
 	return l.run()
@@ -525,11 +526,14 @@ func (p RetryPolicy) backoff(attempt int) time.Duration {
 // visible to other transactions from then on, not from its return; its
 // row locks are held until then; and a crash before then runs every step
 // in the transaction again (each still commits once, with its record).
-// Steps running in parallel (Go), compensations, a step with a rate
-// limit or a ScheduleToCloseTimeout, and a run whose cancellation is
-// requested do not share. A step whose first statement its connection has
-// not run before commits the steps before it first (a statement that
-// fails to parse would abort the shared transaction).
+// Transaction-scoped settings (SET LOCAL, set_config(..., true)) carry
+// into the steps that share the transaction after the one that set them.
+// Steps running in parallel (Go), compensations, a step with a rate limit
+// or a ScheduleToCloseTimeout, and a run whose cancellation is requested
+// do not share. A step commits the steps before it first, and begins its
+// own transaction, when its first statement is new on its connection (a
+// statement that fails to parse would abort the shared transaction) or
+// SET TRANSACTION, or when fn takes tx.Conn() first.
 //
 // Cost: fn's statements, the first with BEGIN (or, in a shared
 // transaction, with the savepoint), and the fenced records with COMMIT in
@@ -574,7 +578,7 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 		// the transaction open in turn.
 		var ch *txChain
 		if !a.parallel {
-			ch, d.chain = d.chain, nil
+			ch = d.chain.Swap(nil)
 		}
 		var conn *pgxpool.Conn
 		var tx *steptx.Tx
@@ -612,7 +616,7 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			joined = ch.recs
 		}
 		err := func() error {
-			v, err := fn(sctx, tx)
+			v, err := callTx(sctx, fn, tx)
 			tx.Close()
 			if tx.Settled() {
 				joined = nil
@@ -626,9 +630,12 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			}
 			if tx.Begun() && tx.Err() == nil && !pc.IsClosed() && !pc.IsBusy() && pc.TxStatus() == 'I' {
 				if joined != nil {
-					// The steps before it were in that transaction too:
-					// whether they committed is not known.
-					return errChainLost
+					// The steps before it were in that transaction too.
+					err := d.endedJoined(conn, tx, joined, err)
+					if !errors.Is(err, errChainLost) {
+						joined = nil // recorded: the step fails alone
+					}
+					return err
 				}
 				// fn committed or rolled back on its own (COMMIT through
 				// Exec, or a transaction on tx.Conn()): its writes are not
@@ -672,7 +679,8 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			if open != nil && !a.parallel && d.mayChain(a.seq, len(recs)) {
 				// Committed at the run's next durable point, with the
 				// steps after it that join the transaction.
-				d.chain, chained = &txChain{conn: conn, tx: open, recs: recs}, true
+				d.chain.Store(&txChain{conn: conn, tx: open, recs: recs})
+				chained = true
 				return nil
 			}
 			committing = true
@@ -757,12 +765,47 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			}
 			if joined != nil {
 				// The steps it joined were in that commit: not there either.
-				d.e.unchained.add(d.runID, a.seq)
+				d.e.unchained.add(d.runID, joined[0].Seq, a.seq)
 				return nil, &outcomeUnknownError{err: fmt.Errorf("%w: %w", errChainLost, err)}
 			}
 		}
 		return nil, err
 	}
+}
+
+// endedJoined fails a tx step whose function ended the transaction it
+// joined (fnErr is what it returned): the steps before it committed with
+// it, or rolled back. Committed (a COMMIT seen, or an unseen end on the
+// connection of a function that returned no error, as pgx.BeginFunc
+// commits then): their records are written at once, so that they never
+// run again, and the step fails for good, as a lone one does. Rolled back:
+// the delivery ends and the next one runs them again.
+func (d *delivery) endedJoined(conn *pgxpool.Conn, tx *steptx.Tx, joined []*store.StepRecord, fnErr error) error {
+	tag, escaped := tx.Ended()
+	if tag == "ROLLBACK" || tag == "" && (!escaped || fnErr != nil) {
+		return errChainLost
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), writeTimeout)
+	defer cancel()
+	if _, err := store.CommitSteps(ctx, d.e.on(conn.Conn()), d.fence(), false, joined...); err != nil {
+		return fmt.Errorf("%w: writing the records of the steps the function committed: %v", errChainLost, err)
+	}
+	d.log.Error("a tx step's function ended the transaction it shared with the tx steps before it; "+
+		"their records were written after it", "error", errEndedTransaction)
+	return Permanent(errEndedTransaction)
+}
+
+// callTx calls fn, returning its panic as a *panicError (with its stack):
+// a step that panics in a shared transaction must roll back to its
+// savepoint and commit the steps before it like one that fails, or they
+// would be rolled back with it while the workflow goes on past them.
+func callTx[T any](ctx context.Context, fn func(context.Context, pgx.Tx) (T, error), tx pgx.Tx) (v T, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &panicError{p: &panicInfo{value: r, stack: debug.Stack()}}
+		}
+	}()
+	return fn(ctx, tx)
 }
 
 // unjoin ends a tx step that failed with cause in the transaction of the

@@ -61,17 +61,16 @@ func (d *delivery) mayChain(seq, recs int) bool {
 // mayJoin reports whether the next step, l, may join the open chain.
 func (d *delivery) mayJoin(l *attemptLoop) bool {
 	return l.call.tx && l.forward && !l.announces(1) && !l.settling() &&
-		(l.call.opts == nil || l.call.opts.RateLimit == "") && d.mayChain(l.seq, len(d.chain.recs))
+		(l.call.opts == nil || l.call.opts.RateLimit == "") && d.mayChain(l.seq, len(d.chain.Load().recs))
 }
 
 // settleChain commits the open chain, if any, and gives its connection
 // back; an error ends the delivery (its steps may not have committed).
 func (d *delivery) settleChain() bool {
-	ch := d.chain
+	ch := d.chain.Swap(nil)
 	if ch == nil {
 		return true
 	}
-	d.chain = nil
 	// Detached from the delivery's context, as the record writes are: a
 	// shutdown at a step boundary commits the steps done.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), writeTimeout)
@@ -136,52 +135,56 @@ func (d *delivery) chainOutcome(ch *txChain, err error) error {
 	case gerr != nil && !errors.Is(gerr, store.ErrNotFound):
 		return &outcomeUnknownError{err: fmt.Errorf("commit of chained tx steps: %w; reading their records: %v", err, gerr)}
 	}
-	d.e.unchained.add(d.runID, last.Seq+1)
+	// Which step the failure belongs to is not known: each of them, and
+	// the step after them, runs alone next time.
+	d.e.unchained.add(d.runID, ch.recs[0].Seq, last.Seq+1)
 	return &outcomeUnknownError{err: fmt.Errorf("%w: %w", errChainLost, err)}
 }
 
 // dropChain rolls back a chain the delivery ended with (its end wrote
 // nothing after it, or failed): nothing of it committed.
 func (d *delivery) dropChain() {
-	if ch := d.chain; ch != nil {
-		d.chain = nil
+	if ch := d.chain.Swap(nil); ch != nil {
 		rollback(context.WithoutCancel(d.ctx), ch.conn.Conn())
 		ch.conn.Release()
 	}
 }
 
-// unchainedRuns remembers, per run, the position of a step whose chained
-// transaction was lost under it: the run's next deliveries in this process
-// run that step in a transaction of its own, so a step that fails the
-// same way every time (its connection cut by its timeout, a statement
-// that does not prepare) fails alone and is retried, recorded or parked
-// instead of taking the steps before it down with it on every delivery.
+// unchainedRuns remembers, per run, the positions of the steps of a
+// chained transaction that was lost or refused at its commit (a deferred
+// constraint, a serialization failure, a cut connection): the run's next
+// deliveries in this process run each of those steps in a transaction of
+// its own, so a step that fails the same way every time fails alone, and
+// is retried, recorded or parked, instead of taking the steps before it
+// down with it on every delivery. Another process learns it the same way,
+// once.
 type unchainedRuns struct {
 	mu sync.Mutex
-	m  map[uuid.UUID]int
+	m  map[uuid.UUID][2]int
 }
 
 // maxUnchained bounds the map; past it, it starts over.
 const maxUnchained = 10000
 
-func (u *unchainedRuns) add(runID uuid.UUID, seq int) {
+// add marks the positions from..to of runID.
+func (u *unchainedRuns) add(runID uuid.UUID, from, to int) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.m == nil || len(u.m) >= maxUnchained {
-		u.m = map[uuid.UUID]int{}
+		u.m = map[uuid.UUID][2]int{}
 	}
-	u.m[runID] = seq
+	u.m[runID] = [2]int{from, to}
 }
 
-// has reports whether the step at seq of runID must not join a chain
-// nor leave one open: it is the step under which one was lost.
+// has reports whether the step at seq of runID must neither join a chain
+// nor leave one open.
 func (u *unchainedRuns) has(runID uuid.UUID, seq int) bool {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	at, ok := u.m[runID]
-	if ok && seq > at {
-		delete(u.m, runID) // past the step: chains form again
+	r, ok := u.m[runID]
+	if ok && seq > r[1] {
+		delete(u.m, runID) // past them: chains form again
 		return false
 	}
-	return ok && seq == at
+	return ok && seq >= r[0]
 }

@@ -23,6 +23,7 @@ package steptx
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
@@ -63,6 +64,24 @@ type Tx struct {
 	// lost: the joined transaction failed before the step's savepoint
 	// held (or its state is unknown): the steps before it rolled back.
 	lost bool
+	// ended is how the function ended the joined transaction itself, by
+	// the command tag of its Exec ("COMMIT" or "ROLLBACK"; "" for none
+	// seen); escaped: it took the connection (Conn) inside it.
+	ended   string
+	escaped bool
+}
+
+// Ended reports how the function ended a joined transaction itself: by
+// an Exec whose command tag was COMMIT or ROLLBACK ("" for none seen),
+// and whether it took the connection inside it (see Conn), through which
+// it may have ended it unseen.
+func (t *Tx) Ended() (tag string, escaped bool) { return t.ended, t.escaped }
+
+// noteTag keeps an Exec's tag that ended the joined transaction.
+func (t *Tx) noteTag(tag pgconn.CommandTag) {
+	if t.Joined() && (tag.String() == "COMMIT" || tag.String() == "ROLLBACK") {
+		t.ended = tag.String()
+	}
 }
 
 // savepointSQL opens the savepoint a joined step runs under: a failed
@@ -110,6 +129,21 @@ func (t *Tx) settleFirst(ctx context.Context) error {
 	if err := t.settle(ctx); err != nil {
 		t.tx, t.err = closedTx{err}, err
 		return err
+	}
+	return nil
+}
+
+// firstOnly settles the joined transaction before sql when sql must be
+// its transaction's first statement (SET TRANSACTION: isolation, read
+// only, snapshot), which under a savepoint it is not: the step then
+// begins a transaction of its own.
+func (t *Tx) firstOnly(ctx context.Context, sql string) error {
+	if t.tx != nil || !t.Joined() {
+		return nil
+	}
+	f := strings.Fields(strings.ToLower(sql))
+	if len(f) >= 2 && f[0] == "set" && (f[1] == "transaction" || f[1] == "session" && len(f) >= 3 && f[2] == "characteristics") {
+		return t.settleFirst(ctx)
 	}
 	return nil
 }
@@ -166,7 +200,14 @@ func New(ctx context.Context, conn *pgx.Conn) *Tx { return &Tx{conn: conn, ctx: 
 func (t *Tx) Begun() bool { return t.tx != nil }
 
 // Conn is the connection, in the transaction (begun now if it was not).
+// A step that joined another's transaction and has not begun commits the
+// steps before it first: what the function does on the raw connection
+// cannot end their transaction.
 func (t *Tx) Conn() *pgx.Conn {
+	if t.Joined() && t.tx == nil {
+		_ = t.settleFirst(t.ctx)
+	}
+	t.escaped = t.Joined()
 	_ = t.begin(t.ctx)
 	return t.conn
 }
@@ -275,17 +316,23 @@ func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandT
 	if t.closed.Load() {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
+	if err := t.firstOnly(ctx, sql); err != nil {
+		return pgconn.CommandTag{}, err
+	}
 	if t.tx != nil || len(args) == 0 || !pipelined(args) {
 		if err := t.begin(ctx); err != nil {
 			return pgconn.CommandTag{}, err
 		}
-		return t.tx.Exec(ctx, sql, args...)
+		tag, err := t.tx.Exec(ctx, sql, args...)
+		t.noteTag(tag)
+		return tag, err
 	}
 	br, err := t.beginWith(ctx, sql, args)
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	tag, err := br.Exec()
+	t.noteTag(tag)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -297,6 +344,9 @@ func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandT
 func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if t.closed.Load() {
 		return nil, pgx.ErrTxClosed
+	}
+	if err := t.firstOnly(ctx, sql); err != nil {
+		return nil, err
 	}
 	if t.tx != nil || !pipelined(args) {
 		if err := t.begin(ctx); err != nil {
@@ -320,6 +370,9 @@ func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, erro
 func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if t.closed.Load() {
 		return errRow{pgx.ErrTxClosed}
+	}
+	if err := t.firstOnly(ctx, sql); err != nil {
+		return errRow{err}
 	}
 	if t.tx != nil || !pipelined(args) {
 		if err := t.begin(ctx); err != nil {
