@@ -1,5 +1,6 @@
 // Package payment is pgdurable's example: a checkout workflow that claims
-// the order, reserves its items in parallel, charges a card through
+// the order, reserves its items (tx steps that share the claim's
+// transaction), charges a card through
 // Stripe's API, records the payment and sends a receipt, undoing what it
 // did when the card is declined or an item sells out.
 //

@@ -122,8 +122,9 @@ func TestDeclineCompensates(t *testing.T) {
 func TestSoldOutCompensatesWithoutCharging(t *testing.T) {
 	t.Parallel()
 	f := setup(t, fakegateway.Faults{})
-	// Items are reserved in parallel: the tee's reservation may land
-	// before the limited item sells out; the claim's undo releases it.
+	// Items are reserved in SKU order: the tee's reservation commits with
+	// the claim before the limited item sells out; the claim's undo
+	// releases it.
 	res, err := f.wf.Start(f.ctx, f.e, order("ord_3", 100, "pm_card_visa", payment.Item{SKU: "sku_tee", Qty: 1},
 		payment.Item{SKU: "sku_limited", Qty: 5}), nil)
 	require.NoError(t, err)

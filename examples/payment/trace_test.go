@@ -139,7 +139,7 @@ func TestPaymentTraceSurvivesAKilledWorker(t *testing.T) {
 		"pgdurable.step reserve_item #1", "pgdurable.step validate #1"}, names(killed))
 	// The redelivery: its run span, its claim, the charge's second attempt
 	// (the first died with its worker), and the steps after it; validate,
-	// the fraud check, claim_order and the parallel reserve_item replay
+	// the fraud check, claim_order and reserve_item replay
 	// from their records and are not attempted.
 	require.Equal(t, []string{"POST /orders", "pgdurable.claim", "pgdurable.run payment", "pgdurable.start payment",
 		"pgdurable.step charge #2", "pgdurable.step record_payment #1", "pgdurable.step send_receipt #1"}, names(here))

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -60,7 +62,7 @@ func Definitions(cfg *Config) []engine.Registration {
 //
 //	validate → fraud check (behind engine.Patched: added under runs in flight)
 //	→ claim the order (tx step; undo: release the order and its reservations)
-//	→ reserve each item, in parallel (a tx step per item, engine.GoTx) → charge (activity;
+//	→ reserve each item, in SKU order (a tx step per item, sharing the claim's transaction) → charge (activity;
 //	undo: refund) → record payment in the ledger (tx step, one row per order; undo: remove
 //	the row) → send receipt (activity)
 //
@@ -121,16 +123,18 @@ func New(g *Gateway, cfg *Config) *engine.Workflow[Order, Receipt] {
 		}}, nil); err != nil {
 			return Receipt{}, err
 		}
-		// Each item is reserved in its own transaction, all at once: one
-		// inventory row per transaction, so concurrent orders never deadlock.
-		reservations := make([]*engine.Future[int], len(o.Items))
-		for i, it := range o.Items {
-			reservations[i] = engine.GoTx(ctx, "reserve_item", func(sctx context.Context, tx pgx.Tx) (int, error) {
+		// Each item is reserved in a tx step of its own, in SKU order: the
+		// steps share the claim's transaction (one commit for the claim and
+		// every reservation), and orders that want the same SKUs lock their
+		// inventory rows in the same order, so they never deadlock.
+		items := slices.Clone(o.Items)
+		slices.SortStableFunc(items, func(a, b Item) int { return strings.Compare(a.SKU, b.SKU) })
+		for _, it := range items {
+			if _, err := engine.TxStep(ctx, "reserve_item", func(sctx context.Context, tx pgx.Tx) (int, error) {
 				return reserveItem(sctx, tx, ctx.RunID(), o.OrderID, it)
-			}, nil)
-		}
-		if _, err := engine.All(ctx, reservations); err != nil {
-			return Receipt{}, err // out of stock: the claim's undo releases what was reserved
+			}, nil); err != nil {
+				return Receipt{}, err // out of stock: the claim's undo releases what was reserved
+			}
 		}
 		ch, err := compensation.Activity(saga, charge, o, compensation.Undo[Charge]{
 			Name: "refund", Fn: g.Refund, RetryPolicy: retry, StartToCloseTimeout: 30 * time.Second, RateLimit: ChargeRateLimit,
