@@ -506,7 +506,9 @@ func (p RetryPolicy) backoff(attempt int) time.Duration {
 // stops (ErrLeaseLost). fn must use tx for every write that belongs to the
 // step. The transaction commits with the record, or rolls back when fn
 // returns an error: tx.Commit and tx.Rollback return an error instead
-// (tx.Begin makes a savepoint, as pgx's does). Errors follow Step's rules:
+// (tx.Begin makes a savepoint, as pgx's does), and a statement through tx
+// that would end the transaction is refused (ErrEndsTransaction). Errors
+// follow Step's rules:
 // fn's error rolls back and is retried unless Permanent; serialization
 // failures and deadlocks are transient.
 //
@@ -628,14 +630,24 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			if joined != nil && (tx.Lost() || pc.IsClosed() || pc.IsBusy()) {
 				return errChainLost
 			}
+			if xid := tx.Escaped(); joined != nil && xid != "" {
+				// fn had the connection inside the shared transaction:
+				// whether it ended it, PostgreSQL says.
+				switch status, serr := store.XactStatus(d.ctx, d.e.db, xid); {
+				case serr != nil:
+					return fmt.Errorf("%w: reading whether the step's function ended it: %v", errChainLost, serr)
+				case status == "committed":
+					joined, err = nil, d.endedJoined(conn, joined)
+					return err
+				case status != "in progress":
+					return errChainLost
+				}
+			}
 			if tx.Begun() && tx.Err() == nil && !pc.IsClosed() && !pc.IsBusy() && pc.TxStatus() == 'I' {
 				if joined != nil {
-					// The steps before it were in that transaction too.
-					err := d.endedJoined(conn, tx, joined, err)
-					if !errors.Is(err, errChainLost) {
-						joined = nil // recorded: the step fails alone
-					}
-					return err
+					// The steps before it were in that transaction too,
+					// ended unseen (statements that end it are refused).
+					return errChainLost
 				}
 				// fn committed or rolled back on its own (COMMIT through
 				// Exec, or a transaction on tx.Conn()): its writes are not
@@ -644,6 +656,9 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			}
 			if err == nil {
 				err = tx.Err() // a statement failed, and fn swallowed the error
+			}
+			if errors.Is(err, steptx.ErrEndsTransaction) {
+				err = Permanent(err) // it would be refused again
 			}
 			if err == nil && pc.TxStatus() == 'E' && joined == nil {
 				err = errAbortedTransaction // fn swallowed a failed statement's error
@@ -773,27 +788,30 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 	}
 }
 
-// endedJoined fails a tx step whose function ended the transaction it
-// joined (fnErr is what it returned): the steps before it committed with
-// it, or rolled back. Committed (a COMMIT seen, or an unseen end on the
-// connection of a function that returned no error, as pgx.BeginFunc
-// commits then): their records are written at once, so that they never
-// run again, and the step fails for good, as a lone one does. Rolled back:
-// the delivery ends and the next one runs them again.
-func (d *delivery) endedJoined(conn *pgxpool.Conn, tx *steptx.Tx, joined []*store.StepRecord, fnErr error) error {
-	tag, escaped := tx.Ended()
-	if tag == "ROLLBACK" || tag == "" && (!escaped || fnErr != nil) {
-		return errChainLost
-	}
+// endedJoined fails a tx step whose function committed the transaction it
+// joined, on the connection it took (Conn): the steps before it committed
+// with it, without their records. Those are written at once, so that the
+// steps never run again, and the step fails for good, as a lone one does.
+func (d *delivery) endedJoined(conn *pgxpool.Conn, joined []*store.StepRecord) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.ctx), writeTimeout)
 	defer cancel()
+	rollback(ctx, conn.Conn()) // a transaction the function began after its commit is not the step's
 	if _, err := store.CommitSteps(ctx, d.e.on(conn.Conn()), d.fence(), false, joined...); err != nil {
 		return fmt.Errorf("%w: writing the records of the steps the function committed: %v", errChainLost, err)
 	}
-	d.log.Error("a tx step's function ended the transaction it shared with the tx steps before it; "+
+	d.log.Error("a tx step's function committed the transaction it shared with the tx steps before it; "+
 		"their records were written after it", "error", errEndedTransaction)
 	return Permanent(errEndedTransaction)
 }
+
+// ErrEndsTransaction is what a tx step's function gets from a statement
+// through its tx that would end or begin a transaction (COMMIT, COMMIT AND
+// CHAIN, ROLLBACK, END, ABORT, BEGIN, START or PREPARE TRANSACTION,
+// anywhere in a multi-statement string): it is not sent, and the step
+// fails for good with nothing of it committed. The transaction commits
+// with the step's record (and the records of the tx steps that share it);
+// return an error to roll it back.
+var ErrEndsTransaction = steptx.ErrEndsTransaction
 
 // callTx calls fn, returning its panic as a *panicError (with its stack):
 // a step that panics in a shared transaction must roll back to its

@@ -21,10 +21,10 @@ func chainInsert(ctx *engine.Context, sctx context.Context, tx pgx.Tx, note stri
 	return err
 }
 
-// A shared step whose function COMMITs through tx.Exec commits the writes
-// of the steps before it: their records are written at once, so they never
-// run again, and the step fails for good as a lone one does.
-func TestSharedTxStepThatCommitsRecordsTheStepsBefore(t *testing.T) {
+// A shared step whose function COMMITs through tx.Exec is refused before
+// the COMMIT is sent (it would commit the steps before it without their
+// records): the step fails for good, and the steps before it commit.
+func TestSharedTxStepThatCommitsIsRefused(t *testing.T) {
 	t.Parallel()
 	var a, b atomic.Int64
 	wf := engine.Define("chain-attack-commit", func(ctx *engine.Context, in int) (int, error) {
@@ -49,12 +49,14 @@ func TestSharedTxStepThatCommitsRecordsTheStepsBefore(t *testing.T) {
 	res, err := wf.Start(ctx, bn.engine, 1, nil)
 	require.NoError(t, err)
 	_, err = wf.Wait(ctx, bn.engine, res.RunID, 10*time.Millisecond)
-	require.ErrorContains(t, err, "ended its transaction itself")
+	require.ErrorContains(t, err, "may not end its transaction")
 	run, err := bn.engine.GetRun(ctx, res.RunID)
 	require.NoError(t, err)
 	t.Logf("a ran %d, b ran %d, rows %v, steps %d", a.Load(), b.Load(), reservations(t, bn, res.RunID), len(run.Steps))
-	require.ElementsMatch(t, []string{"a", "b"}, reservations(t, bn, res.RunID),
-		"step a (correct, recorded once) must have its row once")
+	require.Equal(t, []string{"a"}, reservations(t, bn, res.RunID),
+		"step a (correct, recorded once) has its row once; b's rolled back")
+	require.EqualValues(t, 1, a.Load())
+	require.EqualValues(t, 1, b.Load(), "not retried")
 }
 
 // A tx step whose writes violate a deferred constraint fails at COMMIT.
@@ -155,9 +157,7 @@ func TestSharedTxStepPanicFailsAlone(t *testing.T) {
 	require.Equal(t, "a", run.Steps[0].Name)
 }
 
-var _ = errors.New
-
-func zzIdleInTx(t *testing.T, bn *bundle) int {
+func idleInTx(t *testing.T, bn *bundle) int {
 	var n int
 	require.NoError(t, bn.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
 		WHERE datname = current_database() AND state LIKE 'idle in transaction%'`).Scan(&n))
@@ -247,7 +247,7 @@ func TestSharedTxStepsOfALeaseLoserRollBack(t *testing.T) {
 	_, err = wf.Wait(ctx, bn.engine, res.RunID, 10*time.Millisecond)
 	require.NoError(t, err)
 	close(releaseB)
-	eventually(t, 5*time.Second, "old chain to end", func() bool { return zzIdleInTx(t, bn) == 0 })
+	eventually(t, 5*time.Second, "old chain to end", func() bool { return idleInTx(t, bn) == 0 })
 	time.Sleep(300 * time.Millisecond)
 	require.ElementsMatch(t, []string{"a", "b", "c"}, reservations(t, bn, res.RunID))
 }
@@ -343,7 +343,7 @@ func TestSharedTxStepsAcrossAStop(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	close(releaseB)
 	require.NoError(t, <-stopped)
-	require.Equal(t, 0, zzIdleInTx(t, bn))
+	require.Equal(t, 0, idleInTx(t, bn))
 	e2 := newEngine(t, bn.db, nil, true, mk())
 	_, err = wf.Wait(ctx, e2, res.RunID, 10*time.Millisecond)
 	require.NoError(t, err)
@@ -378,7 +378,7 @@ func TestSharedTxStepsLongChainsOnASmallPool(t *testing.T) {
 		require.Len(t, run.Steps, 40)
 		require.Len(t, reservations(t, bn, id), 40)
 	}
-	require.Equal(t, 0, zzIdleInTx(t, bn))
+	require.Equal(t, 0, idleInTx(t, bn))
 }
 
 // A shared step that passes its StartToCloseTimeout inside a statement
@@ -467,7 +467,7 @@ func TestSharedTxStepPanicThenReplay(t *testing.T) {
 	_, err = wf.Wait(ctx, bn.engine, res.RunID, 10*time.Millisecond)
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{"a", "b"}, reservations(t, bn, res.RunID))
-	require.Equal(t, 0, zzIdleInTx(t, bn))
+	require.Equal(t, 0, idleInTx(t, bn))
 }
 
 // Small pool: 3 connections, 6 workers, runs chaining tx steps with a

@@ -64,24 +64,24 @@ type Tx struct {
 	// lost: the joined transaction failed before the step's savepoint
 	// held (or its state is unknown): the steps before it rolled back.
 	lost bool
-	// ended is how the function ended the joined transaction itself, by
-	// the command tag of its Exec ("COMMIT" or "ROLLBACK"; "" for none
-	// seen); escaped: it took the connection (Conn) inside it.
-	ended   string
-	escaped bool
+	// xid is the joined transaction's ID (text), read when the function
+	// took the connection inside it (Conn), where it may end it unseen.
+	xid string
 }
 
-// Ended reports how the function ended a joined transaction itself: by
-// an Exec whose command tag was COMMIT or ROLLBACK ("" for none seen),
-// and whether it took the connection inside it (see Conn), through which
-// it may have ended it unseen.
-func (t *Tx) Ended() (tag string, escaped bool) { return t.ended, t.escaped }
+// Escaped returns the joined transaction's ID when the function took the
+// connection inside it ("" otherwise): pg_xact_status of it tells whether
+// the function committed it, rolled it back, or left it open.
+func (t *Tx) Escaped() string { return t.xid }
 
-// noteTag keeps an Exec's tag that ended the joined transaction.
-func (t *Tx) noteTag(tag pgconn.CommandTag) {
-	if t.Joined() && (tag.String() == "COMMIT" || tag.String() == "ROLLBACK") {
-		t.ended = tag.String()
+// refuse keeps a statement that would end the transaction from being
+// sent (see ErrEndsTransaction); the owner does not commit after it.
+func (t *Tx) refuse(sql string) error {
+	if !endsTransaction(sql) {
+		return nil
 	}
+	t.err = ErrEndsTransaction
+	return ErrEndsTransaction
 }
 
 // savepointSQL opens the savepoint a joined step runs under: a failed
@@ -203,12 +203,26 @@ func (t *Tx) Begun() bool { return t.tx != nil }
 // A step that joined another's transaction and has not begun commits the
 // steps before it first: what the function does on the raw connection
 // cannot end their transaction.
+//
+// A joined step that has begun hands out the connection inside the joined
+// transaction; its ID is read first (one round trip), so that the owner
+// learns afterwards whether the function ended it (see Escaped). A failed
+// commit of the steps before leaves the connection in a transaction of its
+// own, which the owner then rolls back.
 func (t *Tx) Conn() *pgx.Conn {
 	if t.Joined() && t.tx == nil {
-		_ = t.settleFirst(t.ctx)
+		if err := t.settleFirst(t.ctx); err != nil {
+			if tx, berr := t.conn.Begin(t.ctx); berr == nil {
+				t.tx = tx // t.err stays: never committed
+			}
+			return t.conn
+		}
 	}
-	t.escaped = t.Joined()
-	_ = t.begin(t.ctx)
+	if err := t.begin(t.ctx); err == nil && t.Joined() && t.xid == "" {
+		if err := t.conn.QueryRow(t.ctx, "select pg_current_xact_id()::text").Scan(&t.xid); err != nil {
+			t.err = err
+		}
+	}
 	return t.conn
 }
 
@@ -316,6 +330,9 @@ func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandT
 	if t.closed.Load() {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
+	if err := t.refuse(sql); err != nil {
+		return pgconn.CommandTag{}, err
+	}
 	if err := t.firstOnly(ctx, sql); err != nil {
 		return pgconn.CommandTag{}, err
 	}
@@ -323,16 +340,13 @@ func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandT
 		if err := t.begin(ctx); err != nil {
 			return pgconn.CommandTag{}, err
 		}
-		tag, err := t.tx.Exec(ctx, sql, args...)
-		t.noteTag(tag)
-		return tag, err
+		return t.tx.Exec(ctx, sql, args...)
 	}
 	br, err := t.beginWith(ctx, sql, args)
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	tag, err := br.Exec()
-	t.noteTag(tag)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -344,6 +358,9 @@ func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandT
 func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if t.closed.Load() {
 		return nil, pgx.ErrTxClosed
+	}
+	if err := t.refuse(sql); err != nil {
+		return nil, err
 	}
 	if err := t.firstOnly(ctx, sql); err != nil {
 		return nil, err
@@ -370,6 +387,9 @@ func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, erro
 func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if t.closed.Load() {
 		return errRow{pgx.ErrTxClosed}
+	}
+	if err := t.refuse(sql); err != nil {
+		return errRow{err}
 	}
 	if err := t.firstOnly(ctx, sql); err != nil {
 		return errRow{err}
@@ -419,6 +439,11 @@ func (t *Tx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []strin
 func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if t.closed.Load() {
 		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
+	}
+	for _, q := range b.QueuedQueries {
+		if err := t.refuse(q.SQL); err != nil {
+			return pgx.FailedBatchResults(b, err)
+		}
 	}
 	if err := t.begin(ctx); err != nil {
 		return pgx.FailedBatchResults(b, err)

@@ -594,6 +594,19 @@ func CommitSteps(ctx context.Context, db DBTX, f Fence, begun bool, recs ...*Ste
 	return out, nil
 }
 
+// XactStatus is pg_xact_status of the transaction xid (text): committed,
+// aborted or in progress.
+func XactStatus(ctx context.Context, db DBTX, xid string) (string, error) {
+	var status *string
+	if err := db.QueryRow(ctx, `SELECT pg_xact_status($1::xid8)`, xid).Scan(&status); err != nil {
+		return "", fmt.Errorf("reading the status of transaction %s: %w", xid, err)
+	}
+	if status == nil {
+		return "aborted", nil // too old to know: it cannot still be open
+	}
+	return *status, nil
+}
+
 // OwnsRun reports whether f's token still holds the run's lease.
 func OwnsRun(ctx context.Context, db DBTX, f Fence) (bool, error) {
 	var owns bool
