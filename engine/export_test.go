@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -21,4 +22,14 @@ func ReleaseUnregistered(ctx context.Context, e *Engine, runID, token, parent uu
 	_, err := e.releaseUnregistered(ctx, &store.ClaimedRun{RunID: runID,
 		Parent: &store.ParentRef{RunID: parent, Seq: seq, ClosePolicy: string(policy)}}, token)
 	return err
+}
+
+// OnRateTurn calls f with each rate-limit turn taken in this process and
+// the time the limit granted it at; nil stops.
+func OnRateTurn(f func(name string, at time.Time)) {
+	if f == nil {
+		rateTurnTaken.Store(nil)
+		return
+	}
+	rateTurnTaken.Store(&f)
 }

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -622,6 +623,11 @@ func (e *Engine) RegisterRateLimit(name string, r Rate) error {
 	return nil
 }
 
+// rateTurnTaken, set by tests, sees each turn taken, with the time the
+// limit granted it at: what the limit bounds, where an attempt's own start
+// also holds the scheduler's delays.
+var rateTurnTaken atomic.Pointer[func(name string, at time.Time)]
+
 // takeTurn waits for a turn of the rate limit name, within ctx: it asks
 // the database for one, and sleeps until the time it names when it gets
 // none. A database that fails is asked again after a short wait; a limit
@@ -631,13 +637,17 @@ func (e *Engine) takeTurn(ctx context.Context, name string) error {
 		return Permanent(fmt.Errorf("%w: %v", ErrInvalidArgument, err))
 	}
 	for failures := 0; ; {
-		turn, err := store.TakeRate(ctx, e.db, name, e.now())
+		now := e.now()
+		turn, err := store.TakeRate(ctx, e.db, name, now)
 		wait := time.Duration(0)
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			return Permanent(fmt.Errorf("%w: rate limit %q is not defined: no process registers it (Engine.RegisterRateLimit, Config.RateLimits)",
 				ErrInvalidArgument, name))
 		case err == nil && turn.Taken:
+			if f := rateTurnTaken.Load(); f != nil {
+				(*f)(name, now)
+			}
 			return nil
 		case err == nil:
 			wait = max(turn.NextAt.Sub(e.now()), time.Millisecond)
