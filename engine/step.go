@@ -700,13 +700,7 @@ func txBody[T any](fn func(ctx context.Context, tx pgx.Tx) (T, error)) func(cont
 			}
 			committing = true
 			var w store.StepsWritten
-			begun := tx.Begun() || joined != nil
-			if len(recs) == 1 && rec.Fresh {
-				keep = d.keepsLease()
-				w, err = store.CommitStep(d.ctx, d.e.on(conn.Conn()), store.StepCommit{Fence: d.fence(), Begun: begun, Keep: keep, Record: rec})
-			} else {
-				w, err = store.CommitSteps(d.ctx, d.e.on(conn.Conn()), d.fence(), begun, recs...)
-			}
+			keep, w, err = d.commitRecords(d.ctx, conn.Conn(), tx.Begun() || joined != nil, recs)
 			refused = errors.Is(err, store.ErrStepsNotCommitted)
 			if err == nil {
 				d.noteCancel(w.CancelRequested)

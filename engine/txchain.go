@@ -89,17 +89,7 @@ func (d *delivery) settleChain() bool {
 // lease, in one round trip, leaving the connection to the caller.
 func (d *delivery) commitChain(ctx context.Context, ch *txChain) error {
 	sent := time.Now()
-	keep := true
-	var w store.StepsWritten
-	var err error
-	if len(ch.recs) == 1 && ch.recs[0].Fresh {
-		// A tx step no other joined: the lean statement its own commit
-		// would have used.
-		keep = d.keepsLease()
-		w, err = store.CommitStep(ctx, d.e.on(ch.conn.Conn()), store.StepCommit{Fence: d.fence(), Begun: true, Keep: keep, Record: ch.recs[0]})
-	} else {
-		w, err = store.CommitSteps(ctx, d.e.on(ch.conn.Conn()), d.fence(), true, ch.recs...)
-	}
+	keep, w, err := d.commitRecords(ctx, ch.conn.Conn(), true, ch.recs)
 	if err == nil {
 		if !keep {
 			d.extendedAt(sent)
@@ -108,6 +98,21 @@ func (d *delivery) commitChain(ctx context.Context, ch *txChain) error {
 		d.noteCancel(w.CancelRequested)
 	}
 	return err
+}
+
+// commitRecords writes recs, fenced by the lease, with the COMMIT of the
+// transaction open on conn (begun; else on their own), in one round trip:
+// one fresh record with the lean statement, which extends the lease unless
+// keep (as keepsLease says), several with the multi-record one, which
+// leaves it as it is.
+func (d *delivery) commitRecords(ctx context.Context, conn *pgx.Conn, begun bool, recs []*store.StepRecord) (keep bool, w store.StepsWritten, err error) {
+	if len(recs) == 1 && recs[0].Fresh {
+		keep = d.keepsLease()
+		w, err = store.CommitStep(ctx, d.e.on(conn), store.StepCommit{Fence: d.fence(), Begun: begun, Keep: keep, Record: recs[0]})
+		return keep, w, err
+	}
+	w, err = store.CommitSteps(ctx, d.e.on(conn), d.fence(), begun, recs...)
+	return true, w, err
 }
 
 // chainOutcome is what a commit of ch that returned err comes to, read
