@@ -23,7 +23,8 @@ import (
 //     user's type works;
 //   - a node that was a registered sentinel (RegisterSentinel, and the
 //     built-in context.Canceled, context.DeadlineExceeded, io.EOF,
-//     io.ErrUnexpectedEOF, ErrTimeout, ErrRetriesExhausted, ErrCancelled)
+//     io.ErrUnexpectedEOF, ErrTimeout, ErrRetriesExhausted, ErrCancelled,
+//     ErrEndsTransaction)
 //     answers errors.Is for it;
 //   - any other node decodes to an *ApplicationError with the original's
 //     type name, message and code: errors.As into the original type is
@@ -212,6 +213,7 @@ var _ = func() error {
 		"pgdurable.ErrOutputTooLarge":     ErrOutputTooLarge,
 		"pgdurable.ErrInvalidInput":       ErrInvalidInput,
 		"pgdurable.ErrWorkflowIDConflict": ErrWorkflowIDConflict,
+		"pgdurable.ErrEndsTransaction":    ErrEndsTransaction,
 	} {
 		if err := RegisterSentinel(name, s); err != nil {
 			panic(err) // the engine's own names: a programming error

@@ -423,5 +423,6 @@ func TestSharedTxStepAttack2LoneCommitAndChainThenFail(t *testing.T) {
 	// COMMIT AND CHAIN is refused unsent: the step fails for good, and
 	// what it wrote rolls back (it used to commit, then run again).
 	require.ErrorContains(t, err, "may not end its transaction")
+	require.ErrorIs(t, err, engine.ErrEndsTransaction, "recorded, it still answers errors.Is")
 	require.LessOrEqual(t, attack2Count(reservations(t, bn, res.RunID), "b"), 1)
 }
