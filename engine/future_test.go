@@ -313,9 +313,19 @@ func TestParallelUndosRunNewestFirstByCompletion(t *testing.T) {
 	wf := engine.Define("fan-saga", func(ctx *engine.Context, _ int) (int, error) {
 		saga := compensation.New(ctx)
 		fs := make([]*engine.Future[int], 6)
+		// The last called completes first: each step returns a while after
+		// the one called after it has (a fixed sleep each had swapped two
+		// neighbours when their goroutines started late on a loaded machine).
+		returned := make([]chan struct{}, len(fs)+1)
+		for i := range returned {
+			returned[i] = make(chan struct{})
+		}
+		close(returned[len(fs)])
 		for i := range fs {
 			fs[i] = compensation.Go(saga, fmt.Sprint("book", i), func(context.Context) (int, error) {
-				time.Sleep(time.Duration(6-i) * 40 * time.Millisecond) // the last called completes first
+				<-returned[i+1]
+				time.Sleep(100 * time.Millisecond)
+				close(returned[i])
 				return i, nil
 			}, compensation.Undo[int]{Name: fmt.Sprint("unbook", i), Fn: func(_ context.Context, _ activities.Call, r int) error {
 				if r == 2 && tries.Add(1) == 1 {

@@ -158,10 +158,38 @@ func TestSharedTxStepPanicFailsAlone(t *testing.T) {
 }
 
 func idleInTx(t *testing.T, bn *bundle) int {
-	var n int
-	require.NoError(t, bn.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-		WHERE datname = current_database() AND state LIKE 'idle in transaction%'`).Scan(&n))
-	return n
+	// A transaction of the engine's or River's own work is idle in
+	// transaction between its round trips for a moment; a leaked one stays
+	// so. Count the sessions idle in the same transaction for 2 s.
+	const q = `SELECT pid, xact_start FROM pg_stat_activity
+		WHERE datname = current_database() AND state LIKE 'idle in transaction%'`
+	type session struct {
+		pid   int32
+		start time.Time
+	}
+	sessions := func() map[session]bool {
+		rows, err := bn.db.Pool.Query(context.Background(), q)
+		require.NoError(t, err)
+		seen := map[session]bool{}
+		for rows.Next() {
+			var s session
+			require.NoError(t, rows.Scan(&s.pid, &s.start))
+			seen[s] = true
+		}
+		require.NoError(t, rows.Err())
+		return seen
+	}
+	stuck := sessions()
+	for deadline := time.Now().Add(2 * time.Second); len(stuck) > 0 && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		now := sessions()
+		for s := range stuck {
+			if !now[s] {
+				delete(stuck, s)
+			}
+		}
+	}
+	return len(stuck)
 }
 
 // Waiting for a child run that has not ended hands the run back: the tx

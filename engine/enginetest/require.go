@@ -103,16 +103,25 @@ func requireRunStatus(ctx context.Context, t testingT, e *engine.Engine, runID u
 	}
 	deadline := time.Now().Add(timeout)
 	light := &engine.GetRunOpts{NoSignals: true, NoPayloads: true}
+	var last *engine.Run
 	for {
 		run, err := e.GetRunWith(ctx, runID, light)
 		if errors.Is(err, engine.ErrNotFound) {
 			failuref(t, "no run %s", runID)
 			return nil
 		}
+		if err != nil && last != nil && ctx.Err() != nil {
+			// The context ended during a read rather than between two:
+			// say what the run was, as between reads.
+			failuref(t, "%s", describeRun(context.WithoutCancel(ctx), e, runID,
+				fmt.Sprintf("is %s, want %s, when the context ended: %v", last.Status, status, ctx.Err())))
+			return nil
+		}
 		if err != nil {
 			failuref(t, "reading run %s: %v", runID, err)
 			return nil
 		}
+		last = run
 		switch {
 		case run.Status == status:
 			if run, err = e.GetRun(ctx, runID); err != nil {

@@ -137,7 +137,9 @@ func TestRequireRunStatus(t *testing.T) {
 	t.Run("ContextEnds", func(t *testing.T) {
 		id := b.start(t, b.sleeps)
 		RequireRunStatus(ctx, t, b.e, id, engine.StatusWaiting, 0)
-		cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		// Long enough for a first read on a loaded machine: the message
+		// needs the status read before the context ended.
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
 		m := &mockT{}
 		require.Nil(t, requireRunStatus(cctx, m, b.e, id, engine.StatusCompleted, time.Minute))
