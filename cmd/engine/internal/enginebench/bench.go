@@ -164,6 +164,7 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 	rep.add(opts, "river 3 rows in 3 transactions: commits", threeCost.commits, "commits/job", "pg_stat_database xact_commit delta")
 	rep.add(opts, "river 3 rows in 3 transactions: round trips", threeCost.roundTrips, "round trips/job", "")
 	rep.add(opts, "river 3 rows in 3 transactions: WAL", threeCost.walBytes, "bytes/job", "pg_current_wal_lsn delta")
+	rep.addCPU(opts, "river 3 rows in 3 transactions", "job", threeCost.cpu)
 	rep.add(opts, "river 10 rows in 10 transactions per job", tenRate, "jobs/s", "reference: a 10-step workflow by hand")
 
 	// Exactly-once writes: 3 tx steps, each inserting one row, the River
@@ -174,13 +175,14 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 	rep.add(opts, "3 tx steps: commits", tx3.commits, "commits/workflow", "pg_stat_database xact_commit delta")
 	rep.add(opts, "3 tx steps: round trips", tx3.roundTrips, "round trips/workflow", "")
 	rep.add(opts, "3 tx steps: WAL", tx3.walBytes, "bytes/workflow", "pg_current_wal_lsn delta")
+	rep.addCPU(opts, "3 tx steps", "workflow", tx3.cpu)
 
 	var rt3 float64
 	for _, steps := range []int{3, 10} {
 		res := res3
 		note := ""
 		if steps == 3 {
-			res = &throughputResult{perSec: median(noopRates), commits: res3.commits, roundTrips: res3.roundTrips, walBytes: res3.walBytes}
+			res = &throughputResult{perSec: median(noopRates), commits: res3.commits, roundTrips: res3.roundTrips, walBytes: res3.walBytes, cpu: res3.cpu}
 			note = rounds(noopRates, "%.0f")
 		} else if res, err = throughput(ctx, pool, rt, url, steps, n, plain, quiet); err != nil {
 			return nil, err
@@ -196,6 +198,7 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 		rep.add(opts, name+": commits", res.commits, "commits/workflow", "pg_stat_database xact_commit delta")
 		rep.add(opts, name+": round trips", res.roundTrips, "round trips/workflow", "")
 		rep.add(opts, name+": WAL", res.walBytes, "bytes/workflow", "pg_current_wal_lsn delta")
+		rep.addCPU(opts, name, "workflow", res.cpu)
 		if steps == 3 {
 			rt3 = res.roundTrips
 			// Safe deploys on the hot path: the same workflow as version 2
@@ -270,7 +273,21 @@ func Run(ctx context.Context, url string, opts Options) (*Report, error) {
 	return rep, nil
 }
 
-type throughputResult struct{ perSec, commits, roundTrips, walBytes float64 }
+type throughputResult struct {
+	perSec, commits, roundTrips, walBytes float64
+	cpu                                   cpuCost
+}
+
+// addCPU adds the CPU rows of a throughput row named name, per unit (a
+// job or a workflow), when the machine's clock could be read.
+func (r *Report) addCPU(opts Options, name, unit string, c cpuCost) {
+	if !c.ok {
+		return
+	}
+	r.add(opts, name+": engine CPU", c.engine, "ms/"+unit, "this process's CPU time (getrusage), starts included")
+	r.add(opts, name+": PostgreSQL CPU", c.other, "ms/"+unit,
+		"the rest of the machine's busy time (/proc/stat): PostgreSQL's, on a machine of its own")
+}
 
 func noopWorkflow(name string, steps int, done *atomic.Int64, stepOne chan<- time.Time) *engine.Workflow[int, int] {
 	return versionedNoop(name, steps, done, stepOne, 1, false)
@@ -337,11 +354,11 @@ func measured(ctx context.Context, pool *pgxpool.Pool, rt *roundtrips.Counter, u
 	if err != nil {
 		return nil, err
 	}
-	rt0 := rt.Count()
+	rt0, cpu0 := rt.Count(), readCPU()
 	if err := fn(); err != nil {
 		return nil, err
 	}
-	used := rt.Count() - rt0
+	used, cpu := rt.Count()-rt0, cpu0.costTo(readCPU(), n)
 	wal1, err := walBytes(ctx, pool)
 	if err != nil {
 		return nil, err
@@ -353,7 +370,7 @@ func measured(ctx context.Context, pool *pgxpool.Pool, rt *roundtrips.Counter, u
 		return nil, err
 	}
 	return &throughputResult{commits: float64(commits1-commits0) / float64(n), roundTrips: float64(used) / float64(n),
-		walBytes: float64(wal1-wal0) / float64(n)}, nil
+		walBytes: float64(wal1-wal0) / float64(n), cpu: cpu}, nil
 }
 
 // The variants of the throughput rows: a plain workflow; the same as
@@ -425,12 +442,12 @@ func throughput(ctx context.Context, pool *pgxpool.Pool, rt *roundtrips.Counter,
 	if err := e.Start(ctx); err != nil {
 		return nil, err
 	}
-	rt0 := rt.Count()
+	rt0, cpu0 := rt.Count(), readCPU()
 	timed, err := steady.While(ctx, &done, n, func() error { return startManyWith(ctx, e, wf, n, 1, startOpts) })
 	if err != nil {
 		return nil, err
 	}
-	used := rt.Count() - rt0
+	used, cpu := rt.Count()-rt0, cpu0.costTo(readCPU(), n)
 	wal1, err := walBytes(ctx, pool)
 	if err != nil {
 		return nil, err
@@ -449,7 +466,7 @@ func throughput(ctx context.Context, pool *pgxpool.Pool, rt *roundtrips.Counter,
 		return nil, err
 	}
 	return &throughputResult{perSec: timed.Rate(), commits: float64(commits1-commits0) / float64(n),
-		roundTrips: float64(used) / float64(n), walBytes: float64(wal1-wal0) / float64(n)}, nil
+		roundTrips: float64(used) / float64(n), walBytes: float64(wal1-wal0) / float64(n), cpu: cpu}, nil
 }
 
 // median is the middle of v (the mean of the middle two for an even
