@@ -2,6 +2,7 @@ package commands
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,13 +11,14 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pgdurable/pgdurable/cmd/engine/internal/citus"
 	"github.com/pgdurable/pgdurable/cmd/engine/internal/localpg"
 	"github.com/pgdurable/pgdurable/engine"
 )
 
 func (g *global) devCmd() *cobra.Command {
 	f := &serveFlags{}
-	var throwaway bool
+	var throwaway, withCitus bool
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "serve with zero configuration: finds or starts a PostgreSQL, migrates, serves the web UI on loopback",
@@ -29,7 +31,12 @@ PostgreSQL (127.0.0.1:5432, database pgdurable_dev, created if missing and kept:
 binary's dev shares it, so give another binary its own with DATABASE_URL); else a throwaway
 PostgreSQL started from the local installation (initdb and pg_ctl on PATH or under
 /usr/lib/postgresql/*/bin; as the postgres user when run as root) in a
-temporary directory that is removed on exit.`,
+temporary directory that is removed on exit.
+
+With --citus it starts a throwaway Citus cluster instead — a coordinator and 2 worker
+nodes on loopback ports, each a PostgreSQL with Citus preloaded, removed on exit — and
+serves against the coordinator (Citus must be installed into the local PostgreSQL: its
+packages, or .ci/build-citus in a checkout).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -40,7 +47,17 @@ temporary directory that is removed on exit.`,
 			if _, err := g.engineConfig(cmd.Flags(), &f.tune); err != nil {
 				return err
 			}
-			if g.databaseURL == "" && g.opts.Getenv("DATABASE_URL") == "" {
+			if withCitus && (g.databaseURL != "" || g.opts.Getenv("DATABASE_URL") != "") {
+				return errors.New("engine dev: --citus starts a cluster of its own; it takes no --database-url or DATABASE_URL")
+			}
+			if withCitus {
+				url, stop, err := devCitus(ctx, g)
+				if err != nil {
+					return err
+				}
+				defer stop()
+				g.databaseURL = url
+			} else if g.databaseURL == "" && g.opts.Getenv("DATABASE_URL") == "" {
 				url, stop, err := devDatabase(ctx, throwaway, g)
 				if err != nil {
 					return err
@@ -70,7 +87,22 @@ temporary directory that is removed on exit.`,
 	cmd.Flags().DurationVar(&f.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long running steps get to finish on shutdown")
 	cmd.Flags().StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.Flags().BoolVar(&throwaway, "throwaway", false, "always start a throwaway PostgreSQL")
+	cmd.Flags().BoolVar(&withCitus, "citus", false, "start a throwaway Citus cluster (a coordinator and 2 worker nodes) and serve against its coordinator")
 	return cmd
+}
+
+// devCitus starts a throwaway Citus cluster for dev.
+func devCitus(ctx context.Context, g *global) (string, func(), error) {
+	c, err := citus.Start(ctx, nil)
+	if err != nil {
+		return "", nil, err
+	}
+	fmt.Fprintf(g.opts.Stderr, "engine dev: started a throwaway Citus cluster (removed on exit): coordinator 127.0.0.1:%d in %s\n",
+		c.Coordinator.Port, c.Coordinator.Dir)
+	for i, w := range c.Workers {
+		fmt.Fprintf(g.opts.Stderr, "engine dev: worker node %d 127.0.0.1:%d in %s\n", i+1, w.Port, w.Dir)
+	}
+	return c.URL(), c.Stop, nil
 }
 
 // devDatabase finds a database for dev, or starts a throwaway server.

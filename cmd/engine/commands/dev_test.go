@@ -5,6 +5,7 @@ import (
 	"context"
 	"net/http"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdurable/pgdurable/cmd/engine/commands"
+	"github.com/pgdurable/pgdurable/cmd/engine/internal/citus"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
 )
 
@@ -55,4 +57,47 @@ func TestDevOnACustomBinary(t *testing.T) {
 		require.Contains(t, printed, "' "+c.want+" runs list\n")
 		require.Contains(t, printed, "  start    "+c.want+" --address http://"+listen+" start double --input '<its input as JSON>' --wait   (registered: double, hostile, approval)\n")
 	}
+}
+
+// engine dev --citus starts a cluster of its own, serves against its
+// coordinator (every table local to it) and removes the cluster on exit;
+// with a database named it refuses before starting anything.
+func TestDevWithCitus(t *testing.T) {
+	t.Parallel()
+	var errOut bytes.Buffer
+	code := commands.Execute(context.Background(), []string{"--database-url", "postgres://127.0.0.1:1/x", "dev", "--citus"},
+		commands.Options{Workflows: workflows(), Stdout: &errOut, Stderr: &errOut, Getenv: func(string) string { return "" }})
+	require.NotEqual(t, 0, code)
+	require.Contains(t, errOut.String(), "--citus starts a cluster of its own; it takes no --database-url or DATABASE_URL")
+
+	if !citus.Installed() {
+		if os.Getenv("PGDURABLE_REQUIRE_CITUS") == "1" {
+			t.Fatal(citus.ErrNotInstalled)
+		}
+		t.Skip(citus.ErrNotInstalled)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	listen := freePort(t)
+	out, logs := &syncBuffer{}, &syncBuffer{}
+	done := make(chan int, 1)
+	go func() {
+		done <- commands.Execute(ctx, []string{"dev", "--citus", "--listen", listen, "--log-level", "warn"},
+			commands.Options{Workflows: workflows(), Stdout: out, Stderr: logs, Getenv: func(string) string { return "" }})
+	}()
+	for deadline := time.Now().Add(60 * time.Second); !strings.Contains(out.String(), "Ctrl-C"); {
+		require.True(t, time.Now().Before(deadline), "dev printed no hints: %s %s", out.String(), logs.String())
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.Contains(t, logs.String(), "engine dev: started a throwaway Citus cluster")
+	require.Contains(t, logs.String(), "engine dev: worker node 2 127.0.0.1:")
+	code, started, _ := overHTTP(t, "http://"+listen, "", "start", "double", "--id", "citus-1", "--input", `{"n": 21}`, "--wait")
+	require.Equal(t, 0, code, started)
+	require.Contains(t, started, "42")
+	cancel()
+	require.Equal(t, 0, <-done, logs.String())
+	dir := regexp.MustCompile(`coordinator 127\.0\.0\.1:\d+ in (\S+)`).FindStringSubmatch(logs.String())
+	require.Len(t, dir, 2, logs.String())
+	_, err := os.Stat(dir[1])
+	require.True(t, os.IsNotExist(err), "the cluster's directory is removed on exit: %v", err)
 }

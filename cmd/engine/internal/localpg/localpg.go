@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -49,11 +50,14 @@ func EnsureDatabase(ctx context.Context, base, name string) (string, error) {
 
 // Throwaway is a PostgreSQL server started by StartThrowaway.
 type Throwaway struct {
-	Dir string // its temporary directory (data, socket, log), removed by Stop
-	URL string // its postgres database, as user postgres without a password
-	// pgctl is pg_ctl's path; cred the user it runs as (nil: this one).
-	pgctl string
-	cred  *syscall.Credential
+	Dir  string // its temporary directory (data, socket, log), removed by Stop
+	URL  string // its postgres database, as user postgres without a password
+	Port int    // its loopback port
+	// pgctl is pg_ctl's path; cred the user it runs as (nil: this one);
+	// options the server's command-line options.
+	pgctl   string
+	cred    *syscall.Credential
+	options string
 }
 
 // findPostgresBin looks for name on PATH, then in the newest
@@ -79,9 +83,27 @@ func versionOf(binDir string) int {
 }
 
 // StartThrowaway initialises and starts a PostgreSQL server on a free
-// loopback port in a temporary directory. PostgreSQL refuses to run as
-// root, so as root it runs as the postgres user (or nobody).
+// loopback port in a temporary directory, without fsync. PostgreSQL
+// refuses to run as root, so as root it runs as the postgres user (or
+// nobody).
 func StartThrowaway(ctx context.Context) (*Throwaway, error) {
+	return StartThrowawayWith(ctx, nil)
+}
+
+// ThrowawayOpts adds to what StartThrowaway starts.
+type ThrowawayOpts struct {
+	// Settings are server settings, as name=value, each passed as -c
+	// (shared_preload_libraries=citus, max_prepared_transactions=100).
+	Settings []string
+	// Durable keeps fsync on (benchmarks); else it is off (tests, dev).
+	Durable bool
+}
+
+// StartThrowawayWith is StartThrowaway with opts (nil: none).
+func StartThrowawayWith(ctx context.Context, opts *ThrowawayOpts) (*Throwaway, error) {
+	if opts == nil {
+		opts = &ThrowawayOpts{}
+	}
 	initdb, err := findPostgresBin("initdb")
 	if err != nil {
 		return nil, err
@@ -122,19 +144,66 @@ func StartThrowaway(ctx context.Context) (*Throwaway, error) {
 		pg.Stop()
 		return nil, fmt.Errorf("initdb: %w\n%s", err, out)
 	}
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off", port, dir)
-	if out, err := pg.run(ctx, pgctl, "-D", data, "-o", opts, "-l", filepath.Join(dir, "postgres.log"), "-w", "start"); err != nil {
+	pg.Port = port
+	pg.options = fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1", port, dir)
+	if !opts.Durable {
+		pg.options += " -c fsync=off"
+	}
+	for _, kv := range opts.Settings {
+		if strings.ContainsAny(kv, " '\"\\") || !strings.Contains(kv, "=") {
+			pg.Stop()
+			return nil, fmt.Errorf("setting %q: want name=value without spaces or quotes", kv)
+		}
+		pg.options += " -c " + kv
+	}
+	if err := pg.Start(ctx); err != nil {
 		pg.Stop()
-		return nil, fmt.Errorf("pg_ctl start: %w\n%s", err, out)
+		return nil, err
 	}
 	pg.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
 	return pg, nil
+}
+
+// Start starts the server again after Kill (or a stop), on the same port
+// and data, and waits until it accepts connections (after crash recovery).
+func (pg *Throwaway) Start(ctx context.Context) error {
+	data := filepath.Join(pg.Dir, "data")
+	if out, err := pg.run(ctx, pg.pgctl, "-D", data, "-o", pg.options, "-l", filepath.Join(pg.Dir, "postgres.log"), "-w", "start"); err != nil {
+		return fmt.Errorf("pg_ctl start: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// Kill SIGKILLs the server's postmaster, as a crash of its machine would
+// end it (its backends end as they notice); Start brings it back through
+// crash recovery.
+func (pg *Throwaway) Kill() error {
+	b, err := os.ReadFile(filepath.Join(pg.Dir, "data", "postmaster.pid"))
+	if err != nil {
+		return fmt.Errorf("reading the postmaster's pid: %w", err)
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		return fmt.Errorf("reading the postmaster's pid: %w", err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("killing the postmaster (pid %d): %w", pid, err)
+	}
+	// Wait for it to be gone so that Start does not find it running.
+	for i := 0; i < 200 && syscall.Kill(pid, 0) == nil; i++ {
+		time.Sleep(25 * time.Millisecond)
+	}
+	return nil
 }
 
 func (pg *Throwaway) run(ctx context.Context, bin string, args ...string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, bin, args...)
 	if pg.cred != nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: pg.cred}
+		// Not root's home: the server's own connections (Citus's to
+		// other nodes) read ~/.postgresql, which the user cannot.
+		cmd.Env = append(os.Environ(), "HOME="+pg.Dir)
 	}
 	cmd.Dir = pg.Dir
 	return cmd.CombinedOutput()
