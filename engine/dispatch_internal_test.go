@@ -56,3 +56,15 @@ func TestMovingAverage(t *testing.T) {
 	}
 	require.InDelta(t, float64(10*time.Millisecond), float64(m.get()), float64(time.Millisecond))
 }
+
+// A ticket waits about ten minutes in all for a run that is not visible,
+// its first looks a few milliseconds apart.
+func TestMissingRunRetryWaitsAboutTenMinutes(t *testing.T) {
+	var total time.Duration
+	for n := range missingRunSnoozes {
+		total += missingRunRetry(n)
+	}
+	if missingRunRetry(0) != 20*time.Millisecond || total < 9*time.Minute || total > 11*time.Minute {
+		t.Fatalf("first wait %s, total %s; want 20ms and about 10m", missingRunRetry(0), total)
+	}
+}

@@ -280,12 +280,39 @@ func crashLoop(stalled, long, maxDeliveries int) bool {
 	return young >= maxDeliveries || stalled >= longStalledFactor*maxDeliveries
 }
 
+// missingRunSnoozes bounds how long a ticket waits for its run to become
+// visible (missingRunRetry's backoff): 20 ms doubling to 30 s, about ten
+// minutes in all.
+const missingRunSnoozes = 30
+
+// missingRunRetry is the wait before the (n+1)th look for a ticket's run.
+func missingRunRetry(n int) time.Duration {
+	return min(20*time.Millisecond<<min(n, 11), 30*time.Second)
+}
+
 // missed handles a ticket that found the run not claimable.
 func (e *Engine) missed(ctx context.Context, runID uuid.UUID, m *store.ClaimMiss) error {
 	switch {
-	case m.NotExists, m.Leased:
-		// Finished tickets and duplicates end here; a live lease holder that
-		// dies is covered by the sweeper, which enqueues a new ticket.
+	case m.NotExists:
+		// On a cluster (Citus) a run's row and its ticket commit on
+		// different nodes, and two-phase commit makes the ticket visible
+		// first, or, when a node fails mid-commit, until that node is back
+		// and Citus's recovery commits the run: wait for the run rather
+		// than complete a ticket whose run may yet appear. A run deleted
+		// for good (retention, a discarded dead job) drops its ticket after
+		// about ten minutes of backoff.
+		n := queue.Snoozes(ctx)
+		if n < missingRunSnoozes {
+			return queue.Snooze(missingRunRetry(n))
+		}
+		if e.warnOnce("missing run tickets", 10*time.Second) {
+			e.log.Warn("dropping a delivery ticket whose run has not existed for ten minutes (deleted, or never committed)",
+				"run_id", runID, "snoozes", n)
+		}
+		return nil
+	case m.Leased:
+		// Duplicates end here; a live lease holder that dies is covered by
+		// the sweeper, which enqueues a new ticket.
 		return nil
 	case m.WakeAt != nil && m.WakeAt.After(e.now()) && RunStatus(m.Status).active():
 		// An early ticket (clock skew, a duplicate): wait until due rather
