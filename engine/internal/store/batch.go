@@ -539,6 +539,17 @@ var claimRuns = named(strings.Replace(claimRunsSQL, "WHERE r.run_id = u.run_id\n
 // does not take it as a restriction of r (see claimRuns).
 func onlyWhen(cond string) string { return "(" + cond + " OR u.lease_ms < 0)" }
 
+// plusMS is the SQL of ts (a timestamptz expression) plus ms milliseconds
+// (an integer expression), computed in UTC: timestamptz + interval is
+// STABLE (a time zone's days vary in length), its UTC counterparts are
+// IMMUTABLE, and the result is the same for an interval of milliseconds.
+// Citus refuses, in an UPDATE's SET on a distributed table, a STABLE
+// function or operator applied to a column (and any inside CASE or
+// COALESCE), so per-row times are written with this.
+func plusMS(ts, ms string) string {
+	return "(((" + ts + ") AT TIME ZONE 'UTC') + (" + ms + ") * interval '1 millisecond') AT TIME ZONE 'UTC'"
+}
+
 // claimRunsSQL is the claim both claimRuns and admitClaim make.
 //
 // Its status test is written on an expression of the status (the status
@@ -551,18 +562,22 @@ func onlyWhen(cond string) string { return "(" + cond + " OR u.lease_ms < 0)" }
 // batch: 62 ms for a batch of 40 where the primary key takes 0.16 ms, and
 // the queue rows of engine bench fell to 0.53-0.82 of the unlimited row
 // once the bench analyzed its tables.
-const claimRunsSQL = `
+//
+// Its times are written as Citus can route them (see plusMS): least()
+// rather than coalesce() around now() (a run's first start is the earliest
+// it will have), and the deadline's arithmetic immutable.
+var claimRunsSQL = `
 UPDATE pgdurable.workflow_runs r SET
     owner_token = u.token,
-    lease_expires_at = now() + u.lease_ms * interval '1 millisecond',
+    lease_expires_at = ` + plusMS(`now()`, `u.lease_ms`) + `,
     status = CASE WHEN r.status = 'compensating' THEN r.status ELSE 'running' END,
     deliveries = r.deliveries + 1,
     stalled_deliveries = r.stalled_deliveries + 1,
-    started_at = coalesce(r.started_at, now()),
+    started_at = least(r.started_at, now()),
     wake_at = NULL,
     await_signal = NULL,
     held_until = NULL,
-    deadline_at = coalesce(r.deadline_at, @now::timestamptz + r.run_timeout_ms * interval '1 millisecond')
+    deadline_at = coalesce(r.deadline_at, ` + plusMS(`@now::timestamptz`, `r.run_timeout_ms`) + `)
 FROM unnest(@run_id::uuid[], @token::uuid[], @lease_ms::bigint[]) AS u(run_id, token, lease_ms)
 WHERE r.run_id = u.run_id
   AND (r.status || '') IN ('pending', 'running', 'waiting', 'compensating')
@@ -767,8 +782,8 @@ type BeatResult struct {
 	Landed, CancelRequested, Marked bool
 }
 
-const heartbeats = `
-UPDATE pgdurable.workflow_runs r SET lease_expires_at = now() + u.lease_ms * interval '1 millisecond',
+var heartbeats = `
+UPDATE pgdurable.workflow_runs r SET lease_expires_at = ` + plusMS(`now()`, `u.lease_ms`) + `,
     long_stalled_deliveries = r.long_stalled_deliveries + CASE WHEN u.mark AND r.stalled_deliveries > 0 THEN 1 ELSE 0 END
 FROM unnest($1::uuid[], $2::uuid[], $3::bigint[], $4::bool[]) AS u(run_id, token, lease_ms, mark)
 WHERE r.run_id = u.run_id AND r.owner_token = u.token

@@ -9,3 +9,6 @@ var ClaimStatements = map[string]struct {
 	"claimRuns":  {claimRuns.sql, claimRuns.names},
 	"admitClaim": {admitClaim.sql, admitClaim.names},
 }
+
+// PlusMS is plusMS, for its test.
+var PlusMS = plusMS
