@@ -129,11 +129,14 @@ func TestHeartbeatIntervalNearTheLeaseKeepsIt(t *testing.T) {
 	t.Parallel()
 	wf := engine.Define("long-step-near-lease", func(ctx *engine.Context, _ int) (int, error) {
 		return engine.Step(ctx, "long", func(context.Context) (int, error) {
-			time.Sleep(3 * time.Second)
+			time.Sleep(9 * time.Second)
 			return 1, nil
 		}, nil)
 	}, nil)
-	b := setup(t, &engine.Config{LeaseDuration: time.Second, HeartbeatInterval: 900 * time.Millisecond}, wf)
+	// An interval at 90% of the lease, three intervals long a step: at a
+	// 1 s lease the 100 ms to spare made a loaded CI machine's pauses lose
+	// every lease of a heartbeat batch at once (all 10 runs, twice).
+	b := setup(t, &engine.Config{LeaseDuration: 3 * time.Second, HeartbeatInterval: 2700 * time.Millisecond}, wf)
 	ctx := testCtx(t)
 	ids := make([]uuid.UUID, 10)
 	for i := range ids {
