@@ -140,37 +140,6 @@ func (c *Cluster) Stop() {
 	}
 }
 
-// CreateDatabase creates database name on every node with the citus
-// extension in it, and registers the workers in the coordinator's: Citus
-// works per database. It returns the coordinator's URL for it.
-func (c *Cluster) CreateDatabase(ctx context.Context, name string) (string, error) {
-	var url string
-	for i, pg := range append([]*localpg.Throwaway{c.Coordinator}, c.Workers...) {
-		u, err := localpg.EnsureDatabase(ctx, pg.URL, name)
-		if err != nil {
-			return "", err
-		}
-		if err := exec1(ctx, u, `CREATE EXTENSION IF NOT EXISTS citus`); err != nil {
-			return "", err
-		}
-		if err := exec1(ctx, u, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
-			return "", err
-		}
-		if i == 0 {
-			url = u
-		}
-	}
-	if err := exec1(ctx, url, `SELECT citus_set_coordinator_host('127.0.0.1', $1)`, c.Coordinator.Port); err != nil {
-		return "", err
-	}
-	for _, w := range c.Workers {
-		if err := exec1(ctx, url, `SELECT citus_add_node('127.0.0.1', $1)`, w.Port); err != nil {
-			return "", err
-		}
-	}
-	return url, nil
-}
-
 func exec1(ctx context.Context, url, sql string, args ...any) error {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {

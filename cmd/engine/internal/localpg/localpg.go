@@ -164,35 +164,12 @@ func StartThrowawayWith(ctx context.Context, opts *ThrowawayOpts) (*Throwaway, e
 	return pg, nil
 }
 
-// Start starts the server again after Kill (or a stop), on the same port
-// and data, and waits until it accepts connections (after crash recovery).
+// Start starts the server on its port and data, and waits until it
+// accepts connections.
 func (pg *Throwaway) Start(ctx context.Context) error {
 	data := filepath.Join(pg.Dir, "data")
 	if out, err := pg.run(ctx, pg.pgctl, "-D", data, "-o", pg.options, "-l", filepath.Join(pg.Dir, "postgres.log"), "-w", "start"); err != nil {
 		return fmt.Errorf("pg_ctl start: %w\n%s", err, out)
-	}
-	return nil
-}
-
-// Kill SIGKILLs the server's postmaster, as a crash of its machine would
-// end it (its backends end as they notice); Start brings it back through
-// crash recovery.
-func (pg *Throwaway) Kill() error {
-	b, err := os.ReadFile(filepath.Join(pg.Dir, "data", "postmaster.pid"))
-	if err != nil {
-		return fmt.Errorf("reading the postmaster's pid: %w", err)
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	pid, err := strconv.Atoi(strings.TrimSpace(line))
-	if err != nil {
-		return fmt.Errorf("reading the postmaster's pid: %w", err)
-	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		return fmt.Errorf("killing the postmaster (pid %d): %w", pid, err)
-	}
-	// Wait for it to be gone so that Start does not find it running.
-	for i := 0; i < 200 && syscall.Kill(pid, 0) == nil; i++ {
-		time.Sleep(25 * time.Millisecond)
 	}
 	return nil
 }
