@@ -7,7 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgdurable/pgdurable/cmd/engine/internal/enginebench"
-	"github.com/pgdurable/pgdurable/cmd/engine/internal/localpg"
+	"github.com/pgdurable/pgdurable/internal/localpg"
 	"github.com/pgdurable/pgdurable/storage/migrations"
 )
 

@@ -11,9 +11,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/pgdurable/pgdurable/cmd/engine/internal/citus"
-	"github.com/pgdurable/pgdurable/cmd/engine/internal/localpg"
 	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/internal/citus"
+	"github.com/pgdurable/pgdurable/internal/localpg"
 )
 
 func (g *global) devCmd() *cobra.Command {

@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdurable/pgdurable/cmd/engine/commands"
-	"github.com/pgdurable/pgdurable/cmd/engine/internal/citus"
 	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/internal/citus"
 )
 
 // On a binary built with its own workflows and no Options.Dev, engine dev

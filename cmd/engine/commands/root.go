@@ -29,9 +29,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	"github.com/pgdurable/pgdurable/cmd/engine/internal/localpg"
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/httpapi"
+	"github.com/pgdurable/pgdurable/internal/localpg"
 	"github.com/pgdurable/pgdurable/storage/migrations"
 )
 

@@ -22,11 +22,11 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/pgdurable/pgdurable/cmd/engine/internal/localpg"
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/engine/enginemetrics"
 	"github.com/pgdurable/pgdurable/engine/httpapi"
 	"github.com/pgdurable/pgdurable/engine/webui"
+	"github.com/pgdurable/pgdurable/internal/localpg"
 	"github.com/pgdurable/pgdurable/storage/migrations"
 )
 

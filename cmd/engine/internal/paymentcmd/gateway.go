@@ -13,8 +13,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgdurable/pgdurable/cmd/engine/commands"
-	"github.com/pgdurable/pgdurable/cmd/engine/internal/localpg"
 	"github.com/pgdurable/pgdurable/examples/payment/fakegateway"
+	"github.com/pgdurable/pgdurable/internal/localpg"
 )
 
 func gatewayCmd(env *commands.Env) *cobra.Command {

@@ -19,7 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgdurable/pgdurable/cmd/engine/internal/localpg"
+	"github.com/pgdurable/pgdurable/internal/localpg"
 )
 
 // ErrNotInstalled is Start's error when no local PostgreSQL has Citus.

@@ -3,44 +3,23 @@ package citus_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgdurable/pgdurable/cmd/engine/internal/citus"
 	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/internal/citus/citustest"
 	"github.com/pgdurable/pgdurable/storage/migrations"
 )
-
-// startCluster starts a coordinator and 2 worker nodes for t. Without
-// Citus installed the test is skipped, except where
-// PGDURABLE_REQUIRE_CITUS=1 (CI, which builds Citus first): there it
-// fails.
-func startCluster(t *testing.T) *citus.Cluster {
-	t.Helper()
-	if !citus.Installed() {
-		if os.Getenv("PGDURABLE_REQUIRE_CITUS") == "1" {
-			t.Fatal(citus.ErrNotInstalled)
-		}
-		t.Skip(citus.ErrNotInstalled)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	c, err := citus.Start(ctx, nil)
-	require.NoError(t, err)
-	t.Cleanup(c.Stop)
-	return c
-}
 
 // The cluster is a coordinator with 2 active worker nodes, and the engine
 // migrates onto its coordinator and runs workflows there, every table
 // local to the coordinator.
 func TestEngineRunsOnACitusCoordinator(t *testing.T) {
 	t.Parallel()
-	c := startCluster(t)
+	c := citustest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg, err := pgxpool.ParseConfig(c.URL())
