@@ -203,10 +203,8 @@ WITH target AS (
         enqueued_at = CASE WHEN target.status = 'waiting' AND NOT target.never THEN now() ELSE r.enqueued_at END
     FROM target WHERE r.run_id = target.run_id
     RETURNING r.run_id, target.status = 'waiting' AND NOT target.never AS woken, target.never AND r.watched AS notify
-), run AS (
-    SELECT run_id, notify FROM upd
-), ` + notifyEnded + `
-SELECT run_id, woken FROM upd WHERE (SELECT count(*) FROM notified) >= 0`)
+)
+SELECT run_id, woken, notify FROM upd`)
 
 // endCancelledUnstarted ends a run whose cancellation was requested and
 // that a process that cannot run it gave back (ReleaseUnregistered),
@@ -223,10 +221,8 @@ WITH upd AS (
     WHERE run_id = @run_id AND cancel_requested_at IS NOT NULL
       AND deliveries = 0 AND owner_token IS NULL AND status = 'pending'
     RETURNING run_id, watched AS notify
-), run AS (
-    SELECT run_id, notify FROM upd
-), ` + notifyEnded + `
-SELECT run_id FROM upd WHERE (SELECT count(*) FROM notified) >= 0`)
+)
+SELECT run_id, notify FROM upd`)
 
 // EndCancelledUnstarted ends run runID cancelled at now, with errJSON as
 // its error, when its cancellation was requested and no delivery ever ran
@@ -236,12 +232,15 @@ SELECT run_id FROM upd WHERE (SELECT count(*) FROM notified) >= 0`)
 // statement it routes to a shard).
 func EndCancelledUnstarted(ctx context.Context, tx DBTX, runID uuid.UUID, errJSON []byte, now time.Time) (ended bool, err error) {
 	var id uuid.UUID
-	err = endCancelledUnstarted.queryRow(ctx, tx, pgx.StrictNamedArgs{"run_id": runID, "error": string(errJSON), "now": now}).Scan(&id)
+	var notify bool
+	err = endCancelledUnstarted.queryRow(ctx, tx, pgx.StrictNamedArgs{"run_id": runID, "error": string(errJSON), "now": now}).Scan(&id, &notify)
 	switch err = translate(err); {
 	case err == ErrNotFound:
 		return false, nil
 	case err != nil:
 		return false, fmt.Errorf("ending cancelled run %s: %w", runID, err)
+	case notify:
+		return true, NotifyRunsEnded(ctx, tx, []uuid.UUID{runID})
 	}
 	return true, nil
 }
@@ -264,21 +263,25 @@ func CancelChildren(ctx context.Context, tx DBTX, parent uuid.UUID, policies []s
 	}
 	defer rows.Close()
 	var out CancelledChildren
+	var ended []uuid.UUID
 	for rows.Next() {
 		var id uuid.UUID
-		var wake bool
-		if err := rows.Scan(&id, &wake); err != nil {
+		var wake, notify bool
+		if err := rows.Scan(&id, &wake, &notify); err != nil {
 			return CancelledChildren{}, fmt.Errorf("cancelling the children of run %s: %w", parent, err)
 		}
 		out.Cancelled = append(out.Cancelled, id)
 		if wake {
 			out.Woken = append(out.Woken, id)
 		}
+		if notify {
+			ended = append(ended, id)
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return CancelledChildren{}, fmt.Errorf("cancelling the children of run %s: %w", parent, translate(err))
 	}
-	return out, nil
+	return out, NotifyRunsEnded(ctx, tx, ended)
 }
 
 // ErrChildEnded: a child the parent was about to wait for has ended.

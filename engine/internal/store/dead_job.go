@@ -30,35 +30,42 @@ type Park struct {
 	ChildDeadJobID *uuid.UUID
 }
 
+// parkRun marks the run @token owns dead and inserts its dead_jobs row,
+// after its pending record's INSERT (see fencedWithRecord): the dead job's
+// INSERT first, while the fence can still be read, locking the run's row.
 var parkRun = named(`
+-- pgdurable: a run parked as a dead job
 WITH run AS (
     UPDATE pgdurable.workflow_runs SET status = 'dead', error = @run_error::jsonb, completed_at = now(),
         owner_token = NULL, lease_expires_at = NULL, wake_at = NULL, deadline_at = NULL
     WHERE run_id = @run_id AND owner_token = @token
-    RETURNING run_id, workflow_name, workflow_id, workflow_version, input, watched AS notify
-), ` + stepUpsert + `, ` + notifyEnded + `,
-dead AS (
-    INSERT INTO pgdurable.dead_jobs (id, run_id, workflow_name, workflow_id, workflow_version, input, reason, step_name, seq,
-                           attempts, first_failed_at, last_failed_at, error_class, error_message, stack,
-                           deliveries, forward_error, child_run_id, child_dead_job_id)
-    SELECT @id, run_id, workflow_name, workflow_id, workflow_version, input, @reason, @parked_step, @parked_seq,
-           @attempts, @first_failed_at, @last_failed_at, @error_class, @error_message, @stack, @deliveries,
-           @forward_error::jsonb, @child_run_id, @child_dead_job_id
-    FROM run
+    RETURNING watched
 )
-SELECT count(*) FROM run WHERE (SELECT count(*) FROM notified) >= 0`)
+SELECT count(*), coalesce(bool_or(watched), false) FROM run`)
+
+var insertDeadJob = named(`
+-- pgdurable: a parked run's dead job
+INSERT INTO pgdurable.dead_jobs (id, run_id, workflow_name, workflow_id, workflow_version, input, reason, step_name, seq,
+                       attempts, first_failed_at, last_failed_at, error_class, error_message, stack,
+                       deliveries, forward_error, child_run_id, child_dead_job_id)
+SELECT @id, r.run_id, r.workflow_name, r.workflow_id, r.workflow_version, r.input, @reason, @parked_step, @parked_seq,
+       @attempts, @first_failed_at, @last_failed_at, @error_class, @error_message, @stack, @deliveries,
+       @forward_error::jsonb, @child_run_id, @child_dead_job_id
+FROM pgdurable.workflow_runs r WHERE r.run_id = @run_id AND r.owner_token = @token
+FOR NO KEY UPDATE OF r`)
 
 // ParkRun marks the run dead and inserts its dead_jobs row, writing the
 // pending step record (may be nil) in the same statement. ErrLeaseLost when
 // fenced out.
 func ParkRun(ctx context.Context, db DBTX, f Fence, pending *StepRecord, p *Park) error {
 	runID := f.RunID
-	args := pgx.StrictNamedArgs{"run_id": runID, "token": f.Token, "run_error": p.RunError, "id": p.ID, "reason": p.Reason,
+	dead := pgx.StrictNamedArgs{"run_id": runID, "token": f.Token, "id": p.ID, "reason": p.Reason,
 		"parked_step": p.StepName, "parked_seq": p.Seq, "attempts": p.Attempts, "first_failed_at": p.FirstFailedAt,
 		"last_failed_at": p.LastFailedAt, "error_class": p.ErrorClass, "error_message": p.ErrorMessage, "stack": p.Stack,
 		"deliveries": p.Deliveries, "forward_error": jsonText(p.ForwardError), "child_run_id": p.ChildRunID,
 		"child_dead_job_id": p.ChildDeadJobID}
-	return fenced(parkRun.queryRow(ctx, db, stepArgs(args, f, pending)), "parking run %s", runID)
+	run := pgx.StrictNamedArgs{"run_id": runID, "token": f.Token, "run_error": p.RunError}
+	return fencedWithRecord(ctx, db, f, pending, "parking run %s", call{insertDeadJob, dead}, call{parkRun, run})
 }
 
 // DeadJobRow is one row of dead_jobs.

@@ -17,8 +17,8 @@ import (
 // fragment that bound $4..$17), and a thirty-parameter CTE cannot be
 // checked by eye. Short statements whose only fragment is a column list
 // keep $1..$n (TestStatementsNameTheirParameters allows at most $8). sqlc would do the naming at build time, but it cannot
-// compose a statement from fragments (stepUpsert, notifyEnded,
-// failedAttempt): each copy would be spelled out again.
+// compose a statement from fragments (recordInsert, plusMS,
+// nowIfElse): each copy would be spelled out again.
 //
 // pgx names arguments itself (pgx.StrictNamedArgs) by lexing the statement
 // on every call: for the record writes (2 to 4 KiB) that cost 10 to 38 µs

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"time"
@@ -272,7 +274,11 @@ func scanSteps(rows pgx.Rows) ([]StepRecord, error) {
 // A completed record is never overwritten (the row is left, and not
 // counted as written): a tx step's retry that finds its earlier attempt
 // committed must roll its own effects back.
-var stepConflict = `    ON CONFLICT (run_id, seq) DO UPDATE SET
+var stepConflict = stepConflictSet + stepConflictGuard
+
+// stepConflictSet is stepConflict's update of the record.
+var stepConflictSet = `
+    ON CONFLICT (run_id, seq) DO UPDATE SET
         status = excluded.status,
         attempts = excluded.attempts,
         request_id = coalesce(excluded.request_id, s.request_id),
@@ -292,29 +298,11 @@ var stepConflict = `    ON CONFLICT (run_id, seq) DO UPDATE SET
             ELSE ` + keepLatest(`CASE WHEN (s.failed_attempts -> -1 ->> 'attempt')::int = excluded.attempts
                             AND s.failed_attempts -> -1 ->> 'replayed' IS NULL
                        THEN s.failed_attempts - (-1) ELSE coalesce(s.failed_attempts, '[]'::jsonb) END`) + ` || excluded.failed_attempts
-        END
-    WHERE s.status <> 'completed'`
+        END`
 
 // MaxFailedAttempts bounds the failed attempts a step record keeps
 // (workflow_steps.failed_attempts): the latest ones.
 const MaxFailedAttempts = 20
-
-// failedAttempt is the failed_attempts value a step record is inserted
-// with, given the SQL of its status, attempts and error (jsonb): an array
-// of the one failure it records (retrying, failed or parked with an
-// error: its attempt, status, error class, message cut to 300 characters,
-// and now()), else NULL. On conflict, stepConflict appends that entry to
-// the record's list, in place of an entry for the same attempt (an
-// attempt whose failure is recorded again, as parked after retrying),
-// keeping the latest MaxFailedAttempts; the same record written again
-// adds nothing. A scalar subquery, not a CASE: Citus refuses now() inside
-// CASE and COALESCE on distributed tables.
-func failedAttempt(status, attempts, errJSON string) string {
-	return `(SELECT jsonb_build_array(jsonb_build_object(
-               'attempt', ` + attempts + `, 'status', ` + status + `, 'class', ` + errJSON + ` ->> 'class',
-               'message', left(` + errJSON + ` ->> 'message', 300), 'at', now()))
-            WHERE ` + status + ` IN ('retrying', 'failed', 'parked') AND ` + errJSON + ` IS NOT NULL)`
-}
 
 // keepLatest is the jsonb array list with its oldest entry dropped when it
 // holds MaxFailedAttempts, so that one more keeps it within the bound.
@@ -322,21 +310,12 @@ func keepLatest(list string) string {
 	return `(CASE WHEN jsonb_array_length(` + list + `) >= ` + strconv.Itoa(MaxFailedAttempts) + ` THEN (` + list + `) - 0 ELSE ` + list + ` END)`
 }
 
-// RunEndedChannel is the channel on which the statements that end a
-// watched run (see WatchRun) notify, with the run's ID as the payload.
+// RunEndedChannel is the channel on which the functions that end a
+// watched run (see WatchRun) notify (NotifyRunsEnded), with the run's ID
+// as the payload.
 const RunEndedChannel = "pgdurable_run_ended"
 
-// notifyEnded is a CTE that notifies RunEndedChannel of each row of the
-// preceding "run" CTE whose notify column is true; the statement's final
-// SELECT evaluates it (an unreferenced CTE does not run). PostgreSQL sends
-// the notifications when the transaction commits, and none if it rolls
-// back.
-const notifyEnded = `
-notified AS (
-    SELECT pg_notify('` + RunEndedChannel + `', run_id::text) FROM run WHERE notify
-)`
-
-// WatchRun marks a run watched, so that the statement that ends it
+// WatchRun marks a run watched, so that the function that ends it
 // notifies RunEndedChannel, and returns its status as of then: a run that
 // ended before the mark sends nothing, and its status says so.
 // ErrNotFound for an unknown run.
@@ -344,91 +323,6 @@ func WatchRun(ctx context.Context, db DBTX, runID uuid.UUID) (status string, err
 	err = db.QueryRow(ctx, `UPDATE pgdurable.workflow_runs SET watched = true WHERE run_id = $1 RETURNING status`, runID).Scan(&status)
 	return status, translate(err)
 }
-
-// stepRecordValues are the columns (stepColumnList) of the step record
-// in the @step_ parameters (see stepArgs), for the run of the preceding
-// "run" CTE.
-var stepRecordValues = `run.run_id, @step_seq::int, @step_name::text, @step_kind::text, @step_status::text, @step_attempts::int,
-           @step_request_id::uuid, @step_output::jsonb, @step_error::jsonb, @step_next_attempt_at::timestamptz,
-           @step_first_failed_at::timestamptz, @step_started_at::timestamptz, @step_completed_at::timestamptz,
-           @step_compensation::text, @step_compensation_of::int, @step_input_hash::bigint, @step_patches::text,
-           ` + failedAttempt(`@step_status::text`, `@step_attempts::int`, `@step_error::jsonb`)
-
-// stepUpsert is a CTE that writes the step record in the @step_
-// parameters (see stepArgs) for the run the preceding "run" CTE returned;
-// it writes nothing when that CTE returned no row (the fence failed) or
-// when @step_seq is NULL (no record to write).
-var stepUpsert = `
-step AS (
-    INSERT INTO pgdurable.workflow_steps AS s (` + stepColumnList + `)
-    SELECT ` + stepRecordValues + `
-    FROM run WHERE @step_seq::int IS NOT NULL
-` + stepConflict + `
-)`
-
-// writeSteps upserts any number of step records (the @step_ parameters,
-// parallel arrays) for a run whose lease @token holds, extending the lease
-// and optionally moving its status (@run_status, NULL to leave it): one
-// statement. It reports whether the run's cancellation was requested, so
-// a delivery learns of it at every write.
-var writeSteps = named(writeStepsCTE + `
-SELECT (SELECT count(*) FROM run), coalesce((SELECT bool_or(cancel) FROM run), false), (SELECT count(*) FROM step)`)
-
-// commitSteps is writeSteps as the last statement of a transaction whose
-// COMMIT is queued behind it in the same round trip: a fence that failed,
-// or a record that was completed already, must not let that COMMIT commit
-// the transaction's other writes, so the statement fails (division by
-// zero, SQLSTATE 22012, caught as ErrStepsNotCommitted) and the COMMIT,
-// skipped with the rest of the pipeline, leaves the transaction aborted.
-//
-// Its fence is a share lock on the run's row, not writeSteps's update:
-// a takeover's claim (an update) waits for this transaction and then loads
-// its records, and a terminate or a claim committed before it fails the
-// fence; the lease is left to the heartbeat. The row is updated only to
-// reset a delivery's stall counts (once per delivery: the claim counts
-// each one). The record's primary key is what makes the step's writes
-// exactly-once against another delivery of the run: a second record of a
-// completed step writes nothing, and the guard fails the transaction.
-var commitSteps = named(`
-WITH run AS (
-    SELECT run_id, cancel_requested_at IS NOT NULL AS cancel FROM pgdurable.workflow_runs
-    WHERE run_id = @run_id AND owner_token = @token
-    FOR SHARE
-), progress AS (
-    UPDATE pgdurable.workflow_runs SET stalled_deliveries = 0, long_stalled_deliveries = 0
-    WHERE run_id = @run_id AND owner_token = @token AND (stalled_deliveries > 0 OR long_stalled_deliveries > 0)
-), ` + stepInsert + `
-SELECT found, cancel, written, 1 / (found * (written = cardinality(@step_seq::int[]))::int)
-FROM (SELECT (SELECT count(*) FROM run) AS found, coalesce((SELECT bool_or(cancel) FROM run), false) AS cancel,
-             (SELECT count(*) FROM step) AS written) w`)
-
-var writeStepsCTE = `
-WITH run AS (
-    UPDATE pgdurable.workflow_runs SET lease_expires_at = now() + @lease_ms::bigint * interval '1 millisecond',
-        stalled_deliveries = 0, long_stalled_deliveries = 0, status = coalesce(@run_status::text, status)
-    WHERE run_id = @run_id AND owner_token = @token
-    RETURNING run_id, cancel_requested_at IS NOT NULL AS cancel
-), ` + stepInsert
-
-// stepInsert is the CTE step: the records of the @step_ parameters,
-// upserted for the run in CTE run.
-var stepInsert = `step AS (
-    INSERT INTO pgdurable.workflow_steps AS s (run_id, seq, name, kind, status, attempts, request_id, output, error,
-                                     next_attempt_at, first_failed_at, started_at, completed_at,
-                                     compensation, compensation_of, input_hash, patches, failed_attempts)
-    SELECT run.run_id, u.seq, u.name, u.kind, u.status, u.attempts, u.request_id, u.output::jsonb, u.error::jsonb,
-           u.next_attempt_at, u.first_failed_at, u.started_at, u.completed_at, u.compensation, u.compensation_of, u.input_hash,
-           u.patches, ` + failedAttempt(`u.status`, `u.attempts`, `u.error::jsonb`) + `
-    FROM run, unnest(@step_seq::int[], @step_name::text[], @step_kind::text[], @step_status::text[], @step_attempts::int[],
-                     @step_request_id::uuid[], @step_output::text[], @step_error::text[],
-                     @step_next_attempt_at::timestamptz[], @step_first_failed_at::timestamptz[],
-                     @step_started_at::timestamptz[], @step_completed_at::timestamptz[],
-                     @step_compensation::text[], @step_compensation_of::int[], @step_input_hash::bigint[], @step_patches::text[])
-        AS u(seq, name, kind, status, attempts, request_id, output, error, next_attempt_at, first_failed_at,
-             started_at, completed_at, compensation, compensation_of, input_hash, patches)
-` + stepConflict + `
-    RETURNING 1
-)`
 
 // StepsWritten is what WriteSteps did: whether the run's cancellation
 // was requested, and how many records it wrote (a completed record is
@@ -438,28 +332,70 @@ type StepsWritten struct {
 	Written         int
 }
 
+// writeStepsFence extends the lease of the run @token owns, moving it to
+// @run_status (NULL leaves it), after its records' INSERT.
+var writeStepsFence = named(`
+-- pgdurable: workflow_runs fence of a delivery's records
+WITH run AS (
+    UPDATE pgdurable.workflow_runs SET lease_expires_at = ` + plusMS(`now()`, `@lease_ms::bigint`) + `,
+        stalled_deliveries = 0, long_stalled_deliveries = 0, status = coalesce(@run_status::text, status)
+    WHERE run_id = @run_id AND owner_token = @token
+    RETURNING cancel_requested_at IS NOT NULL AS cancel
+)
+SELECT count(*), coalesce(bool_or(cancel), false) FROM run`)
+
 // WriteSteps records recs and extends the lease, fenced by token (one
-// statement, one round trip), moving the run to status unless it is "".
+// round trip, one transaction), moving the run to status unless it is "".
 // A completed record is never overwritten. ErrLeaseLost when token no
 // longer owns the run.
 func WriteSteps(ctx context.Context, db DBTX, f Fence, status string, recs ...*StepRecord) (StepsWritten, error) {
 	runID := f.RunID
-	var c stepColumns // its run and token columns are not sent: the fence is one
-	for _, r := range recs {
-		c.add(f, r)
-	}
 	var statusArg *string
 	if status != "" {
 		statusArg = &status
 	}
+	fence := pgx.StrictNamedArgs{"run_id": uuidParam(runID), "token": uuidParam(f.Token)}
+	b := &pgx.Batch{}
+	atomic := len(recs) > 0 && !inTransaction(db)
+	if atomic {
+		b.Queue("begin")
+	}
+	if len(recs) > 0 {
+		var c stepColumns // its run and token columns are not sent: the fence is one
+		for _, r := range recs {
+			c.add(f, r)
+		}
+		recordsForUpdate.queue(b, c.args(maps.Clone(fence)))
+	}
+	writeStepsFence.queue(b, pgx.StrictNamedArgs{"run_id": uuidParam(runID), "token": uuidParam(f.Token),
+		"lease_ms": ms(f.Lease), "run_status": statusArg})
+	if atomic {
+		b.Queue("commit")
+	}
 	var found int
 	var out StepsWritten
-	err := writeSteps.queryRow(ctx, db, pgx.StrictNamedArgs{"run_id": runID, "token": f.Token, "lease_ms": ms(f.Lease),
-		"run_status": statusArg, "step_seq": c.seq, "step_name": c.name, "step_kind": c.kind, "step_status": c.status,
-		"step_attempts": c.attempts, "step_request_id": c.requestID, "step_output": c.output, "step_error": c.errs,
-		"step_next_attempt_at": c.next, "step_first_failed_at": c.firstFailed, "step_started_at": c.started,
-		"step_completed_at": c.completed, "step_compensation": c.comp, "step_compensation_of": c.compOf,
-		"step_input_hash": c.inputHash, "step_patches": c.patches}).Scan(&found, &out.CancelRequested, &out.Written)
+	err := sendBatch(ctx, db, b, func(br pgx.BatchResults) error {
+		if atomic {
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
+		}
+		if len(recs) > 0 {
+			tag, err := br.Exec()
+			if err != nil {
+				return err
+			}
+			out.Written = int(tag.RowsAffected())
+		}
+		if err := br.QueryRow().Scan(&found, &out.CancelRequested); err != nil {
+			return err
+		}
+		if atomic {
+			_, err := br.Exec()
+			return err
+		}
+		return nil
+	})
 	if err != nil {
 		return StepsWritten{}, fmt.Errorf("recording steps of run %s: %w", runID, translate(err))
 	}
@@ -469,35 +405,68 @@ func WriteSteps(ctx context.Context, db DBTX, f Fence, status string, recs ...*S
 	return out, nil
 }
 
-// commitStep is commitSteps for the common case, one record that cannot
-// exist yet (StepRecord.Fresh), with scalar parameters: PostgreSQL plans
-// it once, inserts the record without ON CONFLICT's speculative insertion,
-// and fences it as the group commit's single writes do (writeRecord): a
-// delivery's first write, or one whose lease is a heartbeat interval old
-// (@keep false), resets the stall counts and extends the lease; the others
-// take a share lock on the run's row. A record that exists after all (a
-// second delivery's) fails the insert, and a failed fence inserts nothing,
-// which fails the guard: either way the COMMIT behind it does not commit.
-var commitStep = named(`
--- pgdurable: a tx step's record and fence, committed with its transaction
-WITH extended AS (
-    UPDATE pgdurable.workflow_runs r SET lease_expires_at = now() + @lease_ms::bigint * interval '1 millisecond',
-        stalled_deliveries = 0, long_stalled_deliveries = 0
-    WHERE r.run_id = @run_id AND r.owner_token = @token AND NOT @keep::bool
-    RETURNING r.run_id, r.cancel_requested_at IS NOT NULL AS cancel
-), kept AS (
-    SELECT r.run_id, r.cancel_requested_at IS NOT NULL AS cancel
-    FROM pgdurable.workflow_runs r WHERE r.run_id = @run_id AND r.owner_token = @token AND @keep::bool
-    FOR SHARE
-), run AS (
-    SELECT * FROM extended UNION ALL SELECT * FROM kept
-), step AS (
-    INSERT INTO pgdurable.workflow_steps (` + stepColumnList + `)
-    SELECT ` + stepRecordValues + `
-    FROM run
-    RETURNING 1
+// sendBatch sends b on db and reads its results with read, then closes
+// them; the error is read's, else Close's.
+func sendBatch(ctx context.Context, db DBTX, b *pgx.Batch, read func(pgx.BatchResults) error) error {
+	br := db.SendBatch(ctx, b)
+	err := read(br)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// commitGuard is the statement after a tx step's records (CommitStep,
+// CommitSteps), whose COMMIT is queued behind it in the same round trip:
+// a fence that failed must not let that COMMIT commit the transaction's
+// other writes, so the statement fails (division by zero, SQLSTATE 22012,
+// caught as ErrStepsNotCommitted) and the COMMIT, skipped with the rest
+// of the pipeline, leaves the transaction aborted. It reports whether the
+// run's cancellation was requested.
+//
+// commitGuard only reads the run's row: the records' INSERT locked it
+// (FOR SHARE) where the fence held, so that a takeover's claim (an update)
+// waits for this transaction and then loads its records, and a terminate
+// or a claim committed before it fails the fence. It resets the stall
+// counts of a delivery that made progress only where they are set (once
+// per delivery: the claim counts each one), so that a tx step writes no
+// new version of the run's row; the lease is left to the heartbeat. The
+// record's primary key is what makes the step's writes exactly-once
+// against another delivery of the run: a second record of a completed
+// step fails its INSERT, and with it the transaction.
+var commitGuard = named(`
+-- pgdurable: the fence of a tx step's records, committed with its transaction
+WITH progress AS (
+    UPDATE pgdurable.workflow_runs SET stalled_deliveries = 0, long_stalled_deliveries = 0
+    WHERE run_id = @run_id AND owner_token = @token AND (stalled_deliveries > 0 OR long_stalled_deliveries > 0)
 )
-SELECT coalesce((SELECT bool_or(cancel) FROM run), false), 1 / (SELECT count(*) FROM step)::int`)
+SELECT coalesce(bool_or(cancel_requested_at IS NOT NULL), false), 1 / count(*)::int
+FROM pgdurable.workflow_runs WHERE run_id = @run_id AND owner_token = @token`)
+
+// commitGuardExtending is commitGuardKept for a delivery's first tx step
+// write, or one whose lease is a heartbeat interval old (StepCommit.Keep
+// false): it resets the stall counts and extends the lease.
+var commitGuardExtending = named(`
+-- pgdurable: the fence of a tx step's records, committed with its transaction, extending the lease
+WITH run AS (
+    UPDATE pgdurable.workflow_runs SET lease_expires_at = ` + plusMS(`now()`, `@lease_ms::bigint`) + `,
+        stalled_deliveries = 0, long_stalled_deliveries = 0
+    WHERE run_id = @run_id AND owner_token = @token
+    RETURNING cancel_requested_at IS NOT NULL AS cancel
+)
+SELECT coalesce(bool_or(cancel), false), 1 / count(*)::int FROM run`)
+
+// commitGuardKept is commitGuard for CommitStep's record with
+// StepCommit.Keep: the fence alone, under a share lock, as a delivery's
+// later writes leave the run's row as it is. It comes before the record
+// (recordValues), which the lock fences.
+var commitGuardKept = named(`
+-- pgdurable: the fence of a tx step's record, committed with its transaction
+SELECT coalesce(bool_or(cancel), false), 1 / count(*)::int FROM (
+    SELECT cancel_requested_at IS NOT NULL AS cancel FROM pgdurable.workflow_runs
+    WHERE run_id = @run_id AND owner_token = @token
+    FOR SHARE
+) run`)
 
 // StepCommit is what CommitStep commits: Record, fresh, fenced by Fence;
 // Begun says a transaction is open on the connection (else the record is
@@ -510,15 +479,30 @@ type StepCommit struct {
 	Record *StepRecord
 }
 
-// CommitStep is CommitSteps for one fresh record (see commitStep).
+// CommitStep is CommitSteps for the common case, one record that cannot
+// exist yet (StepRecord.Fresh): its INSERT has scalar parameters, which
+// PostgreSQL plans once, and no ON CONFLICT (no speculative insertion); a
+// record that exists after all (a second delivery's) fails it. Unless
+// c.Keep, the write extends the lease (commitGuardExtending).
 func CommitStep(ctx context.Context, db DBTX, c StepCommit) (StepsWritten, error) {
-	f, begun, keep, rec := c.Fence, c.Begun, c.Keep, c.Record
+	f, rec := c.Fence, c.Record
+	fence := pgx.StrictNamedArgs{"run_id": uuidParam(f.RunID), "token": uuidParam(f.Token)}
 	b := &pgx.Batch{}
-	commitStep.queue(b, stepArgs(pgx.StrictNamedArgs{"run_id": uuidParam(f.RunID), "token": uuidParam(f.Token),
-		"lease_ms": ms(f.Lease), "keep": keep}, f, rec))
+	if c.Keep {
+		commitGuardKept.queue(b, fence)
+	} else {
+		commitGuardExtending.queue(b, pgx.StrictNamedArgs{"run_id": fence["run_id"], "token": fence["token"], "lease_ms": ms(f.Lease)})
+	}
+	recordValues(true).queue(b, stepArgs(pgx.StrictNamedArgs{"run_id": fence["run_id"]}, f, rec))
 	var out StepsWritten
 	var guard int
-	err := sendCommit(ctx, db, b, begun, func(r pgx.Row) error { return r.Scan(&out.CancelRequested, &guard) })
+	err := sendCommit(ctx, db, b, c.Begun, func(br pgx.BatchResults) error {
+		if err := br.QueryRow().Scan(&out.CancelRequested, &guard); err != nil {
+			return err
+		}
+		_, err := br.Exec()
+		return err
+	})
 	if errors.Is(err, ErrStepsNotCommitted) {
 		return StepsWritten{}, err
 	}
@@ -529,18 +513,19 @@ func CommitStep(ctx context.Context, db DBTX, c StepCommit) (StepsWritten, error
 	return out, nil
 }
 
-// sendCommit sends b, a record statement whose row scan reads, and
-// COMMIT when begun, in one round trip. The record statement's refusals
-// come back as ErrStepsNotCommitted: the guard's division by zero, and a
-// fresh record's insert that found one (unique_violation). Other errors,
-// the COMMIT's among them (a deferred constraint of the step's own
-// writes), come back translated.
-func sendCommit(ctx context.Context, db DBTX, b *pgx.Batch, begun bool, scan func(pgx.Row) error) error {
+// sendCommit sends b, a tx step's record and guard statements which read
+// reads, and COMMIT when begun, in one round trip. Their refusals come
+// back as ErrStepsNotCommitted: the guard's division by zero (a fence that
+// failed, or a strict conflict with a completed record), and a fresh
+// record's insert that found one (unique_violation). Other errors, the
+// COMMIT's among them (a deferred constraint of the step's own writes),
+// come back translated.
+func sendCommit(ctx context.Context, db DBTX, b *pgx.Batch, begun bool, read func(pgx.BatchResults) error) error {
 	if begun {
 		b.Queue("commit")
 	}
 	br := db.SendBatch(ctx, b)
-	err := scan(br.QueryRow())
+	err := read(br)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "22012" || pgErr.Code == "23505") {
 		_ = br.Close()
@@ -560,7 +545,7 @@ func sendCommit(ctx context.Context, db DBTX, b *pgx.Batch, begun bool, scan fun
 // left aborted; roll it back.
 var ErrStepsNotCommitted = errors.New("store: step records not committed: lease lost or step recorded already")
 
-// CommitSteps records recs, fenced by f's token, as the last statement of
+// CommitSteps records recs, fenced by f's token, as the last statements of
 // the transaction open on db (begun: a transaction is open, else the
 // records are written on their own), and COMMITs, in one round trip.
 // Unlike WriteSteps it leaves the lease as it is (the heartbeat extends
@@ -576,15 +561,20 @@ func CommitSteps(ctx context.Context, db DBTX, f Fence, begun bool, recs ...*Ste
 	for _, r := range recs {
 		c.add(f, r)
 	}
+	fence := pgx.StrictNamedArgs{"run_id": uuidParam(runID), "token": uuidParam(f.Token)}
 	b := &pgx.Batch{}
-	commitSteps.queue(b, pgx.StrictNamedArgs{"run_id": runID, "token": f.Token, "step_seq": c.seq, "step_name": c.name, "step_kind": c.kind, "step_status": c.status,
-		"step_attempts": c.attempts, "step_request_id": c.requestID, "step_output": c.output, "step_error": c.errs,
-		"step_next_attempt_at": c.next, "step_first_failed_at": c.firstFailed, "step_started_at": c.started,
-		"step_completed_at": c.completed, "step_compensation": c.comp, "step_compensation_of": c.compOf,
-		"step_input_hash": c.inputHash, "step_patches": c.patches})
-	var found, guard int
+	recordsForShareStrict.queue(b, c.args(maps.Clone(fence)))
+	commitGuard.queue(b, fence)
+	var guard int
 	var out StepsWritten
-	err := sendCommit(ctx, db, b, begun, func(r pgx.Row) error { return r.Scan(&found, &out.CancelRequested, &out.Written, &guard) })
+	err := sendCommit(ctx, db, b, begun, func(br pgx.BatchResults) error {
+		tag, err := br.Exec()
+		if err != nil {
+			return err
+		}
+		out.Written = int(tag.RowsAffected())
+		return br.QueryRow().Scan(&out.CancelRequested, &guard)
+	})
 	if errors.Is(err, ErrStepsNotCommitted) {
 		return StepsWritten{}, err
 	}
@@ -642,17 +632,6 @@ func jsonText(b []byte) *string {
 	}
 	s := string(b)
 	return &s
-}
-
-func fenced(row pgx.Row, format string, runID uuid.UUID) error {
-	var n int
-	if err := row.Scan(&n); err != nil {
-		return fmt.Errorf(format+": %w", runID, translate(err))
-	}
-	if n == 0 {
-		return ErrLeaseLost
-	}
-	return nil
 }
 
 // A delivery that recorded progress has reset stalled_deliveries to 0 and
@@ -738,15 +717,16 @@ func CancelRequested(ctx context.Context, db DBTX, runIDs []uuid.UUID) ([]uuid.U
 }
 
 var suspendRun = named(`
+-- pgdurable: a delivery hands its run back
 WITH run AS (
     UPDATE pgdurable.workflow_runs SET status = @run_status, wake_at = @wake_at, owner_token = NULL, lease_expires_at = NULL,
-        enqueued_at = CASE WHEN @wake_at::timestamptz IS NULL THEN now() ELSE enqueued_at END,
+        enqueued_at = ` + nowIfElse(`@wake_at::timestamptz IS NULL`, `enqueued_at`) + `,
         stalled_deliveries = CASE WHEN @progress::bool THEN 0 ELSE greatest(stalled_deliveries - 1, 0) END,
         long_stalled_deliveries = CASE WHEN @progress::bool THEN 0 ELSE greatest(long_stalled_deliveries - @long::int, 0) END
     WHERE run_id = @run_id AND owner_token = @token
     RETURNING run_id
-), ` + stepUpsert + `
-SELECT count(*) FROM run`)
+)
+SELECT count(*), false FROM run`)
 
 // SuspendParams says how SuspendRun hands a run back.
 type SuspendParams struct {
@@ -771,7 +751,7 @@ func SuspendRun(ctx context.Context, db DBTX, f Fence, p SuspendParams) error {
 	}
 	args := pgx.StrictNamedArgs{"run_id": f.RunID, "token": f.Token, "run_status": p.Status, "wake_at": p.WakeAt,
 		"progress": p.Progress, "long": long}
-	return fenced(suspendRun.queryRow(ctx, db, stepArgs(args, f, p.Pending)), "suspending run %s", f.RunID)
+	return fencedWithRecord(ctx, db, f, p.Pending, "suspending run %s", call{suspendRun, args})
 }
 
 // ReleaseUnclaimed gives back a lease this delivery took but cannot use (a
@@ -969,7 +949,9 @@ type SweptRun struct {
 // each time, an innocent run would be parked for a crash loop it did not
 // cause. The jitter spreads the suspects apart, so the innocent ones
 // complete and only the poison run keeps crashing. A first crash costs no
-// delay.
+// delay. The delay's random factor is a hash of the run's ID with a seed
+// the caller draws for each sweep (jitter), not random(): Citus routes no
+// statement that calls a VOLATILE function.
 var sweep = named(`
 WITH expired AS (
     SELECT run_id FROM pgdurable.workflow_runs
@@ -1003,8 +985,8 @@ WITH expired AS (
 ), swept AS (
     UPDATE pgdurable.workflow_runs r SET owner_token = NULL, lease_expires_at = NULL,
         status = CASE WHEN r.stalled_deliveries >= 2 AND r.status = 'running' THEN 'waiting' ELSE r.status END,
-        wake_at = CASE WHEN r.stalled_deliveries >= 2 THEN @now::timestamptz + random()
-            * least(2 ^ (r.stalled_deliveries - 2), 4) * @lease_ms::bigint * interval '1 millisecond' END,
+        wake_at = ` + plusMS(`@now::timestamptz`, `CASE WHEN r.stalled_deliveries >= 2 THEN 1 END * `+jitter(`r.run_id`, `@seed::bigint`)+`
+            * least(2 ^ (r.stalled_deliveries - 2), 4) * @lease_ms::bigint`) + `,
         enqueued_at = now()
     FROM expired WHERE r.run_id = expired.run_id
     RETURNING r.run_id, r.wake_at, r.stalled_deliveries
@@ -1019,7 +1001,7 @@ WITH expired AS (
         status = CASE WHEN t.status = 'waiting' THEN 'pending' ELSE r.status END,
         wake_at = CASE WHEN t.status = 'waiting' THEN NULL ELSE r.wake_at END,
         await_signal = CASE WHEN t.status = 'waiting' THEN NULL ELSE r.await_signal END,
-        enqueued_at = CASE WHEN t.status = 'waiting' THEN now() ELSE r.enqueued_at END
+        enqueued_at = ` + nowIfElse(`t.status = 'waiting'`, `r.enqueued_at`) + `
     FROM timed_out t WHERE r.run_id = t.run_id
     RETURNING r.run_id, t.status = 'waiting' AS woken
 ), released AS (
@@ -1035,6 +1017,15 @@ SELECT run_id, 'held', NULL, 0 FROM released
 UNION ALL
 SELECT run_id, CASE WHEN woken THEN 'wake' ELSE 'timed_out' END, NULL, 0 FROM timeout_cancelled`)
 
+// jitter is a number in [0, 1) drawn from the SQL uuid id and bigint seed:
+// the low 52 bits of their 64-bit hash, as a fraction of 2^52 (a float8
+// holds them exactly). For one seed, distinct runs get independent,
+// uniformly spread values; a new seed draws anew. IMMUTABLE, where
+// random() is VOLATILE.
+func jitter(id, seed string) string {
+	return `((uuid_hash_extended(` + id + `, ` + seed + `) & 4503599627370495)::float8 / 4503599627370496.0)`
+}
+
 // SweepParams says which runs Sweep looks at: up to Limit of each kind on
 // Queue, due or expired as of Now; Lease scales the crash backoff.
 type SweepParams struct {
@@ -1047,7 +1038,8 @@ type SweepParams struct {
 // Sweep hands runs back for delivery; the caller enqueues a ticket in the
 // same transaction for each whose Cause is not crash_backoff.
 func Sweep(ctx context.Context, tx DBTX, p SweepParams) ([]SweptRun, error) {
-	rows, err := sweep.query(ctx, tx, pgx.StrictNamedArgs{"limit": p.Limit, "queue": p.Queue, "now": p.Now, "lease_ms": ms(p.Lease)})
+	rows, err := sweep.query(ctx, tx, pgx.StrictNamedArgs{"limit": p.Limit, "queue": p.Queue, "now": p.Now, "lease_ms": ms(p.Lease),
+		"seed": rand.Int64()})
 	if err != nil {
 		return nil, fmt.Errorf("sweeping runs: %w", err)
 	}
@@ -1158,9 +1150,10 @@ WITH run AS (
         stalled_deliveries = 0, long_stalled_deliveries = 0
     WHERE run_id = @run_id AND owner_token = @token AND cancel_requested_at IS NULL
     RETURNING run_id, watched AS notify
-), ` + notifyEnded + `
-SELECT count(*), (SELECT cancel_requested_at IS NOT NULL FROM pgdurable.workflow_runs WHERE run_id = @run_id AND owner_token = @token)
-FROM run WHERE (SELECT count(*) FROM notified) >= 0`)
+)
+SELECT count(*), (SELECT cancel_requested_at IS NOT NULL FROM pgdurable.workflow_runs WHERE run_id = @run_id AND owner_token = @token),
+       coalesce(bool_or(notify), false)
+FROM run`)
 
 // ErrCancelRequested: the run's cancellation was requested; it cannot
 // continue as new.
@@ -1176,10 +1169,13 @@ const moveSignals = `UPDATE pgdurable.workflow_signals SET run_id = $2 WHERE run
 func ContinueRun(ctx context.Context, tx DBTX, f Fence, next uuid.UUID) error {
 	var n int
 	var cancel *bool
-	if err := continueRun.queryRow(ctx, tx, pgx.StrictNamedArgs{"run_id": f.RunID, "token": f.Token, "next": next}).Scan(&n, &cancel); err != nil {
+	var notify bool
+	if err := continueRun.queryRow(ctx, tx, pgx.StrictNamedArgs{"run_id": f.RunID, "token": f.Token, "next": next}).Scan(&n, &cancel, &notify); err != nil {
 		return fmt.Errorf("continuing run %s: %w", f.RunID, translate(err))
 	}
 	switch {
+	case n > 0 && notify:
+		return NotifyRunsEnded(ctx, tx, []uuid.UUID{f.RunID})
 	case n > 0:
 		return nil
 	case cancel != nil && *cancel:
@@ -1222,8 +1218,8 @@ WITH run AS (
 ), job AS (
     UPDATE pgdurable.dead_jobs j SET resolved_at = now(), resolution = 'discarded', resolved_by = @resolved_by, note = @note
     FROM run WHERE j.run_id = run.run_id AND j.resolved_at IS NULL
-), ` + notifyEnded + `
-SELECT count(*) FROM run WHERE (SELECT count(*) FROM notified) >= 0`)
+)
+SELECT count(*), coalesce(bool_or(notify), false) FROM run`)
 
 // Terminated is what TerminateRun did.
 type Terminated struct {
@@ -1261,9 +1257,15 @@ func TerminateRun(ctx context.Context, tx DBTX, p TerminateParams) (Terminated, 
 		}
 	}
 	var n int
+	var notify bool
 	args := pgx.StrictNamedArgs{"run_id": runID, "error": string(p.Error), "resolved_by": p.By, "note": p.Note}
-	if err := terminateRun.queryRow(ctx, tx, args).Scan(&n); err != nil {
+	if err := terminateRun.queryRow(ctx, tx, args).Scan(&n, &notify); err != nil {
 		return t, fmt.Errorf("terminating run %s: %w", runID, translate(err))
+	}
+	if notify {
+		if err := NotifyRunsEnded(ctx, tx, []uuid.UUID{runID}); err != nil {
+			return t, err
+		}
 	}
 	t.Ended = n > 0
 	if !t.Ended {

@@ -50,22 +50,34 @@ func ResolveRun(ctx context.Context, db DBTX, target string) (uuid.UUID, error) 
 // the same row before it looks for signals: a signal either lands before
 // the look (and is found) or after the run is suspended waiting for it (and
 // wakes it). A run waiting for another name is left asleep. A run that
-// ended takes no signal, but a dead one does: it may yet be replayed.
-var sendSignal = named(`
-WITH target AS (
-    SELECT run_id, status, await_signal, workflow_name FROM pgdurable.workflow_runs WHERE run_id = @run_id FOR UPDATE
-), ins AS (
-    INSERT INTO pgdurable.workflow_signals (run_id, name, payload, idempotency_key)
-    SELECT run_id, @name, @payload::jsonb, @key FROM target
-    WHERE status NOT IN ` + terminalStatuses + ` OR status = 'dead'
-    RETURNING id
-), woken AS (
-    UPDATE pgdurable.workflow_runs r SET status = 'pending', wake_at = NULL, await_signal = NULL, enqueued_at = now()
-    FROM target
-    WHERE r.run_id = target.run_id AND target.status = 'waiting' AND @name = ANY(string_to_array(target.await_signal, chr(31)))
-    RETURNING r.run_id
+// ended takes no signal, but a dead one does: it may yet be replayed. The
+// lock is taken first (lockSignalled, which reads the run's status before
+// the signal), and the signal's INSERT and the run's wake-up are
+// statements of their own: Citus routes a statement to the node that
+// holds the run only when it has no INSERT in a CTE, and an INSERT into a
+// table with an identity column only when it inserts VALUES.
+var insertSignal = named(`
+INSERT INTO pgdurable.workflow_signals (run_id, name, payload, idempotency_key)
+VALUES (@run_id, @name, @payload::jsonb, @key)`)
+
+// takesSignals reports whether a run in status takes a signal: an active
+// one (a status not in terminalStatuses), or a dead one, which may yet be
+// replayed.
+func takesSignals(status string) bool {
+	switch status {
+	case RunPending, RunRunning, RunWaiting, RunCompensating, RunDead:
+		return true
+	}
+	return false
+}
+
+var wakeSignalled = named(`
+WITH woken AS (
+    UPDATE pgdurable.workflow_runs SET status = 'pending', wake_at = NULL, await_signal = NULL, enqueued_at = now()
+    WHERE run_id = @run_id AND status = 'waiting' AND @name = ANY(string_to_array(await_signal, chr(31)))
+    RETURNING run_id
 )
-SELECT target.status, (SELECT count(*) FROM woken) > 0, target.workflow_name FROM target`)
+SELECT count(*) > 0 FROM woken`)
 
 // SignalLimits bound the signals one run holds, consumed ones included
 // (they stay, so a replay can read them): a count and their payloads'
@@ -81,7 +93,7 @@ var ErrLimit = errors.New("limit reached")
 // Locking the run first, then counting in a statement of its own, sees
 // every signal committed before the lock: the bound holds under
 // concurrent senders.
-const lockSignalled = `SELECT 1 FROM pgdurable.workflow_runs WHERE run_id = $1 FOR UPDATE`
+const lockSignalled = `SELECT status, workflow_name FROM pgdurable.workflow_runs WHERE run_id = $1 FOR UPDATE`
 
 const signalTotals = `SELECT count(*), coalesce(sum(octet_length(payload::text)), 0) FROM pgdurable.workflow_signals WHERE run_id = $1`
 
@@ -89,8 +101,7 @@ const signalTotals = `SELECT count(*), coalesce(sum(octet_length(payload::text))
 // first) makes the check and the insert after it one step for concurrent
 // senders of the key.
 const keyedSignal = `
-SELECT s.name = $3 AND s.payload = $4::jsonb, r.status, r.workflow_name
-FROM pgdurable.workflow_signals s JOIN pgdurable.workflow_runs r ON r.run_id = s.run_id
+SELECT s.name = $3 AND s.payload = $4::jsonb FROM pgdurable.workflow_signals s
 WHERE s.run_id = $1 AND s.idempotency_key = $2`
 
 // SignalParams is one signal to send: its name and JSON payload, and its
@@ -138,17 +149,16 @@ func SendSignal(ctx context.Context, tx DBTX, p SignalParams) (SignalSent, error
 		b.Queue(keyedSignal, runID, p.Key, p.Name, string(p.Payload))
 	}
 	br := tx.SendBatch(ctx, b)
-	var one int
 	var count, bytes int64
 	var sent SignalSent
 	var same *bool
-	err := br.QueryRow().Scan(&one)
+	err := br.QueryRow().Scan(&sent.Status, &sent.Workflow)
 	if err == nil {
 		err = br.QueryRow().Scan(&count, &bytes)
 	}
 	if err == nil && key != nil {
 		var sameKey bool
-		switch err = br.QueryRow().Scan(&sameKey, &sent.Status, &sent.Workflow); {
+		switch err = br.QueryRow().Scan(&sameKey); {
 		case err == nil:
 			same = &sameKey
 		case errors.Is(err, pgx.ErrNoRows):
@@ -174,8 +184,18 @@ func SendSignal(ctx context.Context, tx DBTX, p SignalParams) (SignalSent, error
 	case limits.Bytes > 0 && bytes+int64(len(p.Payload)) > limits.Bytes:
 		return SignalSent{}, fmt.Errorf("%w: run %s holds %d bytes of signals; %d more would pass the %d-byte bound", ErrLimit, runID, bytes, len(p.Payload), limits.Bytes)
 	}
-	err = sendSignal.queryRow(ctx, tx, pgx.StrictNamedArgs{"run_id": runID, "name": p.Name, "payload": string(p.Payload), "key": key}).
-		Scan(&sent.Status, &sent.Woken, &sent.Workflow)
+	if !takesSignals(sent.Status) {
+		return sent, nil
+	}
+	b = &pgx.Batch{}
+	insertSignal.queue(b, pgx.StrictNamedArgs{"run_id": runID, "name": p.Name, "payload": string(p.Payload), "key": key})
+	wakeSignalled.queue(b, pgx.StrictNamedArgs{"run_id": runID, "name": p.Name})
+	err = sendBatch(ctx, tx, b, func(br pgx.BatchResults) error {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+		return br.QueryRow().Scan(&sent.Woken)
+	})
 	if err != nil {
 		return SignalSent{}, translate(err)
 	}
@@ -238,13 +258,14 @@ func TakeSignal(ctx context.Context, tx DBTX, f Fence, names []string, seq int) 
 }
 
 var suspendAwaitingRun = named(`
+-- pgdurable: a delivery hands its run back to wait
 WITH run AS (
     UPDATE pgdurable.workflow_runs SET status = @run_status, wake_at = @wake_at, await_signal = @await_signal, owner_token = NULL,
         lease_expires_at = NULL, stalled_deliveries = 0, long_stalled_deliveries = 0
     WHERE run_id = @run_id AND owner_token = @token
     RETURNING run_id
-), ` + stepUpsert + `
-SELECT count(*) FROM run`)
+)
+SELECT count(*), false FROM run`)
 
 // AwaitParams says how SuspendAwaiting hands a run back: in Status (waiting, or
 // compensating) until one of Awaits (signal names, ChildToken tokens)
@@ -266,5 +287,5 @@ func SuspendAwaiting(ctx context.Context, tx DBTX, f Fence, w AwaitParams) error
 		await = &joined
 	}
 	args := pgx.StrictNamedArgs{"run_id": f.RunID, "token": f.Token, "run_status": w.Status, "wake_at": w.WakeAt, "await_signal": await}
-	return fenced(suspendAwaitingRun.queryRow(ctx, tx, stepArgs(args, f, w.Pending)), "suspending run %s", f.RunID)
+	return fencedWithRecord(ctx, tx, f, w.Pending, "suspending run %s", call{suspendAwaitingRun, args})
 }

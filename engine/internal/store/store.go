@@ -176,7 +176,7 @@ const terminalStatuses = `('completed', 'failed', 'compensated', 'cancelled', 'd
 // record parameters.
 var stepParams = []string{"step_seq", "step_name", "step_kind", "step_status", "step_attempts", "step_request_id",
 	"step_output", "step_error", "step_next_attempt_at", "step_first_failed_at", "step_started_at", "step_completed_at",
-	"step_compensation", "step_compensation_of", "step_input_hash", "step_patches"}
+	"step_compensation", "step_compensation_of", "step_input_hash", "step_patches", "step_failed_attempts"}
 
 // stepArgs binds the step record parameters (stepParams) in args to rec,
 // written under f, or to NULLs when rec is nil so that no record is
@@ -190,7 +190,7 @@ func stepArgs(args pgx.StrictNamedArgs, f Fence, rec *StepRecord) pgx.StrictName
 	}
 	values := []any{rec.Seq, rec.Name, rec.Kind, rec.Status, rec.Attempts, uuidOrNull(rec.RequestID),
 		rec.Output, rec.Error, rec.NextAttemptAt, rec.FirstFailedAt, rec.StartedAt, rec.CompletedAt,
-		rec.Compensation, rec.CompensationOf, rec.InputHash, f.patchesOf(rec)}
+		rec.Compensation, rec.CompensationOf, rec.InputHash, f.patchesOf(rec), failedAttempt(rec, time.Now())}
 	for i, name := range stepParams {
 		args[name] = values[i]
 	}

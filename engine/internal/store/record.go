@@ -1,0 +1,271 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// A step record and the run row that fences it are written by two
+// statements in one transaction, not by one statement with the record's
+// INSERT in a CTE: Citus routes a statement to the one node that holds a
+// run only when its data-modifying CTEs are UPDATEs or DELETEs, and plans
+// an INSERT CTE as distributed subplans, each a round trip of its own.
+//
+// One delivery's write (writeFence, CommitStep) checks its fence first,
+// locking the run's row, and fails when the fence failed (division by
+// zero), which skips the record's INSERT queued behind it: the record
+// needs no fence of its own and is a plain INSERT ... VALUES. Where the
+// record comes first (WriteSteps, CommitSteps, fencedWithRecord), its
+// INSERT is fenced by a join with the run's row that locks it (FOR NO KEY
+// UPDATE when the run's row is updated next, so that no share lock is
+// ever upgraded, which can deadlock with another updater; FOR SHARE when
+// it is only read), and the statement on the run's row comes second. A
+// fence that fails inserts nothing, and fails the second statement too:
+// the owner token it checks never comes back. (A batch of deliveries'
+// writes, writeRecords, is still one statement; see there.)
+//
+// Times the statements compute stay outside CASE and COALESCE (Citus
+// refuses a function that is not IMMUTABLE inside them), and the run-ended
+// notification is sent by the caller (NotifyRunsEnded): a NOTIFY sent on
+// the node that holds a run does not reach listeners on another.
+
+// Record locks: the row lock a record's INSERT takes on its run's row.
+const (
+	lockForUpdate = "FOR NO KEY UPDATE OF r"
+	lockForShare  = "FOR SHARE OF r"
+)
+
+// stepColumnList are the columns of a step record as the record INSERTs
+// write them.
+const stepColumnList = `run_id, seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
+                      first_failed_at, started_at, completed_at, compensation, compensation_of, input_hash, patches, failed_attempts`
+
+// stepRecordValues are the values of stepColumnList for one record in the
+// @step_ parameters (see stepArgs) of run r.
+const stepRecordValues = `r.run_id, ` + stepRecordScalars
+
+// stepRecordScalars are stepRecordValues but the run.
+const stepRecordScalars = `@step_seq::int, @step_name::text, @step_kind::text, @step_status::text, @step_attempts::int,
+           @step_request_id::uuid, @step_output::jsonb, @step_error::jsonb, @step_next_attempt_at::timestamptz,
+           @step_first_failed_at::timestamptz, @step_started_at::timestamptz, @step_completed_at::timestamptz,
+           @step_compensation::text, @step_compensation_of::int, @step_input_hash::bigint, @step_patches::text,
+           @step_failed_attempts::jsonb`
+
+// stepArrayValues are the values of stepColumnList for the records of u
+// (see stepArrays) of run r.
+const stepArrayValues = `r.run_id, u.seq, u.name, u.kind, u.status, u.attempts, u.request_id, u.output::jsonb, u.error::jsonb,
+           u.next_attempt_at, u.first_failed_at, u.started_at, u.completed_at, u.compensation, u.compensation_of, u.input_hash,
+           u.patches, u.failed_attempts::jsonb`
+
+// stepArrays unnests the @step_ array parameters (see stepColumns.args)
+// as u.
+var stepArrays = unnestSteps("", "")
+
+// stepBatchArrays is stepArrays with each record's run, owner token and
+// freshness (@step_run_id, @step_token, @step_fresh) as u.run_id, u.token
+// and u.fresh.
+var stepBatchArrays = unnestSteps("@step_run_id::uuid[], @step_token::uuid[], @step_fresh::bool[], ", "run_id, token, fresh, ")
+
+func unnestSteps(params, columns string) string {
+	return `unnest(` + params + `@step_seq::int[], @step_name::text[], @step_kind::text[], @step_status::text[], @step_attempts::int[],
+                     @step_request_id::uuid[], @step_output::text[], @step_error::text[],
+                     @step_next_attempt_at::timestamptz[], @step_first_failed_at::timestamptz[],
+                     @step_started_at::timestamptz[], @step_completed_at::timestamptz[],
+                     @step_compensation::text[], @step_compensation_of::int[], @step_input_hash::bigint[], @step_patches::text[],
+                     @step_failed_attempts::text[])
+        AS u(` + columns + `seq, name, kind, status, attempts, request_id, output, error, next_attempt_at, first_failed_at,
+             started_at, completed_at, compensation, compensation_of, input_hash, patches, failed_attempts)`
+}
+
+// stepConflictStrict is stepConflict for records that must not find their
+// step completed (a tx step's, whose transaction commits only with its
+// record): the update of a completed record divides by zero (SQLSTATE
+// 22012), which fails the statement and so the transaction.
+var stepConflictStrict = strings.Replace(stepConflictSet, "\n        attempts = excluded.attempts,",
+	"\n        attempts = excluded.attempts * (1 / (s.status <> 'completed')::int),", 1)
+
+// stepConflictGuard ends stepConflict: a completed record is kept as it is.
+const stepConflictGuard = `
+    WHERE s.status <> 'completed'`
+
+// recordInsert is the INSERT of the one record in the @step_ parameters
+// for the run @run_id that @token owns, locked by lock, with conflict
+// (stepConflict or "" for a record that cannot exist yet).
+func recordInsert(lock, conflict string) *namedStmt {
+	return named(`
+-- pgdurable: workflow_steps record of one delivery, fenced by its run
+INSERT INTO pgdurable.workflow_steps AS s (` + stepColumnList + `)
+SELECT ` + stepRecordValues + `
+FROM pgdurable.workflow_runs r WHERE r.run_id = @run_id AND r.owner_token = @token
+` + lock + conflict)
+}
+
+// recordValues is the INSERT of the one record in the @step_ parameters
+// for the run @run_id, unfenced: it follows a statement that checked the
+// fence and locked the run's row in the same transaction (writeFence).
+// fresh: a record that cannot exist yet, inserted without ON CONFLICT.
+func recordValues(fresh bool) *namedStmt {
+	if fresh {
+		return freshRecordValues
+	}
+	return upsertRecordValues
+}
+
+var (
+	freshRecordValues  = named(recordValuesSQL)
+	upsertRecordValues = named(recordValuesSQL + stepConflict)
+)
+
+const recordValuesSQL = `
+-- pgdurable: workflow_steps record of one delivery
+INSERT INTO pgdurable.workflow_steps AS s (` + stepColumnList + `)
+VALUES (@run_id::uuid, ` + stepRecordScalars + `)`
+
+// recordsInsert is recordInsert for the records of the @step_ array
+// parameters.
+func recordsInsert(lock, conflict string) *namedStmt {
+	return named(`
+-- pgdurable: workflow_steps records of one delivery, fenced by their run
+INSERT INTO pgdurable.workflow_steps AS s (` + stepColumnList + `)
+SELECT ` + stepArrayValues + `
+FROM ` + stepArrays + `, pgdurable.workflow_runs r WHERE r.run_id = @run_id AND r.owner_token = @token
+` + lock + conflict)
+}
+
+var (
+	recordForUpdate       = recordInsert(lockForUpdate, stepConflict)
+	recordsForUpdate      = recordsInsert(lockForUpdate, stepConflict)
+	recordsForShareStrict = recordsInsert(lockForShare, stepConflictStrict)
+)
+
+// failedAttempt is the failed_attempts value rec is written with: an array
+// of the one failure it records (retrying, failed or parked with an error:
+// its attempt, status, error class, message cut to 300 characters, and
+// at), else NULL. On conflict, stepConflict appends that entry to the
+// record's list, in place of an entry for the same attempt (an attempt
+// whose failure is recorded again, as parked after retrying), keeping the
+// latest MaxFailedAttempts; the same record written again adds nothing.
+// Built here rather than in SQL: jsonb_build_object is not IMMUTABLE, and
+// Citus refuses it inside CASE.
+func failedAttempt(rec *StepRecord, at time.Time) pgtype.Text {
+	switch rec.Status {
+	case StepRetrying, StepFailed, StepParked:
+	default:
+		return pgtype.Text{}
+	}
+	if rec.Error == nil {
+		return pgtype.Text{}
+	}
+	var e struct {
+		Class   *string `json:"class"`
+		Message *string `json:"message"`
+	}
+	_ = json.Unmarshal(rec.Error, &e) // an error that is not an object records no class or message
+	if e.Message != nil && utf8.RuneCountInString(*e.Message) > 300 {
+		m := []rune(*e.Message)[:300]
+		s := string(m)
+		e.Message = &s
+	}
+	entry, err := json.Marshal([]any{map[string]any{"attempt": rec.Attempts, "status": rec.Status, "class": e.Class,
+		"message": e.Message, "at": at.UTC().Format(time.RFC3339Nano)}})
+	if err != nil {
+		return pgtype.Text{}
+	}
+	return pgtype.Text{String: string(entry), Valid: true}
+}
+
+// NotifyRunsEnded notifies RunEndedChannel of each of runIDs (runs that
+// ended while watched), on db: in a transaction, when it commits. The
+// statements that end a run report a watched run's end to their caller
+// rather than notify themselves, so that the notification is sent where
+// the listeners are (on Citus, the coordinator).
+func NotifyRunsEnded(ctx context.Context, db DBTX, runIDs []uuid.UUID) error {
+	if len(runIDs) == 0 {
+		return nil
+	}
+	_, err := db.Exec(ctx, `SELECT pg_notify('`+RunEndedChannel+`', id::text) FROM unnest($1::uuid[]) id`, uuids(runIDs))
+	return translate(err)
+}
+
+// inTransaction reports whether db is a transaction. Statements that must
+// commit together are sent between BEGIN and COMMIT otherwise: in one
+// round trip, PostgreSQL runs them in one transaction anyway, but Citus
+// commits each on its worker node on its own unless a transaction block
+// is open.
+func inTransaction(db DBTX) bool {
+	b, ok := db.(bound)
+	if !ok {
+		return false
+	}
+	_, tx := b.q.(pgx.Tx)
+	return tx
+}
+
+// call is a named statement with its arguments.
+type call struct {
+	stmt *namedStmt
+	args pgx.StrictNamedArgs
+}
+
+// fencedWithRecord writes rec (nil: none), fenced by f with its run's row
+// locked for update, then runs calls, in one round trip and one
+// transaction. The last call's one row holds a count that is 0 when the
+// fence failed, and whether it ended a watched run, whose end it then
+// notifies (NotifyRunsEnded). ErrLeaseLost when fenced out; other errors
+// wrapped with what (a format taking the run ID).
+func fencedWithRecord(ctx context.Context, db DBTX, f Fence, rec *StepRecord, what string, calls ...call) error {
+	b := &pgx.Batch{}
+	if rec != nil {
+		recordForUpdate.queue(b, stepArgs(pgx.StrictNamedArgs{"run_id": uuidParam(f.RunID), "token": uuidParam(f.Token)}, f, rec))
+	}
+	for _, c := range calls {
+		c.stmt.queue(b, c.args)
+	}
+	n := b.Len()
+	atomic := n > 1 && !inTransaction(db)
+	if atomic {
+		b = wrapInTransaction(b)
+	}
+	var found int
+	var notify bool
+	err := sendBatch(ctx, db, b, func(br pgx.BatchResults) error {
+		for range n - 1 + btoi(atomic) {
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
+		}
+		if err := br.QueryRow().Scan(&found, &notify); err != nil {
+			return err
+		}
+		if atomic {
+			_, err := br.Exec()
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf(what+": %w", f.RunID, translate(err))
+	}
+	if found == 0 {
+		return ErrLeaseLost
+	}
+	if notify {
+		return NotifyRunsEnded(ctx, db, []uuid.UUID{f.RunID})
+	}
+	return nil
+}
+
+// nowIfElse is now() where the boolean SQL cond holds, else the SQL
+// other, written as Citus can route it in an UPDATE's SET (see nowIf):
+// greatest() skips the NULL of the side that does not apply.
+func nowIfElse(cond, other string) string {
+	return `greatest(` + nowIf(cond) + `, CASE WHEN ` + cond + ` THEN NULL ELSE ` + other + ` END)`
+}
