@@ -185,28 +185,14 @@ func writeOne(ctx context.Context, db DBTX, w *RecordWrite) (WriteResult, []uuid
 		rec := w.Records[0]
 		recordValues(rec.Fresh).queue(b, stepArgs(pgx.StrictNamedArgs{"run_id": uuidParam(f.RunID)}, f, rec))
 	}
-	atomic := b.Len() > 1 && !inTransaction(db)
-	if atomic {
-		b = wrapInTransaction(b)
-	}
 	var res WriteResult
 	var notify bool
 	var guard int
-	err := sendBatch(ctx, db, b, func(br pgx.BatchResults) error {
-		if atomic {
-			if _, err := br.Exec(); err != nil {
-				return err
-			}
-		}
+	err := sendAtomic(ctx, db, b, func(br pgx.BatchResults) error {
 		if err := br.QueryRow().Scan(&res.CancelRequested, &notify, &guard); err != nil {
 			return err
 		}
-		for range b.Len() - 1 - 2*btoi(atomic) {
-			if _, err := br.Exec(); err != nil {
-				return err
-			}
-		}
-		if atomic {
+		if b.Len() > 1 {
 			_, err := br.Exec()
 			return err
 		}
@@ -226,13 +212,6 @@ func writeOne(ctx context.Context, db DBTX, w *RecordWrite) (WriteResult, []uuid
 	return res, nil, nil
 }
 
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 // WriteRecords commits writes in one round trip and one transaction (a
 // group commit: the writes of many deliveries share one WAL flush), each
 // fenced on its own, and then notifies RunEndedChannel of the watched
@@ -247,9 +226,7 @@ func WriteRecords(ctx context.Context, db DBTX, writes []*RecordWrite) ([]WriteR
 	if err != nil {
 		return nil, err
 	}
-	if err := NotifyRunsEnded(ctx, db, ended); err != nil {
-		return nil, fmt.Errorf("notifying the end of %d runs: %w", len(ended), err)
-	}
+	notifyEnded(ctx, db, ended)
 	return out, nil
 }
 
@@ -314,15 +291,6 @@ func writeBatch(ctx context.Context, db DBTX, writes []*RecordWrite) ([]WriteRes
 		}
 	}
 	return out, ended, nil
-}
-
-// wrapInTransaction is b between BEGIN and COMMIT (see inTransaction).
-func wrapInTransaction(b *pgx.Batch) *pgx.Batch {
-	out := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(b.QueuedQueries)+2)}
-	out.Queue("begin")
-	out.QueuedQueries = append(out.QueuedQueries, b.QueuedQueries...)
-	out.Queue("commit")
-	return out
 }
 
 // inRunOrder is items sorted by run ID (a copy). The batch statements lock

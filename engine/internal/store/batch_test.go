@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdurable/pgdurable/engine/enginetest"
@@ -406,4 +407,65 @@ func TestInsertFlowRunsLeaveThePlanCacheModeAsItWas(t *testing.T) {
 	var ready int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE flow_queue = 'fq' AND ready_at IS NOT NULL`).Scan(&ready))
 	require.Equal(t, 3, ready)
+}
+
+// A write whose statements are sent as one transaction block (one
+// delivery's fence and record, a suspend with its record) leaves its
+// connection idle when it fails — fenced out, or a record PostgreSQL
+// refuses — on a connection and through a pool, which keeps the
+// connection rather than replacing it (found by an attack pass: each
+// zombie's write left its connection in an aborted transaction).
+func TestFailedWriteLeavesItsConnectionIdle(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := context.Background()
+	pool := store.Default.On(db.Pool)
+	f := claimed(t, pool, "idle")
+	stale := f
+	stale.Token = uuid.New()
+	fresh := func(seq int) *store.StepRecord {
+		r := completedStep(seq, "s")
+		r.Fresh = true
+		return r
+	}
+	refused := completedStep(9, "bad")
+	refused.Output = []byte(`{"not json`)
+
+	conn, err := db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	on := store.Default.On(conn.Conn())
+	for name, write := range map[string]func(store.DBTX) error{
+		"a fenced-out write": func(db store.DBTX) error {
+			res, err := store.WriteRecords(ctx, db, []*store.RecordWrite{{Fence: stale, Records: []*store.StepRecord{fresh(1)}}})
+			if err == nil {
+				require.False(t, res[0].Landed)
+			}
+			return err
+		},
+		"a refused record": func(db store.DBTX) error {
+			_, err := store.WriteRecords(ctx, db, []*store.RecordWrite{{Fence: f, Records: []*store.StepRecord{refused}}})
+			require.Error(t, err)
+			return nil
+		},
+		"a refused record of a suspend": func(db store.DBTX) error {
+			err := store.SuspendRun(ctx, db, f, store.SuspendParams{Pending: refused, Status: store.RunPending, Progress: true})
+			require.Error(t, err)
+			return nil
+		},
+	} {
+		require.NoError(t, write(on), name)
+		require.Equal(t, byte('I'), conn.Conn().PgConn().TxStatus(), "%s on a connection", name)
+		_, err := conn.Exec(ctx, "SELECT 1")
+		require.NoError(t, err, name)
+
+		single, err := pgxpool.New(ctx, db.Pool.Config().ConnString()+"&pool_max_conns=1")
+		require.NoError(t, err)
+		var before, after int
+		require.NoError(t, single.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&before))
+		require.NoError(t, write(store.Default.On(single)), name)
+		require.NoError(t, single.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&after))
+		single.Close()
+		require.Equal(t, before, after, "%s through a pool: the pool kept its connection", name)
+	}
 }

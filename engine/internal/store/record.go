@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // A step record and the run row that fences it are written by two
@@ -230,26 +231,15 @@ func fencedWithRecord(ctx context.Context, db DBTX, f Fence, rec *StepRecord, wh
 		c.stmt.queue(b, c.args)
 	}
 	n := b.Len()
-	atomic := n > 1 && !inTransaction(db)
-	if atomic {
-		b = wrapInTransaction(b)
-	}
 	var found int
 	var notify bool
-	err := sendBatch(ctx, db, b, func(br pgx.BatchResults) error {
-		for range n - 1 + btoi(atomic) {
+	err := sendAtomic(ctx, db, b, func(br pgx.BatchResults) error {
+		for range n - 1 {
 			if _, err := br.Exec(); err != nil {
 				return err
 			}
 		}
-		if err := br.QueryRow().Scan(&found, &notify); err != nil {
-			return err
-		}
-		if atomic {
-			_, err := br.Exec()
-			return err
-		}
-		return nil
+		return br.QueryRow().Scan(&found, &notify)
 	})
 	if err != nil {
 		return fmt.Errorf(what+": %w", f.RunID, translate(err))
@@ -258,9 +248,75 @@ func fencedWithRecord(ctx context.Context, db DBTX, f Fence, rec *StepRecord, wh
 		return ErrLeaseLost
 	}
 	if notify {
-		return NotifyRunsEnded(ctx, db, []uuid.UUID{f.RunID})
+		notifyEnded(ctx, db, []uuid.UUID{f.RunID})
 	}
 	return nil
+}
+
+// notifyEnded is NotifyRunsEnded for a write that has landed (or will,
+// with its transaction): its error is dropped, since the write stands and
+// a waiter that misses the notification reads the run's end at its next
+// poll; in a transaction, the failed statement fails the COMMIT anyway.
+func notifyEnded(ctx context.Context, db DBTX, runIDs []uuid.UUID) {
+	_ = NotifyRunsEnded(ctx, db, runIDs)
+}
+
+// sendAtomic sends b, whose results read reads, in one round trip as one
+// transaction, and closes the results. In a transaction (db a pgx.Tx) the
+// statements run in it. Elsewhere, with more than one statement, they are
+// sent between BEGIN and COMMIT, on one connection (PostgreSQL alone runs
+// a round trip's statements as one transaction anyway, but Citus commits
+// each one on its worker node by itself outside a transaction block), and
+// when one fails, the block is rolled back on that connection: the
+// failure skips the COMMIT, and the round trip's end does not close an
+// explicit block, which would leave the connection in an aborted
+// transaction (and a pool would discard it).
+func sendAtomic(ctx context.Context, db DBTX, b *pgx.Batch, read func(pgx.BatchResults) error) error {
+	if b.Len() < 2 || inTransaction(db) {
+		return sendBatch(ctx, db, b, read)
+	}
+	on, ok := db.(bound)
+	if !ok {
+		return sendBatch(ctx, db, b, read)
+	}
+	if pool, isPool := on.q.(*pgxpool.Pool); isPool {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Release()
+		on = bound{q: conn, s: on.s}
+	}
+	block := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, b.Len()+2)}
+	block.Queue("begin")
+	block.QueuedQueries = append(block.QueuedQueries, b.QueuedQueries...)
+	block.Queue("commit")
+	err := sendBatch(ctx, on, block, func(br pgx.BatchResults) error {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+		if err := read(br); err != nil {
+			return err
+		}
+		_, err := br.Exec()
+		return err
+	})
+	if err != nil && txStatus(on.q) != 'I' {
+		_, _ = on.q.Exec(ctx, "rollback")
+	}
+	return err
+}
+
+// txStatus is q's connection's transaction status ('I' idle, 'T' in a
+// transaction, 'E' in a failed one), or 'I' when q is not one connection.
+func txStatus(q Querier) byte {
+	switch c := q.(type) {
+	case *pgxpool.Conn:
+		return c.Conn().PgConn().TxStatus()
+	case *pgx.Conn:
+		return c.PgConn().TxStatus()
+	}
+	return 'I'
 }
 
 // nowIfElse is now() where the boolean SQL cond holds, else the SQL

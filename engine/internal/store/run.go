@@ -356,10 +356,6 @@ func WriteSteps(ctx context.Context, db DBTX, f Fence, status string, recs ...*S
 	}
 	fence := pgx.StrictNamedArgs{"run_id": uuidParam(runID), "token": uuidParam(f.Token)}
 	b := &pgx.Batch{}
-	atomic := len(recs) > 0 && !inTransaction(db)
-	if atomic {
-		b.Queue("begin")
-	}
 	if len(recs) > 0 {
 		var c stepColumns // its run and token columns are not sent: the fence is one
 		for _, r := range recs {
@@ -369,17 +365,9 @@ func WriteSteps(ctx context.Context, db DBTX, f Fence, status string, recs ...*S
 	}
 	writeStepsFence.queue(b, pgx.StrictNamedArgs{"run_id": uuidParam(runID), "token": uuidParam(f.Token),
 		"lease_ms": ms(f.Lease), "run_status": statusArg})
-	if atomic {
-		b.Queue("commit")
-	}
 	var found int
 	var out StepsWritten
-	err := sendBatch(ctx, db, b, func(br pgx.BatchResults) error {
-		if atomic {
-			if _, err := br.Exec(); err != nil {
-				return err
-			}
-		}
+	err := sendAtomic(ctx, db, b, func(br pgx.BatchResults) error {
 		if len(recs) > 0 {
 			tag, err := br.Exec()
 			if err != nil {
@@ -387,14 +375,7 @@ func WriteSteps(ctx context.Context, db DBTX, f Fence, status string, recs ...*S
 			}
 			out.Written = int(tag.RowsAffected())
 		}
-		if err := br.QueryRow().Scan(&found, &out.CancelRequested); err != nil {
-			return err
-		}
-		if atomic {
-			_, err := br.Exec()
-			return err
-		}
-		return nil
+		return br.QueryRow().Scan(&found, &out.CancelRequested)
 	})
 	if err != nil {
 		return StepsWritten{}, fmt.Errorf("recording steps of run %s: %w", runID, translate(err))
@@ -1175,7 +1156,8 @@ func ContinueRun(ctx context.Context, tx DBTX, f Fence, next uuid.UUID) error {
 	}
 	switch {
 	case n > 0 && notify:
-		return NotifyRunsEnded(ctx, tx, []uuid.UUID{f.RunID})
+		notifyEnded(ctx, tx, []uuid.UUID{f.RunID})
+		return nil
 	case n > 0:
 		return nil
 	case cancel != nil && *cancel:
@@ -1263,9 +1245,7 @@ func TerminateRun(ctx context.Context, tx DBTX, p TerminateParams) (Terminated, 
 		return t, fmt.Errorf("terminating run %s: %w", runID, translate(err))
 	}
 	if notify {
-		if err := NotifyRunsEnded(ctx, tx, []uuid.UUID{runID}); err != nil {
-			return t, err
-		}
+		notifyEnded(ctx, tx, []uuid.UUID{runID})
 	}
 	t.Ended = n > 0
 	if !t.Ended {
