@@ -557,11 +557,19 @@ func TestQueueLowPriorityStartsWithinTheAgingBound(t *testing.T) {
 	}, &engine.WorkflowOpts{Queue: "aging"})
 	const aging = time.Second
 	e := queueEngine(t, db, nil, map[string]engine.QueueOpts{"aging": {Concurrency: 1, PriorityAging: aging}}, wf)
+	// A backlog that outlasts the aging on its own (40 runs of at least
+	// 40 ms each, one at a time), so a slow feeder on a loaded machine
+	// cannot let the queue drain and start the low run early.
+	const backlog = 40
+	for i := 1; i <= backlog; i++ {
+		_, err := wf.Start(ctx, e, keyed{N: i}, &engine.StartOpts{Priority: 10})
+		require.NoError(t, err)
+	}
 	stop := make(chan struct{})
 	fed := make(chan struct{})
 	go func() { // a stream of high-priority runs that keeps the queue full
 		defer close(fed)
-		for i := 1; ; i++ {
+		for i := backlog + 1; ; i++ {
 			select {
 			case <-stop:
 				return
