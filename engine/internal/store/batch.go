@@ -371,10 +371,10 @@ INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_version, wo
                            wake_at, run_timeout_ms, deadline_at, tags, trace_context)
 SELECT u.run_id, u.name, u.version, u.workflow_id, u.input::jsonb, u.queue, u.schedule,
        CASE WHEN u.token IS NOT NULL THEN 'running' WHEN u.start_at IS NOT NULL THEN 'waiting' ELSE 'pending' END, u.token,
-       CASE WHEN u.token IS NOT NULL THEN now() + u.lease_ms * interval '1 millisecond' END,
+       ` + plusMS(`now()`, `CASE WHEN u.token IS NOT NULL THEN u.lease_ms END`) + `,
        CASE WHEN u.token IS NULL THEN 0 ELSE 1 END, CASE WHEN u.token IS NULL THEN 0 ELSE 1 END,
-       CASE WHEN u.token IS NOT NULL THEN now() END,
-       CASE WHEN u.hold_ms > 0 THEN now() + u.hold_ms * interval '1 millisecond' END,
+       ` + nowIf(`u.token IS NOT NULL`) + `,
+       ` + plusMS(`now()`, `CASE WHEN u.hold_ms > 0 THEN u.hold_ms END`) + `,
        u.start_at, nullif(u.timeout_ms, 0), u.deadline, u.tags::jsonb, u.trace::jsonb
 FROM unnest(@run_id::uuid[], @workflow_name::text[], @workflow_version::int[], @workflow_id::text[], @input::text[],
             @queue::text[], @schedule_name::text[], @token::uuid[], @lease_ms::bigint[], @hold_ms::bigint[],

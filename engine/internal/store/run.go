@@ -96,18 +96,19 @@ type InsertedRun struct {
 
 // insertRun inserts a run (see NewRun), claimed when @token is set. Its
 // first_run_id is @continued_from, NULL here: only insertContinuedRun
-// starts a run with one.
-const insertRun = `
+// starts a run with one. Its times keep now() outside CASE, as Citus
+// needs (see nowIf).
+var insertRun = `
 INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
                            status, owner_token, lease_expires_at, deliveries, stalled_deliveries, started_at, held_until,
                            wake_at, run_timeout_ms, deadline_at, parent_run_id, parent_seq, parent_close_policy, first_run_id, tags, trace_context)
 VALUES (@run_id, @workflow_name, @workflow_version, @workflow_id, @input::jsonb, @queue, @schedule_name,
         CASE WHEN @token::uuid IS NOT NULL THEN 'running' WHEN @start_at::timestamptz IS NOT NULL THEN 'waiting' ELSE 'pending' END,
         @token::uuid,
-        CASE WHEN @token::uuid IS NOT NULL THEN now() + @lease_ms::bigint * interval '1 millisecond' END,
+        ` + plusMS(`now()`, `CASE WHEN @token::uuid IS NOT NULL THEN @lease_ms::bigint END`) + `,
         CASE WHEN @token::uuid IS NULL THEN 0 ELSE 1 END, CASE WHEN @token::uuid IS NULL THEN 0 ELSE 1 END,
-        CASE WHEN @token::uuid IS NOT NULL THEN now() END,
-        CASE WHEN @hold_ms::bigint > 0 THEN now() + @hold_ms::bigint * interval '1 millisecond' END,
+        ` + nowIf(`@token::uuid IS NOT NULL`) + `,
+        ` + plusMS(`now()`, `CASE WHEN @hold_ms::bigint > 0 THEN @hold_ms::bigint END`) + `,
         @start_at::timestamptz, nullif(@run_timeout_ms::bigint, 0), @deadline_at::timestamptz, @parent_run_id::uuid,
         @parent_seq::int, @parent_close_policy::text,
         @continued_from::uuid, @tags::jsonb, @trace_context::jsonb)
