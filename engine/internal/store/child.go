@@ -182,6 +182,8 @@ func WakeParent(ctx context.Context, tx DBTX, parent uuid.UUID, seq int) (woken 
 // A child no delivery ever picked up (pending, or waiting for its delayed
 // start) has nothing to undo: it ends cancelled here, with errJSON, rather
 // than wait for a worker (one that registers its workflow may never come).
+// Its times keep now() outside CASE and COALESCE, as Citus needs (see
+// nowIfElse).
 var cancelChildren = named(`
 WITH target AS (
     SELECT run_id, status, deliveries = 0 AND owner_token IS NULL AND status IN ('pending', 'waiting') AS never
@@ -192,15 +194,15 @@ WITH target AS (
     FOR UPDATE
 ), upd AS (
     UPDATE pgdurable.workflow_runs r SET
-        cancel_requested_at = coalesce(r.cancel_requested_at, now()),
+        cancel_requested_at = ` + nowIfElse(`r.cancel_requested_at IS NULL`, `r.cancel_requested_at`) + `,
         status = CASE WHEN target.never THEN 'cancelled' WHEN target.status = 'waiting' THEN 'pending' ELSE r.status END,
         error = CASE WHEN target.never THEN @error::jsonb ELSE r.error END,
-        completed_at = CASE WHEN target.never THEN now() ELSE r.completed_at END,
+        completed_at = ` + nowIfElse(`target.never`, `r.completed_at`) + `,
         deadline_at = CASE WHEN target.never THEN NULL ELSE r.deadline_at END,
         held_until = CASE WHEN target.never THEN NULL ELSE r.held_until END,
         wake_at = CASE WHEN target.status = 'waiting' OR target.never THEN NULL ELSE r.wake_at END,
         await_signal = CASE WHEN target.status = 'waiting' OR target.never THEN NULL ELSE r.await_signal END,
-        enqueued_at = CASE WHEN target.status = 'waiting' AND NOT target.never THEN now() ELSE r.enqueued_at END
+        enqueued_at = ` + nowIfElse(`target.status = 'waiting' AND NOT target.never`, `r.enqueued_at`) + `
     FROM target WHERE r.run_id = target.run_id
     RETURNING r.run_id, target.status = 'waiting' AND NOT target.never AS woken, target.never AND r.watched AS notify
 )
