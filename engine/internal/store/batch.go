@@ -71,31 +71,44 @@ type WriteResult struct {
 	CancelRequested bool
 }
 
-// writeRecords applies any number of deliveries' writes (the @w_
-// parameters: one array element per write; the @step_ ones: one per step
-// record, tagged with its write's run and token) in one statement: each
-// run row is updated only where its own fence holds, and only records
-// whose run row was updated are upserted, so a zombie's write in the batch
-// changes nothing and the rest land. A write that ends the run releases
-// the lease and stores its outcome; any other extends the lease, or
-// (@w_keep) only checks the fence under a share lock. It returns the rows
-// whose fence held, and whether each is a watched run that ended (for
-// NotifyRunsEnded). The leading comment names the statement within the
-// first KiB that pg_stat_activity shows of a query.
+// A batch of deliveries' writes (WriteRecords: the @w_ parameters, one
+// array element per write; the @step_ ones, one per step record, tagged
+// with its write's run) is one transaction of two statements (three when
+// it has both fresh records and others) sent in one round trip: the
+// fences (writeFences), then the records (batchRecords). A write that
+// ends the run releases the lease and stores its outcome; any other
+// extends the lease, or (@w_keep) only checks the fence under a share
+// lock.
 //
-// Of the statements on a run's hot path, this is the one Citus does not
-// route to one node yet: its records are INSERTs in CTEs. Split in two as
-// one delivery's write is (the records' INSERT, fenced by a join that
-// locks each run's row, then the runs' UPDATE, in a transaction block),
-// it is routed, but on a single PostgreSQL the 3-step row of engine bench
-// ran at 0.75 of this form (median of 4 runs, 5,000 workflows each).
-var writeRecords = named(`
--- pgdurable: workflow_steps records and workflow_runs fences of a batch of deliveries
-WITH f AS (
-    SELECT * FROM unnest(@w_run_id::uuid[], @w_token::uuid[], @w_status::text[], @w_finish::bool[], @w_output::text[],
-                         @w_error::text[], @w_lease_ms::bigint[], @w_keep::bool[])
-        AS f(run_id, token, status, finish, output, error, lease_ms, keep)
-), extended AS (
+// The fences statement fails unless every write's fence held, so the
+// records need no fence of their own: each run row they belong to is one
+// this transaction locked, whose owner was the record's write. A batch
+// that holds a zombie's write (a delivery whose lease passed on) so fails
+// as a whole, and writeBatch writes each of its writes alone, where the
+// zombie's is fenced out by itself. That is rare (a lease lost while its
+// delivery ran) and costs that batch a round trip per write. Each
+// statement is one Citus routes to the node of the runs' shard.
+//
+// Measured on a single PostgreSQL (engine bench, 3-step row, alternating
+// binaries): this form ran at the rate of the one it replaced, a single
+// statement with the records' INSERTs in CTEs after the fences' UPDATE
+// (which Citus splits into distributed subplans). Two forms that checked
+// each record's fence again did not: the records first, joined to their
+// runs' rows and locking them, then the fences (0.75); the fences first,
+// then each record joined to its run's row where the write's owner token
+// still held it (0.71).
+
+// writeFences applies a batch's fences and returns the rows whose fence
+// held, and whether each is a watched run that ended (for
+// NotifyRunsEnded), then a row with a NULL run ID that fails the statement
+// (division by zero, SQLSTATE 22012) unless all @writes writes held their
+// fence. The leading comment names the
+// statement within the first KiB that pg_stat_activity shows of a query.
+// The @w_ arrays are read twice rather than from a CTE, which Citus would
+// plan apart.
+var writeFences = named(`
+-- pgdurable: workflow_steps records of a batch of deliveries, their fences: the workflow_runs rows
+WITH extended AS (
     UPDATE pgdurable.workflow_runs r SET
         status = coalesce(f.status, r.status),
         lease_expires_at = ` + plusMS(`now()`, `CASE WHEN f.finish THEN NULL ELSE f.lease_ms END`) + `,
@@ -107,32 +120,45 @@ WITH f AS (
         deadline_at = CASE WHEN f.finish THEN NULL ELSE r.deadline_at END,
         await_signal = CASE WHEN f.finish THEN NULL ELSE r.await_signal END,
         stalled_deliveries = 0, long_stalled_deliveries = 0
-    FROM f
+    FROM ` + fenceArrays + `
     WHERE r.run_id = f.run_id AND r.owner_token = f.token AND NOT f.keep
     RETURNING r.run_id, f.token, r.cancel_requested_at IS NOT NULL AS cancel, f.finish AND r.watched AS notify
 ), kept AS (
     SELECT r.run_id, f.token, r.cancel_requested_at IS NOT NULL AS cancel, false AS notify
-    FROM pgdurable.workflow_runs r JOIN f ON r.run_id = f.run_id AND r.owner_token = f.token
+    FROM pgdurable.workflow_runs r JOIN ` + fenceArrays + ` ON r.run_id = f.run_id AND r.owner_token = f.token
     WHERE f.keep
     FOR SHARE OF r
-), run AS (
-    SELECT * FROM extended UNION ALL SELECT * FROM kept
-), u AS (
-    SELECT u.*, run.run_id AS fenced FROM ` + stepBatchArrays + `
-    JOIN run ON run.run_id = u.run_id AND run.token = u.token
-), fresh AS (
-    INSERT INTO pgdurable.workflow_steps (` + stepColumnList + `)
-    SELECT ` + strings.Replace(stepArrayValues, "r.run_id", "u.fenced", 1) + ` FROM u WHERE u.fresh
-), step AS (
-    INSERT INTO pgdurable.workflow_steps AS s (` + stepColumnList + `)
-    SELECT ` + strings.Replace(stepArrayValues, "r.run_id", "u.fenced", 1) + ` FROM u WHERE NOT u.fresh
-` + stepConflict + `
 )
-SELECT run_id, token, cancel, notify FROM run`)
+SELECT run_id, token, cancel, notify FROM extended
+UNION ALL SELECT run_id, token, cancel, notify FROM kept
+UNION ALL SELECT NULL, NULL, 1 / (count(*) = @writes::int)::int = 1, NULL
+          FROM (SELECT run_id FROM extended UNION ALL SELECT run_id FROM kept) fenced`)
 
-// writeFence is writeRecords's fences for one write, with scalar parameters: its
+// fenceArrays unnests the @w_ parameters as f.
+const fenceArrays = `unnest(@w_run_id::uuid[], @w_token::uuid[], @w_status::text[], @w_finish::bool[], @w_output::text[],
+                  @w_error::text[], @w_lease_ms::bigint[], @w_keep::bool[])
+        AS f(run_id, token, status, finish, output, error, lease_ms, keep)`
+
+// batchRecords[fresh] writes the records of the @step_ arrays after
+// writeFences, which failed unless every write's fence held and locked its
+// run's row: fresh ones (StepRecord.Fresh) without ON CONFLICT, the others
+// with stepConflict, each in its own statement when the batch has both.
+// Neither checks a fence again. Each reads that its run exists (which the
+// fences ensured), as Citus needs: it routes the statement to the node of
+// the shard it names, and pulls an INSERT ... SELECT from parameters alone
+// through the coordinator.
+var batchRecords = map[bool]*namedStmt{true: named(batchRecordsSQL), false: named(batchRecordsSQL + stepConflict)}
+
+var batchRecordsSQL = `
+-- pgdurable: workflow_steps records of a batch of deliveries
+INSERT INTO pgdurable.workflow_steps AS s (` + stepColumnList + `)
+SELECT ` + strings.Replace(stepArrayValues, "r.run_id", "u.run_id", 1) + `
+FROM ` + unnestSteps("@step_run_id::uuid[], ", "run_id, ") + `
+WHERE EXISTS (SELECT FROM pgdurable.workflow_runs r WHERE r.run_id = u.run_id)`
+
+// writeFence is writeFences for one write, with scalar parameters: its
 // generic plan is as good as a custom one, so PostgreSQL stops planning
-// it after a few calls, where the arrays of writeRecords make it plan
+// it after a few calls, where the arrays of writeFences make it plan
 // every call (it cannot know their length). A batch of one is what a
 // delivery writes at low load, where its latency shows. It comes first,
 // before the write's record (recordValues), and a fence that failed fails
@@ -220,7 +246,9 @@ func writeOne(ctx context.Context, db DBTX, w *RecordWrite) (WriteResult, []uuid
 // retry them one by one to find the write PostgreSQL refused).
 //
 // A batch must not hold two writes with the same fence, nor two records
-// with the same (run, seq): one delivery has one write in flight.
+// with the same (run, seq): one delivery has one write in flight. In a
+// transaction, pass one write: a write that is fenced out there (Landed
+// false) leaves the transaction aborted, for the caller to roll back.
 func WriteRecords(ctx context.Context, db DBTX, writes []*RecordWrite) ([]WriteResult, error) {
 	out, ended, err := writeBatch(ctx, db, writes)
 	if err != nil {
@@ -245,7 +273,7 @@ func writeBatch(ctx context.Context, db DBTX, writes []*RecordWrite) ([]WriteRes
 		finish, keep    = make([]bool, n), make([]bool, n)
 		lease           = make([]int64, n)
 		output, errText = make(pgtype.FlatArray[pgtype.Text], n), make(pgtype.FlatArray[pgtype.Text], n)
-		recs            stepColumns
+		recs            = map[bool]*stepColumns{} // by StepRecord.Fresh
 	)
 	for i, w := range inRunOrder(writes, func(w *RecordWrite) uuid.UUID { return w.Fence.RunID }) {
 		runID[i], token[i], finish[i], lease[i] = uuidParam(w.Fence.RunID), uuidParam(w.Fence.Token), w.Finish, ms(w.Fence.Lease)
@@ -255,29 +283,68 @@ func writeBatch(ctx context.Context, db DBTX, writes []*RecordWrite) ([]WriteRes
 		}
 		output[i], errText[i] = jsonParam(w.Output), jsonParam(w.Error)
 		for _, r := range w.Records {
-			recs.add(w.Fence, r)
+			if recs[r.Fresh] == nil {
+				recs[r.Fresh] = &stepColumns{}
+			}
+			recs[r.Fresh].add(w.Fence, r)
 		}
 	}
 	type key struct{ run, token uuid.UUID }
 	type result struct{ cancel, notify bool }
 	landed := make(map[key]result, n)
-	err := func() error {
-		rows, err := writeRecords.query(ctx, db, recs.batchArgs(pgx.StrictNamedArgs{"w_run_id": runID, "w_token": token,
-			"w_status": status, "w_finish": finish, "w_output": output, "w_error": errText, "w_lease_ms": lease, "w_keep": keep}))
+	b := &pgx.Batch{}
+	writeFences.queue(b, pgx.StrictNamedArgs{"w_run_id": runID, "w_token": token, "w_status": status, "w_finish": finish,
+		"w_output": output, "w_error": errText, "w_lease_ms": lease, "w_keep": keep, "writes": n})
+	for _, fresh := range []bool{true, false} {
+		if r := recs[fresh]; r != nil {
+			batchRecords[fresh].queue(b, r.batchArgs(pgx.StrictNamedArgs{}))
+		}
+	}
+	err := sendAtomic(ctx, db, b, func(br pgx.BatchResults) error {
+		rows, err := br.Query()
 		if err != nil {
 			return err
 		}
-		defer rows.Close()
 		for rows.Next() {
-			var k key
-			var r result
+			var k struct{ run, token *uuid.UUID }
+			var r struct{ cancel, notify *bool }
 			if err := rows.Scan(&k.run, &k.token, &r.cancel, &r.notify); err != nil {
+				rows.Close()
 				return err
 			}
-			landed[k] = r
+			if k.run != nil { // not the guard's row
+				landed[key{*k.run, *k.token}] = result{*r.cancel, *r.notify}
+			}
 		}
-		return rows.Err()
-	}()
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for range b.Len() - 1 {
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "22012" {
+		// A write was fenced out (writeFences): nothing of the batch
+		// landed. Alone, each lands or is fenced out by itself.
+		if n == 1 {
+			return []WriteResult{{}}, nil, nil
+		}
+		out := make([]WriteResult, n)
+		var ended []uuid.UUID
+		for i, w := range writes {
+			res, e, err := writeBatch(ctx, db, []*RecordWrite{w})
+			if err != nil {
+				return nil, nil, err
+			}
+			out[i], ended = res[0], append(ended, e...)
+		}
+		return out, ended, nil
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("recording steps of %d runs: %w", n, translate(err))
 	}
@@ -311,7 +378,7 @@ func inRunOrder[T any](items []T, run func(T) uuid.UUID) []T {
 
 // stepColumns holds step records as the parallel arrays unnest reads.
 type stepColumns struct {
-	runID, token                 uuidArray
+	runID                        uuidArray
 	seq, attempts                []int32
 	name, kind, status           []string
 	requestID                    uuidArray
@@ -322,11 +389,10 @@ type stepColumns struct {
 	next, firstFailed, completed pgtype.FlatArray[pgtype.Timestamptz]
 	started                      []time.Time
 	failed                       pgtype.FlatArray[pgtype.Text]
-	fresh                        []bool // only in batchArgs
 }
 
 func (s *stepColumns) add(f Fence, r *StepRecord) {
-	s.runID, s.token = append(s.runID, uuidParam(f.RunID)), append(s.token, uuidParam(f.Token))
+	s.runID = append(s.runID, uuidParam(f.RunID))
 	s.seq, s.attempts = append(s.seq, int32(r.Seq)), append(s.attempts, int32(r.Attempts))
 	s.name, s.kind, s.status = append(s.name, r.Name), append(s.kind, r.Kind), append(s.status, r.Status)
 	s.requestID = append(s.requestID, uuidOrNull(r.RequestID))
@@ -338,7 +404,6 @@ func (s *stepColumns) add(f Fence, r *StepRecord) {
 	s.completed = append(s.completed, timeOrNull(r.CompletedAt))
 	s.started = append(s.started, r.StartedAt)
 	s.failed = append(s.failed, failedAttempt(r, time.Now()))
-	s.fresh = append(s.fresh, r.Fresh)
 }
 
 // args binds s to the @step_ array parameters of stepArrays, in args, and
@@ -354,17 +419,20 @@ func (s *stepColumns) args(args pgx.StrictNamedArgs) pgx.StrictNamedArgs {
 	return args
 }
 
-// batchArgs is args with each record's run, owner token and freshness
-// (StepRecord.Fresh), for stepBatchArrays, in args.
+// batchArgs is args with each record's run, for batchRecords, in args.
 func (s *stepColumns) batchArgs(args pgx.StrictNamedArgs) pgx.StrictNamedArgs {
-	args["step_run_id"], args["step_token"], args["step_fresh"] = s.runID, s.token, s.fresh
+	args["step_run_id"] = s.runID
 	return s.args(args)
 }
 
 // insertRuns inserts any number of runs in one statement (one array element
 // per run), each unless a run with its workflow ID exists, already claimed
 // where its token is set (see NewRun.Claim). Only the inserted rows come
-// back.
+// back. A run whose ID exists is skipped too (InsertRuns then finds it by
+// its workflow ID); that guard also makes the statement one Citus routes
+// to the node of the table's shard, where it pulls an INSERT ... SELECT
+// FROM unnest alone through the coordinator (a multi-row VALUES, routed
+// as well, made engine bench's 3-step row 15% slower).
 var insertRuns = named(`
 INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
                            status, owner_token, lease_expires_at, deliveries, stalled_deliveries, started_at, held_until,
@@ -381,6 +449,7 @@ FROM unnest(@run_id::uuid[], @workflow_name::text[], @workflow_version::int[], @
             @start_at::timestamptz[], @run_timeout_ms::bigint[], @deadline_at::timestamptz[], @tags::text[],
             @trace_context::text[])
     AS u(run_id, name, version, workflow_id, input, queue, schedule, token, lease_ms, hold_ms, start_at, timeout_ms, deadline, tags, trace)
+WHERE NOT EXISTS (SELECT FROM pgdurable.workflow_runs x WHERE x.run_id = u.run_id)
 ON CONFLICT (workflow_name, workflow_id) WHERE status <> 'continued' DO NOTHING
 RETURNING run_id`)
 

@@ -77,6 +77,48 @@ func TestWriteRecordsFencesEachWriteOnItsOwn(t *testing.T) {
 	require.WithinDuration(t, time.Now().Add(a.Lease), lease, 5*time.Second, "a write extends its lease")
 }
 
+// A zombie's write that would end its run (the run was claimed again, or
+// terminated, since) lands nothing of its own in a batch, and the batch's
+// other writes land, ending writes and the rest, each with its records.
+func TestWriteRecordsFencesOutAZombiesEnd(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := context.Background()
+	on := store.Default.On(db.Pool)
+	for _, taken := range []string{"claimed again", "terminated"} {
+		t.Run(taken, func(t *testing.T) {
+			a, z, e := claimed(t, on, "a "+taken), claimed(t, on, "z "+taken), claimed(t, on, "e "+taken)
+			steal := `UPDATE pgdurable.workflow_runs SET owner_token = gen_random_uuid() WHERE run_id = $1`
+			if taken == "terminated" {
+				steal = `UPDATE pgdurable.workflow_runs SET owner_token = NULL, lease_expires_at = NULL, status = 'terminated', completed_at = now() WHERE run_id = $1`
+			}
+			_, err := db.Pool.Exec(ctx, steal, z.RunID)
+			require.NoError(t, err)
+			end := func(f store.Fence, name string) *store.RecordWrite {
+				return &store.RecordWrite{Fence: f, Records: []*store.StepRecord{completedStep(0, name), completedStep(1, name)},
+					Status: store.RunCompleted, Finish: true, Output: []byte(`"done"`)}
+			}
+			res, err := store.WriteRecords(ctx, on, []*store.RecordWrite{
+				{Fence: a, Records: []*store.StepRecord{completedStep(0, "s0"), completedStep(1, "s1")}},
+				end(z, "zombie"),
+				end(e, "s"),
+			})
+			require.NoError(t, err)
+			require.Equal(t, []store.WriteResult{{Landed: true}, {Landed: false}, {Landed: true}}, res)
+			for run, want := range map[uuid.UUID]int{a.RunID: 2, z.RunID: 0, e.RunID: 2} {
+				var steps int
+				require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_steps WHERE run_id = $1`, run).Scan(&steps))
+				require.Equal(t, want, steps, "records of run %s", run)
+			}
+			var status string
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT status FROM pgdurable.workflow_runs WHERE run_id = $1`, z.RunID).Scan(&status))
+			require.NotEqual(t, store.RunCompleted, status, "a zombie does not end the run")
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT status FROM pgdurable.workflow_runs WHERE run_id = $1`, e.RunID).Scan(&status))
+			require.Equal(t, store.RunCompleted, status)
+		})
+	}
+}
+
 // InsertRuns answers each run as InsertRun would: new (claimed or not), the
 // same workflow ID with the same input (in the table or earlier in the
 // batch) is the existing run, with another input a conflict.
@@ -122,6 +164,52 @@ func TestInsertRunsAnswersEachRunAsInsertRunWould(t *testing.T) {
 		Scan(&owner, &deliveries))
 	require.Equal(t, batch[1].Claim.Token, *owner)
 	require.Equal(t, 1, deliveries, "a claimed insert counts its first delivery")
+}
+
+// A batch of 300 inserts as one: a workflow ID seen earlier in the batch
+// is that run, a run whose ID exists (a batch tried again after its
+// commit) is found by its workflow ID, and a run PostgreSQL refuses leaves
+// none of the batch, and the pool's connection usable.
+func TestInsertRunsIsOneTransaction(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, db.URL)
+	require.NoError(t, err)
+	defer pool.Close()
+	batch := func(prefix string) []store.NewRun {
+		runs := make([]store.NewRun, 300)
+		for i := range runs {
+			runs[i] = store.NewRun{RunID: uuid.Must(uuid.NewV7()), WorkflowName: "wf", WorkflowVersion: 1,
+				WorkflowID: fmt.Sprintf("%s-%03d", prefix, i), Input: []byte(`{}`), Queue: "q"}
+		}
+		return runs
+	}
+	runs := batch("a")
+	runs[299].WorkflowID = runs[0].WorkflowID
+	res, err := store.InsertRuns(ctx, store.Default.On(pool), runs)
+	require.NoError(t, err)
+	for i, r := range res[:299] {
+		require.NoError(t, r.Err)
+		require.Equal(t, store.InsertedRun{RunID: runs[i].RunID, Status: store.RunPending}, *r.Run)
+	}
+	require.Equal(t, store.InsertedRun{RunID: runs[0].RunID, Existing: true, Status: store.RunPending}, *res[299].Run)
+	again, err := store.InsertRuns(ctx, store.Default.On(pool), runs[:2])
+	require.NoError(t, err)
+	for i, r := range again {
+		require.Equal(t, store.InsertedRun{RunID: runs[i].RunID, Existing: true, Status: store.RunPending}, *r.Run)
+	}
+
+	runs = batch("b")
+	runs[299].Input = []byte(`{not json`)
+	_, err = store.InsertRuns(ctx, store.Default.On(pool), runs)
+	require.Error(t, err)
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE workflow_id LIKE 'b-%'`).Scan(&n))
+	require.Zero(t, n, "runs of a failed batch")
+	require.Equal(t, int32(1), pool.Stat().TotalConns(), "the batch's connection went back to the pool")
+	var one int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT 1`).Scan(&one), "the connection is usable")
 }
 
 // ClaimRuns claims each claimable run of a batch once: a run leased by a

@@ -15,13 +15,12 @@ var PlusMS = plusMS
 
 // RoutedStatements are the statements of a run's hot path (a start by
 // direct dispatch, a claim, a step record, a tx step's record, a
-// heartbeat, a run's end, a signal) and the sweep, for the Citus plan test: each one's
-// SQL with $n parameters. Not yet among them: insertRuns, the batched
-// start, which Citus pulls through the coordinator (an INSERT ... SELECT
-// from unnest), and writeRecords, the group commit's batch, whose records
-// are INSERTs in CTEs.
+// heartbeat, a run's end, a signal), the sweep and a parent's close
+// (cancelChildren), for the Citus plan test: each one's SQL with $n
+// parameters.
 var RoutedStatements = map[string]string{
 	"insertRun":             insertRunStmt.sql,
+	"insertRuns":            insertRuns.sql,
 	"claimRuns":             claimRuns.sql,
 	"loadStepsOfRuns":       loadStepsOfRuns,
 	"claimMisses":           claimMisses,
@@ -31,6 +30,9 @@ var RoutedStatements = map[string]string{
 	"recordsForUpdate":      recordsForUpdate.sql,
 	"recordsForShareStrict": recordsForShareStrict.sql,
 	"writeFence":            writeFence.sql,
+	"writeFences":           writeFences.sql,
+	"batchRecords":          batchRecords[true].sql,
+	"batchRecords upsert":   batchRecords[false].sql,
 	"writeStepsFence":       writeStepsFence.sql,
 	"commitGuard":           commitGuard.sql,
 	"commitGuardKept":       commitGuardKept.sql,
@@ -47,6 +49,7 @@ var RoutedStatements = map[string]string{
 	"insertDeadJob":         insertDeadJob.sql,
 	"suspendAwaitingRun":    suspendAwaitingRun.sql,
 	"sweep":                 sweep.sql,
+	"cancelChildren":        cancelChildren.sql,
 }
 
 // Jitter is jitter, for its test.

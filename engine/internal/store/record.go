@@ -31,7 +31,8 @@ import (
 // it is only read), and the statement on the run's row comes second. A
 // fence that fails inserts nothing, and fails the second statement too:
 // the owner token it checks never comes back. (A batch of deliveries'
-// writes, writeRecords, is still one statement; see there.)
+// writes checks every fence first and fails unless all held, so that its
+// records need no fence of their own; see writeFences.)
 //
 // Times the statements compute stay outside CASE and COALESCE (Citus
 // refuses a function that is not IMMUTABLE inside them), and the run-ended
@@ -69,11 +70,6 @@ const stepArrayValues = `r.run_id, u.seq, u.name, u.kind, u.status, u.attempts, 
 // stepArrays unnests the @step_ array parameters (see stepColumns.args)
 // as u.
 var stepArrays = unnestSteps("", "")
-
-// stepBatchArrays is stepArrays with each record's run, owner token and
-// freshness (@step_run_id, @step_token, @step_fresh) as u.run_id, u.token
-// and u.fresh.
-var stepBatchArrays = unnestSteps("@step_run_id::uuid[], @step_token::uuid[], @step_fresh::bool[], ", "run_id, token, fresh, ")
 
 func unnestSteps(params, columns string) string {
 	return `unnest(` + params + `@step_seq::int[], @step_name::text[], @step_kind::text[], @step_status::text[], @step_attempts::int[],
