@@ -131,7 +131,9 @@ func TestQueueLimitAcrossProcessesAndCrash(t *testing.T) {
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT min(lease_expires_at), max(lease_expires_at) FROM pgdurable.workflow_runs
 WHERE run_id IN (SELECT run_id FROM queue_calls WHERE pid = $1 AND ended_at IS NULL)`, victim.Process.Pid).Scan(&firstExpiry, &lastExpiry))
 	var reused time.Time
-	eventually(t, lease+3*time.Second, "a run started after the kill", func() bool {
+	// How soon after the expiry a slot is used again depends on the
+	// admission's cadence and the machine's load; when is what is checked.
+	eventually(t, lease+10*time.Second, "a run started after the kill", func() bool {
 		var at *time.Time
 		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT min(started_at) FROM queue_calls WHERE started_at > $1`, killed).Scan(&at))
 		if at != nil {

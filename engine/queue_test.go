@@ -317,10 +317,17 @@ func TestQueuePauseLetsRunningStepsFinishAndResumeDrains(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	require.Zero(t, second.Load(), "no step started while the queue was paused")
 	require.Equal(t, int64(2), first.Load())
-	queues, err := e.ListQueues(ctx)
-	require.NoError(t, err)
-	require.Len(t, queues, 1)
-	q := queues[0]
+	// A run handed back is ready once its River ticket is worked, which a
+	// loaded machine may take longer than the sleep above to do.
+	var q engine.QueueInfo
+	eventually(t, 10*time.Second, "the 4 runs ready in the paused queue", func() bool {
+		queues, err := e.ListQueues(ctx)
+		require.NoError(t, err)
+		require.Len(t, queues, 1)
+		q = queues[0]
+		return q.Ready == 4
+	})
+	require.Zero(t, second.Load(), "no step started while the queue was paused")
 	require.True(t, q.Paused)
 	require.Equal(t, "alice", q.PausedBy)
 	require.Equal(t, "card processor down", q.PauseReason)
