@@ -119,6 +119,47 @@ func TestWriteRecordsFencesOutAZombiesEnd(t *testing.T) {
 	}
 }
 
+// A batch that holds a zombie's write and a record PostgreSQL refuses
+// fails as a whole, with nothing of it committed: the batch's error is
+// every write's, which the caller writes again (found by an attack pass:
+// written one at a time around the zombie, the writes before the refused
+// one committed, and the caller, told they failed, wrote them again, to
+// find a completed run fenced out or a fresh record taken).
+func TestWriteRecordsAroundAZombieStaysOneTransaction(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := context.Background()
+	on := store.Default.On(db.Pool)
+	a, z, b := claimed(t, on, "a"), claimed(t, on, "z"), claimed(t, on, "b")
+	_, err := db.Pool.Exec(ctx, `UPDATE pgdurable.workflow_runs SET owner_token = gen_random_uuid() WHERE run_id = $1`, z.RunID)
+	require.NoError(t, err)
+	fresh := completedStep(1, "s1")
+	fresh.Fresh = true
+	refused := completedStep(0, "nul")
+	refused.Output = []byte(`"\u0000"`) // JSON that jsonb refuses
+	writes := []*store.RecordWrite{
+		{Fence: a, Records: []*store.StepRecord{completedStep(0, "s0"), fresh}, Status: store.RunCompleted, Finish: true, Output: []byte(`"done"`)},
+		{Fence: z, Records: []*store.StepRecord{completedStep(0, "zombie")}},
+		{Fence: b, Records: []*store.StepRecord{refused}},
+	}
+	_, err = store.WriteRecords(ctx, on, writes)
+	require.Error(t, err)
+	var steps int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_steps`).Scan(&steps))
+	require.Zero(t, steps, "records of a failed batch")
+	var status string
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT status FROM pgdurable.workflow_runs WHERE run_id = $1`, a.RunID).Scan(&status))
+	require.Equal(t, store.RunRunning, status, "a run ended by a failed batch")
+
+	// Written again without the refused record, as the caller would: the
+	// rest lands, the zombie's does not.
+	res, err := store.WriteRecords(ctx, on, writes[:2])
+	require.NoError(t, err)
+	require.Equal(t, []store.WriteResult{{Landed: true}, {Landed: false}}, res)
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_steps`).Scan(&steps))
+	require.Equal(t, 2, steps)
+}
+
 // InsertRuns answers each run as InsertRun would: new (claimed or not), the
 // same workflow ID with the same input (in the table or earlier in the
 // batch) is the existing run, with another input a conflict.
