@@ -87,8 +87,8 @@ type WriteResult struct {
 // as a whole, and writeBatch reads which writes' tokens no longer own
 // their runs and writes the others again, as one transaction. That is
 // rare (a lease lost while its delivery ran) and costs that batch two
-// more round trips. Each
-// statement is one Citus routes to the node of the runs' shard.
+// more round trips. Each statement is one Citus routes to the node of the
+// runs' shard.
 //
 // Measured on a single PostgreSQL (engine bench, 3-step row, alternating
 // binaries): this form ran at the rate of the one it replaced, a single
@@ -103,10 +103,9 @@ type WriteResult struct {
 // held, and whether each is a watched run that ended (for
 // NotifyRunsEnded), then a row with a NULL run ID that fails the statement
 // (division by zero, SQLSTATE 22012) unless all @writes writes held their
-// fence. The leading comment names the
-// statement within the first KiB that pg_stat_activity shows of a query.
-// The @w_ arrays are read twice rather than from a CTE, which Citus would
-// plan apart.
+// fence. The leading comment names the statement within the first KiB
+// that pg_stat_activity shows of a query. The @w_ arrays are read twice
+// rather than from a CTE, which Citus would plan apart.
 var writeFences = named(`
 -- pgdurable: workflow_steps records of a batch of deliveries, their fences: the workflow_runs rows
 WITH extended AS (
