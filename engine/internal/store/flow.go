@@ -230,7 +230,7 @@ VALUES (@name, @concurrency, @key_concurrency, @rate_limit, @rate_period_ms, @ra
 ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, key_concurrency = excluded.key_concurrency,
     rate_limit = excluded.rate_limit, rate_period_ms = excluded.rate_period_ms, rate_burst = excluded.rate_burst,
     key_rate_limit = excluded.key_rate_limit, key_rate_period_ms = excluded.key_rate_period_ms,
-    key_rate_burst = excluded.key_rate_burst, priority_aging_ms = excluded.priority_aging_ms, defined_at = now()`,
+    key_rate_burst = excluded.key_rate_burst, priority_aging_ms = excluded.priority_aging_ms, defined_at = excluded.defined_at`,
 		pgx.StrictNamedArgs{"name": q.Name, "concurrency": q.Concurrency, "key_concurrency": q.KeyConcurrency,
 			"rate_limit": q.Rate.Limit, "rate_period_ms": ms(q.Rate.Period), "rate_burst": q.Rate.Burst,
 			"key_rate_limit": q.KeyRate.Limit, "key_rate_period_ms": ms(q.KeyRate.Period), "key_rate_burst": q.KeyRate.Burst,
@@ -705,7 +705,7 @@ SELECT (SELECT count(*) FROM pgdurable.workflow_runs WHERE flow_queue = $1 AND f
 // its state.
 func DefineRateLimit(ctx context.Context, db DBTX, name string, r Rate) error {
 	_, err := db.Exec(ctx, `INSERT INTO pgdurable.rate_limits (name, rate_limit, period_ms, burst) VALUES ($1, $2, $3, $4)
-ON CONFLICT (name) DO UPDATE SET rate_limit = excluded.rate_limit, period_ms = excluded.period_ms, burst = excluded.burst, defined_at = now()`,
+ON CONFLICT (name) DO UPDATE SET rate_limit = excluded.rate_limit, period_ms = excluded.period_ms, burst = excluded.burst, defined_at = excluded.defined_at`,
 		name, r.Limit, ms(r.Period), max(r.Burst, 1))
 	if err != nil {
 		return fmt.Errorf("defining rate limit %q: %w", name, translate(err))
