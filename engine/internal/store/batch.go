@@ -363,23 +363,17 @@ func writeBatchWithout(ctx context.Context, db DBTX, writes []*RecordWrite) ([]W
 	for i, w := range writes {
 		ids[i] = uuidParam(w.Fence.RunID)
 	}
-	owners := make(map[uuid.UUID]uuid.UUID, len(writes))
-	rows, err := db.Query(ctx, `SELECT run_id, owner_token FROM pgdurable.workflow_runs WHERE run_id = ANY($1) AND owner_token IS NOT NULL`, ids)
-	if err == nil {
-		for rows.Next() {
-			var run, owner uuid.UUID
-			if err = rows.Scan(&run, &owner); err != nil {
-				break
-			}
-			owners[run] = owner
-		}
-		rows.Close()
-		if err == nil {
-			err = rows.Err()
-		}
-	}
+	rows, _ := db.Query(ctx, `SELECT run_id, owner_token FROM pgdurable.workflow_runs WHERE run_id = ANY($1) AND owner_token IS NOT NULL`, ids)
+	owned, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Fence, error) {
+		var f Fence
+		return f, r.Scan(&f.RunID, &f.Token)
+	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading the fences of %d runs: %w", len(writes), translate(err))
+	}
+	owners := make(map[uuid.UUID]uuid.UUID, len(owned))
+	for _, f := range owned {
+		owners[f.RunID] = f.Token
 	}
 	var live []*RecordWrite
 	var at []int
