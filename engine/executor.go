@@ -321,7 +321,7 @@ func (e *Engine) missed(ctx context.Context, runID uuid.UUID, m *store.ClaimMiss
 	case m.FlowQueue != "" && RunStatus(m.Status).active():
 		// Its queue's admission claims it: the ticket's work is to make it
 		// ready (a failure fails the ticket, which River retries).
-		q, err := store.MarkReady(context.WithoutCancel(ctx), e.db, runID, e.now())
+		q, err := store.MarkReady(context.WithoutCancel(ctx), e.db, runID, m.FlowQueue, e.now())
 		if err != nil {
 			return err
 		}

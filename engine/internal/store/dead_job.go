@@ -43,14 +43,17 @@ WITH run AS (
 )
 SELECT count(*), coalesce(bool_or(watched), false) FROM run`)
 
+// insertDeadJob inserts a parked run's dead job. Its parked_at is a
+// parameter, not the column's default now(): see insertRuns for what
+// Citus makes of a STABLE function in an INSERT ... SELECT.
 var insertDeadJob = named(`
 -- pgdurable: a parked run's dead job
 INSERT INTO pgdurable.dead_jobs (id, run_id, workflow_name, workflow_id, workflow_version, input, reason, step_name, seq,
                        attempts, first_failed_at, last_failed_at, error_class, error_message, stack,
-                       deliveries, forward_error, child_run_id, child_dead_job_id)
+                       deliveries, forward_error, child_run_id, child_dead_job_id, parked_at)
 SELECT @id, r.run_id, r.workflow_name, r.workflow_id, r.workflow_version, r.input, @reason, @parked_step, @parked_seq,
        @attempts, @first_failed_at, @last_failed_at, @error_class, @error_message, @stack, @deliveries,
-       @forward_error::jsonb, @child_run_id, @child_dead_job_id
+       @forward_error::jsonb, @child_run_id, @child_dead_job_id, @parked_at::timestamptz
 FROM pgdurable.workflow_runs r WHERE r.run_id = @run_id AND r.owner_token = @token
 FOR NO KEY UPDATE OF r`)
 
@@ -63,7 +66,7 @@ func ParkRun(ctx context.Context, db DBTX, f Fence, pending *StepRecord, p *Park
 		"parked_step": p.StepName, "parked_seq": p.Seq, "attempts": p.Attempts, "first_failed_at": p.FirstFailedAt,
 		"last_failed_at": p.LastFailedAt, "error_class": p.ErrorClass, "error_message": p.ErrorMessage, "stack": p.Stack,
 		"deliveries": p.Deliveries, "forward_error": jsonText(p.ForwardError), "child_run_id": p.ChildRunID,
-		"child_dead_job_id": p.ChildDeadJobID}
+		"child_dead_job_id": p.ChildDeadJobID, "parked_at": time.Now()}
 	run := pgx.StrictNamedArgs{"run_id": runID, "token": f.Token, "run_error": p.RunError}
 	return fencedWithRecord(ctx, db, f, pending, "parking run %s", call{insertDeadJob, dead}, call{parkRun, run})
 }

@@ -21,6 +21,7 @@ var PlusMS = plusMS
 var RoutedStatements = map[string]string{
 	"insertRun":             insertRunStmt.sql,
 	"insertRuns":            insertRuns.sql,
+	"insertContinuedRun":    insertContinuedRun.sql,
 	"claimRuns":             claimRuns.sql,
 	"loadStepsOfRuns":       loadStepsOfRuns,
 	"claimMisses":           claimMisses,
@@ -50,6 +51,26 @@ var RoutedStatements = map[string]string{
 	"suspendAwaitingRun":    suspendAwaitingRun.sql,
 	"sweep":                 sweep.sql,
 	"cancelChildren":        cancelChildren.sql,
+	"insertFlowRuns":        insertFlowRunsStmt.sql,
+	"insertFlowRun":         insertFlowRunStmt.sql,
+	"dedupHolder":           dedupHolder,
+	"markReady":             markReady.sql,
+	"insertDebounced":       insertDebouncedStmt.sql,
+	"readyExpired":          readyExpired,
+	"runningByKey":          runningByKey,
+	"admitClaim":            admitClaim.sql,
+}
+
+// PlannedStatements are statements that read or write runs together with
+// the tables that stay on the coordinator (a queue's), for the Citus plan
+// test: Citus may split them into several tasks or subplans, but must run
+// them.
+var PlannedStatements = map[string]string{
+	"freshCandidates": freshCandidates.sql,
+	"agedCandidates":  agedCandidates.sql,
+	"peekQueue":       peekQueue,
+	"listQueues":      listQueues,
+	"keyWait":         keyWait,
 }
 
 // Jitter is jitter, for its test.

@@ -1,9 +1,11 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"time"
 
@@ -23,16 +25,57 @@ import (
 // insertFlowRuns inserts runs of flow-controlled queues: ready now (pending,
 // ready_at @now) unless delayed (waiting, like any delayed start, and
 // made ready when a ticket wakes it). A run's fair-queuing tag follows its
-// key's latest ready run, or the queue's virtual time when that is later
-// (start-time fair queuing): a key with 10,000 runs waiting has tags far
-// ahead, so a key that starts one run now is admitted within about one
-// round of the keys. Runs of one key in one statement take successive
-// tags, in the statement's order. ON CONFLICT has no target: a taken
-// workflow ID and a taken deduplication ID both skip the row.
-var insertFlowRunsStmt = named(`
+// key's latest ready run, or its queue's virtual time (@vtime, read just
+// before) when that is later (start-time fair queuing): a key with 10,000
+// runs waiting has tags far ahead, so a key that starts one run now is
+// admitted within about one round of the keys. Runs of one key in one
+// statement take successive tags, in the statement's order: @acc is each
+// run's sum of its key's steps up to it in the batch. ON CONFLICT has no
+// target: a taken workflow ID and a taken deduplication ID both skip the
+// row.
+//
+// Citus routes it to the node of the runs' shard: the queue's virtual
+// time and the sums are parameters, not a join with the queues' table
+// (which stays on the coordinator: Citus refuses "direct joins between
+// distributed and local tables") or a window function, and the times are
+// parameters, as insertRuns's are.
+var insertFlowRunsStmt = named(insertFlowRunsSQL + `
+FROM unnest(@run_id::uuid[], @workflow_name::text[], @workflow_version::int[], @workflow_id::text[], @input::text[],
+            @queue::text[], @schedule_name::text[], @start_at::timestamptz[], @run_timeout_ms::bigint[],
+            @parent_run_id::uuid[], @parent_seq::int[], @parent_close_policy::text[], @continued_from::uuid[],
+            @tags::text[], @trace_context::text[], @flow_queue::text[], @flow_key::text[], @priority::int[],
+            @vtime::float8[], @acc::float8[], @dedup_id::text[])
+    AS u(` + flowRunColumns + `)
+ON CONFLICT DO NOTHING
+RETURNING run_id`)
+
+// insertFlowRunStmt is insertFlowRunsStmt for one run, its values scalar
+// parameters: PostgreSQL settles on a generic plan of it after a few
+// calls, where it plans the arrays' statement anew on every call, since
+// it estimates an array parameter's length from its value (0.3 ms of
+// planning a start). Citus refuses a forced generic plan of an INSERT ...
+// SELECT, so the one start that is most of them gets a statement of its own.
+var insertFlowRunStmt = named(insertFlowRunsSQL + `
+FROM (VALUES (@run_id::uuid, @workflow_name::text, @workflow_version::int, @workflow_id::text, @input::text,
+              @queue::text, @schedule_name::text, @start_at::timestamptz, @run_timeout_ms::bigint,
+              @parent_run_id::uuid, @parent_seq::int, @parent_close_policy::text, @continued_from::uuid,
+              @tags::text, @trace_context::text, @flow_queue::text, @flow_key::text, @priority::int,
+              @vtime::float8, @acc::float8, @dedup_id::text))
+    AS u(` + flowRunColumns + `)
+ON CONFLICT DO NOTHING
+RETURNING run_id`)
+
+// flowRunColumns name insertFlowRunsSQL's source u's columns.
+const flowRunColumns = `run_id, name, version, workflow_id, input, queue, schedule, start_at, timeout_ms, parent, parent_seq, policy,
+         continued_from, tags, trace, flow_queue, flow_key, priority, vtime, acc, dedup_id`
+
+// insertFlowRunsSQL is the insert of insertFlowRunsStmt and
+// insertFlowRunStmt, but for its source u.
+const insertFlowRunsSQL = `
 INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_version, workflow_id, input, queue, schedule_name,
                            status, wake_at, run_timeout_ms, parent_run_id, parent_seq, parent_close_policy, first_run_id,
-                           tags, trace_context, flow_queue, flow_key, priority, fair_tag, ready_at, dedup_id)
+                           tags, trace_context, flow_queue, flow_key, priority, fair_tag, ready_at, dedup_id,
+                           enqueued_at, created_at)
 SELECT u.run_id, u.name, u.version, u.workflow_id, u.input::jsonb, u.queue, u.schedule,
        CASE WHEN u.start_at IS NOT NULL THEN 'waiting' ELSE 'pending' END,
        u.start_at, nullif(u.timeout_ms, 0), u.parent, u.parent_seq, u.policy,
@@ -40,24 +83,12 @@ SELECT u.run_id, u.name, u.version, u.workflow_id, u.input::jsonb, u.queue, u.sc
        coalesce(u.tags::jsonb, (SELECT p.tags FROM pgdurable.workflow_runs p WHERE p.run_id = u.continued_from)),
        coalesce(u.trace::jsonb, (SELECT p.trace_context FROM pgdurable.workflow_runs p WHERE p.run_id = u.continued_from)),
        u.flow_queue, u.flow_key, u.priority,
-       CASE WHEN u.start_at IS NULL THEN greatest(coalesce(q.vtime, 0), coalesce(k.tag, 0)) + u.acc END,
+       CASE WHEN u.start_at IS NULL
+            THEN greatest(u.vtime, coalesce((SELECT max(r.fair_tag) FROM pgdurable.workflow_runs r
+                                             WHERE r.flow_queue = u.flow_queue AND r.flow_key = u.flow_key
+                                               AND r.ready_at IS NOT NULL), 0)) + u.acc END,
        CASE WHEN u.start_at IS NULL THEN @now::timestamptz END,
-       u.dedup_id
-FROM (SELECT v.*, sum(CASE WHEN v.start_at IS NULL THEN v.step ELSE 0 END)
-                      OVER (PARTITION BY v.flow_queue, v.flow_key ORDER BY v.ord) AS acc
-      FROM unnest(@run_id::uuid[], @workflow_name::text[], @workflow_version::int[], @workflow_id::text[], @input::text[],
-                  @queue::text[], @schedule_name::text[], @start_at::timestamptz[], @run_timeout_ms::bigint[],
-                  @parent_run_id::uuid[], @parent_seq::int[], @parent_close_policy::text[], @continued_from::uuid[],
-                  @tags::text[], @trace_context::text[], @flow_queue::text[], @flow_key::text[], @priority::int[],
-                  @tag_step::float8[], @dedup_id::text[])
-           WITH ORDINALITY AS v(run_id, name, version, workflow_id, input, queue, schedule, start_at, timeout_ms, parent,
-                                parent_seq, policy, continued_from, tags, trace, flow_queue, flow_key, priority, step,
-                                dedup_id, ord)) u
-LEFT JOIN pgdurable.queues q ON q.name = u.flow_queue
-LEFT JOIN LATERAL (SELECT max(r.fair_tag) AS tag FROM pgdurable.workflow_runs r
-                   WHERE r.flow_queue = u.flow_queue AND r.flow_key = u.flow_key AND r.ready_at IS NOT NULL) k ON true
-ON CONFLICT DO NOTHING
-RETURNING run_id`)
+       u.dedup_id, @now::timestamptz, @now::timestamptz`
 
 // dedupHolder finds the open run of a queue that holds a deduplication ID.
 const dedupHolder = `
@@ -112,12 +143,9 @@ func insertFlowRuns(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunR
 	return out, nil
 }
 
-// insertFlowBatch runs insertFlowRunsStmt and returns the IDs it inserted.
-// It runs with a generic plan, in the same round trip: PostgreSQL
-// estimates an array parameter's length from its value, so a custom plan
-// of a short batch always looked cheaper than the generic one, and it
-// planned this statement anew on every call (0.6 ms, a third of
-// PostgreSQL's time per payment in engine bench's payment row).
+// insertFlowBatch runs insertFlowRunsStmt and returns the IDs it
+// inserted, after reading the virtual time of the runs' queues (a queue
+// no process defined yet has none: 0).
 func insertFlowBatch(ctx context.Context, db DBTX, runs []NewRun) (map[uuid.UUID]bool, error) {
 	n := len(runs)
 	var (
@@ -130,8 +158,10 @@ func insertFlowBatch(ctx context.Context, db DBTX, runs []NewRun) (map[uuid.UUID
 		parentSeq                = make(pgtype.FlatArray[pgtype.Int4], n)
 		startAt                  = make(pgtype.FlatArray[pgtype.Timestamptz], n)
 		timeout                  = make([]int64, n)
-		step                     = make([]float64, n)
+		vtime, acc               = make([]float64, n), make([]float64, n)
 	)
+	type queueKey struct{ queue, key string }
+	sums := map[queueKey]float64{}
 	for i, r := range runs {
 		runID[i], name[i], version[i], workflowID[i] = uuidParam(r.RunID), r.WorkflowName, int32(r.WorkflowVersion), r.WorkflowID
 		input[i], queue[i], schedule[i], startAt[i], timeout[i] = string(r.Input), r.Queue, textOrNull(r.ScheduleName), timeOrNull(r.StartAt), ms(r.RunTimeout)
@@ -139,61 +169,91 @@ func insertFlowBatch(ctx context.Context, db DBTX, runs []NewRun) (map[uuid.UUID
 			parent[i], parentSeq[i], policy[i] = uuidParam(p.RunID), int4OrNull(&p.Seq), textOrNull(&p.ClosePolicy)
 		}
 		continued[i], tags[i], trace[i] = uuidOrNull(r.ContinuedFrom), jsonParam(r.Tags), jsonParam(r.TraceContext)
-		flowQueue[i], key[i], priority[i], step[i] = r.FlowQueue, r.FlowKey, int32(r.Priority), r.TagStep
-		if step[i] <= 0 {
-			step[i] = 1
+		flowQueue[i], key[i], priority[i] = r.FlowQueue, r.FlowKey, int32(r.Priority)
+		if r.StartAt == nil {
+			k := queueKey{r.FlowQueue, r.FlowKey}
+			sums[k] += cmp.Or(max(r.TagStep, 0), 1)
+			acc[i] = sums[k]
 		}
 		if r.DedupID != "" {
 			dedup[i] = pgtype.Text{String: r.DedupID, Valid: true}
 		}
 	}
-	b := &pgx.Batch{}
-	b.Queue(`SELECT set_config('plan_cache_mode', 'force_generic_plan', true)`)
-	insertFlowRunsStmt.queue(b, pgx.StrictNamedArgs{"run_id": runID, "workflow_name": name,
-		"workflow_version": version, "workflow_id": workflowID, "input": input, "queue": queue, "schedule_name": schedule,
-		"start_at": startAt, "run_timeout_ms": timeout, "parent_run_id": parent, "parent_seq": parentSeq,
-		"parent_close_policy": policy, "continued_from": continued, "tags": tags, "trace_context": trace,
-		"flow_queue": flowQueue, "flow_key": key, "priority": priority, "tag_step": step, "dedup_id": dedup, "now": time.Now()})
-	b.Queue(`RESET plan_cache_mode`)
-	br := db.SendBatch(ctx, b)
-	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("inserting %d runs: %w", n, translate(err))
-	}
-	rows, err := br.Query()
-	inserted, err := insertedIDs(rows, err, n)
+	vtimes, err := queueVTimes(ctx, db, flowQueue)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("inserting %d runs: %w", n, translate(err))
+	for i, q := range flowQueue {
+		vtime[i] = vtimes[q]
 	}
-	return inserted, br.Close()
+	args := pgx.StrictNamedArgs{"run_id": runID, "workflow_name": name,
+		"workflow_version": version, "workflow_id": workflowID, "input": input, "queue": queue, "schedule_name": schedule,
+		"start_at": startAt, "run_timeout_ms": timeout, "parent_run_id": parent, "parent_seq": parentSeq,
+		"parent_close_policy": policy, "continued_from": continued, "tags": tags, "trace_context": trace,
+		"flow_queue": flowQueue, "flow_key": key, "priority": priority, "vtime": vtime, "acc": acc, "dedup_id": dedup}
+	stmt := insertFlowRunsStmt
+	if n == 1 {
+		// Each array's one element is the scalar parameter.
+		stmt = insertFlowRunStmt
+		for k, v := range args {
+			args[k] = reflect.ValueOf(v).Index(0).Interface()
+		}
+	}
+	args["now"] = time.Now()
+	rows, err := stmt.query(ctx, db, args)
+	return insertedIDs(rows, err, n)
+}
+
+// queueVTimes reads the virtual time of each queue of queues (repeats
+// allowed); a queue without a row is left out.
+func queueVTimes(ctx context.Context, db DBTX, queues []string) (map[string]float64, error) {
+	rows, err := db.Query(ctx, `SELECT name, vtime FROM pgdurable.queues WHERE name = ANY($1)`, queues)
+	if err != nil {
+		return nil, fmt.Errorf("reading the virtual time of queues: %w", translate(err))
+	}
+	out := map[string]float64{}
+	for rows.Next() {
+		var name string
+		var v float64
+		if err := rows.Scan(&name, &v); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("reading the virtual time of queues: %w", err)
+		}
+		out[name] = v
+	}
+	rows.Close()
+	return out, rows.Err()
 }
 
 // markReady makes a run of a flow-controlled queue ready, as a ticket for
 // it would have claimed it: open, no live lease (an expired one is ended,
-// as readyExpired does), not waiting for a later time. A run that has a fair-queuing tag (it ran before) keeps it, so a
-// run that wakes goes ahead of the runs started after it; a delayed start,
-// ready for the first time, takes one as insertFlowRunsStmt gives it.
+// as readyExpired does), not waiting for a later time. A run that has a
+// fair-queuing tag (it ran before) keeps it, so a run that wakes goes
+// ahead of the runs started after it; a delayed start, ready for the first
+// time, takes one as insertFlowRunsStmt gives it, its queue's virtual
+// time @vtime read before (a parameter, as there).
 var markReady = named(`
 UPDATE pgdurable.workflow_runs r SET ready_at = @now, owner_token = NULL, lease_expires_at = NULL,
     fair_tag = coalesce(r.fair_tag,
-        greatest(coalesce((SELECT q.vtime FROM pgdurable.queues q WHERE q.name = r.flow_queue), 0),
+        greatest(@vtime::float8,
                  coalesce((SELECT max(o.fair_tag) FROM pgdurable.workflow_runs o
                            WHERE o.flow_queue = r.flow_queue AND o.flow_key = r.flow_key AND o.ready_at IS NOT NULL), 0)) + 1)
-WHERE r.run_id = @run_id AND r.flow_queue IS NOT NULL AND r.ready_at IS NULL
+WHERE r.run_id = @run_id AND r.flow_queue = @queue AND r.ready_at IS NULL
   AND r.status IN ('pending', 'running', 'waiting', 'compensating')
   AND (r.owner_token IS NULL OR r.lease_expires_at < @now)
   AND (r.wake_at IS NULL OR r.wake_at <= @now)
 RETURNING r.flow_queue`)
 
-// MarkReady makes runID ready for its queue's admission (see markReady)
-// and returns the queue; "" when the run is not one to make ready (not of
-// a flow-controlled queue, ready already, leased, closed or not due).
-func MarkReady(ctx context.Context, db DBTX, runID uuid.UUID, now time.Time) (string, error) {
-	var queue string
-	err := markReady.queryRow(ctx, db, pgx.StrictNamedArgs{"run_id": runID, "now": now}).Scan(&queue)
+// MarkReady makes runID, a run of the flow-controlled queue queue, ready
+// for its queue's admission (see markReady) and returns the queue; ""
+// when the run is not one to make ready (not of queue, ready already,
+// leased, closed or not due).
+func MarkReady(ctx context.Context, db DBTX, runID uuid.UUID, queue string, now time.Time) (string, error) {
+	vtimes, err := queueVTimes(ctx, db, []string{queue})
+	if err != nil {
+		return "", err
+	}
+	err = markReady.queryRow(ctx, db, pgx.StrictNamedArgs{"run_id": runID, "queue": queue, "vtime": vtimes[queue], "now": now}).Scan(&queue)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", nil
 	}
@@ -554,11 +614,14 @@ type QueuePeek struct {
 	Ready, Paused bool
 }
 
+// peekQueue reads PeekQueue's QueuePeek.
+const peekQueue = `SELECT EXISTS (SELECT 1 FROM pgdurable.workflow_runs WHERE flow_queue = $1 AND ready_at IS NOT NULL),
+       coalesce((SELECT paused_at IS NOT NULL FROM pgdurable.queues WHERE name = $1), false)`
+
 // PeekQueue reads queue's QueuePeek, taking no lock.
 func PeekQueue(ctx context.Context, db DBTX, queue string) (QueuePeek, error) {
 	var p QueuePeek
-	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pgdurable.workflow_runs WHERE flow_queue = $1 AND ready_at IS NOT NULL),
-       coalesce((SELECT paused_at IS NOT NULL FROM pgdurable.queues WHERE name = $1), false)`, queue).Scan(&p.Ready, &p.Paused)
+	err := db.QueryRow(ctx, peekQueue, queue).Scan(&p.Ready, &p.Paused)
 	if err != nil {
 		return p, fmt.Errorf("reading whether queue %q has ready runs: %w", queue, err)
 	}
@@ -622,10 +685,8 @@ type QueueRow struct {
 	DefinedAt        *time.Time
 }
 
-// ListQueues reads every queue that is defined or has open runs, by name.
-// Counting a backlog reads its index: an operator's view, not a hot path.
-func ListQueues(ctx context.Context, db DBTX, now time.Time) ([]QueueRow, error) {
-	rows, err := db.Query(ctx, `
+// listQueues reads ListQueues's rows.
+const listQueues = `
 WITH ready AS (
   SELECT flow_queue, count(*) AS n, min(ready_at) AS oldest FROM pgdurable.workflow_runs
   WHERE ready_at IS NOT NULL GROUP BY flow_queue
@@ -641,7 +702,12 @@ SELECT n.name, q.name IS NOT NULL, coalesce(q.concurrency, 0), coalesce(q.key_co
        coalesce(r.n, 0), coalesce(u.n, 0), r.oldest, q.rate_tat, q.defined_at
 FROM names n LEFT JOIN pgdurable.queues q ON q.name = n.name LEFT JOIN ready r ON r.flow_queue = n.name
 LEFT JOIN running u ON u.flow_queue = n.name
-ORDER BY n.name`, now)
+ORDER BY n.name`
+
+// ListQueues reads every queue that is defined or has open runs, by name.
+// Counting a backlog reads its index: an operator's view, not a hot path.
+func ListQueues(ctx context.Context, db DBTX, now time.Time) ([]QueueRow, error) {
+	rows, err := db.Query(ctx, listQueues, now)
 	if err != nil {
 		return nil, fmt.Errorf("listing queues: %w", err)
 	}
@@ -683,18 +749,21 @@ type ReadyRun struct {
 	Now        time.Time
 }
 
-// KeyWaitOf reads what holds the ready run r.
-func KeyWaitOf(ctx context.Context, db DBTX, r ReadyRun) (KeyWait, error) {
-	queue, key, runID, now := r.Queue, r.Key, r.RunID, r.Now
-	var w KeyWait
-	err := db.QueryRow(ctx, `
+// keyWait reads KeyWaitOf's KeyWait: its key's runs holding a live
+// lease, its rate state and the ready runs ahead of it.
+var keyWait = `
 SELECT (SELECT count(*) FROM pgdurable.workflow_runs WHERE flow_queue = $1 AND flow_key = $2 AND owner_token IS NOT NULL AND lease_expires_at >= $4),
        (SELECT rate_tat FROM pgdurable.queue_keys WHERE queue = $1 AND key = $2),
        (SELECT count(*) FROM (SELECT 1 FROM pgdurable.workflow_runs o, pgdurable.workflow_runs r
         WHERE r.run_id = $3 AND o.flow_queue = $1 AND o.ready_at IS NOT NULL
           AND (o.priority > r.priority OR o.priority = r.priority AND (o.fair_tag, o.run_id) < (r.fair_tag, r.run_id))
-        LIMIT `+fmt.Sprint(MaxCountedAhead)+`) a)`,
-		queue, key, runID, now).Scan(&w.Running, &w.RateTAT, &w.Ahead)
+        LIMIT ` + fmt.Sprint(MaxCountedAhead) + `) a)`
+
+// KeyWaitOf reads what holds the ready run r.
+func KeyWaitOf(ctx context.Context, db DBTX, r ReadyRun) (KeyWait, error) {
+	queue, key, runID, now := r.Queue, r.Key, r.RunID, r.Now
+	var w KeyWait
+	err := db.QueryRow(ctx, keyWait, queue, key, runID, now).Scan(&w.Running, &w.RateTAT, &w.Ahead)
 	if err != nil {
 		return w, fmt.Errorf("reading what holds run %s in queue %q: %w", runID, queue, translate(err))
 	}
