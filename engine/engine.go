@@ -405,8 +405,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 func (e *Engine) Schema() string { return e.cfg.Schema }
 
 // on binds q (a transaction of the engine's pool, or one a caller passed
-// in) to the engine's schema, for the store's statements.
-func (e *Engine) on(q store.Querier) store.DBTX { return e.schema.On(q) }
+// in) to the engine's schema, for the store's statements, like e.db: what
+// the store learned of the server through e.db holds for it too.
+func (e *Engine) on(q store.Querier) store.DBTX { return store.Bind(e.db, q) }
 
 // riverLogger passes on River's warnings and errors only: its info logs
 // repeat what the engine logs with run context.

@@ -598,3 +598,57 @@ func TestFailedWriteLeavesItsConnectionIdle(t *testing.T) {
 		require.Equal(t, before, after, "%s through a pool: the pool kept its connection", name)
 	}
 }
+
+// Plain PostgreSQL is not taken for a Citus coordinator, and a handle
+// bound like another (a transaction begun on it) shares what was learned.
+func TestPlainPostgreSQLIsNotCitus(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := context.Background()
+	on := store.Default.On(db.Pool)
+	citus, err := store.OnCitus(ctx, on)
+	require.NoError(t, err)
+	require.False(t, citus)
+	tx, err := on.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	citus, err = store.OnCitus(ctx, store.Bind(on, tx))
+	require.NoError(t, err)
+	require.False(t, citus)
+}
+
+// A start takes its queue's virtual time as its handle saw it within a
+// second (an admission of the process notes the one it wrote), and reads
+// it again once that is older.
+func TestQueueVirtualTimeIsReadAtMostOnceASecond(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	ctx := context.Background()
+	on := store.Default.On(db.Pool)
+	require.NoError(t, store.DefineQueue(ctx, on, store.QueueDef{Name: "q"}))
+	_, err := db.Pool.Exec(ctx, `UPDATE pgdurable.queues SET vtime = 5 WHERE name = 'q'`)
+	require.NoError(t, err)
+
+	v, err := store.QueueVTimes(ctx, on, []string{"q", "q", "undefined"})
+	require.NoError(t, err)
+	require.Equal(t, map[string]float64{"q": 5}, v, "read, and a queue without a row left out")
+	_, err = db.Pool.Exec(ctx, `UPDATE pgdurable.queues SET vtime = 7 WHERE name = 'q'`)
+	require.NoError(t, err)
+	v, err = store.QueueVTimes(ctx, store.Bind(on, db.Pool), []string{"q"})
+	require.NoError(t, err)
+	require.Equal(t, 5.0, v["q"], "seen within the second, by a handle bound like it")
+
+	store.NoteVTime(on, "q", 6, time.Now())
+	v, err = store.QueueVTimes(ctx, on, []string{"q"})
+	require.NoError(t, err)
+	require.Equal(t, 6.0, v["q"], "an admission's note")
+	store.NoteVTime(on, "q", 2, time.Now())
+	v, err = store.QueueVTimes(ctx, on, []string{"q"})
+	require.NoError(t, err)
+	require.Equal(t, 6.0, v["q"], "never an earlier one than seen")
+
+	store.NoteVTime(on, "q", 6, time.Now().Add(-2*time.Second))
+	v, err = store.QueueVTimes(ctx, on, []string{"q"})
+	require.NoError(t, err)
+	require.Equal(t, 7.0, v["q"], "read again once a second old")
+}

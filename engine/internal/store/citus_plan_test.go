@@ -40,6 +40,12 @@ func TestRoutedStatementsAreSingleNodeOnCitus(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	conn := probeSchema(ctx, t, c.URL())
+	pool, err := pgxpool.New(ctx, c.URL())
+	require.NoError(t, err)
+	defer pool.Close()
+	citus, err := store.OnCitus(ctx, store.Default.On(pool))
+	require.NoError(t, err)
+	require.True(t, citus, "a Citus coordinator taken for plain PostgreSQL")
 
 	names := make([]string, 0, len(store.RoutedStatements))
 	for name := range store.RoutedStatements {

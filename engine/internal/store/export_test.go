@@ -73,5 +73,12 @@ var PlannedStatements = map[string]string{
 	"keyWait":         keyWait,
 }
 
+// QueueVTimes and NoteVTime are queueVTimes and noteVTime, for their
+// tests.
+var QueueVTimes, NoteVTime = queueVTimes, noteVTime
+
+// OnCitus is onCitus, for its tests.
+var OnCitus = onCitus
+
 // Jitter is jitter, for its test.
 var Jitter = jitter

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -25,8 +26,8 @@ import (
 // insertFlowRuns inserts runs of flow-controlled queues: ready now (pending,
 // ready_at @now) unless delayed (waiting, like any delayed start, and
 // made ready when a ticket wakes it). A run's fair-queuing tag follows its
-// key's latest ready run, or its queue's virtual time (@vtime, read just
-// before) when that is later (start-time fair queuing): a key with 10,000
+// key's latest ready run, or its queue's virtual time (@vtime, see
+// queueVTimes) when that is later (start-time fair queuing): a key with 10,000
 // runs waiting has tags far ahead, so a key that starts one run now is
 // admitted within about one round of the keys. Runs of one key in one
 // statement take successive tags, in the statement's order: @acc is each
@@ -54,7 +55,8 @@ RETURNING run_id`)
 // calls, where it plans the arrays' statement anew on every call, since
 // it estimates an array parameter's length from its value (0.3 ms of
 // planning a start). Citus refuses a forced generic plan of an INSERT ...
-// SELECT, so the one start that is most of them gets a statement of its own.
+// SELECT, so the one start that is most of them gets a statement of its
+// own; on plain PostgreSQL, a batch forces one (see insertFlowBatch).
 var insertFlowRunStmt = named(insertFlowRunsSQL + `
 FROM (VALUES (@run_id::uuid, @workflow_name::text, @workflow_version::int, @workflow_id::text, @input::text,
               @queue::text, @schedule_name::text, @start_at::timestamptz, @run_timeout_ms::bigint,
@@ -143,9 +145,9 @@ func insertFlowRuns(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunR
 	return out, nil
 }
 
-// insertFlowBatch runs insertFlowRunsStmt and returns the IDs it
-// inserted, after reading the virtual time of the runs' queues (a queue
-// no process defined yet has none: 0).
+// insertFlowBatch runs insertFlowRunsStmt (insertFlowRunStmt for one
+// run) and returns the IDs it inserted, with the virtual time of the runs'
+// queues from queueVTimes (a queue no process defined yet has none: 0).
 func insertFlowBatch(ctx context.Context, db DBTX, runs []NewRun) (map[uuid.UUID]bool, error) {
 	n := len(runs)
 	var (
@@ -200,18 +202,78 @@ func insertFlowBatch(ctx context.Context, db DBTX, runs []NewRun) (map[uuid.UUID
 		}
 	}
 	args["now"] = time.Now()
-	rows, err := stmt.query(ctx, db, args)
-	return insertedIDs(rows, err, n)
+	citus, err := onCitus(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	if n == 1 || citus {
+		rows, err := stmt.query(ctx, db, args)
+		return insertedIDs(rows, err, n)
+	}
+	// A generic plan, in the same round trip (see insertFlowRunStmt):
+	// planning the arrays' statement anew cost the payment row of engine
+	// bench 13% of its rate. Citus refuses it ("could not create
+	// distributed plan"), and plans a distributed statement on every call
+	// anyway.
+	b := &pgx.Batch{}
+	b.Queue(`SELECT set_config('plan_cache_mode', 'force_generic_plan', true)`)
+	stmt.queue(b, args)
+	b.Queue(`RESET plan_cache_mode`)
+	br := db.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("inserting %d runs: %w", n, translate(err))
+	}
+	rows, err := br.Query()
+	inserted, err := insertedIDs(rows, err, n)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("inserting %d runs: %w", n, translate(err))
+	}
+	return inserted, br.Close()
 }
 
-// queueVTimes reads the virtual time of each queue of queues (repeats
-// allowed); a queue without a row is left out.
+// vtimeFresh is how long a queue's virtual time, once seen, stands for
+// the queue's own in a start's fair-queuing tag (see queueVTimes).
+const vtimeFresh = time.Second
+
+// queueVTimes is the virtual time of each queue of queues (repeats
+// allowed; a queue without a row has none and is left out): as db's
+// handle saw it within vtimeFresh (its process's own admissions of the
+// queue note theirs), else as read now. Reading it for every start was a
+// round trip more per start, which cost the payment row of engine bench
+// a quarter of its rate; a virtual time up to vtimeFresh old gives a key
+// with no ready run a tag at most that second's admissions ahead of
+// where the queue stands, and changes nothing for a key with ready runs
+// (their tags are later).
 func queueVTimes(ctx context.Context, db DBTX, queues []string) (map[string]float64, error) {
-	rows, err := db.Query(ctx, `SELECT name, vtime FROM pgdurable.queues WHERE name = ANY($1)`, queues)
+	srv := serverOf(db)
+	out := make(map[string]float64, 1)
+	var stale []string
+	now := time.Now()
+	if srv != nil {
+		srv.mu.Lock()
+		for _, q := range queues {
+			if seen, ok := srv.vtimes[q]; ok && now.Sub(seen.at) < vtimeFresh {
+				out[q] = seen.v
+			} else if !slices.Contains(stale, q) {
+				stale = append(stale, q)
+			}
+		}
+		srv.mu.Unlock()
+		if len(stale) == 0 {
+			return out, nil
+		}
+	} else {
+		stale = queues
+	}
+	rows, err := db.Query(ctx, `SELECT name, vtime FROM pgdurable.queues WHERE name = ANY($1)`, stale)
 	if err != nil {
 		return nil, fmt.Errorf("reading the virtual time of queues: %w", translate(err))
 	}
-	out := map[string]float64{}
+	read := map[string]float64{}
 	for rows.Next() {
 		var name string
 		var v float64
@@ -219,10 +281,35 @@ func queueVTimes(ctx context.Context, db DBTX, queues []string) (map[string]floa
 			rows.Close()
 			return nil, fmt.Errorf("reading the virtual time of queues: %w", err)
 		}
-		out[name] = v
+		read[name] = v
 	}
 	rows.Close()
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading the virtual time of queues: %w", err)
+	}
+	for q, v := range read {
+		out[q] = v
+		noteVTime(db, q, v, now)
+	}
+	return out, nil
+}
+
+// noteVTime notes v, queue's virtual time as of at, with db's handle,
+// unless it has seen a later one.
+func noteVTime(db DBTX, queue string, v float64, at time.Time) {
+	srv := serverOf(db)
+	if srv == nil {
+		return
+	}
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	if srv.vtimes == nil {
+		srv.vtimes = map[string]vtimeSeen{}
+	}
+	if seen, ok := srv.vtimes[queue]; ok && seen.v > v {
+		v = seen.v
+	}
+	srv.vtimes[queue] = vtimeSeen{v: v, at: at}
 }
 
 // markReady makes a run of a flow-controlled queue ready, as a ticket for
@@ -231,7 +318,7 @@ func queueVTimes(ctx context.Context, db DBTX, queues []string) (map[string]floa
 // fair-queuing tag (it ran before) keeps it, so a run that wakes goes
 // ahead of the runs started after it; a delayed start, ready for the first
 // time, takes one as insertFlowRunsStmt gives it, its queue's virtual
-// time @vtime read before (a parameter, as there).
+// time @vtime a parameter (see queueVTimes), as there.
 var markReady = named(`
 UPDATE pgdurable.workflow_runs r SET ready_at = @now, owner_token = NULL, lease_expires_at = NULL,
     fair_tag = coalesce(r.fair_tag,
@@ -462,6 +549,7 @@ func AdmitRead(ctx context.Context, db DBTX, p ReadParams) (*AdmitView, error) {
 	}
 	s.Def.Rate.Period, s.Def.KeyRate.Period = time.Duration(ratePeriod)*time.Millisecond, time.Duration(keyRatePeriod)*time.Millisecond
 	s.Def.PriorityAging = time.Duration(aging) * time.Millisecond
+	noteVTime(db, p.Queue, s.VTime, time.Now())
 	if _, err := br.Exec(); err != nil {
 		return fail("making the runs whose lease expired ready", err)
 	}
@@ -578,13 +666,18 @@ ON CONFLICT (queue, key) DO UPDATE SET rate_tat = excluded.rate_tat`, a.Queue, k
 	writes := b.Len()
 	if len(a.Claims) == 0 {
 		b.Queue(`COMMIT`)
-		return nil, execBatch(ctx, db, b, fmt.Sprintf("admitting runs of queue %q", a.Queue))
+		if err := execBatch(ctx, db, b, fmt.Sprintf("admitting runs of queue %q", a.Queue)); err != nil {
+			return nil, err
+		}
+		noteVTime(db, a.Queue, a.VTime, time.Now())
+		return nil, nil
 	}
 	var claimed []*ClaimedRun
 	res, err := claimWith(ctx, db, admitClaim, pgx.StrictNamedArgs{"flow_queue": a.Queue}, a.Claims, a.Now, claimBatch{before: b, skip: writes, commit: true})
 	if err != nil {
 		return nil, err
 	}
+	noteVTime(db, a.Queue, a.VTime, time.Now())
 	for _, r := range res {
 		if r.Run != nil {
 			claimed = append(claimed, r.Run)

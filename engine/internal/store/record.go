@@ -281,7 +281,7 @@ func sendAtomic(ctx context.Context, db DBTX, b *pgx.Batch, read func(pgx.BatchR
 			return err
 		}
 		defer conn.Release()
-		on = bound{q: conn, s: on.s}
+		on = bound{q: conn, s: on.s, srv: on.srv}
 	}
 	block := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, b.Len()+2)}
 	block.Queue("begin")

@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -75,7 +77,9 @@ func NewSchema(name string) (*Schema, error) {
 // Name is the schema's name.
 func (s *Schema) Name() string { return s.name }
 
-// On binds q to s: statements run on the result name s's tables.
+// On binds q to s: statements run on the result name s's tables. What the
+// store learns of q's server (see server) is kept with the result, and
+// with every handle Bind makes like it.
 func (s *Schema) On(q Querier) DBTX {
 	if b, ok := q.(bound); ok {
 		if b.s != s {
@@ -83,7 +87,56 @@ func (s *Schema) On(q Querier) DBTX {
 		}
 		return b
 	}
-	return bound{q: q, s: s}
+	return bound{q: q, s: s, srv: &server{}}
+}
+
+// server is what the store learns of a database server when it first
+// needs to, once per handle On made (a failed look is tried again), and
+// the flow-controlled queues' virtual times it has seen lately.
+type server struct {
+	citus atomic.Int32 // 0: not known yet, 1: plain PostgreSQL, 2: a Citus coordinator
+
+	mu     sync.Mutex
+	vtimes map[string]vtimeSeen // by queue
+}
+
+// vtimeSeen is a queue's virtual time as read, or written by an
+// admission, at a time.
+type vtimeSeen struct {
+	v  float64
+	at time.Time
+}
+
+// serverOf is what db's handle learned of its server; nil for a handle
+// the store did not bind.
+func serverOf(db DBTX) *server {
+	if b, ok := db.(bound); ok {
+		return b.srv
+	}
+	return nil
+}
+
+// onCitus reports whether db's server is a Citus coordinator (the
+// citus extension is installed in its database). A handle the store did
+// not bind is taken for plain PostgreSQL.
+func onCitus(ctx context.Context, db DBTX) (bool, error) {
+	b, ok := db.(bound)
+	if !ok || b.srv == nil {
+		return false, nil
+	}
+	if known := b.srv.citus.Load(); known != 0 {
+		return known == 2, nil
+	}
+	var citus bool
+	if err := b.q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&citus); err != nil {
+		return false, fmt.Errorf("reading whether the database is a Citus cluster: %w", err)
+	}
+	known := int32(1)
+	if citus {
+		known = 2
+	}
+	b.srv.citus.Store(known)
+	return citus, nil
 }
 
 // qualified finds the package's references to its tables.
@@ -105,8 +158,9 @@ func (s *Schema) SQL(sql string) string {
 }
 
 type bound struct {
-	q Querier
-	s *Schema
+	q   Querier
+	s   *Schema
+	srv *server
 }
 
 func (b bound) schema() *Schema { return b.s }
@@ -163,7 +217,14 @@ func (w schemaRewriter) RewriteQuery(ctx context.Context, conn *pgx.Conn, sql st
 
 // Bind is q bound to like's schema: a transaction begun on a bound pool
 // runs its statements where the pool's do.
-func Bind(like DBTX, q Querier) DBTX { return like.schema().On(q) }
+func Bind(like DBTX, q Querier) DBTX {
+	if b, ok := like.(bound); ok {
+		if _, already := q.(bound); !already {
+			return bound{q: q, s: b.s, srv: b.srv}
+		}
+	}
+	return like.schema().On(q)
+}
 
 // Begin implements DBTX.
 func (b bound) Begin(ctx context.Context) (pgx.Tx, error) {
