@@ -3,20 +3,24 @@ package citus_test
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/internal/citus"
 	"github.com/pgdurable/pgdurable/internal/citus/citustest"
 	"github.com/pgdurable/pgdurable/storage/migrations"
 )
 
-// The cluster is a coordinator with 2 active worker nodes, and the engine
-// migrates onto its coordinator and runs workflows there, every table
-// local to the coordinator.
+// The cluster is a coordinator with 2 active worker nodes; the engine
+// migrates onto its coordinator, which puts the per-run tables on a worker
+// node and keeps River's and the rest on the coordinator, and runs
+// workflows there.
 func TestEngineRunsOnACitusCoordinator(t *testing.T) {
 	t.Parallel()
 	c := citustest.Start(t)
@@ -31,8 +35,9 @@ func TestEngineRunsOnACitusCoordinator(t *testing.T) {
 	var workers int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM citus_get_active_worker_nodes()`).Scan(&workers))
 	require.Equal(t, 2, workers)
-	_, err = migrations.Migrate(ctx, pool, migrations.Up, nil)
+	res, err := migrations.Migrate(ctx, pool, migrations.Up, nil)
 	require.NoError(t, err)
+	requireOnAWorker(ctx, t, c, pool, res.Distributed)
 
 	wf := engine.Define("citus-three-steps", func(ctx *engine.Context, in int) (int, error) {
 		for i := range 3 {
@@ -58,4 +63,91 @@ func TestEngineRunsOnACitusCoordinator(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, i*2, out)
 	}
+}
+
+// requireOnAWorker fails unless node is one of c's worker nodes and holds
+// every per-run table, and River's tables and the engine's others are the
+// coordinator's own.
+func requireOnAWorker(ctx context.Context, t *testing.T, c *citus.Cluster, pool *pgxpool.Pool, node string) {
+	t.Helper()
+	var workers []string
+	for _, w := range c.Workers {
+		u, err := url.Parse(w.URL)
+		require.NoError(t, err)
+		workers = append(workers, u.Host)
+	}
+	require.Contains(t, workers, node, "the per-run tables' node")
+	rows, err := pool.Query(ctx, `SELECT table_name::text, nodename || ':' || nodeport FROM citus_shards ORDER BY 1`)
+	require.NoError(t, err)
+	placed := map[string]string{}
+	for rows.Next() {
+		var table, at string
+		require.NoError(t, rows.Scan(&table, &at))
+		placed[table] = at
+	}
+	require.NoError(t, rows.Err())
+	want := map[string]string{}
+	for _, table := range migrations.RunTables {
+		want["pgdurable."+table] = node
+	}
+	require.Equal(t, want, placed, "only the per-run tables are distributed, all on one node")
+}
+
+// migrate up converts a database whose per-run tables are the
+// coordinator's, with their rows, and every migration rolls back and
+// applies again on the distributed tables (Citus takes one constraint per
+// ALTER TABLE there).
+func TestMigrateDistributesAnExistingDatabase(t *testing.T) {
+	t.Parallel()
+	c := citustest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, c.URL())
+	require.NoError(t, err)
+	defer pool.Close()
+	// With its worker nodes disabled, the coordinator keeps its tables, as
+	// a database migrated before migrate distributed anything has them.
+	var hosts []*url.URL
+	for _, w := range c.Workers {
+		u, err := url.Parse(w.URL)
+		require.NoError(t, err)
+		hosts = append(hosts, u)
+		_, err = pool.Exec(ctx, `SELECT citus_disable_node($1, $2::int, synchronous => true)`, u.Hostname(), u.Port())
+		require.NoError(t, err)
+	}
+	res, err := migrations.Migrate(ctx, pool, migrations.Up, nil)
+	require.NoError(t, err)
+	require.Empty(t, res.Distributed, "a coordinator alone keeps its tables")
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_dist_partition`).Scan(&n))
+	require.Zero(t, n)
+	for _, u := range hosts {
+		_, err = pool.Exec(ctx, `SELECT citus_activate_node($1, $2::int)`, u.Hostname(), u.Port())
+		require.NoError(t, err)
+	}
+	runID := uuid.New()
+	_, err = pool.Exec(ctx, `INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_id, input, queue) VALUES ($1, 'w', 'kept', '{}', 'q')`, runID)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO pgdurable.workflow_steps (run_id, seq, name, status) VALUES ($1, 0, 's', 'started')`, runID)
+	require.NoError(t, err)
+
+	res, err = migrations.Migrate(ctx, pool, migrations.Up, nil)
+	require.NoError(t, err)
+	requireOnAWorker(ctx, t, c, pool, res.Distributed)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs r JOIN pgdurable.workflow_steps s USING (run_id) WHERE r.run_id = $1`, runID).Scan(&n))
+	require.Equal(t, 1, n, "the run and its step moved with the tables")
+	res, err = migrations.Migrate(ctx, pool, migrations.Up, nil)
+	require.NoError(t, err)
+	require.Empty(t, res.Distributed, "done once")
+
+	_, err = migrations.Migrate(ctx, pool, migrations.Down, &migrations.Opts{Steps: 10})
+	require.NoError(t, err)
+	res, err = migrations.Migrate(ctx, pool, migrations.Up, nil)
+	require.NoError(t, err)
+	require.Len(t, res.Applied, 10)
+	_, err = migrations.Migrate(ctx, pool, migrations.Down, &migrations.Opts{IncludeRiver: true})
+	require.NoError(t, err)
+	res, err = migrations.Migrate(ctx, pool, migrations.Up, nil)
+	require.NoError(t, err)
+	requireOnAWorker(ctx, t, c, pool, res.Distributed)
 }

@@ -13,8 +13,8 @@
 ALTER TABLE workflow_runs ADD COLUMN parent_seq integer,
     ADD COLUMN parent_close_policy text;
 ALTER TABLE workflow_runs ADD CONSTRAINT workflow_runs_parent_check CHECK (
-        (parent_run_id IS NULL) = (parent_seq IS NULL) AND (parent_run_id IS NULL) = (parent_close_policy IS NULL)),
-    ADD CONSTRAINT workflow_runs_parent_close_policy_check CHECK (parent_close_policy IN ('cancel', 'abandon', 'wait'));
+        (parent_run_id IS NULL) = (parent_seq IS NULL) AND (parent_run_id IS NULL) = (parent_close_policy IS NULL));
+ALTER TABLE workflow_runs ADD CONSTRAINT workflow_runs_parent_close_policy_check CHECK (parent_close_policy IN ('cancel', 'abandon', 'wait'));
 -- A parent's children, by the position that started them.
 CREATE INDEX workflow_runs_parent_idx ON workflow_runs (parent_run_id, parent_seq) WHERE parent_run_id IS NOT NULL;
 

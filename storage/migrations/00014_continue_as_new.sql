@@ -7,11 +7,11 @@
 
 -- +goose Up
 ALTER TABLE workflow_runs ADD COLUMN continued_run_id uuid;
-ALTER TABLE workflow_runs DROP CONSTRAINT workflow_runs_status_check,
-    ADD CONSTRAINT workflow_runs_status_check CHECK (status IN (
+ALTER TABLE workflow_runs DROP CONSTRAINT workflow_runs_status_check;
+ALTER TABLE workflow_runs ADD CONSTRAINT workflow_runs_status_check CHECK (status IN (
         'pending', 'running', 'waiting', 'completed', 'failed',
-        'compensating', 'compensated', 'cancelled', 'dead', 'continued')),
-    ADD CONSTRAINT workflow_runs_continued_check CHECK ((status = 'continued') = (continued_run_id IS NOT NULL));
+        'compensating', 'compensated', 'cancelled', 'dead', 'continued'));
+ALTER TABLE workflow_runs ADD CONSTRAINT workflow_runs_continued_check CHECK ((status = 'continued') = (continued_run_id IS NOT NULL));
 CREATE UNIQUE INDEX workflow_runs_workflow_id_latest_key ON workflow_runs (workflow_name, workflow_id)
     WHERE status <> 'continued';
 ALTER TABLE workflow_runs DROP CONSTRAINT workflow_runs_workflow_id_key;
@@ -20,9 +20,9 @@ ALTER TABLE workflow_runs DROP CONSTRAINT workflow_runs_workflow_id_key;
 DELETE FROM workflow_runs WHERE status = 'continued';
 ALTER TABLE workflow_runs ADD CONSTRAINT workflow_runs_workflow_id_key UNIQUE (workflow_name, workflow_id);
 DROP INDEX workflow_runs_workflow_id_latest_key;
-ALTER TABLE workflow_runs DROP CONSTRAINT workflow_runs_continued_check,
-    DROP CONSTRAINT workflow_runs_status_check,
-    ADD CONSTRAINT workflow_runs_status_check CHECK (status IN (
+ALTER TABLE workflow_runs DROP CONSTRAINT workflow_runs_continued_check;
+ALTER TABLE workflow_runs DROP CONSTRAINT workflow_runs_status_check;
+ALTER TABLE workflow_runs ADD CONSTRAINT workflow_runs_status_check CHECK (status IN (
         'pending', 'running', 'waiting', 'compensating', 'completed', 'failed',
         'compensated', 'cancelled', 'dead'));
 ALTER TABLE workflow_runs DROP COLUMN continued_run_id;

@@ -3,12 +3,12 @@
 -- case won.
 
 -- +goose Up
-ALTER TABLE workflow_steps DROP CONSTRAINT workflow_steps_kind_check,
-    ADD CONSTRAINT workflow_steps_kind_check CHECK (kind IN (
+ALTER TABLE workflow_steps DROP CONSTRAINT workflow_steps_kind_check;
+ALTER TABLE workflow_steps ADD CONSTRAINT workflow_steps_kind_check CHECK (kind IN (
         'step', 'tx', 'activity', 'sleep', 'signal', 'child', 'compensation', 'select'));
 
 -- +goose Down
 DELETE FROM workflow_steps WHERE kind = 'select';
-ALTER TABLE workflow_steps DROP CONSTRAINT workflow_steps_kind_check,
-    ADD CONSTRAINT workflow_steps_kind_check CHECK (kind IN (
+ALTER TABLE workflow_steps DROP CONSTRAINT workflow_steps_kind_check;
+ALTER TABLE workflow_steps ADD CONSTRAINT workflow_steps_kind_check CHECK (kind IN (
         'step', 'tx', 'activity', 'sleep', 'signal', 'child', 'compensation'));

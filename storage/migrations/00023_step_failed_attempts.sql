@@ -8,8 +8,8 @@
 -- executor never reads it.
 
 -- +goose Up
-ALTER TABLE workflow_steps ADD COLUMN failed_attempts jsonb,
-    ADD CONSTRAINT workflow_steps_failed_attempts_check CHECK (failed_attempts IS NULL OR jsonb_typeof(failed_attempts) = 'array');
+ALTER TABLE workflow_steps ADD COLUMN failed_attempts jsonb;
+ALTER TABLE workflow_steps ADD CONSTRAINT workflow_steps_failed_attempts_check CHECK (failed_attempts IS NULL OR jsonb_typeof(failed_attempts) = 'array');
 
 -- +goose Down
 ALTER TABLE workflow_steps DROP COLUMN failed_attempts;

@@ -10,8 +10,8 @@
 
 -- +goose Up
 DELETE FROM ui_sessions;
-ALTER TABLE ui_sessions ADD COLUMN token_digest bytea,
-    ADD CONSTRAINT ui_sessions_token_digest_check CHECK (token_digest IS NULL OR length(token_digest) = 32);
+ALTER TABLE ui_sessions ADD COLUMN token_digest bytea;
+ALTER TABLE ui_sessions ADD CONSTRAINT ui_sessions_token_digest_check CHECK (token_digest IS NULL OR length(token_digest) = 32);
 
 -- +goose Down
 ALTER TABLE ui_sessions DROP COLUMN token_digest;

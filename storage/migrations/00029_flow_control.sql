@@ -54,17 +54,16 @@ CREATE TABLE queue_keys (
     CONSTRAINT queue_keys_pkey PRIMARY KEY (queue, key)
 );
 
-ALTER TABLE workflow_runs
-    ADD COLUMN flow_queue text,
-    ADD COLUMN flow_key   text,
-    ADD COLUMN priority   integer NOT NULL DEFAULT 0,
-    ADD COLUMN fair_tag   double precision,
-    ADD COLUMN ready_at   timestamptz,
-    ADD COLUMN dedup_id   text,
-    ADD CONSTRAINT workflow_runs_flow_queue_check CHECK (length(flow_queue) BETWEEN 1 AND 200),
-    ADD CONSTRAINT workflow_runs_flow_key_check CHECK (length(flow_key) <= 200),
-    ADD CONSTRAINT workflow_runs_dedup_id_check CHECK (length(dedup_id) BETWEEN 1 AND 400),
-    ADD CONSTRAINT workflow_runs_ready_check CHECK (ready_at IS NULL OR flow_queue IS NOT NULL);
+ALTER TABLE workflow_runs ADD COLUMN flow_queue text;
+ALTER TABLE workflow_runs ADD COLUMN flow_key   text;
+ALTER TABLE workflow_runs ADD COLUMN priority   integer NOT NULL DEFAULT 0;
+ALTER TABLE workflow_runs ADD COLUMN fair_tag   double precision;
+ALTER TABLE workflow_runs ADD COLUMN ready_at   timestamptz;
+ALTER TABLE workflow_runs ADD COLUMN dedup_id   text;
+ALTER TABLE workflow_runs ADD CONSTRAINT workflow_runs_flow_queue_check CHECK (length(flow_queue) BETWEEN 1 AND 200);
+ALTER TABLE workflow_runs ADD CONSTRAINT workflow_runs_flow_key_check CHECK (length(flow_key) <= 200);
+ALTER TABLE workflow_runs ADD CONSTRAINT workflow_runs_dedup_id_check CHECK (length(dedup_id) BETWEEN 1 AND 400);
+ALTER TABLE workflow_runs ADD CONSTRAINT workflow_runs_ready_check CHECK (ready_at IS NULL OR flow_queue IS NOT NULL);
 
 -- The backlog in admission order: priority, then fair share (fair_tag).
 CREATE INDEX workflow_runs_flow_ready_idx ON workflow_runs (flow_queue, priority DESC, fair_tag, run_id)

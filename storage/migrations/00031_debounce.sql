@@ -5,10 +5,9 @@
 -- end, never past debounce_until (the first start's maximum wait).
 
 -- +goose Up
-ALTER TABLE workflow_runs
-    ADD COLUMN debounce_key   text,
-    ADD COLUMN debounce_until timestamptz,
-    ADD CONSTRAINT workflow_runs_debounce_key_check CHECK (length(debounce_key) BETWEEN 1 AND 400);
+ALTER TABLE workflow_runs ADD COLUMN debounce_key   text;
+ALTER TABLE workflow_runs ADD COLUMN debounce_until timestamptz;
+ALTER TABLE workflow_runs ADD CONSTRAINT workflow_runs_debounce_key_check CHECK (length(debounce_key) BETWEEN 1 AND 400);
 CREATE UNIQUE INDEX workflow_runs_debounce_idx ON workflow_runs (workflow_name, debounce_key)
     WHERE debounce_key IS NOT NULL AND status = 'waiting' AND started_at IS NULL;
 

@@ -53,6 +53,12 @@ var Tables = []string{
 	"schedules", "schedule_fires", "engine_processes", "ui_sessions", "queues", "queue_keys", "rate_limits",
 }
 
+// RunTables are the tables of Tables whose rows belong to one run. On a
+// Citus coordinator with worker nodes, Migrate(Up) makes them co-located
+// distributed tables, placed whole on one worker node (see [Result]);
+// every other table, River's included, stays on the coordinator.
+var RunTables = []string{"workflow_runs", "workflow_steps", "workflow_signals", "dead_jobs"}
+
 // VersionTable is goose's table of applied pgdurable migrations, in the
 // schema.
 const VersionTable = "pgdurable_schema_migrations"
@@ -153,6 +159,10 @@ type Result struct {
 	// Moved, when not nil, says that Up moved an installation's tables
 	// out of public into Schema before migrating.
 	Moved *Moved `json:"moved,omitempty"`
+	// Distributed, when not empty, is the Citus worker node (host:port)
+	// Up moved RunTables to, with their rows: the database is a Citus
+	// coordinator with worker nodes, and they were the coordinator's.
+	Distributed string `json:"distributed,omitempty"`
 }
 
 // Migrate moves the schema of the database behind pool in direction.
@@ -168,6 +178,9 @@ type Result struct {
 // lease): stop those first. (By then the schema and River's tables in it
 // may have been created; they hold nothing, and the next Up uses them.) A database whose tables were moved out of the
 // schema asked for fails with ErrMoved, naming where they went.
+//
+// On a Citus coordinator with active worker nodes, Up ends by putting
+// RunTables on a worker node (see Result.Distributed).
 //
 // Concurrent callers are safe: they take turns on a PostgreSQL advisory
 // lock (one migration at a time per database), and the later ones find
@@ -266,6 +279,9 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, direction Direction, opts 
 			if err := keepInPublic(ctx, pool); err != nil {
 				return nil, err
 			}
+		}
+		if res.Distributed, err = distribute(ctx, pool, schema); err != nil {
+			return nil, err
 		}
 	case Down:
 		for i := 0; opts.Steps == 0 || i < opts.Steps; i++ {
@@ -433,4 +449,110 @@ func newProvider(db *sql.DB) (*goose.Provider, error) {
 		return nil, fmt.Errorf("loading pgdurable migrations: %w", err)
 	}
 	return p, nil
+}
+
+// distribute makes schema's RunTables co-located distributed tables
+// without a distribution column, placed whole on one worker node that
+// Citus picks, when pool's database is a Citus coordinator with active
+// worker nodes and they are the coordinator's own tables; their rows move
+// with them. A table a migration created after the others moved (a
+// migration rolled back and applied again) joins them. It returns the
+// node (host:port), or "" when there was nothing to do. It runs in one
+// transaction: the foreign keys to runs from the tables that move are
+// dropped while they move (Citus refuses one between a coordinator's
+// table and a distributed one) and made again. It refuses when some of
+// the tables were distributed otherwise (by hand), naming them.
+func distribute(ctx context.Context, pool *pgxpool.Pool, schema string) (string, error) {
+	var citus bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&citus); err != nil {
+		return "", fmt.Errorf("reading whether the database is a Citus coordinator: %w", err)
+	}
+	if !citus {
+		return "", nil
+	}
+	tables := make([]string, len(RunTables))
+	for i, t := range RunTables {
+		tables[i] = pgx.Identifier{schema, t}.Sanitize()
+	}
+	runs := tables[0]
+	var workers int
+	var local, foreign []string
+	err := pool.QueryRow(ctx, `
+WITH t AS (SELECT unnest($1::regclass[]) AS rel),
+     runs AS (SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = $2::regclass)
+SELECT (SELECT count(*) FROM pg_dist_node WHERE groupid <> 0 AND noderole = 'primary' AND isactive),
+       ARRAY(SELECT t.rel::text FROM t WHERE NOT EXISTS (SELECT 1 FROM pg_dist_partition p WHERE p.logicalrelid = t.rel)),
+       ARRAY(SELECT t.rel::text FROM t JOIN pg_dist_partition p ON p.logicalrelid = t.rel
+             WHERE p.partmethod <> 'n' OR p.colocationid IS DISTINCT FROM (SELECT colocationid FROM runs))`,
+		tables, runs).Scan(&workers, &local, &foreign)
+	if err != nil {
+		return "", fmt.Errorf("reading the Citus cluster's worker nodes: %w", err)
+	}
+	switch {
+	case workers == 0, len(local) == 0 && len(foreign) == 0:
+		// A coordinator alone keeps every table its own; or they moved.
+		return "", nil
+	case len(foreign) > 0:
+		return "", fmt.Errorf("distributing the per-run tables of schema %s: %s distributed otherwise, not by migrate: undistribute them (undistribute_table) and run migrate up again",
+			schema, strings.Join(foreign, ", "))
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return "", fmt.Errorf("distributing the per-run tables: %w", err)
+	}
+	defer tx.Rollback(ctx)
+	type fkey struct{ table, name, def string }
+	rows, err := tx.Query(ctx, `
+SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM pg_constraint
+WHERE contype = 'f' AND confrelid = $1::regclass
+  AND ($1::regclass = ANY ($2::regclass[]) OR conrelid = ANY ($2::regclass[]))
+ORDER BY 1, 2`, runs, local)
+	if err != nil {
+		return "", fmt.Errorf("reading the foreign keys to the runs' table: %w", err)
+	}
+	fkeys, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (fkey, error) {
+		var k fkey
+		return k, r.Scan(&k.table, &k.name, &k.def)
+	})
+	if err != nil {
+		return "", fmt.Errorf("reading the foreign keys to the runs' table: %w", err)
+	}
+	for _, k := range fkeys {
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s DROP CONSTRAINT %s`, k.table, pgx.Identifier{k.name}.Sanitize())); err != nil {
+			return "", fmt.Errorf("dropping foreign key %s while the per-run tables move: %w", k.name, err)
+		}
+	}
+	for _, t := range tables {
+		if !slices.Contains(local, strings.ReplaceAll(t, `"`, "")) {
+			continue
+		}
+		colocate := runs
+		if t == runs {
+			colocate = "none"
+		}
+		if _, err := tx.Exec(ctx, `SELECT create_distributed_table($1::regclass, NULL, colocate_with => $2)`, t, colocate); err != nil {
+			return "", fmt.Errorf("distributing %s: %w", t, err)
+		}
+	}
+	for _, k := range fkeys {
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ADD CONSTRAINT %s %s`, k.table, pgx.Identifier{k.name}.Sanitize(), k.def)); err != nil {
+			return "", fmt.Errorf("making foreign key %s again: %w", k.name, err)
+		}
+	}
+	var node string
+	err = tx.QueryRow(ctx, `SELECT nodename || ':' || nodeport FROM citus_shards WHERE table_name = $1::regclass LIMIT 1`, runs).Scan(&node)
+	if err != nil {
+		return "", fmt.Errorf("reading where the per-run tables went: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return "", fmt.Errorf("distributing the per-run tables: %w", err)
+	}
+	// Their rows were copied to the worker node; the coordinator's copies
+	// are no longer read, and only take disk.
+	for _, t := range local {
+		if _, err := pool.Exec(ctx, `SELECT truncate_local_data_after_distributing_table($1::regclass)`, t); err != nil {
+			return node, fmt.Errorf("removing the coordinator's copy of %s: %w", t, err)
+		}
+	}
+	return node, nil
 }

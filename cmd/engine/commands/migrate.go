@@ -18,6 +18,12 @@ func (g *global) migrateCmd() *cobra.Command {
 	var river bool
 	up := &cobra.Command{
 		Use: "up", Short: "Apply every pending migration (idempotent)", Args: cobra.NoArgs,
+		Long: `Applies every pending migration of pgdurable and of River, in the schema --schema names.
+
+On a Citus coordinator with active worker nodes it then puts the per-run tables (workflow_runs,
+workflow_steps, workflow_signals, dead_jobs) on one worker node that Citus picks, with their rows,
+as co-located distributed tables; every other table stays on the coordinator. It says so, naming
+the node, the one time it does it.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return g.migrate(cmd.Context(), migrations.Up, &migrations.Opts{})
 		},
@@ -98,6 +104,9 @@ func (g *global) migrate(ctx context.Context, dir migrations.Direction, opts *mi
 			res.Schema, strings.Join(m.Tables, ", "), m.RiverJobs)
 	}
 	fmt.Fprintf(g.opts.Stdout, "migrate %s (schema %s): pgdurable versions %v, river versions %v\n", dir, res.Schema, res.Applied, res.River)
+	if res.Distributed != "" {
+		fmt.Fprintf(g.opts.Stdout, "distributed the per-run tables (%s) to Citus worker node %s\n", strings.Join(migrations.RunTables, ", "), res.Distributed)
+	}
 	return nil
 }
 
