@@ -186,6 +186,36 @@ func (pg *Throwaway) run(ctx context.Context, bin string, args ...string) ([]byt
 	return cmd.CombinedOutput()
 }
 
+// Crash SIGKILLs the server's postmaster, as a machine that loses power
+// would stop it (its backends end when they see it gone), and starts it
+// again on the same data, which it recovers from the WAL: what it had
+// committed stays, what was in flight is lost. It retries the start for up
+// to 20 s while the dead server's backends still hold its shared memory.
+func (pg *Throwaway) Crash(ctx context.Context) error {
+	raw, err := os.ReadFile(filepath.Join(pg.Dir, "data", "postmaster.pid"))
+	if err != nil {
+		return fmt.Errorf("reading the server's pid: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(raw), "\n", 2)[0]))
+	if err != nil {
+		return fmt.Errorf("reading the server's pid: %w", err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("killing the server (pid %d): %w", pid, err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for syscall.Kill(pid, 0) == nil && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	for {
+		err = pg.Start(ctx)
+		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
 // Stop shuts the server down (fast mode, up to 20 s) and removes its
 // directory.
 func (pg *Throwaway) Stop() {

@@ -21,6 +21,7 @@ import (
 	"github.com/pgdurable/pgdurable/engine/enginetest"
 	"github.com/pgdurable/pgdurable/examples/payment"
 	"github.com/pgdurable/pgdurable/examples/payment/fakegateway"
+	"github.com/pgdurable/pgdurable/internal/citus"
 )
 
 const (
@@ -143,6 +144,37 @@ func TestChaosShort(t *testing.T) {
 	}))
 	t.Log(out.String())
 	require.Equal(t, 0, code, "%s\n%s", out.String(), errOut.String())
+	require.Contains(t, out.String(), "chaos: no violations")
+	require.Contains(t, out.String(), "double charges 0")
+}
+
+// engine chaos --citus: 300 payments on a Citus cluster whose worker node
+// holding the runs is SIGKILLed and started again mid-run, through engine
+// processes that get SIGKILLed every 2-5 s: every run finishes, none is
+// charged twice.
+func TestChaosOnCitus(t *testing.T) {
+	t.Parallel()
+	if !citus.Installed() {
+		if os.Getenv("PGDURABLE_REQUIRE_CITUS") == "1" {
+			t.Fatal(citus.ErrNotInstalled)
+		}
+		t.Skip(citus.ErrNotInstalled)
+	}
+	var out, errOut syncBuffer
+	code := commands.Execute(context.Background(), []string{"chaos", "--citus", "--workflows", "300",
+		"--gateway-latency", "150ms", "--engine-workers", "8", "--restart-postgres", "--deadline", "3m"}, withPayment(commands.Options{
+		Stdout: &out, Stderr: &errOut, Getenv: func(string) string { return "" },
+		ServeCommand: func(args ...string) *exec.Cmd {
+			a, _ := json.Marshal(args)
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), envServeChild+"="+string(a))
+			return cmd
+		},
+	}))
+	t.Log(out.String())
+	require.Equal(t, 0, code, "%s\n%s", out.String(), errOut.String())
+	require.Contains(t, out.String(), "crashing and restarting the worker node that holds the runs")
+	require.Contains(t, out.String(), "1 PostgreSQL restarts")
 	require.Contains(t, out.String(), "chaos: no violations")
 	require.Contains(t, out.String(), "double charges 0")
 }

@@ -6,22 +6,26 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/pgdurable/pgdurable/cmd/engine/commands"
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/examples/payment"
 	"github.com/pgdurable/pgdurable/examples/payment/fakegateway"
+	"github.com/pgdurable/pgdurable/internal/citus"
 	"github.com/pgdurable/pgdurable/internal/localpg"
 	"github.com/pgdurable/pgdurable/storage/migrations"
 )
@@ -34,6 +38,7 @@ type chaosFlags struct {
 	deadline        time.Duration
 	restartPostgres bool
 	pgRestartCmd    string
+	citus           bool
 }
 
 func chaosCmd(env *commands.Env) *cobra.Command {
@@ -49,7 +54,12 @@ and restarts PostgreSQL once (immediate mode: no shutdown checkpoint, recovery f
 commits not yet flushed are lost as in a real crash). Then it checks: every run finished; no order charged twice; completed orders
 charged exactly their amount with one ledger row; compensated ones charged nothing in the end
 with their inventory released; every dead job complete. It exits 1 on any violation.
-Use a database of its own.`,
+Use a database of its own.
+
+With --citus it starts a throwaway Citus cluster instead (a coordinator and 2 worker nodes on
+loopback, from the Citus installed into the local PostgreSQL, removed at the end) and runs against
+its coordinator, where migrate puts the per-run tables on a worker node; --restart-postgres then
+SIGKILLs that worker node and starts it again, instead of running --pg-restart.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return chaos(cmd.Context(), env, f) },
 	}
@@ -60,6 +70,7 @@ Use a database of its own.`,
 	cmd.Flags().DurationVar(&f.deadline, "deadline", 5*time.Minute, "every run must finish within this")
 	cmd.Flags().BoolVar(&f.restartPostgres, "restart-postgres", false, "crash and restart PostgreSQL once, mid-run (runs --pg-restart)")
 	cmd.Flags().StringVar(&f.pgRestartCmd, "pg-restart", "pg_ctlcluster --skip-systemctl-redirect -m immediate 15 main restart", "the command that crashes and restarts PostgreSQL")
+	cmd.Flags().BoolVar(&f.citus, "citus", false, "run on a throwaway Citus cluster (a coordinator and 2 worker nodes); --restart-postgres then SIGKILLs the worker node that holds the runs")
 	return cmd
 }
 
@@ -70,7 +81,20 @@ type engineProc struct {
 }
 
 func chaos(ctx context.Context, env *commands.Env, f *chaosFlags) error {
-	if err := env.OwnDatabase("chaos"); err != nil {
+	var cluster *citus.Cluster
+	if f.citus {
+		if env.DatabaseFlag() != "" || env.Getenv("DATABASE_URL") != "" {
+			return commands.UsageError(errors.New("--citus starts a cluster of its own; it takes no --database-url or DATABASE_URL"))
+		}
+		c, err := citus.Start(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer c.Stop()
+		cluster = c
+		env.SetDatabaseURL(c.URL())
+		fmt.Fprintf(env.Stdout(), "chaos: a throwaway Citus cluster: coordinator 127.0.0.1:%d, worker nodes %s\n", c.Coordinator.Port, workerPorts(c))
+	} else if err := env.OwnDatabase("chaos"); err != nil {
 		return err
 	}
 	switch {
@@ -215,9 +239,15 @@ func chaos(ctx context.Context, env *commands.Env, f *chaosFlags) error {
 			nextTerminate = now.Add(10 * time.Second)
 		}
 		if f.restartPostgres && pgRestarts == 0 && now.After(pgRestartAt) {
-			fmt.Fprintf(out, "  %5.1fs: crashing and restarting PostgreSQL: %s\n", time.Since(start).Seconds(), f.pgRestartCmd)
-			if out, err := exec.Command("sh", "-c", f.pgRestartCmd).CombinedOutput(); err != nil {
-				return fmt.Errorf("restarting PostgreSQL: %w\n%s", err, out)
+			if cluster != nil {
+				if err := crashRunsNode(ctx, out, cluster, pool, start); err != nil {
+					return err
+				}
+			} else {
+				fmt.Fprintf(out, "  %5.1fs: crashing and restarting PostgreSQL: %s\n", time.Since(start).Seconds(), f.pgRestartCmd)
+				if out, err := exec.Command("sh", "-c", f.pgRestartCmd).CombinedOutput(); err != nil {
+					return fmt.Errorf("restarting PostgreSQL: %w\n%s", err, out)
+				}
 			}
 			pgRestarts++
 		}
@@ -295,3 +325,28 @@ func submitChaos(ctx context.Context, orders []payment.Order, engineAt func(int)
 }
 
 var errViolations = errors.New("chaos found violations")
+
+// workerPorts lists c's worker nodes' ports.
+func workerPorts(c *citus.Cluster) string {
+	ports := make([]string, len(c.Workers))
+	for i, w := range c.Workers {
+		ports[i] = fmt.Sprint(w.Port)
+	}
+	return strings.Join(ports, ", ")
+}
+
+// crashRunsNode SIGKILLs the worker node of c that holds the runs' table
+// and starts it again (localpg.Throwaway.Crash).
+func crashRunsNode(ctx context.Context, out io.Writer, c *citus.Cluster, pool *pgxpool.Pool, start time.Time) error {
+	var port int
+	if err := pool.QueryRow(ctx, `SELECT nodeport FROM citus_shards WHERE table_name = 'pgdurable.workflow_runs'::regclass LIMIT 1`).Scan(&port); err != nil {
+		return fmt.Errorf("finding the worker node that holds the runs: %w", err)
+	}
+	for _, w := range c.Workers {
+		if w.Port == port {
+			fmt.Fprintf(out, "  %5.1fs: crashing and restarting the worker node that holds the runs: 127.0.0.1:%d (SIGKILL)\n", time.Since(start).Seconds(), port)
+			return w.Crash(ctx)
+		}
+	}
+	return fmt.Errorf("the runs are on 127.0.0.1:%d, which is none of the cluster's worker nodes", port)
+}
