@@ -56,7 +56,9 @@ type DBTX interface {
 // its Config.Schema). Safe for concurrent use.
 type Schema struct {
 	name      string
+	runs      string   // the schema of the per-run tables, for a route k ≥ 1 (see Route); "" is name
 	rewritten sync.Map // statement as written -> statement for this schema
+	routes    sync.Map // k -> *Schema, Route's
 }
 
 // Default is the Schema of DefaultSchema: its statements run as written.
@@ -143,7 +145,8 @@ func onCitus(ctx context.Context, db DBTX) (bool, error) {
 var qualified = regexp.MustCompile(`\b` + DefaultSchema + `\.(` + strings.Join(Tables, "|") + `)\b`)
 
 // SQL is sql as it runs in s: every DefaultSchema.table of the engine's
-// tables names s's table instead. Text that is not such a reference (a
+// tables names s's table instead (the per-run tables the route's schema,
+// for a route k ≥ 1: see Route). Text that is not such a reference (a
 // River job kind such as 'pgdurable.run', a column) is left alone.
 func (s *Schema) SQL(sql string) string {
 	if s == Default {
@@ -152,7 +155,11 @@ func (s *Schema) SQL(sql string) string {
 	if v, ok := s.rewritten.Load(sql); ok {
 		return v.(string)
 	}
-	out := qualified.ReplaceAllString(sql, s.name+".$1")
+	out := sql
+	if s.runs != "" {
+		out = runTable.ReplaceAllString(out, s.runs+".$1")
+	}
+	out = qualified.ReplaceAllString(out, s.name+".$1")
 	s.rewritten.Store(sql, out)
 	return out
 }
