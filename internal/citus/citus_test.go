@@ -131,6 +131,24 @@ func TestMigrateDistributesAnExistingDatabase(t *testing.T) {
 	_, err = pool.Exec(ctx, `INSERT INTO pgdurable.workflow_steps (run_id, seq, name, status) VALUES ($1, 0, 's', 'started')`, runID)
 	require.NoError(t, err)
 
+	// Refused, changing nothing: a foreign key of an application's table
+	// to the runs, which Citus could not keep; an engine process at work.
+	_, err = pool.Exec(ctx, `CREATE TABLE public.app_orders (id int, run_id uuid REFERENCES pgdurable.workflow_runs (run_id))`)
+	require.NoError(t, err)
+	_, err = migrations.Migrate(ctx, pool, migrations.Up, nil)
+	require.ErrorContains(t, err, "foreign keys of other tables refer to them (app_orders (app_orders_run_id_fkey))")
+	_, err = pool.Exec(ctx, `DROP TABLE public.app_orders`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO pgdurable.engine_processes (process_id, hostname, pid, queue, workflows) VALUES ($1, 'old-engine', 7, 'pgdurable', '[]')`, uuid.New())
+	require.NoError(t, err)
+	_, err = migrations.Migrate(ctx, pool, migrations.Up, nil)
+	require.ErrorIs(t, err, migrations.ErrEnginesRunning)
+	require.ErrorContains(t, err, "old-engine (pid 7")
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_dist_partition`).Scan(&n))
+	require.Zero(t, n, "nothing moved")
+	_, err = pool.Exec(ctx, `DELETE FROM pgdurable.engine_processes`)
+	require.NoError(t, err)
+
 	res, err = migrations.Migrate(ctx, pool, migrations.Up, nil)
 	require.NoError(t, err)
 	requireOnAWorker(ctx, t, c, pool, res.Distributed)
@@ -150,4 +168,18 @@ func TestMigrateDistributesAnExistingDatabase(t *testing.T) {
 	res, err = migrations.Migrate(ctx, pool, migrations.Up, nil)
 	require.NoError(t, err)
 	requireOnAWorker(ctx, t, c, pool, res.Distributed)
+
+	// A schema on the connection's search_path (where PostgreSQL names its
+	// tables without their schema) is distributed the same way.
+	cfg, err := pgxpool.ParseConfig(c.URL())
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["search_path"] = "acme"
+	acme, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer acme.Close()
+	res, err = migrations.Migrate(ctx, acme, migrations.Up, &migrations.Opts{Schema: "acme"})
+	require.NoError(t, err)
+	require.NotEmpty(t, res.Distributed)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM citus_shards WHERE table_name::text LIKE 'acme.%'`).Scan(&n))
+	require.Equal(t, len(migrations.RunTables), n)
 }

@@ -203,17 +203,37 @@ func (pg *Throwaway) Crash(ctx context.Context) error {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		return fmt.Errorf("killing the server (pid %d): %w", pid, err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for syscall.Kill(pid, 0) == nil && time.Now().Before(deadline) {
+	for gone := time.Now().Add(10 * time.Second); alive(pid) && time.Now().Before(gone); {
 		time.Sleep(50 * time.Millisecond)
 	}
-	for {
+	// Where nothing reaps the dead postmaster, its zombie keeps its pid,
+	// and the new server would take the lock file for a live one's.
+	if !alive(pid) {
+		_ = os.Remove(filepath.Join(pg.Dir, "data", "postmaster.pid"))
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; {
 		err = pg.Start(ctx)
 		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
 			return err
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+}
+
+// alive reports whether process pid runs: it exists and is not a zombie.
+func alive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	// The state follows the command name's closing parenthesis.
+	if i := strings.LastIndexByte(string(stat), ')'); i >= 0 && i+2 < len(stat) {
+		return stat[i+2] != 'Z'
+	}
+	return true
 }
 
 // Stop shuts the server down (fast mode, up to 20 s) and removes its

@@ -458,10 +458,14 @@ func newProvider(db *sql.DB) (*goose.Provider, error) {
 // with them. A table a migration created after the others moved (a
 // migration rolled back and applied again) joins them. It returns the
 // node (host:port), or "" when there was nothing to do. It runs in one
-// transaction: the foreign keys to runs from the tables that move are
-// dropped while they move (Citus refuses one between a coordinator's
-// table and a distributed one) and made again. It refuses when some of
-// the tables were distributed otherwise (by hand), naming them.
+// transaction: the foreign keys among the tables that move are dropped
+// while they move (Citus refuses one between a coordinator's table and a
+// distributed one) and made again. It refuses, changing nothing, when
+// some of the tables were distributed otherwise (by hand: by a column, as
+// reference tables), when a table outside them has a foreign key to one
+// (Citus cannot keep it once they are on a worker node), and, with runs to
+// move, while an engine process works on them (ErrEnginesRunning): an
+// engine of an earlier version fails on the moved tables.
 func distribute(ctx context.Context, pool *pgxpool.Pool, schema string) (string, error) {
 	var citus bool
 	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&citus); err != nil {
@@ -476,36 +480,66 @@ func distribute(ctx context.Context, pool *pgxpool.Pool, schema string) (string,
 	}
 	runs := tables[0]
 	var workers int
-	var local, foreign []string
+	var localAt, foreignAt []int
+	// Positions in tables (from 1), not names: a table's regclass text
+	// leaves its schema out when the schema is on the search_path.
 	err := pool.QueryRow(ctx, `
-WITH t AS (SELECT unnest($1::regclass[]) AS rel),
+WITH t AS (SELECT rel, i FROM unnest($1::regclass[]) WITH ORDINALITY AS u(rel, i)),
      runs AS (SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = $2::regclass)
 SELECT (SELECT count(*) FROM pg_dist_node WHERE groupid <> 0 AND noderole = 'primary' AND isactive),
-       ARRAY(SELECT t.rel::text FROM t WHERE NOT EXISTS (SELECT 1 FROM pg_dist_partition p WHERE p.logicalrelid = t.rel)),
-       ARRAY(SELECT t.rel::text FROM t JOIN pg_dist_partition p ON p.logicalrelid = t.rel
-             WHERE p.partmethod <> 'n' OR p.colocationid IS DISTINCT FROM (SELECT colocationid FROM runs))`,
-		tables, runs).Scan(&workers, &local, &foreign)
+       ARRAY(SELECT t.i FROM t WHERE NOT EXISTS (SELECT 1 FROM pg_dist_partition p WHERE p.logicalrelid = t.rel) ORDER BY t.i),
+       ARRAY(SELECT t.i FROM t JOIN pg_dist_partition p ON p.logicalrelid = t.rel
+             WHERE p.partmethod <> 'n' OR p.repmodel <> 's' OR p.colocationid = 0
+                OR p.colocationid IS DISTINCT FROM (SELECT colocationid FROM runs) ORDER BY t.i)`,
+		tables, runs).Scan(&workers, &localAt, &foreignAt)
 	if err != nil {
 		return "", fmt.Errorf("reading the Citus cluster's worker nodes: %w", err)
 	}
+	pick := func(at []int) []string {
+		out := make([]string, len(at))
+		for i, n := range at {
+			out[i] = tables[n-1]
+		}
+		return out
+	}
+	local, foreign := pick(localAt), pick(foreignAt)
 	switch {
 	case workers == 0, len(local) == 0 && len(foreign) == 0:
 		// A coordinator alone keeps every table its own; or they moved.
 		return "", nil
 	case len(foreign) > 0:
-		return "", fmt.Errorf("distributing the per-run tables of schema %s: %s distributed otherwise, not by migrate: undistribute them (undistribute_table) and run migrate up again",
+		return "", fmt.Errorf("distributing the per-run tables of schema %s: %s distributed otherwise (by a column, as reference tables, or as Citus-managed local tables), not by migrate: undistribute them (undistribute_table) and run migrate up again",
 			schema, strings.Join(foreign, ", "))
+	}
+	var outside []string
+	rows, err := pool.Query(ctx, `
+SELECT format('%s (%s)', conrelid::regclass::text, conname) FROM pg_constraint
+WHERE contype = 'f' AND confrelid = ANY ($1::regclass[]) AND NOT conrelid = ANY ($1::regclass[]) ORDER BY 1`, tables)
+	if err == nil {
+		outside, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil {
+		return "", fmt.Errorf("reading the foreign keys to the per-run tables: %w", err)
+	}
+	if len(outside) > 0 {
+		return "", fmt.Errorf("distributing the per-run tables of schema %s: foreign keys of other tables refer to them (%s), which Citus cannot keep once they are on a worker node: drop those foreign keys and run migrate up again",
+			schema, strings.Join(outside, ", "))
 	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return "", fmt.Errorf("distributing the per-run tables: %w", err)
 	}
 	defer tx.Rollback(ctx)
+	if slices.Contains(local, runs) {
+		if err := refuseLiveOn(ctx, tx, schema); err != nil {
+			return "", err
+		}
+	}
 	type fkey struct{ table, name, def string }
-	rows, err := tx.Query(ctx, `
-SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM pg_constraint
-WHERE contype = 'f' AND confrelid = $1::regclass
-  AND ($1::regclass = ANY ($2::regclass[]) OR conrelid = ANY ($2::regclass[]))
+	rows, err = tx.Query(ctx, `
+SELECT format('%I.%I', n.nspname, c.relname), conname, pg_get_constraintdef(k.oid)
+FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE k.contype = 'f' AND k.confrelid = $1::regclass AND ($1::regclass = ANY ($2::regclass[]) OR k.conrelid = ANY ($2::regclass[]))
 ORDER BY 1, 2`, runs, local)
 	if err != nil {
 		return "", fmt.Errorf("reading the foreign keys to the runs' table: %w", err)
@@ -522,10 +556,7 @@ ORDER BY 1, 2`, runs, local)
 			return "", fmt.Errorf("dropping foreign key %s while the per-run tables move: %w", k.name, err)
 		}
 	}
-	for _, t := range tables {
-		if !slices.Contains(local, strings.ReplaceAll(t, `"`, "")) {
-			continue
-		}
+	for _, t := range local {
 		colocate := runs
 		if t == runs {
 			colocate = "none"
@@ -555,4 +586,34 @@ ORDER BY 1, 2`, runs, local)
 		}
 	}
 	return node, nil
+}
+
+// refuseLiveOn fails with ErrEnginesRunning when an engine process works
+// on schema's tables: its registry row was written lately, or a run's
+// lease is held.
+func refuseLiveOn(ctx context.Context, tx pgx.Tx, schema string) error {
+	var live []string
+	rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT format('%%s (pid %%s, seen %%s ago)', hostname, pid, date_trunc('second', now() - last_seen_at))
+		FROM %s WHERE last_seen_at > now() - $1 * interval '1 millisecond' ORDER BY last_seen_at DESC LIMIT 10`,
+		pgx.Identifier{schema, "engine_processes"}.Sanitize()), processLive.Milliseconds())
+	if err == nil {
+		live, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil {
+		return fmt.Errorf("reading the engine processes of schema %s: %w", schema, err)
+	}
+	var leased int64
+	err = tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE lease_expires_at > now()`, pgx.Identifier{schema, "workflow_runs"}.Sanitize())).Scan(&leased)
+	if err != nil {
+		return fmt.Errorf("reading the runs of schema %s: %w", schema, err)
+	}
+	if len(live) == 0 && leased == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("%d runs are held by a delivery", leased)
+	if len(live) > 0 {
+		msg = "processes seen in the last " + processLive.String() + ": " + strings.Join(live, ", ") + "; " + msg
+	}
+	return fmt.Errorf("%w (%s): to put the per-run tables of schema %s on a worker node, stop every engine working on them (an engine of an earlier version fails on the moved tables), wait for their leases to expire, and migrate again",
+		ErrEnginesRunning, msg, schema)
 }

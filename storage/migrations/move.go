@@ -13,10 +13,10 @@ import (
 )
 
 // ErrEnginesRunning: Migrate(Up) found engine processes alive on the
-// tables in public it would move, and moved nothing. Stop them (or wait
-// until their rows and leases have expired) and migrate again; or, if
-// the installation is meant to stay in public, migrate with Schema
-// "public".
+// tables it would move (out of public, or onto a Citus worker node), and
+// moved nothing. Stop them (or wait until their rows and leases have
+// expired) and migrate again; or, if the installation is meant to stay in
+// public, migrate with Schema "public".
 var ErrEnginesRunning = errors.New("engine processes are running on pgdurable's tables in public")
 
 // ErrMoved: the schema asked for is where pgdurable's tables were, before
