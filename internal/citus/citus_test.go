@@ -121,6 +121,13 @@ func TestMigrateDistributesAnExistingDatabase(t *testing.T) {
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_dist_partition`).Scan(&n))
 	require.Zero(t, n)
+	// Another installation's per-run tables, made reference tables by hand.
+	_, err = migrations.Migrate(ctx, pool, migrations.Up, &migrations.Opts{Schema: "by_hand"})
+	require.NoError(t, err)
+	for _, table := range migrations.RunTables {
+		_, err = pool.Exec(ctx, `SELECT create_reference_table($1::regclass)`, "by_hand."+table)
+		require.NoError(t, err)
+	}
 	for _, u := range hosts {
 		_, err = pool.Exec(ctx, `SELECT citus_activate_node($1, $2::int)`, u.Hostname(), u.Port())
 		require.NoError(t, err)
@@ -144,9 +151,14 @@ func TestMigrateDistributesAnExistingDatabase(t *testing.T) {
 	_, err = migrations.Migrate(ctx, pool, migrations.Up, nil)
 	require.ErrorIs(t, err, migrations.ErrEnginesRunning)
 	require.ErrorContains(t, err, "old-engine (pid 7")
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_dist_partition`).Scan(&n))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'pgdurable.%'`).Scan(&n))
 	require.Zero(t, n, "nothing moved")
 	_, err = pool.Exec(ctx, `DELETE FROM pgdurable.engine_processes`)
+	require.NoError(t, err)
+
+	_, err = migrations.Migrate(ctx, pool, migrations.Up, &migrations.Opts{Schema: "by_hand"})
+	require.ErrorContains(t, err, "by_hand.workflow_runs, by_hand.workflow_steps, by_hand.workflow_signals, by_hand.dead_jobs distributed otherwise")
+	_, err = pool.Exec(ctx, `DROP SCHEMA by_hand CASCADE`)
 	require.NoError(t, err)
 
 	res, err = migrations.Migrate(ctx, pool, migrations.Up, nil)

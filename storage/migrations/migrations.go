@@ -502,14 +502,18 @@ SELECT (SELECT count(*) FROM pg_dist_node WHERE groupid <> 0 AND noderole = 'pri
 		}
 		return out
 	}
-	local, foreign := pick(localAt), pick(foreignAt)
+	local := pick(localAt)
 	switch {
-	case workers == 0, len(local) == 0 && len(foreign) == 0:
+	case workers == 0, len(local) == 0 && len(foreignAt) == 0:
 		// A coordinator alone keeps every table its own; or they moved.
 		return "", nil
-	case len(foreign) > 0:
+	case len(foreignAt) > 0:
+		names := make([]string, len(foreignAt))
+		for i, n := range foreignAt {
+			names[i] = schema + "." + RunTables[n-1]
+		}
 		return "", fmt.Errorf("distributing the per-run tables of schema %s: %s distributed otherwise (by a column, as reference tables, or as Citus-managed local tables), not by migrate: undistribute them (undistribute_table) and run migrate up again",
-			schema, strings.Join(foreign, ", "))
+			schema, strings.Join(names, ", "))
 	}
 	var outside []string
 	rows, err := pool.Query(ctx, `
