@@ -593,30 +593,11 @@ ORDER BY 1, 2`, runs, local)
 }
 
 // refuseLiveOn fails with ErrEnginesRunning when an engine process works
-// on schema's tables: its registry row was written lately, or a run's
-// lease is held.
+// on schema's tables (see liveWork).
 func refuseLiveOn(ctx context.Context, tx pgx.Tx, schema string) error {
-	var live []string
-	rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT format('%%s (pid %%s, seen %%s ago)', hostname, pid, date_trunc('second', now() - last_seen_at))
-		FROM %s WHERE last_seen_at > now() - $1 * interval '1 millisecond' ORDER BY last_seen_at DESC LIMIT 10`,
-		pgx.Identifier{schema, "engine_processes"}.Sanitize()), processLive.Milliseconds())
-	if err == nil {
-		live, err = pgx.CollectRows(rows, pgx.RowTo[string])
-	}
-	if err != nil {
-		return fmt.Errorf("reading the engine processes of schema %s: %w", schema, err)
-	}
-	var leased int64
-	err = tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE lease_expires_at > now()`, pgx.Identifier{schema, "workflow_runs"}.Sanitize())).Scan(&leased)
-	if err != nil {
-		return fmt.Errorf("reading the runs of schema %s: %w", schema, err)
-	}
-	if len(live) == 0 && leased == 0 {
-		return nil
-	}
-	msg := fmt.Sprintf("%d runs are held by a delivery", leased)
-	if len(live) > 0 {
-		msg = "processes seen in the last " + processLive.String() + ": " + strings.Join(live, ", ") + "; " + msg
+	msg, err := liveWork(ctx, tx, schema, true)
+	if err != nil || msg == "" {
+		return err
 	}
 	return fmt.Errorf("%w (%s): to put the per-run tables of schema %s on a worker node, stop every engine working on them (an engine of an earlier version fails on the moved tables), wait for their leases to expire, and migrate again",
 		ErrEnginesRunning, msg, schema)

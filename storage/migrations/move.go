@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -197,34 +198,43 @@ func existing(ctx context.Context, tx pgx.Tx, tables []string) ([]string, error)
 // on the tables: its registry row was written lately, or a run's lease
 // is held.
 func refuseLive(ctx context.Context, tx pgx.Tx, schema string, tables []string) error {
+	msg, err := liveWork(ctx, tx, "public", slices.Contains(tables, "engine_processes"))
+	if err != nil || msg == "" {
+		return err
+	}
+	return fmt.Errorf("%w (%s): to move them to schema %s, stop every engine working on them, wait for their leases to expire, and migrate again; to keep them in public, pass --schema public (migrations.Opts.Schema, engine.Config.Schema) instead",
+		ErrEnginesRunning, msg, schema)
+}
+
+// liveWork says what works on schema's tables ("" for nothing): the
+// engine processes whose registry row was written lately (when processes:
+// the schema has the registry) and the runs whose lease is held.
+func liveWork(ctx context.Context, tx pgx.Tx, schema string, processes bool) (string, error) {
 	var live []string
-	for _, t := range tables {
-		if t != "engine_processes" {
-			continue
+	if processes {
+		rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT format('%%s (pid %%s, seen %%s ago)', hostname, pid, date_trunc('second', now() - last_seen_at))
+			FROM %s WHERE last_seen_at > now() - $1 * interval '1 millisecond' ORDER BY last_seen_at DESC LIMIT 10`,
+			pgx.Identifier{schema, "engine_processes"}.Sanitize()), processLive.Milliseconds())
+		if err == nil {
+			live, err = pgx.CollectRows(rows, pgx.RowTo[string])
 		}
-		rows, err := tx.Query(ctx, `SELECT format('%s (pid %s, seen %s ago)', hostname, pid, date_trunc('second', now() - last_seen_at))
-			FROM public.engine_processes WHERE last_seen_at > now() - $1 * interval '1 millisecond' ORDER BY last_seen_at DESC LIMIT 10`,
-			processLive.Milliseconds())
 		if err != nil {
-			return fmt.Errorf("reading the engine processes in public: %w", err)
-		}
-		if live, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
-			return fmt.Errorf("reading the engine processes in public: %w", err)
+			return "", fmt.Errorf("reading the engine processes in %s: %w", schema, err)
 		}
 	}
 	var leased int64
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM public.workflow_runs WHERE lease_expires_at > now()`).Scan(&leased); err != nil {
-		return fmt.Errorf("reading the runs in public: %w", err)
+	err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE lease_expires_at > now()`, pgx.Identifier{schema, "workflow_runs"}.Sanitize())).Scan(&leased)
+	if err != nil {
+		return "", fmt.Errorf("reading the runs in %s: %w", schema, err)
 	}
 	if len(live) == 0 && leased == 0 {
-		return nil
+		return "", nil
 	}
 	msg := fmt.Sprintf("%d runs are held by a delivery", leased)
 	if len(live) > 0 {
 		msg = "processes seen in the last " + processLive.String() + ": " + strings.Join(live, ", ") + "; " + msg
 	}
-	return fmt.Errorf("%w (%s): to move them to schema %s, stop every engine working on them, wait for their leases to expire, and migrate again; to keep them in public, pass --schema public (migrations.Opts.Schema, engine.Config.Schema) instead",
-		ErrEnginesRunning, msg, schema)
+	return msg, nil
 }
 
 // leaveTombstone puts a version table back in public that holds only

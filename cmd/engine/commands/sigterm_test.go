@@ -126,6 +126,15 @@ func TestSIGTERMDuringPayments(t *testing.T) {
 	}
 }
 
+// serveChildCommand runs `engine <args>` as this test binary re-executed
+// (see serveChild): engine chaos starts its engines so.
+func serveChildCommand(args ...string) *exec.Cmd {
+	a, _ := json.Marshal(args)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envServeChild+"="+string(a))
+	return cmd
+}
+
 // The chaos suite's short form: 200 payments through 2 engine processes
 // that get SIGKILLed every 2-5 s, backends terminated every 10 s.
 func TestChaosShort(t *testing.T) {
@@ -135,12 +144,7 @@ func TestChaosShort(t *testing.T) {
 	code := commands.Execute(context.Background(), []string{"--database-url", db.URL, "chaos", "--workflows", "200",
 		"--gateway-latency", "150ms", "--engine-workers", "8", "--deadline", "90s"}, withPayment(commands.Options{
 		Stdout: &out, Stderr: &errOut, Getenv: func(string) string { return "" },
-		ServeCommand: func(args ...string) *exec.Cmd {
-			a, _ := json.Marshal(args)
-			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), envServeChild+"="+string(a))
-			return cmd
-		},
+		ServeCommand: serveChildCommand,
 	}))
 	t.Log(out.String())
 	require.Equal(t, 0, code, "%s\n%s", out.String(), errOut.String())
@@ -164,12 +168,7 @@ func TestChaosOnCitus(t *testing.T) {
 	code := commands.Execute(context.Background(), []string{"chaos", "--citus", "--workflows", "300",
 		"--gateway-latency", "150ms", "--engine-workers", "8", "--restart-postgres", "--deadline", "3m"}, withPayment(commands.Options{
 		Stdout: &out, Stderr: &errOut, Getenv: func(string) string { return "" },
-		ServeCommand: func(args ...string) *exec.Cmd {
-			a, _ := json.Marshal(args)
-			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), envServeChild+"="+string(a))
-			return cmd
-		},
+		ServeCommand: serveChildCommand,
 	}))
 	t.Log(out.String())
 	require.Equal(t, 0, code, "%s\n%s", out.String(), errOut.String())
