@@ -245,7 +245,7 @@ func (d *delivery) startChild(name string, version int, input []byte, opts *Chil
 	if !d.mayStartStep() {
 		return 0, uuid.Nil, "", d.endErr
 	}
-	r, err := d.e.newRun(name, version, input, &StartOpts{WorkflowID: workflowID, RunTimeout: opts.runTimeout(),
+	r, err := d.e.newRun(d.ctx, name, version, input, &StartOpts{WorkflowID: workflowID, RunTimeout: opts.runTimeout(),
 		engineMade: opts == nil || opts.WorkflowID == ""})
 	if err != nil {
 		return 0, uuid.Nil, "", err
@@ -747,7 +747,7 @@ func (d *delivery) continueAsNew(input []byte) {
 	if latest, ok := e.workflow(d.wf.name); ok {
 		next = latest
 	}
-	r, err := e.newRun(next.name, next.version, input, &StartOpts{WorkflowID: d.workflowID, RunTimeout: d.runTimeout, engineMade: true})
+	r, err := e.newRun(d.ctx, next.name, next.version, input, &StartOpts{WorkflowID: d.workflowID, RunTimeout: d.runTimeout, engineMade: true})
 	if err != nil {
 		d.park(nil, &parkReason{reason: ReasonPermanentError, info: newErrorInfo(err, ClassPermanent)})
 		return

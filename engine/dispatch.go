@@ -150,15 +150,11 @@ func (e *Engine) planStart(tx pgx.Tx, name string, version int, delayed, queued 
 
 // newRun is a start's row: a new run ID and the workflow ID (the run's ID
 // unless opts gives one), with the input's size and the ID checked.
-func (e *Engine) newRun(name string, version int, input []byte, opts *StartOpts) (store.NewRun, error) {
+func (e *Engine) newRun(ctx context.Context, name string, version int, input []byte, opts *StartOpts) (store.NewRun, error) {
 	if len(input) > e.cfg.MaxPayloadBytes {
 		return store.NewRun{}, e.tooLarge(name, len(input))
 	}
-	runID, err := uuid.NewV7()
-	if err != nil {
-		return store.NewRun{}, fmt.Errorf("pgdurable: generating run ID: %w", err)
-	}
-	workflowID := runID.String()
+	var workflowID string
 	if opts != nil && opts.WorkflowID != "" {
 		workflowID = opts.WorkflowID
 		check := checkChosenWorkflowID
@@ -187,13 +183,41 @@ func (e *Engine) newRun(name string, version int, input []byte, opts *StartOpts)
 	if err != nil {
 		return store.NewRun{}, err
 	}
-	r.RunID, r.WorkflowName, r.WorkflowVersion, r.WorkflowID = runID, name, version, workflowID
+	r.WorkflowName, r.WorkflowVersion = name, version
 	r.Input, r.Queue, r.ScheduleName, r.StartAt, r.RunTimeout, r.Tags = input, e.cfg.Queue, scheduleOf(opts), startAt, runTimeoutOf(opts), tags
 	if opts != nil && opts.Debounce != nil {
 		if err := opts.Debounce.apply(&r, opts, e.now()); err != nil {
 			return store.NewRun{}, err
 		}
 	}
+	// The run's route (one, on a single PostgreSQL): its workflow ID's;
+	// for a start without one, the route of what it is deduplicated or
+	// debounced by, which must find the runs that share it, else any.
+	var routeKey string
+	switch {
+	case r.DebounceKey != "":
+		routeKey = "debounce\x00" + name + "\x00" + r.DebounceKey
+	case r.DedupID != "":
+		routeKey = "dedup\x00" + r.FlowQueue + "\x00" + r.DedupID
+	}
+	if routeKey != "" && workflowID != "" {
+		routes, err := store.Routes(ctx, e.db)
+		if err != nil {
+			return store.NewRun{}, fmt.Errorf("pgdurable: starting %q: %w", name, err)
+		}
+		if routes > 1 {
+			return store.NewRun{}, fmt.Errorf("%w: StartOpts.DeduplicationID with a WorkflowID: with runs spread over %d routes, a deduplication ID finds the runs that share it only when it chooses the run's route, and a workflow ID chooses it (the workflow ID alone deduplicates its starts)",
+				ErrInvalidArgument, routes)
+		}
+	}
+	runID, err := store.NewRunIDFor(ctx, e.db, name, workflowID, routeKey)
+	if err != nil {
+		return store.NewRun{}, fmt.Errorf("pgdurable: generating run ID: %w", err)
+	}
+	if workflowID == "" {
+		workflowID = runID.String()
+	}
+	r.RunID, r.WorkflowID = runID, workflowID
 	return r, nil
 }
 

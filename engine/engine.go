@@ -282,13 +282,13 @@ type Engine struct {
 	live     sync.Map    // run ID → *delivery of this process holding it
 	// records commits the record writes of this process's deliveries,
 	// many runs' in one statement (see groupcommit.Batcher).
-	records *groupcommit.Batcher[*store.RecordWrite, groupcommit.Outcome[store.WriteResult]]
+	records *perRoute[*store.RecordWrite, groupcommit.Outcome[store.WriteResult]]
 	// starts coalesces concurrent Start calls into multi-row inserts.
 	starts *groupcommit.Batcher[store.NewRun, groupcommit.Outcome[*store.InsertedRun]]
 	// claims coalesces the claims of concurrent deliveries.
-	claims *groupcommit.Batcher[store.Fence, groupcommit.Outcome[store.ClaimResult]]
+	claims *perRoute[store.Fence, groupcommit.Outcome[store.ClaimResult]]
 	// beats coalesces the heartbeats of concurrent deliveries.
-	beats *groupcommit.Batcher[store.Beat, groupcommit.Outcome[store.BeatResult]]
+	beats *perRoute[store.Beat, groupcommit.Outcome[store.BeatResult]]
 	// slots holds one token per delivery running in this process, River's
 	// and directly dispatched ones alike: at most MaxWorkers.
 	slots chan struct{}

@@ -874,7 +874,7 @@ func (d *delivery) park(rec *store.StepRecord, why *parkReason) bool {
 	runErr := *why.info
 	runErr.Stack = "" // the stack lives in dead_jobs; keep the run's error short
 	p := &store.Park{
-		ID: uuid.Must(uuid.NewV7()), Reason: string(why.reason), FirstFailedAt: now, LastFailedAt: now, Attempts: why.attempts,
+		ID: uuid.Must(store.NewDeadJobID(d.runID)), Reason: string(why.reason), FirstFailedAt: now, LastFailedAt: now, Attempts: why.attempts,
 		ErrorClass: storableText(string(why.info.Class)), ErrorMessage: storableText(why.info.Message), Deliveries: d.deliveries,
 		ChildRunID: why.childRunID, ChildDeadJobID: why.childDeadJobID,
 	}

@@ -210,7 +210,7 @@ func (e *Engine) checkInput(r registered, name string, input json.RawMessage) (j
 // the concurrent starts of this process, in one statement (see
 // insertRuns); with tx, in the caller's transaction.
 func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version int, input []byte, opts *StartOpts) (res *StartResult, err error) {
-	r, err := e.newRun(name, version, input, opts)
+	r, err := e.newRun(ctx, name, version, input, opts)
 	if err != nil {
 		return nil, err
 	}

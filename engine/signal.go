@@ -513,7 +513,7 @@ func (e *Engine) signalWithStart(ctx context.Context, version int, p SignalWithS
 	if err := e.checkSignal(name, payload, sopts); err != nil {
 		return nil, err
 	}
-	r, err := e.newRun(workflow, version, p.Input, opts)
+	r, err := e.newRun(ctx, workflow, version, p.Input, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -481,7 +481,7 @@ func (w *Workflow[In, Out]) startMany(ctx context.Context, e *Engine, tx pgx.Tx,
 				return nil, fmt.Errorf("%w: the inputs of one StartMany call are over %d bytes together", ErrInvalidArgument, maxStartManyBytes)
 			}
 		}
-		if runs[i], err = e.newRun(w.name, w.opts.Version, input, s.Opts); err != nil {
+		if runs[i], err = e.newRun(ctx, w.name, w.opts.Version, input, s.Opts); err != nil {
 			return nil, fmt.Errorf("start %d: %w", i, err)
 		}
 	}

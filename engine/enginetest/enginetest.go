@@ -23,6 +23,7 @@ import (
 	"io/fs"
 	"net/url"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -36,6 +37,21 @@ import (
 
 // EnvURL names the variable holding the server's connection URL.
 const EnvURL = "TEST_DATABASE_URL"
+
+// EnvRoutes names the variable that, when set to a number from 2 to
+// migrations.MaxRoutes, makes every test database spread its runs over
+// that many routes (migrations.Opts.Routes), so that the suite runs on
+// the layout a Citus cluster uses; unset, a test database has one route.
+const EnvRoutes = "PGDURABLE_TEST_ROUTES"
+
+// Routes is the number of routes test databases have (see EnvRoutes).
+func Routes() int {
+	n, err := strconv.Atoi(os.Getenv(EnvRoutes))
+	if err != nil || n < 1 || n > migrations.MaxRoutes {
+		return 1
+	}
+	return n
+}
 
 // DB is one test's database.
 type DB struct {
@@ -149,6 +165,9 @@ func ensureTemplate(ctx context.Context, base string) (string, error) {
 	h := sha256.New()
 	// Where Migrate puts the tables is part of what the template holds.
 	h.Write([]byte("schema " + migrations.DefaultSchema + "\n"))
+	if Routes() > 1 {
+		fmt.Fprintf(h, "routes %d\n", Routes())
+	}
 	err := fs.WalkDir(migrations.FS(), ".", func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
@@ -196,7 +215,7 @@ func ensureTemplate(ctx context.Context, base string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	_, err = migrations.Migrate(ctx, pool, migrations.Up, nil)
+	_, err = migrations.Migrate(ctx, pool, migrations.Up, &migrations.Opts{Routes: Routes()})
 	pool.Close()
 	if err != nil {
 		return "", fmt.Errorf("migrating template: %w", err)

@@ -195,3 +195,68 @@ func TestMigrateDistributesAnExistingDatabase(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM citus_shards WHERE table_name::text LIKE 'acme.%'`).Scan(&n))
 	require.Equal(t, len(migrations.RunTables), n)
 }
+
+// With routes, migrate up places each route's per-run tables on a worker
+// node of its own (round robin), and the engine's runs divide among them.
+func TestRoutesSpreadRunsOverTheWorkers(t *testing.T) {
+	t.Parallel()
+	c := citustest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg, err := pgxpool.ParseConfig(c.URL())
+	require.NoError(t, err)
+	cfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	res, err := migrations.Migrate(ctx, pool, migrations.Up, &migrations.Opts{Routes: 4})
+	require.NoError(t, err)
+	require.Equal(t, 4, res.Routes)
+	require.Len(t, res.Placed, 4)
+	var workers []string
+	for _, w := range c.Workers {
+		u, err := url.Parse(w.URL)
+		require.NoError(t, err)
+		workers = append(workers, u.Host)
+	}
+	require.ElementsMatch(t, workers, []string{res.Placed[0], res.Placed[1]}, "routes 0 and 1 on the two worker nodes")
+	require.Equal(t, res.Placed[0], res.Placed[2])
+	require.Equal(t, res.Placed[1], res.Placed[3])
+
+	wf := engine.Define("citus-routed", func(ctx *engine.Context, in int) (int, error) {
+		for i := range 3 {
+			if _, err := engine.Step(ctx, fmt.Sprint("s", i), func(context.Context) (int, error) { return i, nil }, nil); err != nil {
+				return 0, err
+			}
+		}
+		return in * 2, nil
+	}, nil)
+	e, err := engine.New(pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, e.Register(wf))
+	require.NoError(t, e.Start(ctx))
+	defer func() {
+		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer scancel()
+		require.NoError(t, e.Stop(sctx))
+	}()
+	for i := range 40 {
+		opts := &engine.StartOpts{}
+		if i%2 == 0 {
+			opts.WorkflowID = fmt.Sprint("order-", i) // routed by its workflow ID; the rest by the engine
+		}
+		res, err := wf.Start(ctx, e, i, opts)
+		require.NoError(t, err)
+		out, err := wf.Wait(ctx, e, res.RunID, 10*time.Millisecond)
+		require.NoError(t, err)
+		require.Equal(t, i*2, out)
+	}
+	for k := range 4 {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+migrations.RouteSchema(migrations.DefaultSchema, k)+`.workflow_runs WHERE status = 'completed'`).Scan(&n))
+		require.Positive(t, n, "route %d's runs", k)
+	}
+	runs, _, err := e.ListRuns(ctx, engine.ListRunsParams{Limit: 100})
+	require.NoError(t, err)
+	require.Len(t, runs, 40, "a list reads every route")
+}

@@ -50,7 +50,7 @@ const DefaultSchema = "pgdurable"
 // (besides River's and the migration version table, VersionTable).
 var Tables = []string{
 	"workflow_runs", "workflow_steps", "dead_jobs", "workflow_signals",
-	"schedules", "schedule_fires", "engine_processes", "ui_sessions", "queues", "queue_keys", "rate_limits",
+	"schedules", "schedule_fires", "engine_processes", "ui_sessions", "queues", "queue_keys", "rate_limits", "layout",
 }
 
 // RunTables are the tables of Tables whose rows belong to one run. On a
@@ -137,6 +137,18 @@ type Opts struct {
 	// pgdurable migration is rolled back. Off by default because other
 	// River users may share the schema.
 	IncludeRiver bool
+	// Routes, for Up, is the number of routes (1 to MaxRoutes) to spread
+	// runs over: route 0 is the per-run tables (RunTables) in Schema,
+	// route k ≥ 1 the same in schema RouteSchema(Schema, k), which Up
+	// makes, marks and migrates with Schema (each holds a whole set of
+	// pgdurable's tables, River's aside, of which the engine uses the
+	// per-run ones). On a Citus coordinator each route's tables are
+	// placed whole on one worker node, the routes spread evenly over the
+	// nodes. A run's route follows from its workflow ID and the number of
+	// routes, so routes are set when the schema is new (refused once a
+	// route holds a run) and never shrink. 0 keeps what the schema has
+	// (1 for a new one).
+	Routes int
 }
 
 func (o *Opts) schema() (string, error) {
@@ -159,10 +171,17 @@ type Result struct {
 	// Moved, when not nil, says that Up moved an installation's tables
 	// out of public into Schema before migrating.
 	Moved *Moved `json:"moved,omitempty"`
+	// Routes is the number of routes of the schema after Up (see
+	// Opts.Routes).
+	Routes int `json:"routes,omitempty"`
 	// Distributed, when not empty, is the Citus worker node (host:port)
 	// Up moved RunTables to, with their rows: the database is a Citus
 	// coordinator with worker nodes, and they were the coordinator's.
 	Distributed string `json:"distributed,omitempty"`
+	// Placed, on a Citus coordinator with worker nodes, is the worker node
+	// (host:port) holding each route's per-run tables, by route, when Up
+	// distributed or moved any.
+	Placed []string `json:"placed,omitempty"`
 }
 
 // Migrate moves the schema of the database behind pool in direction.
@@ -280,11 +299,34 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, direction Direction, opts 
 				return nil, err
 			}
 		}
+		if res.Routes, err = migrateRoutes(ctx, pool, schema, opts.Routes); err != nil {
+			return nil, err
+		}
 		if res.Distributed, err = distribute(ctx, pool, schema); err != nil {
+			return nil, err
+		}
+		var moved bool
+		for k := 1; k < res.Routes; k++ {
+			node, err := distribute(ctx, pool, RouteSchema(schema, k))
+			if err != nil {
+				return nil, fmt.Errorf("route %d: %w", k, err)
+			}
+			moved = moved || node != ""
+		}
+		if res.Placed, err = placeRoutes(ctx, pool, schema, res.Routes, moved || res.Distributed != ""); err != nil {
 			return nil, err
 		}
 	case Down:
 		for i := 0; opts.Steps == 0 || i < opts.Steps; i++ {
+			current, err := provider.GetDBVersion(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("reading pgdurable schema version: %w", err)
+			}
+			if current > 0 {
+				if err := downRoutes(ctx, pool, schema, current); err != nil {
+					return nil, err
+				}
+			}
 			r, err := provider.Down(ctx)
 			if errors.Is(err, goose.ErrNoNextVersion) {
 				break
@@ -332,6 +374,12 @@ type Status struct {
 	// pgdurable's tables (see [Schemas]), in name order: where to look
 	// when Schema holds none.
 	OtherSchemas []string `json:"other_schemas"`
+	// Routes is the number of routes Schema spreads its runs over (see
+	// Opts.Routes); RoutesBehind lists those whose schema lacks a
+	// migration Schema has (a Up that stopped part way; the next one
+	// applies it).
+	Routes       int   `json:"routes"`
+	RoutesBehind []int `json:"routes_behind,omitempty"`
 }
 
 // MigrationStatus is one pgdurable migration's state.
@@ -367,6 +415,12 @@ func GetStatus(ctx context.Context, pool *pgxpool.Pool, opts *Opts) (*Status, er
 		return nil, err
 	}
 	out.OtherSchemas = slices.DeleteFunc(all, func(s string) bool { return s == schema })
+	if out.Routes, err = Routes(ctx, pool, schema); err != nil {
+		return nil, err
+	}
+	if out.RoutesBehind, err = routesBehind(ctx, pool, schema, out.Routes); err != nil {
+		return nil, err
+	}
 	if !versioned {
 		// Nothing applied; goose would create its table to say so.
 		provider, err := newProvider(nil)

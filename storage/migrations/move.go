@@ -327,10 +327,12 @@ func refuseMoved(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 
 // Schemas lists the schemas of the database that hold pgdurable's tables
 // (a version table with a migration applied, other than what a move
-// leaves in public), in name order: where to point a mistyped --schema.
+// leaves in public, and other than an installation's route schemas), in
+// name order: where to point a mistyped --schema.
 func Schemas(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 	rows, err := pool.Query(ctx, `SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE c.relname = $1 AND c.relkind IN ('r', 'p') ORDER BY n.nspname`, VersionTable)
+		WHERE c.relname = $1 AND c.relkind IN ('r', 'p')
+		AND coalesce(obj_description(n.oid, 'pg_namespace'), '') NOT LIKE $2 ORDER BY n.nspname`, VersionTable, routeComment+"%")
 	if err != nil {
 		return nil, fmt.Errorf("listing pgdurable's schemas: %w", err)
 	}

@@ -14,7 +14,7 @@ import (
 
 func (g *global) migrateCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "migrate", Short: "Apply, roll back or show the schema (pgdurable's and River's)"}
-	var steps int
+	var steps, routes int
 	var river bool
 	up := &cobra.Command{
 		Use: "up", Short: "Apply every pending migration (idempotent)", Args: cobra.NoArgs,
@@ -23,11 +23,21 @@ func (g *global) migrateCmd() *cobra.Command {
 On a Citus coordinator with active worker nodes it then puts the per-run tables (workflow_runs,
 workflow_steps, workflow_signals, dead_jobs) on one worker node that Citus picks, with their rows,
 as co-located distributed tables; every other table stays on the coordinator. It says so, naming
-the node, the one time it does it.`,
+the node, the one time it does it.
+
+--routes N spreads runs over N routes: route 0 is the per-run tables in --schema, route k the same
+tables in schema <schema>_r<k>, which migrate up makes and migrates with --schema from then on. A
+run's route follows from its workflow ID (a run without one goes to a route at random) and is
+carried in its run ID. On a Citus coordinator each route's tables go whole to one worker node,
+the routes in turn over the nodes, so that the nodes divide the runs' work; on one PostgreSQL
+routes only spread the rows over more tables. Set it when the schema is new: it is refused once
+a route holds a run (a workflow ID's route follows from the number of routes), and routes never
+shrink. 0 keeps what the schema has (1 for a new schema).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return g.migrate(cmd.Context(), migrations.Up, &migrations.Opts{})
+			return g.migrate(cmd.Context(), migrations.Up, &migrations.Opts{Routes: routes})
 		},
 	}
+	up.Flags().IntVar(&routes, "routes", 0, fmt.Sprintf("spread runs over this many routes, 1 to %d (0: keep the schema's)", migrations.MaxRoutes))
 	down := &cobra.Command{
 		Use: "down", Short: "Roll back pgdurable's migrations (all, or --steps)", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -61,6 +71,12 @@ the node, the one time it does it.`,
 			}
 			t.flush()
 			fmt.Fprintf(g.opts.Stdout, "river schema version: %d\n", st.RiverVersion)
+			if st.Routes > 1 {
+				fmt.Fprintf(g.opts.Stdout, "routes: %d (per-run tables in %s and %s_r1 to %s_r%d)\n", st.Routes, st.Schema, st.Schema, st.Schema, st.Routes-1)
+			}
+			if len(st.RoutesBehind) > 0 {
+				fmt.Fprintf(g.opts.Stdout, "routes missing a migration: %v (run `engine migrate up`)\n", st.RoutesBehind)
+			}
 			if st.InPublic {
 				fmt.Fprintln(g.opts.Stdout, inPublic(st.Schema))
 			} else if len(st.Migrations) > 0 && !st.Migrations[0].Applied {
@@ -107,6 +123,14 @@ func (g *global) migrate(ctx context.Context, dir migrations.Direction, opts *mi
 	if res.Distributed != "" {
 		fmt.Fprintf(g.opts.Stdout, "distributed the per-run tables (%s) to Citus worker node %s\n", strings.Join(migrations.RunTables, ", "), res.Distributed)
 	}
+	if res.Routes > 1 {
+		fmt.Fprintf(g.opts.Stdout, "routes: %d (per-run tables in %s and %s_r1 to %s_r%d)\n", res.Routes, res.Schema, res.Schema, res.Schema, res.Routes-1)
+	}
+	for k, node := range res.Placed {
+		if res.Routes > 1 && node != "" {
+			fmt.Fprintf(g.opts.Stdout, "route %d's per-run tables on Citus worker node %s\n", k, node)
+		}
+	}
 	return nil
 }
 
@@ -135,6 +159,9 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 			}
 		}
 		return fmt.Errorf("%w: migration %d (%s) is not applied in schema %s: run `engine migrate up` or pass --migrate", errNotMigrated, m.Version, m.Name, schema)
+	}
+	if len(st.RoutesBehind) > 0 {
+		return fmt.Errorf("%w: routes %v of schema %s lack a migration the schema has: run `engine migrate up` or pass --migrate", errNotMigrated, st.RoutesBehind, schema)
 	}
 	if st.RiverVersion == 0 {
 		return fmt.Errorf("%w: the River tables are missing: run `engine migrate up` or pass --migrate", errNotMigrated)

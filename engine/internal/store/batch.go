@@ -249,13 +249,19 @@ func writeOne(ctx context.Context, db DBTX, w *RecordWrite) (WriteResult, []uuid
 // with the same (run, seq): one delivery has one write in flight. In a
 // transaction, pass one write: a write that is fenced out there (Landed
 // false) leaves the transaction aborted, for the caller to roll back.
+// The writes of runs of different routes (see Routes) commit route by
+// route, each route's as above: an error may come after an earlier
+// route's writes landed, so a caller with routes sends one route's
+// writes per batch.
 func WriteRecords(ctx context.Context, db DBTX, writes []*RecordWrite) ([]WriteResult, error) {
-	out, ended, err := writeBatch(ctx, db, writes)
-	if err != nil {
-		return nil, err
-	}
-	notifyEnded(ctx, db, ended)
-	return out, nil
+	return byRoute(writes, db, func(w *RecordWrite) uuid.UUID { return w.Fence.RunID }, func(db DBTX, writes []*RecordWrite) ([]WriteResult, error) {
+		out, ended, err := writeBatch(ctx, db, writes)
+		if err != nil {
+			return nil, err
+		}
+		notifyEnded(ctx, db, ended)
+		return out, nil
+	})
 }
 
 func writeBatch(ctx context.Context, db DBTX, writes []*RecordWrite) ([]WriteResult, []uuid.UUID, error) {
@@ -538,7 +544,9 @@ func InsertRuns(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunResul
 	for i, j := range order {
 		sorted[i] = runs[j]
 	}
-	res, err := insertSplit(ctx, db, sorted)
+	res, err := byRoute(sorted, db, func(r NewRun) uuid.UUID { return r.RunID }, func(db DBTX, runs []NewRun) ([]InsertedRunResult, error) {
+		return insertSplit(ctx, db, runs)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -785,7 +793,9 @@ type ClaimResult struct {
 // belongs to fences[i]. Two fences for one run in a batch (duplicate
 // deliveries) claim it at most once: the other finds it leased.
 func ClaimRuns(ctx context.Context, db DBTX, fences []Fence, now time.Time) ([]ClaimResult, error) {
-	return claimWith(ctx, db, claimRuns, pgx.StrictNamedArgs{}, fences, now, claimBatch{settings: true, misses: true})
+	return byRoute(fences, db, func(f Fence) uuid.UUID { return f.RunID }, func(db DBTX, fences []Fence) ([]ClaimResult, error) {
+		return claimWith(ctx, db, claimRuns, pgx.StrictNamedArgs{}, fences, now, claimBatch{settings: true, misses: true})
+	})
 }
 
 // claimBatch says what else a claim's round trip holds: before, statements
@@ -954,6 +964,12 @@ RETURNING r.run_id, u.token, r.cancel_requested_at IS NOT NULL, u.mark AND r.sta
 // Heartbeats is Heartbeat for many deliveries in one statement, each
 // fenced on its own; the result at i belongs to beats[i].
 func Heartbeats(ctx context.Context, db DBTX, beats []Beat) ([]BeatResult, error) {
+	return byRoute(beats, db, func(b Beat) uuid.UUID { return b.Fence.RunID }, func(db DBTX, beats []Beat) ([]BeatResult, error) {
+		return heartbeatsOn(ctx, db, beats)
+	})
+}
+
+func heartbeatsOn(ctx context.Context, db DBTX, beats []Beat) ([]BeatResult, error) {
 	if len(beats) == 1 {
 		b := beats[0]
 		res, err := Heartbeat(ctx, db, b.Fence, b.MarkLong)

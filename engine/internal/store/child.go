@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -57,6 +58,7 @@ FROM pgdurable.workflow_runs WHERE workflow_name = $1 AND workflow_id = $2 AND s
 // committed) is returned with Existing set; one that is another run is
 // ErrChildIDTaken, with that run's ID.
 func InsertChild(ctx context.Context, tx DBTX, r NewRun) (*InsertedRun, error) {
+	tx = at(tx, r.RunID)
 	var id uuid.UUID
 	p := r.Parent
 	// A child is never claimed, held, given a deadline or tags at its
@@ -102,19 +104,24 @@ WHERE r.parent_run_id = @parent AND r.parent_seq = ANY(@seqs) AND ` + childEnded
 // ChildEnds reads how those of parent's children at seqs that have ended
 // ended.
 func ChildEnds(ctx context.Context, db DBTX, parent uuid.UUID, seqs []int) ([]ChildEnd, error) {
-	rows, err := childEnds.query(ctx, db, pgx.StrictNamedArgs{"parent": parent, "seqs": seqs})
-	if err != nil {
-		return nil, fmt.Errorf("reading the children of run %s: %w", parent, translate(err))
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ChildEnd, error) {
-		var c ChildEnd
-		err := r.Scan(&c.Seq, &c.RunID, &c.Status, &c.Output, &c.Error, &c.DeadJobID)
-		return c, err
+	var out []ChildEnd
+	err := eachRoute(ctx, db, func(db DBTX) error {
+		rows, err := childEnds.query(ctx, db, pgx.StrictNamedArgs{"parent": parent, "seqs": seqs})
+		if err != nil {
+			return fmt.Errorf("reading the children of run %s: %w", parent, translate(err))
+		}
+		ends, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ChildEnd, error) {
+			var c ChildEnd
+			err := r.Scan(&c.Seq, &c.RunID, &c.Status, &c.Output, &c.Error, &c.DeadJobID)
+			return c, err
+		})
+		if err != nil {
+			return fmt.Errorf("reading the children of run %s: %w", parent, translate(err))
+		}
+		out = append(out, ends...)
+		return nil
 	})
-	if err != nil {
-		return nil, fmt.Errorf("reading the children of run %s: %w", parent, translate(err))
-	}
-	return out, nil
+	return out, err
 }
 
 const openChildren = `
@@ -125,15 +132,24 @@ ORDER BY parent_seq LIMIT $3`
 // OpenChildren returns the positions of up to limit of parent's children
 // with one of policies that have not ended, lowest first.
 func OpenChildren(ctx context.Context, db DBTX, parent uuid.UUID, policies []string, limit int) ([]int, error) {
-	rows, err := db.Query(ctx, openChildren, parent, policies, limit)
+	var out []int
+	err := eachRoute(ctx, db, func(db DBTX) error {
+		rows, err := db.Query(ctx, openChildren, parent, policies, limit)
+		if err != nil {
+			return fmt.Errorf("reading the open children of run %s: %w", parent, translate(err))
+		}
+		seqs, err := pgx.CollectRows(rows, pgx.RowTo[int])
+		if err != nil {
+			return fmt.Errorf("reading the open children of run %s: %w", parent, translate(err))
+		}
+		out = append(out, seqs...)
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("reading the open children of run %s: %w", parent, translate(err))
+		return nil, err
 	}
-	seqs, err := pgx.CollectRows(rows, pgx.RowTo[int])
-	if err != nil {
-		return nil, fmt.Errorf("reading the open children of run %s: %w", parent, translate(err))
-	}
-	return seqs, nil
+	slices.Sort(out)
+	return out[:min(len(out), limit)], nil
 }
 
 // LockRun locks a run's row for the rest of tx. The transaction that
@@ -147,6 +163,7 @@ func OpenChildren(ctx context.Context, db DBTX, parent uuid.UUID, policies []str
 // and takes the rows in one order, ancestors first, so the two never
 // deadlock.
 func LockRun(ctx context.Context, tx DBTX, runID uuid.UUID) error {
+	tx = at(tx, runID)
 	var one int
 	err := tx.QueryRow(ctx, `SELECT 1 FROM pgdurable.workflow_runs WHERE run_id = $1 FOR UPDATE`, runID).Scan(&one)
 	if err = translate(err); err != nil && err != ErrNotFound {
@@ -168,6 +185,7 @@ RETURNING run_id`
 // parent pending when it waits for that child; the caller enqueues its
 // delivery in the same transaction when woken.
 func WakeParent(ctx context.Context, tx DBTX, parent uuid.UUID, seq int) (woken bool, err error) {
+	tx = at(tx, parent)
 	var id uuid.UUID
 	err = tx.QueryRow(ctx, wakeParent, parent, ChildToken(seq)).Scan(&id)
 	switch err = translate(err); {
@@ -233,6 +251,7 @@ SELECT run_id, notify FROM upd`)
 // parent. The time is a parameter, as Citus needs it (no now() in a
 // statement it routes to a shard).
 func EndCancelledUnstarted(ctx context.Context, tx DBTX, runID uuid.UUID, errJSON []byte, now time.Time) (ended bool, err error) {
+	tx = at(tx, runID)
 	var id uuid.UUID
 	var notify bool
 	err = endCancelledUnstarted.queryRow(ctx, tx, pgx.StrictNamedArgs{"run_id": runID, "error": string(errJSON), "now": now}).Scan(&id, &notify)
@@ -259,6 +278,16 @@ type CancelledChildren struct {
 // is left to finish its undos); one that never started ends cancelled at
 // once, with errJSON as its error.
 func CancelChildren(ctx context.Context, tx DBTX, parent uuid.UUID, policies []string, errJSON []byte) (CancelledChildren, error) {
+	var out CancelledChildren
+	err := eachRoute(ctx, tx, func(tx DBTX) error {
+		c, err := cancelChildrenOn(ctx, tx, parent, policies, errJSON)
+		out.Cancelled, out.Woken = append(out.Cancelled, c.Cancelled...), append(out.Woken, c.Woken...)
+		return err
+	})
+	return out, err
+}
+
+func cancelChildrenOn(ctx context.Context, tx DBTX, parent uuid.UUID, policies []string, errJSON []byte) (CancelledChildren, error) {
 	rows, err := cancelChildren.query(ctx, tx, pgx.StrictNamedArgs{"parent": parent, "policies": policies, "error": string(errJSON)})
 	if err != nil {
 		return CancelledChildren{}, fmt.Errorf("cancelling the children of run %s: %w", parent, translate(err))
@@ -321,14 +350,16 @@ func SuspendForChildren(ctx context.Context, tx DBTX, f Fence, w ChildWaitParams
 // seqs has ended. After the parent's suspension updated its row (in the
 // same transaction), a child that ends later finds the parent waiting.
 func CheckChildrenOpen(ctx context.Context, tx DBTX, parent uuid.UUID, seqs []int) error {
-	var ended bool
-	if err := anyChildEnded.queryRow(ctx, tx, pgx.StrictNamedArgs{"parent": parent, "seqs": seqs}).Scan(&ended); err != nil {
-		return fmt.Errorf("reading the children of run %s: %w", parent, translate(err))
-	}
-	if ended {
-		return ErrChildEnded
-	}
-	return nil
+	return eachRoute(ctx, tx, func(tx DBTX) error {
+		var ended bool
+		if err := anyChildEnded.queryRow(ctx, tx, pgx.StrictNamedArgs{"parent": parent, "seqs": seqs}).Scan(&ended); err != nil {
+			return fmt.Errorf("reading the children of run %s: %w", parent, translate(err))
+		}
+		if ended {
+			return ErrChildEnded
+		}
+		return nil
+	})
 }
 
 func collectChildren(rows pgx.Rows) ([]ChildRow, error) {

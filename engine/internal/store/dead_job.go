@@ -61,6 +61,7 @@ FOR NO KEY UPDATE OF r`)
 // pending step record (may be nil) in the same statement. ErrLeaseLost when
 // fenced out.
 func ParkRun(ctx context.Context, db DBTX, f Fence, pending *StepRecord, p *Park) error {
+	db = at(db, f.RunID)
 	runID := f.RunID
 	dead := pgx.StrictNamedArgs{"run_id": runID, "token": f.Token, "id": p.ID, "reason": p.Reason,
 		"parked_step": p.StepName, "parked_seq": p.Seq, "attempts": p.Attempts, "first_failed_at": p.FirstFailedAt,
@@ -117,6 +118,7 @@ func scanDeadJob(row pgx.Row) (*DeadJobRow, error) {
 
 // GetDeadJob reads one dead job; ErrNotFound when absent. forUpdate locks it.
 func GetDeadJob(ctx context.Context, db DBTX, id uuid.UUID, forUpdate bool) (*DeadJobRow, error) {
+	db = at(db, id) // a dead job's ID carries its run's route
 	q := `SELECT ` + deadJobColumns + ` FROM pgdurable.dead_jobs WHERE id = $1`
 	if forUpdate {
 		q += ` FOR UPDATE`
@@ -135,6 +137,7 @@ type RunDeadJob struct {
 // unique index of open jobs by run); ErrNotFound when there is no such
 // run.
 func GetRunDeadJob(ctx context.Context, db DBTX, runID uuid.UUID) (*RunDeadJob, error) {
+	db = at(db, runID)
 	var r RunDeadJob
 	err := db.QueryRow(ctx, `SELECT r.status, (SELECT j.id FROM pgdurable.dead_jobs j WHERE j.run_id = r.run_id AND j.resolved_at IS NULL)
 		FROM pgdurable.workflow_runs r WHERE r.run_id = $1`, runID).Scan(&r.Status, &r.OpenJob)
@@ -165,21 +168,27 @@ LIMIT @limit`)
 
 // ListDeadJobs returns dead jobs newest first.
 func ListDeadJobs(ctx context.Context, db DBTX, f DeadJobFilter) ([]*DeadJobRow, error) {
-	rows, err := listDeadJobs.query(ctx, db, pgx.StrictNamedArgs{"workflow": f.Workflow, "reason": f.Reason,
-		"open_only": f.OpenOnly, "before": f.Before, "limit": f.Limit, "run_id": f.RunID})
-	if err != nil {
-		return nil, fmt.Errorf("listing dead jobs: %w", err)
-	}
-	defer rows.Close()
-	var out []*DeadJobRow
-	for rows.Next() {
-		d, err := scanDeadJob(rows)
+	list := func(db DBTX) ([]*DeadJobRow, error) {
+		rows, err := listDeadJobs.query(ctx, db, pgx.StrictNamedArgs{"workflow": f.Workflow, "reason": f.Reason,
+			"open_only": f.OpenOnly, "before": f.Before, "limit": f.Limit, "run_id": f.RunID})
 		if err != nil {
 			return nil, fmt.Errorf("listing dead jobs: %w", err)
 		}
-		out = append(out, d)
+		defer rows.Close()
+		var out []*DeadJobRow
+		for rows.Next() {
+			d, err := scanDeadJob(rows)
+			if err != nil {
+				return nil, fmt.Errorf("listing dead jobs: %w", err)
+			}
+			out = append(out, d)
+		}
+		return out, rows.Err()
 	}
-	return out, rows.Err()
+	if f.RunID != nil {
+		return list(at(db, *f.RunID))
+	}
+	return newestFirst(ctx, db, f.Limit, list, func(d *DeadJobRow) uuid.UUID { return d.ID })
 }
 
 const resolveDeadJob = `
@@ -197,6 +206,7 @@ type ResolveDeadJobParams struct {
 // ResolveDeadJob closes the open dead job p.ID; false when it was already
 // resolved.
 func ResolveDeadJob(ctx context.Context, db DBTX, p ResolveDeadJobParams) (bool, error) {
+	db = at(db, p.ID)
 	tag, err := db.Exec(ctx, resolveDeadJob, p.ID, p.Resolution, p.By, p.Note)
 	if err != nil {
 		return false, fmt.Errorf("resolving dead job %s: %w", p.ID, translate(err))
@@ -235,6 +245,7 @@ SELECT queue FROM run`)
 // policy cancel or wait whose parent has closed) its cancellation is
 // requested and its unfinished forward steps are recorded cancelled.
 func ReplayRun(ctx context.Context, db DBTX, runID uuid.UUID, orphaned bool, now time.Time) (string, error) {
+	db = at(db, runID)
 	var queue string
 	if err := replayRun.queryRow(ctx, db, pgx.StrictNamedArgs{"run_id": runID, "orphaned": orphaned, "now": now}).Scan(&queue); err != nil {
 		return "", translate(err)
@@ -255,6 +266,7 @@ type RunParentResult struct {
 // RunParent returns the parent of run runID and the run's parent-close
 // policy; ErrNotFound for no run.
 func RunParent(ctx context.Context, db DBTX, runID uuid.UUID) (RunParentResult, error) {
+	db = at(db, runID)
 	var parent *uuid.UUID
 	var policy *string
 	if err := db.QueryRow(ctx, runParentOf, runID).Scan(&parent, &policy); err != nil {
@@ -270,6 +282,7 @@ const runStatus = `SELECT status FROM pgdurable.workflow_runs WHERE run_id = $1`
 
 // RunStatusOf returns the status of run runID; ErrNotFound for no run.
 func RunStatusOf(ctx context.Context, db DBTX, runID uuid.UUID) (string, error) {
+	db = at(db, runID)
 	var status string
 	if err := db.QueryRow(ctx, runStatus, runID).Scan(&status); err != nil {
 		return "", translate(err)
@@ -285,6 +298,7 @@ FOR UPDATE`
 // ParentParkedOn returns the ID of parent's open dead job of reason
 // child_dead for its child run child; nil when it has none.
 func ParentParkedOn(ctx context.Context, db DBTX, parent, child uuid.UUID) (*uuid.UUID, error) {
+	db = at(db, parent)
 	var id uuid.UUID
 	err := db.QueryRow(ctx, `SELECT id FROM pgdurable.dead_jobs
 WHERE run_id = $1 AND resolved_at IS NULL AND reason = 'child_dead' AND child_run_id = $2`, parent, child).Scan(&id)
@@ -300,6 +314,7 @@ WHERE run_id = $1 AND resolved_at IS NULL AND reason = 'child_dead' AND child_ru
 // OpenChildDeadJob locks and returns parent's open dead job of reason
 // child_dead for its child run child; ErrNotFound when it has none.
 func OpenChildDeadJob(ctx context.Context, db DBTX, parent, child uuid.UUID) (*DeadJobRow, error) {
+	db = at(db, parent)
 	return scanDeadJob(db.QueryRow(ctx, openChildDeadJob, parent, child))
 }
 
@@ -310,6 +325,7 @@ WHERE run_id = $1 AND status = 'dead'`
 // MarkRunDiscarded notes on a dead run that an operator discarded it; the
 // run stays dead.
 func MarkRunDiscarded(ctx context.Context, db DBTX, runID uuid.UUID) error {
+	db = at(db, runID)
 	_, err := db.Exec(ctx, discardRun, runID)
 	return translate(err)
 }
@@ -317,6 +333,7 @@ func MarkRunDiscarded(ctx context.Context, db DBTX, runID uuid.UUID) error {
 // DeadJobOpen reports whether run runID's dead job id is open (not
 // replayed or discarded); false for none.
 func DeadJobOpen(ctx context.Context, db DBTX, runID, id uuid.UUID) (bool, error) {
+	db = at(db, runID)
 	var open bool
 	err := db.QueryRow(ctx, `SELECT resolved_at IS NULL FROM pgdurable.dead_jobs WHERE run_id = $1 AND id = $2`, runID, id).Scan(&open)
 	if err = translate(err); err == ErrNotFound {
@@ -330,6 +347,7 @@ func DeadJobOpen(ctx context.Context, db DBTX, runID, id uuid.UUID) (bool, error
 // its wait for a process of its old version, if any, ends with it.
 // ErrNotFound when the run is not dead.
 func MoveRunToVersion(ctx context.Context, db DBTX, runID uuid.UUID, version int) (from int, err error) {
+	db = at(db, runID)
 	err = db.QueryRow(ctx, `
 WITH old AS (SELECT workflow_version FROM pgdurable.workflow_runs WHERE run_id = $1 AND status = 'dead' FOR UPDATE)
 UPDATE pgdurable.workflow_runs r SET workflow_version = $2, version_wait_since = NULL
@@ -347,6 +365,7 @@ type RunVersion struct {
 // RunVersionOf returns run runID's queue and workflow version;
 // ErrNotFound when there is no such run.
 func RunVersionOf(ctx context.Context, db DBTX, runID uuid.UUID) (RunVersion, error) {
+	db = at(db, runID)
 	var v RunVersion
 	err := db.QueryRow(ctx, `SELECT queue, workflow_version FROM pgdurable.workflow_runs WHERE run_id = $1`, runID).Scan(&v.Queue, &v.Version)
 	return v, translate(err)

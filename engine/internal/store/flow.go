@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -336,6 +337,7 @@ RETURNING r.flow_queue`)
 // when the run is not one to make ready (not of queue, ready already,
 // leased, closed or not due).
 func MarkReady(ctx context.Context, db DBTX, runID uuid.UUID, queue string, now time.Time) (string, error) {
+	db = at(db, runID)
 	vtimes, err := queueVTimes(ctx, db, []string{queue})
 	if err != nil {
 		return "", err
@@ -593,7 +595,90 @@ func AdmitRead(ctx context.Context, db DBTX, p ReadParams) (*AdmitView, error) {
 	if err := br.Close(); err != nil {
 		return fail("reading", err)
 	}
+	routes, err := Routes(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	if routes > 1 {
+		if cands, err = admitReadRoutes(ctx, db, p, args, s, cands, routes); err != nil {
+			return fail("reading the other routes", err)
+		}
+	}
 	return &AdmitView{State: s, Candidates: cands}, nil
+}
+
+// admitReadRoutes is AdmitRead's reads on routes 1 to routes-1, in the
+// admission's transaction, added to route 0's: the running runs by key
+// to s, and the candidates to cands (route 0's), which it returns in
+// AdmitRead's order, at most p.Limit of each kind.
+func admitReadRoutes(ctx context.Context, db DBTX, p ReadParams, args pgx.StrictNamedArgs, s *QueueState, cands []Candidate, routes int) ([]Candidate, error) {
+	for k := 1; k < routes; k++ {
+		b := &pgx.Batch{}
+		b.Queue(readyExpired, p.Queue, p.Now)
+		b.Queue(runningByKey, p.Queue, p.Now)
+		agedCandidates.queue(b, args)
+		freshCandidates.queue(b, args)
+		err := sendBatch(ctx, onRoute(db, k), b, func(br pgx.BatchResults) error {
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
+			rows, err := br.Query()
+			if err != nil {
+				return err
+			}
+			for rows.Next() {
+				var key string
+				var n int
+				if err := rows.Scan(&key, &n); err != nil {
+					rows.Close()
+					return err
+				}
+				s.RunningByKey[key] += n
+				s.Running += n
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			for range 2 {
+				rows, err := br.Query()
+				if err != nil {
+					return err
+				}
+				for rows.Next() {
+					var c Candidate
+					if err := rows.Scan(&c.RunID, &c.Key, &c.Priority, &c.Tag, &c.ReadyAt, &c.Aged); err != nil {
+						rows.Close()
+						return err
+					}
+					cands = append(cands, c)
+				}
+				rows.Close()
+				if err := rows.Err(); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, translate(err)
+		}
+	}
+	var aged, fresh []Candidate
+	for _, c := range cands {
+		if c.Aged {
+			aged = append(aged, c)
+		} else {
+			fresh = append(fresh, c)
+		}
+	}
+	slices.SortFunc(aged, func(a, b Candidate) int {
+		return cmp.Or(a.ReadyAt.Compare(b.ReadyAt), bytes.Compare(a.RunID[:], b.RunID[:]))
+	})
+	slices.SortFunc(fresh, func(a, b Candidate) int {
+		return cmp.Or(cmp.Compare(b.Priority, a.Priority), cmp.Compare(a.Tag, b.Tag), bytes.Compare(a.RunID[:], b.RunID[:]))
+	})
+	return append(aged[:min(len(aged), p.Limit)], fresh[:min(len(fresh), p.Limit)]...), nil
 }
 
 // AdmitView is what AdmitRead read: the queue's state and its candidates.
@@ -673,7 +758,24 @@ ON CONFLICT (queue, key) DO UPDATE SET rate_tat = excluded.rate_tat`, a.Queue, k
 		return nil, nil
 	}
 	var claimed []*ClaimedRun
-	res, err := claimWith(ctx, db, admitClaim, pgx.StrictNamedArgs{"flow_queue": a.Queue}, a.Claims, a.Now, claimBatch{before: b, skip: writes, commit: true})
+	var res []ClaimResult
+	var err error
+	if mixedRoutes(a.Claims) {
+		// Route by route in the admission's transaction, then its commit.
+		if err := execBatch(ctx, db, b, fmt.Sprintf("admitting runs of queue %q", a.Queue)); err != nil {
+			return nil, err
+		}
+		res, err = byRoute(a.Claims, db, func(f Fence) uuid.UUID { return f.RunID }, func(db DBTX, fences []Fence) ([]ClaimResult, error) {
+			return claimWith(ctx, db, admitClaim, pgx.StrictNamedArgs{"flow_queue": a.Queue}, fences, a.Now, claimBatch{})
+		})
+		if err == nil {
+			_, err = db.Exec(ctx, `COMMIT`)
+			err = translate(err)
+		}
+	} else {
+		res, err = claimWith(ctx, at(db, a.Claims[0].RunID), admitClaim, pgx.StrictNamedArgs{"flow_queue": a.Queue}, a.Claims, a.Now,
+			claimBatch{before: b, skip: writes, commit: true})
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -684,6 +786,16 @@ ON CONFLICT (queue, key) DO UPDATE SET rate_tat = excluded.rate_tat`, a.Queue, k
 		}
 	}
 	return claimed, nil
+}
+
+// mixedRoutes reports whether fences name runs of more than one route.
+func mixedRoutes(fences []Fence) bool {
+	for _, f := range fences[1:] {
+		if RouteOfRun(f.RunID) != RouteOfRun(fences[0].RunID) {
+			return true
+		}
+	}
+	return false
 }
 
 // execBatch sends b and reads each statement's result.
@@ -714,11 +826,18 @@ const peekQueue = `SELECT EXISTS (SELECT 1 FROM pgdurable.workflow_runs WHERE fl
 // PeekQueue reads queue's QueuePeek, taking no lock.
 func PeekQueue(ctx context.Context, db DBTX, queue string) (QueuePeek, error) {
 	var p QueuePeek
-	err := db.QueryRow(ctx, peekQueue, queue).Scan(&p.Ready, &p.Paused)
-	if err != nil {
-		return p, fmt.Errorf("reading whether queue %q has ready runs: %w", queue, err)
-	}
-	return p, nil
+	err := eachRoute(ctx, db, func(db DBTX) error {
+		if p.Ready {
+			return nil
+		}
+		var q QueuePeek
+		if err := db.QueryRow(ctx, peekQueue, queue).Scan(&q.Ready, &q.Paused); err != nil {
+			return fmt.Errorf("reading whether queue %q has ready runs: %w", queue, err)
+		}
+		p.Ready, p.Paused = q.Ready, q.Paused
+		return nil
+	})
+	return p, err
 }
 
 // Pause is a queue's pause: who and why, for the record, as of Now.
@@ -800,6 +919,34 @@ ORDER BY n.name`
 // ListQueues reads every queue that is defined or has open runs, by name.
 // Counting a backlog reads its index: an operator's view, not a hot path.
 func ListQueues(ctx context.Context, db DBTX, now time.Time) ([]QueueRow, error) {
+	var out []QueueRow
+	at := map[string]int{}
+	err := eachRoute(ctx, db, func(db DBTX) error {
+		part, err := listQueuesOn(ctx, db, now)
+		for _, q := range part {
+			i, seen := at[q.Def.Name]
+			if !seen {
+				at[q.Def.Name] = len(out)
+				out = append(out, q)
+				continue
+			}
+			m := &out[i]
+			m.Ready, m.Running = m.Ready+q.Ready, m.Running+q.Running
+			if q.OldestReady != nil && (m.OldestReady == nil || q.OldestReady.Before(*m.OldestReady)) {
+				m.OldestReady = q.OldestReady
+			}
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out, func(a, b QueueRow) int { return cmp.Compare(a.Def.Name, b.Def.Name) })
+	return out, nil
+}
+
+// listQueuesOn is ListQueues on one route.
+func listQueuesOn(ctx context.Context, db DBTX, now time.Time) ([]QueueRow, error) {
 	rows, err := db.Query(ctx, listQueues, now)
 	if err != nil {
 		return nil, fmt.Errorf("listing queues: %w", err)
@@ -852,13 +999,45 @@ SELECT (SELECT count(*) FROM pgdurable.workflow_runs WHERE flow_queue = $1 AND f
           AND (o.priority > r.priority OR o.priority = r.priority AND (o.fair_tag, o.run_id) < (r.fair_tag, r.run_id))
         LIMIT ` + fmt.Sprint(MaxCountedAhead) + `) a)`
 
+// keyWaitElsewhere is keyWait's counts in a route other than the run's,
+// with the run's priority and tag given.
+var keyWaitElsewhere = `
+SELECT (SELECT count(*) FROM pgdurable.workflow_runs WHERE flow_queue = $1 AND flow_key = $2 AND owner_token IS NOT NULL AND lease_expires_at >= $3),
+       (SELECT count(*) FROM (SELECT 1 FROM pgdurable.workflow_runs o
+        WHERE o.flow_queue = $1 AND o.ready_at IS NOT NULL
+          AND (o.priority > $4 OR o.priority = $4 AND (o.fair_tag, o.run_id) < ($5, $6))
+        LIMIT ` + fmt.Sprint(MaxCountedAhead) + `) a)`
+
 // KeyWaitOf reads what holds the ready run r.
 func KeyWaitOf(ctx context.Context, db DBTX, r ReadyRun) (KeyWait, error) {
 	queue, key, runID, now := r.Queue, r.Key, r.RunID, r.Now
 	var w KeyWait
-	err := db.QueryRow(ctx, keyWait, queue, key, runID, now).Scan(&w.Running, &w.RateTAT, &w.Ahead)
+	err := at(db, runID).QueryRow(ctx, keyWait, queue, key, runID, now).Scan(&w.Running, &w.RateTAT, &w.Ahead)
 	if err != nil {
 		return w, fmt.Errorf("reading what holds run %s in queue %q: %w", runID, queue, translate(err))
+	}
+	routes, err := Routes(ctx, db)
+	if err != nil || routes == 1 {
+		return w, err
+	}
+	// The other routes' runs of the key, and their ready runs ahead of
+	// the run's priority and tag.
+	var priority *int
+	var tag *float64
+	if err := at(db, runID).QueryRow(ctx, `SELECT priority, fair_tag FROM pgdurable.workflow_runs WHERE run_id = $1`, runID).Scan(&priority, &tag); err != nil {
+		return w, fmt.Errorf("reading run %s: %w", runID, translate(err))
+	}
+	own := RouteOfRun(runID)
+	for k := range routes {
+		if k == own {
+			continue
+		}
+		var running, ahead int
+		err := onRoute(db, k).QueryRow(ctx, keyWaitElsewhere, queue, key, now, priority, tag, runID).Scan(&running, &ahead)
+		if err != nil {
+			return w, fmt.Errorf("reading what holds run %s in queue %q: %w", runID, queue, translate(err))
+		}
+		w.Running, w.Ahead = w.Running+running, min(w.Ahead+ahead, MaxCountedAhead)
 	}
 	return w, nil
 }

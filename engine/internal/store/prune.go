@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -19,7 +20,7 @@ import (
 // primary key finds the runs created before the cutoff without an index
 // of its own; @floor is the smallest UUID v7 of the cutoff's millisecond,
 // @cutoff the cutoff.
-const prunable = `
+var prunable = `
     r.run_id < @floor AND r.completed_at < @cutoff
     AND r.status IN ` + terminalStatuses + `
     AND (r.status <> 'dead' OR NOT EXISTS (
@@ -29,7 +30,27 @@ const prunable = `
          AND p.status IN ('pending', 'running', 'waiting', 'compensating', 'dead')))
     AND (r.status <> 'continued' OR NOT EXISTS (
          SELECT 1 FROM pgdurable.workflow_runs h WHERE h.workflow_name = r.workflow_name AND h.workflow_id = r.workflow_id
-         AND h.status IN ('pending', 'running', 'waiting', 'compensating', 'dead')))`
+         AND h.status IN ('pending', 'running', 'waiting', 'compensating', 'dead')))
+    AND (@route::int < 0 OR r.parent_run_id IS NULL OR (` + sqlRoute(`r.parent_run_id`) + ` = @route) <> @cross::bool)
+    AND (@ids::uuid[] IS NULL OR r.run_id = ANY (@ids))`
+
+// With routes, a child's parent may be in another route, where the
+// parent check above cannot look: a prune of route @route takes the
+// children whose parent is in it (@cross false) as above, and those
+// whose parent is elsewhere (@cross true) only by @ids, the ones whose
+// parent the caller found closed (crossChildren). @route -1 is one route:
+// every parent is at hand. @ids NULL: no such restriction.
+
+// crossChildren lists the prunable children of route @route whose parent
+// is in another route, with their parent.
+var crossChildren = named(`SELECT r.run_id, r.parent_run_id FROM pgdurable.workflow_runs r WHERE ` + prunable + `
+ORDER BY r.run_id LIMIT @limit`)
+
+// sqlRoute is the route of the SQL uuid id, as RunRoute reads it (0 for
+// an ID that carries none): immutable, as Citus needs.
+func sqlRoute(id string) string {
+	return `(CASE WHEN get_byte(uuid_send(` + id + `), 6) >> 4 = 8 THEN get_byte(uuid_send(` + id + `), 15) ELSE 0 END)`
+}
 
 // pruneRuns deletes one batch: the runs are locked SKIP LOCKED, so a
 // prune never waits for (or blocks) a worker or another prune, and their
@@ -74,9 +95,17 @@ type Pruned struct {
 // recorded before it.
 func PruneBatch(ctx context.Context, db DBTX, cutoff time.Time, limit int) (Pruned, error) {
 	var p Pruned
-	args := pgx.StrictNamedArgs{"floor": uuidFloor(cutoff), "cutoff": cutoff, "limit": limit}
-	if err := pruneRuns.queryRow(ctx, db, args).Scan(&p.Runs, &p.Steps, &p.Signals, &p.DeadJobs); err != nil {
-		return p, fmt.Errorf("pruning runs: %w", translate(err))
+	err := prunePerRoute(ctx, db, cutoff, limit, func(db DBTX, args pgx.StrictNamedArgs) error {
+		args["limit"] = limit
+		var q Pruned
+		if err := pruneRuns.queryRow(ctx, db, args).Scan(&q.Runs, &q.Steps, &q.Signals, &q.DeadJobs); err != nil {
+			return fmt.Errorf("pruning runs: %w", translate(err))
+		}
+		p.Runs, p.Steps, p.Signals, p.DeadJobs = p.Runs+q.Runs, p.Steps+q.Steps, p.Signals+q.Signals, p.DeadJobs+q.DeadJobs
+		return nil
+	})
+	if err != nil {
+		return p, err
 	}
 	tag, err := db.Exec(ctx, pruneFires, cutoff, limit)
 	if err != nil {
@@ -90,9 +119,16 @@ func PruneBatch(ctx context.Context, db DBTX, cutoff time.Time, limit int) (Prun
 // would delete.
 func CountPrunable(ctx context.Context, db DBTX, cutoff time.Time) (Pruned, error) {
 	var p Pruned
-	args := pgx.StrictNamedArgs{"floor": uuidFloor(cutoff), "cutoff": cutoff}
-	if err := countPrunable.queryRow(ctx, db, args).Scan(&p.Runs, &p.Steps, &p.Signals, &p.DeadJobs); err != nil {
-		return p, fmt.Errorf("counting prunable runs: %w", translate(err))
+	err := prunePerRoute(ctx, db, cutoff, 0, func(db DBTX, args pgx.StrictNamedArgs) error {
+		var q Pruned
+		if err := countPrunable.queryRow(ctx, db, args).Scan(&q.Runs, &q.Steps, &q.Signals, &q.DeadJobs); err != nil {
+			return fmt.Errorf("counting prunable runs: %w", translate(err))
+		}
+		p.Runs, p.Steps, p.Signals, p.DeadJobs = p.Runs+q.Runs, p.Steps+q.Steps, p.Signals+q.Signals, p.DeadJobs+q.DeadJobs
+		return nil
+	})
+	if err != nil {
+		return p, err
 	}
 	if err := db.QueryRow(ctx, `SELECT count(*) FROM pgdurable.schedule_fires WHERE recorded_at < $1`, cutoff).Scan(&p.ScheduleFires); err != nil {
 		return p, fmt.Errorf("counting prunable schedule fires: %w", translate(err))
@@ -134,5 +170,115 @@ FROM unnest(ARRAY['workflow_runs', 'workflow_steps', 'workflow_signals', 'dead_j
 		}
 		out[name] = n
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	routes, err := Routes(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	for k := 1; k < routes; k++ {
+		r, err := db.schema().root().Route(k)
+		if err != nil {
+			return nil, err
+		}
+		rows, err := db.Query(ctx, `
+SELECT t, pg_total_relation_size(format('%I.%I', $1::text, t)::regclass)
+FROM unnest(ARRAY['workflow_runs', 'workflow_steps', 'workflow_signals', 'dead_jobs']) AS t`, r.runs)
+		if err != nil {
+			return nil, fmt.Errorf("reading table sizes of route %d: %w", k, translate(err))
+		}
+		sizes, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (struct {
+			name string
+			n    int64
+		}, error) {
+			var v struct {
+				name string
+				n    int64
+			}
+			return v, r.Scan(&v.name, &v.n)
+		})
+		if err != nil {
+			return nil, fmt.Errorf("reading table sizes of route %d: %w", k, translate(err))
+		}
+		for _, v := range sizes {
+			out[v.name] += v.n
+		}
+	}
+	return out, nil
+}
+
+// prunePerRoute calls f with the arguments of prunable for each part of a
+// prune: with one route, the whole of it; with routes, on each route,
+// the runs whose parent (if any) is in it, then those of its children
+// whose parent, in another route, is closed (up to limit of them, 0 for
+// all).
+func prunePerRoute(ctx context.Context, db DBTX, cutoff time.Time, limit int, f func(DBTX, pgx.StrictNamedArgs) error) error {
+	args := func(route int, cross bool, ids []uuid.UUID) pgx.StrictNamedArgs {
+		a := pgx.StrictNamedArgs{"floor": uuidFloor(cutoff), "cutoff": cutoff, "route": route, "cross": cross, "ids": nil}
+		if ids != nil {
+			a["ids"] = uuids(ids)
+		}
+		return a
+	}
+	routes, err := Routes(ctx, db)
+	if err != nil {
+		return err
+	}
+	if routes == 1 {
+		return f(db, args(-1, false, nil))
+	}
+	for k := range routes {
+		on := onRoute(db, k)
+		if err := f(on, args(k, false, nil)); err != nil {
+			return err
+		}
+		a := args(k, true, nil)
+		a["limit"] = limit
+		if limit == 0 {
+			a["limit"] = nil
+		}
+		rows, err := crossChildren.query(ctx, on, a)
+		if err != nil {
+			return fmt.Errorf("reading the children whose parent is in another route: %w", translate(err))
+		}
+		type child struct{ run, parent uuid.UUID }
+		children, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (child, error) {
+			var c child
+			return c, r.Scan(&c.run, &c.parent)
+		})
+		if err != nil {
+			return fmt.Errorf("reading the children whose parent is in another route: %w", translate(err))
+		}
+		if len(children) == 0 {
+			continue
+		}
+		parents := make([]uuid.UUID, len(children))
+		for i, c := range children {
+			parents[i] = c.parent
+		}
+		open, err := idsByRoute(parents, db, func(db DBTX, ids []uuid.UUID) ([]uuid.UUID, error) {
+			rows, err := db.Query(ctx, `SELECT run_id FROM pgdurable.workflow_runs
+WHERE run_id = ANY ($1) AND status IN ('pending', 'running', 'waiting', 'compensating', 'dead')`, uuids(ids))
+			if err != nil {
+				return nil, err
+			}
+			return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		})
+		if err != nil {
+			return fmt.Errorf("reading the parents of children in route %d: %w", k, translate(err))
+		}
+		var closed []uuid.UUID
+		for _, c := range children {
+			if !slices.Contains(open, c.parent) {
+				closed = append(closed, c.run)
+			}
+		}
+		if len(closed) > 0 {
+			if err := f(on, args(k, true, closed)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

@@ -1,8 +1,11 @@
 package store
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -106,6 +109,12 @@ var runWithoutInput = strings.Replace(runColumns, " input,", " NULL::jsonb AS in
 
 // GetRunParts is GetRun, reading only the parts p asks for.
 func GetRunParts(ctx context.Context, db DBTX, runID uuid.UUID, p RunParts) (*RunDetail, error) {
+	routes, err := Routes(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	root := db
+	db = at(db, runID)
 	b := &pgx.Batch{}
 	runCols, stepOutput, payload := runColumns, "output", "payload"
 	if p.NoPayloads {
@@ -120,7 +129,9 @@ FROM pgdurable.workflow_steps WHERE run_id = $1 AND seq >= $2 ORDER BY seq`, run
 	} else {
 		b.Queue(`SELECT id, name, `+payload+`, created_at, consumed_seq, consumed_at, idempotency_key FROM pgdurable.workflow_signals WHERE run_id = $1 ORDER BY id`, runID)
 	}
-	b.Queue(listChildren, runID, MaxListedChildren)
+	if routes == 1 {
+		b.Queue(listChildren, runID, MaxListedChildren)
+	}
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
 	run, err := scanRun(br.QueryRow())
@@ -147,15 +158,42 @@ FROM pgdurable.workflow_steps WHERE run_id = $1 AND seq >= $2 ORDER BY seq`, run
 	if err != nil {
 		return nil, fmt.Errorf("loading signals of run %s: %w", runID, err)
 	}
-	rows, err = br.Query()
-	if err != nil {
-		return nil, fmt.Errorf("listing the children of run %s: %w", runID, err)
+	var children []ChildRow
+	if routes == 1 {
+		rows, err = br.Query()
+		if err != nil {
+			return nil, fmt.Errorf("listing the children of run %s: %w", runID, err)
+		}
+		if children, err = collectChildren(rows); err != nil {
+			return nil, fmt.Errorf("listing the children of run %s: %w", runID, err)
+		}
 	}
-	children, err := collectChildren(rows)
-	if err != nil {
-		return nil, fmt.Errorf("listing the children of run %s: %w", runID, err)
+	if err := br.Close(); err != nil {
+		return nil, err
 	}
-	return &RunDetail{Run: run, Steps: steps, Signals: signals, Children: children}, br.Close()
+	if routes > 1 {
+		// A child's rows are in its own workflow ID's route.
+		err := eachRoute(ctx, root, func(db DBTX) error {
+			rows, err := db.Query(ctx, listChildren, runID, MaxListedChildren)
+			if err != nil {
+				return fmt.Errorf("listing the children of run %s: %w", runID, err)
+			}
+			part, err := collectChildren(rows)
+			if err != nil {
+				return fmt.Errorf("listing the children of run %s: %w", runID, err)
+			}
+			children = append(children, part...)
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		slices.SortFunc(children, func(a, b ChildRow) int {
+			return cmp.Or(cmp.Compare(a.Seq, b.Seq), bytes.Compare(a.RunID[:], b.RunID[:]))
+		})
+		children = children[:min(len(children), MaxListedChildren)]
+	}
+	return &RunDetail{Run: run, Steps: steps, Signals: signals, Children: children}, nil
 }
 
 // RunFilter selects runs for ListRuns; zero fields match all.
@@ -228,20 +266,22 @@ func ListRuns(ctx context.Context, db DBTX, f RunFilter) ([]*RunRow, error) {
 	if f.Tags != nil {
 		stmt, args["tags"] = listTaggedRuns, string(f.Tags)
 	}
-	rows, err := stmt.query(ctx, db, args)
-	if err != nil {
-		return nil, fmt.Errorf("listing runs: %w", err)
-	}
-	defer rows.Close()
-	var out []*RunRow
-	for rows.Next() {
-		r, err := scanRun(rows)
+	return newestFirst(ctx, db, f.Limit, func(db DBTX) ([]*RunRow, error) {
+		rows, err := stmt.query(ctx, db, args)
 		if err != nil {
 			return nil, fmt.Errorf("listing runs: %w", err)
 		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+		defer rows.Close()
+		var out []*RunRow
+		for rows.Next() {
+			r, err := scanRun(rows)
+			if err != nil {
+				return nil, fmt.Errorf("listing runs: %w", err)
+			}
+			out = append(out, r)
+		}
+		return out, rows.Err()
+	}, func(r *RunRow) uuid.UUID { return r.RunID })
 }
 
 // Stats is the queue's state.
@@ -264,7 +304,17 @@ WHERE queue = $1 AND status IN ('pending', 'running', 'waiting', 'compensating')
 func GetStats(ctx context.Context, db DBTX, queue string) (*Stats, error) {
 	var s Stats
 	var oldest float64
-	if err := db.QueryRow(ctx, stats, queue).Scan(&s.Pending, &s.Running, &s.Waiting, &oldest, &s.OpenDeadJobs); err != nil {
+	err := eachRoute(ctx, db, func(db DBTX) error {
+		var r Stats
+		var old float64
+		if err := db.QueryRow(ctx, stats, queue).Scan(&r.Pending, &r.Running, &r.Waiting, &old, &r.OpenDeadJobs); err != nil {
+			return err
+		}
+		s.Pending, s.Running, s.Waiting, s.OpenDeadJobs = s.Pending+r.Pending, s.Running+r.Running, s.Waiting+r.Waiting, s.OpenDeadJobs+r.OpenDeadJobs
+		oldest = max(oldest, old)
+		return nil
+	})
+	if err != nil {
 		return nil, err
 	}
 	s.OldestPendingAge = time.Duration(oldest * float64(time.Second))
@@ -288,6 +338,28 @@ func GetActivity(ctx context.Context, db DBTX, now time.Time) (*Activity, error)
 	var a Activity
 	// The 15-minute window for starts; the hour for ends.
 	from15, from1, fromHour := uuidFloor(now.Add(-15*time.Minute)), uuidFloor(now.Add(-time.Minute)), uuidFloor(now.Add(-time.Hour))
+	a.Open = map[string]int64{}
+	err := eachRoute(ctx, db, func(db DBTX) error {
+		r, err := activityOn(ctx, db, from15, from1, fromHour)
+		if err != nil {
+			return err
+		}
+		for k, v := range r.Open {
+			a.Open[k] += v
+		}
+		a.Started1m, a.Started15m, a.Finished1m, a.Finished15m = a.Started1m+r.Started1m, a.Started15m+r.Started15m,
+			a.Finished1m+r.Finished1m, a.Finished15m+r.Finished15m
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &a, nil
+}
+
+// activityOn is GetActivity on one route.
+func activityOn(ctx context.Context, db DBTX, from15, from1, fromHour uuid.UUID) (*Activity, error) {
+	var a Activity
 	var starts15, ends1, ends15 int64
 	err := db.QueryRow(ctx, `
 SELECT (SELECT coalesce(jsonb_object_agg(status, n), '{}') FROM (

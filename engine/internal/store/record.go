@@ -219,6 +219,7 @@ type call struct {
 // notifies (NotifyRunsEnded). ErrLeaseLost when fenced out; other errors
 // wrapped with what (a format taking the run ID).
 func fencedWithRecord(ctx context.Context, db DBTX, f Fence, rec *StepRecord, what string, calls ...call) error {
+	db = at(db, f.RunID)
 	b := &pgx.Batch{}
 	if rec != nil {
 		recordForUpdate.queue(b, stepArgs(pgx.StrictNamedArgs{"run_id": uuidParam(f.RunID), "token": uuidParam(f.Token)}, f, rec))

@@ -1,11 +1,13 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -153,6 +155,7 @@ WHERE r.workflow_name = $1 AND r.workflow_id = $2 AND r.status <> 'continued'`
 // input returns ErrConflict. Concurrent inserts of one workflow ID serialise
 // on the unique index, so exactly one wins.
 func InsertRun(ctx context.Context, db DBTX, r NewRun) (*InsertedRun, error) {
+	db = at(db, r.RunID)
 	if r.DebounceKey != "" {
 		return insertDebounced(ctx, db, r)
 	}
@@ -330,6 +333,7 @@ const RunEndedChannel = "pgdurable_run_ended"
 // ended before the mark sends nothing, and its status says so.
 // ErrNotFound for an unknown run.
 func WatchRun(ctx context.Context, db DBTX, runID uuid.UUID) (status string, err error) {
+	db = at(db, runID)
 	err = db.QueryRow(ctx, `UPDATE pgdurable.workflow_runs SET watched = true WHERE run_id = $1 RETURNING status`, runID).Scan(&status)
 	return status, translate(err)
 }
@@ -359,6 +363,7 @@ SELECT count(*), coalesce(bool_or(cancel), false) FROM run`)
 // A completed record is never overwritten. ErrLeaseLost when token no
 // longer owns the run.
 func WriteSteps(ctx context.Context, db DBTX, f Fence, status string, recs ...*StepRecord) (StepsWritten, error) {
+	db = at(db, f.RunID)
 	runID := f.RunID
 	var statusArg *string
 	if status != "" {
@@ -476,6 +481,7 @@ type StepCommit struct {
 // record that exists after all (a second delivery's) fails it. Unless
 // c.Keep, the write extends the lease (commitGuardExtending).
 func CommitStep(ctx context.Context, db DBTX, c StepCommit) (StepsWritten, error) {
+	db = at(db, c.Fence.RunID)
 	f, rec := c.Fence, c.Record
 	fence := pgx.StrictNamedArgs{"run_id": uuidParam(f.RunID), "token": uuidParam(f.Token)}
 	b := &pgx.Batch{}
@@ -547,6 +553,7 @@ var ErrStepsNotCommitted = errors.New("store: step records not committed: lease 
 // serialization failure) as it comes. When the round trip's reply is
 // lost the outcome is unknown: read the records.
 func CommitSteps(ctx context.Context, db DBTX, f Fence, begun bool, recs ...*StepRecord) (StepsWritten, error) {
+	db = at(db, f.RunID)
 	runID := f.RunID
 	var c stepColumns
 	for _, r := range recs {
@@ -590,6 +597,7 @@ func XactStatus(ctx context.Context, db DBTX, xid string) (string, error) {
 
 // OwnsRun reports whether f's token still holds the run's lease.
 func OwnsRun(ctx context.Context, db DBTX, f Fence) (bool, error) {
+	db = at(db, f.RunID)
 	var owns bool
 	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pgdurable.workflow_runs WHERE run_id = $1 AND owner_token = $2)`,
 		f.RunID, f.Token).Scan(&owns)
@@ -601,6 +609,7 @@ func OwnsRun(ctx context.Context, db DBTX, f Fence) (bool, error) {
 
 // GetStep reads one step record; ErrNotFound when there is none.
 func GetStep(ctx context.Context, db DBTX, runID uuid.UUID, seq int) (*StepRecord, error) {
+	db = at(db, runID)
 	rows, err := db.Query(ctx, `SELECT seq, name, kind, status, attempts, request_id, output, error, next_attempt_at,
        first_failed_at, started_at, completed_at, compensation, compensation_of, input_hash, failed_attempts, patches
 FROM pgdurable.workflow_steps WHERE run_id = $1 AND seq = $2`, runID, seq)
@@ -640,6 +649,7 @@ RETURNING cancel_requested_at IS NOT NULL, $4::bool AND stalled_deliveries > 0`
 // caller asks once and a hand-back can undo exactly that (SuspendParams's
 // WasLong).
 func Heartbeat(ctx context.Context, db DBTX, f Fence, markLong bool) (BeatResult, error) {
+	db = at(db, f.RunID)
 	runID := f.RunID
 	res := BeatResult{Landed: true}
 	err := db.QueryRow(ctx, heartbeat, runID, f.Token, ms(f.Lease), markLong).Scan(&res.CancelRequested, &res.Marked)
@@ -662,6 +672,7 @@ func Heartbeat(ctx context.Context, db DBTX, f Fence, markLong bool) (BeatResult
 //
 // now is the time the request is recorded at.
 func CancelRun(ctx context.Context, db DBTX, runID uuid.UUID, now time.Time) (CancelRunResult, error) {
+	db = at(db, runID)
 	var res CancelRunResult
 	if err := db.QueryRow(ctx, cancelRun, runID, now).Scan(&res.Status, &res.Requested); err != nil {
 		return CancelRunResult{}, translate(err)
@@ -700,6 +711,12 @@ SELECT status, first AND status IN ('pending', 'running', 'waiting') FROM target
 // CancelRequested returns which of runIDs have a cancellation requested:
 // a primary-key lookup per run, read-only.
 func CancelRequested(ctx context.Context, db DBTX, runIDs []uuid.UUID) ([]uuid.UUID, error) {
+	return idsByRoute(runIDs, db, func(db DBTX, runIDs []uuid.UUID) ([]uuid.UUID, error) {
+		return cancelRequested(ctx, db, runIDs)
+	})
+}
+
+func cancelRequested(ctx context.Context, db DBTX, runIDs []uuid.UUID) ([]uuid.UUID, error) {
 	rows, err := db.Query(ctx, `SELECT run_id FROM pgdurable.workflow_runs WHERE run_id = ANY($1) AND cancel_requested_at IS NOT NULL`, runIDs)
 	if err != nil {
 		return nil, fmt.Errorf("reading cancellations: %w", translate(err))
@@ -736,6 +753,7 @@ type SuspendParams struct {
 // same transaction when there is no wake time. f.Lease is not used: the
 // lease ends.
 func SuspendRun(ctx context.Context, db DBTX, f Fence, p SuspendParams) error {
+	db = at(db, f.RunID)
 	long := 0
 	if p.WasLong {
 		long = 1
@@ -761,6 +779,7 @@ const releaseClaim = `owner_token = NULL, lease_expires_at = NULL,
 // ReleaseUnclaimed undoes the claim f holds for a delivery that cannot run
 // the workflow.
 func ReleaseUnclaimed(ctx context.Context, db DBTX, f Fence) error {
+	db = at(db, f.RunID)
 	_, err := db.Exec(ctx, releaseUnclaimed, f.RunID, f.Token)
 	return translate(err)
 }
@@ -784,6 +803,7 @@ RETURNING version_wait_since`
 // first hand-back). A claim lost meanwhile (the run swept) returns the
 // zero time and no error.
 func ReleaseUnregistered(ctx context.Context, db DBTX, f Fence, now time.Time) (since time.Time, err error) {
+	db = at(db, f.RunID)
 	err = translate(db.QueryRow(ctx, releaseUnregistered, f.RunID, f.Token, now).Scan(&since))
 	if err == ErrNotFound {
 		return time.Time{}, nil
@@ -795,6 +815,7 @@ func ReleaseUnregistered(ctx context.Context, db DBTX, f Fence, now time.Time) (
 // version (see ReleaseUnclaimed), for the delivery that holds f: one that
 // registers it.
 func ClearVersionWait(ctx context.Context, db DBTX, f Fence) error {
+	db = at(db, f.RunID)
 	_, err := db.Exec(ctx, `UPDATE pgdurable.workflow_runs SET version_wait_since = NULL
 WHERE run_id = $1 AND owner_token = $2 AND version_wait_since IS NOT NULL`, f.RunID, f.Token)
 	return translate(err)
@@ -805,6 +826,7 @@ WHERE run_id = $1 AND owner_token = $2 AND version_wait_since IS NOT NULL`, f.Ru
 // process of its old version; false when the claim was lost (or the run
 // is on version or a later one already).
 func UpgradeRunVersion(ctx context.Context, db DBTX, f Fence, version int) (bool, error) {
+	db = at(db, f.RunID)
 	tag, err := db.Exec(ctx, `UPDATE pgdurable.workflow_runs SET workflow_version = $3, version_wait_since = NULL
 WHERE run_id = $1 AND owner_token = $2 AND workflow_version < $3`, f.RunID, f.Token, version)
 	if err != nil {
@@ -837,6 +859,21 @@ type WakeParams struct {
 // snoozed for up to 30 s: a process of their version that starts takes
 // them at once instead.
 func WakeVersionWaits(ctx context.Context, tx DBTX, p WakeParams) ([]uuid.UUID, error) {
+	var out []uuid.UUID
+	err := eachRoute(ctx, tx, func(tx DBTX) error {
+		if len(out) >= p.Limit {
+			return nil
+		}
+		q := p
+		q.Limit -= len(out)
+		woken, err := wakeVersionWaits(ctx, tx, q)
+		out = append(out, woken...)
+		return err
+	})
+	return out, err
+}
+
+func wakeVersionWaits(ctx context.Context, tx DBTX, p WakeParams) ([]uuid.UUID, error) {
 	names, versions, below := make([]string, len(p.Versions)), make([]int32, len(p.Versions)), make([]int32, len(p.Versions))
 	for i, v := range p.Versions {
 		names[i], versions[i], below[i] = v.Name, int32(v.Version), int32(v.Below)
@@ -888,6 +925,40 @@ const MaxVersionWaits = 50
 // Overdue counts those waiting since before overdue. It reads the partial
 // index of such runs only.
 func VersionWaits(ctx context.Context, db DBTX, queue string, overdue time.Time) ([]VersionWait, error) {
+	type key struct {
+		name    string
+		version int
+	}
+	merged := map[key]*VersionWait{}
+	err := eachRoute(ctx, db, func(db DBTX) error {
+		waits, err := versionWaits(ctx, db, queue, overdue)
+		for _, w := range waits {
+			m := merged[key{w.Workflow, w.Version}]
+			if m == nil {
+				m = &VersionWait{Workflow: w.Workflow, Version: w.Version, Oldest: w.Oldest}
+				merged[key{w.Workflow, w.Version}] = m
+			}
+			m.Runs, m.Overdue = m.Runs+w.Runs, m.Overdue+w.Overdue
+			if w.Oldest.Before(m.Oldest) {
+				m.Oldest = w.Oldest
+			}
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]VersionWait, 0, len(merged))
+	for _, w := range merged {
+		out = append(out, *w)
+	}
+	slices.SortFunc(out, func(a, b VersionWait) int {
+		return cmp.Or(a.Oldest.Compare(b.Oldest), cmp.Compare(a.Workflow, b.Workflow), cmp.Compare(a.Version, b.Version))
+	})
+	return out[:min(len(out), MaxVersionWaits)], nil
+}
+
+func versionWaits(ctx context.Context, db DBTX, queue string, overdue time.Time) ([]VersionWait, error) {
 	rows, err := db.Query(ctx, `
 SELECT workflow_name, workflow_version, count(*), min(version_wait_since),
        count(*) FILTER (WHERE version_wait_since < $2::timestamptz)
@@ -1029,16 +1100,22 @@ type SweepParams struct {
 // Sweep hands runs back for delivery; the caller enqueues a ticket in the
 // same transaction for each whose Cause is not crash_backoff.
 func Sweep(ctx context.Context, tx DBTX, p SweepParams) ([]SweptRun, error) {
-	rows, err := sweep.query(ctx, tx, pgx.StrictNamedArgs{"limit": p.Limit, "queue": p.Queue, "now": p.Now, "lease_ms": ms(p.Lease),
-		"seed": rand.Int64()})
-	if err != nil {
-		return nil, fmt.Errorf("sweeping runs: %w", err)
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (SweptRun, error) {
-		var s SweptRun
-		err := r.Scan(&s.RunID, &s.Cause, &s.WakeAt, &s.Stalled)
-		return s, err
+	var out []SweptRun
+	err := eachRoute(ctx, tx, func(tx DBTX) error {
+		rows, err := sweep.query(ctx, tx, pgx.StrictNamedArgs{"limit": p.Limit, "queue": p.Queue, "now": p.Now, "lease_ms": ms(p.Lease),
+			"seed": rand.Int64()})
+		if err != nil {
+			return fmt.Errorf("sweeping runs: %w", err)
+		}
+		swept, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (SweptRun, error) {
+			var s SweptRun
+			err := r.Scan(&s.RunID, &s.Cause, &s.WakeAt, &s.Stalled)
+			return s, err
+		})
+		out = append(out, swept...)
+		return err
 	})
+	return out, err
 }
 
 // An orphaned ticket is one River fetched (it is running) whose process
@@ -1066,6 +1143,7 @@ RETURNING run_id`
 // it is not finished or waiting; true when the caller must enqueue one (in
 // the same transaction).
 func ReenqueueUnowned(ctx context.Context, tx DBTX, runID uuid.UUID) (bool, error) {
+	tx = at(tx, runID)
 	tag, err := tx.Exec(ctx, reenqueueUnowned, runID)
 	if err != nil {
 		return false, fmt.Errorf("re-enqueueing run %s: %w", runID, err)
@@ -1076,6 +1154,12 @@ func ReenqueueUnowned(ctx context.Context, tx DBTX, runID uuid.UUID) (bool, erro
 // ReenqueueOrphans marks which of runIDs need a new ticket; the caller
 // enqueues them in the same transaction.
 func ReenqueueOrphans(ctx context.Context, tx DBTX, runIDs []uuid.UUID, olderThan time.Duration) ([]uuid.UUID, error) {
+	return idsByRoute(runIDs, tx, func(tx DBTX, runIDs []uuid.UUID) ([]uuid.UUID, error) {
+		return reenqueue(ctx, tx, runIDs, olderThan)
+	})
+}
+
+func reenqueue(ctx context.Context, tx DBTX, runIDs []uuid.UUID, olderThan time.Duration) ([]uuid.UUID, error) {
 	rows, err := tx.Query(ctx, reenqueueOrphans, runIDs, ms(olderThan))
 	if err != nil {
 		return nil, fmt.Errorf("re-enqueueing orphaned runs: %w", err)
@@ -1093,6 +1177,12 @@ RETURNING run_id`
 // ReleaseHeld ends the hold on those of runIDs still held and returns
 // them; the caller enqueues their River jobs in the same transaction.
 func ReleaseHeld(ctx context.Context, tx DBTX, runIDs []uuid.UUID) ([]uuid.UUID, error) {
+	return idsByRoute(runIDs, tx, func(tx DBTX, runIDs []uuid.UUID) ([]uuid.UUID, error) {
+		return releaseHeldRuns(ctx, tx, runIDs)
+	})
+}
+
+func releaseHeldRuns(ctx context.Context, tx DBTX, runIDs []uuid.UUID) ([]uuid.UUID, error) {
 	rows, err := tx.Query(ctx, releaseHeld, runIDs)
 	if err != nil {
 		return nil, fmt.Errorf("releasing held runs: %w", err)
@@ -1127,6 +1217,7 @@ type StartNowResult struct {
 // signal). The caller enqueues its delivery in the same transaction.
 // ErrNotFound for no such run.
 func StartNow(ctx context.Context, tx DBTX, runID uuid.UUID) (StartNowResult, error) {
+	tx = at(tx, runID)
 	var res StartNowResult
 	err := tx.QueryRow(ctx, startNow, runID).Scan(&res.Status, &res.Woken)
 	return res, translate(err)
@@ -1158,6 +1249,7 @@ const moveSignals = `UPDATE pgdurable.workflow_signals SET run_id = $2 WHERE run
 // ErrCancelRequested when the run's cancellation was requested (the run
 // compensates instead: a cancellation accepted before the run ends wins).
 func ContinueRun(ctx context.Context, tx DBTX, f Fence, next uuid.UUID) error {
+	tx = at(tx, f.RunID)
 	var n int
 	var cancel *bool
 	var notify bool
@@ -1180,6 +1272,7 @@ func ContinueRun(ctx context.Context, tx DBTX, f Fence, next uuid.UUID) error {
 // continued run's to the run that continues it), so none is lost between
 // the two.
 func MoveSignals(ctx context.Context, tx DBTX, from, to uuid.UUID) error {
+	tx = at(tx, from) // a continued run and the run continuing it share their workflow ID's route
 	if _, err := tx.Exec(ctx, moveSignals, from, to); err != nil {
 		return fmt.Errorf("moving the signals of run %s to run %s: %w", from, to, translate(err))
 	}
@@ -1189,8 +1282,13 @@ func MoveSignals(ctx context.Context, tx DBTX, from, to uuid.UUID) error {
 // LatestRun returns the run that holds a workflow ID now: the latest of
 // its chain of continued runs.
 func LatestRun(ctx context.Context, db DBTX, workflowName, workflowID string) (uuid.UUID, error) {
+	routes, err := Routes(ctx, db)
+	if err != nil {
+		return uuid.Nil, err
+	}
+	db = onRoute(db, WorkflowRoute(workflowName, workflowID, routes))
 	var id uuid.UUID
-	err := db.QueryRow(ctx, `SELECT run_id FROM pgdurable.workflow_runs WHERE workflow_name = $1 AND workflow_id = $2 AND status <> 'continued'`,
+	err = db.QueryRow(ctx, `SELECT run_id FROM pgdurable.workflow_runs WHERE workflow_name = $1 AND workflow_id = $2 AND status <> 'continued'`,
 		workflowName, workflowID).Scan(&id)
 	return id, translate(err)
 }
@@ -1236,6 +1334,8 @@ type TerminateParams struct {
 // when there is no such run.
 func TerminateRun(ctx context.Context, tx DBTX, p TerminateParams) (Terminated, error) {
 	runID := p.RunID
+	root := tx
+	tx = at(tx, runID)
 	var t Terminated
 	var parent *uuid.UUID
 	var seq *int
@@ -1244,7 +1344,7 @@ func TerminateRun(ctx context.Context, tx DBTX, p TerminateParams) (Terminated, 
 	}
 	if parent != nil && seq != nil {
 		t.Parent = &ParentRef{RunID: *parent, Seq: *seq}
-		if err := LockRun(ctx, tx, *parent); err != nil {
+		if err := LockRun(ctx, root, *parent); err != nil {
 			return t, err
 		}
 	}
@@ -1283,6 +1383,7 @@ FROM unnest(@seq::int[], @name::text[], @kind::text[], @status::text[], @attempt
 // InsertSteps writes recs, the steps of run runID as a history recorded
 // them, to a run no delivery has claimed (engine.Replay's scratch run).
 func InsertSteps(ctx context.Context, db DBTX, runID uuid.UUID, recs []*StepRecord) error {
+	db = at(db, runID)
 	var c stepColumns // its run and token columns are not sent: the run is @run_id
 	for _, r := range recs {
 		c.add(Fence{RunID: runID}, r)

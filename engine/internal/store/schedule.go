@@ -162,6 +162,7 @@ func DueSchedules(ctx context.Context, tx DBTX, queue string, now time.Time, ski
 
 // RunActive reports whether runID has not reached a terminal status.
 func RunActive(ctx context.Context, db DBTX, runID uuid.UUID) (bool, error) {
+	db = at(db, runID)
 	var active bool
 	err := db.QueryRow(ctx, `SELECT status IN ('pending', 'running', 'waiting', 'compensating') FROM pgdurable.workflow_runs WHERE run_id = $1`, runID).Scan(&active)
 	if translate(err) == ErrNotFound {

@@ -57,6 +57,7 @@ type DBTX interface {
 type Schema struct {
 	name      string
 	runs      string   // the schema of the per-run tables, for a route k ≥ 1 (see Route); "" is name
+	base      *Schema  // for a route k ≥ 1, route 0's Schema; nil for route 0
 	rewritten sync.Map // statement as written -> statement for this schema
 	routes    sync.Map // k -> *Schema, Route's
 }
@@ -96,7 +97,8 @@ func (s *Schema) On(q Querier) DBTX {
 // needs to, once per handle On made (a failed look is tried again), and
 // the flow-controlled queues' virtual times it has seen lately.
 type server struct {
-	citus atomic.Int32 // 0: not known yet, 1: plain PostgreSQL, 2: a Citus coordinator
+	citus  atomic.Int32 // 0: not known yet, 1: plain PostgreSQL, 2: a Citus coordinator
+	routes atomic.Int32 // the installation's routes (see Routes); 0: not known yet
 
 	mu     sync.Mutex
 	vtimes map[string]vtimeSeen // by queue

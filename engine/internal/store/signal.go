@@ -22,7 +22,7 @@ const runByWorkflowID = `SELECT run_id FROM pgdurable.workflow_runs WHERE workfl
 func ResolveRun(ctx context.Context, db DBTX, target string) (uuid.UUID, error) {
 	if id, err := uuid.Parse(target); err == nil {
 		var found uuid.UUID
-		err := db.QueryRow(ctx, `SELECT run_id FROM pgdurable.workflow_runs WHERE run_id = $1`, id).Scan(&found)
+		err := at(db, id).QueryRow(ctx, `SELECT run_id FROM pgdurable.workflow_runs WHERE run_id = $1`, id).Scan(&found)
 		if err == nil {
 			return found, nil
 		}
@@ -30,14 +30,27 @@ func ResolveRun(ctx context.Context, db DBTX, target string) (uuid.UUID, error) 
 			return uuid.Nil, fmt.Errorf("reading run %s: %w", id, err)
 		}
 	}
-	rows, err := db.Query(ctx, runByWorkflowID, target)
-	if err != nil {
-		return uuid.Nil, fmt.Errorf("reading runs of workflow ID %q: %w", target, translate(err))
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	// The workflow's name is not known, so neither is the route: each
+	// route is asked, and two runs found anywhere are ambiguous.
+	var ids []uuid.UUID
+	err := eachRoute(ctx, db, func(db DBTX) error {
+		if len(ids) > 1 {
+			return nil
+		}
+		rows, err := db.Query(ctx, runByWorkflowID, target)
+		if err != nil {
+			return fmt.Errorf("reading runs of workflow ID %q: %w", target, translate(err))
+		}
+		found, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		if err != nil {
+			return fmt.Errorf("reading runs of workflow ID %q: %w", target, translate(err))
+		}
+		ids = append(ids, found...)
+		return nil
+	})
 	switch {
 	case err != nil:
-		return uuid.Nil, fmt.Errorf("reading runs of workflow ID %q: %w", target, translate(err))
+		return uuid.Nil, err
 	case len(ids) == 0:
 		return uuid.Nil, ErrNotFound
 	case len(ids) > 1:
@@ -137,6 +150,7 @@ var ErrKeyReused = errors.New("idempotency key reused")
 // ErrKeyReused. ErrNotFound when there is no such run; ErrLimit (with the
 // totals in its message) when the signal would take the run over limits.
 func SendSignal(ctx context.Context, tx DBTX, p SignalParams) (SignalSent, error) {
+	tx = at(tx, p.RunID)
 	runID := p.RunID
 	var key *string
 	if p.Key != "" {
@@ -231,6 +245,7 @@ type TakenSignal struct {
 // arrive unseen before the caller suspends it. With an error other than
 // ErrLeaseLost, CancelRequested is still set once the lock was taken.
 func TakeSignal(ctx context.Context, tx DBTX, f Fence, names []string, seq int) (TakenSignal, error) {
+	tx = at(tx, f.RunID)
 	runID := f.RunID
 	var cancel bool
 	if err := tx.QueryRow(ctx, lockOwnedRun, runID, f.Token).Scan(&cancel); err != nil {
@@ -281,6 +296,7 @@ type AwaitParams struct {
 
 // SuspendAwaiting hands the run f fences back waiting, as w says.
 func SuspendAwaiting(ctx context.Context, tx DBTX, f Fence, w AwaitParams) error {
+	tx = at(tx, f.RunID)
 	var await *string // a wait for a timer alone waits for nothing else
 	if len(w.Awaits) > 0 {
 		joined := strings.Join(w.Awaits, AwaitSeparator)

@@ -1,0 +1,49 @@
+package commands_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine/enginetest"
+)
+
+// migrate up --routes makes the routes of a new schema and says so;
+// status shows them; a route whose schema lacks a migration stops serve
+// until migrate up applies it; a schema with runs keeps its routes.
+func TestMigrateUpWithRoutes(t *testing.T) {
+	t.Parallel()
+	db := enginetest.NewDB(t)
+	if enginetest.Routes() > 1 {
+		t.Skip("the test database has its routes already")
+	}
+	code, out, errOut := run(t, db, "migrate", "up", "--routes", "3")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "routes: 3 (per-run tables in pgdurable and pgdurable_r1 to pgdurable_r2)")
+	code, out, _ = run(t, db, "migrate", "status")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "routes: 3")
+
+	_, err := db.Pool.Exec(context.Background(), `DROP TABLE pgdurable_r2.layout;
+		DELETE FROM pgdurable_r2.pgdurable_schema_migrations WHERE version_id = 32`)
+	require.NoError(t, err)
+	code, out, _ = run(t, db, "migrate", "status")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "routes missing a migration: [2]")
+	code, _, errOut = run(t, db, "serve", "--listen", freePort(t))
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "routes [2] of schema pgdurable lack a migration")
+	code, _, errOut = run(t, db, "migrate", "up")
+	require.Equal(t, 0, code, errOut)
+	code, out, _ = run(t, db, "migrate", "status")
+	require.Equal(t, 0, code)
+	require.NotContains(t, out, "missing")
+
+	_, err = db.Pool.Exec(context.Background(), `INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_id, status, input)
+		VALUES (gen_random_uuid(), 'w', 'id', 'pending', '{}')`)
+	require.NoError(t, err)
+	code, _, errOut = run(t, db, "migrate", "up", "--routes", "4")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "holds runs, so its routes stay 3")
+}

@@ -1,0 +1,297 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdurable/pgdurable/engine"
+	"github.com/pgdurable/pgdurable/engine/enginetest"
+	"github.com/pgdurable/pgdurable/storage/migrations"
+)
+
+// routedDB is a test database whose runs spread over routes routes (the
+// layout of a Citus cluster, here on one PostgreSQL).
+func routedDB(t *testing.T, routes int) *enginetest.DB {
+	t.Helper()
+	db := enginetest.NewDB(t)
+	res, err := migrations.Migrate(context.Background(), db.Pool, migrations.Up, &migrations.Opts{Routes: routes})
+	require.NoError(t, err)
+	require.Equal(t, routes, res.Routes)
+	return db
+}
+
+// runsByRoute counts the runs each route's table holds.
+func runsByRoute(t *testing.T, db *enginetest.DB, routes int) []int {
+	t.Helper()
+	out := make([]int, routes)
+	for k := range routes {
+		require.NoError(t, db.Pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM `+migrations.RouteSchema(migrations.DefaultSchema, k)+`.workflow_runs`).Scan(&out[k]))
+	}
+	return out
+}
+
+// Runs started with and without workflow IDs spread over the routes and
+// complete; a workflow ID keeps to one route, so a second start finds its
+// run; lists, filters and the overview read every route.
+func TestRoutesSpreadRunsAndListsReadThemAll(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	const routes = 3
+	db := routedDB(t, routes)
+	wf := engine.Define("routed-steps", func(ctx *engine.Context, in int) (int, error) {
+		for i := range 3 {
+			if _, err := engine.Step(ctx, fmt.Sprint("s", i), func(context.Context) (int, error) { return i, nil }, nil); err != nil {
+				return 0, err
+			}
+		}
+		return in * 2, nil
+	}, nil)
+	e := newEngine(t, db, nil, true, wf)
+	const n = 60
+	ids := make([]uuid.UUID, 0, 2*n)
+	for i := range n {
+		res, err := wf.Start(ctx, e, i, nil)
+		require.NoError(t, err)
+		ids = append(ids, res.RunID)
+		res, err = wf.Start(ctx, e, i, &engine.StartOpts{WorkflowID: fmt.Sprint("order-", i)})
+		require.NoError(t, err)
+		ids = append(ids, res.RunID)
+	}
+	for _, id := range ids {
+		waitStatus(t, e, id, engine.StatusCompleted, 30*time.Second)
+	}
+	for k, c := range runsByRoute(t, db, routes) {
+		require.Greater(t, c, 2*n/routes/2, "route %d's share of %d runs", k, 2*n)
+	}
+	again, err := wf.Start(ctx, e, 7, &engine.StartOpts{WorkflowID: "order-7"})
+	require.NoError(t, err)
+	require.True(t, again.Existing)
+	require.Equal(t, ids[15], again.RunID)
+	_, err = wf.Start(ctx, e, 8, &engine.StartOpts{WorkflowID: "order-7"})
+	require.ErrorIs(t, err, engine.ErrWorkflowIDConflict)
+
+	// Pages of 50 newest first, across the routes, with nothing twice.
+	seen := map[uuid.UUID]bool{}
+	var last *uuid.UUID
+	cursor := ""
+	for {
+		page, next, err := e.ListRuns(ctx, engine.ListRunsParams{Limit: 50, Cursor: cursor})
+		require.NoError(t, err)
+		for _, r := range page {
+			require.False(t, seen[r.RunID], "run %s listed twice", r.RunID)
+			seen[r.RunID] = true
+			if last != nil {
+				require.Negative(t, compareIDs(r.RunID, *last), "newest first")
+			}
+			id := r.RunID
+			last = &id
+		}
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	require.Len(t, seen, 2*n)
+	filtered, _, err := e.ListRuns(ctx, engine.ListRunsParams{Limit: 500, WorkflowIDPrefix: "order-1"})
+	require.NoError(t, err)
+	require.Len(t, filtered, 11) // order-1, order-10 to order-19
+	st, err := e.Stats(ctx)
+	require.NoError(t, err)
+	require.Zero(t, st.PendingRuns+st.RunningRuns+st.WaitingRuns)
+}
+
+func compareIDs(a, b uuid.UUID) int {
+	for i := range a {
+		if a[i] != b[i] {
+			return int(a[i]) - int(b[i])
+		}
+	}
+	return 0
+}
+
+// Signals by workflow ID and by run ID reach runs in any route; children
+// live in their own workflow IDs' routes, and their parent collects their
+// results and cancels them across routes; a continue-as-new chain keeps
+// its workflow ID's route.
+func TestRoutesCarrySignalsChildrenAndChains(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	const routes = 3
+	db := routedDB(t, routes)
+	child := engine.Define("routed-child", func(ctx *engine.Context, in int) (int, error) {
+		n, err := engine.AwaitSignal[int](ctx, "go", 0)
+		if err != nil {
+			return 0, err
+		}
+		return in*10 + n, nil
+	}, nil)
+	parent := engine.Define("routed-parent", func(ctx *engine.Context, kids int) ([]int, error) {
+		var runs []*engine.ChildRun[int]
+		for i := range kids {
+			c, err := engine.StartChild(ctx, child, i, &engine.ChildOpts{WorkflowID: fmt.Sprint("kid-", ctx.RunID(), "-", i)})
+			if err != nil {
+				return nil, err
+			}
+			runs = append(runs, c)
+		}
+		var out []int
+		for _, c := range runs {
+			v, err := c.Get(ctx)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, v)
+		}
+		return out, nil
+	}, nil)
+	loop := engine.Define("routed-loop", func(ctx *engine.Context, in int) (int, error) {
+		if in < 5 {
+			return 0, engine.ContinueAsNew(ctx, in+1)
+		}
+		return in, nil
+	}, nil)
+	e := newEngine(t, db, nil, true, child, parent, loop)
+
+	res, err := parent.Start(ctx, e, 6, nil)
+	require.NoError(t, err)
+	eventually(t, 20*time.Second, "six children waiting", func() bool {
+		d, err := e.GetRun(ctx, res.RunID)
+		require.NoError(t, err)
+		waiting := 0
+		for _, c := range d.Children {
+			if c.Status == engine.StatusWaiting {
+				waiting++
+			}
+		}
+		return waiting == 6
+	})
+	d, err := e.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Len(t, d.Children, 6, "the run's children, from every route")
+	for i, c := range d.Children {
+		target := c.WorkflowID // by workflow ID, whose route is not known up front
+		if i%2 == 1 {
+			target = c.RunID.String()
+		}
+		require.NoError(t, e.Signal(ctx, target, "go", i, nil))
+	}
+	out, err := parent.Wait(ctx, e, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, []int{0, 11, 22, 33, 44, 55}, out)
+
+	// Cancelling a parent cancels its children wherever they are.
+	res, err = parent.Start(ctx, e, 4, nil)
+	require.NoError(t, err)
+	eventually(t, 20*time.Second, "four children waiting", func() bool {
+		d, err := e.GetRun(ctx, res.RunID)
+		require.NoError(t, err)
+		return len(d.Children) == 4 && d.Children[3].Status == engine.StatusWaiting
+	})
+	require.NoError(t, e.Cancel(ctx, res.RunID))
+	waitStatus(t, e, res.RunID, engine.StatusCancelled, 20*time.Second)
+	d, err = e.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	for _, c := range d.Children {
+		waitStatus(t, e, c.RunID, engine.StatusCancelled, 20*time.Second)
+	}
+
+	chain, err := loop.Start(ctx, e, 0, &engine.StartOpts{WorkflowID: "chain"})
+	require.NoError(t, err)
+	got, err := loop.Wait(ctx, e, chain.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 5, got)
+}
+
+// A dead run's dead job is found by its ID and replayed in its route; a
+// flow-controlled queue admits runs of every route, and its deduplication
+// IDs and debounce keys hold across them; a prune deletes children whose
+// parent is in another route only once the parent closed.
+func TestRoutesKeepDeadJobsQueuesAndPrunes(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	const routes = 3
+	db := routedDB(t, routes)
+	var fail atomic.Bool
+	fail.Store(true)
+	flaky := engine.Define("routed-flaky", func(ctx *engine.Context, in int) (int, error) {
+		return engine.Step(ctx, "once", func(context.Context) (int, error) {
+			if fail.Load() {
+				panic("broken") // a panic parks the run as a dead job
+			}
+			return in, nil
+		}, nil)
+	}, nil)
+	queued := engine.Define("routed-queued", func(ctx *engine.Context, in int) (int, error) {
+		return engine.Step(ctx, "work", func(context.Context) (int, error) { return in, nil }, nil)
+	}, &engine.WorkflowOpts{Queue: "routed"})
+	sleeper := engine.Define("routed-sleeper", func(ctx *engine.Context, in int) (int, error) {
+		if err := engine.Sleep(ctx, 50*time.Millisecond); err != nil {
+			return 0, err
+		}
+		return in, nil
+	}, nil)
+	e := queueEngine(t, db, &engine.Config{SweepInterval: 20 * time.Millisecond},
+		map[string]engine.QueueOpts{"routed": {Concurrency: 2}}, flaky, queued, sleeper)
+
+	var dead []uuid.UUID
+	for i := range 6 {
+		res, err := flaky.Start(ctx, e, i, nil)
+		require.NoError(t, err)
+		dead = append(dead, res.RunID)
+	}
+	for _, id := range dead {
+		waitStatus(t, e, id, engine.StatusDead, 20*time.Second)
+	}
+	jobs, _, err := e.ListDeadJobs(ctx, engine.ListDeadJobsParams{OpenOnly: true, Limit: 100})
+	require.NoError(t, err)
+	require.Len(t, jobs, 6)
+	fail.Store(false)
+	for _, j := range jobs {
+		_, err := e.ReplayDeadJob(ctx, j.ID, nil)
+		require.NoError(t, err)
+	}
+	for _, id := range dead {
+		waitStatus(t, e, id, engine.StatusCompleted, 20*time.Second)
+	}
+
+	var admitted []uuid.UUID
+	for i := range 30 {
+		res, err := queued.Start(ctx, e, i, nil)
+		require.NoError(t, err)
+		admitted = append(admitted, res.RunID)
+	}
+	first, err := queued.Start(ctx, e, 100, &engine.StartOpts{DeduplicationID: "once"})
+	require.NoError(t, err)
+	for i := range 5 {
+		again, err := queued.Start(ctx, e, 101+i, &engine.StartOpts{DeduplicationID: "once", ReturnDuplicate: true})
+		if err == nil {
+			require.Equal(t, first.RunID, again.RunID, "the open run holding the deduplication ID")
+		}
+	}
+	_, err = queued.Start(ctx, e, 1, &engine.StartOpts{DeduplicationID: "x", WorkflowID: "y"})
+	require.ErrorIs(t, err, engine.ErrInvalidArgument, "a deduplication ID with a workflow ID cannot hold across routes")
+	for _, id := range append(admitted, first.RunID) {
+		waitStatus(t, e, id, engine.StatusCompleted, 30*time.Second)
+	}
+
+	d1, err := sleeper.Start(ctx, e, 1, &engine.StartOpts{Debounce: &engine.Debounce{Key: "k", Window: 200 * time.Millisecond}})
+	require.NoError(t, err)
+	d2, err := sleeper.Start(ctx, e, 2, &engine.StartOpts{Debounce: &engine.Debounce{Key: "k", Window: 200 * time.Millisecond}})
+	require.NoError(t, err)
+	require.Equal(t, d1.RunID, d2.RunID, "one run per debounce key")
+	got, err := sleeper.Wait(ctx, e, d1.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 2, got)
+
+	pruned, err := e.Prune(ctx, engine.PruneParams{OlderThan: time.Nanosecond})
+	require.NoError(t, err)
+	require.EqualValues(t, 6+31+1, pruned.Runs)
+	require.Equal(t, []int{0, 0, 0}, runsByRoute(t, db, routes))
+}

@@ -1,0 +1,270 @@
+package migrations
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+)
+
+// MaxRoutes bounds Opts.Routes: a run ID carries its route in one byte.
+const MaxRoutes = 256
+
+// routesVersion is the migration that records the routes (layout).
+const routesVersion = 32
+
+// routeComment marks a route schema, so that Schemas does not list it as
+// an installation of its own.
+const routeComment = "pgdurable: route "
+
+// RouteSchema is the schema that holds route k's per-run tables (k ≥ 1)
+// of the installation in schema: <schema>_r<k>. Route 0's are schema's
+// own.
+func RouteSchema(schema string, k int) string {
+	if k == 0 {
+		return schema
+	}
+	return fmt.Sprintf("%s_r%d", schema, k)
+}
+
+// Routes reads the number of routes of the installation in schema (see
+// Opts.Routes): 1 when its migrations predate routes.
+func Routes(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, schema string) (int, error) {
+	var exists bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgx.Identifier{schema, "layout"}.Sanitize()).Scan(&exists); err != nil {
+		return 0, fmt.Errorf("reading the routes of schema %s: %w", schema, err)
+	}
+	if !exists {
+		return 1, nil
+	}
+	var routes int
+	if err := q.QueryRow(ctx, `SELECT routes FROM `+pgx.Identifier{schema, "layout"}.Sanitize()).Scan(&routes); err != nil {
+		return 0, fmt.Errorf("reading the routes of schema %s: %w", schema, err)
+	}
+	return routes, nil
+}
+
+// migrateRoutes brings the route schemas of the installation in schema
+// (just migrated Up) to its version, making new ones when want asks for
+// more routes than it has, and returns the routes it has then. want 0
+// keeps the routes as they are. More routes are refused while any route
+// holds a run (a workflow ID's route follows from the number of routes,
+// so its earlier runs would be looked for in the wrong route), and fewer
+// are refused always.
+func migrateRoutes(ctx context.Context, pool *pgxpool.Pool, schema string, want int) (int, error) {
+	have, err := Routes(ctx, pool, schema)
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case want < 0 || want > MaxRoutes:
+		return have, fmt.Errorf("routes %d out of range 1 to %d", want, MaxRoutes)
+	case want != 0 && want < have:
+		return have, fmt.Errorf("schema %s has %d routes, and routes never shrink (a workflow ID's route follows from their number): asked for %d", schema, have, want)
+	case want > have:
+		for k := 0; k < have; k++ {
+			var held bool
+			if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+pgx.Identifier{RouteSchema(schema, k), "workflow_runs"}.Sanitize()+`)`).Scan(&held); err != nil {
+				return have, fmt.Errorf("reading whether route %d of schema %s holds runs: %w", k, schema, err)
+			}
+			if held {
+				return have, fmt.Errorf("schema %s holds runs, so its routes stay %d: a workflow ID's route follows from the number of routes, and its earlier runs would be looked for in the wrong one; make the routes when the schema is new (or its runs are pruned), or keep %d", schema, have, have)
+			}
+		}
+	}
+	routes := max(have, want)
+	if len(RouteSchema(schema, routes-1)) > 63 {
+		return have, fmt.Errorf("schema %s: its route schemas' names (%s) would be longer than PostgreSQL takes (63 bytes)", schema, RouteSchema(schema, routes-1))
+	}
+	for k := 1; k < routes; k++ {
+		if err := migrateRoute(ctx, pool, schema, k); err != nil {
+			return have, err
+		}
+	}
+	if routes != have {
+		if _, err := pool.Exec(ctx, `UPDATE `+pgx.Identifier{schema, "layout"}.Sanitize()+` SET routes = $1`, routes); err != nil {
+			return have, fmt.Errorf("recording %d routes in schema %s: %w", routes, schema, err)
+		}
+	}
+	return routes, nil
+}
+
+// migrateRoute makes route k's schema when missing and applies every
+// pending migration to it: a route schema holds a whole set of pgdurable's
+// tables (not River's), of which the engine uses the per-run ones, so
+// that a later migration of the per-run tables reaches every route.
+func migrateRoute(ctx context.Context, pool *pgxpool.Pool, schema string, k int) error {
+	rs := RouteSchema(schema, k)
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{rs}.Sanitize()); err != nil {
+		return fmt.Errorf("creating schema %s for route %d: %w", rs, k, err)
+	}
+	if _, err := pool.Exec(ctx, "COMMENT ON SCHEMA "+pgx.Identifier{rs}.Sanitize()+" IS "+quoteLiteral(fmt.Sprintf("%s%d of %s", routeComment, k, schema))); err != nil {
+		return fmt.Errorf("marking schema %s as route %d: %w", rs, k, err)
+	}
+	return withProvider(ctx, pool, rs, func(p *goose.Provider) error {
+		if _, err := p.Up(ctx); err != nil {
+			return fmt.Errorf("applying pgdurable migrations to route %d (schema %s): %w", k, rs, err)
+		}
+		return nil
+	})
+}
+
+// withProvider runs f with goose over schema.
+func withProvider(ctx context.Context, pool *pgxpool.Pool, schema string, f func(*goose.Provider) error) error {
+	spool, err := schemaPool(ctx, pool, schema)
+	if err != nil {
+		return err
+	}
+	defer spool.Close()
+	db := stdlib.OpenDBFromPool(spool)
+	defer db.Close()
+	p, err := newProvider(db)
+	if err != nil {
+		return err
+	}
+	return f(p)
+}
+
+// downRoutes rolls the route schemas of schema back one migration, from
+// version, before the schema itself is: when version is the one that
+// records the routes, the route schemas go (refused while they hold
+// runs), since without it the engine would read one route.
+func downRoutes(ctx context.Context, pool *pgxpool.Pool, schema string, version int64) error {
+	routes, err := Routes(ctx, pool, schema)
+	if err != nil || routes == 1 {
+		return err
+	}
+	if version == routesVersion {
+		for k := 1; k < routes; k++ {
+			var held bool
+			if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+pgx.Identifier{RouteSchema(schema, k), "workflow_runs"}.Sanitize()+`)`).Scan(&held); err != nil {
+				return fmt.Errorf("reading whether route %d of schema %s holds runs: %w", k, schema, err)
+			}
+			if held {
+				return fmt.Errorf("rolling back migration %d of schema %s would drop its %d routes' schemas, and route %d holds runs: prune or move them first", routesVersion, schema, routes, k)
+			}
+		}
+		for k := 1; k < routes; k++ {
+			if _, err := pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{RouteSchema(schema, k)}.Sanitize()+" CASCADE"); err != nil {
+				return fmt.Errorf("dropping route %d's schema: %w", k, err)
+			}
+		}
+		return nil
+	}
+	for k := 1; k < routes; k++ {
+		rs := RouteSchema(schema, k)
+		err := withProvider(ctx, pool, rs, func(p *goose.Provider) error {
+			_, err := p.Down(ctx)
+			if errors.Is(err, goose.ErrNoNextVersion) {
+				return nil
+			}
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("rolling back route %d (schema %s): %w", k, rs, err)
+		}
+	}
+	return nil
+}
+
+// placeRoutes returns the worker node (host:port) holding each route's
+// per-run tables when pool's database is a Citus coordinator with worker
+// nodes (nil otherwise). With arrange (Up has just distributed some), it
+// first moves route k's tables to the k-th of the worker nodes (in node
+// ID order, round robin) where Citus put them elsewhere, so that the
+// routes, and the runs with them, divide evenly among the nodes; Citus
+// places each new group by its colocation ID, which other tables' groups
+// also take. After that, Citus's rebalancer may move them as it sees fit.
+func placeRoutes(ctx context.Context, pool *pgxpool.Pool, schema string, routes int, arrange bool) ([]string, error) {
+	var citus bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&citus); err != nil {
+		return nil, fmt.Errorf("reading whether the database is a Citus coordinator: %w", err)
+	}
+	if !citus {
+		return nil, nil
+	}
+	type node struct {
+		name string
+		port int
+	}
+	rows, err := pool.Query(ctx, `SELECT nodename, nodeport FROM pg_dist_node
+		WHERE groupid <> 0 AND noderole = 'primary' AND isactive AND shouldhaveshards ORDER BY nodeid`)
+	if err != nil {
+		return nil, fmt.Errorf("reading the Citus cluster's worker nodes: %w", err)
+	}
+	workers, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (node, error) {
+		var n node
+		return n, r.Scan(&n.name, &n.port)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading the Citus cluster's worker nodes: %w", err)
+	}
+	if len(workers) == 0 {
+		return nil, nil
+	}
+	placed := make([]string, routes)
+	for k := range routes {
+		runs := pgx.Identifier{RouteSchema(schema, k), "workflow_runs"}.Sanitize()
+		var shard int64
+		var at node
+		err := pool.QueryRow(ctx, `SELECT shardid, nodename, nodeport FROM citus_shards WHERE table_name = $1::regclass LIMIT 1`, runs).
+			Scan(&shard, &at.name, &at.port)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // not distributed: a coordinator's own tables
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading where route %d's per-run tables are: %w", k, err)
+		}
+		if want := workers[k%len(workers)]; arrange && routes > 1 && at != want {
+			_, err := pool.Exec(ctx, `SELECT citus_move_shard_placement($1, $2, $3, $4, $5, shard_transfer_mode => 'block_writes')`,
+				shard, at.name, at.port, want.name, want.port)
+			if err != nil {
+				return nil, fmt.Errorf("moving route %d's per-run tables from %s:%d to %s:%d: %w", k, at.name, at.port, want.name, want.port, err)
+			}
+			at = want
+		}
+		placed[k] = fmt.Sprintf("%s:%d", at.name, at.port)
+	}
+	return placed, nil
+}
+
+// routesBehind lists the routes of schema (from 1) whose schema's latest
+// applied migration is older than schema's own.
+func routesBehind(ctx context.Context, pool *pgxpool.Pool, schema string, routes int) ([]int, error) {
+	if routes <= 1 {
+		return nil, nil
+	}
+	latest := func(s string) (int64, error) {
+		var exists bool
+		if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgx.Identifier{s, VersionTable}.Sanitize()).Scan(&exists); err != nil || !exists {
+			return 0, err
+		}
+		var v *int64
+		err := pool.QueryRow(ctx, `SELECT max(version_id) FROM `+pgx.Identifier{s, VersionTable}.Sanitize()+` WHERE is_applied`).Scan(&v)
+		if err != nil || v == nil {
+			return 0, err
+		}
+		return *v, nil
+	}
+	want, err := latest(schema)
+	if err != nil {
+		return nil, fmt.Errorf("reading the version of schema %s: %w", schema, err)
+	}
+	var behind []int
+	for k := 1; k < routes; k++ {
+		v, err := latest(RouteSchema(schema, k))
+		if err != nil {
+			return nil, fmt.Errorf("reading the version of route %d: %w", k, err)
+		}
+		if v < want {
+			behind = append(behind, k)
+		}
+	}
+	return behind, nil
+}
