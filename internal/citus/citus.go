@@ -151,3 +151,66 @@ func exec1(ctx context.Context, url, sql string, args ...any) error {
 	}
 	return nil
 }
+
+// NodeWork is what pg_stat_statements counted on one node of a cluster
+// since ResetStatements: the calls and rows of the statements that name
+// one of the engine's per-run tables (on a worker node, its shards of
+// them), of Citus's and PostgreSQL's transaction control (BEGIN, COMMIT,
+// two-phase commit, Citus's distributed transaction IDs), and of the
+// rest (on the coordinator: River's tables and the engine's others).
+type NodeWork struct {
+	Node                  string // host:port
+	RunCalls, RunRows     int64
+	ControlCalls          int64
+	OtherCalls, OtherRows int64
+}
+
+// ResetStatements empties pg_stat_statements on every node (creating the
+// extension where missing: on the coordinator, which Citus propagates to
+// the worker nodes): what Work reads counts from here.
+func (c *Cluster) ResetStatements(ctx context.Context) error {
+	if err := exec1(ctx, c.Coordinator.URL, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
+		return err
+	}
+	for _, n := range c.nodes() {
+		if err := exec1(ctx, n.URL, `SELECT pg_stat_statements_reset()`); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Work reads each node's NodeWork, the coordinator's first.
+func (c *Cluster) Work(ctx context.Context) ([]NodeWork, error) {
+	var out []NodeWork
+	for _, n := range c.nodes() {
+		w := NodeWork{Node: fmt.Sprintf("127.0.0.1:%d", n.Port)}
+		conn, err := pgx.Connect(ctx, n.URL)
+		if err != nil {
+			return nil, err
+		}
+		err = conn.QueryRow(ctx, `
+WITH s AS (
+    SELECT query, calls, rows,
+           query ~* '(workflow_runs|workflow_steps|workflow_signals|dead_jobs)' AS run,
+           query ~* '^\s*(begin|commit|rollback|prepare transaction|commit prepared|rollback prepared|savepoint|release|set |select assign_distributed_transaction_id|select set_config)' AS control
+    FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND query !~* 'pg_stat_statements'
+)
+SELECT coalesce(sum(calls) FILTER (WHERE run AND NOT control), 0), coalesce(sum(rows) FILTER (WHERE run AND NOT control), 0),
+       coalesce(sum(calls) FILTER (WHERE control), 0),
+       coalesce(sum(calls) FILTER (WHERE NOT run AND NOT control), 0), coalesce(sum(rows) FILTER (WHERE NOT run AND NOT control), 0)
+FROM s`).Scan(&w.RunCalls, &w.RunRows, &w.ControlCalls, &w.OtherCalls, &w.OtherRows)
+		conn.Close(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("reading the statements of node %s: %w", w.Node, err)
+		}
+		out = append(out, w)
+	}
+	return out, nil
+}
+
+// nodes are the coordinator and the worker nodes, in that order.
+func (c *Cluster) nodes() []*localpg.Throwaway {
+	return append([]*localpg.Throwaway{c.Coordinator}, c.Workers...)
+}

@@ -9,11 +9,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/internal/citus"
 	"github.com/pgdurable/pgdurable/internal/localpg"
+	"github.com/pgdurable/pgdurable/storage/migrations"
 )
 
 func (g *global) devCmd() *cobra.Command {
@@ -35,8 +37,9 @@ temporary directory that is removed on exit.
 
 With --citus it starts a throwaway Citus cluster instead — a coordinator and 2 worker
 nodes on loopback ports, each a PostgreSQL with Citus preloaded, removed on exit — and
-serves against the coordinator (Citus must be installed into the local PostgreSQL: its
-packages, or .ci/build-citus in a checkout).`,
+serves against the coordinator, with the runs spread over a route per worker node (migrate up
+--routes 2; Citus must be installed into the local PostgreSQL: its packages, or
+.ci/build-citus in a checkout).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -102,6 +105,19 @@ func devCitus(ctx context.Context, g *global) (string, func(), error) {
 	for i, w := range c.Workers {
 		fmt.Fprintf(g.opts.Stderr, "engine dev: worker node %d 127.0.0.1:%d in %s\n", i+1, w.Port, w.Dir)
 	}
+	// A route of runs per worker node, so that the nodes divide the runs.
+	pool, err := pgxpool.New(ctx, c.URL())
+	if err != nil {
+		c.Stop()
+		return "", nil, err
+	}
+	defer pool.Close()
+	res, err := migrations.Migrate(ctx, pool, migrations.Up, &migrations.Opts{Schema: g.schema(), Routes: len(c.Workers)})
+	if err != nil {
+		c.Stop()
+		return "", nil, err
+	}
+	fmt.Fprintf(g.opts.Stderr, "engine dev: runs spread over %d routes, on worker nodes %s\n", res.Routes, strings.Join(res.Placed, ", "))
 	return c.URL(), c.Stop, nil
 }
 

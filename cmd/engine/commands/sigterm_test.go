@@ -152,8 +152,9 @@ func TestChaosShort(t *testing.T) {
 	require.Contains(t, out.String(), "double charges 0")
 }
 
-// engine chaos --citus: 300 payments on a Citus cluster whose worker node
-// holding the runs is SIGKILLed and started again mid-run, through engine
+// engine chaos --citus: 300 payments on a Citus cluster, spread over a
+// route per worker node, whose worker node holding route 0 is SIGKILLed
+// and started again mid-run, through engine
 // processes that get SIGKILLed every 2-5 s: every run finishes, none is
 // charged twice.
 func TestChaosOnCitus(t *testing.T) {
@@ -172,7 +173,8 @@ func TestChaosOnCitus(t *testing.T) {
 	}))
 	t.Log(out.String())
 	require.Equal(t, 0, code, "%s\n%s", out.String(), errOut.String())
-	require.Contains(t, out.String(), "crashing and restarting the worker node that holds the runs")
+	require.Contains(t, out.String(), "the runs spread over 2 routes, on worker nodes")
+	require.Contains(t, out.String(), "crashing and restarting the worker node that holds route 0's runs")
 	require.Contains(t, out.String(), "1 PostgreSQL restarts")
 	require.Contains(t, out.String(), "chaos: no violations")
 	require.Contains(t, out.String(), "double charges 0")

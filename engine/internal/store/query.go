@@ -104,6 +104,10 @@ func GetRun(ctx context.Context, db DBTX, runID uuid.UUID) (*RunDetail, error) {
 	return GetRunParts(ctx, db, runID, RunParts{})
 }
 
+// stepKindChild is the kind of the step that starts a child run (the
+// engine's KindChild).
+const stepKindChild = "child"
+
 // runWithoutInput is the run's row with its input left out.
 var runWithoutInput = strings.Replace(runColumns, " input,", " NULL::jsonb AS input,", 1)
 
@@ -171,8 +175,9 @@ FROM pgdurable.workflow_steps WHERE run_id = $1 AND seq >= $2 ORDER BY seq`, run
 	if err := br.Close(); err != nil {
 		return nil, err
 	}
-	if routes > 1 {
-		// A child's rows are in its own workflow ID's route.
+	if routes > 1 && (p.StepsFrom > 0 || slices.ContainsFunc(steps, func(s StepRecord) bool { return s.Kind == stepKindChild })) {
+		// A child's rows are in its own workflow ID's route; a run
+		// whose steps (all read) start none has none to look for.
 		err := eachRoute(ctx, root, func(db DBTX) error {
 			rows, err := db.Query(ctx, listChildren, runID, MaxListedChildren)
 			if err != nil {

@@ -58,8 +58,9 @@ Use a database of its own.
 
 With --citus it starts a throwaway Citus cluster instead (a coordinator and 2 worker nodes on
 loopback, from the Citus installed into the local PostgreSQL, removed at the end) and runs against
-its coordinator, where migrate puts the per-run tables on a worker node; --restart-postgres then
-SIGKILLs that worker node and starts it again, instead of running --pg-restart.`,
+its coordinator, where migrate spreads the runs over a route per worker node; --restart-postgres
+then SIGKILLs the worker node that holds route 0 (the runs' tables in the engine's schema) and
+starts it again, instead of running --pg-restart, while the other node's runs carry on.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return chaos(cmd.Context(), env, f) },
 	}
@@ -70,7 +71,7 @@ SIGKILLs that worker node and starts it again, instead of running --pg-restart.`
 	cmd.Flags().DurationVar(&f.deadline, "deadline", 5*time.Minute, "every run must finish within this")
 	cmd.Flags().BoolVar(&f.restartPostgres, "restart-postgres", false, "crash and restart PostgreSQL once, mid-run (runs --pg-restart)")
 	cmd.Flags().StringVar(&f.pgRestartCmd, "pg-restart", "pg_ctlcluster --skip-systemctl-redirect -m immediate 15 main restart", "the command that crashes and restarts PostgreSQL")
-	cmd.Flags().BoolVar(&f.citus, "citus", false, "run on a throwaway Citus cluster (a coordinator and 2 worker nodes); --restart-postgres then SIGKILLs the worker node that holds the runs")
+	cmd.Flags().BoolVar(&f.citus, "citus", false, "run on a throwaway Citus cluster (a coordinator and 2 worker nodes, a route of runs on each); --restart-postgres then SIGKILLs the worker node that holds route 0")
 	return cmd
 }
 
@@ -114,8 +115,16 @@ func chaos(ctx context.Context, env *commands.Env, f *chaosFlags) error {
 		return err
 	}
 	defer pool.Close()
-	if _, err := migrations.Migrate(ctx, pool, migrations.Up, nil); err != nil {
+	mopts := &migrations.Opts{}
+	if cluster != nil {
+		mopts.Routes = len(cluster.Workers) // a route per worker node: the runs divide between them
+	}
+	res, err := migrations.Migrate(ctx, pool, migrations.Up, mopts)
+	if err != nil {
 		return err
+	}
+	if cluster != nil {
+		fmt.Fprintf(out, "chaos: the runs spread over %d routes, on worker nodes %s\n", res.Routes, strings.Join(res.Placed, ", "))
 	}
 	if err := payment.Migrate(ctx, pool); err != nil {
 		return err
@@ -335,8 +344,8 @@ func workerPorts(c *citus.Cluster) string {
 	return strings.Join(ports, ", ")
 }
 
-// crashRunsNode SIGKILLs the worker node of c that holds the runs' table
-// and starts it again (localpg.Throwaway.Crash).
+// crashRunsNode SIGKILLs the worker node of c that holds route 0's runs
+// table and starts it again (localpg.Throwaway.Crash).
 func crashRunsNode(ctx context.Context, out io.Writer, c *citus.Cluster, pool *pgxpool.Pool, start time.Time) error {
 	var port int
 	if err := pool.QueryRow(ctx, `SELECT nodeport FROM citus_shards WHERE table_name = 'pgdurable.workflow_runs'::regclass LIMIT 1`).Scan(&port); err != nil {
@@ -344,7 +353,7 @@ func crashRunsNode(ctx context.Context, out io.Writer, c *citus.Cluster, pool *p
 	}
 	for _, w := range c.Workers {
 		if w.Port == port {
-			fmt.Fprintf(out, "  %5.1fs: crashing and restarting the worker node that holds the runs: 127.0.0.1:%d (SIGKILL)\n", time.Since(start).Seconds(), port)
+			fmt.Fprintf(out, "  %5.1fs: crashing and restarting the worker node that holds route 0's runs: 127.0.0.1:%d (SIGKILL)\n", time.Since(start).Seconds(), port)
 			return w.Crash(ctx)
 		}
 	}
