@@ -169,7 +169,7 @@ func TestCompensationResumesAfterACrash(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var n int
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_steps WHERE run_id = $1 AND name = 'undo_C' AND status = 'completed'`, res.RunID).Scan(&n))
+		require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT count(*) FROM pgdurable.workflow_steps WHERE run_id = $1 AND name = 'undo_C' AND status = 'completed'`), res.RunID).Scan(&n))
 		if n == 1 {
 			break
 		}

@@ -103,7 +103,7 @@ func BenchmarkWorkflow(b *testing.B) {
 			time.Sleep(200 * time.Millisecond)
 			commits := xactCommits(b, db) - commits0
 			var completed int
-			require.NoError(b, db.Pool.QueryRow(ctx, "SELECT count(*) FROM pgdurable.workflow_runs WHERE status = 'completed'").Scan(&completed))
+			require.NoError(b, db.Pool.QueryRow(ctx, db.SQL("SELECT count(*) FROM pgdurable.workflow_runs WHERE status = 'completed'")).Scan(&completed))
 			require.Equal(b, b.N, completed)
 
 			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "workflows/s")
@@ -151,7 +151,7 @@ func BenchmarkReplay1000Steps(b *testing.B) {
 	defer e.Stop(ctx) //nolint:errcheck
 	status := func(id any) engine.RunStatus {
 		var s engine.RunStatus
-		require.NoError(b, db.Pool.QueryRow(ctx, "SELECT status FROM pgdurable.workflow_runs WHERE run_id = $1", id).Scan(&s))
+		require.NoError(b, db.Pool.QueryRow(ctx, db.SQL("SELECT status FROM pgdurable.workflow_runs WHERE run_id = $1"), id).Scan(&s))
 		return s
 	}
 
@@ -201,7 +201,7 @@ func BenchmarkStartToCompletion(b *testing.B) {
 		require.NoError(b, err)
 		for {
 			var status engine.RunStatus
-			require.NoError(b, db.Pool.QueryRow(ctx, "SELECT status FROM pgdurable.workflow_runs WHERE run_id = $1", res.RunID).Scan(&status))
+			require.NoError(b, db.Pool.QueryRow(ctx, db.SQL("SELECT status FROM pgdurable.workflow_runs WHERE run_id = $1"), res.RunID).Scan(&status))
 			if status == engine.StatusCompleted {
 				break
 			}

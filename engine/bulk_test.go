@@ -47,8 +47,8 @@ func TestBulkCancelReplayAndDiscard(t *testing.T) {
 	}
 	eventually(t, 10*time.Second, "six waiting runs and three dead ones", func() bool {
 		var waiting, dead int
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'waiting'), count(*) FILTER (WHERE status = 'dead')
-			FROM pgdurable.workflow_runs`).Scan(&waiting, &dead))
+		require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT count(*) FILTER (WHERE status = 'waiting'), count(*) FILTER (WHERE status = 'dead')
+			FROM pgdurable.workflow_runs`)).Scan(&waiting, &dead))
 		return waiting == 6 && dead == 3
 	})
 
@@ -60,11 +60,11 @@ func TestBulkCancelReplayAndDiscard(t *testing.T) {
 	require.Equal(t, engine.BulkResult{Matched: 4, Done: 4}, res)
 	eventually(t, 10*time.Second, "the four to end cancelled", func() bool {
 		var n int
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE status = 'cancelled'`).Scan(&n))
+		require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs WHERE status = 'cancelled'`)).Scan(&n))
 		return n == 4
 	})
 	var stillWaiting int
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE status = 'waiting'`).Scan(&stillWaiting))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs WHERE status = 'waiting'`)).Scan(&stillWaiting))
 	require.Equal(t, 2, stillWaiting, "batch-b runs are left alone")
 	_, err = b.engine.CancelRuns(ctx, engine.CancelRunsParams{Filter: engine.ListRunsParams{Status: engine.StatusCompleted}, DryRun: true})
 	require.ErrorIs(t, err, engine.ErrInvalidArgument)
@@ -86,7 +86,7 @@ func TestBulkCancelReplayAndDiscard(t *testing.T) {
 	require.Equal(t, 3, res.Done)
 	eventually(t, 10*time.Second, "the replayed runs to complete", func() bool {
 		var n int
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE workflow_name = 'bulk-flaky' AND status = 'completed'`).Scan(&n))
+		require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs WHERE workflow_name = 'bulk-flaky' AND status = 'completed'`)).Scan(&n))
 		return n == 3
 	})
 	res, err = b.engine.DiscardDeadJobs(ctx, engine.ResolveDeadJobsParams{Filter: engine.ListDeadJobsParams{Workflow: "bulk-flaky"}, DryRun: false}, nil)
@@ -120,7 +120,7 @@ func TestBulkCancelNeedsAFilterAndCountsWhatItChanged(t *testing.T) {
 	require.NoError(t, err)
 	eventually(t, 30*time.Second, "every run waiting", func() bool {
 		var waiting int
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE status = 'waiting'`).Scan(&waiting))
+		require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs WHERE status = 'waiting'`)).Scan(&waiting))
 		return waiting == n
 	})
 	var wg sync.WaitGroup

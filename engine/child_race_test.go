@@ -43,11 +43,11 @@ func TestParentSuspensionRacingASlowChildEndIsWoken(t *testing.T) {
 	}, nil)
 	b := setup(t, nil, parent, child)
 	ctx := testCtx(t)
-	_, err := b.db.Pool.Exec(ctx, `
+	_, err := b.db.Pool.Exec(ctx, b.db.SQL(`
 CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(3); RETURN NULL; END $$;
 CREATE CONSTRAINT TRIGGER slow_child_commit AFTER UPDATE ON pgdurable.workflow_runs DEFERRABLE INITIALLY DEFERRED
 FOR EACH ROW WHEN (NEW.status = 'completed' AND OLD.status <> 'completed' AND NEW.parent_run_id IS NOT NULL)
-EXECUTE FUNCTION slow_commit();`)
+EXECUTE FUNCTION slow_commit();`))
 	require.NoError(t, err)
 	res, err := parent.Start(ctx, b.engine, 0, nil)
 	require.NoError(t, err)
@@ -118,13 +118,13 @@ func TestManyParentsOfQuickChildrenAllComplete(t *testing.T) {
 	}
 	eventually(t, 45*time.Second, "every parent to complete", func() bool {
 		var open int
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs
-			WHERE workflow_name = 'race-quick-parent' AND status <> 'completed'`).Scan(&open))
+		require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs
+			WHERE workflow_name = 'race-quick-parent' AND status <> 'completed'`)).Scan(&open))
 		return open == 0
 	})
 	var wrong int
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs
-		WHERE workflow_name = 'race-quick-parent' AND output <> '15'::jsonb`).Scan(&wrong))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs
+		WHERE workflow_name = 'race-quick-parent' AND output <> '15'::jsonb`)).Scan(&wrong))
 	require.Zero(t, wrong)
 }
 
@@ -199,12 +199,12 @@ func TestParentCloseCancelsAChildThatContinuesAsNew(t *testing.T) {
 	require.NoError(t, err)
 	eventually(t, 10*time.Second, "the child chain to end", func() bool {
 		var open int
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs
-			WHERE parent_run_id = $1 AND status IN ('pending', 'running', 'waiting', 'compensating')`, res.RunID).Scan(&open))
+		require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs
+			WHERE parent_run_id = $1 AND status IN ('pending', 'running', 'waiting', 'compensating')`), res.RunID).Scan(&open))
 		return open == 0
 	})
 	var status string
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT status FROM pgdurable.workflow_runs WHERE parent_run_id = $1 AND status <> 'continued'`,
+	require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT status FROM pgdurable.workflow_runs WHERE parent_run_id = $1 AND status <> 'continued'`),
 		res.RunID).Scan(&status))
 	require.Equal(t, "cancelled", status)
 }
@@ -316,9 +316,9 @@ func TestCancelledParentEndsAChildCancelledWhileClaimedElsewhere(t *testing.T) {
 	// it claim and hand it back too: the claim is taken when it is free).
 	token := uuid.New()
 	eventually(t, 10*time.Second, "the child claimed", func() bool {
-		tag, err := b.db.Pool.Exec(ctx, `UPDATE pgdurable.workflow_runs SET owner_token = $2, status = 'running',
+		tag, err := b.db.Pool.Exec(ctx, b.db.SQL(`UPDATE pgdurable.workflow_runs SET owner_token = $2, status = 'running',
 			deliveries = deliveries + 1, lease_expires_at = now() + interval '1 minute'
-			WHERE run_id = $1 AND status = 'pending' AND owner_token IS NULL`, child.RunID, token)
+			WHERE run_id = $1 AND status = 'pending' AND owner_token IS NULL`), child.RunID, token)
 		require.NoError(t, err)
 		return tag.RowsAffected() == 1
 	})
@@ -328,7 +328,7 @@ func TestCancelledParentEndsAChildCancelledWhileClaimedElsewhere(t *testing.T) {
 	waitStatus(t, b.engine, res.RunID, engine.StatusCompensating, 10*time.Second)
 	eventually(t, 10*time.Second, "the cancellation is requested of the claimed child", func() bool {
 		var requested bool
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT cancel_requested_at IS NOT NULL FROM pgdurable.workflow_runs WHERE run_id = $1`,
+		require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT cancel_requested_at IS NOT NULL FROM pgdurable.workflow_runs WHERE run_id = $1`),
 			child.RunID).Scan(&requested))
 		return requested
 	})

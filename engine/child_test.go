@@ -278,8 +278,8 @@ func TestKillWhileChildrenRunParentCompletesWithAllResults(t *testing.T) {
 	worker := crashtest.StartWorker(t, db, 2*time.Second, crashtest.EnvWorkerStarts+"=crash-parent:1", envBlockKids+"=1")
 	eventually(t, 60*time.Second, "three children inside their tx steps", func() bool {
 		var running, waiting int
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE parent_run_id IS NOT NULL AND status = 'running'),
-			count(*) FILTER (WHERE parent_run_id IS NULL AND status = 'waiting') FROM pgdurable.workflow_runs`).Scan(&running, &waiting))
+		require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT count(*) FILTER (WHERE parent_run_id IS NOT NULL AND status = 'running'),
+			count(*) FILTER (WHERE parent_run_id IS NULL AND status = 'waiting') FROM pgdurable.workflow_runs`)).Scan(&running, &waiting))
 		var inTx int
 		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND state = 'idle in transaction'`).Scan(&inTx))
@@ -289,17 +289,17 @@ func TestKillWhileChildrenRunParentCompletesWithAllResults(t *testing.T) {
 
 	newEngine(t, db, &engine.Config{LeaseDuration: 2 * time.Second, SweepInterval: 100 * time.Millisecond}, true, crashWorkflows(db.Pool)...)
 	var parentID uuid.UUID
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT run_id FROM pgdurable.workflow_runs WHERE parent_run_id IS NULL`).Scan(&parentID))
+	require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT run_id FROM pgdurable.workflow_runs WHERE parent_run_id IS NULL`)).Scan(&parentID))
 	eventually(t, 60*time.Second, "the parent to complete", func() bool {
 		var status string
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT status FROM pgdurable.workflow_runs WHERE run_id = $1`, parentID).Scan(&status))
+		require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT status FROM pgdurable.workflow_runs WHERE run_id = $1`), parentID).Scan(&status))
 		return status == "completed"
 	})
 	var output []int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT output FROM pgdurable.workflow_runs WHERE run_id = $1`, parentID).Scan(&output))
+	require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT output FROM pgdurable.workflow_runs WHERE run_id = $1`), parentID).Scan(&output))
 	require.Equal(t, []int{0, 1, 4}, output)
 	var children, rows, distinct int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE parent_run_id = $1`, parentID).Scan(&children))
+	require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs WHERE parent_run_id = $1`), parentID).Scan(&children))
 	require.Equal(t, 3, children, "each child started once")
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT note) FROM reservations`).Scan(&rows, &distinct))
 	require.Equal(t, 3, rows, "each child's tx step committed once")

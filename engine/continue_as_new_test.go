@@ -41,11 +41,11 @@ func TestContinueAsNewLoopKeepsEachRunsHistoryToItsOwnSteps(t *testing.T) {
 	require.Equal(t, iterations, out)
 
 	var runs, continued, completed, maxSteps, minSteps int
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `
+	require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`
 		SELECT count(*), count(*) FILTER (WHERE status = 'continued'), count(*) FILTER (WHERE status = 'completed'),
 		       max(steps), min(steps)
 		FROM (SELECT r.status, (SELECT count(*) FROM pgdurable.workflow_steps s WHERE s.run_id = r.run_id) AS steps
-		      FROM pgdurable.workflow_runs r WHERE workflow_id = 'the-loop') x`).Scan(&runs, &continued, &completed, &maxSteps, &minSteps))
+		      FROM pgdurable.workflow_runs r WHERE workflow_id = 'the-loop') x`)).Scan(&runs, &continued, &completed, &maxSteps, &minSteps))
 	require.Equal(t, iterations, runs)
 	require.Equal(t, iterations-1, continued)
 	require.Equal(t, 1, completed)
@@ -133,7 +133,7 @@ func TestCancelBeatsContinueAsNew(t *testing.T) {
 	_, err = wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
 	require.ErrorIs(t, err, engine.ErrCancelled)
 	var n int
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs`).Scan(&n))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs`)).Scan(&n))
 	require.Equal(t, 1, n)
 }
 

@@ -332,7 +332,7 @@ func TestKilledWorkerRunFinishesOnAnotherWorker(t *testing.T) {
 	child := crashtest.StartWorker(t, db, 0, envBlockStep3+"=1") // default lease: 10 s
 	eventually(t, 30*time.Second, "step 2 to be recorded", func() bool {
 		var n int
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_steps WHERE run_id = $1 AND seq = 1 AND status = 'completed'`, res.RunID).Scan(&n))
+		require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT count(*) FROM pgdurable.workflow_steps WHERE run_id = $1 AND seq = 1 AND status = 'completed'`), res.RunID).Scan(&n))
 		return n == 1
 	})
 	crashtest.Kill(t, child)
@@ -417,7 +417,7 @@ func echoWorkflow(name string) *engine.Workflow[int, int] {
 func stallCounts(t *testing.T, db *enginetest.DB, runID uuid.UUID) (stalled, long int) {
 	t.Helper()
 	require.NoError(t, db.Pool.QueryRow(context.Background(),
-		`SELECT stalled_deliveries, long_stalled_deliveries FROM pgdurable.workflow_runs WHERE run_id = $1`, runID).Scan(&stalled, &long))
+		db.SQL(`SELECT stalled_deliveries, long_stalled_deliveries FROM pgdurable.workflow_runs WHERE run_id = $1`), runID).Scan(&stalled, &long))
 	return stalled, long
 }
 
@@ -436,8 +436,8 @@ func TestRepeatedCrashHoldsTheRunBackWithJitter(t *testing.T) {
 		res, err := wf.Start(ctx, client, in, nil)
 		require.NoError(t, err)
 		// Its worker claimed it deliveries times in a row and died each time.
-		_, err = db.Pool.Exec(ctx, `UPDATE pgdurable.workflow_runs SET status = 'running', owner_token = gen_random_uuid(),
-			lease_expires_at = now() - interval '1 second', deliveries = $2, stalled_deliveries = $2 WHERE run_id = $1`,
+		_, err = db.Pool.Exec(ctx, db.SQL(`UPDATE pgdurable.workflow_runs SET status = 'running', owner_token = gen_random_uuid(),
+			lease_expires_at = now() - interval '1 second', deliveries = $2, stalled_deliveries = $2 WHERE run_id = $1`),
 			res.RunID, deliveries)
 		require.NoError(t, err)
 		return res.RunID
@@ -496,7 +496,7 @@ func TestCrashLoopParksOnYoungDeathsOrFiveTimesAsManyInAll(t *testing.T) {
 		res, err := wf.Start(ctx, client, i, nil)
 		require.NoError(t, err)
 		ids[i] = res.RunID
-		_, err = db.Pool.Exec(ctx, `UPDATE pgdurable.workflow_runs SET deliveries = $2, stalled_deliveries = $2, long_stalled_deliveries = $3 WHERE run_id = $1`,
+		_, err = db.Pool.Exec(ctx, db.SQL(`UPDATE pgdurable.workflow_runs SET deliveries = $2, stalled_deliveries = $2, long_stalled_deliveries = $3 WHERE run_id = $1`),
 			res.RunID, c.stalled, c.long)
 		require.NoError(t, err)
 	}
@@ -619,7 +619,7 @@ func TestOnlyTheLeaseHolderRecordsAndTheLoserStops(t *testing.T) {
 
 	// A's lease expires; the sweep gives the run to delivery B, which runs
 	// b and c and completes it while A is still inside b.
-	_, err = b.db.Pool.Exec(ctx, `UPDATE pgdurable.workflow_runs SET lease_expires_at = now() - interval '1 second' WHERE run_id = $1`, res.RunID)
+	_, err = b.db.Pool.Exec(ctx, b.db.SQL(`UPDATE pgdurable.workflow_runs SET lease_expires_at = now() - interval '1 second' WHERE run_id = $1`), res.RunID)
 	require.NoError(t, err)
 	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
 	require.NoError(t, err)
@@ -751,7 +751,7 @@ func TestChainedTxStepsAreExactlyOnceAcrossKills(t *testing.T) {
 			child := crashtest.StartWorker(t, db, time.Second, tc.env+"=1")
 			eventually(t, 30*time.Second, "the kill point", func() bool {
 				var n int
-				require.NoError(t, db.Pool.QueryRow(ctx, tc.killWhen, res.RunID).Scan(&n))
+				require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(tc.killWhen), res.RunID).Scan(&n))
 				return n == 1
 			})
 			var committed int
@@ -800,7 +800,7 @@ func TestTxStepIsExactlyOnceAcrossKills(t *testing.T) {
 			child := crashtest.StartWorker(t, db, time.Second, tc.env+"=1")
 			eventually(t, 30*time.Second, "the kill point", func() bool {
 				var n int
-				require.NoError(t, db.Pool.QueryRow(ctx, tc.killWhen, res.RunID).Scan(&n))
+				require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(tc.killWhen), res.RunID).Scan(&n))
 				return n == 1
 			})
 			crashtest.Kill(t, child)

@@ -157,7 +157,7 @@ func TestDispatchedRunOfAKilledWorkerFinishesElsewhere(t *testing.T) {
 	child := crashtest.StartWorker(t, db, 2*time.Second, envBlockStep3+"=1", crashtest.EnvWorkerStarts+"=crash-three:1")
 	var runID uuid.UUID
 	eventually(t, 30*time.Second, "the child's run to record step 2", func() bool {
-		err := db.Pool.QueryRow(ctx, `SELECT run_id FROM pgdurable.workflow_steps WHERE seq = 1 AND status = 'completed'`).Scan(&runID)
+		err := db.Pool.QueryRow(ctx, db.SQL(`SELECT run_id FROM pgdurable.workflow_steps WHERE seq = 1 AND status = 'completed'`)).Scan(&runID)
 		return err == nil
 	})
 	require.Zero(t, tickets(t, db, runID), "dispatched in the child without a ticket")
@@ -240,7 +240,7 @@ func TestStartLandingAfterStopIsReleased(t *testing.T) {
 	require.NoError(t, blocker.Rollback(ctx)) // the held start's insert lands now
 	r := <-done
 	var heldUntil *time.Time
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT held_until FROM pgdurable.workflow_runs WHERE run_id = $1`, r.RunID).Scan(&heldUntil))
+	require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT held_until FROM pgdurable.workflow_runs WHERE run_id = $1`), r.RunID).Scan(&heldUntil))
 	require.Nil(t, heldUntil)
 	require.Equal(t, 1, tickets(t, db, r.RunID))
 }

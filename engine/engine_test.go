@@ -150,7 +150,7 @@ func TestConcurrentStartsWithOneWorkflowIDGiveOneRun(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 5, out)
 	var runs int
-	require.NoError(t, b.db.Pool.QueryRow(ctx, "SELECT count(*) FROM pgdurable.workflow_runs WHERE workflow_id = 'order-42'").Scan(&runs))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL("SELECT count(*) FROM pgdurable.workflow_runs WHERE workflow_id = 'order-42'")).Scan(&runs))
 	require.Equal(t, 1, runs)
 	require.EqualValues(t, 1, bodies.Load())
 }

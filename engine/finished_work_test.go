@@ -88,8 +88,12 @@ func TestTransientRecordWriteFailureIsRetried(t *testing.T) {
 					END IF;
 					RETURN NEW;
 				END $$;
-				CREATE TRIGGER inject_fault BEFORE INSERT OR UPDATE ON pgdurable.workflow_steps FOR EACH ROW EXECUTE FUNCTION inject_fault();`, fault))
+				`, fault))
 			require.NoError(t, err)
+			for _, steps := range b.db.RouteTables("workflow_steps") {
+				_, err := b.db.Pool.Exec(ctx, `CREATE TRIGGER inject_fault BEFORE INSERT OR UPDATE ON `+steps+` FOR EACH ROW EXECUTE FUNCTION inject_fault()`)
+				require.NoError(t, err)
+			}
 			res, err := wf.Start(ctx, b.engine, 0, nil)
 			require.NoError(t, err)
 			out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
@@ -155,10 +159,10 @@ func TestCrashLoopDeadJobCarriesDeliveriesAndAttempts(t *testing.T) {
 	res, err := wf.Start(ctx, client, 0, nil)
 	require.NoError(t, err)
 	// As if 10 deliveries had claimed it and each died in its call.
-	_, err = db.Pool.Exec(ctx, `
+	_, err = db.Pool.Exec(ctx, db.SQL(`
 		WITH run AS (UPDATE pgdurable.workflow_runs SET deliveries = 10, stalled_deliveries = 10 WHERE run_id = $1 RETURNING run_id)
-		INSERT INTO pgdurable.workflow_steps (run_id, seq, name, kind, status, attempts, request_id, started_at)
-		SELECT run_id, 0, 'call', 'activity', 'started', 3, gen_random_uuid(), now() FROM run`, res.RunID)
+		INSERT INTO `+db.RunTable("workflow_steps", res.RunID)+` (run_id, seq, name, kind, status, attempts, request_id, started_at)
+		SELECT run_id, 0, 'call', 'activity', 'started', 3, gen_random_uuid(), now() FROM run`), res.RunID)
 	require.NoError(t, err)
 	worker := newEngine(t, db, nil, true, wf)
 	run := waitStatus(t, worker, res.RunID, engine.StatusDead, 10*time.Second)

@@ -186,13 +186,13 @@ func TestKillMidFanOutRunsEachParallelStepOnce(t *testing.T) {
 	child := crashtest.StartWorker(t, db, 2*time.Second, crashtest.EnvWorkerStarts+"=crash-fanout:1")
 	eventually(t, 60*time.Second, "30 parallel steps recorded", func() bool {
 		var n int
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_steps WHERE status = 'completed'`).Scan(&n))
+		require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT count(*) FROM pgdurable.workflow_steps WHERE status = 'completed'`)).Scan(&n))
 		return n >= 30
 	})
 	crashtest.Kill(t, child)
 	recorded := map[string]int{}
-	rows, err := db.Pool.Query(ctx, `SELECT s.name, coalesce(c.n, 0) FROM pgdurable.workflow_steps s
-		LEFT JOIN step_calls c ON c.run_id = s.run_id AND c.step = s.name WHERE s.status = 'completed'`)
+	rows, err := db.Pool.Query(ctx, db.SQL(`SELECT s.name, coalesce(c.n, 0) FROM pgdurable.workflow_steps s
+		LEFT JOIN step_calls c ON c.run_id = s.run_id AND c.step = s.name WHERE s.status = 'completed'`))
 	require.NoError(t, err)
 	for rows.Next() {
 		var name string
@@ -206,10 +206,10 @@ func TestKillMidFanOutRunsEachParallelStepOnce(t *testing.T) {
 
 	newEngine(t, db, &engine.Config{LeaseDuration: 2 * time.Second, SweepInterval: 100 * time.Millisecond}, true, crashWorkflows(db.Pool)...)
 	var runID string
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT run_id::text FROM pgdurable.workflow_runs`).Scan(&runID))
+	require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT run_id::text FROM pgdurable.workflow_runs`)).Scan(&runID))
 	eventually(t, 60*time.Second, "the run to complete", func() bool {
 		var status string
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT status FROM pgdurable.workflow_runs`).Scan(&status))
+		require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT status FROM pgdurable.workflow_runs`)).Scan(&status))
 		return status == "completed"
 	})
 	for name, before := range recorded {
@@ -220,7 +220,7 @@ func TestKillMidFanOutRunsEachParallelStepOnce(t *testing.T) {
 	require.Equal(t, 100, rowsPerStep, "each parallel tx step's row once")
 	require.Equal(t, 100, distinct)
 	var output []int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT output FROM pgdurable.workflow_runs`).Scan(&output))
+	require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT output FROM pgdurable.workflow_runs`)).Scan(&output))
 	for i, v := range output {
 		require.Equal(t, i, v)
 	}

@@ -25,10 +25,10 @@ func TestKillDuringGroupCommitLosesNothingAndDuplicatesNothing(t *testing.T) {
 	child := crashtest.StartWorker(t, db, 2*time.Second, crashtest.EnvWorkerStarts+"=crash-batch:300")
 	eventually(t, 60*time.Second, "a record batch in flight after 50 runs completed", func() bool {
 		var done, inFlight int
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT
+		require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT
 			(SELECT count(*) FROM pgdurable.workflow_runs WHERE status = 'completed'),
 			(SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state = 'active'
-			   AND query LIKE '%pgdurable: workflow_steps records%' AND pid <> pg_backend_pid())`).Scan(&done, &inFlight))
+			   AND query LIKE '%pgdurable: workflow_steps records%' AND pid <> pg_backend_pid())`)).Scan(&done, &inFlight))
 		return done >= 50 && inFlight > 0
 	})
 	crashtest.Kill(t, child)
@@ -39,9 +39,9 @@ func TestKillDuringGroupCommitLosesNothingAndDuplicatesNothing(t *testing.T) {
 		step string
 	}
 	landed := map[key]int{}
-	rows, err := db.Pool.Query(ctx, `SELECT s.run_id, s.name, coalesce(c.n, 0) FROM pgdurable.workflow_steps s
+	rows, err := db.Pool.Query(ctx, db.SQL(`SELECT s.run_id, s.name, coalesce(c.n, 0) FROM pgdurable.workflow_steps s
 		LEFT JOIN step_calls c ON c.run_id = s.run_id AND c.step = s.name
-		WHERE s.status = 'completed' AND s.kind = 'step'`)
+		WHERE s.status = 'completed' AND s.kind = 'step'`))
 	require.NoError(t, err)
 	for rows.Next() {
 		var k key
@@ -51,7 +51,7 @@ func TestKillDuringGroupCommitLosesNothingAndDuplicatesNothing(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	var total, unfinished int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status <> 'completed') FROM pgdurable.workflow_runs`).
+	require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT count(*), count(*) FILTER (WHERE status <> 'completed') FROM pgdurable.workflow_runs`)).
 		Scan(&total, &unfinished))
 	t.Logf("killed with %d runs started, %d unfinished, %d plain-step records landed", total, unfinished, len(landed))
 	require.Positive(t, unfinished, "the kill came mid-work")
@@ -60,7 +60,7 @@ func TestKillDuringGroupCommitLosesNothingAndDuplicatesNothing(t *testing.T) {
 	newEngine(t, db, &engine.Config{LeaseDuration: 2 * time.Second, SweepInterval: 100 * time.Millisecond}, true, wfs...)
 	eventually(t, 60*time.Second, "every run to complete", func() bool {
 		var n int
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE status <> 'completed'`).Scan(&n))
+		require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs WHERE status <> 'completed'`)).Scan(&n))
 		return n == 0
 	})
 
@@ -68,10 +68,10 @@ func TestKillDuringGroupCommitLosesNothingAndDuplicatesNothing(t *testing.T) {
 		require.Equal(t, before, calls(t, db.Pool, k.run, k.step), "step %s of run %s was recorded, so it never runs again", k.step, k.run)
 	}
 	var badRecords, badRows, badOutputs int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT
+	require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT
 		(SELECT count(*) FROM (SELECT run_id FROM pgdurable.workflow_steps GROUP BY run_id HAVING count(*) <> 6) x),
 		(SELECT count(*) FROM pgdurable.workflow_runs r WHERE (SELECT count(*) FROM reservations v WHERE v.run_id = r.run_id) <> 1),
-		(SELECT count(*) FROM pgdurable.workflow_runs WHERE output <> '6'::jsonb)`).Scan(&badRecords, &badRows, &badOutputs))
+		(SELECT count(*) FROM pgdurable.workflow_runs WHERE output <> '6'::jsonb)`)).Scan(&badRecords, &badRows, &badOutputs))
 	require.Zero(t, badRecords, "runs without exactly 6 records")
 	require.Zero(t, badRows, "runs whose tx step's row is missing or doubled")
 	require.Zero(t, badOutputs, "runs with a wrong output")

@@ -26,9 +26,9 @@ func TestTicketWaitsForARunNotVisibleYet(t *testing.T) {
 	client := newEngine(t, db, nil, false, wf) // not started: the start goes through River
 	res, err := wf.Start(ctx, client, 21, nil)
 	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, `CREATE TABLE hidden_run AS SELECT * FROM pgdurable.workflow_runs WHERE run_id = $1`, res.RunID)
+	_, err = db.Pool.Exec(ctx, db.SQL(`CREATE TABLE hidden_run AS SELECT * FROM pgdurable.workflow_runs WHERE run_id = $1`), res.RunID)
 	require.NoError(t, err)
-	tag, err := db.Pool.Exec(ctx, `DELETE FROM pgdurable.workflow_runs WHERE run_id = $1`, res.RunID)
+	tag, err := db.Pool.Exec(ctx, db.SQL(`DELETE FROM pgdurable.workflow_runs WHERE run_id = $1`), res.RunID)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, tag.RowsAffected())
 	var tickets int
@@ -43,7 +43,7 @@ func TestTicketWaitsForARunNotVisibleYet(t *testing.T) {
 		return state == "scheduled"
 	}, 10*time.Second, 10*time.Millisecond, "the ticket that found no run waits for it")
 	time.Sleep(time.Second)
-	_, err = db.Pool.Exec(ctx, `INSERT INTO pgdurable.workflow_runs SELECT * FROM hidden_run`)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO `+db.RunTable("workflow_runs", res.RunID)+` SELECT * FROM hidden_run`)
 	require.NoError(t, err)
 	out, err := wf.Wait(ctx, worker, res.RunID, 20*time.Millisecond)
 	require.NoError(t, err)

@@ -43,8 +43,8 @@ func TestOversizedOutputsAreRefusedAndCatchable(t *testing.T) {
 	require.Equal(t, "output_too_large,activity", out)
 	require.Equal(t, 1, calls, "not retried")
 	var stored int
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT coalesce(max(octet_length(coalesce(output::text, '') || coalesce(error::text, ''))), 0)
-		FROM pgdurable.workflow_steps WHERE run_id = $1`, res.RunID).Scan(&stored))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT coalesce(max(octet_length(coalesce(output::text, '') || coalesce(error::text, ''))), 0)
+		FROM pgdurable.workflow_steps WHERE run_id = $1`), res.RunID).Scan(&stored))
 	require.Less(t, stored, 64<<10, "nothing oversized is stored")
 
 	res, err = wfBig.Start(ctx, b.engine, 0, nil)

@@ -77,8 +77,8 @@ func TestListRunsByCreatedAndFinishedTime(t *testing.T) {
 	ctx := testCtx(t)
 	insertOldRuns(t, b.db.Pool, "ten-days-", "completed", 3, 0, 10*24*time.Hour)
 	insertOldRuns(t, b.db.Pool, "two-days-", "failed", 2, 0, 2*24*time.Hour)
-	_, err := b.db.Pool.Exec(ctx, `INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_id, status, input)
-		VALUES ('`+uuid.Must(uuid.NewV7()).String()+`', 'history', 'now-1', 'pending', '1')`)
+	_, err := b.db.Pool.Exec(ctx, b.db.SQL(`INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_id, status, input)
+		VALUES ('`)+uuid.Must(uuid.NewV7()).String()+`', 'history', 'now-1', 'pending', '1')`)
 	require.NoError(t, err)
 	now := time.Now()
 	count := func(p engine.ListRunsParams) int {
@@ -115,7 +115,7 @@ func TestListRunsTopLevel(t *testing.T) {
 		run, err := b.engine.GetRun(ctx, res.RunID)
 		require.NoError(t, err)
 		var waiting int
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE workflow_name = 'kid' AND status = 'waiting'`).Scan(&waiting))
+		require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs WHERE workflow_name = 'kid' AND status = 'waiting'`)).Scan(&waiting))
 		if len(run.Children) == 1 && waiting == 2 {
 			break // both kids wait for their signal: the status filter below sees them
 		}

@@ -144,8 +144,8 @@ func TestPatchedTakesTheSameBranchAfterACrash(t *testing.T) {
 				return calls(t, db.Pool, res.RunID, tc.reached) == 1
 			})
 			var recorded, markers int
-			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE patches = 'fraud-check'), count(*) FILTER (WHERE kind = 'patch')
-				FROM pgdurable.workflow_steps WHERE run_id = $1`, res.RunID).Scan(&recorded, &markers))
+			require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT count(*) FILTER (WHERE patches = 'fraud-check'), count(*) FILTER (WHERE kind = 'patch')
+				FROM pgdurable.workflow_steps WHERE run_id = $1`), res.RunID).Scan(&recorded, &markers))
 			require.Equal(t, tc.recorded, recorded)
 			require.Zero(t, markers, "no marker row of its own")
 			crashtest.Kill(t, child)

@@ -166,7 +166,7 @@ func TestPatchedMarkerIsWrittenBeforeAParallelStep(t *testing.T) {
 		runID := ctx.RunID()
 		return engine.Go(ctx, "count_markers", func(sctx context.Context) (int, error) {
 			var n int
-			err := db.Pool.QueryRow(sctx, `SELECT count(*) FROM pgdurable.workflow_steps WHERE run_id = $1 AND kind = 'patch'`, runID).Scan(&n)
+			err := db.Pool.QueryRow(sctx, db.SQL(`SELECT count(*) FROM pgdurable.workflow_steps WHERE run_id = $1 AND kind = 'patch'`), runID).Scan(&n)
 			return n, err
 		}, nil).Get(ctx)
 	}, nil)

@@ -62,7 +62,7 @@ func TestPruneDeletesOldRunsWhileRunsExecute(t *testing.T) {
 	insertOldRuns(t, b.db.Pool, "done-", "completed", 10_000, 3, month)
 	insertOldRuns(t, b.db.Pool, "dead-open-", "dead", 10, 1, month)
 	insertOldRuns(t, b.db.Pool, "dead-discarded-", "dead", 5, 1, month)
-	_, err := b.db.Pool.Exec(ctx, `
+	_, err := b.db.Pool.Exec(ctx, b.db.SQL(`
 INSERT INTO pgdurable.dead_jobs (id, run_id, workflow_name, workflow_id, workflow_version, input, reason, error_class, error_message,
                        parked_at, resolved_at, resolution)
 SELECT gen_random_uuid(), run_id, workflow_name, workflow_id, 1, input, 'panic', 'panic', 'boom', completed_at,
@@ -77,7 +77,7 @@ VALUES ('00000000-0000-7000-8000-000000000001', 'history', 'live-parent', 'waiti
 INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_id, status, input, output, completed_at,
                            parent_run_id, parent_seq, parent_close_policy)
 VALUES ('00000000-0000-7000-8000-000000000002', 'history', 'old-child', 'completed', '1', '2', now() - interval '30 days',
-        '00000000-0000-7000-8000-000000000001', 0, 'cancel');`)
+        '00000000-0000-7000-8000-000000000001', 0, 'cancel');`))
 	require.NoError(t, err)
 
 	dry, err := b.engine.Prune(ctx, engine.PruneParams{OlderThan: 24 * time.Hour, DryRun: true})
@@ -106,11 +106,11 @@ VALUES ('00000000-0000-7000-8000-000000000002', 'history', 'old-child', 'complet
 		require.Equal(t, 3*i, out)
 	}
 	var runs, steps, openDead, kept int
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE workflow_name = 'prune-live'`).Scan(&runs))
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_steps s JOIN pgdurable.workflow_runs r USING (run_id)
-		WHERE r.workflow_name = 'prune-live'`).Scan(&steps))
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.dead_jobs WHERE resolved_at IS NULL`).Scan(&openDead))
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE workflow_name = 'history'`).Scan(&kept))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs WHERE workflow_name = 'prune-live'`)).Scan(&runs))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT count(*) FROM pgdurable.workflow_steps s JOIN pgdurable.workflow_runs r USING (run_id)
+		WHERE r.workflow_name = 'prune-live'`)).Scan(&steps))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT count(*) FROM pgdurable.dead_jobs WHERE resolved_at IS NULL`)).Scan(&openDead))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs WHERE workflow_name = 'history'`)).Scan(&kept))
 	require.Equal(t, 100, runs, "the runs executing meanwhile are all there")
 	require.Equal(t, 300, steps)
 	require.Equal(t, 10, openDead, "no unresolved dead job is deleted")
@@ -137,12 +137,12 @@ func TestRetentionSweepPrunesOldRuns(t *testing.T) {
 	ctx := testCtx(t)
 	eventually(t, 20*time.Second, "the old runs to be pruned", func() bool {
 		var n int
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE starts_with(workflow_id, 'two-days-')`).Scan(&n))
+		require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs WHERE starts_with(workflow_id, 'two-days-')`)).Scan(&n))
 		return n == 0
 	})
 	var recent, steps int
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE starts_with(workflow_id, 'an-hour-')`).Scan(&recent))
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_steps`).Scan(&steps))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs WHERE starts_with(workflow_id, 'an-hour-')`)).Scan(&recent))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT count(*) FROM pgdurable.workflow_steps`)).Scan(&steps))
 	require.Equal(t, 1, recent)
 	require.Equal(t, 1, steps)
 }

@@ -128,8 +128,8 @@ func TestQueueLimitAcrossProcessesAndCrash(t *testing.T) {
 	// at most then), and no other process takes one before (every time
 	// here is the database's clock).
 	var firstExpiry, lastExpiry time.Time
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT min(lease_expires_at), max(lease_expires_at) FROM pgdurable.workflow_runs
-WHERE run_id IN (SELECT run_id FROM queue_calls WHERE pid = $1 AND ended_at IS NULL)`, victim.Process.Pid).Scan(&firstExpiry, &lastExpiry))
+	require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT min(lease_expires_at), max(lease_expires_at) FROM pgdurable.workflow_runs
+WHERE run_id IN (SELECT run_id FROM queue_calls WHERE pid = $1 AND ended_at IS NULL)`), victim.Process.Pid).Scan(&firstExpiry, &lastExpiry))
 	var reused time.Time
 	// How soon after the expiry a slot is used again depends on the
 	// admission's cadence and the machine's load; when is what is checked.
@@ -267,7 +267,7 @@ func TestQueueHotKeyDoesNotStarveColdKeys(t *testing.T) {
 	// runs started between its start call and its own start.
 	var p99Wait float64
 	var p99Ahead, hotDone int
-	require.NoError(t, db.Pool.QueryRow(ctx, `
+	require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`
 WITH cold AS (
   SELECT c.started_at, r.created_at FROM queue_calls c JOIN pgdurable.workflow_runs r ON r.run_id = c.run_id WHERE c.key LIKE 'cold-%'
 ), ahead AS (
@@ -277,7 +277,7 @@ WITH cold AS (
 )
 SELECT percentile_disc(0.99) WITHIN GROUP (ORDER BY wait), percentile_disc(0.99) WITHIN GROUP (ORDER BY ahead),
        (SELECT count(*) FROM queue_calls WHERE key = 'hot')
-FROM ahead`).Scan(&p99Wait, &p99Ahead, &hotDone))
+FROM ahead`)).Scan(&p99Wait, &p99Ahead, &hotDone))
 	t.Logf("cold runs: p99 wait %.3f s, p99 runs started ahead %d; hot runs started by then: %d of %d", p99Wait, p99Ahead, hotDone, len(hot))
 	// At most one run of each key waiting (101 keys, two at a tie of
 	// tags), plus the 10 in flight when it became ready.

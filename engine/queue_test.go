@@ -40,7 +40,7 @@ func queueEngine(t *testing.T, db *enginetest.DB, cfg *engine.Config, queues map
 // database has them.
 func runningOf(t *testing.T, db *enginetest.DB, queue string) int {
 	var n int
-	require.NoError(t, db.Pool.QueryRow(context.Background(), runningQuery, queue).Scan(&n))
+	require.NoError(t, db.Pool.QueryRow(context.Background(), db.SQL(runningQuery), queue).Scan(&n))
 	return n
 }
 
@@ -55,7 +55,7 @@ func sampleMax(t *testing.T, db *enginetest.DB, query string, args ...any) func(
 		defer tick.Stop()
 		for {
 			var n int
-			if err := db.Pool.QueryRow(context.Background(), query, args...).Scan(&n); err == nil {
+			if err := db.Pool.QueryRow(context.Background(), db.SQL(query), args...).Scan(&n); err == nil {
 				most = max(most, n)
 			}
 			select {
@@ -661,8 +661,8 @@ func TestQueueKeyOrderSurvivesTerminateAndALostLease(t *testing.T) {
 	require.NoError(t, e.Terminate(ctx, b, &engine.TerminateOpts{Reason: "not needed"}))
 	// a as a process that died while running it leaves it: leased, the
 	// lease expired, not ready.
-	_, err := db.Pool.Exec(ctx, `UPDATE pgdurable.workflow_runs SET owner_token = gen_random_uuid(),
-		lease_expires_at = now() - interval '1 second', ready_at = NULL, status = 'running', deliveries = 1 WHERE run_id = $1`, a)
+	_, err := db.Pool.Exec(ctx, db.SQL(`UPDATE pgdurable.workflow_runs SET owner_token = gen_random_uuid(),
+		lease_expires_at = now() - interval '1 second', ready_at = NULL, status = 'running', deliveries = 1 WHERE run_id = $1`), a)
 	require.NoError(t, err)
 	require.NoError(t, e.ResumeQueue(ctx, "orderq", "test"))
 	waitStatus(t, e, a, engine.StatusCompleted, 10*time.Second)
@@ -672,8 +672,8 @@ func TestQueueKeyOrderSurvivesTerminateAndALostLease(t *testing.T) {
 	require.Equal(t, engine.StatusTerminated, run.Status)
 	require.Empty(t, run.WaitingFor, "a terminated run waits for nothing")
 	var aDone, cStarted time.Time
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT (SELECT completed_at FROM pgdurable.workflow_steps WHERE run_id = $1),
-		(SELECT started_at FROM pgdurable.workflow_steps WHERE run_id = $2)`, a, c).Scan(&aDone, &cStarted))
+	require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT (SELECT completed_at FROM pgdurable.workflow_steps WHERE run_id = $1),
+		(SELECT started_at FROM pgdurable.workflow_steps WHERE run_id = $2)`), a, c).Scan(&aDone, &cStarted))
 	require.False(t, cStarted.Before(aDone), "c started at %s, before a, started first, completed at %s", cStarted, aDone)
 	queues, err := e.ListQueues(ctx)
 	require.NoError(t, err)

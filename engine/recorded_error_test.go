@@ -200,7 +200,7 @@ func TestRecordedErrorsAreBounded(t *testing.T) {
 	require.NoError(t, err)
 	waitStatus(t, b.engine, res.RunID, engine.StatusFailed, 10*time.Second)
 	var size int
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT octet_length(error::text) FROM pgdurable.workflow_steps WHERE run_id = $1`, res.RunID).Scan(&size))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT octet_length(error::text) FROM pgdurable.workflow_steps WHERE run_id = $1`), res.RunID).Scan(&size))
 	require.Less(t, size, 64<<10)
 	run, err := b.engine.GetRun(ctx, res.RunID)
 	require.NoError(t, err)

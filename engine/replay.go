@@ -137,8 +137,8 @@ func Replay(ctx context.Context, pool *pgxpool.Pool, w Registration, h *History)
 	if err := h.check(); err != nil {
 		return err
 	}
-	var used bool
-	if err := pool.QueryRow(ctx, store.Default.SQL(`SELECT EXISTS (SELECT 1 FROM pgdurable.workflow_runs)`)).Scan(&used); err != nil {
+	used, err := store.HoldsRuns(ctx, store.Default.On(pool))
+	if err != nil {
 		return fmt.Errorf("replay: reading the scratch database: %w", err)
 	}
 	if used {

@@ -19,6 +19,9 @@ import (
 // layout of a Citus cluster, here on one PostgreSQL).
 func routedDB(t *testing.T, routes int) *enginetest.DB {
 	t.Helper()
+	if n := enginetest.Routes(); n > 1 && n != routes {
+		t.Skipf("the test databases have %d routes (%s); this test makes %d", n, enginetest.EnvRoutes, routes)
+	}
 	db := enginetest.NewDB(t)
 	res, err := migrations.Migrate(context.Background(), db.Pool, migrations.Up, &migrations.Opts{Routes: routes})
 	require.NoError(t, err)
@@ -294,4 +297,40 @@ func TestRoutesKeepDeadJobsQueuesAndPrunes(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 6+31+1, pruned.Runs)
 	require.Equal(t, []int{0, 0, 0}, runsByRoute(t, db, routes))
+}
+
+// A run ID that names a route the installation does not have is a run not
+// found, as any unknown ID; a prune finds the children whose parent, in
+// another route, has closed, past any number of children of a parent
+// still open.
+func TestRoutesUnknownIDsAndPrunesPastOpenParents(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := routedDB(t, 2)
+	e := newEngine(t, db, &engine.Config{Retention: -1}, true)
+	made := uuid.MustParse("01a24a48-7402-863d-8724-32a2352a9f09") // version 8, route 9
+	_, err := e.GetRun(ctx, made)
+	require.ErrorIs(t, err, engine.ErrNotFound)
+	require.ErrorIs(t, e.Cancel(ctx, made), engine.ErrNotFound)
+
+	// In route 0 an open parent and a closed one; in route 1, 600
+	// children of the open one, then 5 of the closed one.
+	_, err = db.Pool.Exec(ctx, `
+INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_id, status, input, completed_at)
+VALUES ('00000000-0000-7000-8000-000000000001', 'p', 'open-parent', 'waiting', '1', NULL),
+       ('00000000-0000-7000-8000-000000000002', 'p', 'closed-parent', 'completed', '1', now() - interval '2 hours');
+INSERT INTO pgdurable_r1.workflow_runs (run_id, workflow_name, workflow_id, status, input, completed_at,
+                                         parent_run_id, parent_seq, parent_close_policy)
+SELECT format('00000000-0000-8000-8000-%s01', lpad(to_hex(g), 10, '0'))::uuid, 'c', 'child-' || g, 'completed', '1',
+       now() - interval '2 hours', CASE WHEN g <= 600 THEN '00000000-0000-7000-8000-000000000001' ELSE '00000000-0000-7000-8000-000000000002' END::uuid,
+       g, 'abandon'
+FROM generate_series(1, 605) g`)
+	require.NoError(t, err)
+	dry, err := e.Prune(ctx, engine.PruneParams{OlderThan: time.Hour, DryRun: true})
+	require.NoError(t, err)
+	require.EqualValues(t, 6, dry.Runs, "the closed parent and its 5 children")
+	pruned, err := e.Prune(ctx, engine.PruneParams{OlderThan: time.Hour})
+	require.NoError(t, err)
+	require.EqualValues(t, 6, pruned.Runs)
+	require.Equal(t, []int{1, 600}, runsByRoute(t, db, 2))
 }

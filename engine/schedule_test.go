@@ -152,11 +152,11 @@ func TestScheduleFiresOncePerFireAcrossEngines(t *testing.T) {
 		require.Equal(t, time.Date(2026, 1, 1, 0, i+1, 0, 0, time.UTC), f.FireAt)
 	}
 	var runs, distinct int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT workflow_id) FROM pgdurable.workflow_runs WHERE schedule_name = 'every-minute'`).Scan(&runs, &distinct))
+	require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT count(*), count(DISTINCT workflow_id) FROM pgdurable.workflow_runs WHERE schedule_name = 'every-minute'`)).Scan(&runs, &distinct))
 	require.Equal(t, n, runs)
 	require.Equal(t, n, distinct)
 	var id string
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT workflow_id FROM pgdurable.workflow_runs WHERE schedule_name = 'every-minute' ORDER BY run_id LIMIT 1`).Scan(&id))
+	require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT workflow_id FROM pgdurable.workflow_runs WHERE schedule_name = 'every-minute' ORDER BY run_id LIMIT 1`)).Scan(&id))
 	require.Equal(t, "schedule:every-minute:2026-01-01T00:01:00Z", id)
 }
 
@@ -193,7 +193,7 @@ func TestScheduleCatchesUpAfterDowntime(t *testing.T) {
 		require.Len(t, started, c.started, c.window)
 		require.Len(t, skipped, c.skipped, c.window)
 		// Started in order: run IDs (UUID v7) follow fire times.
-		rows, err := db.Pool.Query(ctx, `SELECT workflow_id FROM pgdurable.workflow_runs WHERE schedule_name = 'five' ORDER BY run_id`)
+		rows, err := db.Pool.Query(ctx, db.SQL(`SELECT workflow_id FROM pgdurable.workflow_runs WHERE schedule_name = 'five' ORDER BY run_id`))
 		require.NoError(t, err)
 		var i int
 		for rows.Next() {
@@ -250,7 +250,7 @@ func TestScheduleDaylightSaving(t *testing.T) {
 				require.Len(t, days, 4, "one run per local day: %v", fs)
 			}
 			var runs int
-			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE schedule_name = $1`, c.name).Scan(&runs))
+			require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs WHERE schedule_name = $1`), c.name).Scan(&runs))
 			require.Equal(t, c.want, runs)
 		})
 	}
@@ -294,7 +294,7 @@ func TestScheduleOverlapPolicies(t *testing.T) {
 		})
 		require.Equal(t, []string{"started:", "started:", "skipped:overlap"}, fs())
 		var n int
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE workflow_id = $1`, second).Scan(&n))
+		require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs WHERE workflow_id = $1`), second).Scan(&n))
 		require.Equal(t, 1, n)
 	}
 }

@@ -45,7 +45,7 @@ func TestSignalsAreBufferedAndReceivedInOrder(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"alice", "bob"}, out)
 	var consumed int
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_signals WHERE run_id = $1 AND consumed_seq IS NOT NULL`, res.RunID).Scan(&consumed))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT count(*) FROM pgdurable.workflow_signals WHERE run_id = $1 AND consumed_seq IS NOT NULL`), res.RunID).Scan(&consumed))
 	require.Equal(t, 2, consumed)
 	run, err := b.engine.GetRun(ctx, res.RunID)
 	require.NoError(t, err)
@@ -132,7 +132,7 @@ func TestSignalRejectsBadInput(t *testing.T) {
 	require.NoError(t, b.engine.SignalTx(ctx, tx, id, "approve", approval{By: "ghost"}, nil))
 	require.NoError(t, tx.Rollback(ctx))
 	var n int
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_signals WHERE run_id = $1`, res.RunID).Scan(&n))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT count(*) FROM pgdurable.workflow_signals WHERE run_id = $1`), res.RunID).Scan(&n))
 	require.Zero(t, n)
 }
 
@@ -201,7 +201,7 @@ func TestConcurrentSignalsAreEachReceivedOnce(t *testing.T) {
 		seen[v] = true
 	}
 	// Received in the order they were stored.
-	rows, err := b.db.Pool.Query(ctx, `SELECT (payload #>> '{}')::int FROM pgdurable.workflow_signals WHERE run_id = $1 ORDER BY id`, res.RunID)
+	rows, err := b.db.Pool.Query(ctx, b.db.SQL(`SELECT (payload #>> '{}')::int FROM pgdurable.workflow_signals WHERE run_id = $1 ORDER BY id`), res.RunID)
 	require.NoError(t, err)
 	var stored []int
 	for rows.Next() {
@@ -284,6 +284,6 @@ func TestConcurrentSendersOfOneSignalKeyStoreOneSignal(t *testing.T) {
 		require.NoError(t, <-errs)
 	}
 	var n int
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_signals WHERE run_id = $1`, res.RunID).Scan(&n))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT count(*) FROM pgdurable.workflow_signals WHERE run_id = $1`), res.RunID).Scan(&n))
 	require.Equal(t, 1, n)
 }

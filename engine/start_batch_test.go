@@ -43,7 +43,7 @@ func TestConcurrentStartsShareInsertsAndFailAlone(t *testing.T) {
 		require.NoError(t, err, "start %d", i)
 	}
 	var runs int
-	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pgdurable.workflow_runs`).Scan(&runs))
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), b.db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs`)).Scan(&runs))
 	require.Equal(t, n-1, runs)
 }
 
@@ -76,6 +76,6 @@ func TestOverlappingStartBatchesOfTwoProcessesDoNotDeadlock(t *testing.T) {
 	}
 	require.Zero(t, failed.Load(), "of 5,000 starts")
 	var runs int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs`).Scan(&runs))
+	require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs`)).Scan(&runs))
 	require.Equal(t, 400, runs)
 }

@@ -114,7 +114,7 @@ func TestStartManyTxFollowsTheCallersTransaction(t *testing.T) {
 func countWorkflowID(t *testing.T, db *enginetest.DB, id string) int {
 	t.Helper()
 	var n int
-	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pgdurable.workflow_runs WHERE workflow_id = $1`, id).Scan(&n))
+	require.NoError(t, db.Pool.QueryRow(context.Background(), db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs WHERE workflow_id = $1`), id).Scan(&n))
 	return n
 }
 

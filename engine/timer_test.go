@@ -23,7 +23,7 @@ var clockStart = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 func countRuns(t *testing.T, db *enginetest.DB, status engine.RunStatus) int {
 	t.Helper()
 	var n int
-	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pgdurable.workflow_runs WHERE status = $1`, status).Scan(&n))
+	require.NoError(t, db.Pool.QueryRow(context.Background(), db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs WHERE status = $1`), status).Scan(&n))
 	return n
 }
 

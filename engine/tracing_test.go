@@ -145,7 +145,7 @@ func TestUntracedRunsStoreNoTraceContext(t *testing.T) {
 	require.NoError(t, err)
 	waitStatus(t, b.engine, res.RunID, engine.StatusCompleted, 20*time.Second)
 	var stored *string
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT trace_context::text FROM pgdurable.workflow_runs WHERE run_id = $1`, res.RunID).Scan(&stored))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT trace_context::text FROM pgdurable.workflow_runs WHERE run_id = $1`), res.RunID).Scan(&stored))
 	require.Nil(t, stored)
 }
 

@@ -73,7 +73,7 @@ func TestWaitSeesRunsThatEndedOrEndHere(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 8, out)
 	var watched bool
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT watched FROM pgdurable.workflow_runs WHERE run_id = $1`, res.RunID).Scan(&watched))
+	require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT watched FROM pgdurable.workflow_runs WHERE run_id = $1`), res.RunID).Scan(&watched))
 	if waited < 40*time.Millisecond {
 		// A Wait marks a run it has not seen end within 50 ms: on a loaded
 		// machine this one may take that long, and is marked then.
@@ -139,7 +139,7 @@ func TestWaitReadsItsRunEverySecondWhileNotified(t *testing.T) {
 		got <- time.Now()
 	}()
 	waitWatched(t, db, res.RunID)
-	_, err = db.Pool.Exec(ctx, `UPDATE pgdurable.workflow_runs SET watched = false WHERE run_id = $1`, res.RunID)
+	_, err = db.Pool.Exec(ctx, db.SQL(`UPDATE pgdurable.workflow_runs SET watched = false WHERE run_id = $1`), res.RunID)
 	require.NoError(t, err)
 	close(release)
 	released := time.Now()
@@ -156,7 +156,7 @@ func waitWatched(t *testing.T, db *enginetest.DB, runID uuid.UUID) {
 	t.Helper()
 	eventually(t, 10*time.Second, "the client's Wait to watch the run", func() bool {
 		var watched bool
-		require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT watched FROM pgdurable.workflow_runs WHERE run_id = $1`, runID).Scan(&watched))
+		require.NoError(t, db.Pool.QueryRow(context.Background(), db.SQL(`SELECT watched FROM pgdurable.workflow_runs WHERE run_id = $1`), runID).Scan(&watched))
 		return watched
 	})
 }

@@ -185,7 +185,7 @@ func TestChaos60RunsRandomKills(t *testing.T) {
 	workers := []*workerProc{startW(t, db, env), startW(t, db, env)}
 	allDone := func() bool {
 		var open int
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE status NOT IN ('completed','compensated','failed','cancelled','dead')`).Scan(&open))
+		require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs WHERE status NOT IN ('completed','compensated','failed','cancelled','dead')`)).Scan(&open))
 		return open == 0
 	}
 	kills := 0

@@ -130,7 +130,7 @@ pgdurable_signals_sent_total{signal="go",woken="true",workflow="waits"} 1
 
 func mustRun(t *testing.T, db *enginetest.DB, workflowID string) (id uuid.UUID) {
 	t.Helper()
-	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT run_id FROM pgdurable.workflow_runs WHERE workflow_id = $1`, workflowID).Scan(&id))
+	require.NoError(t, db.Pool.QueryRow(context.Background(), db.SQL(`SELECT run_id FROM pgdurable.workflow_runs WHERE workflow_id = $1`), workflowID).Scan(&id))
 	return id
 }
 

@@ -23,15 +23,19 @@ import (
 	"io/fs"
 	"net/url"
 	"os"
+	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgdurable/pgdurable/engine/internal/store"
 	"github.com/pgdurable/pgdurable/storage/migrations"
 )
 
@@ -58,6 +62,70 @@ type DB struct {
 	Pool *pgxpool.Pool // MaxConns 20; closed when the test ends
 	URL  string        // for child processes and extra pools
 	Name string
+
+	routesOnce sync.Once // SQL's inheritance parents
+}
+
+// RoutesSchema is the schema whose tables SQL points a test's statements
+// at on a database with routes: one per per-run table, which that table
+// of every route inherits (made in the test's database on first use).
+const RoutesSchema = "pgdurable_routes"
+
+// runTableRef finds a test statement's references to the per-run tables,
+// with the INSERT INTO before one, if any.
+var runTableRef = regexp.MustCompile(`(?i)(insert\s+into\s+)?\b` + migrations.DefaultSchema + `\.(` + strings.Join(migrations.RunTables, "|") + `)\b`)
+
+// RunTable is the per-run table name (workflow_runs, ...) of run runID's
+// route, schema-qualified: where a test inserts a row of a run the engine
+// made (its ID carries its route).
+func (db *DB) RunTable(name string, runID uuid.UUID) string {
+	return migrations.RouteSchema(migrations.DefaultSchema, store.RouteOfRun(runID)) + "." + name
+}
+
+// RouteTables are the per-run table name of every route, schema-qualified
+// (one with one route).
+func (db *DB) RouteTables(name string) []string {
+	out := make([]string, Routes())
+	for k := range out {
+		out[k] = migrations.RouteSchema(migrations.DefaultSchema, k) + "." + name
+	}
+	return out
+}
+
+// SQL is a test's statement q as it runs on db. With one route (the
+// default) it is q. With routes (EnvRoutes) its reads, updates and
+// deletes of the per-run tables, as pgdurable.<table>, reach the table of
+// every route: they name RoutesSchema's parent of it instead, which
+// PostgreSQL reads, updates and deletes with its children; an INSERT INTO
+// one keeps route 0's table, where the engine looks for a run whose ID
+// carries no route. It panics if the parents cannot be made.
+func (db *DB) SQL(q string) string {
+	routes := Routes()
+	if routes == 1 {
+		return q
+	}
+	db.routesOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		stmts := []string{"CREATE SCHEMA IF NOT EXISTS " + RoutesSchema}
+		for _, t := range migrations.RunTables {
+			stmts = append(stmts, fmt.Sprintf("CREATE TABLE %s.%s (LIKE %s.%s)", RoutesSchema, t, migrations.DefaultSchema, t))
+			for k := range routes {
+				stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s.%s INHERIT %s.%s", migrations.RouteSchema(migrations.DefaultSchema, k), t, RoutesSchema, t))
+			}
+		}
+		for _, st := range stmts {
+			if _, err := db.Pool.Exec(ctx, st); err != nil {
+				panic(fmt.Sprintf("enginetest: %s: %v", st, err))
+			}
+		}
+	})
+	return runTableRef.ReplaceAllStringFunc(q, func(ref string) string {
+		if m := runTableRef.FindStringSubmatch(ref); m[1] == "" {
+			return RoutesSchema + "." + m[2]
+		}
+		return ref
+	})
 }
 
 var (

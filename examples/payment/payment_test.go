@@ -424,8 +424,8 @@ func TestOneCustomerPaysOneAtATimeWithinTheChargeRate(t *testing.T) {
 	// Each run's steps, first start to last end: cus_a's never overlap.
 	type span struct{ from, to time.Time }
 	spans := map[uuid.UUID]span{}
-	rows, err := db.Pool.Query(ctx, `SELECT run_id, min(started_at), max(completed_at) FROM pgdurable.workflow_steps
-		WHERE run_id = ANY($1) GROUP BY run_id`, runs)
+	rows, err := db.Pool.Query(ctx, db.SQL(`SELECT run_id, min(started_at), max(completed_at) FROM pgdurable.workflow_steps
+		WHERE run_id = ANY($1) GROUP BY run_id`), runs)
 	require.NoError(t, err)
 	for rows.Next() {
 		var id uuid.UUID

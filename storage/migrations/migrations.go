@@ -216,6 +216,11 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, direction Direction, opts 
 	if opts == nil {
 		opts = &Opts{}
 	}
+	if direction == Up {
+		if err := checkRoutes(schema, opts.Routes); err != nil {
+			return nil, err
+		}
+	}
 	res := &Result{Schema: schema, Applied: []int64{}, River: []int{}}
 	river, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: schema})
 	if err != nil {
@@ -239,6 +244,9 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, direction Direction, opts 
 		return nil, fmt.Errorf("waiting for another migration: %w", err)
 	}
 	if err := refuseMoved(ctx, pool, schema); err != nil {
+		return nil, err
+	}
+	if err := refuseRoute(ctx, pool, schema); err != nil {
 		return nil, err
 	}
 	if direction == Up {

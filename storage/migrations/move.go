@@ -14,11 +14,11 @@ import (
 )
 
 // ErrEnginesRunning: Migrate(Up) found engine processes alive on the
-// tables it would move (out of public, or onto a Citus worker node), and
-// moved nothing. Stop them (or wait until their rows and leases have
+// tables it would move (out of public, or onto a Citus worker node) or
+// spread over more routes, and changed nothing. Stop them (or wait until their rows and leases have
 // expired) and migrate again; or, if the installation is meant to stay in
 // public, migrate with Schema "public".
-var ErrEnginesRunning = errors.New("engine processes are running on pgdurable's tables in public")
+var ErrEnginesRunning = errors.New("engine processes are running on pgdurable's tables")
 
 // ErrMoved: the schema asked for is where pgdurable's tables were, before
 // Migrate(Up) moved them to another schema; the error names it.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -63,25 +64,35 @@ func migrateRoutes(ctx context.Context, pool *pgxpool.Pool, schema string, want 
 		return 0, err
 	}
 	switch {
-	case want < 0 || want > MaxRoutes:
-		return have, fmt.Errorf("routes %d out of range 1 to %d", want, MaxRoutes)
 	case want != 0 && want < have:
-		return have, fmt.Errorf("schema %s has %d routes, and routes never shrink (a workflow ID's route follows from their number): asked for %d", schema, have, want)
+		return have, fmt.Errorf("schema %s has %d routes, and routes never shrink (a workflow ID's route follows from their number): asked for %d; leave --routes out (Opts.Routes 0) to keep %d", schema, have, want, have)
 	case want > have:
+		// Engines read the number of routes once, when they start: one
+		// that read the old number would put a workflow ID's next run in
+		// another route than an engine that reads the new one.
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return have, err
+		}
+		msg, err := liveWork(ctx, tx, schema, true)
+		_ = tx.Rollback(ctx)
+		if err != nil {
+			return have, err
+		}
+		if msg != "" {
+			return have, fmt.Errorf("%w (%s): engines read the number of routes when they start, so stop every engine on schema %s, then migrate up --routes %d again", ErrEnginesRunning, msg, schema, want)
+		}
 		for k := 0; k < have; k++ {
 			var held bool
 			if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+pgx.Identifier{RouteSchema(schema, k), "workflow_runs"}.Sanitize()+`)`).Scan(&held); err != nil {
 				return have, fmt.Errorf("reading whether route %d of schema %s holds runs: %w", k, schema, err)
 			}
 			if held {
-				return have, fmt.Errorf("schema %s holds runs, so its routes stay %d: a workflow ID's route follows from the number of routes, and its earlier runs would be looked for in the wrong one; make the routes when the schema is new (or its runs are pruned), or keep %d", schema, have, have)
+				return have, fmt.Errorf("schema %s holds runs, so its routes stay %d: a workflow ID's route follows from the number of routes, and its earlier runs would be looked for in the wrong one; make the routes in a new schema (--schema), or leave --routes out to keep %d", schema, have, have)
 			}
 		}
 	}
 	routes := max(have, want)
-	if len(RouteSchema(schema, routes-1)) > 63 {
-		return have, fmt.Errorf("schema %s: its route schemas' names (%s) would be longer than PostgreSQL takes (63 bytes)", schema, RouteSchema(schema, routes-1))
-	}
 	for k := 1; k < routes; k++ {
 		if err := migrateRoute(ctx, pool, schema, k); err != nil {
 			return have, err
@@ -101,11 +112,33 @@ func migrateRoutes(ctx context.Context, pool *pgxpool.Pool, schema string, want 
 // that a later migration of the per-run tables reaches every route.
 func migrateRoute(ctx context.Context, pool *pgxpool.Pool, schema string, k int) error {
 	rs := RouteSchema(schema, k)
-	if _, err := pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{rs}.Sanitize()); err != nil {
-		return fmt.Errorf("creating schema %s for route %d: %w", rs, k, err)
+	mark := fmt.Sprintf("%s%d of %s", routeComment, k, schema)
+	var exists bool
+	var comment *string
+	err := pool.QueryRow(ctx, `SELECT to_regnamespace($1) IS NOT NULL, obj_description(to_regnamespace($1), 'pg_namespace')`, rs).Scan(&exists, &comment)
+	if err != nil {
+		return fmt.Errorf("looking for schema %s: %w", rs, err)
 	}
-	if _, err := pool.Exec(ctx, "COMMENT ON SCHEMA "+pgx.Identifier{rs}.Sanitize()+" IS "+quoteLiteral(fmt.Sprintf("%s%d of %s", routeComment, k, schema))); err != nil {
-		return fmt.Errorf("marking schema %s as route %d: %w", rs, k, err)
+	if exists && (comment == nil || *comment != mark) {
+		// Not one this made: another installation's, or an
+		// application's. Its tables are not the route's to take.
+		return fmt.Errorf("schema %s, which route %d of schema %s would use, exists and is not that route: rename or drop it, or install into another --schema", rs, k, schema)
+	}
+	if !exists {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return fmt.Errorf("creating schema %s for route %d: %w", rs, k, err)
+		}
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{rs}.Sanitize()); err != nil {
+			return fmt.Errorf("creating schema %s for route %d: %w", rs, k, err)
+		}
+		if _, err := tx.Exec(ctx, "COMMENT ON SCHEMA "+pgx.Identifier{rs}.Sanitize()+" IS "+quoteLiteral(mark)); err != nil {
+			return fmt.Errorf("marking schema %s as route %d: %w", rs, k, err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return fmt.Errorf("creating schema %s for route %d: %w", rs, k, err)
+		}
 	}
 	return withProvider(ctx, pool, rs, func(p *goose.Provider) error {
 		if _, err := p.Up(ctx); err != nil {
@@ -267,4 +300,31 @@ func routesBehind(ctx context.Context, pool *pgxpool.Pool, schema string, routes
 		}
 	}
 	return behind, nil
+}
+
+// checkRoutes refuses, before anything changes, routes out of range or
+// whose schemas' names PostgreSQL would not take.
+func checkRoutes(schema string, routes int) error {
+	if routes < 0 || routes > MaxRoutes {
+		return fmt.Errorf("routes %d out of range: 1 to %d, or 0 to keep the schema's", routes, MaxRoutes)
+	}
+	if routes > 1 {
+		if err := ValidSchemaName(RouteSchema(schema, routes-1)); err != nil {
+			return fmt.Errorf("schema %s cannot have %d routes: the schema of route %d: %w", schema, routes, routes-1, err)
+		}
+	}
+	return nil
+}
+
+// refuseRoute refuses to migrate a schema that is another schema's route:
+// it is migrated with that schema.
+func refuseRoute(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	var comment *string
+	if err := pool.QueryRow(ctx, `SELECT obj_description(to_regnamespace($1), 'pg_namespace')`, schema).Scan(&comment); err != nil {
+		return fmt.Errorf("looking for schema %s: %w", schema, err)
+	}
+	if comment != nil && strings.HasPrefix(*comment, routeComment) {
+		return fmt.Errorf("schema %s is a route of another schema (%s): migrate that schema, which migrates its routes", schema, strings.TrimPrefix(*comment, "pgdurable: "))
+	}
+	return nil
 }

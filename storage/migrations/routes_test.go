@@ -92,3 +92,40 @@ func TestMigrateMakesRoutes(t *testing.T) {
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT to_regclass('pgdurable_r1.layout') IS NOT NULL`).Scan(&back))
 	require.True(t, back)
 }
+
+// Routes take no schema they did not make, a route schema is migrated only
+// with its installation, more routes wait for the engines to stop, and
+// routes out of range change nothing.
+func TestMigrateRoutesRefusals(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	db := unmigratedDB(t)
+	_, err := migrations.Migrate(ctx, db.Pool, migrations.Up, &migrations.Opts{Routes: migrations.MaxRoutes + 1})
+	require.ErrorContains(t, err, "out of range: 1 to 256, or 0 to keep the schema's")
+	var exists bool
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT to_regnamespace('pgdurable') IS NOT NULL`).Scan(&exists))
+	require.False(t, exists, "a refused Up changes nothing")
+
+	// Another installation in the schema route 1 would take.
+	_, err = migrations.Migrate(ctx, db.Pool, migrations.Up, &migrations.Opts{Schema: "pgdurable_r1"})
+	require.NoError(t, err)
+	_, err = migrations.Migrate(ctx, db.Pool, migrations.Up, &migrations.Opts{Routes: 2})
+	require.ErrorContains(t, err, "schema pgdurable_r1, which route 1 of schema pgdurable would use, exists and is not that route")
+
+	other := unmigratedDB(t)
+	_, err = migrations.Migrate(ctx, other.Pool, migrations.Up, &migrations.Opts{Routes: 2})
+	require.NoError(t, err)
+	_, err = migrations.Migrate(ctx, other.Pool, migrations.Up, &migrations.Opts{Schema: "pgdurable_r1"})
+	require.ErrorContains(t, err, "schema pgdurable_r1 is a route of another schema (route 1 of pgdurable)")
+
+	// An engine process seen lately holds the routes as they are.
+	_, err = other.Pool.Exec(ctx, `INSERT INTO pgdurable.engine_processes (process_id, hostname, pid, queue, workflows)
+		VALUES (gen_random_uuid(), 'h', 1, 'default', '[]')`)
+	require.NoError(t, err)
+	_, err = migrations.Migrate(ctx, other.Pool, migrations.Up, &migrations.Opts{Routes: 3})
+	require.ErrorIs(t, err, migrations.ErrEnginesRunning)
+	n, err := migrations.Routes(ctx, other.Pool, migrations.DefaultSchema)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+}

@@ -579,8 +579,8 @@ func TestRunsShowACrashBackoff(t *testing.T) {
 	db := enginetest.NewDB(t)
 	code, _, errOut := run(t, db, "start", "double", "--id", "held-1", "--input", `{"n": 1}`)
 	require.Equal(t, 0, code, errOut)
-	_, err := db.Pool.Exec(context.Background(), `UPDATE pgdurable.workflow_runs SET status = 'waiting', deliveries = 3, stalled_deliveries = 3,
-		wake_at = now() + interval '1 hour' WHERE workflow_id = 'held-1'`)
+	_, err := db.Pool.Exec(context.Background(), db.SQL(`UPDATE pgdurable.workflow_runs SET status = 'waiting', deliveries = 3, stalled_deliveries = 3,
+		wake_at = now() + interval '1 hour' WHERE workflow_id = 'held-1'`))
 	require.NoError(t, err)
 	code, out, _ := run(t, db, "runs", "show", "held-1")
 	require.Equal(t, 0, code)
@@ -777,7 +777,7 @@ func TestCLIDelayedStartAndSignalKey(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "idempotency key")
 	var n int
-	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pgdurable.workflow_signals`).Scan(&n))
+	require.NoError(t, db.Pool.QueryRow(context.Background(), db.SQL(`SELECT count(*) FROM pgdurable.workflow_signals`)).Scan(&n))
 	require.Equal(t, 1, n)
 
 	// signal --start: signal-with-start.
@@ -790,7 +790,7 @@ func TestCLIDelayedStartAndSignalKey(t *testing.T) {
 	code, _, errOut = run(t, db, "signal", "sws", "approve", "--input", `{"n": 0}`)
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "--input is for --start")
-	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pgdurable.workflow_signals`).Scan(&n))
+	require.NoError(t, db.Pool.QueryRow(context.Background(), db.SQL(`SELECT count(*) FROM pgdurable.workflow_signals`)).Scan(&n))
 	require.Equal(t, 3, n)
 }
 
@@ -980,9 +980,9 @@ func TestRunsShowAContinuedChildOnce(t *testing.T) {
 func TestRunsPrune(t *testing.T) {
 	t.Parallel()
 	db := enginetest.NewDB(t)
-	_, err := db.Pool.Exec(context.Background(), `
+	_, err := db.Pool.Exec(context.Background(), db.SQL(`
 INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_id, status, input, completed_at)
-VALUES ('00000000-0001-7000-8000-000000000001', 'double', 'ancient', 'completed', '1', now() - interval '40 days')`)
+VALUES ('00000000-0001-7000-8000-000000000001', 'double', 'ancient', 'completed', '1', now() - interval '40 days')`))
 	require.NoError(t, err)
 	code, out, errOut := run(t, db, "runs", "prune", "--older-than", "720h", "--dry-run")
 	require.Equal(t, 0, code, errOut)

@@ -72,7 +72,7 @@ shrink. 0 keeps what the schema has (1 for a new schema).`,
 			t.flush()
 			fmt.Fprintf(g.opts.Stdout, "river schema version: %d\n", st.RiverVersion)
 			if st.Routes > 1 {
-				fmt.Fprintf(g.opts.Stdout, "routes: %d (per-run tables in %s and %s_r1 to %s_r%d)\n", st.Routes, st.Schema, st.Schema, st.Schema, st.Routes-1)
+				fmt.Fprintln(g.opts.Stdout, routesLine(st.Schema, st.Routes))
 			}
 			if len(st.RoutesBehind) > 0 {
 				fmt.Fprintf(g.opts.Stdout, "routes missing a migration: %v (run `engine migrate up`)\n", st.RoutesBehind)
@@ -124,7 +124,10 @@ func (g *global) migrate(ctx context.Context, dir migrations.Direction, opts *mi
 		fmt.Fprintf(g.opts.Stdout, "distributed the per-run tables (%s) to Citus worker node %s\n", strings.Join(migrations.RunTables, ", "), res.Distributed)
 	}
 	if res.Routes > 1 {
-		fmt.Fprintf(g.opts.Stdout, "routes: %d (per-run tables in %s and %s_r1 to %s_r%d)\n", res.Routes, res.Schema, res.Schema, res.Schema, res.Routes-1)
+		fmt.Fprintln(g.opts.Stdout, routesLine(res.Schema, res.Routes))
+		if len(res.Placed) == 0 {
+			fmt.Fprintln(g.opts.Stdout, "not a Citus coordinator with worker nodes: the routes' tables are all in this one database (see `engine migrate up --help`)")
+		}
 	}
 	for k, node := range res.Placed {
 		if res.Routes > 1 && node != "" {
@@ -132,6 +135,15 @@ func (g *global) migrate(ctx context.Context, dir migrations.Direction, opts *mi
 		}
 	}
 	return nil
+}
+
+// routesLine says where schema's routes keep their per-run tables.
+func routesLine(schema string, routes int) string {
+	last := migrations.RouteSchema(schema, routes-1)
+	if routes == 2 {
+		return fmt.Sprintf("routes: 2 (per-run tables in %s and %s)", schema, last)
+	}
+	return fmt.Sprintf("routes: %d (per-run tables in %s, and %s_r1 to %s)", routes, schema, schema, last)
 }
 
 // errNotMigrated: the database answers but lacks the schema.

@@ -20,7 +20,8 @@ func TestMigrateUpWithRoutes(t *testing.T) {
 	}
 	code, out, errOut := run(t, db, "migrate", "up", "--routes", "3")
 	require.Equal(t, 0, code, errOut)
-	require.Contains(t, out, "routes: 3 (per-run tables in pgdurable and pgdurable_r1 to pgdurable_r2)")
+	require.Contains(t, out, "routes: 3 (per-run tables in pgdurable, and pgdurable_r1 to pgdurable_r2)")
+	require.Contains(t, out, "not a Citus coordinator with worker nodes")
 	code, out, _ = run(t, db, "migrate", "status")
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "routes: 3")
@@ -40,10 +41,11 @@ func TestMigrateUpWithRoutes(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.NotContains(t, out, "missing")
 
-	_, err = db.Pool.Exec(context.Background(), `INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_id, status, input)
-		VALUES (gen_random_uuid(), 'w', 'id', 'pending', '{}')`)
+	_, err = db.Pool.Exec(context.Background(), db.SQL(`INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_id, status, input)
+		VALUES (gen_random_uuid(), 'w', 'id', 'pending', '{}')`))
 	require.NoError(t, err)
 	code, _, errOut = run(t, db, "migrate", "up", "--routes", "4")
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "holds runs, so its routes stay 3")
+	require.Contains(t, errOut, "leave --routes out to keep 3")
 }

@@ -108,7 +108,7 @@ func TestSIGTERMDuringPayments(t *testing.T) {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		var open int
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE status NOT IN ('completed', 'failed', 'compensated', 'cancelled', 'dead')`).Scan(&open))
+		require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs WHERE status NOT IN ('completed', 'failed', 'compensated', 'cancelled', 'dead')`)).Scan(&open))
 		if open == 0 {
 			break
 		}
@@ -116,7 +116,7 @@ func TestSIGTERMDuringPayments(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	var completed int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs WHERE status = 'completed'`).Scan(&completed))
+	require.NoError(t, db.Pool.QueryRow(ctx, db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs WHERE status = 'completed'`)).Scan(&completed))
 	require.Equal(t, n, completed, out.String())
 	l := gw.Ledger()
 	require.Zero(t, l.DoubleCharges())

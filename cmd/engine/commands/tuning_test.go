@@ -64,16 +64,16 @@ func insertEnded(t *testing.T, db *enginetest.DB, workflowID string, ago time.Du
 	for i := range 6 {
 		id[i] = byte(ms >> (40 - 8*i))
 	}
-	_, err = db.Pool.Exec(context.Background(), `
+	_, err = db.Pool.Exec(context.Background(), db.SQL(`
 INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_id, status, input, created_at, completed_at)
-VALUES ($1, 'double', $2, 'completed', '1', now() - $3 * interval '1 second', now() - $3 * interval '1 second')`, id, workflowID, ago.Seconds())
+VALUES ($1, 'double', $2, 'completed', '1', now() - $3 * interval '1 second', now() - $3 * interval '1 second')`), id, workflowID, ago.Seconds())
 	require.NoError(t, err)
 }
 
 func runExists(t *testing.T, db *enginetest.DB, workflowID string) bool {
 	t.Helper()
 	var n int
-	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pgdurable.workflow_runs WHERE workflow_id = $1`, workflowID).Scan(&n))
+	require.NoError(t, db.Pool.QueryRow(context.Background(), db.SQL(`SELECT count(*) FROM pgdurable.workflow_runs WHERE workflow_id = $1`), workflowID).Scan(&n))
 	return n > 0
 }
 

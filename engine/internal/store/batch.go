@@ -531,6 +531,10 @@ func InsertRuns(ctx context.Context, db DBTX, runs []NewRun) ([]InsertedRunResul
 		}
 		return []InsertedRunResult{{Run: ins, Err: err}}, nil
 	}
+	// In start order: a key's fair-queuing tags follow it.
+	if err := flowTags(ctx, db, runs); err != nil {
+		return nil, err
+	}
 	// In key order, so that two batches that share workflow IDs take the
 	// unique index's entries in the same order and cannot deadlock.
 	order := make([]int, len(runs))

@@ -189,6 +189,11 @@ func insertFlowBatch(ctx context.Context, db DBTX, runs []NewRun) (map[uuid.UUID
 	for i, q := range flowQueue {
 		vtime[i] = vtimes[q]
 	}
+	for i, r := range runs {
+		if r.tags != nil { // with routes: see flowTags
+			vtime[i], acc[i] = max(vtime[i], r.tags.floor), r.tags.acc
+		}
+	}
 	args := pgx.StrictNamedArgs{"run_id": runID, "workflow_name": name,
 		"workflow_version": version, "workflow_id": workflowID, "input": input, "queue": queue, "schedule_name": schedule,
 		"start_at": startAt, "run_timeout_ms": timeout, "parent_run_id": parent, "parent_seq": parentSeq,
@@ -234,6 +239,74 @@ func insertFlowBatch(ctx context.Context, db DBTX, runs []NewRun) (map[uuid.UUID
 		return nil, fmt.Errorf("inserting %d runs: %w", n, translate(err))
 	}
 	return inserted, br.Close()
+}
+
+// flowTag is a run's fair-queuing tag's floor (the highest tag of its
+// key's ready runs in every route) and its key's accumulated share of its
+// start's batch up to it (see flowTags).
+type flowTag struct {
+	floor, acc float64
+}
+
+// flowTags sets, with routes, each ready run's flowTag (NewRun.tags), in
+// the order of runs, which is the starts' order: a key's runs are in
+// several routes, and the insert, which takes the highest tag of the
+// key's ready runs in its own route, would start each route's tags anew;
+// the floor over every route, read before any of them is inserted, and
+// the key's share accumulated over the whole batch give a key's runs tags
+// in start order whatever route each is in (a tie, from starts that
+// raced, goes to the older run ID: start order too). Runs inserted
+// waiting (StartAt) take their tags when they become ready.
+func flowTags(ctx context.Context, db DBTX, runs []NewRun) error {
+	var queues, keys []string
+	for _, r := range runs {
+		if r.FlowQueue != "" && r.StartAt == nil {
+			queues, keys = append(queues, r.FlowQueue), append(keys, r.FlowKey)
+		}
+	}
+	if len(queues) == 0 {
+		return nil
+	}
+	routes, err := Routes(ctx, db)
+	if err != nil || routes == 1 {
+		return err
+	}
+	type queueKey struct{ queue, key string }
+	floors := map[queueKey]float64{}
+	for k := range routes {
+		rows, err := onRoute(db, k).Query(ctx, `
+SELECT r.flow_queue, r.flow_key, max(r.fair_tag)
+FROM pgdurable.workflow_runs r JOIN unnest($1::text[], $2::text[]) AS u(queue, key) ON r.flow_queue = u.queue AND r.flow_key = u.key
+WHERE r.ready_at IS NOT NULL
+GROUP BY r.flow_queue, r.flow_key`, queues, keys)
+		if err != nil {
+			return fmt.Errorf("reading the fair-queuing tags of route %d: %w", k, translate(err))
+		}
+		for rows.Next() {
+			var qk queueKey
+			var tag float64
+			if err := rows.Scan(&qk.queue, &qk.key, &tag); err != nil {
+				rows.Close()
+				return fmt.Errorf("reading the fair-queuing tags of route %d: %w", k, err)
+			}
+			floors[qk] = max(floors[qk], tag)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("reading the fair-queuing tags of route %d: %w", k, translate(err))
+		}
+	}
+	sums := map[queueKey]float64{}
+	for i := range runs {
+		r := &runs[i]
+		if r.FlowQueue == "" || r.StartAt != nil {
+			continue
+		}
+		k := queueKey{r.FlowQueue, r.FlowKey}
+		sums[k] += cmp.Or(max(r.TagStep, 0), 1)
+		r.tags = &flowTag{floor: floors[k], acc: sums[k]}
+	}
+	return nil
 }
 
 // vtimeFresh is how long a queue's virtual time, once seen, stands for

@@ -31,7 +31,9 @@ var prunable = `
     AND (r.status <> 'continued' OR NOT EXISTS (
          SELECT 1 FROM pgdurable.workflow_runs h WHERE h.workflow_name = r.workflow_name AND h.workflow_id = r.workflow_id
          AND h.status IN ('pending', 'running', 'waiting', 'compensating', 'dead')))
-    AND (@route::int < 0 OR r.parent_run_id IS NULL OR (` + sqlRoute(`r.parent_run_id`) + ` = @route) <> @cross::bool)
+    AND (@route::int < 0 OR CASE WHEN @cross::bool
+                                 THEN r.parent_run_id IS NOT NULL AND ` + sqlRoute(`r.parent_run_id`) + ` <> @route
+                                 ELSE r.parent_run_id IS NULL OR ` + sqlRoute(`r.parent_run_id`) + ` = @route END)
     AND (@ids::uuid[] IS NULL OR r.run_id = ANY (@ids))`
 
 // With routes, a child's parent may be in another route, where the
@@ -44,7 +46,12 @@ var prunable = `
 // crossChildren lists the prunable children of route @route whose parent
 // is in another route, with their parent.
 var crossChildren = named(`SELECT r.run_id, r.parent_run_id FROM pgdurable.workflow_runs r WHERE ` + prunable + `
+  AND (@after::uuid IS NULL OR r.run_id > @after)
 ORDER BY r.run_id LIMIT @limit`)
+
+// crossPage is how many children whose parent is in another route a prune
+// reads at once, looking for those whose parent closed.
+const crossPage = 500
 
 // sqlRoute is the route of the SQL uuid id, as RunRoute reads it (0 for
 // an ID that carries none): immutable, as Citus needs.
@@ -233,45 +240,53 @@ func prunePerRoute(ctx context.Context, db DBTX, cutoff time.Time, limit int, f 
 		if err := f(on, args(k, false, nil)); err != nil {
 			return err
 		}
-		a := args(k, true, nil)
-		a["limit"] = limit
-		if limit == 0 {
-			a["limit"] = nil
-		}
-		rows, err := crossChildren.query(ctx, on, a)
-		if err != nil {
-			return fmt.Errorf("reading the children whose parent is in another route: %w", translate(err))
-		}
-		type child struct{ run, parent uuid.UUID }
-		children, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (child, error) {
-			var c child
-			return c, r.Scan(&c.run, &c.parent)
-		})
-		if err != nil {
-			return fmt.Errorf("reading the children whose parent is in another route: %w", translate(err))
-		}
-		if len(children) == 0 {
-			continue
-		}
-		parents := make([]uuid.UUID, len(children))
-		for i, c := range children {
-			parents[i] = c.parent
-		}
-		open, err := idsByRoute(parents, db, func(db DBTX, ids []uuid.UUID) ([]uuid.UUID, error) {
-			rows, err := db.Query(ctx, `SELECT run_id FROM pgdurable.workflow_runs
-WHERE run_id = ANY ($1) AND status IN ('pending', 'running', 'waiting', 'compensating', 'dead')`, uuids(ids))
-			if err != nil {
-				return nil, err
-			}
-			return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-		})
-		if err != nil {
-			return fmt.Errorf("reading the parents of children in route %d: %w", k, translate(err))
-		}
+		// Pages of such children, until limit of them have a closed
+		// parent (0: all): children of a parent still open are passed
+		// over, not counted against the limit.
 		var closed []uuid.UUID
-		for _, c := range children {
-			if !slices.Contains(open, c.parent) {
-				closed = append(closed, c.run)
+		var after *uuid.UUID
+		for limit == 0 || len(closed) < limit {
+			a := args(k, true, nil)
+			a["limit"], a["after"] = crossPage, after
+			rows, err := crossChildren.query(ctx, on, a)
+			if err != nil {
+				return fmt.Errorf("reading the children whose parent is in another route: %w", translate(err))
+			}
+			type child struct{ run, parent uuid.UUID }
+			children, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (child, error) {
+				var c child
+				return c, r.Scan(&c.run, &c.parent)
+			})
+			if err != nil {
+				return fmt.Errorf("reading the children whose parent is in another route: %w", translate(err))
+			}
+			if len(children) == 0 {
+				break
+			}
+			parents := make([]uuid.UUID, len(children))
+			for i, c := range children {
+				parents[i] = c.parent
+			}
+			open, err := idsByRoute(parents, db, func(db DBTX, ids []uuid.UUID) ([]uuid.UUID, error) {
+				rows, err := db.Query(ctx, `SELECT run_id FROM pgdurable.workflow_runs
+WHERE run_id = ANY ($1) AND status IN ('pending', 'running', 'waiting', 'compensating', 'dead')`, uuids(ids))
+				if err != nil {
+					return nil, err
+				}
+				return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+			})
+			if err != nil {
+				return fmt.Errorf("reading the parents of children in route %d: %w", k, translate(err))
+			}
+			for _, c := range children {
+				if !slices.Contains(open, c.parent) && (limit == 0 || len(closed) < limit) {
+					closed = append(closed, c.run)
+				}
+			}
+			last := children[len(children)-1].run
+			after = &last
+			if len(children) < crossPage {
+				break
 			}
 		}
 		if len(closed) > 0 {

@@ -381,3 +381,15 @@ FROM pgdurable.workflow_runs WHERE run_id >= $3`, from15, from1, fromHour).Scan(
 	a.Started15m, a.Finished1m, a.Finished15m = starts15, ends1, ends15
 	return &a, nil
 }
+
+// HoldsRuns reports whether any route of db's installation holds a run.
+func HoldsRuns(ctx context.Context, db DBTX) (bool, error) {
+	var held bool
+	err := eachRoute(ctx, db, func(db DBTX) error {
+		if held {
+			return nil
+		}
+		return db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pgdurable.workflow_runs)`).Scan(&held)
+	})
+	return held, err
+}

@@ -164,11 +164,24 @@ func at(db DBTX, runID uuid.UUID) DBTX {
 	return onRoute(db, k)
 }
 
-// onRoute is db bound to route k.
+// onRoute is db bound to route k. A route the installation does not
+// have (a run ID made elsewhere, or made up) is route 0, where the run is
+// not found either.
 func onRoute(db DBTX, k int) DBTX {
 	b, ok := db.(bound)
 	if !ok {
 		return db
+	}
+	if k > 0 && b.srv != nil {
+		n := int(b.srv.routes.Load())
+		if n == 0 {
+			// Learned once per handle; the statement that asks runs
+			// next anyway.
+			n, _ = Routes(context.Background(), db)
+		}
+		if n > 0 && k >= n {
+			k = 0
+		}
 	}
 	r, err := b.s.root().Route(k)
 	if err != nil || r == b.s {

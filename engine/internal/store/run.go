@@ -67,6 +67,9 @@ type NewRun struct {
 	FlowKey  string
 	Priority int
 	TagStep  float64
+	// tags, with routes, are the run's fair-queuing tag's floor and its
+	// share of its key's in the start's batch, set by flowTags.
+	tags *flowTag
 	// DedupID, when set, is the run's deduplication ID: the insert finds
 	// the open run of the queue that holds it instead (see
 	// InsertedRun.Deduplicated).
@@ -160,7 +163,11 @@ func InsertRun(ctx context.Context, db DBTX, r NewRun) (*InsertedRun, error) {
 		return insertDebounced(ctx, db, r)
 	}
 	if r.FlowQueue != "" {
-		res, err := insertFlowRuns(ctx, db, []NewRun{r})
+		runs := []NewRun{r}
+		if err := flowTags(ctx, db, runs); err != nil {
+			return nil, err
+		}
+		res, err := insertFlowRuns(ctx, db, runs)
 		if err != nil {
 			return nil, err
 		}
