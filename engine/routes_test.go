@@ -334,3 +334,48 @@ FROM generate_series(1, 605) g`)
 	require.EqualValues(t, 6, pruned.Runs)
 	require.Equal(t, []int{1, 600}, runsByRoute(t, db, 2))
 }
+
+// A parent waiting for a child that is woken before the child ends (as
+// the recheck on a Citus cluster wakes it, store.ChildRecheck) looks,
+// waits again, and completes once the child ends.
+func TestRoutesParentWokenEarlyWaitsAgain(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := routedDB(t, 3)
+	child := engine.Define("early-child", func(ctx *engine.Context, in int) (int, error) {
+		return engine.AwaitSignal[int](ctx, "go", 0)
+	}, nil)
+	parent := engine.Define("early-parent", func(ctx *engine.Context, in int) (int, error) {
+		c, err := engine.StartChild(ctx, child, in, &engine.ChildOpts{WorkflowID: fmt.Sprint("early-kid-", ctx.RunID())})
+		if err != nil {
+			return 0, err
+		}
+		return c.Get(ctx)
+	}, nil)
+	e := newEngine(t, db, &engine.Config{SweepInterval: 20 * time.Millisecond}, true, child, parent)
+	res, err := parent.Start(ctx, e, 1, nil)
+	require.NoError(t, err)
+	var kid uuid.UUID
+	eventually(t, 10*time.Second, "the parent waiting for its child", func() bool {
+		d, err := e.GetRun(ctx, res.RunID)
+		require.NoError(t, err)
+		if len(d.Children) == 1 {
+			kid = d.Children[0].RunID
+		}
+		return d.Status == engine.StatusWaiting && len(d.Children) == 1 && d.Children[0].Status == engine.StatusWaiting
+	})
+	before, err := e.GetRun(ctx, res.RunID)
+	require.NoError(t, err)
+	tag, err := db.Pool.Exec(ctx, `UPDATE `+db.RunTable("workflow_runs", res.RunID)+` SET wake_at = now() WHERE run_id = $1`, res.RunID)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected())
+	eventually(t, 10*time.Second, "the parent woken, and waiting again", func() bool {
+		d, err := e.GetRun(ctx, res.RunID)
+		require.NoError(t, err)
+		return d.Deliveries > before.Deliveries && d.Status == engine.StatusWaiting
+	})
+	require.NoError(t, e.Signal(ctx, kid.String(), "go", 41, nil))
+	out, err := parent.Wait(ctx, e, res.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 41, out)
+}

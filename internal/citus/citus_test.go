@@ -231,15 +231,43 @@ func TestRoutesSpreadRunsOverTheWorkers(t *testing.T) {
 		}
 		return in * 2, nil
 	}, nil)
+	kid := engine.Define("citus-kid", func(ctx *engine.Context, in int) (int, error) { return in + 1, nil }, nil)
+	parent := engine.Define("citus-parent", func(ctx *engine.Context, n int) (int, error) {
+		var kids []*engine.ChildRun[int]
+		for i := range n {
+			c, err := engine.StartChild(ctx, kid, i, &engine.ChildOpts{WorkflowID: fmt.Sprint(ctx.RunID(), "-kid-", i)})
+			if err != nil {
+				return 0, err
+			}
+			kids = append(kids, c)
+		}
+		sum := 0
+		for _, c := range kids {
+			v, err := c.Get(ctx)
+			if err != nil {
+				return 0, err
+			}
+			sum += v
+		}
+		return sum, nil
+	}, nil)
 	e, err := engine.New(pool, nil)
 	require.NoError(t, err)
-	require.NoError(t, e.Register(wf))
+	require.NoError(t, e.Register(wf, kid, parent))
 	require.NoError(t, e.Start(ctx))
 	defer func() {
 		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer scancel()
 		require.NoError(t, e.Stop(sctx))
 	}()
+	// Children in other routes (worker nodes) than their parent.
+	for range 3 {
+		res, err := parent.Start(ctx, e, 8, nil)
+		require.NoError(t, err)
+		out, err := parent.Wait(ctx, e, res.RunID, 10*time.Millisecond)
+		require.NoError(t, err)
+		require.Equal(t, 36, out)
+	}
 	for i := range 40 {
 		opts := &engine.StartOpts{}
 		if i%2 == 0 {
@@ -258,5 +286,5 @@ func TestRoutesSpreadRunsOverTheWorkers(t *testing.T) {
 	}
 	runs, _, err := e.ListRuns(ctx, engine.ListRunsParams{Limit: 100})
 	require.NoError(t, err)
-	require.Len(t, runs, 40, "a list reads every route")
+	require.Len(t, runs, 40+3+24, "a list reads every route")
 }

@@ -334,17 +334,43 @@ type ChildWaitParams struct {
 // SuspendForChildren, in tx, hands the parent run f fences back waiting
 // for any of its children at w.Seqs to end. It updates the run row first
 // and then looks at the children: ErrChildEnded when one has ended already
-// (the caller rolls tx back and reads it).
+// (the caller rolls tx back and reads it). With routes on a Citus cluster
+// the parent also wakes after ChildRecheck to look again (see there).
 func SuspendForChildren(ctx context.Context, tx DBTX, f Fence, w ChildWaitParams) error {
 	tokens := make([]string, len(w.Seqs))
 	for i, s := range w.Seqs {
 		tokens[i] = ChildToken(s)
 	}
-	if err := SuspendAwaiting(ctx, tx, f, AwaitParams{Pending: w.Pending, Status: w.Status, Awaits: tokens}); err != nil {
+	var recheck *time.Time
+	routes, err := Routes(ctx, tx)
+	if err != nil {
+		return err
+	}
+	if routes > 1 {
+		citus, err := onCitus(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if citus {
+			at := time.Now().Add(ChildRecheck)
+			recheck = &at
+		}
+	}
+	if err := SuspendAwaiting(ctx, tx, f, AwaitParams{Pending: w.Pending, Status: w.Status, Awaits: tokens, WakeAt: recheck}); err != nil {
 		return err
 	}
 	return CheckChildrenOpen(ctx, tx, f.RunID, w.Seqs)
 }
+
+// ChildRecheck is how long a parent waits for its children before it
+// looks at them again, with routes on a Citus cluster. A child in another
+// route than its parent ends in a transaction that spans two worker nodes,
+// which Citus commits on each in turn (two-phase commit): the parent's
+// check, on the child's node, can run after the parent's node committed
+// the child's end (and found the parent not waiting yet) but before the
+// child's node did, and see the child open; the wake that a single
+// PostgreSQL guarantees is then missed, and this recheck makes up for it.
+const ChildRecheck = 30 * time.Second
 
 // CheckChildrenOpen returns ErrChildEnded when one of parent's children at
 // seqs has ended. After the parent's suspension updated its row (in the
