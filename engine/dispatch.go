@@ -206,7 +206,7 @@ func (e *Engine) newRun(ctx context.Context, name string, version int, input []b
 			return store.NewRun{}, fmt.Errorf("pgdurable: starting %q: %w", name, err)
 		}
 		if routes > 1 {
-			return store.NewRun{}, fmt.Errorf("%w: StartOpts.DeduplicationID with a WorkflowID: with runs spread over %d routes, a deduplication ID finds the runs that share it only when it chooses the run's route, and a workflow ID chooses it (the workflow ID alone deduplicates its starts)",
+			return store.NewRun{}, fmt.Errorf("%w: StartOpts.DeduplicationID (deduplication_id, --deduplication-id) with a WorkflowID (workflow_id, --id): with runs spread over %d routes, a deduplication ID finds the runs that share it only when it chooses the run's route, and a workflow ID chooses it; give one of them (a workflow ID alone deduplicates its starts)",
 				ErrInvalidArgument, routes)
 		}
 	}

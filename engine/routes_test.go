@@ -234,6 +234,10 @@ func TestRoutesKeepDeadJobsQueuesAndPrunes(t *testing.T) {
 	queued := engine.Define("routed-queued", func(ctx *engine.Context, in int) (int, error) {
 		return engine.Step(ctx, "work", func(context.Context) (int, error) { return in, nil }, nil)
 	}, &engine.WorkflowOpts{Queue: "routed"})
+	release := make(chan struct{})
+	held := engine.Define("routed-held", func(ctx *engine.Context, in int) (int, error) {
+		return engine.Step(ctx, "wait", func(context.Context) (int, error) { <-release; return in, nil }, nil)
+	}, &engine.WorkflowOpts{Queue: "routed"})
 	sleeper := engine.Define("routed-sleeper", func(ctx *engine.Context, in int) (int, error) {
 		if err := engine.Sleep(ctx, 50*time.Millisecond); err != nil {
 			return 0, err
@@ -241,7 +245,7 @@ func TestRoutesKeepDeadJobsQueuesAndPrunes(t *testing.T) {
 		return in, nil
 	}, nil)
 	e := queueEngine(t, db, &engine.Config{SweepInterval: 20 * time.Millisecond},
-		map[string]engine.QueueOpts{"routed": {Concurrency: 2}}, flaky, queued, sleeper)
+		map[string]engine.QueueOpts{"routed": {Concurrency: 2}}, flaky, queued, held, sleeper)
 
 	var dead []uuid.UUID
 	for i := range 6 {
@@ -270,14 +274,14 @@ func TestRoutesKeepDeadJobsQueuesAndPrunes(t *testing.T) {
 		require.NoError(t, err)
 		admitted = append(admitted, res.RunID)
 	}
-	first, err := queued.Start(ctx, e, 100, &engine.StartOpts{DeduplicationID: "once"})
+	first, err := held.Start(ctx, e, 100, &engine.StartOpts{DeduplicationID: "once"})
 	require.NoError(t, err)
 	for i := range 5 {
-		again, err := queued.Start(ctx, e, 101+i, &engine.StartOpts{DeduplicationID: "once", ReturnDuplicate: true})
-		if err == nil {
-			require.Equal(t, first.RunID, again.RunID, "the open run holding the deduplication ID")
-		}
+		again, err := held.Start(ctx, e, 101+i, &engine.StartOpts{DeduplicationID: "once", ReturnDuplicate: true})
+		require.NoError(t, err)
+		require.Equal(t, first.RunID, again.RunID, "the open run holding the deduplication ID")
 	}
+	close(release)
 	_, err = queued.Start(ctx, e, 1, &engine.StartOpts{DeduplicationID: "x", WorkflowID: "y"})
 	require.ErrorIs(t, err, engine.ErrInvalidArgument, "a deduplication ID with a workflow ID cannot hold across routes")
 	for _, id := range append(admitted, first.RunID) {

@@ -19,8 +19,9 @@ import (
 	"github.com/pgdurable/pgdurable/engine/internal/store"
 )
 
-// StartOpts are per-start options. A nil *StartOpts starts a run with a new
-// UUID v7 as its workflow ID.
+// StartOpts are per-start options. A nil *StartOpts starts a run with its
+// new run ID as its workflow ID (a UUID v7; a v8 that carries the run's
+// route when the runs are spread over routes, migrate up --routes).
 type StartOpts struct {
 	// WorkflowID is the start's idempotency key (1 to 400 bytes, not . or
 	// .., and not a UUID in any spelling: run IDs are UUIDs, and a run ID
@@ -29,7 +30,8 @@ type StartOpts struct {
 	// otherwise), unique per workflow name:
 	// starting the same workflow with the
 	// same ID and the same input returns the existing run; with a different
-	// input, ErrWorkflowIDConflict.
+	// input, ErrWorkflowIDConflict. With routes it chooses the run's
+	// route, so every run of one workflow ID is in one route.
 	// Default: the new run's ID.
 	WorkflowID string
 	// StartAt delays the run: it is inserted waiting (its WakeAt this
@@ -86,7 +88,11 @@ type StartOpts struct {
 	// queue that holds the same ID is open (pending, running, waiting or
 	// compensating); once it ends the ID is free again. Unlike WorkflowID,
 	// which names one run forever, it guards only against running twice
-	// at once. At most MaxDeduplicationIDBytes. Needs a queue.
+	// at once. At most MaxDeduplicationIDBytes. Needs a queue. On an
+	// installation whose runs are spread over routes (migrate up
+	// --routes) it chooses the run's route, so that the runs sharing it
+	// are in one route, and a start that also gives a WorkflowID, which
+	// would choose the route too, fails with ErrInvalidArgument.
 	DeduplicationID string
 	// Debounce collapses the starts of the workflow with one key that come
 	// within a window into one run, which starts with the latest start's

@@ -15,6 +15,21 @@ import (
 // MaxRoutes bounds Opts.Routes: a run ID carries its route in one byte.
 const MaxRoutes = 256
 
+// ErrRoutesRefused: Migrate(Up) refused the routes Opts.Routes asks for
+// (out of range, fewer than the schema has, more while a route holds a
+// run) or a schema it would take for a route, and changed nothing of
+// them; the error says why and what to do.
+var ErrRoutesRefused = errors.New("routes refused")
+
+// refusal is an error that is ErrRoutesRefused.
+type refusal struct{ msg string }
+
+func (r refusal) Error() string        { return r.msg }
+func (r refusal) Is(target error) bool { return target == ErrRoutesRefused }
+
+// refuse is a refusal of the routes, formatted as fmt.Sprintf does.
+func refuse(format string, args ...any) error { return refusal{fmt.Sprintf(format, args...)} }
+
 // routesVersion is the migration that records the routes (layout).
 const routesVersion = 32
 
@@ -65,7 +80,7 @@ func migrateRoutes(ctx context.Context, pool *pgxpool.Pool, schema string, want 
 	}
 	switch {
 	case want != 0 && want < have:
-		return have, fmt.Errorf("schema %s has %d routes, and routes never shrink (a workflow ID's route follows from their number): asked for %d; leave --routes out (Opts.Routes 0) to keep %d", schema, have, want, have)
+		return have, refuse("schema %s has %d routes, and routes never shrink (a workflow ID's route follows from their number): asked for %d; leave --routes out (Opts.Routes 0) to keep %d", schema, have, want, have)
 	case want > have:
 		// Engines read the number of routes once, when they start: one
 		// that read the old number would put a workflow ID's next run in
@@ -88,7 +103,7 @@ func migrateRoutes(ctx context.Context, pool *pgxpool.Pool, schema string, want 
 				return have, fmt.Errorf("reading whether route %d of schema %s holds runs: %w", k, schema, err)
 			}
 			if held {
-				return have, fmt.Errorf("schema %s holds runs, so its routes stay %d: a workflow ID's route follows from the number of routes, and its earlier runs would be looked for in the wrong one; make the routes in a new schema (--schema), or leave --routes out to keep %d", schema, have, have)
+				return have, refuse("schema %s holds runs, so its routes stay %d: a workflow ID's route follows from the number of routes, and its earlier runs would be looked for in the wrong one; make the routes in a new schema (--schema), or leave --routes out to keep %d", schema, have, have)
 			}
 		}
 	}
@@ -122,7 +137,7 @@ func migrateRoute(ctx context.Context, pool *pgxpool.Pool, schema string, k int)
 	if exists && (comment == nil || *comment != mark) {
 		// Not one this made: another installation's, or an
 		// application's. Its tables are not the route's to take.
-		return fmt.Errorf("schema %s, which route %d of schema %s would use, exists and is not that route: rename or drop it, or install into another --schema", rs, k, schema)
+		return refuse("schema %s, which route %d of schema %s would use, exists and is not that route: rename or drop it, or install into another --schema", rs, k, schema)
 	}
 	if !exists {
 		tx, err := pool.Begin(ctx)
@@ -306,11 +321,11 @@ func routesBehind(ctx context.Context, pool *pgxpool.Pool, schema string, routes
 // whose schemas' names PostgreSQL would not take.
 func checkRoutes(schema string, routes int) error {
 	if routes < 0 || routes > MaxRoutes {
-		return fmt.Errorf("routes %d out of range: 1 to %d, or 0 to keep the schema's", routes, MaxRoutes)
+		return refuse("routes %d out of range: 1 to %d, or 0 to keep the schema's", routes, MaxRoutes)
 	}
 	if routes > 1 {
 		if err := ValidSchemaName(RouteSchema(schema, routes-1)); err != nil {
-			return fmt.Errorf("schema %s cannot have %d routes: the schema of route %d: %w", schema, routes, routes-1, err)
+			return refuse("schema %s cannot have %d routes: the schema of route %d: %v", schema, routes, routes-1, err)
 		}
 	}
 	return nil
@@ -324,7 +339,7 @@ func refuseRoute(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 		return fmt.Errorf("looking for schema %s: %w", schema, err)
 	}
 	if comment != nil && strings.HasPrefix(*comment, routeComment) {
-		return fmt.Errorf("schema %s is a route of another schema (%s): migrate that schema, which migrates its routes", schema, strings.TrimPrefix(*comment, "pgdurable: "))
+		return refuse("schema %s is a route of another schema (%s): migrate that schema, which migrates its routes", schema, strings.TrimPrefix(*comment, "pgdurable: "))
 	}
 	return nil
 }

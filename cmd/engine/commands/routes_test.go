@@ -48,4 +48,7 @@ func TestMigrateUpWithRoutes(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "holds runs, so its routes stay 3")
 	require.Contains(t, errOut, "leave --routes out to keep 3")
+	code, out, _ = run(t, db, "--json", "migrate", "up", "--routes", "4")
+	require.Equal(t, 1, code)
+	require.Contains(t, out, `"invalid_parameter"`)
 }

@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -597,14 +598,46 @@ func AdmitRead(ctx context.Context, db DBTX, p ReadParams) (*AdmitView, error) {
 		names[i], lo[i], hi[i] = v.Name, int32(v.Lo), int32(v.Hi)
 	}
 	args := pgx.StrictNamedArgs{"queue": p.Queue, "now": p.Now, "names": names, "lo": lo, "hi": hi, "limit": p.Limit}
+	routes, err := Routes(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	// With routes on one PostgreSQL, every route's reads go in this one
+	// round trip, and each kind of candidate is read from every route in
+	// one statement, under one snapshot: read route by route, a run
+	// started after an earlier one of its key could be seen in its route
+	// while the earlier one, in a route read before it committed, was not,
+	// and be admitted first. (On Citus no statement sees every node at
+	// one instant; the routes are read in turn, see admitReadRoutes.)
+	together := 1
+	if routes > 1 {
+		citus, err := onCitus(ctx, db)
+		if err != nil {
+			return nil, err
+		}
+		if !citus {
+			together = routes
+		}
+	}
+	root := db.schema().root()
+	aged, fresh := agedCandidates, freshCandidates
+	if together > 1 {
+		aged, fresh = everyRoute(agedCandidates, root, together), everyRoute(freshCandidates, root, together)
+	}
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)
 	b.Queue(admissionSettings)
 	b.Queue(lockQueue, p.Queue)
-	b.Queue(readyExpired, p.Queue, p.Now)
-	b.Queue(runningByKey, p.Queue, p.Now)
-	agedCandidates.queue(b, args)
-	freshCandidates.queue(b, args)
+	for k := range together {
+		r, _ := root.Route(k)
+		b.Queue(r.SQL(readyExpired), p.Queue, p.Now)
+	}
+	for k := range together {
+		r, _ := root.Route(k)
+		b.Queue(r.SQL(runningByKey), p.Queue, p.Now)
+	}
+	aged.queue(b, args)
+	fresh.queue(b, args)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
 	fail := func(what string, err error) (*AdmitView, error) {
@@ -617,7 +650,7 @@ func AdmitRead(ctx context.Context, db DBTX, p ReadParams) (*AdmitView, error) {
 	}
 	s := &QueueState{Def: QueueDef{Name: p.Queue}, RunningByKey: map[string]int{}}
 	var ratePeriod, keyRatePeriod, aging int64
-	err := br.QueryRow().Scan(&s.Def.Concurrency, &s.Def.KeyConcurrency, &s.Def.Rate.Limit, &ratePeriod, &s.Def.Rate.Burst,
+	err = br.QueryRow().Scan(&s.Def.Concurrency, &s.Def.KeyConcurrency, &s.Def.Rate.Limit, &ratePeriod, &s.Def.Rate.Burst,
 		&s.Def.KeyRate.Limit, &keyRatePeriod, &s.Def.KeyRate.Burst, &aging, &s.Paused, &s.VTime, &s.RateTAT)
 	if err != nil {
 		return fail("locking the row", err)
@@ -625,26 +658,30 @@ func AdmitRead(ctx context.Context, db DBTX, p ReadParams) (*AdmitView, error) {
 	s.Def.Rate.Period, s.Def.KeyRate.Period = time.Duration(ratePeriod)*time.Millisecond, time.Duration(keyRatePeriod)*time.Millisecond
 	s.Def.PriorityAging = time.Duration(aging) * time.Millisecond
 	noteVTime(db, p.Queue, s.VTime, time.Now())
-	if _, err := br.Exec(); err != nil {
-		return fail("making the runs whose lease expired ready", err)
+	for range together {
+		if _, err := br.Exec(); err != nil {
+			return fail("making the runs whose lease expired ready", err)
+		}
 	}
-	rows, err := br.Query()
-	if err != nil {
-		return fail("counting the running runs", err)
-	}
-	for rows.Next() {
-		var key string
-		var n int
-		if err := rows.Scan(&key, &n); err != nil {
-			rows.Close()
+	for range together {
+		rows, err := br.Query()
+		if err != nil {
 			return fail("counting the running runs", err)
 		}
-		s.RunningByKey[key] = n
-		s.Running += n
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return fail("counting the running runs", err)
+		for rows.Next() {
+			var key string
+			var n int
+			if err := rows.Scan(&key, &n); err != nil {
+				rows.Close()
+				return fail("counting the running runs", err)
+			}
+			s.RunningByKey[key] += n
+			s.Running += n
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fail("counting the running runs", err)
+		}
 	}
 	var cands []Candidate
 	for range 2 {
@@ -668,16 +705,41 @@ func AdmitRead(ctx context.Context, db DBTX, p ReadParams) (*AdmitView, error) {
 	if err := br.Close(); err != nil {
 		return fail("reading", err)
 	}
-	routes, err := Routes(ctx, db)
-	if err != nil {
-		return nil, err
-	}
-	if routes > 1 {
+	switch {
+	case together > 1:
+		cands = mergeCandidates(cands, p.Limit)
+	case routes > 1:
 		if cands, err = admitReadRoutes(ctx, db, p, args, s, cands, routes); err != nil {
 			return fail("reading the other routes", err)
 		}
 	}
 	return &AdmitView{State: s, Candidates: cands}, nil
+}
+
+// everyRouteStmts are everyRoute's statements, by statement, schema and
+// number of routes.
+var everyRouteStmts sync.Map
+
+// everyRoute is stmt, a SELECT, over every route of root's installation
+// at once: its statement on each route, in parentheses, joined by UNION
+// ALL, which PostgreSQL reads under one snapshot.
+func everyRoute(stmt *namedStmt, root *Schema, routes int) *namedStmt {
+	type key struct {
+		stmt   *namedStmt
+		root   *Schema
+		routes int
+	}
+	k := key{stmt, root, routes}
+	if v, ok := everyRouteStmts.Load(k); ok {
+		return v.(*namedStmt)
+	}
+	parts := make([]string, routes)
+	for i := range routes {
+		r, _ := root.Route(i)
+		parts[i] = "(" + r.SQL(stmt.source) + ")"
+	}
+	v, _ := everyRouteStmts.LoadOrStore(k, named(strings.Join(parts, "\nUNION ALL\n")))
+	return v.(*namedStmt)
 }
 
 // admitReadRoutes is AdmitRead's reads on routes 1 to routes-1, in the
@@ -737,6 +799,12 @@ func admitReadRoutes(ctx context.Context, db DBTX, p ReadParams, args pgx.Strict
 			return nil, translate(err)
 		}
 	}
+	return mergeCandidates(cands, p.Limit), nil
+}
+
+// mergeCandidates puts the candidates of several routes in AdmitRead's
+// order, at most limit of each kind.
+func mergeCandidates(cands []Candidate, limit int) []Candidate {
 	var aged, fresh []Candidate
 	for _, c := range cands {
 		if c.Aged {
@@ -751,7 +819,7 @@ func admitReadRoutes(ctx context.Context, db DBTX, p ReadParams, args pgx.Strict
 	slices.SortFunc(fresh, func(a, b Candidate) int {
 		return cmp.Or(cmp.Compare(b.Priority, a.Priority), cmp.Compare(a.Tag, b.Tag), bytes.Compare(a.RunID[:], b.RunID[:]))
 	})
-	return append(aged[:min(len(aged), p.Limit)], fresh[:min(len(fresh), p.Limit)]...), nil
+	return append(aged[:min(len(aged), limit)], fresh[:min(len(fresh), limit)]...)
 }
 
 // AdmitView is what AdmitRead read: the queue's state and its candidates.
