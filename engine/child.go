@@ -258,7 +258,7 @@ func (d *delivery) startChild(name string, version int, input []byte, opts *Chil
 	var cancel bool
 	d.writeMu.Lock()
 	err = d.do(func(ctx context.Context) error {
-		return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
+		return d.e.txn(ctx, func(tx pgx.Tx) error {
 			rec = &store.StepRecord{Seq: seq, Name: name, Kind: string(KindChild), Status: store.StepStarted,
 				Attempts: 1, StartedAt: now}
 			ins, err := store.InsertChild(ctx, d.e.on(tx), r)
@@ -497,7 +497,7 @@ func (d *delivery) suspendForChildren(seqs []int) bool {
 	d.longMu.Lock()
 	err := d.do(func(ctx context.Context) error {
 		ended = false
-		err := pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
+		err := d.e.txn(ctx, func(tx pgx.Tx) error {
 			return store.SuspendForChildren(ctx, d.e.on(tx), d.fence(), store.ChildWaitParams{Pending: d.buf.pending, Status: string(status), Seqs: seqs})
 		})
 		if errors.Is(err, store.ErrChildEnded) {
@@ -542,7 +542,7 @@ func (d *delivery) closeChildren(cancel, wait []string) bool {
 	if len(cancel) > 0 {
 		var cancelled []uuid.UUID
 		err := d.do(func(ctx context.Context) error {
-			return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
+			return d.e.txn(ctx, func(tx pgx.Tx) error {
 				// Its own row first: a child continuing as new meanwhile
 				// commits its new run before, or waits (see store.LockRun).
 				if err := store.LockRun(ctx, d.e.on(tx), d.runID); err != nil {
@@ -654,7 +654,7 @@ func (d *delivery) endTx(w *store.RecordWrite, status RunStatus) error {
 				r.Fresh = false
 			}
 		}
-		return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
+		return d.e.txn(ctx, func(tx pgx.Tx) error {
 			if err := d.lockParent(ctx, tx); err != nil {
 				return err
 			}
@@ -760,7 +760,7 @@ func (d *delivery) continueAsNew(input []byte) {
 	sent := time.Now()
 	d.writeMu.Lock()
 	err = d.do(func(ctx context.Context) error {
-		return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		return e.txn(ctx, func(tx pgx.Tx) error {
 			if err := d.lockParent(ctx, tx); err != nil { // ancestors first (see store.LockRun)
 				return err
 			}

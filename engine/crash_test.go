@@ -436,9 +436,9 @@ func TestRepeatedCrashHoldsTheRunBackWithJitter(t *testing.T) {
 		res, err := wf.Start(ctx, client, in, nil)
 		require.NoError(t, err)
 		// Its worker claimed it deliveries times in a row and died each time.
-		_, err = db.Pool.Exec(ctx, db.SQL(`UPDATE pgdurable.workflow_runs SET status = 'running', owner_token = gen_random_uuid(),
+		_, err = db.Pool.Exec(ctx, db.SQL(`UPDATE pgdurable.workflow_runs SET status = 'running', owner_token = $3,
 			lease_expires_at = now() - interval '1 second', deliveries = $2, stalled_deliveries = $2 WHERE run_id = $1`),
-			res.RunID, deliveries)
+			res.RunID, deliveries, uuid.New())
 		require.NoError(t, err)
 		return res.RunID
 	}

@@ -302,7 +302,7 @@ func (e *Engine) dispatch(wf registered, claimed *store.ClaimedRun, token uuid.U
 func (e *Engine) handToRiver(runID, token uuid.UUID) {
 	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 	defer cancel()
-	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+	err := e.txn(ctx, func(tx pgx.Tx) error {
 		if err := store.ReleaseUnclaimed(ctx, e.on(tx), store.Fence{RunID: runID, Token: token}); err != nil {
 			return err
 		}
@@ -441,7 +441,7 @@ func (e *Engine) releaseHeldRuns(ctx context.Context, held []heldRun) {
 
 // releaseRuns ends the hold on ids and gives them River jobs.
 func (e *Engine) releaseRuns(ctx context.Context, ids []uuid.UUID) {
-	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+	err := e.txn(ctx, func(tx pgx.Tx) error {
 		released, err := store.ReleaseHeld(ctx, e.on(tx), ids)
 		if err != nil {
 			return err

@@ -409,6 +409,14 @@ func (e *Engine) Schema() string { return e.cfg.Schema }
 // the store learned of the server through e.db holds for it too.
 func (e *Engine) on(q store.Querier) store.DBTX { return store.Bind(e.db, q) }
 
+// txn runs fn in a transaction on the engine's pool and commits it: on
+// Citus in two phases when it wrote the coordinator's tables as well as a
+// worker node's (River's tickets with runs; see store.TwoPhase), so that
+// neither part commits alone.
+func (e *Engine) txn(ctx context.Context, fn func(pgx.Tx) error) error {
+	return store.InTx(ctx, e.on(e.pool), fn)
+}
+
 // riverLogger passes on River's warnings and errors only: its info logs
 // repeat what the engine logs with run context.
 func riverLogger(l *slog.Logger) *slog.Logger {
@@ -536,6 +544,12 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	e.started = true
 	e.mu.Unlock()
+	if _, err := store.OnCitus(ctx, e.db); err != nil {
+		e.mu.Lock()
+		e.started = false
+		e.mu.Unlock()
+		return fmt.Errorf("pgdurable: %w", err)
+	}
 	// The definitions first: a process that cannot write them works
 	// nothing rather than admit by another process's limits.
 	e.serveWorkflowQueues()

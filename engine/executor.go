@@ -494,7 +494,7 @@ func (d *delivery) end(err error) {
 // run and nothing is written.
 func (d *delivery) rescueUnowned() {
 	err := d.do(func(ctx context.Context) error {
-		return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
+		return d.e.txn(ctx, func(tx pgx.Tx) error {
 			unowned, err := store.ReenqueueUnowned(ctx, d.e.on(tx), d.runID)
 			if err != nil || !unowned {
 				return err
@@ -828,7 +828,7 @@ func (d *delivery) handBack(rec *store.StepRecord, status RunStatus, wakeAt time
 			return store.SuspendRun(ctx, d.e.db, d.fence(), store.SuspendParams{Pending: rec, Status: string(status), WakeAt: &wakeAt,
 				Progress: progress, WasLong: d.long})
 		}
-		return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
+		return d.e.txn(ctx, func(tx pgx.Tx) error {
 			if err := store.SuspendRun(ctx, d.e.on(tx), d.fence(), store.SuspendParams{Pending: rec, Status: string(status),
 				Progress: progress, WasLong: d.long}); err != nil {
 				return err
@@ -904,7 +904,7 @@ func (d *delivery) park(rec *store.StepRecord, why *parkReason) bool {
 		if !d.related() {
 			return store.ParkRun(ctx, d.e.db, d.fence(), rec, p)
 		}
-		return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
+		return d.e.txn(ctx, func(tx pgx.Tx) error {
 			if err := d.lockParent(ctx, tx); err != nil {
 				return err
 			}

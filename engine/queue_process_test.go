@@ -206,6 +206,7 @@ ON a.key = b.key AND a.id <> b.id AND b.started_at >= a.started_at AND b.started
 // for longer than the 100 ms a rate limit catches up (472 in CI); it runs
 // before them, beside at most one other package's tests.
 func TestQueueRateLimitAcrossProcesses(t *testing.T) {
+	enginetest.SkipOnCitus(t, "measures a rate to 5% in wall-clock time: alone on a cluster it starts 500 of 500, but beside the other package's tests on one 2-core machine that also runs the cluster's three servers, 470")
 	ctx := testCtx(t)
 	db, client := queueWorld(t)
 	var ins []queuedIn

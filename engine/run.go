@@ -267,7 +267,7 @@ func (e *Engine) startJSON(ctx context.Context, tx pgx.Tx, name string, version 
 // while waiting, say), ErrInvalidArgument (it is not a delayed run waiting
 // to start: it has started).
 func (e *Engine) StartNow(ctx context.Context, runID uuid.UUID) error {
-	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+	return e.txn(ctx, func(tx pgx.Tx) error {
 		res, err := store.StartNow(ctx, e.on(tx), runID)
 		status, woken := res.Status, res.Woken
 		switch {
@@ -305,8 +305,9 @@ func (e *Engine) tooLarge(name string, n int) error {
 		ErrInvalidInput, name, n, e.cfg.MaxPayloadBytes)
 }
 
-// inTx runs fn in tx when it is non-nil (the caller commits), otherwise in a
-// new transaction that it commits.
+// inTx runs fn in tx when it is non-nil (the caller commits; on Citus the
+// commit is then made a two-phase one, as txn's, see store.TwoPhase),
+// otherwise in a new transaction that it commits.
 //
 // A transaction of its own that PostgreSQL rolled back for a deadlock or a
 // serialization failure (two operators acting on one run at once, say) is
@@ -315,10 +316,13 @@ func (e *Engine) tooLarge(name string, n int) error {
 // the start).
 func (e *Engine) inTx(ctx context.Context, tx pgx.Tx, fn func(pgx.Tx) error) error {
 	if tx != nil {
-		return fn(tx)
+		if err := fn(tx); err != nil {
+			return err
+		}
+		return store.TwoPhase(ctx, e.on(tx))
 	}
 	for try := 0; ; try++ {
-		err := pgx.BeginFunc(ctx, e.pool, fn)
+		err := e.txn(ctx, fn)
 		if transient, ambiguous := store.IsTransient(err); !transient || ambiguous || try == txRetries {
 			return err
 		}
@@ -341,7 +345,11 @@ func (e *Engine) insertRunTx(ctx context.Context, tx pgx.Tx, r store.NewRun) (*s
 	if err != nil || ins.Existing || !needsTicket(r) {
 		return ins, err
 	}
-	return ins, e.queue.Enqueue(ctx, tx, ins.RunID, time.Time{})
+	if err := e.queue.Enqueue(ctx, tx, ins.RunID, time.Time{}); err != nil {
+		return ins, err
+	}
+	// The caller commits: on Citus in two phases (see store.TwoPhase).
+	return ins, store.TwoPhase(ctx, e.on(tx))
 }
 
 // newStartBatcher coalesces the starts of concurrent callers of e into
@@ -409,7 +417,7 @@ func (e *Engine) insertRunBatch(ctx context.Context, runs []store.NewRun) ([]gro
 	var res []store.InsertedRunResult
 	var err error
 	if slices.ContainsFunc(runs, needsTicket) {
-		err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		err = e.txn(ctx, func(tx pgx.Tx) error {
 			if res, err = store.InsertRuns(ctx, e.on(tx), runs); err != nil {
 				return err
 			}

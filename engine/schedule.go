@@ -266,7 +266,7 @@ func (e *Engine) TriggerSchedule(ctx context.Context, name string) (*StartResult
 	}
 	var res *StartResult
 	var workflow string
-	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+	err := e.txn(ctx, func(tx pgx.Tx) error {
 		s, err := store.LockSchedule(ctx, e.on(tx), name)
 		if err != nil {
 			return e.scheduleErr("triggering", name, err)

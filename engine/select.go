@@ -269,7 +269,7 @@ func (d *delivery) commitSelect(seq int, name string, startedAt time.Time, deadl
 	var cancel bool
 	err = d.doOnce(func(ctx context.Context) error {
 		out, again, cancel = nil, false, false
-		err := pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
+		err := d.e.txn(ctx, func(tx pgx.Tx) error {
 			if len(signals) > 0 {
 				taken, err := store.TakeSignal(ctx, d.e.on(tx), d.fence(), signals, seq)
 				if err != nil {

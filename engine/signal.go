@@ -351,7 +351,7 @@ func (d *delivery) awaitSignal(name string, names []string, timeout time.Duratio
 func (d *delivery) takeSignal(seq int, name string, names []string, startedAt time.Time, deadline *time.Time,
 	inPlace, written bool) (outcome *signalOutcome, cancel bool, err error) {
 	err = d.doOnce(func(ctx context.Context) error {
-		return pgx.BeginFunc(ctx, d.e.pool, func(tx pgx.Tx) error {
+		return d.e.txn(ctx, func(tx pgx.Tx) error {
 			outcome, cancel = nil, false
 			taken, err := store.TakeSignal(ctx, d.e.on(tx), d.fence(), names, seq)
 			if err != nil {
@@ -521,7 +521,7 @@ func (e *Engine) signalWithStart(ctx context.Context, version int, p SignalWithS
 	defer func() { started(span, res, err) }()
 	r.TraceContext = traceCtx
 	var sent store.SignalSent
-	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+	err = e.txn(ctx, func(tx pgx.Tx) error {
 		ins, err := store.InsertRun(ctx, e.on(tx), r)
 		switch {
 		case errors.Is(err, store.ErrConflict):

@@ -10,7 +10,9 @@
 //
 // It reads TEST_DATABASE_URL (any database on the server; the role must be
 // allowed to create databases). When the variable is unset the test is
-// skipped, except under CI=true, where it fails.
+// skipped, except under CI=true, where it fails. When it names a Citus
+// coordinator's database with worker nodes registered, every test
+// database is made on the whole cluster (see Citus).
 package enginetest
 
 import (
@@ -21,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"net/url"
 	"os"
 	"regexp"
@@ -132,7 +135,89 @@ var (
 	templateOnce sync.Once
 	templateName string
 	templateErr  error
+
+	nodesOnce     sync.Once
+	templateNodes []string // URLs of the server's nodes: the coordinator's (base) first
+	nodesErr      error
 )
+
+// learnNodes learns the server's nodes (clusterNodes) once.
+func learnNodes(ctx context.Context, base string) error {
+	nodesOnce.Do(func() { templateNodes, nodesErr = clusterNodes(ctx, base) })
+	return nodesErr
+}
+
+// clusterNodes are the URLs of the servers a test database is made on:
+// base's alone, or, when base is a Citus coordinator with worker nodes
+// registered in its database, base's and each worker node's (base with
+// the node's host and port).
+func clusterNodes(ctx context.Context, base string) ([]string, error) {
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to %s: %w", EnvURL, err)
+	}
+	defer conn.Close(ctx)
+	var citus bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&citus); err != nil || !citus {
+		return []string{base}, err
+	}
+	rows, err := conn.Query(ctx, `SELECT nodename, nodeport FROM pg_dist_node
+		WHERE groupid <> 0 AND isactive AND noderole = 'primary' ORDER BY nodeid`)
+	if err != nil {
+		return nil, fmt.Errorf("reading the Citus worker nodes: %w", err)
+	}
+	nodes := []string{base}
+	for rows.Next() {
+		var host string
+		var port int
+		if err := rows.Scan(&host, &port); err != nil {
+			return nil, err
+		}
+		u, err := url.Parse(base)
+		if err != nil {
+			return nil, fmt.Errorf("parsing %s: %w", EnvURL, err)
+		}
+		u.Host = net.JoinHostPort(host, strconv.Itoa(port))
+		nodes = append(nodes, u.String())
+	}
+	return nodes, rows.Err()
+}
+
+// Citus reports whether the test databases are on a Citus cluster: when
+// TEST_DATABASE_URL names a coordinator with worker nodes registered in
+// its database, each test database is made on every node (from a
+// template database on each), the Citus extension in each and the worker
+// nodes registered, and migrated as on a coordinator (its per-run tables
+// on the worker nodes, a route per node with EnvRoutes). False when the
+// variable is unset or the server cannot be reached.
+func Citus() bool {
+	base := os.Getenv(EnvURL)
+	if base == "" {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return learnNodes(ctx, base) == nil && len(templateNodes) > 1
+}
+
+// SkipOnCitus skips t when the test databases are on a Citus cluster
+// (Citus): for a test of what only one PostgreSQL server does or lets a
+// test do, which why names (it is in the skip message).
+func SkipOnCitus(t testing.TB, why string) {
+	t.Helper()
+	if Citus() {
+		t.Skip("a single server's behaviour, not tested on a Citus cluster: " + why)
+	}
+}
+
+// redactURL is u without its password.
+func redactURL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return p.Redacted()
+}
 
 // NewDB creates a fresh migrated database for t and drops it when t ends.
 func NewDB(t testing.TB) *DB {
@@ -164,19 +249,33 @@ func Open(ctx context.Context) (db *DB, drop func() error, err error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	templateOnce.Do(func() { templateName, templateErr = ensureTemplate(ctx, base) })
+	templateOnce.Do(func() {
+		if templateErr = learnNodes(ctx, base); templateErr == nil {
+			templateName, templateErr = ensureTemplate(ctx, base, templateNodes)
+		}
+	})
 	if templateErr != nil {
 		return nil, nil, fmt.Errorf("preparing template database: %w", templateErr)
 	}
 
 	name := "pgdurable_t_" + randomHex(8)
-	admin, err := pgx.Connect(ctx, base)
-	if err != nil {
-		return nil, nil, fmt.Errorf("connecting to %s: %w", EnvURL, err)
-	}
-	defer admin.Close(ctx)
-	if err := createFromTemplate(ctx, admin, name, templateName); err != nil {
-		return nil, nil, fmt.Errorf("creating test database: %w", err)
+	// On a Citus cluster the database is made on every node, from each
+	// node's copy of the template: the coordinator's metadata names the
+	// shards that the worker nodes' copies hold, and the coordinator
+	// reaches a worker's database by its own name.
+	for i, node := range templateNodes {
+		admin, err := pgx.Connect(ctx, node)
+		if err != nil {
+			return nil, nil, fmt.Errorf("connecting to %s: %w", redactURL(node), err)
+		}
+		err = createFromTemplate(ctx, admin, name, templateName)
+		admin.Close(ctx)
+		if err != nil {
+			for _, made := range templateNodes[:i] {
+				_ = dropOn(made, name)
+			}
+			return nil, nil, fmt.Errorf("creating test database on %s: %w", redactURL(node), err)
+		}
 	}
 	dbURL, err := withDatabase(base, name)
 	if err != nil {
@@ -193,23 +292,33 @@ func Open(ctx context.Context) (db *DB, drop func() error, err error) {
 	}
 	drop = func() error {
 		pool.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, base)
-		if err != nil {
-			return fmt.Errorf("dropping test database %s: %w", name, err)
+		var errs []error
+		for _, node := range templateNodes {
+			errs = append(errs, dropOn(node, name))
 		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			return fmt.Errorf("dropping test database %s: %w", name, err)
-		}
-		return nil
+		return errors.Join(errs...)
 	}
 	return &DB{Pool: pool, URL: dbURL, Name: name}, drop, nil
 }
 
+// dropOn drops database name on the server at node's URL.
+func dropOn(node, name string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, node)
+	if err != nil {
+		return fmt.Errorf("dropping test database %s: %w", name, err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return fmt.Errorf("dropping test database %s on %s: %w", name, redactURL(node), err)
+	}
+	return nil
+}
+
 // createFromTemplate retries while another session briefly holds the
-// template (SQLSTATE 55006).
+// template (SQLSTATE 55006), ending any Citus maintenance process
+// connected to it (see renameDatabase).
 func createFromTemplate(ctx context.Context, admin *pgx.Conn, name, template string) error {
 	sql := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() + " TEMPLATE " + pgx.Identifier{template}.Sanitize()
 	for {
@@ -218,6 +327,8 @@ func createFromTemplate(ctx context.Context, admin *pgx.Conn, name, template str
 		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "55006" {
 			return err
 		}
+		_, _ = admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE datname = $1 AND backend_type LIKE 'Citus%'`, template)
 		select {
 		case <-ctx.Done():
 			return err
@@ -229,10 +340,13 @@ func createFromTemplate(ctx context.Context, admin *pgx.Conn, name, template str
 // ensureTemplate builds the migrated template once per schema version:
 // its name carries a hash of the migration files, so a changed migration
 // gets a new template and an unchanged one is reused across test runs.
-func ensureTemplate(ctx context.Context, base string) (string, error) {
+func ensureTemplate(ctx context.Context, base string, nodes []string) (string, error) {
 	h := sha256.New()
 	// Where Migrate puts the tables is part of what the template holds.
 	h.Write([]byte("schema " + migrations.DefaultSchema + "\n"))
+	for _, n := range nodes[1:] {
+		fmt.Fprintf(h, "citus node %s\n", redactURL(n))
+	}
 	if Routes() > 1 {
 		fmt.Fprintf(h, "routes %d\n", Routes())
 	}
@@ -269,15 +383,22 @@ func ensureTemplate(ctx context.Context, base string) (string, error) {
 		return name, nil
 	}
 	build := name + "_build"
-	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{build}.Sanitize()+" WITH (FORCE)"); err != nil {
-		return "", err
-	}
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{build}.Sanitize()); err != nil {
-		return "", err
+	for _, node := range nodes {
+		if err := execOn(ctx, node, "DROP DATABASE IF EXISTS "+pgx.Identifier{build}.Sanitize()+" WITH (FORCE)"); err != nil {
+			return "", err
+		}
+		if err := execOn(ctx, node, "CREATE DATABASE "+pgx.Identifier{build}.Sanitize()); err != nil {
+			return "", err
+		}
 	}
 	buildURL, err := withDatabase(base, build)
 	if err != nil {
 		return "", err
+	}
+	if len(nodes) > 1 {
+		if err := registerNodes(ctx, admin, build, nodes); err != nil {
+			return "", fmt.Errorf("making the template a Citus cluster's database: %w", err)
+		}
 	}
 	pool, err := pgxpool.New(ctx, buildURL)
 	if err != nil {
@@ -289,9 +410,13 @@ func ensureTemplate(ctx context.Context, base string) (string, error) {
 		return "", fmt.Errorf("migrating template: %w", err)
 	}
 	// Renamed only once complete, so a crash mid-build never leaves a
-	// half-migrated template behind under the final name.
-	if _, err := admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{build}.Sanitize()+" RENAME TO "+pgx.Identifier{name}.Sanitize()); err != nil {
-		return "", err
+	// half-migrated template behind under the final name: the worker
+	// nodes' first, the coordinator's, whose name says the template
+	// exists, last.
+	for i := len(nodes) - 1; i >= 0; i-- {
+		if err := renameDatabase(ctx, nodes[i], build, name); err != nil {
+			return "", err
+		}
 	}
 	// Templates of other schemas may belong to another checkout testing on
 	// the same server right now (cloning from one takes no lock that a
@@ -306,6 +431,101 @@ func ensureTemplate(ctx context.Context, base string) (string, error) {
 		}
 	}
 	return name, nil
+}
+
+// registerNodes makes database db, made on every node, a Citus cluster's
+// database: the extension in each node's, the coordinator's host and the
+// worker nodes registered in the coordinator's, as base's database has
+// them.
+func registerNodes(ctx context.Context, admin *pgx.Conn, db string, nodes []string) error {
+	for _, node := range nodes {
+		u, err := withDatabase(node, db)
+		if err != nil {
+			return err
+		}
+		if err := execOn(ctx, u, "CREATE EXTENSION IF NOT EXISTS citus"); err != nil {
+			return err
+		}
+	}
+	var host string
+	var port int
+	err := admin.QueryRow(ctx, `SELECT nodename, nodeport FROM pg_dist_node WHERE groupid = 0`).Scan(&host, &port)
+	if errors.Is(err, pgx.ErrNoRows) {
+		u, perr := url.Parse(nodes[0])
+		if perr != nil {
+			return perr
+		}
+		host = u.Hostname()
+		port, _ = strconv.Atoi(u.Port())
+		if port == 0 {
+			port = 5432
+		}
+	} else if err != nil {
+		return err
+	}
+	coordinator, err := withDatabase(nodes[0], db)
+	if err != nil {
+		return err
+	}
+	if err := execOn(ctx, coordinator, "SELECT citus_set_coordinator_host($1, $2)", host, port); err != nil {
+		return err
+	}
+	for _, node := range nodes[1:] {
+		u, err := url.Parse(node)
+		if err != nil {
+			return err
+		}
+		p, _ := strconv.Atoi(u.Port())
+		if p == 0 {
+			p = 5432
+		}
+		if err := execOn(ctx, coordinator, "SELECT citus_add_node($1, $2)", u.Hostname(), p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// renameDatabase renames database from to to on the server at node's
+// URL. Citus keeps a maintenance process connected to each of its
+// databases (nothing else is connected to a template being built), which
+// a rename, like a later CREATE DATABASE from it, would wait for forever:
+// it is ended first (it exits, and no one connects to the template again
+// to start another).
+func renameDatabase(ctx context.Context, node, from, to string) error {
+	conn, err := pgx.Connect(ctx, node)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	for {
+		if _, err := conn.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1`, from); err != nil {
+			return err
+		}
+		_, err := conn.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{from}.Sanitize()+" RENAME TO "+pgx.Identifier{to}.Sanitize())
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "55006" {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// execOn runs one statement on the server at url.
+func execOn(ctx context.Context, url, sql string, args ...any) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return fmt.Errorf("connecting to %s: %w", redactURL(url), err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql, args...); err != nil {
+		return fmt.Errorf("%s on %s: %w", sql, redactURL(url), err)
+	}
+	return nil
 }
 
 func withDatabase(base, name string) (string, error) {

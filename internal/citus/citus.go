@@ -68,6 +68,9 @@ var settings = []string{
 	"shared_preload_libraries=citus,pg_stat_statements",
 	"max_prepared_transactions=200",
 	"max_connections=300",
+	// Citus runs a maintenance process per database that has it: a test
+	// suite pointed at the cluster makes many databases at once.
+	"max_worker_processes=64",
 	"wal_level=logical", // shard moves (rebalancing) use logical replication
 	// Loopback with trust: the nodes talk to each other without TLS.
 	"citus.node_conninfo=sslmode=disable",
@@ -163,6 +166,9 @@ type NodeWork struct {
 	RunCalls, RunRows     int64
 	ControlCalls          int64
 	OtherCalls, OtherRows int64
+	// Prepared counts the PREPARE TRANSACTIONs among ControlCalls: the
+	// first phase of each two-phase commit that wrote on this node.
+	Prepared int64
 }
 
 // ResetStatements empties pg_stat_statements on every node (creating the
@@ -199,8 +205,9 @@ WITH s AS (
 )
 SELECT coalesce(sum(calls) FILTER (WHERE run AND NOT control), 0), coalesce(sum(rows) FILTER (WHERE run AND NOT control), 0),
        coalesce(sum(calls) FILTER (WHERE control), 0),
-       coalesce(sum(calls) FILTER (WHERE NOT run AND NOT control), 0), coalesce(sum(rows) FILTER (WHERE NOT run AND NOT control), 0)
-FROM s`).Scan(&w.RunCalls, &w.RunRows, &w.ControlCalls, &w.OtherCalls, &w.OtherRows)
+       coalesce(sum(calls) FILTER (WHERE NOT run AND NOT control), 0), coalesce(sum(rows) FILTER (WHERE NOT run AND NOT control), 0),
+       coalesce(sum(calls) FILTER (WHERE query ~* '^\s*prepare transaction'), 0)
+FROM s`).Scan(&w.RunCalls, &w.RunRows, &w.ControlCalls, &w.OtherCalls, &w.OtherRows, &w.Prepared)
 		conn.Close(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("reading the statements of node %s: %w", w.Node, err)

@@ -88,8 +88,9 @@ func TestWorkDividesOverTheWorkers(t *testing.T) {
 		require.Positive(t, total)
 		for _, w := range workers {
 			share := float64(w.RunCalls) / float64(total)
-			t.Logf("%s: worker node %s ran %d statements on per-run tables (%.1f%%, %.2f per workflow, %.2f rows), %.2f transaction control per workflow",
-				what, w.Node, w.RunCalls, 100*share, float64(w.RunCalls)/float64(n), float64(w.RunRows)/float64(n), float64(w.ControlCalls)/float64(n))
+			t.Logf("%s: worker node %s ran %d statements on per-run tables (%.1f%%, %.2f per workflow, %.2f rows), %.2f transaction control per workflow (%.2f two-phase commits)",
+				what, w.Node, w.RunCalls, 100*share, float64(w.RunCalls)/float64(n), float64(w.RunRows)/float64(n), float64(w.ControlCalls)/float64(n),
+				float64(w.Prepared)/float64(n))
 			require.InDelta(t, 0.5, share, 0.1, "%s: worker node %s's share of the per-run statements", what, w.Node)
 		}
 		t.Logf("%s: %d workflows in %s; coordinator: %.2f statements per workflow on per-run tables (each forwarded whole to a worker node), %.2f on its own tables (%.2f rows), %.2f transaction control",

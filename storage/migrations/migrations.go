@@ -51,6 +51,7 @@ const DefaultSchema = "pgdurable"
 var Tables = []string{
 	"workflow_runs", "workflow_steps", "dead_jobs", "workflow_signals",
 	"schedules", "schedule_fires", "engine_processes", "ui_sessions", "queues", "queue_keys", "rate_limits", "layout",
+	"two_phase_commits",
 }
 
 // RunTables are the tables of Tables whose rows belong to one run. On a
@@ -199,7 +200,9 @@ type Result struct {
 // schema asked for fails with ErrMoved, naming where they went.
 //
 // On a Citus coordinator with active worker nodes, Up ends by putting
-// RunTables on a worker node (see Result.Distributed).
+// RunTables on a worker node (see Result.Distributed), after adding the
+// table the engine's two-phase commits update to Citus's metadata, which
+// needs the coordinator in it (ErrCoordinatorNotInMetadata otherwise).
 //
 // Concurrent callers are safe: they take turns on a PostgreSQL advisory
 // lock (one migration at a time per database), and the later ones find
@@ -310,6 +313,10 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, direction Direction, opts 
 		if res.Routes, err = migrateRoutes(ctx, pool, schema, opts.Routes); err != nil {
 			return nil, err
 		}
+		twoPhase, err := needsTwoPhase(ctx, pool, schema)
+		if err != nil {
+			return nil, err
+		}
 		if res.Distributed, err = distribute(ctx, pool, schema); err != nil {
 			return nil, err
 		}
@@ -323,6 +330,11 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, direction Direction, opts 
 		}
 		if res.Placed, err = placeRoutes(ctx, pool, schema, res.Routes, moved || res.Distributed != ""); err != nil {
 			return nil, err
+		}
+		if twoPhase {
+			if _, err := pool.Exec(ctx, `SELECT citus_add_local_table_to_metadata($1::regclass)`, twoPhaseTable(schema)); err != nil {
+				return nil, fmt.Errorf("adding %s to Citus's metadata: %w", twoPhaseTable(schema), err)
+			}
 		}
 	case Down:
 		for i := 0; opts.Steps == 0 || i < opts.Steps; i++ {
@@ -652,6 +664,56 @@ ORDER BY 1, 2`, runs, local)
 		}
 	}
 	return node, nil
+}
+
+// ErrCoordinatorNotInMetadata is Migrate's refusal on a Citus coordinator
+// with worker nodes whose own node is not in Citus's metadata: the
+// engine's transactions that write both the coordinator and a worker node
+// commit in two phases only through a table Citus manages on the
+// coordinator (see needsTwoPhase), which needs it there.
+var ErrCoordinatorNotInMetadata = errors.New("the coordinator is not in Citus's metadata, which the engine needs to commit a transaction that writes both the coordinator and a worker node in two phases: " +
+	"run SELECT citus_set_coordinator_host('<the coordinator's host as the worker nodes reach it>', <port>) on the coordinator's database, then migrate up again")
+
+// needsTwoPhase reports whether schema's two_phase_commits table
+// (migration 33) is yet to be added to Citus's metadata, as a Citus local
+// table, which Up does last (so that a refusal before changes nothing):
+// on a Citus coordinator with worker nodes, where it is not yet. An update
+// of it, which the engine's two_phase_commit() makes before a transaction
+// that wrote the coordinator commits, is a modification Citus executes on
+// the coordinator, after which it commits the transaction in two phases
+// (PREPARE TRANSACTION on each worker node written, the coordinator's
+// commit, COMMIT PREPARED), where it would otherwise commit the worker
+// node's part first and the coordinator's after it. A coordinator with
+// worker nodes that is not in the metadata itself is refused
+// (ErrCoordinatorNotInMetadata), before anything changes.
+func needsTwoPhase(ctx context.Context, pool *pgxpool.Pool, schema string) (bool, error) {
+	var citus bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&citus); err != nil {
+		return false, fmt.Errorf("reading whether the database is a Citus coordinator: %w", err)
+	}
+	if !citus {
+		return false, nil
+	}
+	var workers int
+	var coordinator, managed bool
+	err := pool.QueryRow(ctx, `
+SELECT (SELECT count(*) FROM pg_dist_node WHERE groupid <> 0 AND noderole = 'primary' AND isactive),
+       EXISTS (SELECT 1 FROM pg_dist_node WHERE groupid = 0),
+       EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = $1::regclass)`, twoPhaseTable(schema)).Scan(&workers, &coordinator, &managed)
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("reading the Citus cluster's nodes: %w", err)
+	case workers == 0 || managed:
+		return false, nil
+	case !coordinator:
+		return false, ErrCoordinatorNotInMetadata
+	}
+	return true, nil
+}
+
+// twoPhaseTable is schema's two_phase_commits, quoted.
+func twoPhaseTable(schema string) string {
+	return pgx.Identifier{schema, "two_phase_commits"}.Sanitize()
 }
 
 // refuseLiveOn fails with ErrEnginesRunning when an engine process works

@@ -63,6 +63,9 @@ func TestMigrateMakesRoutes(t *testing.T) {
 	// Rolling back a migration rolls back every route; rolling back the
 	// one that records the routes is refused while a route holds a run,
 	// and drops the route schemas once none does.
+	res, err = migrations.Migrate(ctx, db.Pool, migrations.Down, &migrations.Opts{Steps: 1})
+	require.NoError(t, err)
+	require.Equal(t, []int64{33}, res.Applied, "the migration after the routes'")
 	_, err = migrations.Migrate(ctx, db.Pool, migrations.Down, &migrations.Opts{Steps: 1})
 	require.ErrorContains(t, err, "route 2 holds runs")
 	_, err = db.Pool.Exec(ctx, `DELETE FROM pgdurable_r2.workflow_runs`)
@@ -76,20 +79,20 @@ func TestMigrateMakesRoutes(t *testing.T) {
 
 	res, err = migrations.Migrate(ctx, db.Pool, migrations.Up, &migrations.Opts{Routes: 2})
 	require.NoError(t, err)
-	require.Equal(t, []int64{31, 32}, res.Applied)
+	require.Equal(t, []int64{31, 32, 33}, res.Applied)
 	require.Equal(t, 2, res.Routes)
 	require.Equal(t, []int{4, 4}, routeTables(t, db, schema, 2))
 
 	// A migration pending in a route (as a later version's would be) is
 	// applied there by the next Up.
-	_, err = db.Pool.Exec(ctx, `DROP TABLE pgdurable_r1.layout;
-		DELETE FROM pgdurable_r1.`+migrations.VersionTable+` WHERE version_id = 32`)
+	_, err = db.Pool.Exec(ctx, `DROP FUNCTION pgdurable_r1.two_phase_commit(); DROP TABLE pgdurable_r1.two_phase_commits;
+		DELETE FROM pgdurable_r1.`+migrations.VersionTable+` WHERE version_id = 33`)
 	require.NoError(t, err)
 	res, err = migrations.Migrate(ctx, db.Pool, migrations.Up, nil)
 	require.NoError(t, err)
 	require.Empty(t, res.Applied, "route 0 had nothing pending")
 	var back bool
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT to_regclass('pgdurable_r1.layout') IS NOT NULL`).Scan(&back))
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT to_regclass('pgdurable_r1.two_phase_commits') IS NOT NULL`).Scan(&back))
 	require.True(t, back)
 }
 

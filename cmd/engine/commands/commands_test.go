@@ -235,7 +235,7 @@ func TestServeNeedsMigratedSchema(t *testing.T) {
 	require.Contains(t, errOut, "engine migrate up")
 	code, out, _ := run(t, db, "migrate", "up")
 	require.Equal(t, 0, code)
-	require.Contains(t, out, "pgdurable versions [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32]")
+	require.Contains(t, out, "pgdurable versions [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33]")
 }
 
 // The demo runs the payment story end to end and must report 0 double

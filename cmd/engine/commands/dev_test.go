@@ -64,6 +64,9 @@ func TestDevOnACustomBinary(t *testing.T) {
 // with a database named it refuses before starting anything.
 func TestDevWithCitus(t *testing.T) {
 	t.Parallel()
+	if enginetest.Citus() {
+		t.Skip("starts a cluster of its own, whatever TEST_DATABASE_URL names: the pass on one PostgreSQL runs it")
+	}
 	var errOut bytes.Buffer
 	code := commands.Execute(context.Background(), []string{"--database-url", "postgres://127.0.0.1:1/x", "dev", "--citus"},
 		commands.Options{Workflows: workflows(), Stdout: &errOut, Stderr: &errOut, Getenv: func(string) string { return "" }})

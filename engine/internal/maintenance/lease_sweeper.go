@@ -62,7 +62,7 @@ func (s *LeaseSweeper) RunOnce(ctx context.Context) {
 // store.Sweep) and enqueued by the sweep that finds it due.
 func (s *LeaseSweeper) sweep(ctx context.Context) (int, error) {
 	var swept []store.SweptRun
-	err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
+	err := store.InTx(ctx, s.DB, func(tx pgx.Tx) error {
 		var err error
 		swept, err = store.Sweep(ctx, store.Bind(s.DB, tx), store.SweepParams{Queue: s.QueueName, Now: s.Now(), Lease: s.Lease, Limit: sweepBatch})
 		if err != nil {

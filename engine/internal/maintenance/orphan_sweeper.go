@@ -47,7 +47,7 @@ func (s *OrphanSweeper) sweep(ctx context.Context) error {
 		return err
 	}
 	var ids []uuid.UUID
-	err = pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
+	err = store.InTx(ctx, s.DB, func(tx pgx.Tx) error {
 		ids, err = store.ReenqueueOrphans(ctx, store.Bind(s.DB, tx), stale, s.Lease)
 		if err != nil {
 			return err

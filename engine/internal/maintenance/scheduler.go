@@ -84,7 +84,7 @@ func (s *Scheduler) fireSchedules(ctx context.Context) error {
 	for range 100 {
 		var name string
 		var fired []fireEvent
-		err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
+		err := store.InTx(ctx, s.DB, func(tx pgx.Tx) error {
 			fired = fired[:0]
 			due, err := store.DueSchedules(ctx, store.Bind(s.DB, tx), s.QueueName, s.Now(), seen)
 			if err != nil || len(due) == 0 {

@@ -77,8 +77,5 @@ var PlannedStatements = map[string]string{
 // tests.
 var QueueVTimes, NoteVTime = queueVTimes, noteVTime
 
-// OnCitus is onCitus, for its tests.
-var OnCitus = onCitus
-
 // Jitter is jitter, for its test.
 var Jitter = jitter

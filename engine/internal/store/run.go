@@ -523,10 +523,22 @@ func CommitStep(ctx context.Context, db DBTX, c StepCommit) (StepsWritten, error
 // failed, or a strict conflict with a completed record), and a fresh
 // record's insert that found one (unique_violation). Other errors, the
 // COMMIT's among them (a deferred constraint of the step's own writes),
-// come back translated.
+// come back translated. On Citus the step's transaction commits in two
+// phases when the step wrote the coordinator (see TwoPhase), so that its
+// writes and its record commit together.
 func sendCommit(ctx context.Context, db DBTX, b *pgx.Batch, begun bool, read func(pgx.BatchResults) error) error {
+	ends := 0
 	if begun {
+		citus, err := onCitus(ctx, db)
+		if err != nil {
+			return err
+		}
+		if citus {
+			b.Queue(db.schema().twoPhaseSQL())
+			ends++
+		}
 		b.Queue("commit")
+		ends++
 	}
 	br := db.SendBatch(ctx, b)
 	err := read(br)
@@ -535,7 +547,10 @@ func sendCommit(ctx context.Context, db DBTX, b *pgx.Batch, begun bool, read fun
 		_ = br.Close()
 		return ErrStepsNotCommitted
 	}
-	if err == nil && begun {
+	for range ends {
+		if err != nil {
+			break
+		}
 		_, err = br.Exec()
 	}
 	if cerr := br.Close(); err == nil {
