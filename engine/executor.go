@@ -292,6 +292,25 @@ func missingRunRetry(n int) time.Duration {
 
 // missed handles a ticket that found the run not claimable.
 func (e *Engine) missed(ctx context.Context, runID uuid.UUID, m *store.ClaimMiss) error {
+	// On a cluster (Citus) a ticket can also be visible before the write
+	// that made it due: a wake, a hand-back or a sweep writes the run on a
+	// worker node and the ticket on the coordinator in one two-phase
+	// commit, which commits the coordinator first and the worker node's
+	// prepared part after it (milliseconds later, or, when the node failed
+	// in between, once it is back). The ticket then finds the run as it
+	// was (waiting, leased, dead): it waits for the write as for a missing
+	// run, rather than leave the run due without a ticket. A run closed
+	// for good never becomes due again.
+	citus, err := store.OnCitus(ctx, e.db)
+	if err != nil {
+		return err
+	}
+	early := func() error {
+		if n := queue.Snoozes(ctx); n < missingRunSnoozes {
+			return queue.Snooze(missingRunRetry(n))
+		}
+		return nil
+	}
 	switch {
 	case m.NotExists:
 		// On a cluster (Citus) a run's row and its ticket commit on
@@ -310,7 +329,7 @@ func (e *Engine) missed(ctx context.Context, runID uuid.UUID, m *store.ClaimMiss
 				"run_id", runID, "snoozes", n)
 		}
 		return nil
-	case m.Leased:
+	case m.Leased && !citus:
 		// Duplicates end here; a live lease holder that dies is covered by
 		// the sweeper, which enqueues a new ticket.
 		return nil
@@ -318,7 +337,7 @@ func (e *Engine) missed(ctx context.Context, runID uuid.UUID, m *store.ClaimMiss
 		// An early ticket (clock skew, a duplicate): wait until due rather
 		// than drop it, so no waiting run is ever left without a ticket.
 		return queue.Snooze(max(m.WakeAt.Sub(e.now()), 10*time.Millisecond))
-	case m.FlowQueue != "" && RunStatus(m.Status).active():
+	case m.FlowQueue != "" && RunStatus(m.Status).active() && !m.Leased:
 		// Its queue's admission claims it: the ticket's work is to make it
 		// ready (a failure fails the ticket, which River retries).
 		q, err := store.MarkReady(context.WithoutCancel(ctx), e.db, runID, m.FlowQueue, e.now())
@@ -329,8 +348,10 @@ func (e *Engine) missed(ctx context.Context, runID uuid.UUID, m *store.ClaimMiss
 			e.pokeQueue(q)
 		}
 		return nil
-	case m.WakeAt != nil && RunStatus(m.Status).active():
+	case m.WakeAt != nil && RunStatus(m.Status).active() && !m.Leased:
 		return queue.Snooze(max(m.WakeAt.Sub(e.now()), 10*time.Millisecond))
+	case citus && !RunStatus(m.Status).closed():
+		return early()
 	}
 	return nil
 }
