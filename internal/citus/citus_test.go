@@ -26,12 +26,7 @@ func TestEngineRunsOnACitusCoordinator(t *testing.T) {
 	c := citustest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cfg, err := pgxpool.ParseConfig(c.URL())
-	require.NoError(t, err)
-	cfg.MaxConns = 20
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer pool.Close()
+	pool := coordinatorPool(ctx, t, c)
 	var workers int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM citus_get_active_worker_nodes()`).Scan(&workers))
 	require.Equal(t, 2, workers)
@@ -63,6 +58,19 @@ func TestEngineRunsOnACitusCoordinator(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, i*2, out)
 	}
+}
+
+// coordinatorPool is a pool of 20 connections to c's coordinator, closed
+// when t ends.
+func coordinatorPool(ctx context.Context, t *testing.T, c *citus.Cluster) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(c.URL())
+	require.NoError(t, err)
+	cfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
 }
 
 // requireOnAWorker fails unless node is one of c's worker nodes and holds
@@ -206,12 +214,7 @@ func TestRoutesSpreadRunsOverTheWorkers(t *testing.T) {
 	c := citustest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cfg, err := pgxpool.ParseConfig(c.URL())
-	require.NoError(t, err)
-	cfg.MaxConns = 20
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer pool.Close()
+	pool := coordinatorPool(ctx, t, c)
 	res, err := migrations.Migrate(ctx, pool, migrations.Up, &migrations.Opts{Routes: 4})
 	require.NoError(t, err)
 	require.Equal(t, 4, res.Routes)

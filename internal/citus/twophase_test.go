@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdurable/pgdurable/engine"
@@ -26,13 +25,8 @@ func TestTxStepsWritingTheCoordinatorCommitInTwoPhases(t *testing.T) {
 	c := citustest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cfg, err := pgxpool.ParseConfig(c.URL())
-	require.NoError(t, err)
-	cfg.MaxConns = 20
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer pool.Close()
-	_, err = migrations.Migrate(ctx, pool, migrations.Up, &migrations.Opts{Routes: 2})
+	pool := coordinatorPool(ctx, t, c)
+	_, err := migrations.Migrate(ctx, pool, migrations.Up, &migrations.Opts{Routes: 2})
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `CREATE TABLE reservations (run text PRIMARY KEY)`)
 	require.NoError(t, err)
