@@ -55,35 +55,30 @@ func TestTxStepsWritingTheCoordinatorCommitInTwoPhases(t *testing.T) {
 		require.NoError(t, e.Stop(sctx))
 	}()
 
-	prepared := func() int64 {
+	// preparedBy runs n runs of wf one after another and returns the
+	// PREPARE TRANSACTIONs they took on the worker nodes.
+	const n = 40
+	preparedBy := func(wf *engine.Workflow[int, int]) int64 {
+		require.NoError(t, c.ResetStatements(ctx))
+		for i := range n {
+			res, err := wf.Start(ctx, e, i, nil)
+			require.NoError(t, err)
+			_, err = wf.Wait(ctx, e, res.RunID, 10*time.Millisecond)
+			require.NoError(t, err)
+		}
 		work, err := c.Work(ctx)
 		require.NoError(t, err)
-		var n int64
+		var prepared int64
 		for _, w := range work[1:] {
-			n += w.Prepared
+			prepared += w.Prepared
 		}
-		return n
+		return prepared
 	}
-	const n = 40
-	require.NoError(t, c.ResetStatements(ctx))
-	for i := range n {
-		res, err := plain.Start(ctx, e, i, nil)
-		require.NoError(t, err)
-		_, err = plain.Wait(ctx, e, res.RunID, 10*time.Millisecond)
-		require.NoError(t, err)
-	}
-	plainPrepared := prepared()
+	plainPrepared := preparedBy(plain)
 	t.Logf("%d runs of 3 plain steps: %d two-phase commits on the worker nodes", n, plainPrepared)
 	require.Less(t, plainPrepared, int64(n), "plain steps' records commit in one phase")
 
-	require.NoError(t, c.ResetStatements(ctx))
-	for i := range n {
-		res, err := reserve.Start(ctx, e, i, nil)
-		require.NoError(t, err)
-		_, err = reserve.Wait(ctx, e, res.RunID, 10*time.Millisecond)
-		require.NoError(t, err)
-	}
-	txPrepared := prepared()
+	txPrepared := preparedBy(reserve)
 	t.Logf("%d runs of one tx step writing a coordinator table: %d two-phase commits on the worker nodes", n, txPrepared)
 	require.GreaterOrEqual(t, txPrepared, int64(n), "each tx step's transaction commits in two phases")
 	var rows int
