@@ -45,12 +45,14 @@ func TestParentSuspensionRacingASlowChildEndIsWoken(t *testing.T) {
 	}, nil)
 	b := setup(t, nil, parent, child)
 	ctx := testCtx(t)
-	_, err := b.db.Pool.Exec(ctx, b.db.SQL(`
-CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(3); RETURN NULL; END $$;
-CREATE CONSTRAINT TRIGGER slow_child_commit AFTER UPDATE ON pgdurable.workflow_runs DEFERRABLE INITIALLY DEFERRED
-FOR EACH ROW WHEN (NEW.status = 'completed' AND OLD.status <> 'completed' AND NEW.parent_run_id IS NOT NULL)
-EXECUTE FUNCTION slow_commit();`))
+	_, err := b.db.Pool.Exec(ctx, `CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(3); RETURN NULL; END $$`)
 	require.NoError(t, err)
+	for _, runs := range b.db.RouteTables("workflow_runs") {
+		_, err := b.db.Pool.Exec(ctx, `CREATE CONSTRAINT TRIGGER slow_child_commit AFTER UPDATE ON `+runs+` DEFERRABLE INITIALLY DEFERRED
+FOR EACH ROW WHEN (NEW.status = 'completed' AND OLD.status <> 'completed' AND NEW.parent_run_id IS NOT NULL)
+EXECUTE FUNCTION slow_commit()`)
+		require.NoError(t, err)
+	}
 	res, err := parent.Start(ctx, b.engine, 0, nil)
 	require.NoError(t, err)
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
@@ -318,9 +320,9 @@ func TestCancelledParentEndsAChildCancelledWhileClaimedElsewhere(t *testing.T) {
 	// it claim and hand it back too: the claim is taken when it is free).
 	token := uuid.New()
 	eventually(t, 10*time.Second, "the child claimed", func() bool {
-		tag, err := b.db.Pool.Exec(ctx, b.db.SQL(`UPDATE pgdurable.workflow_runs SET owner_token = $2, status = 'running',
+		tag, err := b.db.Pool.Exec(ctx, `UPDATE `+b.db.RunTable("workflow_runs", child.RunID)+` SET owner_token = $2, status = 'running',
 			deliveries = deliveries + 1, lease_expires_at = now() + interval '1 minute'
-			WHERE run_id = $1 AND status = 'pending' AND owner_token IS NULL`), child.RunID, token)
+			WHERE run_id = $1 AND status = 'pending' AND owner_token IS NULL`, child.RunID, token)
 		require.NoError(t, err)
 		return tag.RowsAffected() == 1
 	})

@@ -436,8 +436,8 @@ func TestRepeatedCrashHoldsTheRunBackWithJitter(t *testing.T) {
 		res, err := wf.Start(ctx, client, in, nil)
 		require.NoError(t, err)
 		// Its worker claimed it deliveries times in a row and died each time.
-		_, err = db.Pool.Exec(ctx, db.SQL(`UPDATE pgdurable.workflow_runs SET status = 'running', owner_token = $3,
-			lease_expires_at = now() - interval '1 second', deliveries = $2, stalled_deliveries = $2 WHERE run_id = $1`),
+		_, err = db.Pool.Exec(ctx, `UPDATE `+db.RunTable("workflow_runs", res.RunID)+` SET status = 'running', owner_token = $3,
+			lease_expires_at = now() - interval '1 second', deliveries = $2, stalled_deliveries = $2 WHERE run_id = $1`,
 			res.RunID, deliveries, uuid.New())
 		require.NoError(t, err)
 		return res.RunID
@@ -496,7 +496,7 @@ func TestCrashLoopParksOnYoungDeathsOrFiveTimesAsManyInAll(t *testing.T) {
 		res, err := wf.Start(ctx, client, i, nil)
 		require.NoError(t, err)
 		ids[i] = res.RunID
-		_, err = db.Pool.Exec(ctx, db.SQL(`UPDATE pgdurable.workflow_runs SET deliveries = $2, stalled_deliveries = $2, long_stalled_deliveries = $3 WHERE run_id = $1`),
+		_, err = db.Pool.Exec(ctx, `UPDATE `+db.RunTable("workflow_runs", res.RunID)+` SET deliveries = $2, stalled_deliveries = $2, long_stalled_deliveries = $3 WHERE run_id = $1`,
 			res.RunID, c.stalled, c.long)
 		require.NoError(t, err)
 	}
@@ -619,7 +619,7 @@ func TestOnlyTheLeaseHolderRecordsAndTheLoserStops(t *testing.T) {
 
 	// A's lease expires; the sweep gives the run to delivery B, which runs
 	// b and c and completes it while A is still inside b.
-	_, err = b.db.Pool.Exec(ctx, b.db.SQL(`UPDATE pgdurable.workflow_runs SET lease_expires_at = now() - interval '1 second' WHERE run_id = $1`), res.RunID)
+	_, err = b.db.Pool.Exec(ctx, `UPDATE `+b.db.RunTable("workflow_runs", res.RunID)+` SET lease_expires_at = now() - interval '1 second' WHERE run_id = $1`, res.RunID)
 	require.NoError(t, err)
 	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
 	require.NoError(t, err)

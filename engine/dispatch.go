@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgdurable/pgdurable/engine/internal/store"
+	"github.com/pgdurable/pgdurable/storage/migrations"
 )
 
 // How a start reaches a worker.
@@ -196,9 +197,9 @@ func (e *Engine) newRun(ctx context.Context, name string, version int, input []b
 	var routeKey string
 	switch {
 	case r.DebounceKey != "":
-		routeKey = "debounce\x00" + name + "\x00" + r.DebounceKey
+		routeKey = migrations.DebounceKey(name, r.DebounceKey)
 	case r.DedupID != "":
-		routeKey = "dedup\x00" + r.FlowQueue + "\x00" + r.DedupID
+		routeKey = migrations.DedupKey(r.FlowQueue, r.DedupID)
 	}
 	if routeKey != "" && workflowID != "" {
 		routes, err := store.Routes(ctx, e.db)

@@ -160,10 +160,10 @@ func TestCrashLoopDeadJobCarriesDeliveriesAndAttempts(t *testing.T) {
 	res, err := wf.Start(ctx, client, 0, nil)
 	require.NoError(t, err)
 	// As if 10 deliveries had claimed it and each died in its call.
-	_, err = db.Pool.Exec(ctx, db.SQL(`
-		WITH run AS (UPDATE pgdurable.workflow_runs SET deliveries = 10, stalled_deliveries = 10 WHERE run_id = $1 RETURNING run_id)
+	_, err = db.Pool.Exec(ctx, `
+		WITH run AS (UPDATE `+db.RunTable("workflow_runs", res.RunID)+` SET deliveries = 10, stalled_deliveries = 10 WHERE run_id = $1 RETURNING run_id)
 		INSERT INTO `+db.RunTable("workflow_steps", res.RunID)+` (run_id, seq, name, kind, status, attempts, request_id, started_at)
-		SELECT run_id, 0, 'call', 'activity', 'started', 3, gen_random_uuid(), now() FROM run`), res.RunID)
+		SELECT run_id, 0, 'call', 'activity', 'started', 3, gen_random_uuid(), now() FROM run`, res.RunID)
 	require.NoError(t, err)
 	worker := newEngine(t, db, nil, true, wf)
 	run := waitStatus(t, worker, res.RunID, engine.StatusDead, 10*time.Second)

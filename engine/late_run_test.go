@@ -28,7 +28,7 @@ func TestTicketWaitsForARunNotVisibleYet(t *testing.T) {
 	require.NoError(t, err)
 	_, err = db.Pool.Exec(ctx, db.SQL(`CREATE TABLE hidden_run AS SELECT * FROM pgdurable.workflow_runs WHERE run_id = $1`), res.RunID)
 	require.NoError(t, err)
-	tag, err := db.Pool.Exec(ctx, db.SQL(`DELETE FROM pgdurable.workflow_runs WHERE run_id = $1`), res.RunID)
+	tag, err := db.Pool.Exec(ctx, `DELETE FROM `+db.RunTable("workflow_runs", res.RunID)+` WHERE run_id = $1`, res.RunID)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, tag.RowsAffected())
 	var tickets int

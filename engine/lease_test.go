@@ -108,7 +108,7 @@ func TestOrphanedTicketIsFoundBehindManyStaleOnes(t *testing.T) {
 	_, err = db.Pool.Exec(ctx, `UPDATE pgdurable.river_job SET state = 'running', attempt = 1, attempted_at = now() - interval '20 seconds',
 		attempted_by = ARRAY['dead-process'] WHERE args->>'run_id' = $1`, res.RunID.String())
 	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, db.SQL(`UPDATE pgdurable.workflow_runs SET enqueued_at = now() - interval '20 seconds' WHERE run_id = $1`), res.RunID)
+	_, err = db.Pool.Exec(ctx, `UPDATE `+db.RunTable("workflow_runs", res.RunID)+` SET enqueued_at = now() - interval '20 seconds' WHERE run_id = $1`, res.RunID)
 	require.NoError(t, err)
 
 	worker := newEngine(t, db, &engine.Config{LeaseDuration: time.Second}, true, wf)

@@ -73,7 +73,7 @@ func TestListRunsByWorkflowIDPrefix(t *testing.T) {
 // completed_at.
 func TestListRunsByCreatedAndFinishedTime(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil)
+	b := setup(t, &engine.Config{Retention: -1}) // the engine's first prune would delete the runs of ten days ago
 	ctx := testCtx(t)
 	insertOldRuns(t, b.db.Pool, "ten-days-", "completed", 3, 0, 10*24*time.Hour)
 	insertOldRuns(t, b.db.Pool, "two-days-", "failed", 2, 0, 2*24*time.Hour)

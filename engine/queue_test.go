@@ -662,8 +662,8 @@ func TestQueueKeyOrderSurvivesTerminateAndALostLease(t *testing.T) {
 	require.NoError(t, e.Terminate(ctx, b, &engine.TerminateOpts{Reason: "not needed"}))
 	// a as a process that died while running it leaves it: leased, the
 	// lease expired, not ready.
-	_, err := db.Pool.Exec(ctx, db.SQL(`UPDATE pgdurable.workflow_runs SET owner_token = $2,
-		lease_expires_at = now() - interval '1 second', ready_at = NULL, status = 'running', deliveries = 1 WHERE run_id = $1`), a, uuid.New())
+	_, err := db.Pool.Exec(ctx, `UPDATE `+db.RunTable("workflow_runs", a)+` SET owner_token = $2,
+		lease_expires_at = now() - interval '1 second', ready_at = NULL, status = 'running', deliveries = 1 WHERE run_id = $1`, a, uuid.New())
 	require.NoError(t, err)
 	require.NoError(t, e.ResumeQueue(ctx, "orderq", "test"))
 	waitStatus(t, e, a, engine.StatusCompleted, 10*time.Second)

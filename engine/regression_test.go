@@ -76,7 +76,7 @@ func TestWorkerPausedDuringItsFlushDoesNotStartTheNextStep(t *testing.T) {
 	defer func() { _ = lock.Rollback(ctx) }()
 	child := crashtest.StartWorker(t, db, 2*time.Second, envSlowS1+"=1")
 	eventually(t, 30*time.Second, "the child to run s1", func() bool { return calls(t, db.Pool, res.RunID, "s1") == 1 })
-	_, err = lock.Exec(ctx, db.SQL(`SELECT 1 FROM pgdurable.workflow_runs WHERE run_id = $1 FOR UPDATE`), res.RunID)
+	_, err = lock.Exec(ctx, `SELECT 1 FROM `+db.RunTable("workflow_runs", res.RunID)+` WHERE run_id = $1 FOR UPDATE`, res.RunID)
 	require.NoError(t, err)
 	eventually(t, 30*time.Second, "the child's flush to wait for the row", func() bool {
 		var n int
@@ -307,8 +307,8 @@ func TestRunOfLostClaimIsRedelivered(t *testing.T) {
 	res, err := wf.Start(ctx, worker, 5, nil)
 	require.NoError(t, err)
 	<-inStep
-	tag, err := db.Pool.Exec(ctx, db.SQL(`UPDATE pgdurable.workflow_runs SET owner_token = NULL, lease_expires_at = NULL, status = 'pending',
-		deliveries = deliveries - 1 WHERE run_id = $1`), res.RunID)
+	tag, err := db.Pool.Exec(ctx, `UPDATE `+db.RunTable("workflow_runs", res.RunID)+` SET owner_token = NULL, lease_expires_at = NULL, status = 'pending',
+		deliveries = deliveries - 1 WHERE run_id = $1`, res.RunID)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, tag.RowsAffected())
 	close(release)
@@ -342,8 +342,8 @@ func TestFailedWriteAfterLostClaimIsRedelivered(t *testing.T) {
 	crash, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = crash.Rollback(ctx) }()
-	_, err = crash.Exec(ctx, db.SQL(`UPDATE pgdurable.workflow_runs SET owner_token = NULL, lease_expires_at = NULL, status = 'pending',
-		deliveries = deliveries - 1 WHERE run_id = $1`), res.RunID)
+	_, err = crash.Exec(ctx, `UPDATE `+db.RunTable("workflow_runs", res.RunID)+` SET owner_token = NULL, lease_expires_at = NULL, status = 'pending',
+		deliveries = deliveries - 1 WHERE run_id = $1`, res.RunID)
 	require.NoError(t, err)
 	close(release) // s1's record write now waits for the row
 	eventually(t, 10*time.Second, "the delivery's write to wait on the run's row", func() bool {

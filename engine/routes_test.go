@@ -383,3 +383,118 @@ func TestRoutesParentWokenEarlyWaitsAgain(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 41, out)
 }
+
+// A schema that held runs when it was given routes keeps them in route 0,
+// where their run IDs say they are: its open runs, stopped with their
+// engine, finish under an engine of the new layout; a start of one of
+// their workflow IDs finds its run, a signal by workflow ID reaches it, a
+// chain continues in route 0, and a deduplication ID and a debounce key of
+// one of its open runs still hold; new workflow IDs spread over every
+// route.
+func TestRoutesGivenToASchemaWithRuns(t *testing.T) {
+	t.Parallel()
+	if enginetest.Routes() > 1 {
+		t.Skip("the test database has its routes already")
+	}
+	ctx := testCtx(t)
+	db := enginetest.NewDB(t)
+	waiter := engine.Define("pinned-waiter", func(ctx *engine.Context, in int) (int, error) {
+		n, err := engine.AwaitSignal[int](ctx, "go", 0)
+		if err != nil {
+			return 0, err
+		}
+		return in + n, nil
+	}, nil)
+	chain := engine.Define("pinned-chain", func(ctx *engine.Context, in int) (int, error) {
+		if _, err := engine.AwaitSignal[int](ctx, "go", 0); err != nil {
+			return 0, err
+		}
+		if in < 2 {
+			return 0, engine.ContinueAsNew(ctx, in+1)
+		}
+		return in, nil
+	}, nil)
+	queued := engine.Define("pinned-queued", func(ctx *engine.Context, in int) (int, error) {
+		return engine.AwaitSignal[int](ctx, "go", 0)
+	}, &engine.WorkflowOpts{Queue: "pinned"})
+	queues := map[string]engine.QueueOpts{"pinned": {Concurrency: 4}}
+	regs := []engine.Registration{waiter, chain, queued}
+
+	before := queueEngine(t, db, nil, queues, regs...)
+	const legacy = 40
+	var waiting []uuid.UUID
+	for i := range legacy {
+		res, err := waiter.Start(ctx, before, i, &engine.StartOpts{WorkflowID: fmt.Sprint("legacy-", i)})
+		require.NoError(t, err)
+		waiting = append(waiting, res.RunID)
+	}
+	chained, err := chain.Start(ctx, before, 0, &engine.StartOpts{WorkflowID: "legacy-chain"})
+	require.NoError(t, err)
+	deduped, err := queued.Start(ctx, before, 7, &engine.StartOpts{DeduplicationID: "legacy-once"})
+	require.NoError(t, err)
+	debounced, err := waiter.Start(ctx, before, 1, &engine.StartOpts{Debounce: &engine.Debounce{Key: "legacy-k", Window: 4 * time.Second}})
+	require.NoError(t, err)
+	for _, id := range append(waiting, chained.RunID, deduped.RunID) {
+		waitStatus(t, before, id, engine.StatusWaiting, 20*time.Second)
+	}
+	require.NoError(t, before.Stop(ctx))
+
+	res, err := migrations.Migrate(ctx, db.Pool, migrations.Up, &migrations.Opts{Routes: 3})
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Routes)
+	require.Equal(t, []int{legacy + 3, 0, 0}, runsByRoute(t, db, 3), "the runs stay in route 0")
+
+	after := queueEngine(t, db, nil, queues, regs...)
+	// The debounce key still holds its run: this start joins it.
+	again, err := waiter.Start(ctx, after, 2, &engine.StartOpts{Debounce: &engine.Debounce{Key: "legacy-k", Window: 4 * time.Second}})
+	require.NoError(t, err)
+	require.Equal(t, debounced.RunID, again.RunID, "the open run holding the debounce key")
+	dup, err := queued.Start(ctx, after, 8, &engine.StartOpts{DeduplicationID: "legacy-once", ReturnDuplicate: true})
+	require.NoError(t, err)
+	require.Equal(t, deduped.RunID, dup.RunID, "the open run holding the deduplication ID")
+	for i, id := range waiting {
+		res, err := waiter.Start(ctx, after, i, &engine.StartOpts{WorkflowID: fmt.Sprint("legacy-", i)})
+		require.NoError(t, err)
+		require.Equal(t, id, res.RunID, "a start of a workflow ID finds its run")
+		require.NoError(t, after.Signal(ctx, fmt.Sprint("legacy-", i), "go", 100, nil))
+	}
+	for i, id := range waiting {
+		got, err := waiter.Wait(ctx, after, id, 10*time.Millisecond)
+		require.NoError(t, err)
+		require.Equal(t, i+100, got)
+	}
+	for range 3 {
+		require.NoError(t, after.Signal(ctx, "legacy-chain", "go", 1, nil))
+		time.Sleep(100 * time.Millisecond) // the next run of the chain to wait
+	}
+	require.NoError(t, after.Signal(ctx, deduped.RunID.String(), "go", 7, nil))
+	got, err := queued.Wait(ctx, after, deduped.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 7, got)
+	require.NoError(t, after.Signal(ctx, debounced.RunID.String(), "go", 0, nil))
+	got, err = waiter.Wait(ctx, after, debounced.RunID, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 2, got, "the debounced run took the last start's input")
+
+	// New workflow IDs spread over every route; the chain's runs, and
+	// the runs of the earlier workflow IDs, are all in route 0.
+	for i := range 60 {
+		res, err := waiter.Start(ctx, after, i, &engine.StartOpts{WorkflowID: fmt.Sprint("new-", i)})
+		require.NoError(t, err)
+		require.NoError(t, after.Signal(ctx, res.RunID.String(), "go", 0, nil))
+	}
+	latest := chained.RunID
+	eventually(t, 20*time.Second, "the chain to end", func() bool {
+		r, err := after.GetRun(ctx, latest)
+		require.NoError(t, err)
+		if r.ContinuedRunID != nil {
+			latest = *r.ContinuedRunID
+		}
+		return r.Status == engine.StatusCompleted
+	})
+	require.Equal(t, migrations.DefaultSchema+".workflow_runs", db.RunTable("workflow_runs", latest), "a chain continues in its route")
+	counts := runsByRoute(t, db, 3)
+	require.GreaterOrEqual(t, counts[0], legacy+3+2, "the chain's runs join route 0")
+	require.Positive(t, counts[1])
+	require.Positive(t, counts[2])
+}

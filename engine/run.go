@@ -306,8 +306,9 @@ func (e *Engine) tooLarge(name string, n int) error {
 }
 
 // inTx runs fn in tx when it is non-nil (the caller commits; on Citus the
-// commit is then made a two-phase one, as txn's, see store.TwoPhase),
-// otherwise in a new transaction that it commits.
+// commit is then made a two-phase one, whatever the caller writes after,
+// see store.TwoPhaseCaller), otherwise in a new transaction that it
+// commits.
 //
 // A transaction of its own that PostgreSQL rolled back for a deadlock or a
 // serialization failure (two operators acting on one run at once, say) is
@@ -319,7 +320,7 @@ func (e *Engine) inTx(ctx context.Context, tx pgx.Tx, fn func(pgx.Tx) error) err
 		if err := fn(tx); err != nil {
 			return err
 		}
-		return store.TwoPhase(ctx, e.on(tx))
+		return store.TwoPhaseCaller(ctx, e.on(tx))
 	}
 	for try := 0; ; try++ {
 		err := e.txn(ctx, fn)
@@ -342,14 +343,19 @@ const (
 // is new.
 func (e *Engine) insertRunTx(ctx context.Context, tx pgx.Tx, r store.NewRun) (*store.InsertedRun, error) {
 	ins, err := store.InsertRun(ctx, e.on(tx), r)
-	if err != nil || ins.Existing || !needsTicket(r) {
+	if err != nil || ins.Existing {
 		return ins, err
 	}
-	if err := e.queue.Enqueue(ctx, tx, ins.RunID, time.Time{}); err != nil {
-		return ins, err
+	if needsTicket(r) {
+		if err := e.queue.Enqueue(ctx, tx, ins.RunID, time.Time{}); err != nil {
+			return ins, err
+		}
 	}
-	// The caller commits: on Citus in two phases (see store.TwoPhase).
-	return ins, store.TwoPhase(ctx, e.on(tx))
+	// The caller commits: on Citus in two phases, whatever the caller
+	// writes after this call, and for a run without a ticket (delayed,
+	// flow-controlled) too: the run is on a worker node, the caller's rows
+	// may be on the coordinator (see store.TwoPhaseCaller).
+	return ins, store.TwoPhaseCaller(ctx, e.on(tx))
 }
 
 // newStartBatcher coalesces the starts of concurrent callers of e into

@@ -77,7 +77,7 @@ func TestHeartbeatsWriteAtMostOncePerInterval(t *testing.T) {
 	res, err := wf.Start(ctx, b.engine, 0, nil)
 	require.NoError(t, err)
 	<-started
-	_, err = b.db.Pool.Exec(ctx, b.db.SQL(`CREATE TRIGGER count_update AFTER UPDATE ON pgdurable.workflow_runs FOR EACH ROW EXECUTE FUNCTION count_update()`))
+	_, err = b.db.Pool.Exec(ctx, `CREATE TRIGGER count_update AFTER UPDATE ON `+b.db.RunTable("workflow_runs", res.RunID)+` FOR EACH ROW EXECUTE FUNCTION count_update()`)
 	require.NoError(t, err)
 	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
 	require.NoError(t, err)

@@ -270,7 +270,7 @@ func TestSharedTxStepsOfALeaseLoserRollBack(t *testing.T) {
 	res, err := wf.Start(ctx, bn.engine, 1, nil)
 	require.NoError(t, err)
 	<-inB
-	_, err = bn.db.Pool.Exec(ctx, bn.db.SQL(`UPDATE pgdurable.workflow_runs SET lease_expires_at = now() - interval '1 second' WHERE run_id = $1`), res.RunID)
+	_, err = bn.db.Pool.Exec(ctx, `UPDATE `+bn.db.RunTable("workflow_runs", res.RunID)+` SET lease_expires_at = now() - interval '1 second' WHERE run_id = $1`, res.RunID)
 	require.NoError(t, err)
 	_, err = wf.Wait(ctx, bn.engine, res.RunID, 10*time.Millisecond)
 	require.NoError(t, err)

@@ -121,7 +121,7 @@ func TestTxStepOfLeaseLoserRollsBack(t *testing.T) {
 	res, err := wf.Start(ctx, b.engine, 1, nil)
 	require.NoError(t, err)
 	<-inA
-	_, err = b.db.Pool.Exec(ctx, b.db.SQL(`UPDATE pgdurable.workflow_runs SET lease_expires_at = now() - interval '1 second' WHERE run_id = $1`), res.RunID)
+	_, err = b.db.Pool.Exec(ctx, `UPDATE `+b.db.RunTable("workflow_runs", res.RunID)+` SET lease_expires_at = now() - interval '1 second' WHERE run_id = $1`, res.RunID)
 	require.NoError(t, err)
 	out, err := wf.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
 	require.NoError(t, err)

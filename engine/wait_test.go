@@ -139,7 +139,7 @@ func TestWaitReadsItsRunEverySecondWhileNotified(t *testing.T) {
 		got <- time.Now()
 	}()
 	waitWatched(t, db, res.RunID)
-	_, err = db.Pool.Exec(ctx, db.SQL(`UPDATE pgdurable.workflow_runs SET watched = false WHERE run_id = $1`), res.RunID)
+	_, err = db.Pool.Exec(ctx, `UPDATE `+db.RunTable("workflow_runs", res.RunID)+` SET watched = false WHERE run_id = $1`, res.RunID)
 	require.NoError(t, err)
 	close(release)
 	released := time.Now()

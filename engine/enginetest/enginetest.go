@@ -69,18 +69,20 @@ type DB struct {
 	routesOnce sync.Once // SQL's inheritance parents
 }
 
-// RoutesSchema is the schema whose tables SQL points a test's statements
-// at on a database with routes: one per per-run table, which that table
-// of every route inherits (made in the test's database on first use).
+// RoutesSchema is the schema whose views SQL points a test's reads at on
+// a database with routes: one per per-run table, the UNION ALL of that
+// table of every route (made in the test's database on first use). Views
+// rather than inheritance parents, because Citus refuses inheritance on
+// its distributed tables and plans a UNION ALL of them.
 const RoutesSchema = "pgdurable_routes"
 
 // runTableRef finds a test statement's references to the per-run tables,
-// with the INSERT INTO before one, if any.
-var runTableRef = regexp.MustCompile(`(?i)(insert\s+into\s+)?\b` + migrations.DefaultSchema + `\.(` + strings.Join(migrations.RunTables, "|") + `)\b`)
+// with the INSERT INTO, UPDATE or DELETE FROM before one, if any.
+var runTableRef = regexp.MustCompile(`(?i)(insert\s+into\s+|update\s+|delete\s+from\s+)?\b` + migrations.DefaultSchema + `\.(` + strings.Join(migrations.RunTables, "|") + `)\b`)
 
 // RunTable is the per-run table name (workflow_runs, ...) of run runID's
-// route, schema-qualified: where a test inserts a row of a run the engine
-// made (its ID carries its route).
+// route, schema-qualified: where a test inserts, updates or deletes a row
+// of a run the engine made (its ID carries its route).
 func (db *DB) RunTable(name string, runID uuid.UUID) string {
 	return migrations.RouteSchema(migrations.DefaultSchema, store.RouteOfRun(runID)) + "." + name
 }
@@ -96,12 +98,12 @@ func (db *DB) RouteTables(name string) []string {
 }
 
 // SQL is a test's statement q as it runs on db. With one route (the
-// default) it is q. With routes (EnvRoutes) its reads, updates and
-// deletes of the per-run tables, as pgdurable.<table>, reach the table of
-// every route: they name RoutesSchema's parent of it instead, which
-// PostgreSQL reads, updates and deletes with its children; an INSERT INTO
-// one keeps route 0's table, where the engine looks for a run whose ID
-// carries no route. It panics if the parents cannot be made.
+// default) it is q. With routes (EnvRoutes) its reads of the per-run
+// tables, as pgdurable.<table>, reach the table of every route: they name
+// RoutesSchema's view of it instead; an INSERT INTO one keeps route 0's
+// table, where the engine looks for a run whose ID carries no route. An
+// UPDATE or DELETE of one cannot go through a view of several tables: it
+// panics, naming RunTable, as it does when the views cannot be made.
 func (db *DB) SQL(q string) string {
 	routes := Routes()
 	if routes == 1 {
@@ -112,10 +114,11 @@ func (db *DB) SQL(q string) string {
 		defer cancel()
 		stmts := []string{"CREATE SCHEMA IF NOT EXISTS " + RoutesSchema}
 		for _, t := range migrations.RunTables {
-			stmts = append(stmts, fmt.Sprintf("CREATE TABLE %s.%s (LIKE %s.%s)", RoutesSchema, t, migrations.DefaultSchema, t))
+			legs := make([]string, routes)
 			for k := range routes {
-				stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s.%s INHERIT %s.%s", migrations.RouteSchema(migrations.DefaultSchema, k), t, RoutesSchema, t))
+				legs[k] = "SELECT * FROM " + migrations.RouteSchema(migrations.DefaultSchema, k) + "." + t
 			}
+			stmts = append(stmts, fmt.Sprintf("CREATE VIEW %s.%s AS %s", RoutesSchema, t, strings.Join(legs, " UNION ALL ")))
 		}
 		for _, st := range stmts {
 			if _, err := db.Pool.Exec(ctx, st); err != nil {
@@ -124,10 +127,14 @@ func (db *DB) SQL(q string) string {
 		}
 	})
 	return runTableRef.ReplaceAllStringFunc(q, func(ref string) string {
-		if m := runTableRef.FindStringSubmatch(ref); m[1] == "" {
-			return RoutesSchema + "." + m[2]
+		m := runTableRef.FindStringSubmatch(ref)
+		switch verb := strings.ToLower(strings.Fields(m[1] + " x")[0]); verb {
+		case "insert":
+			return ref
+		case "update", "delete":
+			panic(fmt.Sprintf("enginetest: %q: with routes, name the run's table with RunTable (or each route's with RouteTables)", ref))
 		}
-		return ref
+		return RoutesSchema + "." + m[2]
 	})
 }
 

@@ -294,3 +294,132 @@ func TestRoutesSpreadRunsOverTheWorkers(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, runs, 40+3+24, "a list reads every route")
 }
+
+// A single-node database that holds runs becomes a layout of routes over
+// the worker nodes in one migrate up --routes: its runs move with route
+// 0's tables to a worker node and stay in route 0, where a start of their
+// workflow IDs finds them and their open runs finish; new workflow IDs
+// spread over both nodes. A schema already on one worker node with runs
+// is given routes the same way.
+func TestMigrateGivesRoutesToADatabaseWithRuns(t *testing.T) {
+	t.Parallel()
+	c := citustest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	pool := coordinatorPool(ctx, t, c)
+	var hosts []*url.URL
+	for _, w := range c.Workers {
+		u, err := url.Parse(w.URL)
+		require.NoError(t, err)
+		hosts = append(hosts, u)
+		_, err = pool.Exec(ctx, `SELECT citus_disable_node($1, $2::int, synchronous => true)`, u.Hostname(), u.Port())
+		require.NoError(t, err)
+	}
+	res, err := migrations.Migrate(ctx, pool, migrations.Up, nil)
+	require.NoError(t, err)
+	require.Empty(t, res.Distributed, "a coordinator alone keeps its tables")
+
+	waiter := engine.Define("citus-legacy", func(ctx *engine.Context, in int) (int, error) {
+		n, err := engine.AwaitSignal[int](ctx, "go", 0)
+		if err != nil {
+			return 0, err
+		}
+		return in + n, nil
+	}, nil)
+	newEngine := func() *engine.Engine {
+		e, err := engine.New(pool, nil)
+		require.NoError(t, err)
+		require.NoError(t, e.Register(waiter))
+		require.NoError(t, e.Start(ctx))
+		return e
+	}
+	before := newEngine()
+	const legacy = 20
+	var ids []uuid.UUID
+	for i := range legacy {
+		res, err := waiter.Start(ctx, before, i, &engine.StartOpts{WorkflowID: fmt.Sprint("legacy-", i)})
+		require.NoError(t, err)
+		ids = append(ids, res.RunID)
+	}
+	for _, id := range ids {
+		require.Eventually(t, func() bool {
+			r, err := before.GetRun(ctx, id)
+			require.NoError(t, err)
+			return r.Status == engine.StatusWaiting
+		}, 30*time.Second, 20*time.Millisecond)
+	}
+	require.NoError(t, before.Stop(ctx))
+
+	for _, u := range hosts {
+		_, err = pool.Exec(ctx, `SELECT citus_activate_node($1, $2::int)`, u.Hostname(), u.Port())
+		require.NoError(t, err)
+	}
+	res, err = migrations.Migrate(ctx, pool, migrations.Up, &migrations.Opts{Routes: 2})
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Routes)
+	require.Len(t, res.Placed, 2)
+	require.NotEqual(t, res.Placed[0], res.Placed[1], "a route on each worker node")
+	require.Equal(t, res.Placed[0], res.Distributed, "the node route 0's tables are on")
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs`).Scan(&n))
+	require.Equal(t, legacy, n, "the runs stay in route 0, on its worker node")
+
+	after := newEngine()
+	defer func() {
+		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer scancel()
+		require.NoError(t, after.Stop(sctx))
+	}()
+	for i, id := range ids {
+		res, err := waiter.Start(ctx, after, i, &engine.StartOpts{WorkflowID: fmt.Sprint("legacy-", i)})
+		require.NoError(t, err)
+		require.Equal(t, id, res.RunID, "a start of a workflow ID finds its run")
+		require.NoError(t, after.Signal(ctx, fmt.Sprint("legacy-", i), "go", 100, nil))
+	}
+	for i, id := range ids {
+		out, err := waiter.Wait(ctx, after, id, 10*time.Millisecond)
+		require.NoError(t, err)
+		require.Equal(t, i+100, out)
+	}
+	for i := range 20 {
+		res, err := waiter.Start(ctx, after, i, &engine.StartOpts{WorkflowID: fmt.Sprint("new-", i)})
+		require.NoError(t, err)
+		require.NoError(t, after.Signal(ctx, res.RunID.String(), "go", 1, nil))
+		out, err := waiter.Wait(ctx, after, res.RunID, 10*time.Millisecond)
+		require.NoError(t, err)
+		require.Equal(t, i+1, out)
+	}
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable_r1.workflow_runs WHERE status = 'completed'`).Scan(&n))
+	require.Positive(t, n, "new workflow IDs in route 1, on the other node")
+	// The table sizes (pgdurable_table_bytes) are the shards' on the
+	// worker nodes, over both routes, not the coordinator's empty tables.
+	stats, err := after.Stats(ctx)
+	require.NoError(t, err)
+	var shards, shells int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT citus_total_relation_size('pgdurable.workflow_runs') + citus_total_relation_size('pgdurable_r1.workflow_runs'),
+		pg_total_relation_size('pgdurable.workflow_runs') + pg_total_relation_size('pgdurable_r1.workflow_runs')`).Scan(&shards, &shells))
+	require.NotEqual(t, shells, shards)
+	require.InEpsilon(t, shards, stats.TableBytes["workflow_runs"], 0.25)
+
+	// A worker node's database is refused: the engine works on the
+	// coordinator's.
+	wpool, err := pgxpool.New(ctx, c.Workers[0].URL)
+	require.NoError(t, err)
+	defer wpool.Close()
+	_, err = migrations.Migrate(ctx, wpool, migrations.Up, nil)
+	require.ErrorIs(t, err, migrations.ErrCitusWorker)
+	_, err = migrations.GetStatus(ctx, wpool, nil)
+	require.ErrorIs(t, err, migrations.ErrCitusWorker)
+
+	// A schema of one route already on a worker node, with a run.
+	_, err = migrations.Migrate(ctx, pool, migrations.Up, &migrations.Opts{Schema: "second"})
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO second.workflow_runs (run_id, workflow_name, workflow_id, input, queue) VALUES ($1, 'w', 'kept', '{}', 'q')`, uuid.New())
+	require.NoError(t, err)
+	res, err = migrations.Migrate(ctx, pool, migrations.Up, &migrations.Opts{Schema: "second", Routes: 2})
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Routes)
+	var pinned bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pins IS NOT NULL FROM second.layout`).Scan(&pinned))
+	require.True(t, pinned)
+}

@@ -3,9 +3,11 @@ package citus_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
@@ -84,4 +86,147 @@ func TestTxStepsWritingTheCoordinatorCommitInTwoPhases(t *testing.T) {
 	var rows int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM reservations`).Scan(&rows))
 	require.Equal(t, n, rows)
+}
+
+// The ...Tx calls write the engine's part (a run, a signal, a cancel) on a
+// worker node in the caller's transaction, whose own rows are on the
+// coordinator and may come before or after the call: when the caller's
+// commit fails at the coordinator (a serialization failure, which
+// PostgreSQL finds after Citus has committed or prepared the worker
+// node's part), the engine's part is rolled back with the caller's rows,
+// and when it succeeds both stay. Without a two-phase commit, a delayed
+// run was left for an order never written.
+func TestTxCallsCommitWithTheCallersRows(t *testing.T) {
+	t.Parallel()
+	c := citustest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pool := coordinatorPool(ctx, t, c)
+	_, err := migrations.Migrate(ctx, pool, migrations.Up, &migrations.Opts{Routes: 2})
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY); CREATE TABLE other (id int)`)
+	require.NoError(t, err)
+	release := make(chan struct{})
+	ship := engine.Define("two-phase-ship", func(ctx *engine.Context, id string) (string, error) {
+		return engine.Step(ctx, "long", func(sctx context.Context) (string, error) {
+			select {
+			case <-release:
+			case <-sctx.Done():
+			}
+			return id, nil
+		}, nil)
+	}, nil)
+	e, err := engine.New(pool, &engine.Config{MaxWorkers: 8})
+	require.NoError(t, err)
+	require.NoError(t, e.Register(ship, engine.DefineQueue("two-phase-fq", engine.QueueOpts{Concurrency: 1})))
+	require.NoError(t, e.Start(ctx))
+	defer func() {
+		close(release)
+		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer scancel()
+		require.NoError(t, e.Stop(sctx))
+	}()
+	// Runs held running by their step, for the signals and the cancels.
+	running := func(id string) uuid.UUID {
+		res, err := ship.Start(ctx, e, id, &engine.StartOpts{WorkflowID: id})
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			r, err := e.GetRun(ctx, res.RunID)
+			require.NoError(t, err)
+			return r.Status == engine.StatusRunning
+		}, 30*time.Second, 20*time.Millisecond)
+		return res.RunID
+	}
+	// count sums a count over both routes' tables.
+	count := func(q string, args ...any) int {
+		n := 0
+		for k := range 2 {
+			var m int
+			require.NoError(t, pool.QueryRow(ctx, strings.ReplaceAll(q, "$routes", migrations.RouteSchema(migrations.DefaultSchema, k)), args...).Scan(&m))
+			n += m
+		}
+		return n
+	}
+	type call struct {
+		name  string
+		first bool // the caller's row before the call, else after
+		do    func(tx pgx.Tx, id string) error
+		part  func(id string) int // the engine's part, counted
+	}
+	runs := func(id string) int {
+		return count(`SELECT count(*) FROM $routes.workflow_runs WHERE workflow_id = $1`, id)
+	}
+	calls := []call{
+		{"a start with a ticket", true, func(tx pgx.Tx, id string) error {
+			_, err := ship.StartTx(ctx, e, tx, id, &engine.StartOpts{WorkflowID: id})
+			return err
+		}, runs},
+		{"a delayed start", true, func(tx pgx.Tx, id string) error {
+			_, err := ship.StartTx(ctx, e, tx, id, &engine.StartOpts{WorkflowID: id, Delay: time.Hour})
+			return err
+		}, runs},
+		{"a delayed start before the row", false, func(tx pgx.Tx, id string) error {
+			_, err := ship.StartTx(ctx, e, tx, id, &engine.StartOpts{WorkflowID: id, Delay: time.Hour})
+			return err
+		}, runs},
+		{"a start into a flow-controlled queue", true, func(tx pgx.Tx, id string) error {
+			_, err := ship.StartTx(ctx, e, tx, id, &engine.StartOpts{WorkflowID: id, Queue: "two-phase-fq"})
+			return err
+		}, runs},
+		{"a signal before the row", false, func(tx pgx.Tx, id string) error {
+			return e.SignalTx(ctx, tx, running("target-"+id).String(), id, 1, nil)
+		}, func(id string) int { return count(`SELECT count(*) FROM $routes.workflow_signals WHERE name = $1`, id) }},
+		{"a cancel before the row", false, func(tx pgx.Tx, id string) error {
+			return e.CancelTx(ctx, tx, running("target-"+id))
+		}, func(id string) int {
+			return count(`SELECT count(*) FROM $routes.workflow_runs WHERE workflow_id = $1 AND cancel_requested_at IS NOT NULL`, "target-"+id)
+		}},
+	}
+	for i, cl := range calls {
+		for _, fail := range []bool{true, false} {
+			id := fmt.Sprintf("order-%d-%v", i, fail)
+			tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.Serializable})
+			require.NoError(t, err)
+			var partner pgx.Tx
+			if fail {
+				// A read-write cycle with a partner that commits first:
+				// the caller's commit fails its serialization check.
+				partner, err = pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.Serializable})
+				require.NoError(t, err)
+				_, err = partner.Exec(ctx, `SELECT count(*) FROM other`)
+				require.NoError(t, err)
+				_, err = tx.Exec(ctx, `SELECT count(*) FROM orders`)
+				require.NoError(t, err)
+				_, err = partner.Exec(ctx, `INSERT INTO orders VALUES ('partner-' || $1::text)`, id)
+				require.NoError(t, err)
+			}
+			row := func() {
+				_, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1)`, id)
+				require.NoError(t, err)
+			}
+			if cl.first {
+				row()
+			}
+			require.NoError(t, cl.do(tx, id), cl.name)
+			if !cl.first {
+				row()
+			}
+			if fail {
+				_, err = tx.Exec(ctx, `INSERT INTO other VALUES (1)`)
+				require.NoError(t, err)
+				require.NoError(t, partner.Commit(ctx))
+				require.Error(t, tx.Commit(ctx), "%s: the caller's commit fails its serialization check", cl.name)
+			} else {
+				require.NoError(t, tx.Commit(ctx), cl.name)
+			}
+			var orders int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM orders WHERE id = $1`, id).Scan(&orders))
+			want := 1
+			if fail {
+				want = 0
+			}
+			require.Equal(t, want, orders, cl.name)
+			require.Equal(t, want, cl.part(id), "%s: the engine's part commits with the caller's row (failed commit: %v)", cl.name, fail)
+		}
+	}
 }

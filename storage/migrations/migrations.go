@@ -146,9 +146,14 @@ type Opts struct {
 	// per-run ones). On a Citus coordinator each route's tables are
 	// placed whole on one worker node, the routes spread evenly over the
 	// nodes. A run's route follows from its workflow ID and the number of
-	// routes, so routes are set when the schema is new (refused once a
-	// route holds a run) and never shrink. 0 keeps what the schema has
-	// (1 for a new one).
+	// routes, so routes never shrink, and more are refused once a schema
+	// of several routes holds a run. A schema of one route that holds
+	// runs can be given routes: its runs stay in route 0, their workflow
+	// IDs, deduplication IDs and debounce keys pinned there (a Bloom
+	// filter in the layout table, which the engine reads), refused when
+	// one of its workflow IDs is a run ID that carries a route. Up refuses
+	// more routes while an engine works on the schema (ErrEnginesRunning).
+	// 0 keeps what the schema has (1 for a new one).
 	Routes int
 }
 
@@ -223,6 +228,9 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, direction Direction, opts 
 		if err := checkRoutes(schema, opts.Routes); err != nil {
 			return nil, err
 		}
+	}
+	if err := refuseCitusWorker(ctx, pool); err != nil {
+		return nil, err
 	}
 	res := &Result{Schema: schema, Applied: []int64{}, River: []int{}}
 	river, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: schema})
@@ -331,6 +339,9 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, direction Direction, opts 
 		if res.Placed, err = placeRoutes(ctx, pool, schema, res.Routes, moved || res.Distributed != ""); err != nil {
 			return nil, err
 		}
+		if res.Distributed != "" && len(res.Placed) > 0 && res.Placed[0] != "" {
+			res.Distributed = res.Placed[0] // placing the routes may have moved route 0's tables
+		}
 		if twoPhase {
 			if _, err := pool.Exec(ctx, `SELECT citus_add_local_table_to_metadata($1::regclass)`, twoPhaseTable(schema)); err != nil {
 				return nil, fmt.Errorf("adding %s to Citus's metadata: %w", twoPhaseTable(schema), err)
@@ -414,6 +425,9 @@ type MigrationStatus struct {
 func GetStatus(ctx context.Context, pool *pgxpool.Pool, opts *Opts) (*Status, error) {
 	schema, err := opts.schema()
 	if err != nil {
+		return nil, err
+	}
+	if err := refuseCitusWorker(ctx, pool); err != nil {
 		return nil, err
 	}
 	if err := refuseMoved(ctx, pool, schema); err != nil {
@@ -671,6 +685,30 @@ ORDER BY 1, 2`, runs, local)
 // engine's transactions that write both the coordinator and a worker node
 // commit in two phases only through a table Citus manages on the
 // coordinator (see needsTwoPhase), which needs it there.
+// ErrCitusWorker: the database is a Citus worker node's, which holds the
+// shards of the engine's per-run tables under other names: the engine,
+// its migrations and its commands work on the coordinator's database,
+// whose URL the error asks for.
+var ErrCitusWorker = errors.New("this database is a Citus worker node's: connect to the coordinator's database instead (the URL Citus's clients use); migrating it here would install the engine's tables beside Citus's shards of them")
+
+// refuseCitusWorker fails with ErrCitusWorker when pool's database is a
+// Citus worker node's: one whose node group, which the coordinator set
+// when it added the node, is not the coordinator's (0).
+func refuseCitusWorker(ctx context.Context, pool *pgxpool.Pool) error {
+	var citus bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_local_group') IS NOT NULL`).Scan(&citus); err != nil || !citus {
+		return err
+	}
+	var group int
+	if err := pool.QueryRow(ctx, `SELECT coalesce(max(groupid), 0) FROM pg_dist_local_group`).Scan(&group); err != nil {
+		return fmt.Errorf("reading whether the database is a Citus worker node's: %w", err)
+	}
+	if group != 0 {
+		return fmt.Errorf("%w (node group %d)", ErrCitusWorker, group)
+	}
+	return nil
+}
+
 var ErrCoordinatorNotInMetadata = errors.New("the coordinator is not in Citus's metadata, which the engine needs to commit a transaction that writes both the coordinator and a worker node in two phases: " +
 	"run SELECT citus_set_coordinator_host('<the coordinator's host as the worker nodes reach it>', <port>) on the coordinator's database, then migrate up again")
 

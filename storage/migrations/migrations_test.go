@@ -33,7 +33,7 @@ func TestMigrateIsIdempotentAndReversible(t *testing.T) {
 
 	res, err = migrations.Migrate(ctx, db.Pool, migrations.Down, &migrations.Opts{IncludeRiver: true})
 	require.NoError(t, err)
-	require.Equal(t, []int64{33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1}, res.Applied, "newest first")
+	require.Equal(t, []int64{34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1}, res.Applied, "newest first")
 	require.NotEmpty(t, res.River)
 	var tables int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = 'pgdurable'
@@ -42,7 +42,7 @@ func TestMigrateIsIdempotentAndReversible(t *testing.T) {
 
 	res, err = migrations.Migrate(ctx, db.Pool, migrations.Up, nil)
 	require.NoError(t, err)
-	require.Equal(t, []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33}, res.Applied)
+	require.Equal(t, []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34}, res.Applied)
 	require.NotEmpty(t, res.River)
 
 	_, err = migrations.Migrate(ctx, db.Pool, "sideways", nil)

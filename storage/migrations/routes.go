@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -16,9 +17,10 @@ import (
 const MaxRoutes = 256
 
 // ErrRoutesRefused: Migrate(Up) refused the routes Opts.Routes asks for
-// (out of range, fewer than the schema has, more while a route holds a
-// run) or a schema it would take for a route, and changed nothing of
-// them; the error says why and what to do.
+// (out of range, fewer than the schema has, more while a schema of
+// several routes holds a run, runs it cannot pin) or a schema it would
+// take for a route, and changed nothing of them; the error says why and
+// what to do.
 var ErrRoutesRefused = errors.New("routes refused")
 
 // refusal is an error that is ErrRoutesRefused.
@@ -69,10 +71,12 @@ func Routes(ctx context.Context, q interface {
 // migrateRoutes brings the route schemas of the installation in schema
 // (just migrated Up) to its version, making new ones when want asks for
 // more routes than it has, and returns the routes it has then. want 0
-// keeps the routes as they are. More routes are refused while any route
-// holds a run (a workflow ID's route follows from the number of routes,
-// so its earlier runs would be looked for in the wrong route), and fewer
-// are refused always.
+// keeps the routes as they are. A schema of one route that holds runs
+// keeps them in route 0, with their workflow IDs, deduplication IDs and
+// debounce keys pinned there (pinRuns). More routes are refused while a
+// schema that has routes holds a run (a workflow ID's route follows from
+// the number of routes, so its earlier runs would be looked for in the
+// wrong route), and fewer are refused always.
 func migrateRoutes(ctx context.Context, pool *pgxpool.Pool, schema string, want int) (int, error) {
 	have, err := Routes(ctx, pool, schema)
 	if err != nil {
@@ -97,28 +101,114 @@ func migrateRoutes(ctx context.Context, pool *pgxpool.Pool, schema string, want 
 		if msg != "" {
 			return have, fmt.Errorf("%w (%s): engines read the number of routes when they start, so stop every engine on schema %s, then migrate up --routes %d again", ErrEnginesRunning, msg, schema, want)
 		}
-		for k := 0; k < have; k++ {
+		for k := 0; k < have && have > 1; k++ {
 			var held bool
 			if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+pgx.Identifier{RouteSchema(schema, k), "workflow_runs"}.Sanitize()+`)`).Scan(&held); err != nil {
 				return have, fmt.Errorf("reading whether route %d of schema %s holds runs: %w", k, schema, err)
 			}
 			if held {
-				return have, refuse("schema %s holds runs, so its routes stay %d: a workflow ID's route follows from the number of routes, and its earlier runs would be looked for in the wrong one; make the routes in a new schema (--schema), or leave --routes out to keep %d", schema, have, have)
+				return have, refuse("schema %s holds runs, so its routes stay %d: a workflow ID's route follows from the number of routes, and the runs of %d routes would be looked for in the wrong one (a schema of one route that holds runs can be given routes: they stay in route 0); make the routes in a new schema (--schema), or leave --routes out to keep %d", schema, have, have, have)
 			}
 		}
 	}
 	routes := max(have, want)
+	if routes == have {
+		for k := 1; k < routes; k++ {
+			if err := migrateRoute(ctx, pool, schema, k); err != nil {
+				return have, err
+			}
+		}
+		return routes, nil
+	}
+	// The runs' pins are read first, under a lock that holds off new runs
+	// until the routes are recorded, so that a refusal makes nothing.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return have, err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
+	pins, err := pinRuns(ctx, tx, schema, routes)
+	if err != nil {
+		return have, err
+	}
 	for k := 1; k < routes; k++ {
 		if err := migrateRoute(ctx, pool, schema, k); err != nil {
 			return have, err
 		}
 	}
-	if routes != have {
-		if _, err := pool.Exec(ctx, `UPDATE `+pgx.Identifier{schema, "layout"}.Sanitize()+` SET routes = $1`, routes); err != nil {
-			return have, fmt.Errorf("recording %d routes in schema %s: %w", routes, schema, err)
-		}
+	if _, err := tx.Exec(ctx, `UPDATE `+pgx.Identifier{schema, "layout"}.Sanitize()+` SET routes = $1, pins = $2`, routes, pins); err != nil {
+		return have, fmt.Errorf("recording %d routes in schema %s: %w", routes, schema, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return have, fmt.Errorf("recording %d routes in schema %s: %w", routes, schema, err)
 	}
 	return routes, nil
+}
+
+// carriesRoute reports whether workflow ID id is a run ID that carries a
+// route below routes (a version 8 UUID with the route in its last byte,
+// as the engine makes them on a layout with routes), which the engine
+// sends to that route whatever the pins hold.
+func carriesRoute(id string, routes int) bool {
+	if len(id) != 36 {
+		return false
+	}
+	u, err := uuid.Parse(id)
+	return err == nil && u.Version() == 8 && u.Variant() == uuid.RFC4122 && int(u[15]) < routes
+}
+
+// pinRuns locks the runs of schema, which is to have routes routes, in
+// tx, and returns their pins (nil when it holds none): a Bloom filter
+// (Pins) of their workflow IDs, deduplication IDs and
+// debounce keys, which keeps a later start of any of them in route 0,
+// where those runs stay (their IDs carry no route). The lock holds off
+// new runs until tx records the routes. Refused: more runs than a filter
+// takes, or a workflow ID the engine would send to another route
+// (carriesRoute).
+func pinRuns(ctx context.Context, tx pgx.Tx, schema string, routes int) ([]byte, error) {
+	runs := pgx.Identifier{schema, "workflow_runs"}.Sanitize()
+	if _, err := tx.Exec(ctx, `LOCK TABLE `+runs+` IN SHARE MODE`); err != nil {
+		return nil, fmt.Errorf("locking the runs of schema %s: %w", schema, err)
+	}
+	var n, keys int
+	if err := tx.QueryRow(ctx, `SELECT count(*), count(*) + count(dedup_id) + count(debounce_key) FROM `+runs).Scan(&n, &keys); err != nil {
+		return nil, fmt.Errorf("counting the runs of schema %s: %w", schema, err)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	f, err := NewPins(keys)
+	if err != nil {
+		return nil, refuse("schema %s holds %d runs, too many to keep in route 0 when it is given routes: %v", schema, n, err)
+	}
+	rows, err := tx.Query(ctx, `SELECT workflow_name, workflow_id, dedup_id, coalesce(flow_queue, ''), debounce_key FROM `+runs)
+	if err != nil {
+		return nil, fmt.Errorf("reading the runs of schema %s: %w", schema, err)
+	}
+	var name, id, queue string
+	var dedup, debounce *string
+	var routed []string
+	_, err = pgx.ForEachRow(rows, []any{&name, &id, &dedup, &queue, &debounce}, func() error {
+		if carriesRoute(id, routes) && len(routed) < 3 {
+			routed = append(routed, fmt.Sprintf("%q of %q", id, name))
+		}
+		f.Add(WorkflowKey(name, id))
+		if dedup != nil {
+			f.Add(DedupKey(queue, *dedup))
+		}
+		if debounce != nil {
+			f.Add(DebounceKey(name, *debounce))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading the runs of schema %s: %w", schema, err)
+	}
+	if len(routed) > 0 {
+		return nil, refuse("schema %s holds runs whose workflow IDs look like the run IDs of a layout with routes (version 8 UUIDs, the last byte a route below %d: %s), whose runs the engine would look for in that route, not in route 0: make the routes in a new schema (--schema), or leave --routes out",
+			schema, routes, strings.Join(routed, ", "))
+	}
+	return f.Bytes(), nil
 }
 
 // migrateRoute makes route k's schema when missing and applies every

@@ -63,9 +63,9 @@ func TestMigrateMakesRoutes(t *testing.T) {
 	// Rolling back a migration rolls back every route; rolling back the
 	// one that records the routes is refused while a route holds a run,
 	// and drops the route schemas once none does.
-	res, err = migrations.Migrate(ctx, db.Pool, migrations.Down, &migrations.Opts{Steps: 1})
+	res, err = migrations.Migrate(ctx, db.Pool, migrations.Down, &migrations.Opts{Steps: 2})
 	require.NoError(t, err)
-	require.Equal(t, []int64{33}, res.Applied, "the migration after the routes'")
+	require.Equal(t, []int64{34, 33}, res.Applied, "the migrations after the routes'")
 	_, err = migrations.Migrate(ctx, db.Pool, migrations.Down, &migrations.Opts{Steps: 1})
 	require.ErrorContains(t, err, "route 2 holds runs")
 	_, err = db.Pool.Exec(ctx, `DELETE FROM pgdurable_r2.workflow_runs`)
@@ -79,20 +79,21 @@ func TestMigrateMakesRoutes(t *testing.T) {
 
 	res, err = migrations.Migrate(ctx, db.Pool, migrations.Up, &migrations.Opts{Routes: 2})
 	require.NoError(t, err)
-	require.Equal(t, []int64{31, 32, 33}, res.Applied)
+	require.Equal(t, []int64{31, 32, 33, 34}, res.Applied)
 	require.Equal(t, 2, res.Routes)
 	require.Equal(t, []int{4, 4}, routeTables(t, db, schema, 2))
 
 	// A migration pending in a route (as a later version's would be) is
 	// applied there by the next Up.
-	_, err = db.Pool.Exec(ctx, `DROP FUNCTION pgdurable_r1.two_phase_commit(); DROP TABLE pgdurable_r1.two_phase_commits;
-		DELETE FROM pgdurable_r1.`+migrations.VersionTable+` WHERE version_id = 33`)
+	_, err = db.Pool.Exec(ctx, `ALTER TABLE pgdurable_r1.layout DROP COLUMN pins;
+		DELETE FROM pgdurable_r1.`+migrations.VersionTable+` WHERE version_id = 34`)
 	require.NoError(t, err)
 	res, err = migrations.Migrate(ctx, db.Pool, migrations.Up, nil)
 	require.NoError(t, err)
 	require.Empty(t, res.Applied, "route 0 had nothing pending")
 	var back bool
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT to_regclass('pgdurable_r1.two_phase_commits') IS NOT NULL`).Scan(&back))
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.columns
+		WHERE table_schema = 'pgdurable_r1' AND table_name = 'layout' AND column_name = 'pins')`).Scan(&back))
 	require.True(t, back)
 }
 
@@ -131,4 +132,63 @@ func TestMigrateRoutesRefusals(t *testing.T) {
 	n, err := migrations.Routes(ctx, other.Pool, migrations.DefaultSchema)
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
+}
+
+// A schema of one route that holds runs can be given routes: its runs stay
+// in route 0, with their keys pinned there (layout.pins), and the
+// migration that adds the pins cannot be rolled back while they are set;
+// routes made before a schema held a run have none.
+func TestMigrateRoutesOfASchemaWithRunsPinsThem(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := unmigratedDB(t)
+	_, err := migrations.Migrate(ctx, db.Pool, migrations.Up, nil)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_id, status, input, dedup_id, flow_queue)
+		VALUES (gen_random_uuid(), 'w', 'id', 'pending', '{}', 'once', 'q')`)
+	require.NoError(t, err)
+	res, err := migrations.Migrate(ctx, db.Pool, migrations.Up, &migrations.Opts{Routes: 3})
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Routes)
+	var pins []byte
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pins FROM pgdurable.layout`).Scan(&pins))
+	f, err := migrations.ParsePins(pins)
+	require.NoError(t, err)
+	require.True(t, f.Has(migrations.WorkflowKey("w", "id")))
+	require.True(t, f.Has(migrations.DedupKey("q", "once")))
+	require.False(t, f.Has(migrations.WorkflowKey("w", "other")))
+	var count int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgdurable.workflow_runs`).Scan(&count))
+	require.Equal(t, 1, count, "the run stays in route 0")
+
+	_, err = migrations.Migrate(ctx, db.Pool, migrations.Down, &migrations.Opts{Steps: 1})
+	require.ErrorContains(t, err, "keep the runs it held before them in route 0")
+	var still []byte
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pins FROM pgdurable.layout`).Scan(&still))
+	require.Equal(t, pins, still, "the refused rollback changed nothing")
+
+	// A run whose workflow ID looks like a run ID of a layout with
+	// routes (version 8, route 1 in its last byte) would be looked for in
+	// that route: refused.
+	odd := unmigratedDB(t)
+	_, err = migrations.Migrate(ctx, odd.Pool, migrations.Up, nil)
+	require.NoError(t, err)
+	_, err = odd.Pool.Exec(ctx, `INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_id, status, input)
+		VALUES (gen_random_uuid(), 'w', '01a24a48-7402-863d-8724-32a2352a9f01', 'pending', '{}')`)
+	require.NoError(t, err)
+	_, err = migrations.Migrate(ctx, odd.Pool, migrations.Up, &migrations.Opts{Routes: 2})
+	require.ErrorIs(t, err, migrations.ErrRoutesRefused)
+	require.ErrorContains(t, err, `look like the run IDs of a layout with routes (version 8 UUIDs, the last byte a route below 2: "01a24a48-7402-863d-8724-32a2352a9f01" of "w")`)
+	n, err := migrations.Routes(ctx, odd.Pool, migrations.DefaultSchema)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "nothing recorded")
+	var made bool
+	require.NoError(t, odd.Pool.QueryRow(ctx, `SELECT to_regnamespace('pgdurable_r1') IS NOT NULL`).Scan(&made))
+	require.False(t, made, "nor any route made")
+
+	fresh := unmigratedDB(t)
+	_, err = migrations.Migrate(ctx, fresh.Pool, migrations.Up, &migrations.Opts{Routes: 2})
+	require.NoError(t, err)
+	require.NoError(t, fresh.Pool.QueryRow(ctx, `SELECT pins FROM pgdurable.layout`).Scan(&pins))
+	require.Nil(t, pins)
 }

@@ -123,6 +123,7 @@ func TestCLIRunsAndDeadJobs(t *testing.T) {
 	code, _, errOut = run(t, db, "start", "nope", "--input", `{}`)
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "unknown workflow")
+	require.Contains(t, errOut, "start it through an engine that registers it: --address host:port (or ENGINE_ADDRESS)")
 	_, _, _ = run(t, db, "start", "double", "--id", "d-neg", "--input", `{"n": -1}`)
 
 	// A worker: engine serve in-process, stopped by cancelling its context.
@@ -225,17 +226,37 @@ func TestServeRefusesPublicListenWithoutToken(t *testing.T) {
 	require.Contains(t, errOut.String(), "not a loopback address")
 }
 
+// A pool of no connections, or a negative shutdown timeout, is refused
+// before anything starts.
+func TestServeRefusesBadPoolSizeAndShutdownTimeout(t *testing.T) {
+	t.Parallel()
+	for args, want := range map[[2]string]string{
+		{"--pool-size", "0"}:          "--pool-size 0: give at least 1 connection",
+		{"--pool-size", "-5"}:         "--pool-size -5: give at least 1 connection",
+		{"--shutdown-timeout", "-1s"}: "--shutdown-timeout -1s: give 0",
+	} {
+		var errOut bytes.Buffer
+		code := commands.Execute(context.Background(), []string{"serve", "--listen", "127.0.0.1:0", args[0], args[1]},
+			commands.Options{Stdout: &bytes.Buffer{}, Stderr: &errOut, Getenv: func(string) string { return "" }})
+		require.Equal(t, 2, code, args)
+		require.Contains(t, errOut.String(), want)
+	}
+}
+
 func TestServeNeedsMigratedSchema(t *testing.T) {
 	t.Parallel()
 	db := enginetest.NewDB(t)
-	code, _, _ := run(t, db, "migrate", "down", "--include-river")
+	code, _, errOut := run(t, db, "migrate", "down", "--steps", "-1")
+	require.Equal(t, 2, code, "a negative count is refused, not taken for none")
+	require.Contains(t, errOut, "--steps -1: give how many versions to roll back, or 0 for all")
+	code, _, _ = run(t, db, "migrate", "down", "--include-river")
 	require.Equal(t, 0, code)
-	code, _, errOut := run(t, db, "serve", "--listen", freePort(t))
+	code, _, errOut = run(t, db, "serve", "--listen", freePort(t))
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "engine migrate up")
 	code, out, _ := run(t, db, "migrate", "up")
 	require.Equal(t, 0, code)
-	require.Contains(t, out, "pgdurable versions [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33]")
+	require.Contains(t, out, "pgdurable versions [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34]")
 }
 
 // The demo runs the payment story end to end and must report 0 double
@@ -579,9 +600,11 @@ func TestRunsShowACrashBackoff(t *testing.T) {
 	db := enginetest.NewDB(t)
 	code, _, errOut := run(t, db, "start", "double", "--id", "held-1", "--input", `{"n": 1}`)
 	require.Equal(t, 0, code, errOut)
-	_, err := db.Pool.Exec(context.Background(), db.SQL(`UPDATE pgdurable.workflow_runs SET status = 'waiting', deliveries = 3, stalled_deliveries = 3,
-		wake_at = now() + interval '1 hour' WHERE workflow_id = 'held-1'`))
-	require.NoError(t, err)
+	for _, runs := range db.RouteTables("workflow_runs") {
+		_, err := db.Pool.Exec(context.Background(), `UPDATE `+runs+` SET status = 'waiting', deliveries = 3, stalled_deliveries = 3,
+		wake_at = now() + interval '1 hour' WHERE workflow_id = 'held-1'`)
+		require.NoError(t, err)
+	}
 	code, out, _ := run(t, db, "runs", "show", "held-1")
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "crashes      3 deliveries in a row died without progress")

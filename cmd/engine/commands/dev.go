@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -42,7 +44,10 @@ serves against the coordinator, with the runs spread over a route per worker nod
 .ci/build-citus in a checkout).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
+			// Ctrl-C while a throwaway server or cluster starts stops what
+			// started and removes its directories, as it does later.
+			ctx, stopSignals := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			defer stopSignals()
 			// Bad flags are refused before a database is found or made.
 			if err := g.localOnly(cmd.Name()); err != nil {
 				return err

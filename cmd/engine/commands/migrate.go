@@ -30,9 +30,19 @@ tables in schema <schema>_r<k>, which migrate up makes and migrates with --schem
 run's route follows from its workflow ID (a run without one goes to a route at random) and is
 carried in its run ID. On a Citus coordinator each route's tables go whole to one worker node,
 the routes in turn over the nodes, so that the nodes divide the runs' work; on one PostgreSQL
-routes only spread the rows over more tables. Set it when the schema is new: it is refused once
-a route holds a run (a workflow ID's route follows from the number of routes), and routes never
-shrink. 0 keeps what the schema has (1 for a new schema).`,
+routes only spread the rows over more tables. A schema of one route that holds runs (an existing
+database) can be given routes: its runs stay in route 0, and their workflow IDs, deduplication IDs
+and debounce keys stay pinned there, so later starts of them find them. Once a schema has routes,
+more are refused while it holds a run (a workflow ID's route follows from the number of routes),
+and routes never shrink. Stop every engine on the schema first (refused otherwise: engines read
+the routes when they start). 0 keeps what the schema has (1 for a new schema).
+
+A Citus coordinator is a database with the citus extension in which worker nodes are registered.
+When migrate up says "not a Citus coordinator with worker nodes", in that database run CREATE
+EXTENSION citus (and in the same-named database of every worker node), then SELECT
+citus_set_coordinator_host('<coordinator host>', <port>) and SELECT citus_add_node('<worker
+host>', <port>) for each node, and run migrate up again. Point every command at the coordinator's
+database: a worker node's is refused.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return g.migrate(cmd.Context(), migrations.Up, &migrations.Opts{Routes: routes})
 		},
@@ -41,6 +51,9 @@ shrink. 0 keeps what the schema has (1 for a new schema).`,
 	down := &cobra.Command{
 		Use: "down", Short: "Roll back pgdurable's migrations (all, or --steps)", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if steps < 0 {
+				return &usageError{fmt.Errorf("--steps %d: give how many versions to roll back, or 0 for all", steps)}
+			}
 			return g.migrate(cmd.Context(), migrations.Down, &migrations.Opts{Steps: steps, IncludeRiver: river})
 		},
 	}
@@ -152,7 +165,7 @@ var errNotMigrated = errors.New("schema not migrated")
 // checkSchema fails with a clear message when migrations are pending.
 func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	st, err := migrations.GetStatus(ctx, pool, &migrations.Opts{Schema: schema})
-	if errors.Is(err, migrations.ErrMoved) {
+	if errors.Is(err, migrations.ErrMoved) || errors.Is(err, migrations.ErrCitusWorker) {
 		return err
 	}
 	if err != nil {

@@ -176,6 +176,8 @@ func Execute(ctx context.Context, args []string, opts Options) int {
 			return 1 // the run, as it ended, is printed
 		case errors.As(err, &outcome):
 			code, exit = "run_not_completed", 1
+		case errors.Is(err, migrations.ErrCitusWorker):
+			code, exit = "invalid_parameter", 1 // the URL names the wrong server
 		case missing, errors.Is(err, errNotMigrated), errors.Is(err, migrations.ErrMoved):
 			code, exit = "not_migrated", 1
 		case errors.Is(err, migrations.ErrEnginesRunning):

@@ -30,8 +30,8 @@ func TestMigrateUpWithRoutes(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "routes: 3")
 
-	_, err := db.Pool.Exec(context.Background(), `DROP FUNCTION pgdurable_r2.two_phase_commit(); DROP TABLE pgdurable_r2.two_phase_commits;
-		DELETE FROM pgdurable_r2.pgdurable_schema_migrations WHERE version_id = 33`)
+	_, err := db.Pool.Exec(context.Background(), `ALTER TABLE pgdurable_r2.layout DROP COLUMN pins;
+		DELETE FROM pgdurable_r2.pgdurable_schema_migrations WHERE version_id = 34`)
 	require.NoError(t, err)
 	code, out, _ = run(t, db, "migrate", "status")
 	require.Equal(t, 0, code)

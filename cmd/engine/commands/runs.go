@@ -523,6 +523,11 @@ of the queue holding the ID is open, or with --return-duplicate answers with tha
 			} else {
 				err = start()
 			}
+			if errors.Is(err, engine.ErrUnknownWorkflow) && g.address() == "" {
+				// Over the database, this process's registrations check the
+				// input; a running engine that registers the workflow can.
+				return fmt.Errorf("%w; start it through an engine that registers it: --address host:port (or ENGINE_ADDRESS) of its HTTP API", err)
+			}
 			if err != nil {
 				return err
 			}

@@ -112,6 +112,12 @@ func (g *global) serve(ctx context.Context, name string, fs *pflag.FlagSet, f *s
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
 		return &usageError{fmt.Errorf("--log-level: %w", err)}
 	}
+	if f.poolSize < 1 {
+		return &usageError{fmt.Errorf("--pool-size %d: give at least 1 connection", f.poolSize)}
+	}
+	if f.shutdownTimeout < 0 {
+		return &usageError{fmt.Errorf("--shutdown-timeout %s: give 0 (hand running steps back at once) or more", f.shutdownTimeout)}
+	}
 	g.apiToken = f.apiToken
 	log := g.logger(slog.NewJSONHandler(c1Escaper{g.opts.Stderr}, &slog.HandlerOptions{Level: level}))
 	// A bad OTLP endpoint is refused before anything starts.

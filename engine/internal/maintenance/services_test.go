@@ -135,7 +135,7 @@ func TestCancelPollerTellsDeliveriesOfCancellationsRequestedElsewhere(t *testing
 	ctx := context.Background()
 	old, young, heard, running := insertRun(t, store.Default.On(b.db.Pool), time.Hour, nil), insertRun(t, store.Default.On(b.db.Pool), time.Hour, nil),
 		insertRun(t, store.Default.On(b.db.Pool), time.Hour, nil), insertRun(t, store.Default.On(b.db.Pool), time.Hour, nil)
-	_, err := b.db.Pool.Exec(ctx, b.db.SQL(`UPDATE pgdurable.workflow_runs SET cancel_requested_at = now() WHERE run_id = ANY($1)`),
+	_, err := b.db.Pool.Exec(ctx, `UPDATE pgdurable.workflow_runs SET cancel_requested_at = now() WHERE run_id = ANY($1)`,
 		[]uuid.UUID{old, young, heard})
 	require.NoError(t, err)
 	live := []maintenance.LiveRun{

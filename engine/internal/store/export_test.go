@@ -1,5 +1,7 @@
 package store
 
+import "github.com/pgdurable/pgdurable/storage/migrations"
+
 // ClaimStatements is the claims' statements, for the plan test: each
 // one's SQL and its parameters' names in $n order.
 var ClaimStatements = map[string]struct {
@@ -79,3 +81,11 @@ var QueueVTimes, NoteVTime = queueVTimes, noteVTime
 
 // Jitter is jitter, for its test.
 var Jitter = jitter
+
+// PinnedWorkflowRoute is workflowRoute on an installation whose route
+// pins are pins.
+func PinnedWorkflowRoute(pins *migrations.Pins, name, id string, routes int) int {
+	srv := &server{}
+	srv.pins.Store(pins)
+	return workflowRoute(bound{s: Default, srv: srv}, name, id, routes)
+}

@@ -158,11 +158,30 @@ func UUIDFloor(t time.Time) uuid.UUID {
 	return id
 }
 
+// tableSize is the SQL of the bytes of table t of schema $1: on a Citus
+// coordinator a distributed table's are its shards' on the worker nodes
+// (its own table there is empty), which pg_total_relation_size does not
+// count.
+func tableSize(citus bool) string {
+	const rel = `format('%I.%I', $1::text, t)::regclass`
+	if !citus {
+		return `pg_total_relation_size(` + rel + `)`
+	}
+	return `CASE WHEN EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = ` + rel + `)
+	THEN citus_total_relation_size(` + rel + `) ELSE pg_total_relation_size(` + rel + `) END`
+}
+
 // TableSizes returns the bytes (with indexes and TOAST) of the engine's
-// tables, by name.
+// tables, by name, summed over the routes: on a Citus coordinator, a
+// distributed table's shards' on the worker nodes.
 func TableSizes(ctx context.Context, db DBTX) (map[string]int64, error) {
+	citus, err := onCitus(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	size := tableSize(citus)
 	rows, err := db.Query(ctx, `
-SELECT t, pg_total_relation_size(format('%I.%I', $1::text, t)::regclass)
+SELECT t, `+size+`
 FROM unnest(ARRAY['workflow_runs', 'workflow_steps', 'workflow_signals', 'dead_jobs', 'schedule_fires']) AS t`, db.schema().Name())
 	if err != nil {
 		return nil, fmt.Errorf("reading table sizes: %w", translate(err))
@@ -190,7 +209,7 @@ FROM unnest(ARRAY['workflow_runs', 'workflow_steps', 'workflow_signals', 'dead_j
 			return nil, err
 		}
 		rows, err := db.Query(ctx, `
-SELECT t, pg_total_relation_size(format('%I.%I', $1::text, t)::regclass)
+SELECT t, `+size+`
 FROM unnest(ARRAY['workflow_runs', 'workflow_steps', 'workflow_signals', 'dead_jobs']) AS t`, r.runs)
 		if err != nil {
 			return nil, fmt.Errorf("reading table sizes of route %d: %w", k, translate(err))

@@ -112,7 +112,8 @@ func (s *Schema) root() *Schema {
 // Routes is the number of routes (1 to MaxRoutes) of the installation
 // db's schema holds: the layout table's, read once per handle On made
 // (migrations.Opts.Routes sets it, and it never changes for a schema
-// that holds runs). A handle the store did not bind has one route.
+// that holds runs), with the route pins (see workflowRoute). A handle
+// the store did not bind has one route.
 func Routes(ctx context.Context, db DBTX) (int, error) {
 	b, ok := db.(bound)
 	if !ok || b.srv == nil {
@@ -122,16 +123,27 @@ func Routes(ctx context.Context, db DBTX) (int, error) {
 		return int(n), nil
 	}
 	var n int
-	err := b.q.QueryRow(ctx, b.s.root().SQL(`SELECT routes FROM pgdurable.layout`)).Scan(&n)
+	var pins []byte
+	err := b.q.QueryRow(ctx, b.s.root().SQL(`SELECT routes, pins FROM pgdurable.layout`)).Scan(&n, &pins)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == "42P01": // undefined_table: migrations from before routes
 		n = 1
+	case errors.As(err, &pgErr) && pgErr.Code == "42703": // undefined_column: migrations from before pins
+		if err = b.q.QueryRow(ctx, b.s.root().SQL(`SELECT routes FROM pgdurable.layout`)).Scan(&n); err != nil {
+			return 0, fmt.Errorf("reading the routes of schema %s: %w", b.s.name, err)
+		}
 	case err != nil:
 		return 0, fmt.Errorf("reading the routes of schema %s: %w", b.s.name, err)
-	case n < 1 || n > MaxRoutes:
+	}
+	if n < 1 || n > MaxRoutes {
 		return 0, fmt.Errorf("schema %s records %d routes, outside 1 to %d", b.s.name, n, MaxRoutes)
 	}
+	f, err := migrations.ParsePins(pins)
+	if err != nil {
+		return 0, fmt.Errorf("reading the route pins of schema %s: %w", b.s.name, err)
+	}
+	b.srv.pins.Store(f)
 	b.srv.routes.Store(int32(n))
 	return n, nil
 }
@@ -145,14 +157,64 @@ func WorkflowRoute(name, id string, routes int) int {
 	if routes <= 1 {
 		return 0
 	}
-	if len(id) == 36 {
-		if u, err := uuid.Parse(id); err == nil {
-			if k, ok := RunRoute(u); ok && k < routes {
-				return k
-			}
-		}
+	if k, ok := carriedRoute(id, routes); ok {
+		return k
 	}
 	return RouteOf(name, id, routes)
+}
+
+// carriedRoute is the route workflow ID id carries, when it is a run ID
+// with a route (see RunRoute) within routes.
+func carriedRoute(id string, routes int) (int, bool) {
+	if len(id) != 36 {
+		return 0, false
+	}
+	u, err := uuid.Parse(id)
+	if err != nil {
+		return 0, false
+	}
+	if k, ok := RunRoute(u); ok && k < routes {
+		return k, true
+	}
+	return 0, false
+}
+
+// workflowRoute is WorkflowRoute on db's installation of routes routes
+// (Routes read them), but route 0 for a workflow ID its route pins hold:
+// one of the runs the schema held when it was given routes, which stayed
+// in route 0 (migrate up --routes on a schema with runs), or one the
+// pins hold by mistake, which every engine then keeps in route 0 alike.
+// A workflow ID that carries a route is never pinned: a run made with
+// routes took it, in that route (the migration refuses earlier runs whose
+// workflow IDs look so).
+func workflowRoute(db DBTX, name, id string, routes int) int {
+	if routes <= 1 {
+		return 0
+	}
+	if k, ok := carriedRoute(id, routes); ok {
+		return k
+	}
+	if pinned(db, migrations.WorkflowKey(name, id)) {
+		return 0
+	}
+	return RouteOf(name, id, routes)
+}
+
+// keyRoute is the route of route key key (a deduplication ID's or a
+// debounce key's, see NewRunIDFor) out of routes, pinned as workflowRoute
+// pins a workflow ID.
+func keyRoute(db DBTX, key string, routes int) int {
+	if routes <= 1 || pinned(db, key) {
+		return 0
+	}
+	return RouteOf("", key, routes)
+}
+
+// pinned reports whether db's installation's route pins hold key (Routes
+// has read them).
+func pinned(db DBTX, key string) bool {
+	srv := serverOf(db)
+	return srv != nil && srv.pins.Load().Has(key)
 }
 
 // at is db bound to the route of run runID (route 0 for an ID that
@@ -308,9 +370,9 @@ func NewRunIDFor(ctx context.Context, db DBTX, name, workflowID, routeKey string
 	var k int
 	switch {
 	case workflowID != "":
-		k = WorkflowRoute(name, workflowID, n)
+		k = workflowRoute(db, name, workflowID, n)
 	case routeKey != "":
-		k = RouteOf("", routeKey, n)
+		k = keyRoute(db, routeKey, n)
 	default:
 		k = rand.IntN(n)
 	}

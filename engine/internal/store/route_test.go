@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdurable/pgdurable/engine/internal/store"
+	"github.com/pgdurable/pgdurable/storage/migrations"
 )
 
 // A workflow ID's route is fixed, and workflow IDs spread evenly over the
@@ -84,4 +85,24 @@ func TestRouteRewritesOnlyThePerRunTables(t *testing.T) {
 	require.Error(t, err, "a route schema's name past 63 bytes")
 	_, err = store.Default.Route(store.MaxRoutes)
 	require.Error(t, err)
+}
+
+// Route pins send a workflow ID they hold to route 0, but never one that
+// carries a route (a run ID made on a layout with routes, whose run is in
+// that route); the rest go by their hash.
+func TestPinnedWorkflowIDsGoToRouteZero(t *testing.T) {
+	legacy := "legacy"
+	for i := 0; store.RouteOf("w", legacy, 3) == 0; i++ {
+		legacy = fmt.Sprint("legacy-", i)
+	}
+	routed, err := store.NewRunID(2)
+	require.NoError(t, err)
+	f, err := migrations.NewPins(10)
+	require.NoError(t, err)
+	f.Add(migrations.WorkflowKey("w", legacy))
+	f.Add(migrations.WorkflowKey("w", routed.String()))
+	require.Equal(t, 0, store.PinnedWorkflowRoute(f, "w", legacy, 3))
+	require.Equal(t, 2, store.PinnedWorkflowRoute(f, "w", routed.String(), 3))
+	require.Equal(t, store.RouteOf("w", "other", 3), store.PinnedWorkflowRoute(f, "w", "other", 3))
+	require.Equal(t, store.RouteOf("w", legacy, 3), store.PinnedWorkflowRoute(nil, "w", legacy, 3), "no pins")
 }

@@ -1308,7 +1308,7 @@ func LatestRun(ctx context.Context, db DBTX, workflowName, workflowID string) (u
 	if err != nil {
 		return uuid.Nil, err
 	}
-	db = onRoute(db, WorkflowRoute(workflowName, workflowID, routes))
+	db = onRoute(db, workflowRoute(db, workflowName, workflowID, routes))
 	var id uuid.UUID
 	err = db.QueryRow(ctx, `SELECT run_id FROM pgdurable.workflow_runs WHERE workflow_name = $1 AND workflow_id = $2 AND status <> 'continued'`,
 		workflowName, workflowID).Scan(&id)

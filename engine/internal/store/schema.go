@@ -97,8 +97,9 @@ func (s *Schema) On(q Querier) DBTX {
 // needs to, once per handle On made (a failed look is tried again), and
 // the flow-controlled queues' virtual times it has seen lately.
 type server struct {
-	citus  atomic.Int32 // 0: not known yet, 1: plain PostgreSQL, 2: a Citus coordinator
-	routes atomic.Int32 // the installation's routes (see Routes); 0: not known yet
+	citus  atomic.Int32                    // 0: not known yet, 1: plain PostgreSQL, 2: a Citus coordinator
+	routes atomic.Int32                    // the installation's routes (see Routes); 0: not known yet
+	pins   atomic.Pointer[migrations.Pins] // the installation's route pins (see workflowRoute), read with routes
 
 	mu     sync.Mutex
 	vtimes map[string]vtimeSeen // by queue

@@ -37,6 +37,32 @@ func TwoPhase(ctx context.Context, db DBTX) error {
 	return nil
 }
 
+// TwoPhaseCaller, on a Citus coordinator, makes the caller's transaction
+// open on db, into which the engine has written (a StartTx, SignalTx,
+// CancelTx, ...), commit in two phases whatever the caller writes before
+// or after the engine's call (one round trip); on plain PostgreSQL it does
+// nothing. TwoPhase asks whether the transaction wrote the coordinator
+// when it runs, which is right for the engine's own transactions but not
+// for a caller's, whose rows may come after: then Citus would commit the
+// engine's writes on the worker node in one phase, first, and a failed or
+// crashed coordinator commit would keep them without the caller's rows (a
+// delayed run for an order that was never written). So this updates the
+// coordinator's Citus table unconditionally (no row), which Citus counts
+// as a write of the coordinator. A transaction that then writes no
+// coordinator table of the caller's pays a two-phase commit it did not
+// need.
+func TwoPhaseCaller(ctx context.Context, db DBTX) error {
+	citus, err := onCitus(ctx, db)
+	if err != nil || !citus {
+		return err
+	}
+	base := db.schema().root()
+	if _, err := db.Exec(ctx, `UPDATE `+pgx.Identifier{base.name, "two_phase_commits"}.Sanitize()+` SET id = id WHERE id = -1`); err != nil {
+		return fmt.Errorf("asking Citus for a two-phase commit: %w", translate(err))
+	}
+	return nil
+}
+
 // OnCitus reports whether db's server is a Citus coordinator, learning it
 // once per handle (a query the first time): the engine learns it when it
 // starts, so that a tx step's commit, which needs it, never asks inside

@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strings"
 	"sync"
 	"syscall"
@@ -82,6 +83,10 @@ type engineProc struct {
 }
 
 func chaos(ctx context.Context, env *commands.Env, f *chaosFlags) error {
+	// Ctrl-C stops the engines, the gateway and a throwaway cluster, and
+	// removes the cluster's directories, even while it starts.
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
 	var cluster *citus.Cluster
 	if f.citus {
 		if env.DatabaseFlag() != "" || env.Getenv("DATABASE_URL") != "" {
