@@ -73,6 +73,27 @@ func coordinatorPool(ctx context.Context, t *testing.T, c *citus.Cluster) *pgxpo
 	return pool
 }
 
+// disableWorkers disables c's worker nodes, so that the coordinator keeps
+// its tables, as a database migrated before migrate distributed anything
+// has them; the func it returns activates them again.
+func disableWorkers(ctx context.Context, t *testing.T, c *citus.Cluster, pool *pgxpool.Pool) (activate func()) {
+	t.Helper()
+	var hosts []*url.URL
+	for _, w := range c.Workers {
+		u, err := url.Parse(w.URL)
+		require.NoError(t, err)
+		hosts = append(hosts, u)
+		_, err = pool.Exec(ctx, `SELECT citus_disable_node($1, $2::int, synchronous => true)`, u.Hostname(), u.Port())
+		require.NoError(t, err)
+	}
+	return func() {
+		for _, u := range hosts {
+			_, err := pool.Exec(ctx, `SELECT citus_activate_node($1, $2::int)`, u.Hostname(), u.Port())
+			require.NoError(t, err)
+		}
+	}
+}
+
 // requireOnAWorker fails unless node is one of c's worker nodes and holds
 // every per-run table, and River's tables and the engine's others are the
 // coordinator's own (the one the engine's two-phase commits update a
@@ -118,14 +139,7 @@ func TestMigrateDistributesAnExistingDatabase(t *testing.T) {
 	defer pool.Close()
 	// With its worker nodes disabled, the coordinator keeps its tables, as
 	// a database migrated before migrate distributed anything has them.
-	var hosts []*url.URL
-	for _, w := range c.Workers {
-		u, err := url.Parse(w.URL)
-		require.NoError(t, err)
-		hosts = append(hosts, u)
-		_, err = pool.Exec(ctx, `SELECT citus_disable_node($1, $2::int, synchronous => true)`, u.Hostname(), u.Port())
-		require.NoError(t, err)
-	}
+	activate := disableWorkers(ctx, t, c, pool)
 	res, err := migrations.Migrate(ctx, pool, migrations.Up, nil)
 	require.NoError(t, err)
 	require.Empty(t, res.Distributed, "a coordinator alone keeps its tables")
@@ -139,10 +153,7 @@ func TestMigrateDistributesAnExistingDatabase(t *testing.T) {
 		_, err = pool.Exec(ctx, `SELECT create_reference_table($1::regclass)`, "by_hand."+table)
 		require.NoError(t, err)
 	}
-	for _, u := range hosts {
-		_, err = pool.Exec(ctx, `SELECT citus_activate_node($1, $2::int)`, u.Hostname(), u.Port())
-		require.NoError(t, err)
-	}
+	activate()
 	runID := uuid.New()
 	_, err = pool.Exec(ctx, `INSERT INTO pgdurable.workflow_runs (run_id, workflow_name, workflow_id, input, queue) VALUES ($1, 'w', 'kept', '{}', 'q')`, runID)
 	require.NoError(t, err)
@@ -307,14 +318,7 @@ func TestMigrateGivesRoutesToADatabaseWithRuns(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	pool := coordinatorPool(ctx, t, c)
-	var hosts []*url.URL
-	for _, w := range c.Workers {
-		u, err := url.Parse(w.URL)
-		require.NoError(t, err)
-		hosts = append(hosts, u)
-		_, err = pool.Exec(ctx, `SELECT citus_disable_node($1, $2::int, synchronous => true)`, u.Hostname(), u.Port())
-		require.NoError(t, err)
-	}
+	activate := disableWorkers(ctx, t, c, pool)
 	res, err := migrations.Migrate(ctx, pool, migrations.Up, nil)
 	require.NoError(t, err)
 	require.Empty(t, res.Distributed, "a coordinator alone keeps its tables")
@@ -350,10 +354,7 @@ func TestMigrateGivesRoutesToADatabaseWithRuns(t *testing.T) {
 	}
 	require.NoError(t, before.Stop(ctx))
 
-	for _, u := range hosts {
-		_, err = pool.Exec(ctx, `SELECT citus_activate_node($1, $2::int)`, u.Hostname(), u.Port())
-		require.NoError(t, err)
-	}
+	activate()
 	res, err = migrations.Migrate(ctx, pool, migrations.Up, &migrations.Opts{Routes: 2})
 	require.NoError(t, err)
 	require.Equal(t, 2, res.Routes)
