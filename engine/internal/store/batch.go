@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -811,15 +812,46 @@ type claimBatch struct {
 	skip             int
 	settings, commit bool
 	misses           bool
+	// mixed: the fences name runs of several routes, db is bound to the
+	// installation's root, and each route's claim goes to its tables
+	// (not with misses).
+	mixed bool
 }
 
 // claimWith is ClaimRuns with stmt, a claimRunsSQL whose further
 // parameters are in args, sent as cb says.
 func claimWith(ctx context.Context, db DBTX, stmt *namedStmt, args pgx.StrictNamedArgs, fences []Fence, now time.Time, cb claimBatch) ([]ClaimResult, error) {
 	n := len(fences)
-	ids, tokens, lease := make(uuidArray, n), make(uuidArray, n), make([]int64, n)
-	for i, f := range inRunOrder(fences, func(f Fence) uuid.UUID { return f.RunID }) {
-		ids[i], tokens[i], lease[i] = uuidParam(f.RunID), uuidParam(f.Token), ms(f.Lease)
+	// One claim and one step load per route, in the same round trip; with
+	// runs of one route (any claim but a mixed admission's), db is bound
+	// to it and the statements are sent as they are.
+	type group struct {
+		claim *namedStmt
+		steps string
+		ids   uuidArray
+		token uuidArray
+		lease []int64
+		args  pgx.StrictNamedArgs
+	}
+	var groups []*group
+	ofRoute := map[int]*group{}
+	for _, f := range inRunOrder(fences, func(f Fence) uuid.UUID { return f.RunID }) {
+		k := 0
+		if cb.mixed {
+			k = RouteOfRun(f.RunID)
+		}
+		g := ofRoute[k]
+		if g == nil {
+			g = &group{claim: stmt, steps: loadStepsOfRuns, args: maps.Clone(args)}
+			if cb.mixed {
+				root := db.schema().root()
+				r, _ := root.Route(k)
+				g.claim, g.steps = routeStmt(stmt, root, k), r.SQL(loadStepsOfRuns)
+			}
+			ofRoute[k] = g
+			groups = append(groups, g)
+		}
+		g.ids, g.token, g.lease = append(g.ids, uuidParam(f.RunID)), append(g.token, uuidParam(f.Token)), append(g.lease, ms(f.Lease))
 	}
 	b := cb.before
 	if b == nil {
@@ -829,9 +861,11 @@ func claimWith(ctx context.Context, db DBTX, stmt *namedStmt, args pgx.StrictNam
 		b.Queue(claimSettings)
 		cb.skip++
 	}
-	args["run_id"], args["token"], args["lease_ms"], args["now"] = ids, tokens, lease, now
-	stmt.queue(b, args)
-	b.Queue(loadStepsOfRuns, ids)
+	for _, g := range groups {
+		g.args["run_id"], g.args["token"], g.args["lease_ms"], g.args["now"] = g.ids, g.token, g.lease, now
+		g.claim.queue(b, g.args)
+		b.Queue(g.steps, g.ids)
+	}
 	if cb.commit {
 		b.Queue(`COMMIT`)
 	}
@@ -845,57 +879,59 @@ func claimWith(ctx context.Context, db DBTX, stmt *namedStmt, args pgx.StrictNam
 			return fail(err)
 		}
 	}
-	rows, err := br.Query()
-	if err != nil {
-		return fail(err)
-	}
 	type key struct{ run, token uuid.UUID }
 	claimed := make(map[key]*ClaimedRun, n)
 	byRun := make(map[uuid.UUID]*ClaimedRun, n)
-	for rows.Next() {
-		c := &ClaimedRun{}
-		var token uuid.UUID
-		var parent *uuid.UUID
-		var parentSeq *int
-		var policy *string
-		var timeout *int64
-		if err := rows.Scan(&c.RunID, &token, &c.WorkflowName, &c.WorkflowVersion, &c.WorkflowID, &c.Input, &c.Deliveries,
-			&c.StalledDeliveries, &c.LongStalled, &c.Status, &c.CancelRequested, &c.Deadline, &parent, &parentSeq,
-			&policy, &timeout, &c.TraceContext, &c.VersionWaitSince, &c.FlowQueue); err != nil {
-			rows.Close()
+	for range groups {
+		rows, err := br.Query()
+		if err != nil {
 			return fail(err)
 		}
-		if parent != nil && parentSeq != nil && policy != nil {
-			c.Parent = &ParentRef{RunID: *parent, Seq: *parentSeq, ClosePolicy: *policy}
+		for rows.Next() {
+			c := &ClaimedRun{}
+			var token uuid.UUID
+			var parent *uuid.UUID
+			var parentSeq *int
+			var policy *string
+			var timeout *int64
+			if err := rows.Scan(&c.RunID, &token, &c.WorkflowName, &c.WorkflowVersion, &c.WorkflowID, &c.Input, &c.Deliveries,
+				&c.StalledDeliveries, &c.LongStalled, &c.Status, &c.CancelRequested, &c.Deadline, &parent, &parentSeq,
+				&policy, &timeout, &c.TraceContext, &c.VersionWaitSince, &c.FlowQueue); err != nil {
+				rows.Close()
+				return fail(err)
+			}
+			if parent != nil && parentSeq != nil && policy != nil {
+				c.Parent = &ParentRef{RunID: *parent, Seq: *parentSeq, ClosePolicy: *policy}
+			}
+			if timeout != nil {
+				c.RunTimeout = time.Duration(*timeout) * time.Millisecond
+			}
+			claimed[key{c.RunID, token}] = c
+			byRun[c.RunID] = c
 		}
-		if timeout != nil {
-			c.RunTimeout = time.Duration(*timeout) * time.Millisecond
-		}
-		claimed[key{c.RunID, token}] = c
-		byRun[c.RunID] = c
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return fail(err)
-	}
-	if rows, err = br.Query(); err != nil {
-		return fail(err)
-	}
-	for rows.Next() {
-		var runID uuid.UUID
-		var s StepRecord
-		if err := rows.Scan(&runID, &s.Seq, &s.Name, &s.Kind, &s.Status, &s.Attempts, &s.RequestID, &s.Output, &s.Error,
-			&s.NextAttemptAt, &s.FirstFailedAt, &s.StartedAt, &s.CompletedAt, &s.Compensation, &s.CompensationOf, &s.InputHash, &s.Patches); err != nil {
-			rows.Close()
+		rows.Close()
+		if err := rows.Err(); err != nil {
 			return fail(err)
 		}
-		if c := byRun[runID]; c != nil {
-			c.Steps = append(c.Steps, s)
+		if rows, err = br.Query(); err != nil {
+			return fail(err)
 		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return fail(err)
+		for rows.Next() {
+			var runID uuid.UUID
+			var s StepRecord
+			if err := rows.Scan(&runID, &s.Seq, &s.Name, &s.Kind, &s.Status, &s.Attempts, &s.RequestID, &s.Output, &s.Error,
+				&s.NextAttemptAt, &s.FirstFailedAt, &s.StartedAt, &s.CompletedAt, &s.Compensation, &s.CompensationOf, &s.InputHash, &s.Patches); err != nil {
+				rows.Close()
+				return fail(err)
+			}
+			if c := byRun[runID]; c != nil {
+				c.Steps = append(c.Steps, s)
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fail(err)
+		}
 	}
 	if cb.commit {
 		if _, err := br.Exec(); err != nil {
@@ -917,7 +953,7 @@ func claimWith(ctx context.Context, db DBTX, stmt *namedStmt, args pgx.StrictNam
 	if len(missed) == 0 || !cb.misses {
 		return out, nil
 	}
-	rows, err = db.Query(ctx, claimMisses, uuids(missed))
+	rows, err := db.Query(ctx, claimMisses, uuids(missed))
 	if err != nil {
 		return fail(err)
 	}

@@ -59,6 +59,7 @@ var RoutedStatements = map[string]string{
 	"markReady":             markReady.sql,
 	"insertDebounced":       insertDebouncedStmt.sql,
 	"readyExpired":          readyExpired,
+	"anyExpired":            anyExpired,
 	"runningByKey":          runningByKey,
 	"admitClaim":            admitClaim.sql,
 }

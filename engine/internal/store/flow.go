@@ -514,6 +514,12 @@ UPDATE pgdurable.workflow_runs SET ready_at = $2, owner_token = NULL, lease_expi
 WHERE flow_queue = $1 AND owner_token IS NOT NULL AND lease_expires_at < $2 AND ready_at IS NULL
   AND status IN ('pending', 'running', 'waiting', 'compensating')`
 
+// anyExpired reads whether readyExpired has runs to make ready.
+const anyExpired = `
+SELECT EXISTS (SELECT 1 FROM pgdurable.workflow_runs
+WHERE flow_queue = $1 AND owner_token IS NOT NULL AND lease_expires_at < $2 AND ready_at IS NULL
+  AND status IN ('pending', 'running', 'waiting', 'compensating'))`
+
 // runningByKey counts the runs of a queue that hold a live lease, by key.
 const runningByKey = `
 SELECT flow_key, count(*) FROM pgdurable.workflow_runs
@@ -602,27 +608,38 @@ func AdmitRead(ctx context.Context, db DBTX, p ReadParams) (*AdmitView, error) {
 	if err != nil {
 		return nil, err
 	}
-	// With routes on one PostgreSQL, every route's reads go in this one
-	// round trip, and each kind of candidate is read from every route in
-	// one statement, under one snapshot: read route by route, a run
-	// started after an earlier one of its key could be seen in its route
-	// while the earlier one, in a route read before it committed, was not,
-	// and be admitted first. (On Citus no statement sees every node at
-	// one instant; the routes are read in turn, see admitReadRoutes.)
+	// With routes, every route's reads go in this one round trip. On one
+	// PostgreSQL each kind of candidate is read from every route in one
+	// statement, under one snapshot: read route by route, a run started
+	// after an earlier one of its key could be seen in its route while
+	// the earlier one, in a route read before it committed, was not, and
+	// be admitted first. On Citus no statement sees every node at one
+	// instant (a UNION ALL over routes on several nodes would be planned
+	// as subplans, each its own snapshot anyway), so each route's
+	// candidates are their own statement, sent to its node in this same
+	// round trip: the admission costs one round trip whatever the routes.
 	together := 1
+	citus := false
 	if routes > 1 {
-		citus, err := onCitus(ctx, db)
-		if err != nil {
+		together = routes
+		if citus, err = onCitus(ctx, db); err != nil {
 			return nil, err
-		}
-		if !citus {
-			together = routes
 		}
 	}
 	root := db.schema().root()
-	aged, fresh := agedCandidates, freshCandidates
-	if together > 1 {
-		aged, fresh = everyRoute(agedCandidates, root, together), everyRoute(freshCandidates, root, together)
+	var candStmts []string
+	var candArgs []any
+	switch {
+	case routes > 1 && !citus:
+		for _, st := range []*namedStmt{everyRoute(agedCandidates, root, routes), everyRoute(freshCandidates, root, routes)} {
+			candStmts, candArgs = append(candStmts, st.sql), append(candArgs, st.bind(args))
+		}
+	default:
+		for k := range together {
+			for _, st := range []*namedStmt{routeStmt(agedCandidates, root, k), routeStmt(freshCandidates, root, k)} {
+				candStmts, candArgs = append(candStmts, st.sql), append(candArgs, st.bind(args))
+			}
+		}
 	}
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)
@@ -630,14 +647,15 @@ func AdmitRead(ctx context.Context, db DBTX, p ReadParams) (*AdmitView, error) {
 	b.Queue(lockQueue, p.Queue)
 	for k := range together {
 		r, _ := root.Route(k)
-		b.Queue(r.SQL(readyExpired), p.Queue, p.Now)
+		b.Queue(r.SQL(anyExpired), p.Queue, p.Now)
 	}
 	for k := range together {
 		r, _ := root.Route(k)
 		b.Queue(r.SQL(runningByKey), p.Queue, p.Now)
 	}
-	aged.queue(b, args)
-	fresh.queue(b, args)
+	for i, q := range candStmts {
+		b.Queue(q, candArgs[i])
+	}
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
 	fail := func(what string, err error) (*AdmitView, error) {
@@ -658,9 +676,14 @@ func AdmitRead(ctx context.Context, db DBTX, p ReadParams) (*AdmitView, error) {
 	s.Def.Rate.Period, s.Def.KeyRate.Period = time.Duration(ratePeriod)*time.Millisecond, time.Duration(keyRatePeriod)*time.Millisecond
 	s.Def.PriorityAging = time.Duration(aging) * time.Millisecond
 	noteVTime(db, p.Queue, s.VTime, time.Now())
-	for range together {
-		if _, err := br.Exec(); err != nil {
-			return fail("making the runs whose lease expired ready", err)
+	var expired []int
+	for k := range together {
+		var found bool
+		if err := br.QueryRow().Scan(&found); err != nil {
+			return fail("reading the runs whose lease expired", err)
+		}
+		if found {
+			expired = append(expired, k)
 		}
 	}
 	for range together {
@@ -683,35 +706,63 @@ func AdmitRead(ctx context.Context, db DBTX, p ReadParams) (*AdmitView, error) {
 			return fail("counting the running runs", err)
 		}
 	}
-	var cands []Candidate
-	for range 2 {
-		rows, err := br.Query()
-		if err != nil {
-			return fail("reading the ready runs", err)
-		}
-		for rows.Next() {
-			var c Candidate
-			if err := rows.Scan(&c.RunID, &c.Key, &c.Priority, &c.Tag, &c.ReadyAt, &c.Aged); err != nil {
-				rows.Close()
-				return fail("reading the ready runs", err)
+	readCands := func(br pgx.BatchResults) ([]Candidate, error) {
+		var cands []Candidate
+		for range candStmts {
+			rows, err := br.Query()
+			if err != nil {
+				return nil, err
 			}
-			cands = append(cands, c)
+			for rows.Next() {
+				var c Candidate
+				if err := rows.Scan(&c.RunID, &c.Key, &c.Priority, &c.Tag, &c.ReadyAt, &c.Aged); err != nil {
+					rows.Close()
+					return nil, err
+				}
+				cands = append(cands, c)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return nil, err
+			}
 		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return fail("reading the ready runs", err)
-		}
+		return cands, nil
+	}
+	cands, err := readCands(br)
+	if err != nil {
+		return fail("reading the ready runs", err)
 	}
 	if err := br.Close(); err != nil {
 		return fail("reading", err)
 	}
-	switch {
-	case together > 1:
-		cands = mergeCandidates(cands, p.Limit)
-	case routes > 1:
-		if cands, err = admitReadRoutes(ctx, db, p, args, s, cands, routes); err != nil {
-			return fail("reading the other routes", err)
+	if len(expired) > 0 {
+		// Rare (a process died or stalled): make those runs ready and read
+		// the candidates again, now with them. Read first, the admission
+		// writes a route only when it claims there: on Citus a write to
+		// every route's node would commit each admission in two phases.
+		b := &pgx.Batch{}
+		for _, k := range expired {
+			r, _ := root.Route(k)
+			b.Queue(r.SQL(readyExpired), p.Queue, p.Now)
 		}
+		for i, q := range candStmts {
+			b.Queue(q, candArgs[i])
+		}
+		err := sendBatch(ctx, db, b, func(br pgx.BatchResults) error {
+			for range expired {
+				if _, err := br.Exec(); err != nil {
+					return err
+				}
+			}
+			cands, err = readCands(br)
+			return err
+		})
+		if err != nil {
+			return fail("making the runs whose lease expired ready", err)
+		}
+	}
+	if routes > 1 {
+		cands = mergeCandidates(cands, p.Limit)
 	}
 	return &AdmitView{State: s, Candidates: cands}, nil
 }
@@ -742,68 +793,30 @@ func everyRoute(stmt *namedStmt, root *Schema, routes int) *namedStmt {
 	return v.(*namedStmt)
 }
 
-// admitReadRoutes is AdmitRead's reads on routes 1 to routes-1, in the
-// admission's transaction, added to route 0's: the running runs by key
-// to s, and the candidates to cands (route 0's), which it returns in
-// AdmitRead's order, at most p.Limit of each kind.
-func admitReadRoutes(ctx context.Context, db DBTX, p ReadParams, args pgx.StrictNamedArgs, s *QueueState, cands []Candidate, routes int) ([]Candidate, error) {
-	for k := 1; k < routes; k++ {
-		b := &pgx.Batch{}
-		b.Queue(readyExpired, p.Queue, p.Now)
-		b.Queue(runningByKey, p.Queue, p.Now)
-		agedCandidates.queue(b, args)
-		freshCandidates.queue(b, args)
-		err := sendBatch(ctx, onRoute(db, k), b, func(br pgx.BatchResults) error {
-			if _, err := br.Exec(); err != nil {
-				return err
-			}
-			rows, err := br.Query()
-			if err != nil {
-				return err
-			}
-			for rows.Next() {
-				var key string
-				var n int
-				if err := rows.Scan(&key, &n); err != nil {
-					rows.Close()
-					return err
-				}
-				s.RunningByKey[key] += n
-				s.Running += n
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
-				return err
-			}
-			for range 2 {
-				rows, err := br.Query()
-				if err != nil {
-					return err
-				}
-				for rows.Next() {
-					var c Candidate
-					if err := rows.Scan(&c.RunID, &c.Key, &c.Priority, &c.Tag, &c.ReadyAt, &c.Aged); err != nil {
-						rows.Close()
-						return err
-					}
-					cands = append(cands, c)
-				}
-				rows.Close()
-				if err := rows.Err(); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return nil, translate(err)
-		}
+// routeStmts are routeStmt's statements, by statement, schema and route.
+var routeStmts sync.Map
+
+// routeStmt is stmt on route k of root's installation, which may be sent
+// in a batch of root's handle (its tables are named in full, so the
+// handle leaves them as they are).
+func routeStmt(stmt *namedStmt, root *Schema, k int) *namedStmt {
+	type key struct {
+		stmt  *namedStmt
+		root  *Schema
+		route int
 	}
-	return mergeCandidates(cands, p.Limit), nil
+	if v, ok := routeStmts.Load(key{stmt, root, k}); ok {
+		return v.(*namedStmt)
+	}
+	r, _ := root.Route(k)
+	v, _ := routeStmts.LoadOrStore(key{stmt, root, k}, named(r.SQL(stmt.source)))
+	return v.(*namedStmt)
 }
 
 // mergeCandidates puts the candidates of several routes in AdmitRead's
-// order, at most limit of each kind.
+// order, at most limit of each kind. Each route gave at most limit of
+// each kind, its first: the first limit of all of them in order are
+// among those.
 func mergeCandidates(cands []Candidate, limit int) []Candidate {
 	var aged, fresh []Candidate
 	for _, c := range cands {
@@ -902,17 +915,10 @@ ON CONFLICT (queue, key) DO UPDATE SET rate_tat = excluded.rate_tat`, a.Queue, k
 	var res []ClaimResult
 	var err error
 	if mixedRoutes(a.Claims) {
-		// Route by route in the admission's transaction, then its commit.
-		if err := execBatch(ctx, db, b, fmt.Sprintf("admitting runs of queue %q", a.Queue)); err != nil {
-			return nil, err
-		}
-		res, err = byRoute(a.Claims, db, func(f Fence) uuid.UUID { return f.RunID }, func(db DBTX, fences []Fence) ([]ClaimResult, error) {
-			return claimWith(ctx, db, admitClaim, pgx.StrictNamedArgs{"flow_queue": a.Queue}, fences, a.Now, claimBatch{})
-		})
-		if err == nil {
-			_, err = db.Exec(ctx, `COMMIT`)
-			err = translate(err)
-		}
+		// Every route's claim in the admission's one round trip, each to
+		// its route's tables.
+		res, err = claimWith(ctx, db, admitClaim, pgx.StrictNamedArgs{"flow_queue": a.Queue}, a.Claims, a.Now,
+			claimBatch{before: b, skip: writes, commit: true, mixed: true})
 	} else {
 		res, err = claimWith(ctx, at(db, a.Claims[0].RunID), admitClaim, pgx.StrictNamedArgs{"flow_queue": a.Queue}, a.Claims, a.Now,
 			claimBatch{before: b, skip: writes, commit: true})
