@@ -275,14 +275,15 @@ func crashWorkflows(pool *pgxpool.Pool) []engine.Registration {
 func createCallsTable(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
 	_, err := pool.Exec(context.Background(),
-		`CREATE TABLE step_calls (run_id uuid, step text, n int NOT NULL, PRIMARY KEY (run_id, step));
+		`CREATE TABLE step_calls (run_id uuid, step text, n int NOT NULL, pids int[] NOT NULL DEFAULT '{}', PRIMARY KEY (run_id, step));
 		 CREATE TABLE reservations (run_id uuid NOT NULL, note text, created_at timestamptz NOT NULL DEFAULT now())`)
 	require.NoError(t, err)
 }
 
 func bumpCalls(ctx context.Context, pool *pgxpool.Pool, runID uuid.UUID, step string) error {
-	_, err := pool.Exec(ctx, `INSERT INTO step_calls VALUES ($1, $2, 1)
-		ON CONFLICT (run_id, step) DO UPDATE SET n = step_calls.n + 1`, runID, step)
+	// pids: which processes made the calls, for a failure's message.
+	_, err := pool.Exec(ctx, `INSERT INTO step_calls VALUES ($1, $2, 1, ARRAY[$3::int])
+		ON CONFLICT (run_id, step) DO UPDATE SET n = step_calls.n + 1, pids = step_calls.pids || $3::int`, runID, step, os.Getpid())
 	return err
 }
 
@@ -290,6 +291,15 @@ func callsOf(ctx context.Context, pool *pgxpool.Pool, runID uuid.UUID, step stri
 	var n int
 	_ = pool.QueryRow(ctx, `SELECT coalesce(max(n), 0) FROM step_calls WHERE run_id = $1 AND step = $2`, runID, step).Scan(&n)
 	return n
+}
+
+// callers is which processes called runID's step, in call order.
+func callers(t *testing.T, pool *pgxpool.Pool, runID uuid.UUID, step string) []int32 {
+	t.Helper()
+	var pids []int32
+	err := pool.QueryRow(context.Background(), `SELECT coalesce((SELECT pids FROM step_calls WHERE run_id = $1 AND step = $2), '{}')`, runID, step).Scan(&pids)
+	require.NoError(t, err)
+	return pids
 }
 
 func calls(t *testing.T, pool *pgxpool.Pool, runID uuid.UUID, step string) int {

@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -97,7 +98,8 @@ func TestWorkerPausedDuringItsFlushDoesNotStartTheNextStep(t *testing.T) {
 	require.NoError(t, child.Process.Signal(syscall.SIGCONT))
 	time.Sleep(1500 * time.Millisecond) // the child gets its flush's reply and decides
 	for _, s := range []string{"s1", "s2", "s3"} {
-		require.Equal(t, 1, calls(t, db.Pool, res.RunID, s), s)
+		require.Equal(t, 1, calls(t, db.Pool, res.RunID, s), "%s: called by processes %v (the paused child is %d, this test %d)",
+			s, callers(t, db.Pool, res.RunID, s), child.Process.Pid, os.Getpid())
 	}
 }
 
