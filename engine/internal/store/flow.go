@@ -767,50 +767,49 @@ func AdmitRead(ctx context.Context, db DBTX, p ReadParams) (*AdmitView, error) {
 	return &AdmitView{State: s, Candidates: cands}, nil
 }
 
-// everyRouteStmts are everyRoute's statements, by statement, schema and
-// number of routes.
-var everyRouteStmts sync.Map
+// routeStmts are routeStmt's and everyRoute's statements, by
+// routeStmtKey.
+var routeStmts sync.Map
+
+// routeStmtKey is a statement made of stmt for root's installation: on
+// route n, or over n routes when every.
+type routeStmtKey struct {
+	stmt  *namedStmt
+	root  *Schema
+	n     int
+	every bool
+}
+
+// routeStmtOf is the statement k names, made by sql the first time.
+func routeStmtOf(k routeStmtKey, sql func() string) *namedStmt {
+	if v, ok := routeStmts.Load(k); ok {
+		return v.(*namedStmt)
+	}
+	v, _ := routeStmts.LoadOrStore(k, named(sql()))
+	return v.(*namedStmt)
+}
 
 // everyRoute is stmt, a SELECT, over every route of root's installation
 // at once: its statement on each route, in parentheses, joined by UNION
 // ALL, which PostgreSQL reads under one snapshot.
 func everyRoute(stmt *namedStmt, root *Schema, routes int) *namedStmt {
-	type key struct {
-		stmt   *namedStmt
-		root   *Schema
-		routes int
-	}
-	k := key{stmt, root, routes}
-	if v, ok := everyRouteStmts.Load(k); ok {
-		return v.(*namedStmt)
-	}
-	parts := make([]string, routes)
-	for i := range routes {
-		r, _ := root.Route(i)
-		parts[i] = "(" + r.SQL(stmt.source) + ")"
-	}
-	v, _ := everyRouteStmts.LoadOrStore(k, named(strings.Join(parts, "\nUNION ALL\n")))
-	return v.(*namedStmt)
+	return routeStmtOf(routeStmtKey{stmt, root, routes, true}, func() string {
+		parts := make([]string, routes)
+		for i := range routes {
+			parts[i] = "(" + routeStmt(stmt, root, i).source + ")"
+		}
+		return strings.Join(parts, "\nUNION ALL\n")
+	})
 }
-
-// routeStmts are routeStmt's statements, by statement, schema and route.
-var routeStmts sync.Map
 
 // routeStmt is stmt on route k of root's installation, which may be sent
 // in a batch of root's handle (its tables are named in full, so the
 // handle leaves them as they are).
 func routeStmt(stmt *namedStmt, root *Schema, k int) *namedStmt {
-	type key struct {
-		stmt  *namedStmt
-		root  *Schema
-		route int
-	}
-	if v, ok := routeStmts.Load(key{stmt, root, k}); ok {
-		return v.(*namedStmt)
-	}
-	r, _ := root.Route(k)
-	v, _ := routeStmts.LoadOrStore(key{stmt, root, k}, named(r.SQL(stmt.source)))
-	return v.(*namedStmt)
+	return routeStmtOf(routeStmtKey{stmt, root, k, false}, func() string {
+		r, _ := root.Route(k)
+		return r.SQL(stmt.source)
+	})
 }
 
 // mergeCandidates puts the candidates of several routes in AdmitRead's
@@ -911,22 +910,20 @@ ON CONFLICT (queue, key) DO UPDATE SET rate_tat = excluded.rate_tat`, a.Queue, k
 		noteVTime(db, a.Queue, a.VTime, time.Now())
 		return nil, nil
 	}
-	var claimed []*ClaimedRun
-	var res []ClaimResult
-	var err error
-	if mixedRoutes(a.Claims) {
-		// Every route's claim in the admission's one round trip, each to
-		// its route's tables.
-		res, err = claimWith(ctx, db, admitClaim, pgx.StrictNamedArgs{"flow_queue": a.Queue}, a.Claims, a.Now,
-			claimBatch{before: b, skip: writes, commit: true, mixed: true})
-	} else {
-		res, err = claimWith(ctx, at(db, a.Claims[0].RunID), admitClaim, pgx.StrictNamedArgs{"flow_queue": a.Queue}, a.Claims, a.Now,
-			claimBatch{before: b, skip: writes, commit: true})
+	// Runs of several routes: every route's claim in the admission's one
+	// round trip, each to its route's tables.
+	mixed := mixedRoutes(a.Claims)
+	on := at(db, a.Claims[0].RunID)
+	if mixed {
+		on = db
 	}
+	res, err := claimWith(ctx, on, admitClaim, pgx.StrictNamedArgs{"flow_queue": a.Queue}, a.Claims, a.Now,
+		claimBatch{before: b, skip: writes, commit: true, mixed: mixed})
 	if err != nil {
 		return nil, err
 	}
 	noteVTime(db, a.Queue, a.VTime, time.Now())
+	var claimed []*ClaimedRun
 	for _, r := range res {
 		if r.Run != nil {
 			claimed = append(claimed, r.Run)
