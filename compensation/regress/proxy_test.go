@@ -5,11 +5,16 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdurable/pgdurable/engine/enginetest"
 )
 
 // pgProxy is a loopback TCP proxy in front of Postgres that can, once, act
@@ -28,12 +33,19 @@ type pgProxy struct {
 	conns    []net.Conn
 }
 
-func startProxy(t *testing.T, mode string, delay time.Duration) *pgProxy {
+// startProxy proxies the server db is on (the test server, wherever
+// TEST_DATABASE_URL points).
+func startProxy(t *testing.T, db *enginetest.DB, mode string, delay time.Duration) *pgProxy {
+	cfg, err := pgx.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &pgProxy{ln: ln, target: "127.0.0.1:5432", mode: mode, delay: delay, markSeen: make(chan struct{}, 16)}
+	target := net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+	p := &pgProxy{ln: ln, target: target, mode: mode, delay: delay, markSeen: make(chan struct{}, 16)}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)

@@ -40,7 +40,7 @@ func TestTxStepLostCommitAckDuplicatesRows(t *testing.T) {
 	t.Parallel()
 	db := enginetest.NewDB(t)
 	createEvents(t, db.Pool)
-	p := startProxy(t, "dropack", 0)
+	p := startProxy(t, db, "dropack", 0)
 	pool := proxiedPool(t, db, p)
 	wf := engine.Define("txack", func(ctx *engine.Context, _ int) (string, error) {
 		if _, err := engine.TxStep(ctx, "reserve", func(sctx context.Context, tx pgx.Tx) (int, error) {
@@ -72,7 +72,7 @@ func TestCancelDuringTxStepCommitLeavesEffectUndone(t *testing.T) {
 	t.Parallel()
 	db := enginetest.NewDB(t)
 	createEvents(t, db.Pool)
-	p := startProxy(t, "delay", 2*time.Second)
+	p := startProxy(t, db, "delay", 2*time.Second)
 	pool := proxiedPool(t, db, p)
 	wf := engine.Define("txcancel", func(ctx *engine.Context, _ int) (string, error) {
 		saga := compensation.New(ctx)

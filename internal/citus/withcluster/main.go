@@ -14,15 +14,14 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"syscall"
 	"time"
 
 	"github.com/pgdurable/pgdurable/internal/citus"
+	"github.com/pgdurable/pgdurable/internal/localpg"
 )
 
 func main() {
@@ -57,20 +56,5 @@ func run(args []string) int {
 	defer c.Stop()
 	fmt.Fprintf(os.Stderr, "withcluster: Citus coordinator on port %d, worker nodes on %d and %d\n",
 		c.Coordinator.Port, c.Workers[0].Port, c.Workers[1].Port)
-	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(), "TEST_DATABASE_URL="+c.URL())
-	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
-	cmd.WaitDelay = 30 * time.Second
-	err = cmd.Run()
-	var exit *exec.ExitError
-	switch {
-	case err == nil:
-		return 0
-	case errors.As(err, &exit):
-		return exit.ExitCode()
-	default:
-		fmt.Fprintln(os.Stderr, "withcluster:", err)
-		return 1
-	}
+	return localpg.RunWith(ctx, []string{"TEST_DATABASE_URL=" + c.URL()}, args)
 }

@@ -1,0 +1,68 @@
+// Command withpg runs a command against a throwaway local PostgreSQL: it
+// initialises and starts a server on a free loopback port in a temporary
+// directory, runs the command with TEST_DATABASE_URL set to the server's
+// postgres database, stops the server (removing its directory) and exits
+// with the command's exit status. The README's test command runs its
+// plain-PostgreSQL passes this way:
+//
+//	go run ./internal/localpg/withpg go test -race -count=1 -parallel 4 ./...
+//
+// Why a server of its own: with 4 tests at once in each of 2 packages at
+// once, the tests' pools (each test's database, its engines and its child
+// processes) need more connections than a default server allows (100);
+// this one allows 300 (max_connections). It runs with fsync off, like
+// every throwaway server here: the tests' crashes kill processes, not the
+// machine's power. Nothing is left on the machine's own server.
+//
+// It needs PostgreSQL's server programs (initdb and pg_ctl, on PATH or in
+// /usr/lib/postgresql/*/bin). Without them it says so and runs the command
+// with TEST_DATABASE_URL as it was: that server then needs room for the
+// connections, or the command fewer tests at once.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/pgdurable/pgdurable/internal/localpg"
+)
+
+// maxConnections is the throwaway server's max_connections: 4 tests at
+// once in each of 2 packages, with up to about 35 connections each (a
+// test's pool of 20, its engines' and child processes' own), and room for
+// the packages that start several engines per test.
+const maxConnections = 300
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	if len(args) > 0 && args[0] == "--" {
+		args = args[1:]
+	}
+	if len(args) == 0 {
+		fmt.Fprintln(os.Stderr, "usage: withpg COMMAND [ARG...]")
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	pg, err := localpg.StartThrowawayWith(startCtx, &localpg.ThrowawayOpts{
+		Settings: []string{fmt.Sprintf("max_connections=%d", maxConnections)},
+	})
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "withpg: no throwaway PostgreSQL:", err)
+		fmt.Fprintf(os.Stderr, "withpg: running %v against TEST_DATABASE_URL as set (%s)\n",
+			args, localpg.Redact(os.Getenv("TEST_DATABASE_URL")))
+		return localpg.RunWith(ctx, nil, args)
+	}
+	defer pg.Stop()
+	fmt.Fprintf(os.Stderr, "withpg: PostgreSQL on port %d (max_connections=%d)\n", pg.Port, maxConnections)
+	return localpg.RunWith(ctx, []string{"TEST_DATABASE_URL=" + pg.URL}, args)
+}
