@@ -350,14 +350,13 @@ func (e *Engine) missed(ctx context.Context, runID uuid.UUID, m *store.ClaimMiss
 		return queue.Snooze(max(m.WakeAt.Sub(e.now()), 10*time.Millisecond))
 	case m.FlowQueue != "" && RunStatus(m.Status).active() && !m.Leased:
 		// Its queue's admission claims it: the ticket's work is to make it
-		// ready (a failure fails the ticket, which River retries).
-		q, err := store.MarkReady(context.WithoutCancel(ctx), e.db, runID, m.FlowQueue, e.now())
-		if err != nil {
+		// ready (a failure fails the ticket, which River retries) and have
+		// this process admit. A run ready already (the lease sweep makes
+		// a run ready as it sends its ticket) still needs the admission.
+		if _, err := store.MarkReady(context.WithoutCancel(ctx), e.db, runID, m.FlowQueue, e.now()); err != nil {
 			return err
 		}
-		if q != "" {
-			e.pokeQueue(q)
-		}
+		e.pokeQueue(m.FlowQueue)
 		return nil
 	case m.WakeAt != nil && RunStatus(m.Status).active() && !m.Leased:
 		return queue.Snooze(max(m.WakeAt.Sub(e.now()), 10*time.Millisecond))

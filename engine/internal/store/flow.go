@@ -686,25 +686,33 @@ func AdmitRead(ctx context.Context, db DBTX, p ReadParams) (*AdmitView, error) {
 			expired = append(expired, k)
 		}
 	}
-	for range together {
-		rows, err := br.Query()
-		if err != nil {
-			return fail("counting the running runs", err)
-		}
-		for rows.Next() {
-			var key string
-			var n int
-			if err := rows.Scan(&key, &n); err != nil {
-				rows.Close()
-				return fail("counting the running runs", err)
+	// readRunning reads the runningByKey results of every route into s.
+	readRunning := func(br pgx.BatchResults) error {
+		s.RunningByKey, s.Running = map[string]int{}, 0
+		for range together {
+			rows, err := br.Query()
+			if err != nil {
+				return err
 			}
-			s.RunningByKey[key] += n
-			s.Running += n
+			for rows.Next() {
+				var key string
+				var n int
+				if err := rows.Scan(&key, &n); err != nil {
+					rows.Close()
+					return err
+				}
+				s.RunningByKey[key] += n
+				s.Running += n
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
 		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return fail("counting the running runs", err)
-		}
+		return nil
+	}
+	if err := readRunning(br); err != nil {
+		return fail("counting the running runs", err)
 	}
 	readCands := func(br pgx.BatchResults) ([]Candidate, error) {
 		var cands []Candidate
@@ -737,13 +745,27 @@ func AdmitRead(ctx context.Context, db DBTX, p ReadParams) (*AdmitView, error) {
 	}
 	if len(expired) > 0 {
 		// Rare (a process died or stalled): make those runs ready and read
-		// the candidates again, now with them. Read first, the admission
-		// writes a route only when it claims there: on Citus a write to
-		// every route's node would commit each admission in two phases.
+		// the running runs and the candidates again, now with them. Read
+		// first, the admission writes a route only when it claims there:
+		// on Citus a write to every route's node would commit each
+		// admission in two phases.
+		//
+		// Both are read again, after the update: on Citus the admission
+		// before this one commits on the coordinator (releasing the
+		// queue's lock) before its claims commit on the worker node, so
+		// the first reads can see a run it claimed as still expired, not
+		// running. The update waits for that claim's row and the reads
+		// after it see it; running counts from before it with candidates
+		// from after it would count the claimed run nowhere, and admit
+		// the next run of its key beside it.
 		b := &pgx.Batch{}
 		for _, k := range expired {
 			r, _ := root.Route(k)
 			b.Queue(r.SQL(readyExpired), p.Queue, p.Now)
+		}
+		for k := range together {
+			r, _ := root.Route(k)
+			b.Queue(r.SQL(runningByKey), p.Queue, p.Now)
 		}
 		for i, q := range candStmts {
 			b.Queue(q, candArgs[i])
@@ -753,6 +775,9 @@ func AdmitRead(ctx context.Context, db DBTX, p ReadParams) (*AdmitView, error) {
 				if _, err := br.Exec(); err != nil {
 					return err
 				}
+			}
+			if err := readRunning(br); err != nil {
+				return err
 			}
 			cands, err = readCands(br)
 			return err

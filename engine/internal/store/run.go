@@ -1036,6 +1036,13 @@ type SweptRun struct {
 // delay. The delay's random factor is a hash of the run's ID with a seed
 // the caller draws for each sweep (jitter), not random(): Citus routes no
 // statement that calls a VOLATILE function.
+//
+// A run of a flow-controlled queue whose lease expired (and that is not
+// held back) is made ready in the same update, keeping its fair-queuing
+// tag, as an admission's readyExpired would: left neither leased nor
+// ready until its ticket's delivery made it ready, it held no slot of its
+// key, and an admission in between started the key's next run first. Its
+// ticket still goes out, to make a process admit it now.
 var sweep = named(`
 WITH expired AS (
     SELECT run_id FROM pgdurable.workflow_runs
@@ -1071,7 +1078,8 @@ WITH expired AS (
         status = CASE WHEN r.stalled_deliveries >= 2 AND r.status = 'running' THEN 'waiting' ELSE r.status END,
         wake_at = ` + plusMS(`@now::timestamptz`, `CASE WHEN r.stalled_deliveries >= 2 THEN 1 END * `+jitter(`r.run_id`, `@seed::bigint`)+`
             * least(2 ^ (r.stalled_deliveries - 2), 4) * @lease_ms::bigint`) + `,
-        enqueued_at = now()
+        enqueued_at = now(),
+        ready_at = CASE WHEN r.flow_queue IS NOT NULL AND r.stalled_deliveries < 2 THEN @now::timestamptz ELSE r.ready_at END
     FROM expired WHERE r.run_id = expired.run_id
     RETURNING r.run_id, r.wake_at, r.stalled_deliveries
 ), woken AS (
