@@ -1,6 +1,7 @@
 package citus_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/url"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgdurable/pgdurable/cmd/engine/commands"
 	"github.com/pgdurable/pgdurable/engine"
 	"github.com/pgdurable/pgdurable/internal/citus"
 	"github.com/pgdurable/pgdurable/internal/citus/citustest"
@@ -411,6 +413,15 @@ func TestMigrateGivesRoutesToADatabaseWithRuns(t *testing.T) {
 	require.ErrorIs(t, err, migrations.ErrCitusWorker)
 	_, err = migrations.GetStatus(ctx, wpool, nil)
 	require.ErrorIs(t, err, migrations.ErrCitusWorker)
+	// So is it by a command that only reads, which would otherwise list
+	// that node's share of the runs as if it were all of them.
+	for _, args := range [][]string{{"runs", "list"}, {"--json", "dead", "list"}} {
+		var out bytes.Buffer
+		code := commands.Execute(ctx, append([]string{"--database-url", c.Workers[0].URL}, args...),
+			commands.Options{Stdout: &out, Stderr: &out, Getenv: func(string) string { return "" }})
+		require.Equal(t, 1, code, "engine %v on a worker node: %s", args, out.String())
+		require.Contains(t, out.String(), "connect to the coordinator's database instead")
+	}
 
 	// A schema of one route already on a worker node, with a run.
 	_, err = migrations.Migrate(ctx, pool, migrations.Up, &migrations.Opts{Schema: "second"})

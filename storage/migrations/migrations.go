@@ -680,16 +680,21 @@ ORDER BY 1, 2`, runs, local)
 	return node, nil
 }
 
-// ErrCoordinatorNotInMetadata is Migrate's refusal on a Citus coordinator
-// with worker nodes whose own node is not in Citus's metadata: the
-// engine's transactions that write both the coordinator and a worker node
-// commit in two phases only through a table Citus manages on the
-// coordinator (see needsTwoPhase), which needs it there.
 // ErrCitusWorker: the database is a Citus worker node's, which holds the
 // shards of the engine's per-run tables under other names: the engine,
 // its migrations and its commands work on the coordinator's database,
 // whose URL the error asks for.
 var ErrCitusWorker = errors.New("this database is a Citus worker node's: connect to the coordinator's database instead (the URL Citus's clients use); migrating it here would install the engine's tables beside Citus's shards of them")
+
+// RefuseCitusWorker fails with ErrCitusWorker when pool's database is a
+// Citus worker node's, and with the query's error when it cannot tell;
+// nil on plain PostgreSQL and on a coordinator. Migrate and GetStatus
+// check it; the engine binary's commands check it on every connection,
+// so that one that only reads (runs list) does not show a worker node's
+// share of the runs as if it were all of them.
+func RefuseCitusWorker(ctx context.Context, pool *pgxpool.Pool) error {
+	return refuseCitusWorker(ctx, pool)
+}
 
 // refuseCitusWorker fails with ErrCitusWorker when pool's database is a
 // Citus worker node's: one whose node group, which the coordinator set
@@ -709,6 +714,11 @@ func refuseCitusWorker(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
+// ErrCoordinatorNotInMetadata is Migrate's refusal on a Citus coordinator
+// with worker nodes whose own node is not in Citus's metadata: the
+// engine's transactions that write both the coordinator and a worker node
+// commit in two phases only through a table Citus manages on the
+// coordinator (see needsTwoPhase), which needs it there.
 var ErrCoordinatorNotInMetadata = errors.New("the coordinator is not in Citus's metadata, which the engine needs to commit a transaction that writes both the coordinator and a worker node in two phases: " +
 	"run SELECT citus_set_coordinator_host('<the coordinator's host as the worker nodes reach it>', <port>) on the coordinator's database, then migrate up again")
 

@@ -178,6 +178,8 @@ func Execute(ctx context.Context, args []string, opts Options) int {
 			code, exit = "run_not_completed", 1
 		case errors.Is(err, migrations.ErrCitusWorker):
 			code, exit = "invalid_parameter", 1 // the URL names the wrong server
+		case errors.Is(err, migrations.ErrCoordinatorNotInMetadata):
+			code, exit = "invalid_parameter", 1 // the cluster is not set up as the error says
 		case missing, errors.Is(err, errNotMigrated), errors.Is(err, migrations.ErrMoved):
 			code, exit = "not_migrated", 1
 		case errors.Is(err, migrations.ErrEnginesRunning):
@@ -410,6 +412,13 @@ func (g *global) pool(ctx context.Context, size int32) (*pgxpool.Pool, error) {
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("connecting to PostgreSQL at %s: %w", localpg.Redact(g.dbURL()), err)
+	}
+	// A worker node's database holds a share of the runs under other
+	// tables' names: every command refuses it, not only those that
+	// migrate, rather than show part of the runs as all of them.
+	if err := migrations.RefuseCitusWorker(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
 	}
 	return pool, nil
 }
