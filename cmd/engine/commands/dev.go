@@ -25,7 +25,7 @@ func (g *global) devCmd() *cobra.Command {
 	var throwaway, withCitus bool
 	cmd := &cobra.Command{
 		Use:   "dev",
-		Short: "serve with zero configuration: finds or starts a PostgreSQL, migrates, serves the web UI on loopback",
+		Short: "Serve with zero configuration: finds or starts a PostgreSQL, migrates, serves the web UI on loopback",
 		Long: `Runs serve with --migrate on loopback and prints the web UI's URL and commands to try.
 
 ` + g.devWhat() + `

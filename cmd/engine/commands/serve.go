@@ -196,7 +196,8 @@ func (g *global) serve(ctx context.Context, name string, fs *pflag.FlagSet, f *s
 	if e.Retention() < 0 {
 		retention = "forever"
 	}
-	log.Info("engine serving", "listen", ln.Addr().String(), "schema", e.Schema(), "workflows", len(workflows),
+	// Workflows only: the registrations also hold queues and rate limits.
+	log.Info("engine serving", "listen", ln.Addr().String(), "schema", e.Schema(), "workflows", len(workflowNames(workflows)),
 		"max_workers", cmp0(cfg.MaxWorkers, engine.DefaultMaxWorkers), "lease_duration", lease.String(),
 		"heartbeat_interval", cmp0(cfg.HeartbeatInterval, lease/3).String(),
 		"max_deliveries", cmp0(cfg.MaxDeliveries, engine.DefaultMaxDeliveries), "retention", retention,
@@ -211,7 +212,7 @@ func (g *global) serve(ctx context.Context, name string, fs *pflag.FlagSet, f *s
 		}
 		f.dev.banner(ctx, e, log, g.opts.Stdout, "http://"+ln.Addr().String(), cliEnv, g.invocation(), workflowNames(workflows), ui != nil)
 	}
-	if len(workflows) == 0 {
+	if len(workflowNames(workflows)) == 0 {
 		log.Warn("no workflows registered: this process serves the API but works no runs (a program registers its workflows with commands.Options.Workflows; the repository's binary registers the payment example only when STRIPE_API_KEY is set)")
 	}
 
