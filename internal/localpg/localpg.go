@@ -74,8 +74,12 @@ func findPostgresBin(name string) (string, error) {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("no %s on PATH or under /usr/lib/postgresql/*/bin: install PostgreSQL or set DATABASE_URL", name)
+	return "", fmt.Errorf("%w: no %s on PATH or under /usr/lib/postgresql/*/bin: install PostgreSQL or set DATABASE_URL", ErrNoServerPrograms, name)
 }
+
+// ErrNoServerPrograms is StartThrowaway's error when PostgreSQL's server
+// programs (initdb, pg_ctl) are not installed.
+var ErrNoServerPrograms = errors.New("PostgreSQL's server programs are not installed")
 
 func versionOf(binDir string) int {
 	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -47,7 +48,7 @@ database: a worker node's is refused.`,
 			return g.migrate(cmd.Context(), migrations.Up, &migrations.Opts{Routes: routes})
 		},
 	}
-	up.Flags().IntVar(&routes, "routes", 0, fmt.Sprintf("spread runs over this many routes, 1 to %d (0: keep the schema's)", migrations.MaxRoutes))
+	up.Flags().Var((*decimalInt)(&routes), "routes", fmt.Sprintf("spread runs over this many routes, 1 to %d (0: keep the schema's)", migrations.MaxRoutes))
 	down := &cobra.Command{
 		Use: "down", Short: "Roll back pgdurable's migrations (all, or --steps)", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -199,3 +200,21 @@ func inPublic(schema string) string {
 	return "pgdurable's tables are in schema public, where an earlier version kept them: stop every engine of that version and run `engine migrate up` to move them to schema " +
 		schema + " (or pass --schema public, to every command, to keep them there)"
 }
+
+// decimalInt is an int flag read in base 10 only: an int flag also reads
+// 0x10 as 16 and 010 as 8, and a schema's routes never shrink, so a
+// mistyped number would stay.
+type decimalInt int
+
+func (d *decimalInt) String() string { return strconv.Itoa(int(*d)) }
+
+func (d *decimalInt) Set(s string) error {
+	n, err := strconv.ParseInt(s, 10, 0)
+	if err != nil {
+		return fmt.Errorf("%q is not a whole number in base 10", s)
+	}
+	*d = decimalInt(n)
+	return nil
+}
+
+func (*decimalInt) Type() string { return "int" }

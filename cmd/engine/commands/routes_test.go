@@ -18,6 +18,13 @@ func TestMigrateUpWithRoutes(t *testing.T) {
 	if enginetest.Routes() > 1 {
 		t.Skip("the test database has its routes already")
 	}
+	// Base 10 only: a schema's routes never shrink, and an int flag would
+	// read 0x10 as 16 and 010 as 8.
+	for _, bad := range []string{"0x3", "0b11", "3.0", " 3"} {
+		code, _, errOut := run(t, db, "migrate", "up", "--routes", bad)
+		require.Equal(t, 2, code, "--routes %q: %s", bad, errOut)
+		require.Contains(t, errOut, "is not a whole number in base 10")
+	}
 	code, out, errOut := run(t, db, "migrate", "up", "--routes", "3")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "routes: 3 (per-run tables in pgdurable, and pgdurable_r1 to pgdurable_r2)")

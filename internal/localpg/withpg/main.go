@@ -5,7 +5,7 @@
 // with the command's exit status. The README's test command runs its
 // plain-PostgreSQL passes this way:
 //
-//	go run ./internal/localpg/withpg go test -race -count=1 -parallel 4 ./...
+//	go run ./internal/localpg/withpg go test -race -count=1 ./...
 //
 // Why a server of its own: with 4 tests at once in each of 2 packages at
 // once, the tests' pools (each test's database, its engines and its child
@@ -16,12 +16,18 @@
 //
 // It needs PostgreSQL's server programs (initdb and pg_ctl, on PATH or in
 // /usr/lib/postgresql/*/bin). Without them it says so and runs the command
-// with TEST_DATABASE_URL as it was: that server then needs room for the
-// connections, or the command fewer tests at once.
+// with TEST_DATABASE_URL as it was, when it is set: that server then needs
+// room for the connections, or the command fewer tests at once; when it
+// is not set, it exits 1. Any other failure to start the server exits 1
+// without running the command. Its exit status is the command's (128 plus
+// the signal's number when a signal ended it); on SIGINT or SIGTERM the
+// command's whole process group gets SIGINT (see localpg.RunWith) before
+// the server stops.
 package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -56,11 +62,22 @@ func run(args []string) int {
 		Settings: []string{fmt.Sprintf("max_connections=%d", maxConnections)},
 	})
 	cancel()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "withpg: no throwaway PostgreSQL:", err)
+	switch {
+	case errors.Is(err, localpg.ErrNoServerPrograms) && os.Getenv("TEST_DATABASE_URL") != "":
+		fmt.Fprintln(os.Stderr, "withpg:", err)
 		fmt.Fprintf(os.Stderr, "withpg: running %v against TEST_DATABASE_URL as set (%s)\n",
 			args, localpg.Redact(os.Getenv("TEST_DATABASE_URL")))
 		return localpg.RunWith(ctx, nil, args)
+	case err != nil && ctx.Err() != nil:
+		fmt.Fprintln(os.Stderr, "withpg: interrupted while starting PostgreSQL; not running", args)
+		return 1
+	case errors.Is(err, localpg.ErrNoServerPrograms):
+		fmt.Fprintln(os.Stderr, "withpg:", err)
+		fmt.Fprintln(os.Stderr, "withpg: and TEST_DATABASE_URL is not set: nothing to run", args, "against")
+		return 1
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "withpg: starting a throwaway PostgreSQL:", err)
+		return 1
 	}
 	defer pg.Stop()
 	fmt.Fprintf(os.Stderr, "withpg: PostgreSQL on port %d (max_connections=%d)\n", pg.Port, maxConnections)
