@@ -66,12 +66,13 @@ type DB struct {
 	URL  string        // for child processes and extra pools
 	Name string
 
-	routesOnce sync.Once // SQL's inheritance parents
+	routesOnce sync.Once // SQL's views (RoutesSchema) are there
 }
 
 // RoutesSchema is the schema whose views SQL points a test's reads at on
 // a database with routes: one per per-run table, the UNION ALL of that
-// table of every route (made in the test's database on first use). Views
+// table of every route (made in the template, or in a test's database
+// on first use when its template was built without them). Views
 // rather than inheritance parents, because Citus refuses inheritance on
 // its distributed tables and plans a UNION ALL of them.
 const RoutesSchema = "pgdurable_routes"
@@ -112,18 +113,14 @@ func (db *DB) SQL(q string) string {
 	db.routesOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		stmts := []string{"CREATE SCHEMA IF NOT EXISTS " + RoutesSchema}
-		for _, t := range migrations.RunTables {
-			legs := make([]string, routes)
-			for k := range routes {
-				legs[k] = "SELECT * FROM " + migrations.RouteSchema(migrations.DefaultSchema, k) + "." + t
-			}
-			stmts = append(stmts, fmt.Sprintf("CREATE VIEW %s.%s AS %s", RoutesSchema, t, strings.Join(legs, " UNION ALL ")))
+		// The template has them; a template built before it did has not.
+		var made bool
+		err := db.Pool.QueryRow(ctx, `SELECT to_regnamespace($1) IS NOT NULL`, RoutesSchema).Scan(&made)
+		if err == nil && !made {
+			err = createRouteViews(ctx, db.Pool, routes)
 		}
-		for _, st := range stmts {
-			if _, err := db.Pool.Exec(ctx, st); err != nil {
-				panic(fmt.Sprintf("enginetest: %s: %v", st, err))
-			}
+		if err != nil {
+			panic(fmt.Sprintf("enginetest: %v", err))
 		}
 	})
 	return runTableRef.ReplaceAllStringFunc(q, func(ref string) string {
@@ -136,6 +133,26 @@ func (db *DB) SQL(q string) string {
 		}
 		return RoutesSchema + "." + m[2]
 	})
+}
+
+// createRouteViews makes RoutesSchema's views in the database of exec.
+func createRouteViews(ctx context.Context, exec interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, routes int) error {
+	stmts := []string{"CREATE SCHEMA IF NOT EXISTS " + RoutesSchema}
+	for _, t := range migrations.RunTables {
+		legs := make([]string, routes)
+		for k := range routes {
+			legs[k] = "SELECT * FROM " + migrations.RouteSchema(migrations.DefaultSchema, k) + "." + t
+		}
+		stmts = append(stmts, fmt.Sprintf("CREATE VIEW %s.%s AS %s", RoutesSchema, t, strings.Join(legs, " UNION ALL ")))
+	}
+	for _, st := range stmts {
+		if _, err := exec.Exec(ctx, st); err != nil {
+			return fmt.Errorf("%s: %w", st, err)
+		}
+	}
+	return nil
 }
 
 var (
@@ -226,7 +243,9 @@ func redactURL(u string) string {
 	return p.Redacted()
 }
 
-// NewDB creates a fresh migrated database for t and drops it when t ends.
+// NewDB creates a fresh migrated database for t and drops it when t ends
+// (or, under EnvReuse, empties it back to the template's rows and hands
+// it to the binary's next test).
 func NewDB(t testing.TB) *DB {
 	t.Helper()
 	if os.Getenv(EnvURL) == "" {
@@ -248,7 +267,8 @@ func NewDB(t testing.TB) *DB {
 }
 
 // Open creates a fresh migrated database outside a test (runnable examples,
-// benchmarks' helpers); drop closes its pool and drops it.
+// benchmarks' helpers); drop closes its pool and drops it (or, under
+// EnvReuse, empties it for the next Open).
 func Open(ctx context.Context) (db *DB, drop func() error, err error) {
 	base := os.Getenv(EnvURL)
 	if base == "" {
@@ -265,23 +285,15 @@ func Open(ctx context.Context) (db *DB, drop func() error, err error) {
 		return nil, nil, fmt.Errorf("preparing template database: %w", templateErr)
 	}
 
-	name := "pgdurable_t_" + randomHex(8)
-	// On a Citus cluster the database is made on every node, from each
-	// node's copy of the template: the coordinator's metadata names the
-	// shards that the worker nodes' copies hold, and the coordinator
-	// reaches a worker's database by its own name.
-	for i, node := range templateNodes {
-		admin, err := pgx.Connect(ctx, node)
-		if err != nil {
-			return nil, nil, fmt.Errorf("connecting to %s: %w", redactURL(node), err)
-		}
-		err = createFromTemplate(ctx, admin, name, templateName)
-		admin.Close(ctx)
-		if err != nil {
-			for _, made := range templateNodes[:i] {
-				_ = dropOn(made, name)
-			}
-			return nil, nil, fmt.Errorf("creating test database on %s: %w", redactURL(node), err)
+	reuse := reuseEnabled()
+	name, reused := "", false
+	if reuse {
+		name, reused = takeIdle()
+	}
+	if !reused {
+		name = "pgdurable_t_" + randomHex(8)
+		if err := createOnNodes(ctx, name); err != nil {
+			return nil, nil, err
 		}
 	}
 	dbURL, err := withDatabase(base, name)
@@ -300,12 +312,46 @@ func Open(ctx context.Context) (db *DB, drop func() error, err error) {
 	drop = func() error {
 		pool.Close()
 		var errs []error
+		if reuse {
+			err := reset(context.Background(), dbURL, len(templateNodes) > 1)
+			if err == nil {
+				putIdle(name)
+				return nil
+			}
+			if !errors.Is(err, errChanged) {
+				// Dropped all the same: only the time is lost.
+				errs = append(errs, fmt.Errorf("emptying test database %s for reuse: %w", name, err))
+			}
+		}
 		for _, node := range templateNodes {
 			errs = append(errs, dropOn(node, name))
 		}
 		return errors.Join(errs...)
 	}
 	return &DB{Pool: pool, URL: dbURL, Name: name}, drop, nil
+}
+
+// createOnNodes makes database name from the template. On a Citus
+// cluster it is made on every node, from each node's copy of the
+// template: the coordinator's metadata names the shards that the worker
+// nodes' copies hold, and the coordinator reaches a worker's database by
+// its own name.
+func createOnNodes(ctx context.Context, name string) error {
+	for i, node := range templateNodes {
+		admin, err := pgx.Connect(ctx, node)
+		if err != nil {
+			return fmt.Errorf("connecting to %s: %w", redactURL(node), err)
+		}
+		err = createFromTemplate(ctx, admin, name, templateName)
+		admin.Close(ctx)
+		if err != nil {
+			for _, made := range templateNodes[:i] {
+				_ = dropOn(made, name)
+			}
+			return fmt.Errorf("creating test database on %s: %w", redactURL(node), err)
+		}
+	}
+	return nil
 }
 
 // dropOn drops database name on the server at node's URL.
@@ -356,6 +402,9 @@ func ensureTemplate(ctx context.Context, base string, nodes []string) (string, e
 	}
 	if Routes() > 1 {
 		fmt.Fprintf(h, "routes %d\n", Routes())
+	}
+	if reuseEnabled() {
+		h.Write([]byte(reuseVersion + "\n"))
 	}
 	err := fs.WalkDir(migrations.FS(), ".", func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
@@ -412,9 +461,19 @@ func ensureTemplate(ctx context.Context, base string, nodes []string) (string, e
 		return "", err
 	}
 	_, err = migrations.Migrate(ctx, pool, migrations.Up, &migrations.Opts{Routes: Routes()})
+	if err == nil && Routes() > 1 {
+		// Made in the template, not by a test's first SQL: DDL in a
+		// test's database keeps it from being reused.
+		err = createRouteViews(ctx, pool, Routes())
+	}
 	pool.Close()
 	if err != nil {
 		return "", fmt.Errorf("migrating template: %w", err)
+	}
+	if reuseEnabled() {
+		if err := prepareReuse(ctx, buildURL); err != nil {
+			return "", err
+		}
 	}
 	// Renamed only once complete, so a crash mid-build never leaves a
 	// half-migrated template behind under the final name: the worker

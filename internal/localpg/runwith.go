@@ -10,6 +10,13 @@ import (
 	"time"
 )
 
+// ReuseTestDatabases is what the test-server commands (withpg,
+// withcluster) add to their command's environment: enginetest.EnvReuse
+// set to 1, so that each test binary reuses its finished tests'
+// databases. Only a server removed after the command may be told so: the
+// databases a binary holds when it exits are never dropped.
+const ReuseTestDatabases = "PGDURABLE_TEST_REUSE=1"
+
 // RunWith runs command args (a program and its arguments) with this
 // process's standard streams and environment plus env (name=value, later
 // ones win), and returns its exit status: 128 plus the signal's number

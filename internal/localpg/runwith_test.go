@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgdurable/pgdurable/engine/enginetest"
 	"github.com/pgdurable/pgdurable/internal/localpg"
 )
 
@@ -78,4 +79,10 @@ func TestRunWithExitStatus(t *testing.T) {
 	require.Equal(t, 137, localpg.RunWith(ctx, nil, []string{"sh", "-c", "kill -9 $$"}))
 	require.Equal(t, 0, localpg.RunWith(ctx, []string{"X_RUNWITH=yes"}, []string{"sh", "-c", `test "$X_RUNWITH" = yes`}))
 	require.Equal(t, 1, localpg.RunWith(ctx, nil, []string{"/nonexistent/program"}))
+}
+
+// The variable the test-server commands set is the one enginetest reads.
+func TestReuseTestDatabasesIsEnginetestsVariable(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, enginetest.EnvReuse+"=1", localpg.ReuseTestDatabases)
 }

@@ -7,6 +7,10 @@
 //
 //	go run ./internal/citus/withcluster go test -count=1 ./engine/ ./cmd/engine/commands/
 //
+// Since the cluster goes away with the command, each test binary reuses
+// its finished tests' databases (localpg.ReuseTestDatabases): making one
+// on every node costs most of a short test's time on a cluster.
+//
 // Without Citus installed it prints why and exits 0 without running the
 // command, except under PGDURABLE_REQUIRE_CITUS=1 (CI, which builds Citus
 // first), where it exits 1.
@@ -56,5 +60,5 @@ func run(args []string) int {
 	defer c.Stop()
 	fmt.Fprintf(os.Stderr, "withcluster: Citus coordinator on port %d, worker nodes on %d and %d\n",
 		c.Coordinator.Port, c.Workers[0].Port, c.Workers[1].Port)
-	return localpg.RunWith(ctx, []string{"TEST_DATABASE_URL=" + c.URL()}, args)
+	return localpg.RunWith(ctx, []string{"TEST_DATABASE_URL=" + c.URL(), localpg.ReuseTestDatabases}, args)
 }

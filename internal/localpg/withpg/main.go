@@ -12,7 +12,10 @@
 // processes) need more connections than a default server allows (100);
 // this one allows 300 (max_connections). It runs with fsync off, like
 // every throwaway server here: the tests' crashes kill processes, not the
-// machine's power. Nothing is left on the machine's own server.
+// machine's power. Nothing is left on the machine's own server. Since the
+// server goes away with the command, each test binary reuses its finished
+// tests' databases (localpg.ReuseTestDatabases): emptying one costs less
+// than making one.
 //
 // It needs PostgreSQL's server programs (initdb and pg_ctl, on PATH or in
 // /usr/lib/postgresql/*/bin). Without them it says so and runs the command
@@ -81,5 +84,5 @@ func run(args []string) int {
 	}
 	defer pg.Stop()
 	fmt.Fprintf(os.Stderr, "withpg: PostgreSQL on port %d (max_connections=%d)\n", pg.Port, maxConnections)
-	return localpg.RunWith(ctx, []string{"TEST_DATABASE_URL=" + pg.URL}, args)
+	return localpg.RunWith(ctx, []string{"TEST_DATABASE_URL=" + pg.URL, localpg.ReuseTestDatabases}, args)
 }
