@@ -22,20 +22,21 @@ import (
 // The databases left when the binary exits are not dropped (a test
 // binary has no hook at its end), so only a server that goes away
 // after the tests may be told to reuse: the throwaway servers of
-// withpg and withcluster set it. A database a test changed beyond rows
-// is never reused (see reset).
+// withpg and withcluster set it. A database a test changed beyond its
+// rows and the objects it made is never reused (see reset).
 const EnvReuse = "PGDURABLE_TEST_REUSE"
 
 // testSchema holds, in the template and so in every test database,
 // what reset needs: the tables the template has rows in (seeds, with a
 // digest of their rows), the other tables (emptied), the sequences'
-// states, a log of the DDL run in the database since it was cloned
-// (ddl, filled by an event trigger), and the reset function itself.
+// states, the template's own objects (objects), a log of the objects
+// DDL made, changed or dropped in the database since it was cloned (ddl,
+// filled by event triggers), and the reset function itself.
 const testSchema = "pgdurable_enginetest"
 
 // reuseVersion is part of the template's name: a template made before
 // testSchema changed is not used.
-const reuseVersion = "enginetest reuse 1"
+const reuseVersion = "enginetest reuse 2"
 
 // idle holds the databases of this binary's finished tests that reset
 // emptied, ready for its next ones.
@@ -70,14 +71,17 @@ var errChanged = errors.New("changed beyond its rows")
 // reset empties the database at dbURL back to the template's state, for
 // another test: it ends every session still connected to it (a child
 // process of the test, an engine it did not stop), and then, in one
-// statement, checks that no DDL ran in it and that the template's rows
-// are as they were, truncates every other table, sets each sequence back
-// and forgets the planner's statistics and the activity counters the
-// test's rows left (so a test plans as on a fresh clone). It fails with
-// errChanged for a database that DDL, a changed template row or a
-// prepared transaction left behind (Citus's two-phase commits that a
-// killed process left open are recovered first) makes unlike a fresh
-// clone, and with the error for one it could not empty.
+// statement, checks that the template's rows are as they were and that
+// DDL touched none of the template's objects, drops the tables, indexes,
+// triggers, functions and schemas the test made (the DDL log has them),
+// truncates every other table, sets each sequence back and forgets the
+// planner's statistics and the activity counters the test's rows left
+// (so a test plans as on a fresh clone). It fails with errChanged for a
+// database that is unlike a fresh clone in a way it does not undo (DDL
+// on a template object or making another kind of object, a changed
+// template row, a prepared transaction: Citus's two-phase commits that a
+// killed process left open are recovered first), and with the error for
+// one it could not empty.
 func reset(ctx context.Context, dbURL string, citus bool) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -138,7 +142,13 @@ func prepareReuse(ctx context.Context, buildURL string) error {
 	}
 	stmts := []string{
 		`CREATE SCHEMA ` + testSchema,
-		`CREATE TABLE ` + testSchema + `.ddl (tag text NOT NULL)`,
+		// One row per object a DDL command made, changed or dropped
+		// (objid NULL when the command named none).
+		`CREATE TABLE ` + testSchema + `.ddl (n bigserial PRIMARY KEY, tag text NOT NULL, objid oid,
+			object_type text, identity text)`,
+		// The template's own objects (from FirstNormalObjectId up): a
+		// test's DDL may make and drop objects of its own, not change these.
+		`CREATE TABLE ` + testSchema + `.objects (objid oid PRIMARY KEY)`,
 		`CREATE TABLE ` + testSchema + `.seeds (rel regclass PRIMARY KEY, digest text NOT NULL)`,
 		`CREATE TABLE ` + testSchema + `.emptied (rel regclass PRIMARY KEY)`,
 		`CREATE TABLE ` + testSchema + `.sequences (seq regclass PRIMARY KEY, last_value bigint NOT NULL, is_called bool NOT NULL)`,
@@ -164,8 +174,14 @@ func prepareReuse(ctx context.Context, buildURL string) error {
 					INSERT INTO ` + testSchema + `.emptied VALUES (r.rel);
 				END IF;
 			END LOOP;
+			INSERT INTO ` + testSchema + `.objects
+				SELECT oid FROM pg_class WHERE oid >= 16384 UNION SELECT oid FROM pg_proc WHERE oid >= 16384
+				UNION SELECT oid FROM pg_type WHERE oid >= 16384 UNION SELECT oid FROM pg_namespace WHERE oid >= 16384
+				UNION SELECT oid FROM pg_trigger WHERE oid >= 16384 UNION SELECT oid FROM pg_constraint WHERE oid >= 16384
+				UNION SELECT oid FROM pg_attrdef WHERE oid >= 16384 UNION SELECT oid FROM pg_rewrite WHERE oid >= 16384
+				UNION SELECT oid FROM pg_policy WHERE oid >= 16384 UNION SELECT oid FROM pg_event_trigger WHERE oid >= 16384;
 			FOR r IN SELECT c.oid::regclass AS seq FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace
-				WHERE c.relkind = 'S' AND s.nspname NOT IN ('pg_catalog', 'information_schema')
+				WHERE c.relkind = 'S' AND s.nspname NOT IN ('pg_catalog', 'information_schema', '` + testSchema + `')
 				  AND s.nspname NOT LIKE 'pg\_%' AND s.nspname NOT LIKE 'citus%' AND s.nspname NOT LIKE 'columnar%'
 				  AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e')
 			LOOP
@@ -178,15 +194,43 @@ func prepareReuse(ctx context.Context, buildURL string) error {
 		`CREATE FUNCTION ` + testSchema + `.reset() RETURNS text LANGUAGE plpgsql AS $$
 		DECLARE r record; tables text;
 		BEGIN
-			SELECT tag INTO r FROM ` + testSchema + `.ddl LIMIT 1;
+			-- DDL on the template's objects, or that named none, is not
+			-- undone: the database is dropped.
+			SELECT tag, identity INTO r FROM ` + testSchema + `.ddl
+				WHERE objid IS NULL OR objid IN (SELECT objid FROM ` + testSchema + `.objects) ORDER BY n LIMIT 1;
 			IF FOUND THEN
-				RETURN 'DDL ran in it (' || r.tag || ')';
+				RETURN 'DDL ran on the template''s objects (' || r.tag || coalesce(' ' || r.identity, '') || ')';
 			END IF;
 			FOR r IN SELECT rel, digest FROM ` + testSchema + `.seeds LOOP
 				IF ` + testSchema + `.digest(r.rel) IS DISTINCT FROM r.digest THEN
 					RETURN 'the rows of ' || r.rel::text || ' changed';
 				END IF;
 			END LOOP;
+			-- What the test made (and did not drop) goes; CASCADE takes
+			-- what depends on it, which it made too. Kinds
+			-- of object not known here to be safe to drop keep the
+			-- database from reuse.
+			SELECT tag, object_type, identity INTO r FROM ` + testSchema + `.ddl
+				WHERE object_type NOT IN ('table', 'view', 'materialized view', 'sequence', 'index', 'schema',
+					'function', 'procedure', 'type', 'trigger') ORDER BY n LIMIT 1;
+			IF FOUND THEN
+				RETURN 'DDL made a ' || r.object_type || ' (' || r.tag || ' ' || r.identity || ')';
+			END IF;
+			-- Owners before what they own (a table takes its key's index
+			-- with it, which alone cannot be dropped), newest first.
+			FOR r IN SELECT objid, object_type, identity FROM (SELECT DISTINCT ON (objid) objid, object_type, identity, n
+				FROM ` + testSchema + `.ddl WHERE tag NOT LIKE 'DROP%' ORDER BY objid, n) made
+				ORDER BY array_position(ARRAY['schema', 'view', 'materialized view', 'table', 'sequence', 'function',
+					'procedure', 'type', 'trigger', 'index'], object_type), n DESC LOOP
+				IF r.object_type = 'trigger' THEN
+					-- "name on schema.table"
+					EXECUTE format('DROP TRIGGER IF EXISTS %s ON %s CASCADE',
+						split_part(r.identity, ' on ', 1), substr(r.identity, length(split_part(r.identity, ' on ', 1)) + 5));
+				ELSE
+					EXECUTE format('DROP %s IF EXISTS %s CASCADE', upper(r.object_type), r.identity);
+				END IF;
+			END LOOP;
+			DELETE FROM ` + testSchema + `.ddl;
 			SELECT string_agg(rel::text, ', ') INTO tables FROM ` + testSchema + `.emptied;
 			IF tables IS NOT NULL THEN
 				EXECUTE 'TRUNCATE ' || tables;
@@ -203,9 +247,22 @@ func prepareReuse(ctx context.Context, buildURL string) error {
 		// logged too.
 		`CREATE FUNCTION ` + testSchema + `.log_ddl() RETURNS event_trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
 		BEGIN
-			INSERT INTO ` + testSchema + `.ddl VALUES (tg_tag);
+			IF tg_tag LIKE 'DROP%' THEN
+				RETURN; -- log_drop has what it dropped
+			END IF;
+			INSERT INTO ` + testSchema + `.ddl (tag, objid, object_type, identity)
+				SELECT command_tag, objid, object_type, object_identity FROM pg_event_trigger_ddl_commands();
+			IF NOT FOUND THEN
+				INSERT INTO ` + testSchema + `.ddl (tag) VALUES (tg_tag);
+			END IF;
+		END $$`,
+		`CREATE FUNCTION ` + testSchema + `.log_drop() RETURNS event_trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
+		BEGIN
+			INSERT INTO ` + testSchema + `.ddl (tag, objid, object_type, identity)
+				SELECT tg_tag, objid, object_type, object_identity FROM pg_event_trigger_dropped_objects() WHERE original;
 		END $$`,
 		`CREATE EVENT TRIGGER ` + testSchema + `_ddl ON ddl_command_end EXECUTE FUNCTION ` + testSchema + `.log_ddl()`,
+		`CREATE EVENT TRIGGER ` + testSchema + `_drop ON sql_drop EXECUTE FUNCTION ` + testSchema + `.log_drop()`,
 	}
 	for _, st := range stmts {
 		if _, err := conn.Exec(ctx, st); err != nil {

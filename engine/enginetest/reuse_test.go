@@ -93,16 +93,20 @@ func TestResetEmptiesWhatATestLeft(t *testing.T) {
 	require.Equal(t, 42, RequireResult(ctx, t, e2, wf, h.RunID, 0))
 }
 
-// A database that is not as a fresh clone beyond its rows is never
-// handed to another test: DDL ran in it, or a row the template holds
-// changed.
+// A database that is not as a fresh clone beyond its rows and what the
+// test made is never handed to another test: DDL changed one of the
+// template's objects or made a kind of object reset does not drop, or a
+// row the template holds changed.
 func TestResetRefusesADatabaseChangedBeyondItsRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	for name, change := range map[string]string{
-		"DDL":           `CREATE TABLE public.reuse_ddl (n int)`,
-		"DDLRolledBack": `ALTER TABLE pgdurable.queues ADD COLUMN reuse_ddl int`,
-		"TemplateRows":  `DELETE FROM pgdurable.river_migration WHERE version = (SELECT max(version) FROM pgdurable.river_migration)`,
+		"AlteredTemplateTable": `ALTER TABLE pgdurable.queues ADD COLUMN reuse_ddl int`,
+		"DroppedTemplateIndex": `DROP INDEX pgdurable.workflow_runs_flow_age_idx`,
+		"CommentOnTemplate":    `COMMENT ON TABLE pgdurable.queues IS 'changed'`,
+		"Extension":            `CREATE EXTENSION IF NOT EXISTS pg_trgm`,
+		"DDLRolledBack":        `ALTER TABLE pgdurable.queues ADD COLUMN reuse_ddl int`,
+		"TemplateRows":         `DELETE FROM pgdurable.river_migration WHERE version = (SELECT max(version) FROM pgdurable.river_migration)`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -146,7 +150,7 @@ func TestNewDBReusesAFinishedTestsDatabase(t *testing.T) {
 		second = db.Name
 		require.Equal(t, first, db.Name)
 		require.Zero(t, count(t, db, `SELECT count(*) FROM pgdurable.queues`))
-		_, err := db.Pool.Exec(ctx, `CREATE TABLE public.reuse_ddl (n int)`)
+		_, err := db.Pool.Exec(ctx, `COMMENT ON TABLE pgdurable.queues IS 'changed'`)
 		require.NoError(t, err)
 	})
 	t.Run("GetsANewOne", func(t *testing.T) {
@@ -156,4 +160,43 @@ func TestNewDBReusesAFinishedTestsDatabase(t *testing.T) {
 		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, second).Scan(&exists))
 		require.False(t, exists, "the changed database was dropped")
 	})
+}
+
+// What a test made — a schema with a table, a table with a sequence and
+// an index and a trigger on a template table calling its own function,
+// some of it dropped and made again — is dropped, and the database is
+// the template's again.
+func TestResetDropsWhatATestMade(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := reusableDB(t)
+	objects := func() int {
+		return count(t, db, `SELECT (SELECT count(*) FROM pg_class) + (SELECT count(*) FROM pg_proc)
+			+ (SELECT count(*) FROM pg_namespace) + (SELECT count(*) FROM pg_trigger) + (SELECT count(*) FROM pg_type)`)
+	}
+	before := objects()
+	for _, st := range []string{
+		`CREATE SCHEMA reuse_made`,
+		`CREATE TABLE reuse_made.t (id bigserial PRIMARY KEY, v text)`,
+		`CREATE TABLE public.ledger (id serial PRIMARY KEY, amount int NOT NULL)`,
+		`CREATE INDEX ledger_amount ON public.ledger (amount)`,
+		`DROP TABLE public.ledger`,
+		`CREATE TABLE public.ledger (id serial PRIMARY KEY, amount int NOT NULL)`,
+		`CREATE INDEX queues_reuse ON pgdurable.queues (concurrency)`,
+		`CREATE FUNCTION public.reuse_noop() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$`,
+		`CREATE TRIGGER reuse_noop BEFORE INSERT ON pgdurable.queues FOR EACH ROW EXECUTE FUNCTION public.reuse_noop()`,
+		`ALTER TABLE public.ledger ADD COLUMN note text`,
+		`INSERT INTO public.ledger (amount) VALUES (1)`,
+	} {
+		_, err := db.Pool.Exec(ctx, st)
+		require.NoError(t, err, st)
+	}
+	require.NoError(t, reset(ctx, db.URL, Citus()))
+	db.Pool.Reset()
+	require.Equal(t, before, objects(), "what the test made is gone")
+	require.Zero(t, count(t, db, `SELECT count(*) FROM `+testSchema+`.ddl`))
+	// And the next test may make it again.
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE public.ledger (id serial PRIMARY KEY)`)
+	require.NoError(t, err)
+	require.NoError(t, reset(ctx, db.URL, Citus()))
 }
