@@ -315,8 +315,18 @@ func Open(ctx context.Context) (db *DB, drop func() error, err error) {
 		if reuse {
 			err := reset(context.Background(), dbURL, len(templateNodes) > 1)
 			if err == nil {
-				putIdle(name)
-				return nil
+				// Under a new name, as a new database would have: a
+				// process the test left running (a child it did not
+				// stop, a pool that reconnects) cannot reach the next
+				// test's runs, as it could not reach a dropped database.
+				fresh := "pgdurable_t_" + randomHex(8)
+				if err = renameOnNodes(name, fresh); err == nil {
+					putIdle(fresh)
+					return nil
+				}
+				for _, node := range templateNodes {
+					_ = dropOn(node, fresh) // the nodes renamed before the failure
+				}
 			}
 			if !errors.Is(err, errChanged) {
 				// Dropped all the same: only the time is lost.
@@ -349,6 +359,20 @@ func createOnNodes(ctx context.Context, name string) error {
 				_ = dropOn(made, name)
 			}
 			return fmt.Errorf("creating test database on %s: %w", redactURL(node), err)
+		}
+	}
+	return nil
+}
+
+// renameOnNodes renames test database from to to on every node: the
+// worker nodes' first, the coordinator's, through which the tests reach
+// it, last.
+func renameOnNodes(from, to string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := len(templateNodes) - 1; i >= 0; i-- {
+		if err := renameDatabase(ctx, templateNodes[i], from, to); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -14,7 +14,9 @@ import (
 // EnvReuse names the variable that, set to 1, lets a test binary reuse
 // the databases of its finished tests: a test's database, instead of
 // being dropped when the test ends, is emptied back to the template's
-// state and handed to the binary's next test. Making a database from the
+// state, renamed (so that a process the test left running cannot reach
+// it, as it could not reach a dropped one) and handed to the binary's
+// next test. Making a database from the
 // template is most of what a short test costs on a Citus cluster (a
 // CREATE DATABASE and a DROP DATABASE on every node, and a cold start
 // of each node's caches for it); emptying one is a TRUNCATE.

@@ -130,27 +130,40 @@ func TestResetRefusesADatabaseChangedBeyondItsRows(t *testing.T) {
 	}
 }
 
-// Under EnvReuse a test's database goes to the binary's next test, empty;
-// one that DDL changed is dropped and the next test gets a new one.
+func dbOID(t *testing.T, db *DB) uint32 {
+	t.Helper()
+	var oid uint32
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT oid FROM pg_database WHERE datname = current_database()`).Scan(&oid))
+	return oid
+}
+
+// Under EnvReuse a test's database goes to the binary's next test, empty
+// and under a new name; one that DDL changed is dropped and the next test
+// gets a new one.
 func TestNewDBReusesAFinishedTestsDatabase(t *testing.T) {
 	if !reuseEnabled() {
 		t.Skipf("the binary does not reuse databases: %s=1 must be set from its start (withpg and withcluster set it)", EnvReuse)
 	}
 	ctx := context.Background()
-	var first string
+	var first, firstURL string
+	var firstOID uint32
 	t.Run("Fills", func(t *testing.T) {
 		db := NewDB(t)
-		first = db.Name
+		first, firstURL = db.Name, db.URL
 		_, err := db.Pool.Exec(ctx, `INSERT INTO pgdurable.queues (name) VALUES ('reuse')`)
 		require.NoError(t, err)
+		firstOID = dbOID(t, db)
 	})
 	var second string
 	t.Run("GetsItEmpty", func(t *testing.T) {
 		db := NewDB(t)
 		second = db.Name
-		require.Equal(t, first, db.Name)
+		require.Equal(t, firstOID, dbOID(t, db), "the first test's database")
+		require.NotEqual(t, first, db.Name, "under a new name: what the first test left running cannot reach it")
+		_, err := pgx.Connect(ctx, firstURL)
+		require.Error(t, err, "the first name is gone")
 		require.Zero(t, count(t, db, `SELECT count(*) FROM pgdurable.queues`))
-		_, err := db.Pool.Exec(ctx, `COMMENT ON TABLE pgdurable.queues IS 'changed'`)
+		_, err = db.Pool.Exec(ctx, `COMMENT ON TABLE pgdurable.queues IS 'changed'`)
 		require.NoError(t, err)
 	})
 	t.Run("GetsANewOne", func(t *testing.T) {
