@@ -291,7 +291,7 @@ func Open(ctx context.Context) (db *DB, drop func() error, err error) {
 		name, reused = takeIdle()
 	}
 	if !reused {
-		name = "pgdurable_t_" + randomHex(8)
+		name = newDatabaseName()
 		if err := createOnNodes(ctx, name); err != nil {
 			return nil, nil, err
 		}
@@ -319,7 +319,7 @@ func Open(ctx context.Context) (db *DB, drop func() error, err error) {
 				// process the test left running (a child it did not
 				// stop, a pool that reconnects) cannot reach the next
 				// test's runs, as it could not reach a dropped database.
-				fresh := "pgdurable_t_" + randomHex(8)
+				fresh := newDatabaseName()
 				if err = renameOnNodes(name, fresh); err == nil {
 					putIdle(fresh)
 					return nil
@@ -626,6 +626,10 @@ func withDatabase(base, name string) (string, error) {
 	u.Path = "/" + name
 	return u.String(), nil
 }
+
+// newDatabaseName names a test database, new or reused: random, so that
+// test binaries running at once on one server never share one.
+func newDatabaseName() string { return "pgdurable_t_" + randomHex(8) }
 
 func randomHex(n int) string {
 	b := make([]byte, n)
