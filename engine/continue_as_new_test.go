@@ -33,7 +33,10 @@ func TestContinueAsNewLoopKeepsEachRunsHistoryToItsOwnSteps(t *testing.T) {
 		return next, nil
 	}, nil)
 	b := setup(t, nil, loop)
-	ctx := testCtx(t)
+	// 1,000 runs one after another: on a Citus cluster beside the
+	// package's other tests they took over the usual 60 s.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
 	res, err := loop.Start(ctx, b.engine, 0, &engine.StartOpts{WorkflowID: "the-loop"})
 	require.NoError(t, err)
 	out, err := loop.Wait(ctx, b.engine, res.RunID, 10*time.Millisecond)
