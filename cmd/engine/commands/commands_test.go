@@ -460,7 +460,7 @@ func (s *syncBuffer) String() string {
 func TestBenchCommandPrintsEveryRow(t *testing.T) {
 	t.Parallel()
 	db := enginetest.NewDB(t)
-	code, out, errOut := run(t, db, "bench", "--workflows", "40", "--latency-samples", "5", "--waiting-runs", "100", "--json")
+	code, out, errOut := run(t, db, "bench", "--workflows", "40", "--rounds", "1", "--latency-samples", "5", "--waiting-runs", "100", "--json")
 	require.Equal(t, 0, code, errOut)
 	var rep struct {
 		Rows []struct {
