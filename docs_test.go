@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"testing"
@@ -382,6 +383,9 @@ func exportData(t *testing.T) map[string]string {
 	args := []string{"list", "-export", "-deps", "-json=ImportPath,Export"}
 	if raceEnabled {
 		args = append(args, "-race") // the test binary's own build: cached
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && slices.Contains(bi.Settings, debug.BuildSetting{Key: "-trimpath", Value: "true"}) {
+		args = append(args, "-trimpath") // as the README's test command builds: cached too
 	}
 	cmd := exec.Command("go", append(args, docImports...)...)
 	var stderr strings.Builder

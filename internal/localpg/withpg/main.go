@@ -5,7 +5,7 @@
 // with the command's exit status. The README's test command runs its
 // plain-PostgreSQL passes this way:
 //
-//	go run ./internal/localpg/withpg go test -race -count=1 ./...
+//	go run ./internal/localpg/withpg go test -trimpath -race -count=1 ./...
 //
 // Why a server of its own: with 4 tests at once in each of 2 packages at
 // once, the tests' pools (each test's database, its engines and its child
