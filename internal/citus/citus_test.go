@@ -167,7 +167,17 @@ func TestMigrateDistributesAnExistingDatabase(t *testing.T) {
 	_, err = pool.Exec(ctx, `CREATE TABLE public.app_orders (id int, run_id uuid REFERENCES pgdurable.workflow_runs (run_id))`)
 	require.NoError(t, err)
 	_, err = migrations.Migrate(ctx, pool, migrations.Up, nil)
-	require.ErrorContains(t, err, "foreign keys of other tables refer to them (app_orders (app_orders_run_id_fkey))")
+	require.ErrorIs(t, err, migrations.ErrDistributionRefused)
+	require.ErrorContains(t, err, "foreign keys of other tables refer to them (public.app_orders (app_orders_run_id_fkey))")
+	// Asked for routes too, it refuses before making them.
+	_, err = migrations.Migrate(ctx, pool, migrations.Up, &migrations.Opts{Routes: 2})
+	require.ErrorIs(t, err, migrations.ErrDistributionRefused)
+	routes, err := migrations.Routes(ctx, pool, "pgdurable")
+	require.NoError(t, err)
+	require.Equal(t, 1, routes, "no route made")
+	var routeSchema bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'pgdurable_r1')`).Scan(&routeSchema))
+	require.False(t, routeSchema, "no route's schema made")
 	_, err = pool.Exec(ctx, `DROP TABLE public.app_orders`)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `INSERT INTO pgdurable.engine_processes (process_id, hostname, pid, queue, workflows) VALUES ($1, 'old-engine', 7, 'pgdurable', '[]')`, uuid.New())

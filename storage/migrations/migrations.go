@@ -318,6 +318,17 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, direction Direction, opts 
 				return nil, err
 			}
 		}
+		// Refusals to distribute come before routes are made: each
+		// refusal changes nothing of them.
+		have, err := Routes(ctx, pool, schema)
+		if err != nil {
+			return nil, err
+		}
+		for k := range have {
+			if _, err := distributable(ctx, pool, RouteSchema(schema, k)); err != nil {
+				return nil, err
+			}
+		}
 		if res.Routes, err = migrateRoutes(ctx, pool, schema, opts.Routes); err != nil {
 			return nil, err
 		}
@@ -539,28 +550,27 @@ func newProvider(db *sql.DB) (*goose.Provider, error) {
 	return p, nil
 }
 
-// distribute makes schema's RunTables co-located distributed tables
-// without a distribution column, placed whole on one worker node that
-// Citus picks, when pool's database is a Citus coordinator with active
-// worker nodes and they are the coordinator's own tables; their rows move
-// with them. A table a migration created after the others moved (a
-// migration rolled back and applied again) joins them. It returns the
-// node (host:port), or "" when there was nothing to do. It runs in one
-// transaction: the foreign keys among the tables that move are dropped
-// while they move (Citus refuses one between a coordinator's table and a
-// distributed one) and made again. It refuses, changing nothing, when
-// some of the tables were distributed otherwise (by hand: by a column, as
-// reference tables), when a table outside them has a foreign key to one
-// (Citus cannot keep it once they are on a worker node), and, with runs to
-// move, while an engine process works on them (ErrEnginesRunning): an
-// engine of an earlier version fails on the moved tables.
-func distribute(ctx context.Context, pool *pgxpool.Pool, schema string) (string, error) {
+// distribution is what distribute would do to a schema's RunTables: runs
+// is the runs' table's name (sanitized), local the tables still the
+// coordinator's own.
+type distribution struct {
+	runs  string
+	local []string
+}
+
+// distributable reads what distribute would do to schema's RunTables,
+// changing nothing: nil when there is nothing to do (not a Citus
+// coordinator with worker nodes, or the tables moved), an error that is
+// ErrDistributionRefused when distribute would refuse them (see
+// distribute). Migrate asks it of every route's schema before it makes
+// routes, so that such a refusal comes before any change.
+func distributable(ctx context.Context, pool *pgxpool.Pool, schema string) (*distribution, error) {
 	var citus bool
 	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&citus); err != nil {
-		return "", fmt.Errorf("reading whether the database is a Citus coordinator: %w", err)
+		return nil, fmt.Errorf("reading whether the database is a Citus coordinator: %w", err)
 	}
 	if !citus {
-		return "", nil
+		return nil, nil
 	}
 	tables := make([]string, len(RunTables))
 	for i, t := range RunTables {
@@ -581,7 +591,7 @@ SELECT (SELECT count(*) FROM pg_dist_node WHERE groupid <> 0 AND noderole = 'pri
                 OR p.colocationid IS DISTINCT FROM (SELECT colocationid FROM runs) ORDER BY t.i)`,
 		tables, runs).Scan(&workers, &localAt, &foreignAt)
 	if err != nil {
-		return "", fmt.Errorf("reading the Citus cluster's worker nodes: %w", err)
+		return nil, fmt.Errorf("reading the Citus cluster's worker nodes: %w", err)
 	}
 	pick := func(at []int) []string {
 		out := make([]string, len(at))
@@ -594,29 +604,70 @@ SELECT (SELECT count(*) FROM pg_dist_node WHERE groupid <> 0 AND noderole = 'pri
 	switch {
 	case workers == 0, len(local) == 0 && len(foreignAt) == 0:
 		// A coordinator alone keeps every table its own; or they moved.
-		return "", nil
+		return nil, nil
 	case len(foreignAt) > 0:
 		names := make([]string, len(foreignAt))
 		for i, n := range foreignAt {
 			names[i] = schema + "." + RunTables[n-1]
 		}
-		return "", fmt.Errorf("distributing the per-run tables of schema %s: %s distributed otherwise (by a column, as reference tables, or as Citus-managed local tables), not by migrate: undistribute them (undistribute_table) and run migrate up again",
+		return nil, refusedDistribution("distributing the per-run tables of schema %s: %s distributed otherwise (by a column, as reference tables, or as Citus-managed local tables), not by migrate: undistribute them (undistribute_table) and run migrate up again",
 			schema, strings.Join(names, ", "))
 	}
 	var outside []string
 	rows, err := pool.Query(ctx, `
-SELECT format('%s (%s)', conrelid::regclass::text, conname) FROM pg_constraint
-WHERE contype = 'f' AND confrelid = ANY ($1::regclass[]) AND NOT conrelid = ANY ($1::regclass[]) ORDER BY 1`, tables)
+SELECT format('%I.%I (%I)', n.nspname, c.relname, k.conname)
+FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE k.contype = 'f' AND k.confrelid = ANY ($1::regclass[]) AND NOT k.conrelid = ANY ($1::regclass[]) ORDER BY 1`, tables)
 	if err == nil {
 		outside, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	}
 	if err != nil {
-		return "", fmt.Errorf("reading the foreign keys to the per-run tables: %w", err)
+		return nil, fmt.Errorf("reading the foreign keys to the per-run tables: %w", err)
 	}
 	if len(outside) > 0 {
-		return "", fmt.Errorf("distributing the per-run tables of schema %s: foreign keys of other tables refer to them (%s), which Citus cannot keep once they are on a worker node: drop those foreign keys and run migrate up again",
+		return nil, refusedDistribution("distributing the per-run tables of schema %s: foreign keys of other tables refer to them (%s), which Citus cannot keep once they are on a worker node: drop those foreign keys and run migrate up again",
 			schema, strings.Join(outside, ", "))
 	}
+	return &distribution{runs: runs, local: local}, nil
+}
+
+// ErrDistributionRefused: Migrate(Up) on a Citus coordinator refused to
+// distribute the per-run tables (some distributed otherwise by hand, or
+// another table's foreign key to one) before changing anything of them or
+// of the routes; the error names the tables and what to do.
+var ErrDistributionRefused = errors.New("distribution of the per-run tables refused")
+
+// distributionRefusal is an error that is ErrDistributionRefused.
+type distributionRefusal struct{ msg string }
+
+func (r distributionRefusal) Error() string        { return r.msg }
+func (r distributionRefusal) Is(target error) bool { return target == ErrDistributionRefused }
+
+func refusedDistribution(format string, args ...any) error {
+	return distributionRefusal{fmt.Sprintf(format, args...)}
+}
+
+// distribute makes schema's RunTables co-located distributed tables
+// without a distribution column, placed whole on one worker node that
+// Citus picks, when pool's database is a Citus coordinator with active
+// worker nodes and they are the coordinator's own tables; their rows move
+// with them. A table a migration created after the others moved (a
+// migration rolled back and applied again) joins them. It returns the
+// node (host:port), or "" when there was nothing to do. It runs in one
+// transaction: the foreign keys among the tables that move are dropped
+// while they move (Citus refuses one between a coordinator's table and a
+// distributed one) and made again. It refuses, changing nothing, when
+// some of the tables were distributed otherwise (by hand: by a column, as
+// reference tables), when a table outside them has a foreign key to one
+// (Citus cannot keep it once they are on a worker node), and, with runs to
+// move, while an engine process works on them (ErrEnginesRunning): an
+// engine of an earlier version fails on the moved tables.
+func distribute(ctx context.Context, pool *pgxpool.Pool, schema string) (string, error) {
+	d, err := distributable(ctx, pool, schema)
+	if d == nil || err != nil {
+		return "", err
+	}
+	runs, local := d.runs, d.local
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return "", fmt.Errorf("distributing the per-run tables: %w", err)
@@ -628,7 +679,7 @@ WHERE contype = 'f' AND confrelid = ANY ($1::regclass[]) AND NOT conrelid = ANY 
 		}
 	}
 	type fkey struct{ table, name, def string }
-	rows, err = tx.Query(ctx, `
+	rows, err := tx.Query(ctx, `
 SELECT format('%I.%I', n.nspname, c.relname), conname, pg_get_constraintdef(k.oid)
 FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE k.contype = 'f' AND k.confrelid = $1::regclass AND ($1::regclass = ANY ($2::regclass[]) OR k.conrelid = ANY ($2::regclass[]))

@@ -184,7 +184,7 @@ func Execute(ctx context.Context, args []string, opts Options) int {
 			code, exit = "not_migrated", 1
 		case errors.Is(err, migrations.ErrEnginesRunning):
 			code, exit = "engines_running", 1
-		case errors.Is(err, migrations.ErrRoutesRefused):
+		case errors.Is(err, migrations.ErrRoutesRefused), errors.Is(err, migrations.ErrDistributionRefused):
 			code, exit = "invalid_parameter", 1
 		case pgErr != nil && pgErr.Code == "42501": // insufficient_privilege
 			code, exit = "permission_denied", 1
