@@ -260,9 +260,10 @@ const minTokenBytes = 16
 const startupRetryFor = 30 * time.Second
 
 // retryStartup retries fn every second for startupRetryFor while it fails
-// for want of a database server; a schema that is simply not migrated, and
-// a database that does not exist on a server that answers, fail at once
-// (waiting would not create it).
+// for want of a database server; a schema that is simply not migrated, a
+// database that does not exist on a server that answers (waiting would not
+// create it), and a Citus worker node's database or a cluster set up
+// wrong (waiting would not change the URL or the cluster) fail at once.
 func retryStartup(ctx context.Context, log *slog.Logger, fn func() error) error {
 	deadline := time.Now().Add(startupRetryFor)
 	for {
@@ -271,7 +272,8 @@ func retryStartup(ctx context.Context, log *slog.Logger, fn func() error) error 
 		if errors.As(err, &pgErr) && pgErr.Code == "3D000" { // invalid_catalog_name: no such database
 			return fmt.Errorf("%w: create it first (createdb), or name another database with --database-url or DATABASE_URL", err)
 		}
-		if err == nil || errors.Is(err, errNotMigrated) || time.Now().After(deadline) {
+		if err == nil || errors.Is(err, errNotMigrated) || errors.Is(err, migrations.ErrCitusWorker) ||
+			errors.Is(err, migrations.ErrCoordinatorNotInMetadata) || time.Now().After(deadline) {
 			return err
 		}
 		log.Warn("database not ready; retrying", "error", err)
