@@ -680,3 +680,36 @@ func TestQueueKeyOrderSurvivesTerminateAndALostLease(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, queues[0].Ready, "nothing is left ready")
 }
+
+// A start delayed (Delay or StartAt) into a flow-controlled queue waits
+// for its time, then runs within the queue's limits, like a delayed start
+// anywhere else: on a Citus cluster the start's insert once returned no
+// row for it, and the start failed as not found.
+func TestQueueDelayedStartWaitsThenRuns(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := enginetest.NewDB(t)
+	clock := enginetest.NewClock(clockStart)
+	wf := engine.Define("limited-later", func(ctx *engine.Context, in keyed) (int, error) {
+		return engine.Step(ctx, "work", func(context.Context) (int, error) { return in.N, nil }, nil)
+	}, &engine.WorkflowOpts{Queue: "limited-later"})
+	e := queueEngine(t, db, &engine.Config{Clock: clock}, map[string]engine.QueueOpts{"limited-later": {Concurrency: 1, KeyConcurrency: 1}}, wf)
+	delayed, err := wf.Start(ctx, e, keyed{Key: "k", N: 1}, &engine.StartOpts{WorkflowID: "later-1", Delay: time.Hour})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusWaiting, delayed.Status)
+	at, err := wf.Start(ctx, e, keyed{Key: "k", N: 2}, &engine.StartOpts{WorkflowID: "later-2", StartAt: clockStart.Add(2 * time.Hour)})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusWaiting, at.Status)
+	again, err := wf.Start(ctx, e, keyed{Key: "k", N: 1}, &engine.StartOpts{WorkflowID: "later-1", Delay: time.Hour})
+	require.NoError(t, err)
+	require.True(t, again.Existing, "the same start again finds the waiting run")
+	require.Equal(t, delayed.RunID, again.RunID)
+
+	dueAfter(t, e, clock, delayed.RunID, time.Hour)
+	dueAfter(t, e, clock, at.RunID, time.Hour)
+	for i, id := range []uuid.UUID{delayed.RunID, at.RunID} {
+		out, err := wf.Wait(ctx, e, id, 20*time.Millisecond)
+		require.NoError(t, err)
+		require.Equal(t, i+1, out)
+	}
+}

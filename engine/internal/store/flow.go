@@ -59,6 +59,11 @@ RETURNING run_id`)
 // planning a start). Citus refuses a forced generic plan of an INSERT ...
 // SELECT, so the one start that is most of them gets a statement of its
 // own; on plain PostgreSQL, a batch forces one (see insertFlowBatch).
+// Not on Citus: there a scalar start_at folds the CASE around the
+// fair-tag subquery away, and Citus 13.2 then plans the INSERT ... SELECT
+// pushed down to no shard at all ("Task Count: 0"): a delayed start
+// inserted nothing and reported no error. The arrays' values are not
+// constants to fold, and Citus plans every call anew either way.
 var insertFlowRunStmt = named(insertFlowRunsSQL + `
 FROM (VALUES (@run_id::uuid, @workflow_name::text, @workflow_version::int, @workflow_id::text, @input::text,
               @queue::text, @schedule_name::text, @start_at::timestamptz, @run_timeout_ms::bigint,
@@ -200,8 +205,12 @@ func insertFlowBatch(ctx context.Context, db DBTX, runs []NewRun) (map[uuid.UUID
 		"start_at": startAt, "run_timeout_ms": timeout, "parent_run_id": parent, "parent_seq": parentSeq,
 		"parent_close_policy": policy, "continued_from": continued, "tags": tags, "trace_context": trace,
 		"flow_queue": flowQueue, "flow_key": key, "priority": priority, "vtime": vtime, "acc": acc, "dedup_id": dedup}
+	citus, err := onCitus(ctx, db)
+	if err != nil {
+		return nil, err
+	}
 	stmt := insertFlowRunsStmt
-	if n == 1 {
+	if n == 1 && !citus {
 		// Each array's one element is the scalar parameter.
 		stmt = insertFlowRunStmt
 		for k, v := range args {
@@ -209,10 +218,6 @@ func insertFlowBatch(ctx context.Context, db DBTX, runs []NewRun) (map[uuid.UUID
 		}
 	}
 	args["now"] = time.Now()
-	citus, err := onCitus(ctx, db)
-	if err != nil {
-		return nil, err
-	}
 	if n == 1 || citus {
 		rows, err := stmt.query(ctx, db, args)
 		return insertedIDs(rows, err, n)
