@@ -19,6 +19,7 @@ import (
 	"github.com/pgdurable/pgdurable/engine/internal/maintenance"
 	"github.com/pgdurable/pgdurable/engine/internal/queue"
 	"github.com/pgdurable/pgdurable/engine/internal/store"
+	"github.com/pgdurable/pgdurable/storage/migrations"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -544,7 +545,19 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	e.started = true
 	e.mu.Unlock()
-	if _, err := store.OnCitus(ctx, e.db); err != nil {
+	// migrate up refuses to change the routes while an engine process is
+	// registered, and this one reads them once: no migration may run
+	// between the reading and the registering (a migration under way is
+	// waited for).
+	release, err := migrations.HoldOffMigrations(ctx, e.pool)
+	if err == nil {
+		defer release()
+		_, err = store.Routes(ctx, e.db)
+	}
+	if err == nil {
+		_, err = store.OnCitus(ctx, e.db)
+	}
+	if err != nil {
 		e.mu.Lock()
 		e.started = false
 		e.mu.Unlock()

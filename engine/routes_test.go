@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdurable/pgdurable/engine"
@@ -497,4 +498,43 @@ func TestRoutesGivenToASchemaWithRuns(t *testing.T) {
 	require.GreaterOrEqual(t, counts[0], legacy+3+2, "the chain's runs join route 0")
 	require.Positive(t, counts[1])
 	require.Positive(t, counts[2])
+}
+
+// An engine that starts while a migration is under way waits for it, and
+// reads the routes it leaves; a migration after the start finds the
+// engine registered, and refuses more routes. Without the wait, an engine
+// started beside migrate up --routes 3 kept the 1 route it had read and
+// started second runs of workflow IDs that the other engines put in
+// another route.
+func TestEngineStartWaitsForAMigrationUnderWay(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	db := enginetest.NewDB(t)
+	migration, err := pgx.Connect(ctx, db.URL)
+	require.NoError(t, err)
+	defer migration.Close(context.Background())
+	_, err = migration.Exec(ctx, `SELECT pg_advisory_lock(hashtext('pgdurable: migrate'))`)
+	require.NoError(t, err)
+
+	e := newEngine(t, db, nil, false, echoWorkflow("started-after"))
+	started := make(chan error, 1)
+	go func() { started <- e.Start(ctx) }()
+	select {
+	case err := <-started:
+		t.Fatalf("started during a migration (%v)", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	_, err = migration.Exec(ctx, `SELECT pg_advisory_unlock(hashtext('pgdurable: migrate'))`)
+	require.NoError(t, err)
+	require.NoError(t, <-started)
+	t.Cleanup(func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, e.StopAndCancel(stopCtx))
+	})
+
+	routes, err := migrations.Routes(ctx, db.Pool, "pgdurable")
+	require.NoError(t, err)
+	_, err = migrations.Migrate(ctx, db.Pool, migrations.Up, &migrations.Opts{Routes: routes + 1})
+	require.ErrorIs(t, err, migrations.ErrEnginesRunning)
 }

@@ -67,6 +67,32 @@ const VersionTable = "pgdurable_schema_migrations"
 // migrateLock names the advisory lock Migrate holds.
 const migrateLock = "pgdurable: migrate"
 
+// HoldOffMigrations waits for a Migrate under way on pool's database to
+// end, then keeps any other from starting until release is called: it
+// holds Migrate's advisory lock shared, on a connection of its own. An
+// engine process holds it from before it reads the routes until it is
+// registered, since Migrate refuses to change the routes while an engine
+// process is registered and an engine reads them once: without it, a
+// migration could change them between the two, and the engine go on with
+// the old number, starting runs in the wrong route. release closes the
+// connection; it never fails.
+func HoldOffMigrations(ctx context.Context, pool *pgxpool.Pool) (release func(), err error) {
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to wait for migrations: %w", err)
+	}
+	release = func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = conn.Close(cctx) // the lock goes with its session
+	}
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock_shared(hashtext($1))`, migrateLock); err != nil {
+		release()
+		return nil, fmt.Errorf("waiting for a migration under way: %w", err)
+	}
+	return release, nil
+}
+
 // validSchema is what a schema name may be: an identifier PostgreSQL takes
 // unquoted and keeps as written, since River puts its schema option into
 // SQL as it is.
@@ -208,6 +234,9 @@ type Result struct {
 // RunTables on a worker node (see Result.Distributed), after adding the
 // table the engine's two-phase commits update to Citus's metadata, which
 // needs the coordinator in it (ErrCoordinatorNotInMetadata otherwise).
+// It refuses with ErrDistributionRefused, before it makes any route, when
+// another table has a foreign key to one of them or they were distributed
+// by hand.
 //
 // Concurrent callers are safe: they take turns on a PostgreSQL advisory
 // lock (one migration at a time per database), and the later ones find
