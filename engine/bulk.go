@@ -49,7 +49,10 @@ type CancelRunsParams struct {
 // CreatedBefore now names them all on purpose). Runs that finished
 // meanwhile, and runs whose cancellation was requested before (by another
 // bulk cancel running at once, say), are skipped: Done counts the runs
-// this call cancelled. Errors: ErrInvalidArgument (a bad filter), or the
+// this call cancelled. Runs move between statuses while they are listed
+// (a retrying step's run waits out its backoff, then runs again), so it
+// lists them again after acting, and acts on the ones it had not seen, up
+// to maxBulkRounds times. Errors: ErrInvalidArgument (a bad filter), or the
 // first failure (the result counts what was done before it).
 func (e *Engine) CancelRuns(ctx context.Context, params CancelRunsParams) (BulkResult, error) {
 	p, dryRun := params.Filter, params.DryRun
@@ -71,32 +74,7 @@ func (e *Engine) CancelRuns(ctx context.Context, params CancelRunsParams) (BulkR
 	if p.Status != "" {
 		statuses = []RunStatus{p.Status}
 	}
-	var ids []uuid.UUID
-	more := false
-	for _, s := range statuses {
-		q := p
-		q.Status, q.Limit = s, 1000
-		m, err := collectPages(&ids, func(cursor string) ([]uuid.UUID, string, error) {
-			q.Cursor = cursor
-			runs, next, err := e.ListRuns(ctx, q)
-			page := make([]uuid.UUID, len(runs))
-			for i, r := range runs {
-				page[i] = r.RunID
-			}
-			return page, next, err
-		})
-		if err != nil {
-			return BulkResult{DryRun: dryRun}, err
-		}
-		if more = m; more {
-			break
-		}
-	}
-	// A run that moved from one status to the next between the pages
-	// (pending, then waiting) is listed under both: count it once.
-	slices.SortFunc(ids, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
-	ids = slices.Compact(ids)
-	return bulk(ids, more, dryRun, nil, func(id uuid.UUID) error {
+	act := func(id uuid.UUID) error {
 		switch requested, err := e.cancel(ctx, nil, id); {
 		case err != nil:
 			return err
@@ -105,8 +83,64 @@ func (e *Engine) CancelRuns(ctx context.Context, params CancelRunsParams) (BulkR
 		}
 		e.noteCancelled([]uuid.UUID{id})
 		return nil
-	}, ErrRunClosed, errCancelledBefore)
+	}
+	// A status is listed after another, so a run that moved from one not
+	// listed yet to one listed already (a retrying step's run goes from
+	// waiting to running and back) is in neither list: each round lists
+	// them again and acts on the runs it had not seen, until one finds
+	// none (an attack pass's bulk cancel of 40 retrying runs found 35).
+	res := BulkResult{DryRun: dryRun}
+	seen := map[uuid.UUID]bool{}
+	for range maxBulkRounds {
+		var ids []uuid.UUID
+		more := false
+		for _, s := range statuses {
+			q := p
+			q.Status, q.Limit = s, 1000
+			m, err := collectPages(&ids, func(cursor string) ([]uuid.UUID, string, error) {
+				q.Cursor = cursor
+				runs, next, err := e.ListRuns(ctx, q)
+				page := make([]uuid.UUID, len(runs))
+				for i, r := range runs {
+					page[i] = r.RunID
+				}
+				return page, next, err
+			})
+			if err != nil {
+				return res, err
+			}
+			if e.afterBulkList != nil {
+				e.afterBulkList(s)
+			}
+			if more = m; more {
+				break
+			}
+		}
+		// A run listed under two statuses, or in an earlier round,
+		// counts once.
+		slices.SortFunc(ids, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
+		ids = slices.DeleteFunc(slices.Compact(ids), func(id uuid.UUID) bool { return seen[id] })
+		if len(ids) == 0 {
+			break
+		}
+		for _, id := range ids {
+			seen[id] = true
+		}
+		if room := MaxBulk - res.Matched; len(ids) > room {
+			ids, more = ids[:room], true
+		}
+		r, err := bulk(ids, more, dryRun, nil, act, ErrRunClosed, errCancelledBefore)
+		res.Matched, res.Done, res.Skipped, res.More = res.Matched+r.Matched, res.Done+r.Done, res.Skipped+r.Skipped, r.More
+		if err != nil || res.More || res.Matched >= MaxBulk {
+			return res, err
+		}
+	}
+	return res, nil
 }
+
+// maxBulkRounds bounds the rounds of a bulk cancel's listing (see
+// CancelRuns): a run seen moving in each of them is left to the next call.
+const maxBulkRounds = 4
 
 // errCancelledBefore skips, in a bulk cancel, a run whose cancellation was
 // requested before.

@@ -166,3 +166,45 @@ func TestBulkDeadJobActionsNeedAFilter(t *testing.T) {
 		require.Zero(t, res.Matched)
 	}
 }
+
+// A bulk cancel reaches a run that moves between statuses while it lists
+// them: listed status by status, a run that went from a status not listed
+// yet to one listed already was in neither list (an attack pass's bulk
+// cancel of 40 payments retrying against a gateway that was down, waiting
+// out their backoffs and running again, cancelled 35 and said there were
+// no more). Here the move is made between the lists.
+func TestBulkCancelReachesARunMovingBetweenStatuses(t *testing.T) {
+	t.Parallel()
+	waits := engine.Define("bulk-moving", func(ctx *engine.Context, _ int) (int, error) {
+		return engine.AwaitSignal[int](ctx, "never", 0)
+	}, nil)
+	b := setup(t, nil, waits)
+	ctx := testCtx(t)
+	const n = 5
+	runs := make([]engine.StartParams[int], n)
+	for i := range runs {
+		runs[i] = engine.StartParams[int]{Input: i}
+	}
+	started, err := waits.StartMany(ctx, b.engine, runs)
+	require.NoError(t, err)
+	for _, s := range started {
+		waitStatus(t, b.engine, s.RunID, engine.StatusWaiting, 30*time.Second)
+	}
+	mover := started[0].RunID
+	var moved atomic.Bool
+	engine.AfterBulkList(b.engine, func(s engine.RunStatus) {
+		if s == engine.StatusRunning && moved.CompareAndSwap(false, true) {
+			// Woken: the run is claimed again, after the running runs were
+			// listed and before the waiting ones are.
+			_, err := b.db.Pool.Exec(ctx, `UPDATE `+b.db.RunTable("workflow_runs", mover)+` SET status = 'running' WHERE run_id = $1`, mover)
+			require.NoError(t, err)
+		}
+	})
+	res, err := b.engine.CancelRuns(ctx, engine.CancelRunsParams{Filter: engine.ListRunsParams{Workflow: "bulk-moving"}})
+	require.NoError(t, err)
+	require.True(t, moved.Load())
+	require.Equal(t, engine.BulkResult{Matched: n, Done: n}, res)
+	var requested bool
+	require.NoError(t, b.db.Pool.QueryRow(ctx, b.db.SQL(`SELECT cancel_requested_at IS NOT NULL FROM pgdurable.workflow_runs WHERE run_id = $1`), mover).Scan(&requested))
+	require.True(t, requested, "the run that moved was cancelled too")
+}

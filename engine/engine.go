@@ -256,6 +256,9 @@ func orDefault[T comparable](v, def T) T {
 // database. Safe for concurrent use.
 type Engine struct {
 	pool *pgxpool.Pool
+	// afterBulkList, set only by tests, is called after a bulk cancel
+	// lists the runs of each status.
+	afterBulkList func(RunStatus)
 	// replay, set only on the scratch engine of Replay, stops a delivery
 	// where it would run a step's function.
 	replay *replayProbe

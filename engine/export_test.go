@@ -33,3 +33,7 @@ func OnRateTurn(f func(name string, at time.Time)) {
 	}
 	rateTurnTaken.Store(&f)
 }
+
+// AfterBulkList calls f after each status a bulk cancel of e lists the
+// runs of.
+func AfterBulkList(e *Engine, f func(RunStatus)) { e.afterBulkList = f }
