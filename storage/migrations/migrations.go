@@ -764,7 +764,7 @@ ORDER BY 1, 2`, runs, local)
 // shards of the engine's per-run tables under other names: the engine,
 // its migrations and its commands work on the coordinator's database,
 // whose URL the error asks for.
-var ErrCitusWorker = errors.New("this database is a Citus worker node's: connect to the coordinator's database instead (the URL Citus's clients use); migrating it here would install the engine's tables beside Citus's shards of them")
+var ErrCitusWorker = errors.New("this database is a Citus worker node's: connect to the coordinator's database instead (the URL Citus's clients use); a worker node holds only shards of the engine's tables, under other names, and migrating it would install the tables beside them")
 
 // RefuseCitusWorker fails with ErrCitusWorker when pool's database is a
 // Citus worker node's, and with the query's error when it cannot tell;
